@@ -1,0 +1,45 @@
+/* heads.cl: moving activations between the token-major layout the projections
+ * produce, (B, T, H*D) rows of width `ld`, and the head-major layout the
+ * batched GEMMs use, (B, H, T, D). Offsets count elements; 64-bit indices. */
+
+/* dst (B, H, T, D) = src[b, t, col0 + h*D + d] (+ bias[h*D + d]). One work-item per dst element. */
+__kernel void split_heads(__global const float *src, ulong src_off, uint src_ld, uint col0,
+                          __global const float *bias, uint has_bias,
+                          __global float *dst, ulong dst_off,
+                          uint T, uint H, uint D, ulong total)
+{
+    ulong g = get_global_id(0);
+    if (g >= total) return;
+    ulong n = g;
+    uint d = (uint)(n % D); n /= D;
+    uint t = (uint)(n % T); n /= T;
+    uint h = (uint)(n % H);
+    ulong b = n / H;
+    float v = src[src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)h * D + d];
+    if (has_bias) v += bias[h * D + d];
+    dst[dst_off + g] = v;
+}
+
+/* dst[b, t, h*D + d] (rows of width H*D) = src (B, H, T, D). One work-item per dst element. */
+__kernel void merge_heads(__global const float *src, ulong src_off,
+                          __global float *dst, ulong dst_off,
+                          uint T, uint H, uint D, ulong total)
+{
+    ulong g = get_global_id(0);
+    if (g >= total) return;
+    ulong n = g;
+    uint d = (uint)(n % D); n /= D;
+    uint h = (uint)(n % H); n /= H;
+    uint t = (uint)(n % T);
+    ulong b = n / T;
+    dst[dst_off + g] = src[src_off + ((b * H + h) * T + t) * (ulong)D + d];
+}
+
+/* dst (rows, cols) with row stride cols: every row = bias. Prepares C for a GEMM with beta = 1. */
+__kernel void fill_rows(__global float *dst, ulong dst_off, __global const float *bias,
+                        uint cols, ulong total)
+{
+    ulong g = get_global_id(0);
+    if (g >= total) return;
+    dst[dst_off + g] = bias[g % cols];
+}

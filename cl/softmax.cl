@@ -1,0 +1,111 @@
+/* softmax.cl: one fused pass family over the attention scores.
+ *
+ * s holds B*H*Tq rows of Tk scores, already multiplied by the scale (the
+ * scores GEMM's alpha). One work-group of WG items owns one row:
+ *   pass 1: apply the masks (masked entries become -INFINITY by select), and
+ *           keep a running (max, sum of exp) pair per item: online softmax;
+ *   reduce: combine the pairs across the work-group in local memory;
+ *   pass 2: weight = exp(score - max) / sum, then dropout, written in place.
+ * Two passes over the row, nothing else touches the T x T scores.
+ * A row whose every key is masked gets weights 0 (PyTorch would give NaN).
+ *
+ * Specialised by -D (defaults let the file compile alone):
+ *   WG        work-group size, a power of two
+ *   CAUSAL    1: key j is masked for query i when j > i
+ *   KPM       1: key padding mask (B, Tk) of uchar, nonzero = masked
+ *   MASK_KIND 0 none, 1 bool (Tq, Tk) uchar nonzero = masked, 2 float (Tq, Tk) added
+ *   DROPOUT   1: training-mode dropout (needs philox.cl prepended)
+ */
+#ifndef WG
+#define WG 64
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef KPM
+#define KPM 0
+#endif
+#ifndef MASK_KIND
+#define MASK_KIND 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+
+#if MASK_KIND == 2
+typedef float mask_t;
+#else
+typedef uchar mask_t;
+#endif
+
+/* The masked, scaled score of key j for query i of batch entry b. */
+inline float masked_score(__global const float *row, uint j, uint i, ulong b, uint Tk,
+                          __global const uchar *kpm, __global const mask_t *mask)
+{
+    float v = row[j];
+    int hidden = 0;
+#if CAUSAL
+    hidden |= j > i;
+#endif
+#if KPM
+    hidden |= kpm[b * Tk + j] != 0;
+#endif
+#if MASK_KIND == 1
+    hidden |= mask[(ulong)i * Tk + j] != 0;
+#elif MASK_KIND == 2
+    v += mask[(ulong)i * Tk + j];
+#endif
+    return hidden ? -INFINITY : v;
+}
+
+/* (m, l) = running max and sum of exp(v - m); combine two such pairs. */
+inline float2 combine(float2 a, float2 b)
+{
+    float m = fmax(a.x, b.x);
+    if (m == -INFINITY) return (float2)(-INFINITY, 0.0f);
+    return (float2)(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
+}
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void softmax_rows(__global float *s, ulong s_off,
+                  __global const uchar *kpm, ulong kpm_off,
+                  __global const mask_t *mask, ulong mask_off,
+                  uint Tq, uint Tk, uint H,
+                  uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale)
+{
+    __local float2 part[WG];
+    const ulong row = get_group_id(0);          /* (b*H + h)*Tq + i */
+    const uint lid = get_local_id(0);
+    const uint i = (uint)(row % Tq);
+    const ulong bh = row / Tq;
+    const ulong b = bh / H;
+    __global float *r = s + s_off + row * Tk;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+
+    /* pass 1: online max and sum over this item's keys */
+    float2 acc = (float2)(-INFINITY, 0.0f);
+    for (uint j = lid; j < Tk; j += WG) {
+        float v = masked_score(r, j, i, b, Tk, kpm, mask);
+        acc = combine(acc, (float2)(v, v == -INFINITY ? 0.0f : 1.0f));
+    }
+    part[lid] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint stride = WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) part[lid] = combine(part[lid], part[lid + stride]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float row_max = part[0].x;
+    const float inv_sum = row_max == -INFINITY ? 0.0f : 1.0f / part[0].y;
+
+    /* pass 2: normalise (and drop), in place */
+    for (uint j = lid; j < Tk; j += WG) {
+        float v = masked_score(r, j, i, b, Tk, kpm, mask);
+        float w = row_max == -INFINITY ? 0.0f : exp(v - row_max) * inv_sum;
+#if DROPOUT
+        const uint h = (uint)(bh % H);
+        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b, h, i, j, drop_threshold) ? w * keep_scale : 0.0f;
+#endif
+        r[j] = w;
+    }
+}

@@ -1,0 +1,241 @@
+/*
+ * clattn.h: transformer attention on any OpenCL device, with a plain-C
+ * reference ("ref") that computes the same functions on the CPU.
+ *
+ * Life cycle (FFTW style):
+ *   clattn_device_open("opencl", &dev);          pick a device (or wrap yours)
+ *   clattn_plan_create(dev, &desc, &w, &plan);   validate, upload weights, build kernels
+ *   clattn_plan_execute(plan, &args);            as often as you like
+ *   clattn_plan_free(plan); clattn_device_free(dev);
+ *
+ * Every call returns a clattn_status. OpenCL codes pass through by value
+ * (-1 .. -1006), CLBlast codes too (-1007 .. -2050), clattn's own codes live
+ * in -3000 .. -3099. clattn_status_string() names any of them;
+ * clattn_last_error() gives the detail of the last failing call in this
+ * thread (which argument, which limit), clattn_last_build_log() the OpenCL
+ * build log of the last failed kernel build.
+ *
+ * Shapes are row-major (C order). x is (B, Tq, E); kv is (B, Tk, Ekv).
+ */
+#ifndef CLATTN_H
+#define CLATTN_H
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CLATTN_API __declspec(dllexport)
+#else
+#define CLATTN_API __attribute__((visibility("default")))
+#endif
+
+#define CLATTN_VERSION_MAJOR 0
+#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum clattn_status {
+    CLATTN_STATUS_SUCCESS = 0,
+    /* -1 .. -1006: OpenCL error codes (and -1001, no platform), passed through unchanged. */
+    /* -1007 .. -2050: CLBlast status codes, passed through unchanged. */
+    CLATTN_STATUS_INVALID_ARGUMENT = -3001,   /* NULL pointer, bad value (p, scale, flag) */
+    CLATTN_STATUS_SHAPE_MISMATCH = -3002,     /* dimensions that do not fit together */
+    CLATTN_STATUS_SIZE_OVERFLOW = -3003,      /* a size does not fit size_t / the kernels' index range */
+    CLATTN_STATUS_TOO_LARGE_FOR_DEVICE = -3004, /* exceeds max allocation or global memory */
+    CLATTN_STATUS_OUT_OF_HOST_MEMORY = -3005,
+    CLATTN_STATUS_DEVICE_ALLOCATION = -3006,  /* clCreateBuffer failed */
+    CLATTN_STATUS_BUILD_FAILURE = -3007,      /* kernel build failed: see clattn_last_build_log() */
+    CLATTN_STATUS_UNSUPPORTED = -3008,        /* feature not available on this device / backend */
+    CLATTN_STATUS_NO_DEVICE = -3009,          /* a device spec that matches no device */
+    CLATTN_STATUS_INVALID_DEVICE_SPEC = -3010 /* a device spec that cannot be parsed */
+} clattn_status;
+
+/* A short, static, human-readable name for any status (ours, OpenCL's, CLBlast's). */
+CLATTN_API const char *clattn_status_string(int status);
+
+/* Detail of the last failing clattn call in the calling thread ("" if none). */
+CLATTN_API const char *clattn_last_error(void);
+
+/* OpenCL build log of the last failed kernel build in the calling thread ("" if none). */
+CLATTN_API const char *clattn_last_build_log(void);
+
+/* ---------------------------------------------------------------- devices */
+
+typedef struct clattn_device clattn_device;
+
+typedef enum clattn_backend {
+    CLATTN_BACKEND_REF = 0,   /* the plain-C CPU reference */
+    CLATTN_BACKEND_OPENCL = 1
+} clattn_backend;
+
+typedef struct clattn_device_info {
+    char selector[32];          /* "opencl:P:D" */
+    char platform[128];
+    char name[128];
+    char type[16];              /* "gpu", "cpu", "accelerator", "other" */
+    unsigned compute_units;
+    uint64_t global_mem_bytes;
+    uint64_t max_alloc_bytes;
+    char opencl_c_version[64];
+    int fp16;                   /* cl_khr_fp16 */
+    int fp64;                   /* cl_khr_fp64 */
+} clattn_device_info;
+
+/* Enumerate every OpenCL device of every platform. Writes at most `capacity`
+ * entries to `infos` (may be NULL when capacity is 0) and the total count to
+ * `*count`. No OpenCL platform at all is not an error: *count = 0. */
+CLATTN_API clattn_status clattn_device_list(clattn_device_info *infos, size_t capacity,
+                                            size_t *count);
+
+/* Open a device by spec:
+ *   "ref"                 the CPU reference backend
+ *   "opencl"              the first GPU if there is one, else the first OpenCL device
+ *   "opencl:P:D"          platform P, device D (as `clattn devices` lists them)
+ *   "gpu", "cpu", "accelerator"   the first device of that type
+ *   "name=TEXT"           the first device whose name contains TEXT (case-insensitive)
+ * NULL or "" means the default: $CLATTN_DEVICE if set, else "opencl", else
+ * "ref" with a notice (clattn_device_notice) saying why. A spec that matches
+ * nothing is an error (CLATTN_STATUS_NO_DEVICE), never a silent fallback. */
+CLATTN_API clattn_status clattn_device_open(const char *spec, clattn_device **device);
+
+/* Use a command queue (and its context and device) that the caller owns.
+ * clattn retains them and releases its references in clattn_device_free. */
+CLATTN_API clattn_status clattn_device_from_queue(cl_command_queue queue, clattn_device **device);
+
+CLATTN_API void clattn_device_free(clattn_device *device);
+
+CLATTN_API clattn_backend clattn_device_backend(const clattn_device *device);
+/* "ref (CPU reference)" or "<device name> [<platform name>]". */
+CLATTN_API const char *clattn_device_name(const clattn_device *device);
+/* Why the default fell back to ref; NULL when there was no fallback. */
+CLATTN_API const char *clattn_device_notice(const clattn_device *device);
+/* The OpenCL objects (NULL for ref). */
+CLATTN_API cl_context clattn_device_context(const clattn_device *device);
+CLATTN_API cl_command_queue clattn_device_queue(const clattn_device *device);
+
+/* ---------------------------------------------------------------- attention plan */
+
+typedef enum clattn_layout {
+    CLATTN_LAYOUT_LINEAR = 0, /* torch.nn.Linear: weight is [out, in], y = x W^T + b */
+    CLATTN_LAYOUT_RAW = 1     /* the tutorials' raw matrices: weight is [in, out], y = x W */
+} clattn_layout;
+
+typedef enum clattn_mask_kind {
+    CLATTN_MASK_NONE = 0,
+    CLATTN_MASK_BOOL = 1,     /* uint8 (Tq, Tk): nonzero = not allowed */
+    CLATTN_MASK_FLOAT = 2     /* float (Tq, Tk): added to the scaled scores */
+} clattn_mask_kind;
+
+/* What the plan computes. Zero-initialise, then fill in. */
+typedef struct clattn_attention_desc {
+    size_t batch;        /* B >= 1 */
+    size_t seq_q;        /* Tq >= 1: query length */
+    size_t seq_kv;       /* Tk: key/value length; cross-attention only (self: Tk = Tq) */
+    size_t embed;        /* E: width of x */
+    size_t kv_embed;     /* Ekv: width of kv; cross-attention only (0 = E) */
+    size_t heads;        /* H >= 1 */
+    size_t head_dim_qk;  /* dk: query/key head size (0 = E/H, only without Q/K/V weights) */
+    size_t head_dim_v;   /* dv: value head size (0 = dk) */
+    size_t out_dim;      /* Eo: rows of w_out; required when w_out is given, else 0 */
+    int cross;           /* 1: keys and values come from a second input kv */
+    int causal;          /* 1: query i sees keys j <= i (top-left aligned) */
+    clattn_mask_kind attn_mask;   /* (Tq, Tk) mask passed at execution */
+    int key_padding_mask;         /* 1: a (B, Tk) uint8 mask is passed at execution, nonzero = ignore key */
+    float scale;         /* 0 = 1/sqrt(dk) */
+    float dropout;       /* p in [0, 1): training-mode dropout on the attention weights; 0 = eval */
+    uint64_t seed;       /* dropout seed (Philox4x32-10 key) */
+    clattn_layout layout;/* layout of every weight matrix below */
+} clattn_attention_desc;
+
+/* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
+ * module has no Q/K/V projections: Q = x, K = V = kv (or x), split into heads.
+ * Biases are optional (NULL = none). w_out NULL = no output projection.
+ *   LINEAR layout: w_query (H*dk, E), w_key (H*dk, Ekv), w_value (H*dv, Ekv), w_out (Eo, H*dv)
+ *   RAW layout:    the transposes of those. */
+typedef struct clattn_attention_weights {
+    const float *w_query, *w_key, *w_value;
+    const float *b_query, *b_key, *b_value;  /* (H*dk), (H*dk), (H*dv) */
+    const float *w_out, *b_out;              /* b_out (Eo) */
+} clattn_attention_weights;
+
+typedef struct clattn_plan clattn_plan;
+
+CLATTN_API clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                            const clattn_attention_weights *weights,
+                                            clattn_plan **plan);
+CLATTN_API void clattn_plan_free(clattn_plan *plan);
+
+/* The description with every default resolved (Tk, Ekv, dk, dv, scale). */
+CLATTN_API clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc);
+/* Width of each output row: Eo with an output projection, else H*dv. */
+CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
+
+/* Change the dropout seed for the next executions. */
+CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
+
+/* Execution from host arrays. */
+typedef struct clattn_attention_args {
+    const float *x;                   /* (B, Tq, E) */
+    const float *kv;                  /* (B, Tk, Ekv), cross-attention only */
+    const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask */
+    const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask */
+    float *out;                       /* (B, Tq, Eo or H*dv) */
+    float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V */
+} clattn_attention_args;
+
+CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
+
+/* Execution on device buffers (OpenCL devices only). Offsets count elements
+ * (bytes for the uint8 masks). Enqueued on the device's queue after the wait
+ * list; `event` (optional) completes when out and attn are written. */
+typedef struct clattn_buffer {
+    cl_mem mem;
+    size_t offset;
+} clattn_buffer;
+
+typedef struct clattn_attention_buffers {
+    clattn_buffer x, kv, key_padding_mask, attn_mask, out, attn; /* attn.mem NULL = not wanted */
+} clattn_attention_buffers;
+
+CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
+                                                     const clattn_attention_buffers *buffers,
+                                                     cl_uint num_events_in_wait_list,
+                                                     const cl_event *event_wait_list,
+                                                     cl_event *event);
+
+/* ---------------------------------------------------------------- profiling */
+
+typedef enum clattn_stage {
+    CLATTN_STAGE_QKV_PROJECTION = 0,
+    CLATTN_STAGE_HEAD_SPLIT,
+    CLATTN_STAGE_SCORES,
+    CLATTN_STAGE_SOFTMAX,     /* scale + mask + softmax (+ dropout) */
+    CLATTN_STAGE_CONTEXT,
+    CLATTN_STAGE_HEAD_MERGE,
+    CLATTN_STAGE_OUT_PROJECTION,
+    CLATTN_STAGE_COUNT
+} clattn_stage;
+
+CLATTN_API const char *clattn_stage_name(clattn_stage stage);
+
+/* Turn per-stage timing on or off (OpenCL plans; off by default). While on,
+ * each execution records device timestamps between stages, and
+ * clattn_plan_stage_times fills ms[CLATTN_STAGE_COUNT] with the last
+ * execution's device time per stage (0 for a stage that did not run).
+ * On ref it reports host wall time per stage. */
+CLATTN_API clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable);
+CLATTN_API clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CLATTN_H */

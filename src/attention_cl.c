@@ -1,0 +1,585 @@
+/* attention_cl.c: the attention forward pass on an OpenCL device.
+ *
+ *   1. projections     CLBlast SGEMM: self-attention one GEMM against [Wq|Wk|Wv],
+ *                      cross-attention Q = x Wq^T and [K|V] = kv [Wk|Wv]^T
+ *   2. head split      split_heads: (B, T, H*d) -> (B, H, T, d), + bias
+ *   3. scores          CLBlast strided-batched SGEMM over B*H: S = scale * Q K^T
+ *   4. softmax         softmax_rows: masks, online softmax, dropout, in place
+ *   5. context         CLBlast strided-batched SGEMM: C = W V
+ *   6. head merge      merge_heads: (B, H, T, dv) -> (B, T, H*dv)
+ *   7. out projection  fill_rows(bias) + CLBlast SGEMM with beta = 1
+ * With one head, a layout that already is head-major skips 2 and 6.
+ * Everything stays on the device between the input upload and the output read.
+ */
+#include "reference.h"
+
+#include <clblast_c.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct view { cl_mem mem; size_t off; } view;   /* a tensor: buffer + element offset */
+
+struct clattn_cl_state {
+    cl_program heads_prog, softmax_prog;
+    cl_kernel k_split, k_merge, k_fill, k_softmax;
+    size_t softmax_wg;
+    size_t n_qkv;                 /* self: H*(2dk+dv) columns of the fused projection */
+    /* weights (LINEAR layout) */
+    cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
+    cl_mem w_kv;                  /* cross: [Wk;Wv] (H*(dk+dv), Ekv) */
+    cl_mem b_q, b_k, b_v, w_out, b_out;
+    /* workspace */
+    cl_mem proj, proj_kv;         /* projection outputs, token-major */
+    cl_mem q, k, v;               /* head-major (B, H, T, d) */
+    cl_mem s;                     /* (B, H, Tq, Tk) */
+    cl_mem ctx, merged;           /* (B, H, Tq, dv), (B, Tq, H*dv) */
+    /* staging for execution from host arrays */
+    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
+    /* profiling markers: [0] before stage 0, [s+1] after stage s */
+    cl_event marks[CLATTN_STAGE_COUNT + 1];
+    int stage_ran[CLATTN_STAGE_COUNT];
+};
+
+#define CL_CHECK(call, what)                                                                   \
+    do {                                                                                       \
+        cl_int e_ = (call);                                                                    \
+        if (e_ != CL_SUCCESS) return clattn_fail((clattn_status)e_, "%s failed (%d: %s)", what, e_, \
+                                                 clattn_status_string(e_));                   \
+    } while (0)
+
+static clattn_status blas_check(CLBlastStatusCode s, const char *what)
+{
+    if (s == CLBlastSuccess) return CLATTN_STATUS_SUCCESS;
+    return clattn_fail((clattn_status)s, "CLBlast %s failed (%d: %s)", what, (int)s, clattn_status_string(s));
+}
+
+/* ---- plan creation */
+
+static clattn_status make_buffer(struct clattn_plan *p, size_t elems, size_t elem_size, const void *host,
+                                 const char *what, cl_mem *out)
+{
+    const clattn_device *dev = p->device;
+    size_t bytes;
+    if (elems == 0) elems = 1;
+    if (clattn_mul_overflows(elems, elem_size, &bytes))
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "%s: size overflows", what);
+    if (bytes > dev->max_alloc)
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "%s needs %zu bytes, more than the device's max allocation (%zu bytes)", what, bytes,
+                           dev->max_alloc);
+    cl_int err;
+    cl_mem_flags flags = host ? CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR : CL_MEM_READ_WRITE;
+    *out = clCreateBuffer(dev->context, flags, bytes, (void *)host, &err);
+    if (err != CL_SUCCESS) {
+        *out = NULL;
+        return clattn_fail(err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+                                   err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE
+                               ? CLATTN_STATUS_DEVICE_ALLOCATION : (clattn_status)err,
+                           "clCreateBuffer for %s (%zu bytes) failed (%d)", what, bytes, err);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static size_t pow2_at_most(size_t n)
+{
+    size_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+
+static clattn_status build_kernels(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    clattn_status st;
+    cl_int err;
+    const char *heads_src[] = {"heads"};
+    st = clattn_program_build(p->device, heads_src, 1, "-cl-std=CL1.2", &c->heads_prog);
+    if (st) return st;
+    c->k_split = clCreateKernel(c->heads_prog, "split_heads", &err);
+    if (err == CL_SUCCESS) c->k_merge = clCreateKernel(c->heads_prog, "merge_heads", &err);
+    if (err == CL_SUCCESS) c->k_fill = clCreateKernel(c->heads_prog, "fill_rows", &err);
+    CL_CHECK(err, "clCreateKernel (heads)");
+
+    /* softmax work-group: a power of two covering the row, at most 256 and the device limit */
+    size_t wg = 1;
+    while (wg < d->seq_kv && wg < 256) wg *= 2;
+    wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
+    wg = wg > p->device->max_work_group ? pow2_at_most(p->device->max_work_group) : wg;
+    for (;;) {
+        char opts[256];
+        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DWG=%zu -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", wg,
+                 d->causal, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+        const char *softmax_src[] = {"philox", "softmax"};
+        st = clattn_program_build(p->device, softmax_src, 2, opts, &c->softmax_prog);
+        if (st) return st;
+        c->k_softmax = clCreateKernel(c->softmax_prog, "softmax_rows", &err);
+        CL_CHECK(err, "clCreateKernel (softmax_rows)");
+        size_t kwg = 0;
+        CL_CHECK(clGetKernelWorkGroupInfo(c->k_softmax, p->device->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg,
+                                          &kwg, NULL), "clGetKernelWorkGroupInfo");
+        if (wg <= kwg || wg == 1) break;
+        /* the compiled kernel allows less than asked: rebuild smaller */
+        clReleaseKernel(c->k_softmax);
+        clReleaseProgram(c->softmax_prog);
+        c->k_softmax = NULL;
+        c->softmax_prog = NULL;
+        wg = pow2_at_most(kwg);
+    }
+    c->softmax_wg = wg;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static int one_head_view(const struct clattn_plan *p)
+{
+    return p->d.heads == 1;
+}
+
+clattn_status clattn_cl_plan_init(struct clattn_plan *p)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    struct clattn_cl_state *c = calloc(1, sizeof *c);
+    if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
+    p->cl = c;
+    clattn_status st;
+
+    /* device memory budget, checked before any allocation */
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + B * H * Tq * Tk +
+                   B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
+    if (p->has_qkv) total += B * Tq * H * dk + B * Tk * H * (dk + dv) + H * (dk * E + (dk + dv) * Ekv);
+    if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
+    if (total > p->device->global_mem / sizeof(float))
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "these dimensions need about %zu bytes of device memory, more than its global memory "
+                           "(%zu bytes)", total * sizeof(float), p->device->global_mem);
+    if (B * H * Tq * Tk * sizeof(float) > p->device->max_alloc)
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "the score matrix (B*H*Tq*Tk = %zu floats) exceeds the device's max allocation "
+                           "(%zu bytes)", B * H * Tq * Tk, p->device->max_alloc);
+
+    if ((st = build_kernels(p))) return st;
+
+    /* weights, uploaded once */
+    if (p->has_qkv) {
+        if (!d->cross) {
+            c->n_qkv = H * (2 * dk + dv);
+            float *w = malloc(c->n_qkv * E * sizeof *w);
+            if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating Q/K/V weights");
+            memcpy(w, p->w_query, H * dk * E * sizeof *w);
+            memcpy(w + H * dk * E, p->w_key, H * dk * E * sizeof *w);
+            memcpy(w + 2 * H * dk * E, p->w_value, H * dv * E * sizeof *w);
+            st = make_buffer(p, c->n_qkv * E, sizeof(float), w, "the Q|K|V weights", &c->w_proj);
+            free(w);
+            if (st) return st;
+            if ((st = make_buffer(p, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj)))
+                return st;
+        } else {
+            float *w = malloc(H * (dk + dv) * Ekv * sizeof *w);
+            if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating K/V weights");
+            memcpy(w, p->w_key, H * dk * Ekv * sizeof *w);
+            memcpy(w + H * dk * Ekv, p->w_value, H * dv * Ekv * sizeof *w);
+            st = make_buffer(p, H * (dk + dv) * Ekv, sizeof(float), w, "the K|V weights", &c->w_kv);
+            free(w);
+            if (st) return st;
+            if ((st = make_buffer(p, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj)) ||
+                (st = make_buffer(p, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj)) ||
+                (st = make_buffer(p, B * Tk * H * (dk + dv), sizeof(float), NULL, "the K|V projections",
+                                  &c->proj_kv)))
+                return st;
+        }
+        if ((p->b_query && (st = make_buffer(p, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
+            (p->b_key && (st = make_buffer(p, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
+            (p->b_value && (st = make_buffer(p, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
+            return st;
+    }
+    if (p->has_out) {
+        if ((st = make_buffer(p, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out)) ||
+            (p->b_out && (st = make_buffer(p, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out))) ||
+            (st = make_buffer(p, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged)))
+            return st;
+    }
+    /* head-major workspace (not needed with one head and no projection: the inputs are the views) */
+    if (!(one_head_view(p) && !p->has_qkv)) {
+        if ((st = make_buffer(p, B * H * Tq * dk, sizeof(float), NULL, "Q", &c->q)) ||
+            (st = make_buffer(p, B * H * Tk * dk, sizeof(float), NULL, "K", &c->k)) ||
+            (st = make_buffer(p, B * H * Tk * dv, sizeof(float), NULL, "V", &c->v)))
+            return st;
+    }
+    if (!one_head_view(p) && (st = make_buffer(p, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
+        return st;
+    if ((st = make_buffer(p, B * H * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
+        (st = make_buffer(p, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
+        (d->cross && (st = make_buffer(p, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
+        (d->key_padding_mask &&
+         (st = make_buffer(p, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in))) ||
+        (d->attn_mask && (st = make_buffer(p, Tq * Tk, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
+                                           "the attention mask staging buffer", &c->mask_in))) ||
+        (st = make_buffer(p, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf)))
+        return st;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static void release_mem(cl_mem *m)
+{
+    if (*m) clReleaseMemObject(*m);
+    *m = NULL;
+}
+
+static void release_marks(struct clattn_cl_state *c)
+{
+    for (int i = 0; i <= CLATTN_STAGE_COUNT; i++)
+        if (c->marks[i]) {
+            clReleaseEvent(c->marks[i]);
+            c->marks[i] = NULL;
+        }
+}
+
+void clattn_cl_plan_release(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    if (!c) return;
+    release_marks(c);
+    cl_mem *mems[] = {&c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj,
+                      &c->proj_kv, &c->q, &c->k, &c->v, &c->s, &c->ctx, &c->merged, &c->x_in, &c->kv_in,
+                      &c->kpm_in, &c->mask_in, &c->out_buf};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) release_mem(mems[i]);
+    if (c->k_split) clReleaseKernel(c->k_split);
+    if (c->k_merge) clReleaseKernel(c->k_merge);
+    if (c->k_fill) clReleaseKernel(c->k_fill);
+    if (c->k_softmax) clReleaseKernel(c->k_softmax);
+    if (c->heads_prog) clReleaseProgram(c->heads_prog);
+    if (c->softmax_prog) clReleaseProgram(c->softmax_prog);
+    free(c);
+    p->cl = NULL;
+}
+
+/* ---- execution */
+
+typedef struct run_io {
+    view x, kv, kpm, mask, out, attn; /* attn.mem NULL: use the plan's own score buffer */
+} run_io;
+
+static clattn_status mark(struct clattn_plan *p, int index)
+{
+    if (!p->profiling) return CLATTN_STATUS_SUCCESS;
+    struct clattn_cl_state *c = p->cl;
+    if (c->marks[index]) {
+        clReleaseEvent(c->marks[index]);
+        c->marks[index] = NULL;
+    }
+    CL_CHECK(clEnqueueMarkerWithWaitList(p->device->queue, 0, NULL, &c->marks[index]), "clEnqueueMarkerWithWaitList");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+static clattn_status enqueue_1d(struct clattn_plan *p, cl_kernel k, size_t total, const char *what)
+{
+    size_t local = 64;
+    size_t global = round_up(total, local);
+    CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* dst (B, H, T, D) from token-major src rows of width ld, columns col0 + h*D + d, plus bias. */
+static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t col0, cl_mem bias, view dst,
+                           size_t T, size_t D)
+{
+    cl_kernel k = p->cl->k_split;
+    cl_ulong src_off = src.off, dst_off = dst.off, total = (cl_ulong)p->d.batch * p->d.heads * T * D;
+    cl_uint ld32 = (cl_uint)ld, col32 = (cl_uint)col0, has_bias = bias != NULL, T32 = (cl_uint)T,
+            H32 = (cl_uint)p->d.heads, D32 = (cl_uint)D;
+    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &src.mem);
+    e |= clSetKernelArg(k, 1, sizeof src_off, &src_off);
+    e |= clSetKernelArg(k, 2, sizeof ld32, &ld32);
+    e |= clSetKernelArg(k, 3, sizeof col32, &col32);
+    e |= clSetKernelArg(k, 4, sizeof(cl_mem), bias ? &bias : NULL);
+    e |= clSetKernelArg(k, 5, sizeof has_bias, &has_bias);
+    e |= clSetKernelArg(k, 6, sizeof(cl_mem), &dst.mem);
+    e |= clSetKernelArg(k, 7, sizeof dst_off, &dst_off);
+    e |= clSetKernelArg(k, 8, sizeof T32, &T32);
+    e |= clSetKernelArg(k, 9, sizeof H32, &H32);
+    e |= clSetKernelArg(k, 10, sizeof D32, &D32);
+    e |= clSetKernelArg(k, 11, sizeof total, &total);
+    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting split_heads arguments failed");
+    return enqueue_1d(p, k, (size_t)total, "enqueue split_heads");
+}
+
+static clattn_status merge(struct clattn_plan *p, view src, view dst)
+{
+    cl_kernel k = p->cl->k_merge;
+    const clattn_attention_desc *d = &p->d;
+    cl_ulong src_off = src.off, dst_off = dst.off, total = (cl_ulong)d->batch * d->heads * d->seq_q * d->head_dim_v;
+    cl_uint T32 = (cl_uint)d->seq_q, H32 = (cl_uint)d->heads, D32 = (cl_uint)d->head_dim_v;
+    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &src.mem);
+    e |= clSetKernelArg(k, 1, sizeof src_off, &src_off);
+    e |= clSetKernelArg(k, 2, sizeof(cl_mem), &dst.mem);
+    e |= clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
+    e |= clSetKernelArg(k, 4, sizeof T32, &T32);
+    e |= clSetKernelArg(k, 5, sizeof H32, &H32);
+    e |= clSetKernelArg(k, 6, sizeof D32, &D32);
+    e |= clSetKernelArg(k, 7, sizeof total, &total);
+    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting merge_heads arguments failed");
+    return enqueue_1d(p, k, (size_t)total, "enqueue merge_heads");
+}
+
+static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, size_t rows, size_t cols)
+{
+    cl_kernel k = p->cl->k_fill;
+    cl_ulong off = dst.off, total = (cl_ulong)rows * cols;
+    cl_uint cols32 = (cl_uint)cols;
+    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &dst.mem);
+    e |= clSetKernelArg(k, 1, sizeof off, &off);
+    e |= clSetKernelArg(k, 2, sizeof(cl_mem), &bias);
+    e |= clSetKernelArg(k, 3, sizeof cols32, &cols32);
+    e |= clSetKernelArg(k, 4, sizeof total, &total);
+    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting fill_rows arguments failed");
+    return enqueue_1d(p, k, (size_t)total, "enqueue fill_rows");
+}
+
+static clattn_status softmax(struct clattn_plan *p, view s, const run_io *io)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    cl_kernel k = c->k_softmax;
+    cl_ulong s_off = s.off, kpm_off = io->kpm.off, mask_off = io->mask.off;
+    cl_uint Tq = (cl_uint)d->seq_q, Tk = (cl_uint)d->seq_kv, H = (cl_uint)d->heads;
+    cl_uint seed_lo = (cl_uint)d->seed, seed_hi = (cl_uint)(d->seed >> 32);
+    cl_uint threshold = clattn_dropout_threshold(d->dropout);
+    cl_float keep_scale = clattn_dropout_keep_scale(d->dropout);
+    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &s.mem);
+    e |= clSetKernelArg(k, 1, sizeof s_off, &s_off);
+    e |= clSetKernelArg(k, 2, sizeof(cl_mem), io->kpm.mem ? &io->kpm.mem : NULL);
+    e |= clSetKernelArg(k, 3, sizeof kpm_off, &kpm_off);
+    e |= clSetKernelArg(k, 4, sizeof(cl_mem), io->mask.mem ? &io->mask.mem : NULL);
+    e |= clSetKernelArg(k, 5, sizeof mask_off, &mask_off);
+    e |= clSetKernelArg(k, 6, sizeof Tq, &Tq);
+    e |= clSetKernelArg(k, 7, sizeof Tk, &Tk);
+    e |= clSetKernelArg(k, 8, sizeof H, &H);
+    e |= clSetKernelArg(k, 9, sizeof seed_lo, &seed_lo);
+    e |= clSetKernelArg(k, 10, sizeof seed_hi, &seed_hi);
+    e |= clSetKernelArg(k, 11, sizeof threshold, &threshold);
+    e |= clSetKernelArg(k, 12, sizeof keep_scale, &keep_scale);
+    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting softmax_rows arguments failed");
+    size_t local = c->softmax_wg, global = d->batch * d->heads * d->seq_q * local;
+    CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
+             "enqueue softmax_rows");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* C (m, n) = alpha * A (m, k) * op(B) + beta * C, row-major. */
+static clattn_status gemm(struct clattn_plan *p, CLBlastTranspose tb, size_t m, size_t n, size_t k, float alpha,
+                          view a, size_t lda, view b, size_t ldb, float beta, view cmat, size_t ldc,
+                          const char *what)
+{
+    cl_command_queue q = p->device->queue;
+    return blas_check(CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha, a.mem, a.off, lda,
+                                   b.mem, b.off, ldb, beta, cmat.mem, cmat.off, ldc, &q, NULL),
+                      what);
+}
+
+static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, size_t m, size_t n, size_t k,
+                                  float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
+                                  view cmat, size_t ldc, size_t sc, const char *what)
+{
+    cl_command_queue q = p->device->queue;
+    size_t count = p->d.batch * p->d.heads;
+    return blas_check(CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha,
+                                                 a.mem, a.off, lda, sa, b.mem, b.off, ldb, sb, 0.0f, cmat.mem,
+                                                 cmat.off, ldc, sc, count, &q, NULL),
+                      what);
+}
+
+#define TRY(expr)                                  \
+    do {                                           \
+        clattn_status s_ = (expr);                 \
+        if (s_ != CLATTN_STATUS_SUCCESS) return s_; \
+    } while (0)
+
+/* The whole forward pass, enqueued on the device queue. */
+static clattn_status run(struct clattn_plan *p, const run_io *io)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const view kv_src = d->cross ? io->kv : io->x;
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) c->stage_ran[s] = 0;
+    TRY(mark(p, 0));
+
+    /* 1. projections: token-major sources for Q, K and V */
+    view q_src, k_src, v_src;
+    size_t q_ld, kv_ld, q_col, k_col, v_col;
+    if (p->has_qkv) {
+        view proj = {c->proj, 0};
+        if (!d->cross) {
+            TRY(gemm(p, CLBlastTransposeYes, B * Tq, c->n_qkv, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E, 0.0f,
+                     proj, c->n_qkv, "QKV projection"));
+            q_src = k_src = v_src = proj;
+            q_ld = kv_ld = c->n_qkv;
+            q_col = 0, k_col = H * dk, v_col = 2 * H * dk;
+        } else {
+            view proj_kv = {c->proj_kv, 0};
+            TRY(gemm(p, CLBlastTransposeYes, B * Tq, H * dk, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E, 0.0f, proj,
+                     H * dk, "Q projection"));
+            TRY(gemm(p, CLBlastTransposeYes, B * Tk, H * (dk + dv), Ekv, 1.0f, io->kv, Ekv, (view){c->w_kv, 0}, Ekv,
+                     0.0f, proj_kv, H * (dk + dv), "K|V projection"));
+            q_src = proj;
+            k_src = v_src = proj_kv;
+            q_ld = H * dk;
+            kv_ld = H * (dk + dv);
+            q_col = 0, k_col = 0, v_col = H * dk;
+        }
+        c->stage_ran[CLATTN_STAGE_QKV_PROJECTION] = 1;
+    } else {
+        q_src = io->x;
+        k_src = v_src = kv_src;
+        q_ld = E;
+        kv_ld = Ekv;
+        q_col = k_col = v_col = 0;
+    }
+    TRY(mark(p, 1));
+
+    /* 2. head split (+ bias) into head-major Q, K, V */
+    view Q, K, V;
+    if (one_head_view(p) && !p->has_qkv) {
+        Q = q_src, K = k_src, V = v_src; /* (B, T, E) is (B, 1, T, E) already */
+    } else {
+        Q = (view){c->q, 0}, K = (view){c->k, 0}, V = (view){c->v, 0};
+        TRY(split(p, q_src, q_ld, q_col, c->b_q, Q, Tq, dk));
+        TRY(split(p, k_src, kv_ld, k_col, c->b_k, K, Tk, dk));
+        TRY(split(p, v_src, kv_ld, v_col, c->b_v, V, Tk, dv));
+        c->stage_ran[CLATTN_STAGE_HEAD_SPLIT] = 1;
+    }
+    TRY(mark(p, 2));
+
+    /* 3. scores S = scale * Q K^T, per (b, h) */
+    view S = io->attn.mem ? io->attn : (view){c->s, 0};
+    TRY(gemm_batched(p, CLBlastTransposeYes, Tq, Tk, dk, d->scale, Q, dk, Tq * dk, K, dk, Tk * dk, S, Tk, Tq * Tk,
+                     "scores GEMM"));
+    c->stage_ran[CLATTN_STAGE_SCORES] = 1;
+    TRY(mark(p, 3));
+
+    /* 4. masks + softmax + dropout, in place */
+    TRY(softmax(p, S, io));
+    c->stage_ran[CLATTN_STAGE_SOFTMAX] = 1;
+    TRY(mark(p, 4));
+
+    /* 5. context C = W V, per (b, h); with one head straight into (B, Tq, dv) rows */
+    view merged = p->has_out ? (view){c->merged, 0} : io->out;
+    view C = one_head_view(p) ? merged : (view){c->ctx, 0};
+    TRY(gemm_batched(p, CLBlastTransposeNo, Tq, dv, Tk, 1.0f, S, Tk, Tq * Tk, V, dv, Tk * dv, C, dv, Tq * dv,
+                     "context GEMM"));
+    c->stage_ran[CLATTN_STAGE_CONTEXT] = 1;
+    TRY(mark(p, 5));
+
+    /* 6. head merge (B, H, Tq, dv) -> (B, Tq, H*dv) */
+    if (!one_head_view(p)) {
+        TRY(merge(p, C, merged));
+        c->stage_ran[CLATTN_STAGE_HEAD_MERGE] = 1;
+    }
+    TRY(mark(p, 6));
+
+    /* 7. output projection: out = merged Wo^T + bo */
+    if (p->has_out) {
+        if (c->b_out) TRY(fill_bias(p, io->out, c->b_out, B * Tq, d->out_dim));
+        TRY(gemm(p, CLBlastTransposeYes, B * Tq, d->out_dim, H * dv, 1.0f, merged, H * dv, (view){c->w_out, 0},
+                 H * dv, c->b_out ? 1.0f : 0.0f, io->out, d->out_dim, "output projection"));
+        c->stage_ran[CLATTN_STAGE_OUT_PROJECTION] = 1;
+    }
+    TRY(mark(p, 7));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    cl_command_queue q = p->device->queue;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    CL_CHECK(clEnqueueWriteBuffer(q, c->x_in, CL_FALSE, 0, B * Tq * d->embed * sizeof(float), a->x, 0, NULL, NULL),
+             "uploading x");
+    if (d->cross)
+        CL_CHECK(clEnqueueWriteBuffer(q, c->kv_in, CL_FALSE, 0, B * Tk * d->kv_embed * sizeof(float), a->kv, 0, NULL,
+                                      NULL), "uploading kv");
+    if (d->key_padding_mask)
+        CL_CHECK(clEnqueueWriteBuffer(q, c->kpm_in, CL_FALSE, 0, B * Tk, a->key_padding_mask, 0, NULL, NULL),
+                 "uploading the key padding mask");
+    if (d->attn_mask)
+        CL_CHECK(clEnqueueWriteBuffer(q, c->mask_in, CL_FALSE, 0,
+                                      Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1), a->attn_mask,
+                                      0, NULL, NULL), "uploading the attention mask");
+    run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
+                 .out = {c->out_buf, 0}, .attn = {NULL, 0}};
+    clattn_status st = run(p, &io);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        clFinish(q); /* the uploads read the caller's arrays: let them finish */
+        return st;
+    }
+    /* read both results before touching the caller's arrays, so a failure writes nothing */
+    size_t out_bytes = B * Tq * p->out_width * sizeof(float);
+    CL_CHECK(clFinish(q), "running the attention pass");
+    CL_CHECK(clEnqueueReadBuffer(q, c->out_buf, CL_TRUE, 0, out_bytes, a->out, 0, NULL, NULL), "reading the output");
+    if (a->attn)
+        CL_CHECK(clEnqueueReadBuffer(q, c->s, CL_TRUE, 0, B * d->heads * Tq * Tk * sizeof(float), a->attn, 0, NULL,
+                                     NULL), "reading the attention weights");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The buffer must hold `elems` elements of `size` bytes from element `offset`. */
+static clattn_status check_buffer(cl_mem m, size_t offset, size_t elems, size_t size, const char *what)
+{
+    if (!m) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s.mem is NULL", what);
+    size_t bytes = 0, need;
+    cl_int e = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
+    if (e != CL_SUCCESS) return clattn_fail((clattn_status)e, "buffers.%s is not a valid buffer (%d)", what, e);
+    if (clattn_mul_overflows(offset + elems, size, &need) || offset + elems < offset || need > bytes)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH,
+                           "buffers.%s: %zu elements from offset %zu do not fit its %zu bytes", what, elems, offset,
+                           bytes);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
+                                        const cl_event *wait, cl_event *event)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    TRY(check_buffer(b->x.mem, b->x.offset, B * Tq * d->embed, 4, "x"));
+    if (d->cross) TRY(check_buffer(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, 4, "kv"));
+    if (d->key_padding_mask) TRY(check_buffer(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1,
+                                              "key_padding_mask"));
+    if (d->attn_mask) TRY(check_buffer(b->attn_mask.mem, b->attn_mask.offset, Tq * Tk,
+                                       d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
+    TRY(check_buffer(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
+    if (b->attn.mem) TRY(check_buffer(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
+    cl_command_queue q = p->device->queue;
+    if (nwait) CL_CHECK(clEnqueueBarrierWithWaitList(q, nwait, wait, NULL), "waiting for the wait list");
+    run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
+                 .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
+                 .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
+                 .attn = {b->attn.mem, b->attn.offset}};
+    TRY(run(p, &io));
+    if (event) CL_CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, event), "enqueueing the completion event");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_STAGE_COUNT])
+{
+    struct clattn_cl_state *c = p->cl;
+    if (!p->profiling || !c->marks[0]) {
+        for (int s = 0; s < CLATTN_STAGE_COUNT; s++) ms[s] = 0.0;
+        return CLATTN_STATUS_SUCCESS;
+    }
+    CL_CHECK(clWaitForEvents(CLATTN_STAGE_COUNT + 1, c->marks), "waiting for the profiled pass");
+    cl_ulong t[CLATTN_STAGE_COUNT + 1];
+    for (int i = 0; i <= CLATTN_STAGE_COUNT; i++)
+        CL_CHECK(clGetEventProfilingInfo(c->marks[i], CL_PROFILING_COMMAND_END, sizeof t[i], &t[i], NULL),
+                 "reading profiling timestamps");
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++)
+        ms[s] = c->stage_ran[s] && t[s + 1] > t[s] ? (double)(t[s + 1] - t[s]) * 1e-6 : 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}

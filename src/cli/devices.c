@@ -1,0 +1,53 @@
+/* devices.c: `clattn devices`, and opening the device a command asks for. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+clattn_device *clattn_cli_open_device(const char *spec)
+{
+    clattn_device *dev = NULL;
+    clattn_status st = clattn_device_open(spec, &dev);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        fprintf(stderr, "clattn: --device: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        return NULL;
+    }
+    const char *notice = clattn_device_notice(dev);
+    if (notice) fprintf(stderr, "clattn: notice: %s\n", notice);
+    return dev;
+}
+
+int clattn_cli_devices(int argc, char **argv)
+{
+    if (argc > 1) {
+        fprintf(stderr, "clattn devices: unexpected argument '%s'\n", argv[1]);
+        return 2;
+    }
+    size_t n = 0;
+    clattn_status st = clattn_device_list(NULL, 0, &n);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        fprintf(stderr, "clattn devices: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        return 1;
+    }
+    clattn_device_info *infos = calloc(n ? n : 1, sizeof *infos);
+    if (!infos) {
+        fprintf(stderr, "clattn devices: out of memory\n");
+        return 1;
+    }
+    clattn_device_list(infos, n, &n);
+    printf("%-12s %-28s %-40s %-6s %4s %10s %10s %-14s %4s %4s\n", "SELECTOR", "PLATFORM", "DEVICE", "TYPE", "CU",
+           "GLOBAL", "MAX_ALLOC", "OPENCL_C", "FP16", "FP64");
+    printf("%-12s %-28s %-40s %-6s %4s %10s %10s %-14s %4s %4s\n", "ref", "-", "CPU reference (plain C)", "cpu", "1",
+           "-", "-", "-", "no", "yes");
+    for (size_t i = 0; i < n; i++) {
+        const clattn_device_info *d = &infos[i];
+        printf("%-12s %-28.28s %-40.40s %-6s %4u %7.1fGiB %7.1fGiB %-14.14s %4s %4s\n", d->selector, d->platform,
+               d->name, d->type, d->compute_units, d->global_mem_bytes / 1073741824.0,
+               d->max_alloc_bytes / 1073741824.0, d->opencl_c_version, d->fp16 ? "yes" : "no",
+               d->fp64 ? "yes" : "no");
+    }
+    if (n == 0) printf("(no OpenCL device found: only ref is available)\n");
+    free(infos);
+    return 0;
+}

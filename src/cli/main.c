@@ -1,0 +1,36 @@
+/* main.c: `clattn` — list devices, run the tutorials' demo, run attention on .npy files. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clattn <command> [options]\n"
+            "  devices                      list every OpenCL device (and ref)\n"
+            "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
+            "  run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
+            "      [--need-weights] [--device SPEC]   attention on .npy files (see README)\n"
+            "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
+            "             (default: $CLATTN_DEVICE, else opencl, else ref)\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "devices") == 0) return clattn_cli_devices(argc - 1, argv + 1);
+    if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "clattn: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

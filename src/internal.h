@@ -1,0 +1,63 @@
+/* internal.h: what the library's own source files share (not installed). */
+#ifndef CLATTN_INTERNAL_H
+#define CLATTN_INTERNAL_H
+
+#include "clattn.h"
+#include <stdarg.h>
+
+/* ---- errors (status.c) */
+/* Record a detail message for clattn_last_error() and return `status`. */
+clattn_status clattn_fail(clattn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void clattn_clear_error(void);
+void clattn_set_build_log(const char *log);
+
+/* ---- size arithmetic that cannot wrap (plan.c) */
+int clattn_mul_overflows(size_t a, size_t b, size_t *out);
+
+/* ---- devices (device.c) */
+struct clattn_device {
+    clattn_backend backend;
+    char name[300];
+    char notice[400];           /* why the default fell back to ref ("" = none) */
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    size_t max_alloc;           /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    size_t global_mem;          /* CL_DEVICE_GLOBAL_MEM_SIZE */
+    size_t max_work_group;      /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    int queue_profiling;        /* the queue has CL_QUEUE_PROFILING_ENABLE */
+};
+
+/* ---- programs (program.c) */
+/* Build a program from the embedded sources named (e.g. {"philox", "softmax"})
+ * with the given options. On failure returns CLATTN_STATUS_BUILD_FAILURE (or
+ * an OpenCL code) and keeps the build log for clattn_last_build_log(). */
+clattn_status clattn_program_build(const clattn_device *dev, const char *const *names, int count,
+                                   const char *options, cl_program *program);
+
+/* ---- the plan (plan.c), shared by the two backends */
+struct clattn_cl_state;          /* attention_cl.c */
+
+struct clattn_plan {
+    clattn_device *device;
+    clattn_attention_desc d;     /* every default resolved */
+    int has_qkv;                 /* Q/K/V projections present */
+    int has_out;                 /* output projection present */
+    size_t out_width;            /* Eo or H*dv */
+    /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
+    float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
+    int profiling;
+    double stage_ms[CLATTN_STAGE_COUNT];
+    struct clattn_cl_state *cl;  /* OpenCL backend state, NULL on ref */
+};
+
+/* OpenCL backend (attention_cl.c) */
+clattn_status clattn_cl_plan_init(struct clattn_plan *plan);
+void clattn_cl_plan_release(struct clattn_plan *plan);
+clattn_status clattn_cl_execute_host(struct clattn_plan *plan, const clattn_attention_args *args);
+clattn_status clattn_cl_execute_buffers(struct clattn_plan *plan, const clattn_attention_buffers *b,
+                                        cl_uint nwait, const cl_event *wait, cl_event *event);
+clattn_status clattn_cl_stage_times(struct clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
+
+#endif

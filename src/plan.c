@@ -1,0 +1,260 @@
+/* plan.c: validate an attention description, copy and normalise the weights,
+ * hand the plan to its backend; execution entry points. */
+#include "reference.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int clattn_mul_overflows(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a) return 1;
+    *out = a * b;
+    return 0;
+}
+
+/* *out = a*b*c*d (pass 1 for unused factors); 1 on overflow. */
+static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *out)
+{
+    size_t t;
+    return clattn_mul_overflows(a, b, &t) || clattn_mul_overflows(t, c, &t) || clattn_mul_overflows(t, d, out);
+}
+
+/* Copy a weight (rows_out, cols_in) given in `layout` into a new LINEAR [out, in] array. */
+static float *copy_weight(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
+{
+    float *w = malloc(rows_out * cols_in * sizeof *w);
+    if (!w) return NULL;
+    if (layout == CLATTN_LAYOUT_LINEAR) {
+        memcpy(w, src, rows_out * cols_in * sizeof *w);
+    } else { /* RAW is [in, out]: transpose */
+        for (size_t o = 0; o < rows_out; o++)
+            for (size_t i = 0; i < cols_in; i++) w[o * cols_in + i] = src[i * rows_out + o];
+    }
+    return w;
+}
+
+static float *copy_vector(const float *src, size_t n)
+{
+    float *v = malloc(n * sizeof *v);
+    if (v) memcpy(v, src, n * sizeof *v);
+    return v;
+}
+
+/* Resolve defaults and check every field, in a fixed order, before any allocation. */
+static clattn_status validate(const clattn_attention_desc *in, const clattn_attention_weights *w,
+                              clattn_attention_desc *d, int *has_qkv, int *has_out)
+{
+    *d = *in;
+    if (d->layout != CLATTN_LAYOUT_LINEAR && d->layout != CLATTN_LAYOUT_RAW)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "layout %d is not CLATTN_LAYOUT_LINEAR or _RAW", (int)d->layout);
+    if (d->attn_mask != CLATTN_MASK_NONE && d->attn_mask != CLATTN_MASK_BOOL && d->attn_mask != CLATTN_MASK_FLOAT)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask kind %d is not NONE, BOOL or FLOAT", (int)d->attn_mask);
+    if ((unsigned)d->cross > 1 || (unsigned)d->causal > 1 || (unsigned)d->key_padding_mask > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cross, causal and key_padding_mask must be 0 or 1");
+    if (d->batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
+    if (d->seq_q == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_q must be >= 1");
+    if (d->embed == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "embed must be >= 1");
+    if (d->heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "heads must be >= 1");
+    if (d->cross) {
+        if (d->seq_kv == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_kv must be >= 1 for cross-attention");
+        if (d->kv_embed == 0) d->kv_embed = d->embed;
+    } else {
+        if (d->seq_kv != 0 && d->seq_kv != d->seq_q)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "self-attention: seq_kv (%zu) must be 0 or seq_q (%zu)", d->seq_kv, d->seq_q);
+        if (d->kv_embed != 0 && d->kv_embed != d->embed)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "self-attention: kv_embed (%zu) must be 0 or embed (%zu)", d->kv_embed, d->embed);
+        d->seq_kv = d->seq_q;
+        d->kv_embed = d->embed;
+    }
+
+    /* weights present? */
+    const clattn_attention_weights none = {0};
+    if (!w) w = &none;
+    int nqkv = (w->w_query != NULL) + (w->w_key != NULL) + (w->w_value != NULL);
+    if (nqkv != 0 && nqkv != 3)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "w_query, w_key and w_value must be given together (missing %s)",
+                           !w->w_query ? "w_query" : !w->w_key ? "w_key" : "w_value");
+    *has_qkv = nqkv == 3;
+    if (!*has_qkv && (w->b_query || w->b_key || w->b_value))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "Q/K/V biases given without Q/K/V weights");
+    if (*has_qkv) {
+        if (d->head_dim_qk == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk must be >= 1 with Q/K/V weights");
+        if (d->head_dim_v == 0) d->head_dim_v = d->head_dim_qk;
+    } else {
+        if (d->embed % d->heads)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, heads (%zu) must divide embed (%zu)", d->heads, d->embed);
+        if (d->kv_embed != d->embed)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, kv_embed (%zu) must equal embed (%zu)", d->kv_embed, d->embed);
+        size_t hd = d->embed / d->heads;
+        if ((d->head_dim_qk && d->head_dim_qk != hd) || (d->head_dim_v && d->head_dim_v != hd))
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights the head size is embed/heads = %zu", hd);
+        d->head_dim_qk = d->head_dim_v = hd;
+    }
+    *has_out = w->w_out != NULL;
+    if (!*has_out && w->b_out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "b_out given without w_out");
+    if (*has_out && d->out_dim == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim must be >= 1 with w_out");
+    if (!*has_out && d->out_dim != 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim given without w_out");
+
+    if (isnan(d->scale) || isinf(d->scale))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "scale must be finite (0 = 1/sqrt(head_dim_qk))");
+    if (d->scale == 0.0f) d->scale = (float)(1.0 / sqrt((double)d->head_dim_qk));
+    if (!(d->dropout >= 0.0f && d->dropout < 1.0f))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dropout p must be in [0, 1), got %g", (double)d->dropout);
+
+    /* sizes: every product in size_t, every kernel-side dimension in 32 bits */
+    size_t n;
+    if (mul4(d->batch, d->heads, d->seq_q, d->seq_kv, &n) || clattn_mul_overflows(n, 4 * 256, &n) ||
+        mul4(d->batch, d->seq_q, d->embed, 4, &n) || mul4(d->batch, d->seq_kv, d->kv_embed, 4, &n) ||
+        mul4(d->batch, d->seq_kv, d->heads, d->head_dim_qk + d->head_dim_v, &n) || clattn_mul_overflows(n, 8, &n) ||
+        mul4(d->batch, d->seq_q, d->heads, d->head_dim_qk + d->head_dim_v, &n) || clattn_mul_overflows(n, 8, &n) ||
+        mul4(d->heads, d->head_dim_qk + d->head_dim_v, d->embed + d->kv_embed, 8, &n) ||
+        mul4(d->batch, d->seq_q, d->out_dim + 1, 4, &n) || mul4(d->out_dim + 1, d->heads, d->head_dim_v, 4, &n))
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "the buffers for these dimensions overflow size_t");
+    const size_t lim = 0xFFFFFFFFu;
+    if (d->batch > lim || d->seq_q > lim || d->seq_kv > lim || d->embed > lim || d->kv_embed > lim ||
+        d->heads > lim || d->head_dim_qk > lim || d->head_dim_v > lim || d->out_dim > lim ||
+        d->heads * (2 * d->head_dim_qk + d->head_dim_v) > lim)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "a dimension exceeds 2^32-1");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_plan_free(clattn_plan *plan)
+{
+    if (!plan) return;
+    if (plan->cl) clattn_cl_plan_release(plan);
+    free(plan->w_query); free(plan->w_key); free(plan->w_value);
+    free(plan->b_query); free(plan->b_key); free(plan->b_value);
+    free(plan->w_out); free(plan->b_out);
+    free(plan);
+}
+
+clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, clattn_plan **plan)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    *plan = NULL;
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
+    clattn_attention_desc d;
+    int has_qkv = 0, has_out = 0;
+    clattn_status st = validate(desc, weights, &d, &has_qkv, &has_out);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+
+    clattn_plan *p = calloc(1, sizeof *p);
+    if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the plan");
+    p->device = device;
+    p->d = d;
+    p->has_qkv = has_qkv;
+    p->has_out = has_out;
+    p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
+    const size_t H = d.heads, dk = d.head_dim_qk, dv = d.head_dim_v;
+    int oom = 0;
+    if (has_qkv) {
+        oom |= !(p->w_query = copy_weight(weights->w_query, H * dk, d.embed, d.layout));
+        oom |= !(p->w_key = copy_weight(weights->w_key, H * dk, d.kv_embed, d.layout));
+        oom |= !(p->w_value = copy_weight(weights->w_value, H * dv, d.kv_embed, d.layout));
+        if (weights->b_query) oom |= !(p->b_query = copy_vector(weights->b_query, H * dk));
+        if (weights->b_key) oom |= !(p->b_key = copy_vector(weights->b_key, H * dk));
+        if (weights->b_value) oom |= !(p->b_value = copy_vector(weights->b_value, H * dv));
+    }
+    if (has_out) {
+        oom |= !(p->w_out = copy_weight(weights->w_out, d.out_dim, H * dv, d.layout));
+        if (weights->b_out) oom |= !(p->b_out = copy_vector(weights->b_out, d.out_dim));
+    }
+    if (oom) {
+        clattn_plan_free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
+    }
+    if (device->backend == CLATTN_BACKEND_OPENCL) {
+        st = clattn_cl_plan_init(p);
+        if (st != CLATTN_STATUS_SUCCESS) {
+            clattn_plan_free(p);
+            return st;
+        }
+    }
+    *plan = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc)
+{
+    clattn_clear_error();
+    if (!plan || !desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or desc is NULL");
+    *desc = plan->d;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_plan_out_width(const clattn_plan *plan) { return plan ? plan->out_width : 0; }
+
+clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    plan->d.seed = seed;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
+{
+    if (!a) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
+    if (!a->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (!a->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    if (plan->d.cross && !a->kv) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is NULL (cross-attention plan)");
+    if (plan->d.key_padding_mask && !a->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
+    if (plan->d.attn_mask != CLATTN_MASK_NONE && !a->attn_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is NULL (the plan expects one)");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    clattn_status st = check_args(plan, args);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+    if (plan->cl) return clattn_cl_execute_host(plan, args);
+    return clattn_ref_execute(plan, args, args->out, args->attn);
+}
+
+clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
+                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                          cl_event *event)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
+    if (!plan->cl) return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan is on ref)");
+    if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    return clattn_cl_execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+}
+
+const char *clattn_stage_name(clattn_stage stage)
+{
+    static const char *names[CLATTN_STAGE_COUNT] = {
+        "qkv_projection", "head_split", "scores", "softmax", "context", "head_merge", "out_projection"};
+    return (unsigned)stage < CLATTN_STAGE_COUNT ? names[stage] : "unknown";
+}
+
+clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (enable && plan->cl && !plan->device->queue_profiling)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    plan->profiling = enable != 0;
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) plan->stage_ms[s] = 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT])
+{
+    clattn_clear_error();
+    if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
+    if (plan->cl) return clattn_cl_stage_times((clattn_plan *)plan, ms);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) ms[s] = plan->profiling ? plan->stage_ms[s] : 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -1,0 +1,58 @@
+/* program.c: build OpenCL programs from the kernels embedded at build time. */
+#include "internal.h"
+
+#include "clattn_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct embedded { const char *name; const unsigned char *text; size_t len; } embedded;
+
+static const embedded sources[] = {
+    {"philox", clattn_cl_philox, sizeof clattn_cl_philox - 1},
+    {"heads", clattn_cl_heads, sizeof clattn_cl_heads - 1},
+    {"softmax", clattn_cl_softmax, sizeof clattn_cl_softmax - 1},
+};
+
+static const embedded *find_source(const char *name)
+{
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++)
+        if (strcmp(sources[i].name, name) == 0) return &sources[i];
+    return NULL;
+}
+
+clattn_status clattn_program_build(const clattn_device *dev, const char *const *names, int count,
+                                   const char *options, cl_program *program)
+{
+    const char *texts[8];
+    size_t lens[8];
+    if (count < 1 || count > 8) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "bad source count");
+    for (int i = 0; i < count; i++) {
+        const embedded *e = find_source(names[i]);
+        if (!e) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "no embedded kernel source '%s'", names[i]);
+        texts[i] = (const char *)e->text;
+        lens[i] = e->len;
+    }
+    cl_int err;
+    cl_program p = clCreateProgramWithSource(dev->context, (cl_uint)count, texts, lens, &err);
+    if (err != CL_SUCCESS) return clattn_fail((clattn_status)err, "clCreateProgramWithSource failed (%d)", err);
+    err = clBuildProgram(p, 1, &dev->device, options, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        size_t size = 0;
+        char *log = NULL;
+        if (clGetProgramBuildInfo(p, dev->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size) == CL_SUCCESS &&
+            (log = malloc(size + 1)) != NULL) {
+            if (clGetProgramBuildInfo(p, dev->device, CL_PROGRAM_BUILD_LOG, size, log, NULL) != CL_SUCCESS)
+                size = 0;
+            log[size] = '\0';
+        }
+        clattn_set_build_log(log ? log : "(no build log)");
+        free(log);
+        clReleaseProgram(p);
+        return clattn_fail(err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_STATUS_BUILD_FAILURE : (clattn_status)err,
+                           "building kernels '%s'%s with options \"%s\" failed (%d); see clattn_last_build_log()",
+                           names[0], count > 1 ? " and others" : "", options ? options : "", err);
+    }
+    *program = p;
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -1,0 +1,195 @@
+/* testutil.c: random data, tolerant comparison, devices and golden cases for the tests. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t tu_next(tu_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float tu_uniform(tu_rng *r, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((tu_next(r) >> 40) * (1.0 / 16777216.0));
+}
+
+void tu_fill(tu_rng *r, float *a, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) a[i] = tu_uniform(r, lo, hi);
+}
+
+float *tu_random(tu_rng *r, size_t n, float lo, float hi)
+{
+    float *a = malloc((n ? n : 1) * sizeof *a);
+    if (a) tu_fill(r, a, n, lo, hi);
+    return a;
+}
+
+float *tu_poisoned(size_t n)
+{
+    float *a = malloc((n ? n : 1) * sizeof *a);
+    if (a)
+        for (size_t i = 0; i < n; i++) a[i] = NAN;
+    return a;
+}
+
+size_t tu_compare(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg, size_t len)
+{
+    size_t bad = 0;
+    if (len) msg[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i];
+        int ok = (isnan(g) && isnan(r)) || (!isnan(g) && !isnan(r) && fabs(g - r) <= atol + rtol * fabs(r)) ||
+                 (isinf(g) && g == r);
+        if (!ok) {
+            if (bad == 0 && len)
+                snprintf(msg, len, "element %zu: got %.9g, expected %.9g (|diff| %.3g > %.3g)", i, g, r, fabs(g - r),
+                         atol + rtol * fabs(r));
+            bad++;
+        }
+    }
+    return bad;
+}
+
+clattn_device *tu_open_opencl(void)
+{
+    const char *spec = getenv("CLATTN_TEST_DEVICE");
+    clattn_device *dev = NULL;
+    if (clattn_device_open(spec && *spec ? spec : "opencl", &dev) != CLATTN_STATUS_SUCCESS) return NULL;
+    return dev;
+}
+
+clattn_device *tu_open_ref(void)
+{
+    clattn_device *dev = NULL;
+    clattn_device_open("ref", &dev);
+    return dev;
+}
+
+/* ---- golden cases */
+
+static int load_opt(const char *dir, const char *file, clattn_npy *a, int *present, char *msg, size_t len)
+{
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *present = 0;
+        return 0;
+    }
+    fclose(f);
+    *present = 1;
+    if (clattn_npy_load(path, a, err, sizeof err) != 0) {
+        snprintf(msg, len, "%s: %s", path, err);
+        return -1;
+    }
+    return 0;
+}
+
+int tu_case_load(const char *name, tu_case *c, char *msg, size_t len)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    char dir[768];
+    snprintf(dir, sizeof dir, "%s/%s", CLATTN_GOLDEN_DIR, name);
+    int has_x, has_kv, has_wq, has_wk, has_wv, has_bq, has_bk, has_bv, has_wo, has_bo, has_kpm, has_mask, has_eo,
+        has_ea;
+    if (load_opt(dir, "x.npy", &c->x, &has_x, msg, len) || load_opt(dir, "kv.npy", &c->kv, &has_kv, msg, len) ||
+        load_opt(dir, "w_query.npy", &c->wq, &has_wq, msg, len) ||
+        load_opt(dir, "w_key.npy", &c->wk, &has_wk, msg, len) ||
+        load_opt(dir, "w_value.npy", &c->wv, &has_wv, msg, len) ||
+        load_opt(dir, "b_query.npy", &c->bq, &has_bq, msg, len) ||
+        load_opt(dir, "b_key.npy", &c->bk, &has_bk, msg, len) ||
+        load_opt(dir, "b_value.npy", &c->bv, &has_bv, msg, len) ||
+        load_opt(dir, "w_out.npy", &c->wo, &has_wo, msg, len) ||
+        load_opt(dir, "b_out.npy", &c->bo, &has_bo, msg, len) ||
+        load_opt(dir, "key_padding_mask.npy", &c->kpm, &has_kpm, msg, len) ||
+        load_opt(dir, "attn_mask.npy", &c->mask, &has_mask, msg, len) ||
+        load_opt(dir, "expect_out.npy", &c->expect_out, &has_eo, msg, len) ||
+        load_opt(dir, "expect_attn.npy", &c->expect_attn, &has_ea, msg, len))
+        return -1;
+    if (!has_x || !has_eo || !has_ea || c->x.ndim != 3) {
+        snprintf(msg, len, "%s: needs x.npy (3-D), expect_out.npy and expect_attn.npy", dir);
+        return -1;
+    }
+    /* meta.txt: heads, causal, scale, dk, dv */
+    char path[1024], line[256];
+    snprintf(path, sizeof path, "%s/meta.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(msg, len, "%s: missing", path);
+        return -1;
+    }
+    clattn_attention_desc *d = &c->desc;
+    while (fgets(line, sizeof line, f)) {
+        char key[64];
+        double v;
+        if (line[0] == '#' || sscanf(line, "%63s %lf", key, &v) != 2) continue;
+        if (strcmp(key, "heads") == 0) d->heads = (size_t)v;
+        else if (strcmp(key, "causal") == 0) d->causal = v != 0;
+        else if (strcmp(key, "scale") == 0) d->scale = (float)v;
+        else if (strcmp(key, "dk") == 0) d->head_dim_qk = (size_t)v;
+        else if (strcmp(key, "dv") == 0) d->head_dim_v = (size_t)v;
+    }
+    fclose(f);
+    d->batch = c->x.shape[0];
+    d->seq_q = c->x.shape[1];
+    d->embed = c->x.shape[2];
+    if (has_kv) {
+        d->cross = 1;
+        d->seq_kv = c->kv.shape[1];
+        d->kv_embed = c->kv.shape[2];
+    }
+    d->layout = CLATTN_LAYOUT_LINEAR;
+    if (!has_wq) d->head_dim_qk = d->head_dim_v = 0; /* derived from embed/heads */
+    if (has_wo) d->out_dim = c->wo.shape[0];
+    d->key_padding_mask = has_kpm;
+    if (has_mask) d->attn_mask = c->mask.dtype == CLATTN_NPY_F32 ? CLATTN_MASK_FLOAT : CLATTN_MASK_BOOL;
+    clattn_attention_weights *w = &c->weights;
+    w->w_query = has_wq ? c->wq.data : NULL;
+    w->w_key = has_wk ? c->wk.data : NULL;
+    w->w_value = has_wv ? c->wv.data : NULL;
+    w->b_query = has_bq ? c->bq.data : NULL;
+    w->b_key = has_bk ? c->bk.data : NULL;
+    w->b_value = has_bv ? c->bv.data : NULL;
+    w->w_out = has_wo ? c->wo.data : NULL;
+    w->b_out = has_bo ? c->bo.data : NULL;
+    c->args.x = c->x.data;
+    c->args.kv = has_kv ? c->kv.data : NULL;
+    c->args.key_padding_mask = has_kpm ? c->kpm.data : NULL;
+    c->args.attn_mask = has_mask ? c->mask.data : NULL;
+    c->out_count = c->expect_out.count;
+    c->attn_count = c->expect_attn.count;
+    return 0;
+}
+
+void tu_case_free(tu_case *c)
+{
+    clattn_npy *all[] = {&c->x, &c->kv, &c->wq, &c->wk, &c->wv, &c->bq, &c->bk, &c->bv,
+                         &c->wo, &c->bo, &c->kpm, &c->mask, &c->expect_out, &c->expect_attn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clattn_npy_free(all[i]);
+}
+
+static int cmp_names(const void *a, const void *b) { return strcmp(a, b); }
+
+size_t tu_case_names(char names[][128], size_t cap)
+{
+    DIR *dir = opendir(CLATTN_GOLDEN_DIR);
+    if (!dir) return 0;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) && n < cap) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(names[n++], 128, "%s", e->d_name);
+    }
+    closedir(dir);
+    qsort(names, n, 128, cmp_names);
+    return n;
+}

@@ -1,0 +1,44 @@
+/* testutil.h: helpers shared by the Criterion tests. */
+#ifndef CLATTN_TESTUTIL_H
+#define CLATTN_TESTUTIL_H
+
+#include "clattn.h"
+#include "npy.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Deterministic random numbers (splitmix64), fresh per test via the seed. */
+typedef struct tu_rng { uint64_t s; } tu_rng;
+uint64_t tu_next(tu_rng *r);
+float tu_uniform(tu_rng *r, float lo, float hi);
+void tu_fill(tu_rng *r, float *a, size_t n, float lo, float hi);
+float *tu_random(tu_rng *r, size_t n, float lo, float hi);   /* malloc'd */
+float *tu_poisoned(size_t n);                                 /* malloc'd, every element NaN */
+
+/* |got - ref| <= atol + rtol*|ref| for all n; NaN in got or ref (unless both NaN) fails.
+ * Returns the number of failures; describes the first in msg. */
+size_t tu_compare(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg, size_t len);
+#define TU_ATOL 1e-5
+#define TU_RTOL 1e-4
+
+/* The OpenCL device tests run on: $CLATTN_TEST_DEVICE, else "opencl". Never falls back to ref. */
+clattn_device *tu_open_opencl(void);
+clattn_device *tu_open_ref(void);
+
+/* A golden case directory (tests/golden/cases/NAME), loaded. */
+typedef struct tu_case {
+    char name[256];
+    clattn_attention_desc desc;
+    clattn_npy x, kv, wq, wk, wv, bq, bk, bv, wo, bo, kpm, mask, expect_out, expect_attn;
+    clattn_attention_weights weights;
+    clattn_attention_args args;   /* x, kv, masks set; out/attn not */
+    size_t out_count, attn_count;
+} tu_case;
+/* Returns 0 on success; on failure writes why into msg. */
+int tu_case_load(const char *name, tu_case *c, char *msg, size_t len);
+void tu_case_free(tu_case *c);
+/* Names of all golden cases (sorted); returns the count. names[i] are static storage. */
+size_t tu_case_names(char names[][128], size_t cap);
+
+#endif
