@@ -58,9 +58,11 @@ inline float masked_score(__global const float *row, uint j, uint i, ulong b, ui
     return hidden ? -INFINITY : v;
 }
 
-/* (m, l) = running max and sum of exp(v - m); combine two such pairs. */
+/* (m, l) = running max and sum of exp(v - m); combine two such pairs.
+ * A NaN score makes the whole row NaN, as in PyTorch (fmax alone would drop it). */
 inline float2 combine(float2 a, float2 b)
 {
+    if (isnan(a.x) || isnan(b.x)) return (float2)(NAN, NAN);
     float m = fmax(a.x, b.x);
     if (m == -INFINITY) return (float2)(-INFINITY, 0.0f);
     return (float2)(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));

@@ -187,7 +187,7 @@ size_t tu_case_names(char names[][128], size_t cap)
     struct dirent *e;
     while ((e = readdir(dir)) && n < cap) {
         if (e->d_name[0] == '.') continue;
-        snprintf(names[n++], 128, "%s", e->d_name);
+        snprintf(names[n++], 128, "%.127s", e->d_name);
     }
     closedir(dir);
     qsort(names, n, 128, cmp_names);

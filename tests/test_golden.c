@@ -1,0 +1,86 @@
+/* test_golden.c: every PyTorch-made golden case (tests/golden/cases, made by
+ * tests/golden/make_golden.py) on ref and on the OpenCL device, out and the
+ * per-head attention weights, every element, poisoned outputs. */
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+static void run_all(clattn_device *dev, clattn_layout layout)
+{
+    static char names[256][128];
+    size_t n = tu_case_names(names, 256);
+    cr_assert(n >= 25, "expected the golden cases in %s, found %zu", CLATTN_GOLDEN_DIR, n);
+    for (size_t i = 0; i < n; i++) {
+        tu_case c;
+        char msg[512];
+        cr_assert_eq(tu_case_load(names[i], &c, msg, sizeof msg), 0, "%s", msg);
+        clattn_attention_weights w = c.weights;
+        float *t[8] = {0};
+        if (layout == CLATTN_LAYOUT_RAW) { /* hand the same weights over transposed, as x @ W matrices */
+            c.desc.layout = CLATTN_LAYOUT_RAW;
+            const float **ws[] = {&w.w_query, &w.w_key, &w.w_value, &w.w_out};
+            const clattn_npy *arrs[] = {&c.wq, &c.wk, &c.wv, &c.wo};
+            for (int k = 0; k < 4; k++) {
+                if (!*ws[k]) continue;
+                size_t rows = arrs[k]->shape[0], cols = arrs[k]->shape[1];
+                t[k] = malloc(rows * cols * sizeof(float));
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t q = 0; q < cols; q++) t[k][q * rows + r] = (*ws[k])[r * cols + q];
+                *ws[k] = t[k];
+            }
+        }
+        clattn_plan *plan = NULL;
+        clattn_status st = clattn_plan_create(dev, &c.desc, &w, &plan);
+        cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s: %s", c.name, clattn_status_string(st),
+                     clattn_last_error());
+        cr_assert_eq(c.out_count, c.desc.batch * c.desc.seq_q * clattn_plan_out_width(plan), "%s: out size", c.name);
+        float *out = tu_poisoned(c.out_count), *attn = tu_poisoned(c.attn_count);
+        c.args.out = out;
+        c.args.attn = attn;
+        st = clattn_plan_execute(plan, &c.args);
+        cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: execute: %s: %s", c.name, clattn_status_string(st),
+                     clattn_last_error());
+        size_t bad = tu_compare(out, c.expect_out.data, c.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_expect_eq(bad, 0, "%s on %s: out: %zu of %zu differ; %s", c.name, clattn_device_name(dev), bad,
+                     c.out_count, msg);
+        bad = tu_compare(attn, c.expect_attn.data, c.attn_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_expect_eq(bad, 0, "%s on %s: attn: %zu of %zu differ; %s", c.name, clattn_device_name(dev), bad,
+                     c.attn_count, msg);
+        clattn_plan_free(plan);
+        free(out);
+        free(attn);
+        for (int k = 0; k < 8; k++) free(t[k]);
+        tu_case_free(&c);
+    }
+}
+
+Test(golden, ref)
+{
+    clattn_device *dev = tu_open_ref();
+    run_all(dev, CLATTN_LAYOUT_LINEAR);
+    clattn_device_free(dev);
+}
+
+Test(golden, ref_raw_layout)
+{
+    clattn_device *dev = tu_open_ref();
+    run_all(dev, CLATTN_LAYOUT_RAW);
+    clattn_device_free(dev);
+}
+
+Test(golden, opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    cr_assert(dev, "no OpenCL device: %s", clattn_last_error());
+    run_all(dev, CLATTN_LAYOUT_LINEAR);
+    clattn_device_free(dev);
+}
+
+Test(golden, opencl_raw_layout)
+{
+    clattn_device *dev = tu_open_opencl();
+    cr_assert(dev, "no OpenCL device: %s", clattn_last_error());
+    run_all(dev, CLATTN_LAYOUT_RAW);
+    clattn_device_free(dev);
+}

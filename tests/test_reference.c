@@ -1,0 +1,293 @@
+/* test_reference.c: Philox known answers, dropout statistics and determinism,
+ * fully masked rows, NaN propagation, and plan validation (on ref and OpenCL). */
+#include "philox.cl"
+#include "reference.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Random123's published known-answer vectors for Philox4x32-10. */
+Test(philox, known_answers)
+{
+    static const clattn_u32 kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6,
+         0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420,
+         0x24126ea1},
+    };
+    for (int t = 0; t < 3; t++) {
+        clattn_u32 out[4];
+        clattn_philox4x32_10(&kat[t][0], &kat[t][4], out);
+        for (int w = 0; w < 4; w++) cr_assert_eq(out[w], kat[t][6 + w], "vector %d word %d: %08x", t, w, out[w]);
+    }
+}
+
+Test(philox, threshold)
+{
+    cr_assert_eq(clattn_dropout_threshold(0.0f), 0u);
+    cr_assert_eq(clattn_dropout_threshold(0.5f), 0x80000000u);
+    cr_assert_eq(clattn_dropout_threshold(0.25f), 0x40000000u);
+    cr_assert(clattn_dropout_threshold(0.99999994f) <= 0xFFFFFFFFu);
+    cr_assert_float_eq(clattn_dropout_keep_scale(0.2f), 1.25f, 1e-6f);
+}
+
+/* A self-attention problem of B=2, T=64, E=16, H=4 with weights: 32768 attention weights. */
+typedef struct problem {
+    clattn_attention_desc d;
+    clattn_attention_weights w;
+    float *wq, *wk, *wv, *x;
+} problem;
+
+static void problem_init(problem *p, uint64_t seed)
+{
+    tu_rng r = {seed};
+    memset(p, 0, sizeof *p);
+    p->d = (clattn_attention_desc){.batch = 2, .seq_q = 64, .embed = 16, .heads = 4, .head_dim_qk = 4};
+    p->w.w_query = p->wq = tu_random(&r, 16 * 16, -0.25f, 0.25f);
+    p->w.w_key = p->wk = tu_random(&r, 16 * 16, -0.25f, 0.25f);
+    p->w.w_value = p->wv = tu_random(&r, 16 * 16, -0.25f, 0.25f);
+    p->x = tu_random(&r, 2 * 64 * 16, -1, 1);
+}
+
+static void problem_free(problem *p)
+{
+    free(p->wq); free(p->wk); free(p->wv); free(p->x);
+}
+
+#define N_ATTN (2 * 4 * 64 * 64)
+#define N_OUT (2 * 64 * 16)
+
+static void run(clattn_device *dev, const problem *p, float dropout, uint64_t seed, float *out, float *attn)
+{
+    clattn_attention_desc d = p->d;
+    d.dropout = dropout;
+    d.seed = seed;
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &d, &p->w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_args a = {.x = p->x, .out = out, .attn = attn};
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_plan_free(plan);
+}
+
+static void dropout_statistics(clattn_device *dev)
+{
+    problem p;
+    problem_init(&p, 42);
+    static float eval_attn[N_ATTN], a1[N_ATTN], a2[N_ATTN], a3[N_ATTN], out[N_OUT];
+    run(dev, &p, 0.0f, 0, out, eval_attn);
+    const float ps[] = {0.1f, 0.5f, 0.8f};
+    for (int k = 0; k < 3; k++) {
+        float pdrop = ps[k];
+        run(dev, &p, pdrop, 1234, out, a1);
+        run(dev, &p, pdrop, 1234, out, a2);
+        run(dev, &p, pdrop, 99, out, a3);
+        size_t dropped = 0, differ = 0;
+        for (size_t i = 0; i < N_ATTN; i++) {
+            cr_assert_eq(memcmp(&a1[i], &a2[i], sizeof(float)), 0, "same seed, different weight at %zu", i);
+            differ += (a1[i] == 0.0f) != (a3[i] == 0.0f);
+            if (a1[i] == 0.0f) {
+                dropped++;
+            } else { /* kept weights are the eval weights / (1 - p) */
+                float want = eval_attn[i] * clattn_dropout_keep_scale(pdrop);
+                cr_assert(fabsf(a1[i] - want) <= 1e-6f + 1e-5f * fabsf(want), "kept weight %zu: %g vs %g", i, a1[i],
+                          want);
+            }
+        }
+        double rate = (double)dropped / N_ATTN;
+        cr_assert(fabs(rate - pdrop) <= 0.02, "p = %g: drop rate %g", pdrop, rate);
+        cr_assert(differ > N_ATTN / 10, "another seed should give another mask (%zu differ)", differ);
+    }
+    /* p = 0 is eval mode exactly */
+    run(dev, &p, 0.0f, 555, out, a1);
+    cr_assert_eq(memcmp(a1, eval_attn, sizeof a1), 0);
+    problem_free(&p);
+}
+
+Test(dropout, statistics_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    dropout_statistics(dev);
+    clattn_device_free(dev);
+}
+
+Test(dropout, statistics_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    cr_assert(dev, "%s", clattn_last_error());
+    dropout_statistics(dev);
+    clattn_device_free(dev);
+}
+
+/* Same seed: the same mask on ref and OpenCL, bit for bit. */
+Test(dropout, same_mask_everywhere)
+{
+    clattn_device *cl = tu_open_opencl(), *ref = tu_open_ref();
+    cr_assert(cl, "%s", clattn_last_error());
+    problem p;
+    problem_init(&p, 7);
+    static float ar[N_ATTN], ac[N_ATTN], out[N_OUT];
+    const uint64_t seeds[] = {0, 1, 0xFFFFFFFFull, 0x123456789ABCDEFull};
+    for (int s = 0; s < 4; s++) {
+        run(ref, &p, 0.3f, seeds[s], out, ar);
+        run(cl, &p, 0.3f, seeds[s], out, ac);
+        for (size_t i = 0; i < N_ATTN; i++)
+            cr_assert_eq(ar[i] == 0.0f, ac[i] == 0.0f, "seed %d: mask differs at %zu", s, i);
+    }
+    problem_free(&p);
+    clattn_device_free(cl);
+    clattn_device_free(ref);
+}
+
+/* Rows with no visible key give weights 0 and output 0 (PyTorch would give NaN). */
+static void fully_masked(clattn_device *dev)
+{
+    tu_rng r = {3};
+    const size_t B = 2, T = 5, E = 4;
+    float *x = tu_random(&r, B * T * E, -1, 1);
+    uint8_t kpm[2 * 5] = {0, 1, 0, 1, 0, 1, 1, 1, 1, 1}; /* batch entry 1: every key ignored */
+    uint8_t mask[5 * 5] = {0};
+    for (size_t j = 0; j < T; j++) mask[2 * T + j] = 1; /* query 2 sees nothing */
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 1, .key_padding_mask = 1,
+                               .attn_mask = CLATTN_MASK_BOOL, .causal = 1};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(B * T * T);
+    clattn_attention_args a = {.x = x, .key_padding_mask = kpm, .attn_mask = mask, .out = out, .attn = attn};
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t i = 0; i < T; i++)
+        for (size_t c = 0; c < E; c++) {
+            float o1 = out[(1 * T + i) * E + c];
+            cr_assert_eq(o1, 0.0f, "batch 1 (all keys padded), query %zu: out %g", i, o1);
+            if (i == 2) cr_assert_eq(out[(0 * T + 2) * E + c], 0.0f, "query 2 (masked row): out %g", out[2 * E + c]);
+            else cr_assert(isfinite(out[(0 * T + i) * E + c]) && out[(0 * T + i) * E + c] != 0.0f);
+        }
+    for (size_t j = 0; j < T; j++) cr_assert_eq(attn[(1 * T + 3) * T + j], 0.0f);
+    /* batch 0 query 0 sees only key 0 (causal): weight exactly 1 */
+    cr_assert_float_eq(attn[0], 1.0f, 1e-6f);
+    clattn_plan_free(plan);
+    free(x); free(out); free(attn);
+}
+
+Test(masks, fully_masked_rows_ref) { clattn_device *d = tu_open_ref(); fully_masked(d); clattn_device_free(d); }
+Test(masks, fully_masked_rows_opencl)
+{
+    clattn_device *d = tu_open_opencl();
+    cr_assert(d, "%s", clattn_last_error());
+    fully_masked(d);
+    clattn_device_free(d);
+}
+
+/* A NaN in x propagates exactly as in PyTorch, and never crashes. */
+static void nan_propagates(clattn_device *dev)
+{
+    tu_rng r = {5};
+    float *x = tu_random(&r, 1 * 4 * 4, -1, 1);
+    x[1 * 4 + 2] = NAN; /* token 1 */
+    clattn_attention_desc d = {.batch = 1, .seq_q = 4, .embed = 4, .heads = 1, .causal = 1};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    float out[16];
+    clattn_attention_args a = {.x = x, .out = out};
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
+    /* As in PyTorch: query 0 does not see token 1 (causal), but its context still multiplies
+     * weight 0 by V's NaN (0 * NaN = NaN) in column 2; queries 1..3 get NaN scores, so NaN rows. */
+    for (int c = 0; c < 4; c++) cr_assert_eq(isnan(out[c]), c == 2, "query 0, column %d: %g", c, out[c]);
+    for (int i = 1; i < 4; i++)
+        for (int c = 0; c < 4; c++) cr_assert(isnan(out[i * 4 + c]), "query %d sees the NaN token", i);
+    clattn_plan_free(plan);
+    free(x);
+}
+
+Test(nan, propagates_ref) { clattn_device *d = tu_open_ref(); nan_propagates(d); clattn_device_free(d); }
+Test(nan, propagates_opencl)
+{
+    clattn_device *d = tu_open_opencl();
+    cr_assert(d, "%s", clattn_last_error());
+    nan_propagates(d);
+    clattn_device_free(d);
+}
+
+/* ---- validation: bad descriptions fail before any work with a named reason */
+
+static float W[64 * 64];
+
+static void expect_reject(clattn_attention_desc d, clattn_attention_weights w, clattn_status want, const char *needle)
+{
+    clattn_device *dev = tu_open_ref();
+    clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
+    clattn_status st = clattn_plan_create(dev, &d, &w, &plan);
+    cr_assert_eq(st, want, "expected %s, got %s (%s)", clattn_status_string(want), clattn_status_string(st),
+                 clattn_last_error());
+    cr_assert_null(plan, "the plan pointer must be NULL after a failure");
+    cr_assert(strstr(clattn_last_error(), needle), "message '%s' should mention '%s'", clattn_last_error(), needle);
+    clattn_device_free(dev);
+}
+
+Test(validation, bad_descriptions)
+{
+    const clattn_attention_desc ok = {.batch = 2, .seq_q = 3, .embed = 8, .heads = 2, .head_dim_qk = 4};
+    const clattn_attention_weights w = {.w_query = W, .w_key = W, .w_value = W};
+    clattn_attention_desc d;
+    d = ok; d.batch = 0; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "batch");
+    d = ok; d.seq_q = 0; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "seq_q");
+    d = ok; d.embed = 0; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "embed");
+    d = ok; d.heads = 0; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "heads");
+    d = ok; d.head_dim_qk = 0; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk");
+    d = ok; d.dropout = -0.1f; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "dropout");
+    d = ok; d.dropout = 1.0f; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "dropout");
+    d = ok; d.dropout = NAN; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "dropout");
+    d = ok; d.dropout = INFINITY; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "dropout");
+    d = ok; d.scale = NAN; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "scale");
+    d = ok; d.scale = -INFINITY; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "scale");
+    d = ok; d.causal = 2; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "causal");
+    d = ok; d.layout = (clattn_layout)7; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "layout");
+    d = ok; d.attn_mask = (clattn_mask_kind)9; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask");
+    d = ok; d.seq_kv = 5; expect_reject(d, w, CLATTN_STATUS_SHAPE_MISMATCH, "seq_kv");
+    d = ok; d.cross = 1; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "seq_kv");
+    d = ok; d.out_dim = 4; expect_reject(d, w, CLATTN_STATUS_INVALID_ARGUMENT, "out_dim");
+    d = ok; expect_reject(d, (clattn_attention_weights){.w_query = W, .w_key = W}, CLATTN_STATUS_INVALID_ARGUMENT,
+                          "w_value");
+    d = ok; expect_reject(d, (clattn_attention_weights){.w_query = W, .w_key = W, .w_value = W, .b_out = W},
+                          CLATTN_STATUS_INVALID_ARGUMENT, "b_out");
+    d = ok; expect_reject(d, (clattn_attention_weights){.w_query = W, .w_key = W, .w_value = W, .w_out = W},
+                          CLATTN_STATUS_INVALID_ARGUMENT, "out_dim");
+    d = ok; d.head_dim_qk = 0; d.heads = 3; /* no weights: heads must divide embed */
+    expect_reject(d, (clattn_attention_weights){0}, CLATTN_STATUS_SHAPE_MISMATCH, "divide");
+    d = ok; d.head_dim_qk = 0; expect_reject(d, (clattn_attention_weights){.b_query = W},
+                                             CLATTN_STATUS_INVALID_ARGUMENT, "biases");
+    d = ok; d.batch = SIZE_MAX / 2; d.seq_q = SIZE_MAX / 4;
+    expect_reject(d, w, CLATTN_STATUS_SIZE_OVERFLOW, "overflow");
+    d = ok; d.seq_q = (size_t)1 << 33; expect_reject(d, w, CLATTN_STATUS_SIZE_OVERFLOW, "");
+}
+
+Test(validation, null_arguments)
+{
+    clattn_device *dev = tu_open_ref();
+    clattn_attention_desc d = {.batch = 1, .seq_q = 2, .embed = 2, .heads = 1};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(NULL, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_create(dev, NULL, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    float x[4] = {1, 2, 3, 4}, out[4] = {-7, -7, -7, -7};
+    clattn_attention_args a = {.x = x, .out = NULL};
+    cr_assert_eq(clattn_plan_execute(NULL, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    a.out = out;
+    a.x = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    for (int i = 0; i < 4; i++) cr_assert_eq(out[i], -7.0f, "a failed call must leave out untouched");
+    cr_assert_eq(clattn_plan_execute_buffers(plan, &(clattn_attention_buffers){0}, 0, NULL, NULL),
+                 CLATTN_STATUS_UNSUPPORTED, "buffers on a ref plan");
+    cr_assert_eq(clattn_plan_set_seed(NULL, 1), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_stage_times(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_plan_free(plan);
+    clattn_plan_free(NULL);
+    clattn_device_free(NULL);
+    clattn_device_free(dev);
+}
