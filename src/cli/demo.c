@@ -1,0 +1,161 @@
+/* demo.c: `clattn demo` runs the tutorials' own examples on the chosen device
+ * and prints their tables the way the tutorials (PyTorch) print them, next to
+ * a check against the numbers the tutorials printed (to 4 decimals). */
+#include "cli.h"
+#include "tutorial_data.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int mismatches;
+
+/* Print like torch: tensor([[a, b], [c, d]]) with 4 decimals. */
+static void print_tensor(const char *title, const float *a, size_t rows, size_t cols)
+{
+    printf("%s\n", title);
+    for (size_t r = 0; r < rows; r++) {
+        printf(r == 0 ? "tensor([[" : "        [");
+        for (size_t c = 0; c < cols; c++) printf("%s%7.4f", c ? ", " : "", (double)a[r * cols + c]);
+        printf(r + 1 < rows ? "],\n" : "]])\n");
+    }
+}
+
+/* Compare to a table printed with 4 decimals (or to full precision when `tol` is small). */
+static void check(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    int ok = worst <= tol;
+    printf("  %s %s (max |diff| %.1e)\n\n", ok ? "[ok]" : "[MISMATCH]", what, worst);
+    mismatches += !ok;
+}
+
+/* One plan, one execution: out (Tq, out_width) and attn (H, Tq, Tk) for a single sequence. */
+static int run_once(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
+                    const float *x, float *out, float *attn)
+{
+    clattn_plan *plan = NULL;
+    clattn_status st = clattn_plan_create(dev, d, w, &plan);
+    if (st == CLATTN_STATUS_SUCCESS) {
+        clattn_attention_args a = {.x = x, .out = out, .attn = attn};
+        st = clattn_plan_execute(plan, &a);
+    }
+    clattn_plan_free(plan);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        fprintf(stderr, "clattn demo: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        const char *log = clattn_last_build_log();
+        if (log[0]) fprintf(stderr, "%s\n", log);
+        return -1;
+    }
+    return 0;
+}
+
+int clattn_cli_demo(int argc, char **argv)
+{
+    const char *spec = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            spec = argv[++i];
+        } else {
+            fprintf(stderr, "clattn demo: unknown argument '%s' (usage: clattn demo [--device SPEC])\n", argv[i]);
+            return 2;
+        }
+    }
+    clattn_device *dev = clattn_cli_open_device(spec);
+    if (!dev) return 1;
+    printf("clattn demo on: %s\n", clattn_device_name(dev));
+    printf("Inputs: \"Your journey starts with one step\" (6 tokens x 3), from tutorials 001/002.\n\n");
+    const float *x = &clattn_tut_inputs[0][0];
+    float out[64], attn[3 * 36];
+    int rc = 1;
+
+    /* 1. attention without trainable weights: Q = K = V = x, no scaling */
+    printf("== 1. Simple attention without trainable weights (tutorial 001) ==\n");
+    float scores[36];
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            double s = 0;
+            for (int c = 0; c < 3; c++) s += (double)x[i * 3 + c] * x[j * 3 + c];
+            scores[i * 6 + j] = (float)s;
+        }
+    print_tensor("attn_scores = inputs @ inputs.T   (printed for reference, computed on the host)", scores, 6, 6);
+    clattn_attention_desc d = {.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .scale = 1.0f};
+    if (run_once(dev, &d, NULL, x, out, attn)) goto done;
+    print_tensor("attn_weights = softmax(attn_scores, dim=-1)", attn, 6, 6);
+    check("attention weights match tutorial 001", attn, &clattn_tut001_simple_attn_printed[0][0], 36, 5.001e-5);
+    print_tensor("all_context_vecs = attn_weights @ inputs", out, 6, 3);
+    check("context vectors match tutorial 001", out, &clattn_tut001_simple_context_printed[0][0], 18, 5.001e-5);
+
+    /* 2. SelfAttention_v1: raw [in, out] matrices from torch.manual_seed(123) */
+    printf("== 2. SelfAttention_v1, torch.manual_seed(123), raw W (x @ W), d_out = 2 ==\n");
+    print_tensor("W_query", &clattn_tut001_sa_v1_w_query[0][0], 3, 2);
+    clattn_attention_weights w1 = {.w_query = &clattn_tut001_sa_v1_w_query[0][0],
+                                   .w_key = &clattn_tut001_sa_v1_w_key[0][0],
+                                   .w_value = &clattn_tut001_sa_v1_w_value[0][0]};
+    d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2,
+                                .layout = CLATTN_LAYOUT_RAW};
+    if (run_once(dev, &d, &w1, x, out, attn)) goto done;
+    print_tensor("attn_weights = softmax(queries @ keys.T / sqrt(2))", attn, 6, 6);
+    check("attention weights match tutorial 002", attn, &clattn_tut001_sa_v1_attn_printed[0][0], 36, 5.001e-5);
+    print_tensor("context_vec = sa_v1(inputs)", out, 6, 2);
+    check("context vectors match tutorials 001/002", out, &clattn_tut001_sa_v1_context_printed[0][0], 12, 5.001e-5);
+
+    /* 3. the same weights with a causal mask */
+    printf("== 3. SelfAttention_v1 with a causal mask (query i sees keys j <= i) ==\n");
+    d.causal = 1;
+    if (run_once(dev, &d, &w1, x, out, attn)) goto done;
+    print_tensor("masked attn_weights", attn, 6, 6);
+    print_tensor("context_vec (causal)", out, 6, 2);
+    printf("  (no tutorial prints this table; tests/golden/cases/tut001_sa_v1_causal checks it against PyTorch)\n\n");
+
+    /* 4. SelfAttention_v2: nn.Linear weights from torch.manual_seed(789) */
+    printf("== 4. SelfAttention_v2, torch.manual_seed(789), nn.Linear(3, 2, bias=False) ==\n");
+    clattn_attention_weights w2 = {.w_query = &clattn_tut001_sa_v2_w_query[0][0],
+                                   .w_key = &clattn_tut001_sa_v2_w_key[0][0],
+                                   .w_value = &clattn_tut001_sa_v2_w_value[0][0]};
+    d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2};
+    if (run_once(dev, &d, &w2, x, out, attn)) goto done;
+    print_tensor("context_vec = sa_v2(inputs)", out, 6, 2);
+    check("context vectors match tutorial 001", out, &clattn_tut001_sa_v2_context_printed[0][0], 12, 5.001e-5);
+
+    /* 5. multi-head: tutorial 003's MultiHeadAttention (3 heads, causal, output projection) */
+    printf("== 5. MultiHeadAttention (tutorial 003's class), torch.manual_seed(123), 3 heads, causal ==\n");
+    printf("  d_in 3, d_out 6 (head size 2), output projection with bias; dropout 0.2 in the tutorial is a\n"
+           "  training-mode setting: shown here in eval mode (no dropout), as PyTorch computes at inference.\n");
+    clattn_attention_weights w3 = {.w_query = &clattn_tut001_mha3_w_query[0][0],
+                                   .w_key = &clattn_tut001_mha3_w_key[0][0],
+                                   .w_value = &clattn_tut001_mha3_w_value[0][0],
+                                   .w_out = &clattn_tut001_mha3_w_out[0][0],
+                                   .b_out = clattn_tut001_mha3_b_out};
+    d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 3, .head_dim_qk = 2, .out_dim = 6,
+                                .causal = 1};
+    if (run_once(dev, &d, &w3, x, out, attn)) goto done;
+    print_tensor("context_vecs = mha(inputs)", out, 6, 6);
+    check("context vectors match PyTorch (eval mode, 1e-5)", out, &clattn_tut001_mha3_context_torch[0][0], 36,
+          1e-5 + 1e-4);
+
+    /* 6. d_q = d_k = 3, d_v = 4 (tutorial 004) */
+    printf("== 6. d_k != d_v (tutorial 004): \"My shoes are small, my feet are big.\" (8 tokens x 2) ==\n");
+    printf("  W_query, W_key (3 x 2) and W_value (4 x 2) from torch.manual_seed(123), used as W.matmul(x)\n");
+    clattn_attention_weights w4 = {.w_query = &clattn_tut004_w_query[0][0], .w_key = &clattn_tut004_w_key[0][0],
+                                   .w_value = &clattn_tut004_w_value[0][0]};
+    d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 1, .head_dim_qk = 3, .head_dim_v = 4};
+    if (run_once(dev, &d, &w4, &clattn_tut004_embedded[0][0], out, attn)) goto done;
+    print_tensor("attention_weights_2 (query 2, \"shoes\")", attn + 8, 1, 8);
+    check("weights of query 2 match tutorial 004", attn + 8, clattn_tut004_attn_token2_printed, 8, 5.001e-5);
+    print_tensor("context_vector_2", out + 4, 1, 4);
+    check("context vector 2 matches tutorial 004", out + 4, clattn_tut004_context_token2_printed, 4, 5.001e-5);
+    print_tensor("all context vectors", out, 8, 4);
+
+    printf("%s on %s\n", mismatches ? "SOME TABLES DIFFER from the tutorials" : "All tables match the tutorials",
+           clattn_device_name(dev));
+    rc = mismatches ? 1 : 0;
+done:
+    clattn_device_free(dev);
+    return rc;
+}
