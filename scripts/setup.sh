@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: install what clattn needs on Debian 12 (only the missing
+# packages), then configure and build it in ./build (Release).
+#   bash scripts/setup.sh            # from the repository root
+# Environment: BUILD_DIR (default build), CMAKE_ARGS (extra arguments to cmake).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake gcc make pkg-config ocl-icd-opencl-dev opencl-c-headers libclblast-dev libcriterion-dev
+          pocl-opencl-icd)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
+fi
+
+build_dir=${BUILD_DIR:-build}
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
+cmake --build "$build_dir" -j"$(nproc)"
+echo "setup: built clattn in $build_dir"
