@@ -235,6 +235,59 @@ CLATTN_API const char *clattn_stage_name(clattn_stage stage);
 CLATTN_API clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable);
 CLATTN_API clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
 
+/* ---------------------------------------------------------------- encoder layer */
+
+/* A transformer encoder layer (torch.nn.TransformerEncoderLayer, batch_first,
+ * eval mode): self-attention, residual + LayerNorm, feed-forward
+ * (Linear -> activation -> Linear), residual + LayerNorm.
+ *   post-norm (default): y = LN1(x + Attn(x));  out = LN2(y + FF(y))
+ *   pre-norm (norm_first): y = x + Attn(LN1(x)); out = y + FF(LN2(y)) */
+typedef enum clattn_activation {
+    CLATTN_ACTIVATION_RELU = 0,
+    CLATTN_ACTIVATION_GELU = 1   /* erf form, as PyTorch's default */
+} clattn_activation;
+
+typedef struct clattn_encoder_desc {
+    clattn_attention_desc attn;  /* self-attention (cross = 0); out_dim = embed (w_out required);
+                                    causal and key_padding_mask pass through; attn.dropout must be 0 */
+    size_t ff_dim;               /* F: hidden width of the feed-forward network */
+    clattn_activation activation;
+    int norm_first;              /* 1: pre-norm (GPT style) */
+    float eps;                   /* LayerNorm epsilon, 0 = 1e-5 */
+} clattn_encoder_desc;
+
+typedef struct clattn_encoder_weights {
+    clattn_attention_weights attn;             /* in attn.layout; w_out (E, H*dv) required */
+    const float *ln1_weight, *ln1_bias;        /* (E) */
+    const float *w_ff1, *b_ff1;                /* (F, E) in attn.layout's convention, (F) */
+    const float *w_ff2, *b_ff2;                /* (E, F), (E) */
+    const float *ln2_weight, *ln2_bias;        /* (E) */
+} clattn_encoder_weights;
+
+typedef struct clattn_encoder_plan clattn_encoder_plan;
+
+CLATTN_API clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_encoder_desc *desc,
+                                                    const clattn_encoder_weights *weights,
+                                                    clattn_encoder_plan **plan);
+CLATTN_API void clattn_encoder_plan_free(clattn_encoder_plan *plan);
+
+typedef struct clattn_encoder_args {
+    const float *x;                   /* (B, T, E) */
+    const uint8_t *key_padding_mask;  /* (B, T), when desc.attn.key_padding_mask */
+    float *out;                       /* (B, T, E) */
+} clattn_encoder_args;
+
+CLATTN_API clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *args);
+
+typedef struct clattn_encoder_buffers {
+    clattn_buffer x, key_padding_mask, out;
+} clattn_encoder_buffers;
+
+CLATTN_API clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan,
+                                                             const clattn_encoder_buffers *buffers,
+                                                             cl_uint num_events_in_wait_list,
+                                                             const cl_event *event_wait_list, cl_event *event);
+
 #ifdef __cplusplus
 }
 #endif
