@@ -72,16 +72,17 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void softmax_rows(__global float *s, ulong s_off,
                   __global const uchar *kpm, ulong kpm_off,
                   __global const mask_t *mask, ulong mask_off,
-                  uint Tq, uint Tk, uint H,
+                  uint Tq, uint Tk, uint H, ulong row0,
                   uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale)
 {
+    /* s + s_off holds the rows row0, row0 + 1, ... of this launch (a chunk of (b, h) pairs) */
     __local float2 part[WG];
-    const ulong row = get_group_id(0);          /* (b*H + h)*Tq + i */
+    const ulong row = row0 + get_group_id(0);   /* (b*H + h)*Tq + i */
     const uint lid = get_local_id(0);
     const uint i = (uint)(row % Tq);
     const ulong bh = row / Tq;
     const ulong b = bh / H;
-    __global float *r = s + s_off + row * Tk;
+    __global float *r = s + s_off + (ulong)get_group_id(0) * Tk;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
 

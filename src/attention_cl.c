@@ -25,6 +25,7 @@ struct clattn_cl_state {
     cl_kernel k_split, k_merge, k_fill, k_softmax;
     size_t softmax_wg;
     size_t n_qkv;                 /* self: H*(2dk+dv) columns of the fused projection */
+    size_t chunk;                 /* (b, h) pairs whose scores fit the score buffer at once */
     /* weights (LINEAR layout) */
     cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
     cl_mem w_kv;                  /* cross: [Wk;Wv] (H*(dk+dv), Ekv) */
@@ -70,7 +71,7 @@ static clattn_status make_buffer(struct clattn_plan *p, size_t elems, size_t ele
                            dev->max_alloc);
     cl_int err;
     cl_mem_flags flags = host ? CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR : CL_MEM_READ_WRITE;
-    *out = clCreateBuffer(dev->context, flags, bytes, (void *)host, &err);
+    *out = clattn_create_buffer(dev->context, flags, bytes, (void *)host, &err);
     if (err != CL_SUCCESS) {
         *out = NULL;
         return clattn_fail(err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
@@ -141,13 +142,23 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
     const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    struct clattn_cl_state *c = calloc(1, sizeof *c);
+    struct clattn_cl_state *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->cl = c;
     clattn_status st;
 
+    /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's
+     * max allocation, else in chunks of pairs; one pair that does not fit cannot be run. */
+    const size_t per_pair = Tq * Tk * sizeof(float);
+    if (per_pair > p->device->max_alloc)
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "one head's score matrix (Tq*Tk = %zu x %zu floats, %zu bytes) exceeds the device's max "
+                           "allocation (%zu bytes)", Tq, Tk, per_pair, p->device->max_alloc);
+    c->chunk = p->device->max_alloc / per_pair;
+    if (c->chunk > B * H) c->chunk = B * H;
+
     /* device memory budget, checked before any allocation */
-    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + B * H * Tq * Tk +
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + c->chunk * Tq * Tk +
                    B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * H * (dk + dv) + H * (dk * E + (dk + dv) * Ekv);
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
@@ -155,10 +166,6 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
                            "these dimensions need about %zu bytes of device memory, more than its global memory "
                            "(%zu bytes)", total * sizeof(float), p->device->global_mem);
-    if (B * H * Tq * Tk * sizeof(float) > p->device->max_alloc)
-        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
-                           "the score matrix (B*H*Tq*Tk = %zu floats) exceeds the device's max allocation "
-                           "(%zu bytes)", B * H * Tq * Tk, p->device->max_alloc);
 
     if ((st = build_kernels(p))) return st;
 
@@ -166,7 +173,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     if (p->has_qkv) {
         if (!d->cross) {
             c->n_qkv = H * (2 * dk + dv);
-            float *w = malloc(c->n_qkv * E * sizeof *w);
+            float *w = clattn_malloc(c->n_qkv * E * sizeof *w);
             if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating Q/K/V weights");
             memcpy(w, p->w_query, H * dk * E * sizeof *w);
             memcpy(w + H * dk * E, p->w_key, H * dk * E * sizeof *w);
@@ -177,7 +184,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
             if ((st = make_buffer(p, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj)))
                 return st;
         } else {
-            float *w = malloc(H * (dk + dv) * Ekv * sizeof *w);
+            float *w = clattn_malloc(H * (dk + dv) * Ekv * sizeof *w);
             if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating K/V weights");
             memcpy(w, p->w_key, H * dk * Ekv * sizeof *w);
             memcpy(w + H * dk * Ekv, p->w_value, H * dv * Ekv * sizeof *w);
@@ -210,7 +217,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     }
     if (!one_head_view(p) && (st = make_buffer(p, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
         return st;
-    if ((st = make_buffer(p, B * H * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
+    if ((st = make_buffer(p, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
         (st = make_buffer(p, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
         (d->cross && (st = make_buffer(p, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
         (d->key_padding_mask &&
@@ -260,6 +267,7 @@ void clattn_cl_plan_release(struct clattn_plan *p)
 
 typedef struct run_io {
     view x, kv, kpm, mask, out, attn; /* attn.mem NULL: use the plan's own score buffer */
+    float *attn_host;                 /* host path: where to read the weights, chunk by chunk (or NULL) */
 } run_io;
 
 static clattn_status mark(struct clattn_plan *p, int index)
@@ -340,12 +348,13 @@ static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, siz
     return enqueue_1d(p, k, (size_t)total, "enqueue fill_rows");
 }
 
-static clattn_status softmax(struct clattn_plan *p, view s, const run_io *io)
+/* Softmax over the rows row0 .. row0 + rows - 1, stored from s on. */
+static clattn_status softmax(struct clattn_plan *p, view s, size_t row0, size_t rows, const run_io *io)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     cl_kernel k = c->k_softmax;
-    cl_ulong s_off = s.off, kpm_off = io->kpm.off, mask_off = io->mask.off;
+    cl_ulong s_off = s.off, kpm_off = io->kpm.off, mask_off = io->mask.off, row0_64 = row0;
     cl_uint Tq = (cl_uint)d->seq_q, Tk = (cl_uint)d->seq_kv, H = (cl_uint)d->heads;
     cl_uint seed_lo = (cl_uint)d->seed, seed_hi = (cl_uint)(d->seed >> 32);
     cl_uint threshold = clattn_dropout_threshold(d->dropout);
@@ -359,12 +368,13 @@ static clattn_status softmax(struct clattn_plan *p, view s, const run_io *io)
     e |= clSetKernelArg(k, 6, sizeof Tq, &Tq);
     e |= clSetKernelArg(k, 7, sizeof Tk, &Tk);
     e |= clSetKernelArg(k, 8, sizeof H, &H);
-    e |= clSetKernelArg(k, 9, sizeof seed_lo, &seed_lo);
-    e |= clSetKernelArg(k, 10, sizeof seed_hi, &seed_hi);
-    e |= clSetKernelArg(k, 11, sizeof threshold, &threshold);
-    e |= clSetKernelArg(k, 12, sizeof keep_scale, &keep_scale);
+    e |= clSetKernelArg(k, 9, sizeof row0_64, &row0_64);
+    e |= clSetKernelArg(k, 10, sizeof seed_lo, &seed_lo);
+    e |= clSetKernelArg(k, 11, sizeof seed_hi, &seed_hi);
+    e |= clSetKernelArg(k, 12, sizeof threshold, &threshold);
+    e |= clSetKernelArg(k, 13, sizeof keep_scale, &keep_scale);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting softmax_rows arguments failed");
-    size_t local = c->softmax_wg, global = d->batch * d->heads * d->seq_q * local;
+    size_t local = c->softmax_wg, global = rows * local;
     CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
              "enqueue softmax_rows");
     return CLATTN_STATUS_SUCCESS;
@@ -383,10 +393,9 @@ static clattn_status gemm(struct clattn_plan *p, CLBlastTranspose tb, size_t m, 
 
 static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, size_t m, size_t n, size_t k,
                                   float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
-                                  view cmat, size_t ldc, size_t sc, const char *what)
+                                  view cmat, size_t ldc, size_t sc, size_t count, const char *what)
 {
     cl_command_queue q = p->device->queue;
-    size_t count = p->d.batch * p->d.heads;
     return blas_check(CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha,
                                                  a.mem, a.off, lda, sa, b.mem, b.off, ldb, sb, 0.0f, cmat.mem,
                                                  cmat.off, ldc, sc, count, &q, NULL),
@@ -456,23 +465,30 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     }
     TRY(mark(p, 2));
 
-    /* 3. scores S = scale * Q K^T, per (b, h) */
-    view S = io->attn.mem ? io->attn : (view){c->s, 0};
-    TRY(gemm_batched(p, CLBlastTransposeYes, Tq, Tk, dk, d->scale, Q, dk, Tq * dk, K, dk, Tk * dk, S, Tk, Tq * Tk,
-                     "scores GEMM"));
-    c->stage_ran[CLATTN_STAGE_SCORES] = 1;
-    TRY(mark(p, 3));
-
-    /* 4. masks + softmax + dropout, in place */
-    TRY(softmax(p, S, io));
-    c->stage_ran[CLATTN_STAGE_SOFTMAX] = 1;
-    TRY(mark(p, 4));
-
-    /* 5. context C = W V, per (b, h); with one head straight into (B, Tq, dv) rows */
+    /* 3-5, per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually):
+     * 3. scores S = scale * Q K^T; 4. masks + softmax + dropout, in place; 5. context C = W V,
+     * with one head straight into (B, Tq, dv) rows. A caller's attn buffer holds all pairs at once. */
     view merged = p->has_out ? (view){c->merged, 0} : io->out;
     view C = one_head_view(p) ? merged : (view){c->ctx, 0};
-    TRY(gemm_batched(p, CLBlastTransposeNo, Tq, dv, Tk, 1.0f, S, Tk, Tq * Tk, V, dv, Tk * dv, C, dv, Tq * dv,
-                     "context GEMM"));
+    const size_t BH = B * H, chunk = io->attn.mem ? BH : c->chunk;
+    for (size_t g0 = 0; g0 < BH; g0 += chunk) {
+        const size_t n = BH - g0 < chunk ? BH - g0 : chunk;
+        view S = io->attn.mem ? io->attn : (view){c->s, 0};
+        view Qg = {Q.mem, Q.off + g0 * Tq * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
+        view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + g0 * Tq * dv};
+        TRY(gemm_batched(p, CLBlastTransposeYes, Tq, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
+                         Tq * Tk, n, "scores GEMM"));
+        if (g0 == 0) TRY(mark(p, 3));
+        TRY(softmax(p, S, g0 * Tq, n * Tq, io));
+        if (g0 == 0) TRY(mark(p, 4));
+        if (io->attn_host)
+            CL_CHECK(clEnqueueReadBuffer(p->device->queue, S.mem, CL_FALSE, S.off * sizeof(float),
+                                         n * Tq * Tk * sizeof(float), io->attn_host + g0 * Tq * Tk, 0, NULL, NULL),
+                     "reading the attention weights");
+        TRY(gemm_batched(p, CLBlastTransposeNo, Tq, dv, Tk, 1.0f, S, Tk, Tq * Tk, Vg, dv, Tk * dv, Cg, dv, Tq * dv,
+                         n, "context GEMM"));
+    }
+    c->stage_ran[CLATTN_STAGE_SCORES] = c->stage_ran[CLATTN_STAGE_SOFTMAX] = 1;
     c->stage_ran[CLATTN_STAGE_CONTEXT] = 1;
     TRY(mark(p, 5));
 
@@ -512,21 +528,28 @@ clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attenti
         CL_CHECK(clEnqueueWriteBuffer(q, c->mask_in, CL_FALSE, 0,
                                       Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1), a->attn_mask,
                                       0, NULL, NULL), "uploading the attention mask");
-    run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
-                 .out = {c->out_buf, 0}, .attn = {NULL, 0}};
-    clattn_status st = run(p, &io);
-    if (st != CLATTN_STATUS_SUCCESS) {
-        clFinish(q); /* the uploads read the caller's arrays: let them finish */
-        return st;
+    /* the weights are read chunk by chunk into a staging array, copied out only on success */
+    const size_t n_attn = B * d->heads * Tq * Tk;
+    float *attn_host = NULL;
+    if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host))) {
+        clFinish(q);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
     }
-    /* read both results before touching the caller's arrays, so a failure writes nothing */
-    size_t out_bytes = B * Tq * p->out_width * sizeof(float);
-    CL_CHECK(clFinish(q), "running the attention pass");
-    CL_CHECK(clEnqueueReadBuffer(q, c->out_buf, CL_TRUE, 0, out_bytes, a->out, 0, NULL, NULL), "reading the output");
-    if (a->attn)
-        CL_CHECK(clEnqueueReadBuffer(q, c->s, CL_TRUE, 0, B * d->heads * Tq * Tk * sizeof(float), a->attn, 0, NULL,
-                                     NULL), "reading the attention weights");
-    return CLATTN_STATUS_SUCCESS;
+    run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
+                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host};
+    clattn_status st = run(p, &io);
+    cl_int err = clFinish(q); /* also: the uploads read the caller's arrays, the reads write attn_host */
+    if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
+        st = clattn_fail((clattn_status)err, "running the attention pass failed (%d)", err);
+    /* the output last: a failure before it leaves the caller's arrays untouched */
+    if (st == CLATTN_STATUS_SUCCESS) {
+        err = clEnqueueReadBuffer(q, c->out_buf, CL_TRUE, 0, B * Tq * p->out_width * sizeof(float), a->out, 0, NULL,
+                                  NULL);
+        if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "reading the output failed (%d)", err);
+        else if (a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
+    }
+    free(attn_host);
+    return st;
 }
 
 /* The buffer must hold `elems` elements of `size` bytes from element `offset`. */

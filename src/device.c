@@ -65,7 +65,7 @@ static int has_extension(cl_device_id dev, const char *ext)
 {
     size_t size = 0;
     if (clGetDeviceInfo(dev, CL_DEVICE_EXTENSIONS, 0, NULL, &size) != CL_SUCCESS || size == 0) return 0;
-    char *s = malloc(size + 1);
+    char *s = clattn_malloc(size + 1);
     if (!s) return 0;
     int found = 0;
     if (clGetDeviceInfo(dev, CL_DEVICE_EXTENSIONS, size, s, NULL) == CL_SUCCESS) {
@@ -118,7 +118,7 @@ clattn_status clattn_device_list(clattn_device_info *infos, size_t capacity, siz
 
 static clattn_device *device_new(clattn_backend backend)
 {
-    clattn_device *dev = calloc(1, sizeof *dev);
+    clattn_device *dev = clattn_calloc(1, sizeof *dev);
     if (dev) dev->backend = backend;
     return dev;
 }

@@ -12,6 +12,15 @@ clattn_status clattn_fail(clattn_status status, const char *fmt, ...)
 void clattn_clear_error(void);
 void clattn_set_build_log(const char *log);
 
+/* ---- allocation (alloc.c): all host allocations and OpenCL buffers go through these */
+void *clattn_malloc(size_t size);
+void *clattn_calloc(size_t n, size_t size);
+cl_mem clattn_create_buffer(cl_context ctx, cl_mem_flags flags, size_t bytes, void *host, cl_int *err);
+/* Test-only fault injection: make the host_n-th host allocation and the buffer_n-th
+ * buffer creation from now fail (0 = never). Not exported from the shared library. */
+void clattn_test_fail_nth_alloc(long host_n, long buffer_n);
+int clattn_test_alloc_fault_fired(void); /* did the armed failure happen? */
+
 /* ---- size arithmetic that cannot wrap (plan.c) */
 int clattn_mul_overflows(size_t a, size_t b, size_t *out);
 

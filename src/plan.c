@@ -23,7 +23,7 @@ static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *out)
 /* Copy a weight (rows_out, cols_in) given in `layout` into a new LINEAR [out, in] array. */
 static float *copy_weight(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
 {
-    float *w = malloc(rows_out * cols_in * sizeof *w);
+    float *w = clattn_malloc(rows_out * cols_in * sizeof *w);
     if (!w) return NULL;
     if (layout == CLATTN_LAYOUT_LINEAR) {
         memcpy(w, src, rows_out * cols_in * sizeof *w);
@@ -36,7 +36,7 @@ static float *copy_weight(const float *src, size_t rows_out, size_t cols_in, cla
 
 static float *copy_vector(const float *src, size_t n)
 {
-    float *v = malloc(n * sizeof *v);
+    float *v = clattn_malloc(n * sizeof *v);
     if (v) memcpy(v, src, n * sizeof *v);
     return v;
 }
@@ -142,7 +142,7 @@ clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_d
     clattn_status st = validate(desc, weights, &d, &has_qkv, &has_out);
     if (st != CLATTN_STATUS_SUCCESS) return st;
 
-    clattn_plan *p = calloc(1, sizeof *p);
+    clattn_plan *p = clattn_calloc(1, sizeof *p);
     if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the plan");
     p->device = device;
     p->d = d;

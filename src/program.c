@@ -41,7 +41,7 @@ clattn_status clattn_program_build(const clattn_device *dev, const char *const *
         size_t size = 0;
         char *log = NULL;
         if (clGetProgramBuildInfo(p, dev->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size) == CL_SUCCESS &&
-            (log = malloc(size + 1)) != NULL) {
+            (log = clattn_malloc(size + 1)) != NULL) {
             if (clGetProgramBuildInfo(p, dev->device, CL_PROGRAM_BUILD_LOG, size, log, NULL) != CL_SUCCESS)
                 size = 0;
             log[size] = '\0';

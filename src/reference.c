@@ -66,11 +66,11 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
     const uint32_t threshold = clattn_dropout_threshold(d->dropout);
     const float keep_scale = clattn_dropout_keep_scale(d->dropout);
 
-    float *Q = malloc(B * Tq * H * dk * sizeof *Q);
-    float *K = malloc(B * Tk * H * dk * sizeof *K);
-    float *V = malloc(B * Tk * H * dv * sizeof *V);
-    float *ctx = malloc(B * Tq * H * dv * sizeof *ctx);
-    double *w = malloc(Tk * sizeof *w);
+    float *Q = clattn_malloc(B * Tq * H * dk * sizeof *Q);
+    float *K = clattn_malloc(B * Tk * H * dk * sizeof *K);
+    float *V = clattn_malloc(B * Tk * H * dv * sizeof *V);
+    float *ctx = clattn_malloc(B * Tq * H * dv * sizeof *ctx);
+    double *w = clattn_malloc(Tk * sizeof *w);
     if (!Q || !K || !V || !ctx || !w) {
         free(Q); free(K); free(V); free(ctx); free(w);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference: allocating Q/K/V");
