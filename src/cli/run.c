@@ -1,0 +1,621 @@
+/* run.c: `clattn run` — attention on NumPy .npy files.
+ *
+ *   clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S]
+ *              [--dropout P --seed N] [--need-weights] [--device SPEC]
+ *
+ * Order of work: parse the flags (usage errors, exit 2), check the two
+ * directories, load and check every input file against the others (exit 1),
+ * open the device, create the plan, execute, and only then write out.npy (and
+ * attn.npy). Every failure prints exactly one line, "clattn run: ...", and
+ * leaves --out as it was. */
+#include "cli.h"
+#include "npy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2 };
+
+#define MSG_LEN 1024
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 1, 2)))
+#endif
+/* Print one line "clattn run: ..." on stderr; control characters (a newline
+ * in a file name or in a quoted header) become '?', so it stays one line. */
+static void say(const char *fmt, ...)
+{
+    char msg[MSG_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) snprintf(msg, sizeof msg, "(error message could not be formatted)");
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+    fprintf(stderr, "clattn run: %s\n", msg);
+}
+
+static void usage_line(FILE *f)
+{
+    fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
+               "                  [--need-weights] [--device SPEC]\n"
+               "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
+               "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
+               "outputs in DIR: out.npy, and attn.npy with --need-weights\n");
+}
+
+/* ---------------------------------------------------------------- flags */
+
+typedef struct run_opts {
+    const char *in, *out, *device;
+    size_t heads;
+    int causal, need_weights;
+    float scale;        /* 0 = default 1/sqrt(dk) */
+    float dropout;
+    uint64_t seed;
+    int seen_heads, seen_scale, seen_dropout, seen_seed;
+} run_opts;
+
+/* A whole decimal number (digits only, no sign or space) in uint64 range. */
+static int parse_u64(const char *s, uint64_t *v)
+{
+    if (!*s) return 0;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno == ERANGE || *end || x > UINT64_MAX) return 0;
+    *v = (uint64_t)x;
+    return 1;
+}
+
+/* A float that parses fully (no leading space) and is finite in float32. */
+static int parse_float(const char *s, float *v)
+{
+    if (!*s || *s == ' ' || (*s >= '\t' && *s <= '\r')) return 0;
+    errno = 0;
+    char *end;
+    double x = strtod(s, &end);
+    if (end == s || *end) return 0;
+    if (isnan(x) || isinf(x)) return 0;
+    float f = (float)x;
+    if (isinf(f)) return 0;
+    *v = f;
+    return 1;
+}
+
+/* Returns -1 to go on, or an exit status. */
+static int parse_flags(int argc, char **argv, run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->heads = 1;
+    int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage_line(stdout);
+            return EXIT_OK;
+        }
+        int *seen = NULL;
+        int takes_value = 1;
+        if (strcmp(a, "--in") == 0) seen = &seen_in;
+        else if (strcmp(a, "--out") == 0) seen = &seen_out;
+        else if (strcmp(a, "--device") == 0) seen = &seen_dev;
+        else if (strcmp(a, "--heads") == 0) seen = &o->seen_heads;
+        else if (strcmp(a, "--scale") == 0) seen = &o->seen_scale;
+        else if (strcmp(a, "--dropout") == 0) seen = &o->seen_dropout;
+        else if (strcmp(a, "--seed") == 0) seen = &o->seen_seed;
+        else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
+        else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
+        else {
+            if (a[0] == '-') say("unknown flag '%s' (see clattn run --help)", a);
+            else say("unexpected argument '%s' (see clattn run --help)", a);
+            return EXIT_USAGE;
+        }
+        if (*seen) {
+            say("%s given more than once", a);
+            return EXIT_USAGE;
+        }
+        *seen = 1;
+        if (!takes_value) {
+            if (seen == &seen_causal) o->causal = 1;
+            else o->need_weights = 1;
+            continue;
+        }
+        /* a value that is another flag ("--heads --causal") counts as missing */
+        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
+            say("%s needs a value", a);
+            return EXIT_USAGE;
+        }
+        const char *v = argv[++i];
+        if (seen == &seen_in) {
+            o->in = v;
+        } else if (seen == &seen_out) {
+            o->out = v;
+        } else if (seen == &seen_dev) {
+            if (!*v) {
+                say("--device: empty device spec (use ref, opencl, opencl:P:D, gpu, cpu, accelerator or name=TEXT)");
+                return EXIT_USAGE;
+            }
+            o->device = v;
+        } else if (seen == &o->seen_heads) {
+            uint64_t h;
+            if (!parse_u64(v, &h) || h == 0 || h > 0xFFFFFFFFu) {
+                say("--heads '%s': must be a whole number from 1 to 4294967295", v);
+                return EXIT_USAGE;
+            }
+            o->heads = (size_t)h;
+        } else if (seen == &o->seen_scale) {
+            if (!parse_float(v, &o->scale) || o->scale == 0.0f) {
+                say("--scale '%s': must be a finite nonzero number (in float32 range)", v);
+                return EXIT_USAGE;
+            }
+        } else if (seen == &o->seen_dropout) {
+            if (!parse_float(v, &o->dropout) || !(o->dropout >= 0.0f && o->dropout < 1.0f)) {
+                say("--dropout '%s': must be a number p with 0 <= p < 1", v);
+                return EXIT_USAGE;
+            }
+        } else if (seen == &o->seen_seed) {
+            if (!parse_u64(v, &o->seed)) {
+                say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
+                return EXIT_USAGE;
+            }
+        }
+    }
+    if (!seen_in) {
+        say("--in DIR is required (the directory holding x.npy)");
+        return EXIT_USAGE;
+    }
+    if (!seen_out) {
+        say("--out DIR is required (an existing directory for out.npy)");
+        return EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int check_dir(const char *flag, const char *path, int writable)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            say("%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
+        else
+            say("%s '%s': %s", flag, path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        say("%s '%s': not a directory", flag, path);
+        return -1;
+    }
+    if (access(path, writable ? (W_OK | X_OK) : (R_OK | X_OK)) != 0) {
+        say("%s '%s': %s", flag, path, writable ? "not writable" : "not readable");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_COUNT };
+
+static const char *const file_names[F_COUNT] = {
+    "x.npy",     "kv.npy",    "w_query.npy", "w_key.npy", "w_value.npy",          "b_query.npy",
+    "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy"};
+
+typedef struct inputs {
+    clattn_npy a[F_COUNT];
+    int has[F_COUNT];
+} inputs;
+
+static void inputs_free(inputs *in)
+{
+    for (int f = 0; f < F_COUNT; f++) clattn_npy_free(&in->a[f]);
+}
+
+static const char *dtype_name(clattn_npy_dtype t)
+{
+    return t == CLATTN_NPY_F32 ? "float32" : t == CLATTN_NPY_U8 ? "uint8" : t == CLATTN_NPY_BOOL ? "bool" : "?";
+}
+
+static void fmt_dims(char *buf, size_t len, int ndim, const size_t *dims)
+{
+    size_t n = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%zu", d ? ", " : "", dims[d]);
+    if (n < len) snprintf(buf + n, len - n, "%s)", ndim == 1 ? "," : "");
+}
+
+static const char *shape_str(const clattn_npy *a, char *buf, size_t len)
+{
+    fmt_dims(buf, len, a->ndim, a->shape);
+    return buf;
+}
+
+/* Load every file that exists; check dtypes and that no dimension is 0. */
+static int load_inputs(const char *dir, inputs *in)
+{
+    for (int f = 0; f < F_COUNT; f++) {
+        size_t need = strlen(dir) + 1 + strlen(file_names[f]) + 1;
+        char *path = malloc(need);
+        if (!path) {
+            say("out of memory");
+            return -1;
+        }
+        snprintf(path, need, "%s/%s", dir, file_names[f]);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) {
+            int e = errno;
+            free(path);
+            if (e == ENOENT && f == F_X) say("x.npy: missing from --in '%s' (it is required)", dir);
+            else if (e == ENOENT) continue; /* absent: optional */
+            else say("%s: %s", file_names[f], strerror(e));
+            return -1;
+        }
+        char err[512];
+        int rc = clattn_npy_load(path, &in->a[f], err, sizeof err);
+        free(path);
+        if (rc != 0) {
+            say("%s: %s", file_names[f], err);
+            return -1;
+        }
+        in->has[f] = 1;
+        const clattn_npy *a = &in->a[f];
+        int mask = f == F_KPM || f == F_MASK;
+        int ok = a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : mask;
+        if (!ok) {
+            say("%s: dtype %s but expected %s", file_names[f], dtype_name(a->dtype),
+                f == F_KPM ? "bool or uint8" : f == F_MASK ? "bool, uint8 or float32" : "float32");
+            return -1;
+        }
+        if (a->count == 0 || a->ndim == 0) {
+            char s[256];
+            say("%s: shape %s %s", file_names[f], shape_str(a, s, sizeof s),
+                a->ndim == 0 ? "is a scalar, expected an array" : "is empty (every dimension must be >= 1)");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The problem's dimensions, once every shape has been checked. */
+typedef struct dims {
+    int two_d;                  /* x.npy was (Tq, E) */
+    size_t B, Tq, Tk, E, Ekv, H, dk, dv, Eo;
+    int cross, weights, out_proj;
+} dims;
+
+/* shape must be exactly `want` (ndim entries) */
+static int expect(const inputs *in, int f, int ndim, const size_t *want, const char *what)
+{
+    const clattn_npy *a = &in->a[f];
+    int ok = a->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = a->shape[d] == want[d];
+    if (ok) return 0;
+    char got[256], exp[256];
+    shape_str(a, got, sizeof got);
+    fmt_dims(exp, sizeof exp, ndim, want);
+    say("%s: shape %s but expected %s %s", file_names[f], got, exp, what);
+    return -1;
+}
+
+/* A (rows, cols) matrix with cols fixed; rows returned. */
+static int expect_matrix(const inputs *in, int f, size_t cols, const char *what, size_t *rows)
+{
+    const clattn_npy *a = &in->a[f];
+    if (a->ndim != 2) {
+        char got[256];
+        say("%s: shape %s has %d dimension%s but expected 2 %s", file_names[f], shape_str(a, got, sizeof got),
+            a->ndim, a->ndim == 1 ? "" : "s", what);
+        return -1;
+    }
+    size_t want[2] = {a->shape[0], cols};
+    if (expect(in, f, 2, want, what)) return -1;
+    *rows = a->shape[0];
+    return 0;
+}
+
+static int check_shapes(const inputs *in, size_t heads, dims *d)
+{
+    char s[256];
+    memset(d, 0, sizeof *d);
+    d->H = heads;
+    const clattn_npy *x = &in->a[F_X];
+    if (x->ndim != 2 && x->ndim != 3) {
+        say("x.npy: shape %s has %d dimension%s but expected (B, Tq, E) or (Tq, E)", shape_str(x, s, sizeof s),
+            x->ndim, x->ndim == 1 ? "" : "s");
+        return -1;
+    }
+    d->two_d = x->ndim == 2;
+    d->B = d->two_d ? 1 : x->shape[0];
+    d->Tq = x->shape[x->ndim - 2];
+    d->E = x->shape[x->ndim - 1];
+
+    d->cross = in->has[F_KV];
+    if (d->cross) {
+        const clattn_npy *kv = &in->a[F_KV];
+        if (kv->ndim != x->ndim) {
+            say("kv.npy: shape %s has %d dimension%s but expected %s, like x.npy %s", shape_str(kv, s, sizeof s),
+                kv->ndim, kv->ndim == 1 ? "" : "s", d->two_d ? "(Tk, Ekv)" : "(B, Tk, Ekv)",
+                d->two_d ? "(Tq, E)" : "(B, Tq, E)");
+            return -1;
+        }
+        if (!d->two_d && kv->shape[0] != d->B) {
+            size_t want[3] = {d->B, kv->shape[1], kv->shape[2]};
+            return expect(in, F_KV, 3, want, "(B, Tk, Ekv): its batch must match x.npy's");
+        }
+        d->Tk = kv->shape[kv->ndim - 2];
+        d->Ekv = kv->shape[kv->ndim - 1];
+    } else {
+        d->Tk = d->Tq;
+        d->Ekv = d->E;
+    }
+
+    int nqkv = in->has[F_WQ] + in->has[F_WK] + in->has[F_WV];
+    if (nqkv != 0 && nqkv != 3) {
+        const int fs[3] = {F_WQ, F_WK, F_WV};
+        char missing[64] = "";
+        for (int i = 0; i < 3; i++)
+            if (!in->has[fs[i]])
+                snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? " and " : "",
+                         file_names[fs[i]]);
+        say("%s: missing (w_query.npy, w_key.npy and w_value.npy must be given together, or none of them)", missing);
+        return -1;
+    }
+    d->weights = nqkv == 3;
+    if (d->weights) {
+        size_t rq, rk, rv;
+        if (expect_matrix(in, F_WQ, d->E, "(H*dk, E)", &rq)) return -1;
+        if (rq % d->H) {
+            say("w_query.npy: shape %s: its %zu rows (H*dk) are not divisible by --heads %zu", shape_str(&in->a[F_WQ], s, sizeof s),
+                rq, d->H);
+            return -1;
+        }
+        if (expect_matrix(in, F_WK, d->Ekv, "(H*dk, Ekv)", &rk)) return -1;
+        if (rk != rq) {
+            size_t want[2] = {rq, d->Ekv};
+            return expect(in, F_WK, 2, want, "(H*dk, Ekv)");
+        }
+        if (expect_matrix(in, F_WV, d->Ekv, "(H*dv, Ekv)", &rv)) return -1;
+        if (rv % d->H) {
+            say("w_value.npy: shape %s: its %zu rows (H*dv) are not divisible by --heads %zu", shape_str(&in->a[F_WV], s, sizeof s),
+                rv, d->H);
+            return -1;
+        }
+        d->dk = rq / d->H;
+        d->dv = rv / d->H;
+        size_t nq[1] = {rq}, nv[1] = {rv};
+        if (in->has[F_BQ] && expect(in, F_BQ, 1, nq, "(H*dk)")) return -1;
+        if (in->has[F_BK] && expect(in, F_BK, 1, nq, "(H*dk)")) return -1;
+        if (in->has[F_BV] && expect(in, F_BV, 1, nv, "(H*dv)")) return -1;
+    } else {
+        const int bs[3] = {F_BQ, F_BK, F_BV};
+        for (int i = 0; i < 3; i++)
+            if (in->has[bs[i]]) {
+                say("%s: given without w_query.npy, w_key.npy and w_value.npy (a bias needs the weights)",
+                    file_names[bs[i]]);
+                return -1;
+            }
+        if (d->E % d->H) {
+            say("--heads %zu does not divide E = %zu, the last dimension of x.npy %s (without Q/K/V weights the "
+                "heads split x)", d->H, d->E, shape_str(x, s, sizeof s));
+            return -1;
+        }
+        if (d->Ekv != d->E) {
+            say("kv.npy: shape %s: without Q/K/V weights its last dimension must equal E = %zu of x.npy",
+                shape_str(&in->a[F_KV], s, sizeof s), d->E);
+            return -1;
+        }
+        d->dk = d->dv = d->E / d->H;
+    }
+
+    d->out_proj = in->has[F_WO];
+    if (d->out_proj) {
+        if (expect_matrix(in, F_WO, d->H * d->dv, "(Eo, H*dv)", &d->Eo)) return -1;
+        size_t no[1] = {d->Eo};
+        if (in->has[F_BO] && expect(in, F_BO, 1, no, "(Eo), the rows of w_out.npy")) return -1;
+    } else if (in->has[F_BO]) {
+        say("b_out.npy: given without w_out.npy");
+        return -1;
+    }
+
+    if (in->has[F_KPM]) {
+        const clattn_npy *k = &in->a[F_KPM];
+        if (d->two_d && k->ndim == 1) { /* (Tk,) is accepted for a 2-D x */
+            size_t want[1] = {d->Tk};
+            if (expect(in, F_KPM, 1, want, "(Tk)")) return -1;
+        } else {
+            size_t want[2] = {d->B, d->Tk};
+            if (expect(in, F_KPM, 2, want, "(B, Tk)")) return -1;
+        }
+    }
+    if (in->has[F_MASK]) {
+        size_t want[2] = {d->Tq, d->Tk};
+        if (expect(in, F_MASK, 2, want, "(Tq, Tk)")) return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- device, outputs */
+
+/* Like clattn_cli_open_device, but every line starts with "clattn run: ". */
+static clattn_device *open_device(const char *spec, int *code)
+{
+    clattn_device *dev = NULL;
+    clattn_status st = clattn_device_open(spec, &dev);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        const char *env = getenv("CLATTN_DEVICE");
+        const char *why = *clattn_last_error() ? clattn_last_error() : clattn_status_string(st);
+        if (spec) say("--device '%s': %s", spec, why);
+        else if (env && *env) say("--device (default from CLATTN_DEVICE='%s'): %s", env, why);
+        else say("--device (default): %s", why);
+        *code = st == CLATTN_STATUS_INVALID_DEVICE_SPEC ? EXIT_USAGE : EXIT_INPUT;
+        return NULL;
+    }
+    const char *notice = clattn_device_notice(dev);
+    if (notice) say("notice: %s", notice);
+    return dev;
+}
+
+static char *join(const char *dir, const char *name)
+{
+    size_t need = strlen(dir) + 1 + strlen(name) + 1;
+    char *p = malloc(need);
+    if (p) snprintf(p, need, "%s/%s", dir, name);
+    return p;
+}
+
+static int write_outputs(const char *dir, const dims *d, size_t out_width, const float *out, const float *attn)
+{
+    char err[512];
+    char *out_path = join(dir, "out.npy"), *attn_path = attn ? join(dir, "attn.npy") : NULL;
+    if (!out_path || (attn && !attn_path)) {
+        free(out_path);
+        free(attn_path);
+        say("out of memory");
+        return -1;
+    }
+    int rc = -1;
+    size_t out_shape[3], attn_shape[4];
+    int out_nd, attn_nd;
+    if (d->two_d) {
+        out_shape[0] = d->Tq, out_shape[1] = out_width, out_nd = 2;
+        attn_shape[0] = d->H, attn_shape[1] = d->Tq, attn_shape[2] = d->Tk, attn_nd = 3;
+    } else {
+        out_shape[0] = d->B, out_shape[1] = d->Tq, out_shape[2] = out_width, out_nd = 3;
+        attn_shape[0] = d->B, attn_shape[1] = d->H, attn_shape[2] = d->Tq, attn_shape[3] = d->Tk, attn_nd = 4;
+    }
+    if (clattn_npy_save_f32(out_path, out, out_nd, out_shape, err, sizeof err) != 0) {
+        say("out.npy: %s", err);
+    } else if (attn && clattn_npy_save_f32(attn_path, attn, attn_nd, attn_shape, err, sizeof err) != 0) {
+        say("attn.npy: %s", err);
+        remove(out_path); /* all or nothing */
+    } else {
+        rc = 0;
+    }
+    free(out_path);
+    free(attn_path);
+    return rc;
+}
+
+static int mul_ok(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+int clattn_cli_run(int argc, char **argv)
+{
+    run_opts o;
+    int code = parse_flags(argc, argv, &o);
+    if (code >= 0) return code;
+    if (check_dir("--in", o.in, 0) || check_dir("--out", o.out, 1)) return EXIT_INPUT;
+
+    inputs in;
+    memset(&in, 0, sizeof in);
+    dims d;
+    clattn_device *dev = NULL;
+    clattn_plan *plan = NULL;
+    float *out = NULL, *attn = NULL;
+    code = EXIT_INPUT;
+
+    if (load_inputs(o.in, &in) || check_shapes(&in, o.heads, &d)) goto done;
+
+    clattn_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.batch = d.B;
+    desc.seq_q = d.Tq;
+    desc.embed = d.E;
+    desc.cross = d.cross;
+    desc.seq_kv = d.cross ? d.Tk : 0;
+    desc.kv_embed = d.cross ? d.Ekv : 0;
+    desc.heads = d.H;
+    desc.head_dim_qk = d.weights ? d.dk : 0;
+    desc.head_dim_v = d.weights ? d.dv : 0;
+    desc.out_dim = d.out_proj ? d.Eo : 0;
+    desc.causal = o.causal;
+    desc.attn_mask = !in.has[F_MASK] ? CLATTN_MASK_NONE
+                   : in.a[F_MASK].dtype == CLATTN_NPY_F32 ? CLATTN_MASK_FLOAT : CLATTN_MASK_BOOL;
+    desc.key_padding_mask = in.has[F_KPM];
+    desc.scale = o.scale;
+    desc.dropout = o.dropout;
+    desc.seed = o.seed;
+    desc.layout = CLATTN_LAYOUT_LINEAR;
+
+    clattn_attention_weights w;
+    memset(&w, 0, sizeof w);
+    w.w_query = in.has[F_WQ] ? in.a[F_WQ].data : NULL;
+    w.w_key = in.has[F_WK] ? in.a[F_WK].data : NULL;
+    w.w_value = in.has[F_WV] ? in.a[F_WV].data : NULL;
+    w.b_query = in.has[F_BQ] ? in.a[F_BQ].data : NULL;
+    w.b_key = in.has[F_BK] ? in.a[F_BK].data : NULL;
+    w.b_value = in.has[F_BV] ? in.a[F_BV].data : NULL;
+    w.w_out = in.has[F_WO] ? in.a[F_WO].data : NULL;
+    w.b_out = in.has[F_BO] ? in.a[F_BO].data : NULL;
+
+    /* output sizes, before any device work */
+    const size_t out_width = d.out_proj ? d.Eo : d.H * d.dv;
+    size_t n_out, n_attn = 0, t;
+    if (!mul_ok(d.B, d.Tq, &t) || !mul_ok(t, out_width, &n_out) || !mul_ok(n_out, sizeof(float), &t) ||
+        (o.need_weights && (!mul_ok(d.B, d.H, &t) || !mul_ok(t, d.Tq, &t) || !mul_ok(t, d.Tk, &n_attn) ||
+                            !mul_ok(n_attn, sizeof(float), &t)))) {
+        say("the outputs for B=%zu, H=%zu, Tq=%zu, Tk=%zu are too large for this machine", d.B, d.H, d.Tq, d.Tk);
+        goto done;
+    }
+
+    dev = open_device(o.device, &code);
+    if (!dev) goto done;
+    code = EXIT_INPUT;
+
+    clattn_status st = clattn_plan_create(dev, &desc, &w, &plan);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        say("creating the attention plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+            clattn_last_error());
+        goto done;
+    }
+    if (clattn_plan_out_width(plan) != out_width) { /* cannot happen: the shapes were checked */
+        say("internal error: the plan's output width %zu is not the expected %zu", clattn_plan_out_width(plan),
+            out_width);
+        goto done;
+    }
+    out = malloc(n_out * sizeof *out);
+    attn = o.need_weights ? malloc(n_attn * sizeof *attn) : NULL;
+    if (!out || (o.need_weights && !attn)) {
+        say("out of memory allocating the outputs (%zu + %zu floats)", n_out, n_attn);
+        goto done;
+    }
+    clattn_attention_args args;
+    memset(&args, 0, sizeof args);
+    args.x = in.a[F_X].data;
+    args.kv = d.cross ? in.a[F_KV].data : NULL;
+    args.key_padding_mask = in.has[F_KPM] ? in.a[F_KPM].data : NULL;
+    args.attn_mask = in.has[F_MASK] ? in.a[F_MASK].data : NULL;
+    args.out = out;
+    args.attn = attn;
+    st = clattn_plan_execute(plan, &args);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        say("running attention on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+            clattn_last_error());
+        goto done;
+    }
+    if (write_outputs(o.out, &d, out_width, out, attn) == 0) code = EXIT_OK;
+
+done:
+    free(out);
+    free(attn);
+    clattn_plan_free(plan);
+    clattn_device_free(dev);
+    inputs_free(&in);
+    return code;
+}
