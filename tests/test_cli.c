@@ -1,0 +1,816 @@
+/* test_cli.c: `clattn run` end to end. The built binary (CLATTN_CLI_PATH) is
+ * started with fork/exec on fresh temporary directories; its exit status and
+ * stderr are checked, and its .npy outputs are compared element by element
+ * with the golden expectations, on ref and on the OpenCL device.
+ * Every malformed input is written here, byte by byte. */
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- temp dirs and files */
+
+static char root[64];        /* this test's temporary directory, removed by fini */
+static char in_dir[128], out_dir[128], err_path[128], stdout_path[128];
+
+static void rm_rf(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return;
+    if (S_ISDIR(sb.st_mode)) {
+        DIR *d = opendir(path);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+                char sub[1024];
+                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+                rm_rf(sub);
+            }
+            closedir(d);
+        }
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static void setup(void)
+{
+    snprintf(root, sizeof root, "/tmp/clattn_test_cli_XXXXXX");
+    cr_assert(mkdtemp(root), "mkdtemp failed");
+    snprintf(in_dir, sizeof in_dir, "%s/in", root);
+    snprintf(out_dir, sizeof out_dir, "%s/out", root);
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", root);
+    snprintf(stdout_path, sizeof stdout_path, "%s/stdout.txt", root);
+    cr_assert(mkdir(in_dir, 0700) == 0 && mkdir(out_dir, 0700) == 0);
+}
+
+static void teardown(void)
+{
+    if (root[0] && strncmp(root, "/tmp/clattn_test_cli_", 21) == 0) rm_rf(root);
+    root[0] = '\0';
+}
+
+TestSuite(cli, .init = setup, .fini = teardown, .timeout = 120);
+
+static char *path_in(const char *dir, const char *name)
+{
+    static char buf[16][1024]; /* a ring: each result lives for the next 15 calls */
+    static int k;
+    char *p = buf[k++ & 15];
+    size_t a = strlen(dir), b = strlen(name);
+    cr_assert(a + 1 + b < sizeof buf[0], "path too long: %s/%s", dir, name);
+    memmove(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static char *case_dir(const char *name) { return path_in(CLATTN_GOLDEN_DIR, name); }
+
+static unsigned char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    cr_assert(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    *len = (size_t)n;
+    return b;
+}
+
+static void write_bytes(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void copy_file(const char *src, const char *dst)
+{
+    size_t n;
+    unsigned char *b = read_all(src, &n);
+    write_bytes(dst, b, n);
+    free(b);
+}
+
+/* Copy a golden case's inputs (every .npy but expect_*) into in_dir. */
+static void copy_case(const char *name)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", case_dir(name));
+    DIR *d = opendir(dir);
+    cr_assert(d, "cannot open %s", dir);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 4 || strcmp(e->d_name + l - 4, ".npy") != 0 || strncmp(e->d_name, "expect_", 7) == 0) continue;
+        copy_file(path_in(dir, e->d_name), path_in(in_dir, e->d_name));
+    }
+    closedir(d);
+}
+
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+/* A raw .npy file: version 1.0, header padded to 64 bytes (like numpy). */
+static void write_npy_raw(const char *path, const char *descr, const char *fortran, const char *shape,
+                          const void *data, size_t nbytes)
+{
+    char dict[512];
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }", descr, fortran, shape);
+    size_t hl = (size_t)n + 1;
+    while ((10 + hl) % 64) hl++;
+    unsigned char *b = malloc(10 + hl + nbytes);
+    memcpy(b, "\x93NUMPY\x01\x00", 8);
+    b[8] = (unsigned char)(hl & 0xff), b[9] = (unsigned char)(hl >> 8);
+    memset(b + 10, ' ', hl);
+    memcpy(b + 10, dict, (size_t)n);
+    b[10 + hl - 1] = '\n';
+    if (nbytes) memcpy(b + 10 + hl, data, nbytes);
+    write_bytes(path, b, 10 + hl + nbytes);
+    free(b);
+}
+
+static void save_f32(const char *path, const float *data, int ndim, const size_t *shape)
+{
+    char err[256];
+    cr_assert_eq(clattn_npy_save_f32(path, data, ndim, shape, err, sizeof err), 0, "%s", err);
+}
+
+static void load(const char *path, clattn_npy *a)
+{
+    char err[512];
+    cr_assert_eq(clattn_npy_load(path, a, err, sizeof err), 0, "%s: %s", path, err);
+}
+
+/* ---------------------------------------------------------------- running the binary */
+
+static const char *cl_spec(void)
+{
+    const char *s = getenv("CLATTN_TEST_DEVICE");
+    return s && *s ? s : "opencl";
+}
+
+#define ENV_UNSET ((const char *)0)
+
+/* Run CLATTN_CLI_PATH with args (NULL-terminated, without argv[0]) and
+ * CLATTN_DEVICE = env_device (ENV_UNSET: removed). stdout and stderr go to
+ * files in root; *err gets stderr (malloc'd). Returns the exit status. */
+static int run_cli(const char *const *args, const char *env_device, char **err)
+{
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = CLATTN_CLI_PATH;
+    for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fo = open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fe < 0 || fo < 0 || dup2(fe, 2) < 0 || dup2(fo, 1) < 0) _exit(126);
+        close(fe), close(fo);
+        if (env_device) setenv("CLATTN_DEVICE", env_device, 1);
+        else unsetenv("CLATTN_DEVICE");
+        execv(CLATTN_CLI_PATH, (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    size_t len;
+    *err = (char *)read_all(err_path, &len);
+    cr_assert(WIFEXITED(status), "clattn was killed by signal %d; stderr: %s", WTERMSIG(status), *err);
+    cr_assert_neq(WEXITSTATUS(status), 127, "cannot exec %s", CLATTN_CLI_PATH);
+    return WEXITSTATUS(status);
+}
+
+/* ---------------------------------------------------------------- golden round trips */
+
+typedef struct meta { int heads, causal, has_scale; char scale[64]; } meta;
+
+static meta read_meta(const char *name)
+{
+    meta m = {1, 0, 0, ""};
+    FILE *f = fopen(path_in(case_dir(name), "meta.txt"), "r");
+    cr_assert(f, "%s: no meta.txt", name);
+    char line[256], key[64], val[64];
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || sscanf(line, "%63s %63s", key, val) != 2) continue;
+        if (strcmp(key, "heads") == 0) m.heads = atoi(val);
+        else if (strcmp(key, "causal") == 0) m.causal = atoi(val);
+        else if (strcmp(key, "scale") == 0) m.has_scale = 1, snprintf(m.scale, sizeof m.scale, "%s", val);
+    }
+    fclose(f);
+    return m;
+}
+
+/* The case's flags: --heads H [--causal] [--scale S], appended to args at *n. */
+static void meta_args(const meta *m, const char **args, int *n, char *heads_buf)
+{
+    sprintf(heads_buf, "%d", m->heads);
+    args[(*n)++] = "--heads";
+    args[(*n)++] = heads_buf;
+    if (m->causal) args[(*n)++] = "--causal";
+    if (m->has_scale) {
+        args[(*n)++] = "--scale";
+        args[(*n)++] = m->scale;
+    }
+}
+
+static void expect_shape(const clattn_npy *a, const char *what, int ndim, const size_t *shape)
+{
+    cr_assert_eq(a->dtype, CLATTN_NPY_F32, "%s: not float32", what);
+    cr_assert_eq(a->ndim, ndim, "%s: %d dimensions, expected %d", what, a->ndim, ndim);
+    for (int d = 0; d < ndim; d++)
+        cr_assert_eq(a->shape[d], shape[d], "%s: dimension %d is %zu, expected %zu", what, d, a->shape[d], shape[d]);
+}
+
+static void compare(const char *what, const float *got, const float *want, size_t n)
+{
+    char msg[256];
+    size_t bad = tu_compare(got, want, n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s: %zu of %zu elements differ; %s", what, bad, n, msg);
+}
+
+/* out_dir holds exactly out.npy and attn.npy equal to the given expectations. */
+static void check_outputs(const char *what, const clattn_npy *eo, const clattn_npy *ea)
+{
+    cr_assert_eq(dir_entries(out_dir), 2, "%s: --out should hold out.npy and attn.npy only", what);
+    clattn_npy out = {0}, attn = {0};
+    load(path_in(out_dir, "out.npy"), &out);
+    load(path_in(out_dir, "attn.npy"), &attn);
+    char w[300];
+    snprintf(w, sizeof w, "%s out.npy", what);
+    expect_shape(&out, w, eo->ndim, eo->shape);
+    compare(w, out.data, eo->data, eo->count);
+    snprintf(w, sizeof w, "%s attn.npy", what);
+    expect_shape(&attn, w, ea->ndim, ea->shape);
+    compare(w, attn.data, ea->data, ea->count);
+    clattn_npy_free(&out);
+    clattn_npy_free(&attn);
+    unlink(path_in(out_dir, "out.npy"));
+    unlink(path_in(out_dir, "attn.npy"));
+}
+
+static void roundtrip(const char *name)
+{
+    meta m = read_meta(name);
+    clattn_npy eo = {0}, ea = {0};
+    load(path_in(case_dir(name), "expect_out.npy"), &eo);
+    load(path_in(case_dir(name), "expect_attn.npy"), &ea);
+    const char *devs[2] = {"ref", cl_spec()};
+    for (int k = 0; k < 2; k++) {
+        const char *args[24];
+        char hb[32];
+        int n = 0;
+        args[n++] = "run", args[n++] = "--in", args[n++] = case_dir(name), args[n++] = "--out", args[n++] = out_dir;
+        meta_args(&m, args, &n, hb);
+        args[n++] = "--need-weights", args[n++] = "--device", args[n++] = devs[k], args[n] = NULL;
+        char *err;
+        int rc = run_cli(args, "bogus-env-must-be-ignored", &err);
+        cr_assert_eq(rc, 0, "%s on %s: exit %d: %s", name, devs[k], rc, err);
+        cr_assert_str_empty(err, "%s on %s: unexpected stderr: %s", name, devs[k], err);
+        free(err);
+        char what[200];
+        snprintf(what, sizeof what, "%s on %s", name, devs[k]);
+        check_outputs(what, &eo, &ea);
+    }
+    clattn_npy_free(&eo);
+    clattn_npy_free(&ea);
+}
+
+#define ROUNDTRIP(name) Test(cli, roundtrip_##name) { roundtrip(#name); }
+ROUNDTRIP(tut001_simple)        /* no weights, scale 1 */
+ROUNDTRIP(tut003_mha)           /* a tutorial's multi-head module with out projection, causal */
+ROUNDTRIP(tut004_dk_dv)         /* dk != dv, one head */
+ROUNDTRIP(mha_basic)
+ROUNDTRIP(mha_cross)            /* kv.npy */
+ROUNDTRIP(mha_cross_causal)
+ROUNDTRIP(mha_kpm)              /* key_padding_mask.npy */
+ROUNDTRIP(mha_bool_mask)        /* bool attn_mask.npy */
+ROUNDTRIP(mha_float_mask)       /* float attn_mask.npy with -inf */
+ROUNDTRIP(mha_kpm_causal_bool)
+ROUNDTRIP(manual_dk_dv)         /* dk != dv, out projection 10 -> 6 */
+ROUNDTRIP(manual_cross_dk_dv)
+ROUNDTRIP(manual_noweights_heads)
+ROUNDTRIP(manual_scale)         /* --scale 0.3 */
+ROUNDTRIP(mha_causal)
+
+/* Batch entry b of a golden case as a 2-D problem: x (Tq, E), kv (Tk, Ekv),
+ * key_padding_mask (Tk) or (1, Tk); out.npy must be (Tq, Eo), attn.npy (H, Tq, Tk). */
+static void roundtrip_2d(const char *name, size_t b, int kpm_1d, const char *env_device)
+{
+    meta m = read_meta(name);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", case_dir(name));
+    copy_case(name);
+    clattn_npy x = {0}, eo = {0}, ea = {0};
+    load(path_in(dir, "x.npy"), &x);
+    load(path_in(dir, "expect_out.npy"), &eo);
+    load(path_in(dir, "expect_attn.npy"), &ea);
+    cr_assert(b < x.shape[0]);
+    size_t xs[2] = {x.shape[1], x.shape[2]};
+    save_f32(path_in(in_dir, "x.npy"), (float *)x.data + b * xs[0] * xs[1], 2, xs);
+    if (access(path_in(dir, "kv.npy"), F_OK) == 0) {
+        clattn_npy kv = {0};
+        load(path_in(dir, "kv.npy"), &kv);
+        size_t ks[2] = {kv.shape[1], kv.shape[2]};
+        save_f32(path_in(in_dir, "kv.npy"), (float *)kv.data + b * ks[0] * ks[1], 2, ks);
+        clattn_npy_free(&kv);
+    }
+    if (access(path_in(dir, "key_padding_mask.npy"), F_OK) == 0) {
+        clattn_npy k = {0};
+        load(path_in(dir, "key_padding_mask.npy"), &k);
+        char shape[64];
+        if (kpm_1d) snprintf(shape, sizeof shape, "(%zu,)", k.shape[1]);
+        else snprintf(shape, sizeof shape, "(1, %zu)", k.shape[1]);
+        write_npy_raw(path_in(in_dir, "key_padding_mask.npy"), "|b1", "False", shape,
+                      (uint8_t *)k.data + b * k.shape[1], k.shape[1]);
+        clattn_npy_free(&k);
+    }
+    /* expectations of batch entry b, as 2-D / 3-D arrays */
+    clattn_npy e2 = eo, a3 = ea;
+    e2.ndim = 2, e2.shape[0] = eo.shape[1], e2.shape[1] = eo.shape[2], e2.shape[2] = 0;
+    e2.count = e2.shape[0] * e2.shape[1];
+    e2.data = (float *)eo.data + b * e2.count;
+    a3.ndim = 3, a3.shape[0] = ea.shape[1], a3.shape[1] = ea.shape[2], a3.shape[2] = ea.shape[3], a3.shape[3] = 0;
+    a3.count = a3.shape[0] * a3.shape[1] * a3.shape[2];
+    a3.data = (float *)ea.data + b * a3.count;
+
+    const char *args[24];
+    char hb[32];
+    int n = 0;
+    args[n++] = "run", args[n++] = "--in", args[n++] = in_dir, args[n++] = "--out", args[n++] = out_dir;
+    meta_args(&m, args, &n, hb);
+    args[n++] = "--need-weights", args[n] = NULL;
+    char *err;
+    int rc = run_cli(args, env_device, &err);
+    cr_assert_eq(rc, 0, "2-D %s on CLATTN_DEVICE=%s: exit %d: %s", name, env_device, rc, err);
+    cr_assert_str_empty(err, "unexpected stderr: %s", err);
+    free(err);
+    char what[200];
+    snprintf(what, sizeof what, "2-D %s[%zu] on CLATTN_DEVICE=%s", name, b, env_device);
+    check_outputs(what, &e2, &a3);
+    clattn_npy_free(&x);
+    clattn_npy_free(&eo);
+    clattn_npy_free(&ea);
+}
+
+/* the device comes from CLATTN_DEVICE here (no --device) */
+Test(cli, two_d_self_attention)
+{
+    roundtrip_2d("mha_t130", 0, 0, "ref");
+    roundtrip_2d("mha_t130", 0, 0, cl_spec());
+}
+
+Test(cli, two_d_cross_attention)
+{
+    roundtrip_2d("mha_cross", 1, 0, "ref");
+    roundtrip_2d("mha_cross", 1, 0, cl_spec());
+}
+
+Test(cli, two_d_key_padding_mask)
+{
+    roundtrip_2d("mha_kpm", 2, 1, "ref"); /* (Tk,) */
+    roundtrip_2d("mha_kpm", 2, 0, cl_spec()); /* (1, Tk) */
+}
+
+/* Without --device and without CLATTN_DEVICE the default is opencl: no notice, same results. */
+Test(cli, default_device)
+{
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--need-weights",
+                          NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_str_empty(err, "unexpected stderr (a fallback notice?): %s", err);
+    free(err);
+    clattn_npy eo = {0}, ea = {0};
+    load(path_in(case_dir("mha_basic"), "expect_out.npy"), &eo);
+    load(path_in(case_dir("mha_basic"), "expect_attn.npy"), &ea);
+    check_outputs("mha_basic on the default device", &eo, &ea);
+    clattn_npy_free(&eo);
+    clattn_npy_free(&ea);
+}
+
+/* Without --need-weights only out.npy is written; --seed without --dropout is fine (eval). */
+Test(cli, out_only_and_seed_without_dropout)
+{
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--seed", "99",
+                          "--device", "ref", NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_str_empty(err);
+    free(err);
+    cr_assert_eq(dir_entries(out_dir), 1);
+    clattn_npy out = {0}, eo = {0};
+    load(path_in(out_dir, "out.npy"), &out);
+    load(path_in(case_dir("mha_basic"), "expect_out.npy"), &eo);
+    expect_shape(&out, "out.npy", 3, eo.shape);
+    compare("out.npy", out.data, eo.data, eo.count);
+    clattn_npy_free(&out);
+    clattn_npy_free(&eo);
+}
+
+Test(cli, help)
+{
+    const char *args[] = {"run", "--help", NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0);
+    free(err);
+    size_t n;
+    char *out = (char *)read_all(stdout_path, &n);
+    cr_assert(strstr(out, "--in DIR"), "help: %s", out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------- dropout */
+
+static void run_dropout(const char *dev, const char *seed, clattn_npy *attn, clattn_npy *out)
+{
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--dropout",
+                          "0.5", "--seed", seed, "--need-weights", "--device", dev, NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "dropout on %s: exit %d: %s", dev, rc, err);
+    cr_assert_str_empty(err, "%s", err);
+    free(err);
+    load(path_in(out_dir, "attn.npy"), attn);
+    load(path_in(out_dir, "out.npy"), out);
+    unlink(path_in(out_dir, "attn.npy"));
+    unlink(path_in(out_dir, "out.npy"));
+}
+
+Test(cli, dropout)
+{
+    clattn_npy c1 = {0}, c2 = {0}, r = {0}, c3 = {0}, o1 = {0}, o2 = {0}, orf = {0}, o3 = {0}, ea = {0};
+    run_dropout(cl_spec(), "7", &c1, &o1);
+    run_dropout(cl_spec(), "7", &c2, &o2);
+    run_dropout("ref", "7", &r, &orf);
+    run_dropout(cl_spec(), "8", &c3, &o3);
+    load(path_in(case_dir("mha_basic"), "expect_attn.npy"), &ea);
+    const size_t n = ea.count;
+    expect_shape(&c1, "attn.npy", 4, ea.shape);
+    expect_shape(&r, "attn.npy", 4, ea.shape);
+    /* same seed, same device: identical bit for bit */
+    cr_assert_eq(memcmp(c1.data, c2.data, n * sizeof(float)), 0, "two opencl runs with seed 7 differ (attn)");
+    cr_assert_eq(memcmp(o1.data, o2.data, o1.count * sizeof(float)), 0, "two opencl runs with seed 7 differ (out)");
+    /* ref and opencl: the same elements dropped, the same values */
+    const float *a1 = c1.data, *ar = r.data, *a3 = c3.data, *e = ea.data;
+    size_t zeros = 0, differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(a1[i] == 0.0f, ar[i] == 0.0f, "dropout mask differs between opencl and ref at %zu", i);
+        zeros += a1[i] == 0.0f;
+        differ += (a1[i] == 0.0f) != (a3[i] == 0.0f);
+        /* kept weights are scaled by 1/(1-p) = 2 */
+        float want = a1[i] == 0.0f ? 0.0f : 2.0f * e[i];
+        cr_assert(fabsf(a1[i] - want) <= TU_ATOL + TU_RTOL * fabsf(want), "attn[%zu] = %g, expected 0 or %g", i,
+                  (double)a1[i], (double)(2.0f * e[i]));
+    }
+    compare("attn ref vs opencl", ar, a1, n);
+    compare("out ref vs opencl", orf.data, o1.data, o1.count);
+    cr_assert(zeros > n / 4 && zeros < 3 * n / 4, "%zu of %zu weights dropped with p = 0.5", zeros, n);
+    cr_assert(differ > 0, "seeds 7 and 8 gave the same dropout mask");
+    clattn_npy *all[] = {&c1, &c2, &r, &c3, &o1, &o2, &orf, &o3, &ea};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clattn_npy_free(all[i]);
+}
+
+/* ---------------------------------------------------------------- bad inputs */
+
+/* stderr is exactly one line "clattn run: ..." mentioning needle; the status is
+ * want; --out is still empty (or still absent). */
+static void check_failure(int rc, char *err, int want, const char *needle, const char *what)
+{
+    cr_assert_eq(rc, want, "%s: exit %d, expected %d; stderr: %s", what, rc, want, err);
+    cr_assert(strncmp(err, "clattn run: ", 12) == 0, "%s: stderr does not start with 'clattn run: ': %s", what, err);
+    size_t len = strlen(err);
+    cr_assert(len > 12 && err[len - 1] == '\n' && strchr(err, '\n') == err + len - 1,
+              "%s: stderr is not exactly one line: [%s]", what, err);
+    cr_assert(strstr(err, needle), "%s: stderr does not mention '%s': %s", what, needle, err);
+    struct stat sb;
+    if (stat(out_dir, &sb) == 0) cr_assert_eq(dir_entries(out_dir), 0, "%s: --out is not empty", what);
+    free(err);
+}
+
+/* Run on in_dir/out_dir with --device ref, the given extra flags, and expect failure. */
+static void bad(const char *what, int want, const char *needle, const char *const *extra)
+{
+    const char *args[40];
+    int n = 0;
+    args[n++] = "run", args[n++] = "--in", args[n++] = in_dir, args[n++] = "--out", args[n++] = out_dir;
+    args[n++] = "--device", args[n++] = "ref";
+    for (; extra && *extra; extra++) args[n++] = *extra;
+    args[n] = NULL;
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    check_failure(rc, err, want, needle, what);
+}
+
+#define FLAGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* run with exactly these args (after "run") */
+static void bad_argv(const char *what, int want, const char *needle, const char *const *args)
+{
+    const char *full[40];
+    int n = 0;
+    full[n++] = "run";
+    for (; *args; args++) full[n++] = *args;
+    full[n] = NULL;
+    char *err;
+    int rc = run_cli(full, ENV_UNSET, &err);
+    check_failure(rc, err, want, needle, what);
+}
+
+Test(cli, bad_flags)
+{
+    copy_case("mha_basic");
+    bad("unknown flag", 2, "--frobnicate", FLAGS("--heads", "3", "--frobnicate"));
+    bad("positional argument", 2, "stray", FLAGS("--heads", "3", "stray"));
+    bad("--heads without value", 2, "--heads", FLAGS("--heads"));
+    bad("--scale followed by a flag", 2, "--scale", FLAGS("--heads", "3", "--scale", "--causal"));
+    bad_argv("--device without value", 2, "--device", FLAGS("--in", in_dir, "--out", out_dir, "--device"));
+    bad_argv("--in without value", 2, "--in", FLAGS("--out", out_dir, "--in"));
+    bad("--heads twice", 2, "--heads", FLAGS("--heads", "3", "--heads", "3"));
+    const char *heads[] = {"0", "-1", "abc", "2x", "1.5", "", " 3", "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof heads / sizeof *heads; i++)
+        bad("bad --heads", 2, "--heads", FLAGS("--heads", heads[i]));
+    const char *drop[] = {"-0.1", "1", "1.5", "nan", "inf", "0.5x", ""};
+    for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
+        bad("bad --dropout", 2, "--dropout", FLAGS("--heads", "3", "--dropout", drop[i]));
+    const char *scale[] = {"nan", "inf", "-inf", "0", "abc", "1e39", "0.5 ", "-0"};
+    for (size_t i = 0; i < sizeof scale / sizeof *scale; i++)
+        bad("bad --scale", 2, "--scale", FLAGS("--heads", "3", "--scale", scale[i]));
+    const char *seed[] = {"-1", "abc", "18446744073709551616"};
+    for (size_t i = 0; i < sizeof seed / sizeof *seed; i++)
+        bad("bad --seed", 2, "--seed", FLAGS("--heads", "3", "--dropout", "0.1", "--seed", seed[i]));
+}
+
+Test(cli, bad_device)
+{
+    copy_case("mha_basic");
+    const char *specs[][2] = {{"bogus", "2"}, {"opencl:x", "2"}, {"name=", "2"}, {"name=NoSuchDevice", "1"},
+                              {"opencl:99:0", "1"}};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "--device %s", specs[i][0]);
+        bad_argv(what, atoi(specs[i][1]), "--device",
+                 FLAGS("--in", in_dir, "--out", out_dir, "--heads", "3", "--device", specs[i][0]));
+    }
+    /* a bad CLATTN_DEVICE default is named too */
+    const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "3", NULL};
+    char *err;
+    int rc = run_cli(args, "bogus", &err);
+    check_failure(rc, err, 2, "CLATTN_DEVICE", "CLATTN_DEVICE=bogus");
+}
+
+Test(cli, bad_directories)
+{
+    copy_case("mha_basic");
+    bad_argv("missing --in", 2, "--in", FLAGS("--out", out_dir, "--heads", "3"));
+    bad_argv("missing --out", 2, "--out", FLAGS("--in", in_dir, "--heads", "3"));
+    bad_argv("--in is a file", 1, "--in", FLAGS("--in", path_in(in_dir, "x.npy"), "--out", out_dir));
+    bad_argv("--in does not exist", 1, "--in", FLAGS("--in", path_in(root, "nope"), "--out", out_dir));
+    bad_argv("--out is a file", 1, "--out", FLAGS("--in", in_dir, "--out", path_in(in_dir, "x.npy")));
+    const char *nope = path_in(root, "no_such_out");
+    bad_argv("--out does not exist", 1, "--out", FLAGS("--in", in_dir, "--out", nope, "--heads", "3"));
+    cr_assert_neq(access(nope, F_OK), 0, "--out was created");
+    unlink(path_in(in_dir, "x.npy"));
+    bad("missing x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    mkdir(path_in(in_dir, "x.npy"), 0700);
+    bad("x.npy is a directory", 1, "x.npy", FLAGS("--heads", "3"));
+}
+
+/* x.npy of mha_basic (2, 7, 12) as bytes */
+static unsigned char *x_bytes(size_t *len) { return read_all(path_in(case_dir("mha_basic"), "x.npy"), len); }
+
+Test(cli, bad_x_file)
+{
+    copy_case("mha_basic");
+    const char *x = path_in(in_dir, "x.npy");
+    size_t len;
+    unsigned char *b = x_bytes(&len);
+    const size_t hdr_end = 10 + (size_t)(b[8] | b[9] << 8);
+    const size_t cuts[] = {0, 1, 6, 8, 9, 10, 30, hdr_end - 1, hdr_end, hdr_end + 1, hdr_end + 4, len - 4, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        write_bytes(x, b, cuts[i]);
+        char what[64];
+        snprintf(what, sizeof what, "x.npy cut at %zu of %zu bytes", cuts[i], len);
+        bad(what, 1, "x.npy", FLAGS("--heads", "3"));
+    }
+    /* one byte too many */
+    unsigned char *longer = malloc(len + 1);
+    memcpy(longer, b, len);
+    longer[len] = 0;
+    write_bytes(x, longer, len + 1);
+    bad("x.npy with a trailing byte", 1, "x.npy", FLAGS("--heads", "3"));
+    free(longer);
+    /* garbage: bad magic, a header that is not a dict, an unknown key */
+    unsigned char *g = malloc(len);
+    memcpy(g, b, len);
+    g[1] = 'X';
+    write_bytes(x, g, len);
+    bad("x.npy with bad magic", 1, "x.npy", FLAGS("--heads", "3"));
+    memcpy(g, b, len);
+    memset(g + 10, '#', hdr_end - 11);
+    write_bytes(x, g, len);
+    bad("x.npy with a garbage header", 1, "x.npy", FLAGS("--heads", "3"));
+    free(g);
+    const float zeros[168] = {0};
+    write_npy_raw(x, "<f4", "False", "(2, 7, 12), 'extra': 1", zeros, sizeof zeros);
+    bad("x.npy with an extra header key", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(2, 7, 12", zeros, sizeof zeros);
+    bad("x.npy with an unclosed shape", 1, "x.npy", FLAGS("--heads", "3"));
+    /* headers that claim impossible shapes */
+    write_npy_raw(x, "<f4", "False", "(99999999999999, 99999999999999, 99999999999999)", zeros, sizeof zeros);
+    bad("x.npy with an overflowing shape", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(100000, 100000, 12)", zeros, sizeof zeros);
+    bad("x.npy claiming 480 GB", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(2, -7, 12)", zeros, sizeof zeros);
+    bad("x.npy with a negative dimension", 1, "x.npy", FLAGS("--heads", "3"));
+    free(b);
+}
+
+Test(cli, bad_x_dtype_order_rank)
+{
+    copy_case("mha_basic");
+    const char *x = path_in(in_dir, "x.npy");
+    clattn_npy xa = {0};
+    load(path_in(case_dir("mha_basic"), "x.npy"), &xa);
+    double d[168];
+    for (int i = 0; i < 168; i++) d[i] = ((float *)xa.data)[i];
+    write_npy_raw(x, "<f8", "False", "(2, 7, 12)", d, sizeof d);
+    bad("float64 x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "True", "(2, 7, 12)", xa.data, 168 * 4);
+    bad("fortran-order x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "|u1", "False", "(2, 7, 12)", d, 168);
+    bad("uint8 x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(1, 2, 7, 12)", xa.data, 168 * 4);
+    bad("4-D x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(168,)", xa.data, 168 * 4);
+    bad("1-D x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(2, 0, 12)", NULL, 0);
+    bad("empty x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    write_npy_raw(x, "<f4", "False", "(2, 7, 11)", xa.data, 154 * 4);
+    bad("x.npy narrower than w_query", 1, "w_query.npy", FLAGS("--heads", "3"));
+    clattn_npy_free(&xa);
+}
+
+Test(cli, bad_weights)
+{
+    static const float z[512];
+    copy_case("mha_cross"); /* x (2, 5, 12), kv (2, 11, 7), H = 3, weights (12, 12), (12, 7), (12, 7) */
+    const char *wk = path_in(in_dir, "w_key.npy");
+    size_t s[2] = {12, 5};
+    save_f32(wk, z, 2, s);
+    /* the exact message of the README's example */
+    {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "3", "--device", "ref", NULL};
+        char *err;
+        int rc = run_cli(args, ENV_UNSET, &err);
+        cr_assert_eq(rc, 1);
+        cr_assert_str_eq(err, "clattn run: w_key.npy: shape (12, 5) but expected (12, 7) (H*dk, Ekv)\n");
+        free(err);
+    }
+    s[0] = 9, s[1] = 7;
+    save_f32(wk, z, 2, s);
+    bad("w_key rows", 1, "w_key.npy", FLAGS("--heads", "3"));
+    copy_file(path_in(case_dir("mha_cross"), "w_key.npy"), wk);
+    bad("--heads 5 does not divide H*dk = 12", 1, "--heads", FLAGS("--heads", "5"));
+    size_t b11[1] = {11};
+    save_f32(path_in(in_dir, "b_query.npy"), z, 1, b11);
+    bad("b_query one short", 1, "b_query.npy", FLAGS("--heads", "3"));
+    size_t b2d[2] = {1, 12};
+    save_f32(path_in(in_dir, "b_query.npy"), z, 2, b2d);
+    bad("b_query 2-D", 1, "b_query.npy", FLAGS("--heads", "3"));
+    copy_file(path_in(case_dir("mha_cross"), "b_query.npy"), path_in(in_dir, "b_query.npy"));
+    write_npy_raw(path_in(in_dir, "w_value.npy"), "<f8", "False", "(12, 7)", z, 12 * 7 * 8);
+    bad("float64 w_value", 1, "w_value.npy", FLAGS("--heads", "3"));
+    write_npy_raw(path_in(in_dir, "w_value.npy"), "|b1", "False", "(12, 7)", z, 12 * 7);
+    bad("bool w_value", 1, "w_value.npy", FLAGS("--heads", "3"));
+    unlink(path_in(in_dir, "w_value.npy"));
+    bad("only w_query and w_key", 1, "w_value.npy", FLAGS("--heads", "3"));
+    copy_file(path_in(case_dir("mha_cross"), "w_value.npy"), path_in(in_dir, "w_value.npy"));
+    size_t kvs[3] = {3, 11, 7};
+    save_f32(path_in(in_dir, "kv.npy"), z, 3, kvs);
+    bad("kv batch 3 vs x batch 2", 1, "kv.npy", FLAGS("--heads", "3"));
+    size_t kv2[2] = {11, 7};
+    save_f32(path_in(in_dir, "kv.npy"), z, 2, kv2);
+    bad("2-D kv with 3-D x", 1, "kv.npy", FLAGS("--heads", "3"));
+}
+
+Test(cli, bad_out_projection_and_biases)
+{
+    static const float z[512];
+    copy_case("manual_dk_dv"); /* H = 2, dk = 3, dv = 5, w_out (6, 10), b_out (6) */
+    size_t t[2] = {10, 6};
+    save_f32(path_in(in_dir, "w_out.npy"), z, 2, t);
+    bad("w_out transposed", 1, "w_out.npy", FLAGS("--heads", "2"));
+    copy_file(path_in(case_dir("manual_dk_dv"), "w_out.npy"), path_in(in_dir, "w_out.npy"));
+    size_t b7[1] = {7};
+    save_f32(path_in(in_dir, "b_out.npy"), z, 1, b7);
+    bad("b_out length", 1, "b_out.npy", FLAGS("--heads", "2"));
+    unlink(path_in(in_dir, "w_out.npy"));
+    bad("b_out without w_out", 1, "b_out.npy", FLAGS("--heads", "2"));
+    unlink(path_in(in_dir, "b_out.npy"));
+    size_t b6[1] = {6};
+    save_f32(path_in(in_dir, "b_value.npy"), z, 1, b6);
+    bad("b_value sized H*dk, not H*dv", 1, "b_value.npy", FLAGS("--heads", "2"));
+    /* weights absent, a bias present */
+    rm_rf(in_dir);
+    mkdir(in_dir, 0700);
+    copy_case("tut001_simple");
+    save_f32(path_in(in_dir, "b_key.npy"), z, 1, (size_t[]){3});
+    bad("bias without weights", 1, "b_key.npy", FLAGS("--heads", "1"));
+    unlink(path_in(in_dir, "b_key.npy"));
+    bad("--heads 2 does not divide E = 3 (no weights)", 1, "--heads", FLAGS("--heads", "2"));
+    save_f32(path_in(in_dir, "kv.npy"), z, 3, (size_t[]){1, 4, 5});
+    bad("no weights, kv width 5 vs E = 3", 1, "kv.npy", FLAGS("--heads", "1"));
+}
+
+Test(cli, bad_masks)
+{
+    static const uint8_t m[512];
+    copy_case("mha_basic"); /* B = 2, Tq = Tk = 7 */
+    const char *kpm = path_in(in_dir, "key_padding_mask.npy"), *am = path_in(in_dir, "attn_mask.npy");
+    write_npy_raw(kpm, "|b1", "False", "(2, 8)", m, 16);
+    bad("key_padding_mask (2, 8)", 1, "key_padding_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(kpm, "|b1", "False", "(7,)", m, 7);
+    bad("key_padding_mask 1-D with a 3-D x", 1, "key_padding_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(kpm, "<f4", "False", "(2, 7)", m, 56);
+    bad("float32 key_padding_mask", 1, "key_padding_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(kpm, "|u1", "False", "(2, 7)", m, 14); /* uint8 is fine */
+    write_npy_raw(am, "|b1", "False", "(8, 7)", m, 56);
+    bad("attn_mask (8, 7)", 1, "attn_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(am, "|b1", "False", "(2, 7, 7)", m, 98);
+    bad("attn_mask 3-D", 1, "attn_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(am, "<f8", "False", "(7, 7)", m, 392);
+    bad("float64 attn_mask", 1, "attn_mask.npy", FLAGS("--heads", "3"));
+    write_npy_raw(am, "|u1", "False", "(7, 7)", m, 7); /* truncated */
+    bad("truncated attn_mask", 1, "attn_mask.npy", FLAGS("--heads", "3"));
+    /* all valid now: uint8 masks of zeros change nothing */
+    write_npy_raw(am, "|u1", "False", "(7, 7)", m, 49);
+    const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "3", "--device", "ref", "--need-weights",
+                          NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "valid uint8 masks: exit %d: %s", rc, err);
+    free(err);
+    clattn_npy eo = {0}, ea = {0};
+    load(path_in(case_dir("mha_basic"), "expect_out.npy"), &eo);
+    load(path_in(case_dir("mha_basic"), "expect_attn.npy"), &ea);
+    check_outputs("mha_basic with all-zero uint8 masks", &eo, &ea);
+    clattn_npy_free(&eo);
+    clattn_npy_free(&ea);
+}
+
+/* Writing attn.npy fails (a directory of that name): out.npy is removed again. */
+Test(cli, all_or_nothing_outputs)
+{
+    cr_assert_eq(mkdir(path_in(out_dir, "attn.npy"), 0700), 0);
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--device", "ref",
+                          "--need-weights", NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert(strncmp(err, "clattn run: attn.npy", 20) == 0, "stderr: %s", err);
+    cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "not one line: %s", err);
+    free(err);
+    cr_assert_neq(access(path_in(out_dir, "out.npy"), F_OK), 0, "out.npy was left behind");
+    cr_assert_eq(dir_entries(out_dir), 1);
+    /* and when out.npy itself cannot be written, nothing is */
+    rmdir(path_in(out_dir, "attn.npy"));
+    cr_assert_eq(mkdir(path_in(out_dir, "out.npy"), 0700), 0);
+    rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert(strncmp(err, "clattn run: out.npy", 19) == 0, "stderr: %s", err);
+    free(err);
+    cr_assert_neq(access(path_in(out_dir, "attn.npy"), F_OK), 0, "attn.npy was written");
+}
