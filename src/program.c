@@ -12,6 +12,8 @@ static const embedded sources[] = {
     {"philox", clattn_cl_philox, sizeof clattn_cl_philox - 1},
     {"heads", clattn_cl_heads, sizeof clattn_cl_heads - 1},
     {"softmax", clattn_cl_softmax, sizeof clattn_cl_softmax - 1},
+    {"layernorm", clattn_cl_layernorm, sizeof clattn_cl_layernorm - 1},
+    {"ffn", clattn_cl_ffn, sizeof clattn_cl_ffn - 1},
 };
 
 static const embedded *find_source(const char *name)
