@@ -69,4 +69,35 @@ clattn_status clattn_cl_execute_buffers(struct clattn_plan *plan, const clattn_a
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
 clattn_status clattn_cl_stage_times(struct clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
 
+/* ---- the encoder layer (encoder.c: plan, validation, OpenCL path; encoder_ref.c: CPU reference) */
+struct clattn_encoder_cl;        /* encoder.c */
+
+struct clattn_encoder_plan {
+    clattn_device *device;
+    clattn_encoder_desc d;       /* eps resolved; d.attn as given (p->attn holds the resolved one) */
+    clattn_plan *attn;           /* the self-attention, a plan on the same device */
+    size_t rows, E, F;           /* rows = B*T */
+    /* host copies, normalised to LINEAR layout [out, in] */
+    float *ln1_w, *ln1_b, *w_ff1, *b_ff1, *w_ff2, *b_ff2, *ln2_w, *ln2_b;
+    struct clattn_encoder_cl *cl; /* OpenCL state, NULL on ref */
+};
+
+/* The whole layer on the CPU; out (B, T, E) is written only in the last pass. */
+clattn_status clattn_ref_encoder_execute(const struct clattn_encoder_plan *p, const clattn_encoder_args *args,
+                                         float *out);
+
+/* Residual + LayerNorm over `rows` rows of E on the CPU: v = fl(fl(x + r) + bias) (r, bias NULL = none),
+ * sum_out = v (NULL = not wanted), out = (v - mean) / sqrt(var + eps) * gamma + beta, biased variance. */
+void clattn_ref_residual_layernorm(size_t rows, size_t E, const float *x, const float *r, const float *bias,
+                                   const float *gamma, const float *beta, float eps, float *sum_out, float *out);
+
+/* The same on a device, from host arrays: ref runs the function above, OpenCL runs cl/layernorm.cl alone
+ * (its residual_layernorm kernel, the variant the arguments call for). row_cache: -1 = as the encoder
+ * chooses (the row in local memory when it fits), 0 = re-read the row from global memory, 1 = local memory.
+ * For the tests and the demo. */
+clattn_status clattn_residual_layernorm_rows(clattn_device *dev, size_t rows, size_t E, const float *x,
+                                             const float *r, const float *bias, const float *gamma,
+                                             const float *beta, float eps, int row_cache, float *sum_out,
+                                             float *out);
+
 #endif
