@@ -8,6 +8,7 @@
 int clattn_cli_devices(int argc, char **argv);
 int clattn_cli_demo(int argc, char **argv);
 int clattn_cli_run(int argc, char **argv);
+int clattn_cli_encoder(int argc, char **argv);
 
 /* Open the device named by --device (NULL = default), printing the fallback
  * notice or the error on stderr. Returns NULL on failure. */

@@ -2,7 +2,9 @@
  * and prints their tables the way the tutorials (PyTorch) print them, next to
  * a check against the numbers the tutorials printed (to 4 decimals). */
 #include "cli.h"
+#include "internal.h"
 #include "tutorial_data.h"
+#include "tutorial_encoder_data.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -151,6 +153,53 @@ int clattn_cli_demo(int argc, char **argv)
     print_tensor("context_vector_2", out + 4, 1, 4);
     check("context vector 2 matches tutorial 004", out + 4, clattn_tut004_context_token2_printed, 4, 5.001e-5);
     print_tensor("all context vectors", out, 8, 4);
+
+    /* 7. the encoder block of tutorial 004: MHA + residual + LayerNorm, FeedForward + residual + LayerNorm */
+    printf("\n== 7. Encoder block (tutorial 004): MultiHeadSelfAttention(d_model=2, num_heads=2) + Add & Norm,\n"
+           "      FeedForward(2, 4) (Linear, ReLU, Linear) + Add & Norm, on the same 8 tokens ==\n");
+    printf("  weights: the notebook's RNG stream after torch.manual_seed(123) (MHA, then FeedForward);\n"
+           "  LayerNorms gamma 1, beta 0, eps 1e-5\n");
+    const float *xe = &clattn_tut004_enc_x[0][0];
+    clattn_attention_weights we = {.w_query = &clattn_tut004_enc_w_query[0][0], .b_query = clattn_tut004_enc_b_query,
+                                   .w_key = &clattn_tut004_enc_w_key[0][0], .b_key = clattn_tut004_enc_b_key,
+                                   .w_value = &clattn_tut004_enc_w_value[0][0], .b_value = clattn_tut004_enc_b_value,
+                                   .w_out = &clattn_tut004_enc_w_out[0][0], .b_out = clattn_tut004_enc_b_out};
+    d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 2, .head_dim_qk = 1, .out_dim = 2};
+    float mha_out[16], normed[16], enc_out[16];
+    if (run_once(dev, &d, &we, xe, mha_out, NULL)) goto done;
+    print_tensor("MHA output", mha_out, 8, 2);
+    check("MHA output matches tutorial 004", mha_out, &clattn_tut004_enc_mha_out_printed[0][0], 16, 5.001e-5);
+    /* Add & Norm: the encoder's residual + LayerNorm kernel alone on this device (ref: the reference) */
+    clattn_status st = clattn_residual_layernorm_rows(dev, 8, 2, xe, mha_out, NULL, clattn_tut004_enc_ln1_weight,
+                                                      clattn_tut004_enc_ln1_bias, 1e-5f, -1, NULL, normed);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        fprintf(stderr, "clattn demo: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        goto done;
+    }
+    print_tensor("Add & Norm = layer_norm_1(x + mha_out)", normed, 8, 2);
+    check("Add & Norm matches tutorial 004", normed, &clattn_tut004_enc_add_norm_printed[0][0], 16, 5.001e-5);
+    /* the whole layer in one encoder plan */
+    clattn_encoder_desc ed = {.attn = d, .ff_dim = 4, .activation = CLATTN_ACTIVATION_RELU};
+    clattn_encoder_weights ew = {.attn = we,
+                                 .ln1_weight = clattn_tut004_enc_ln1_weight, .ln1_bias = clattn_tut004_enc_ln1_bias,
+                                 .w_ff1 = &clattn_tut004_enc_w_ff1[0][0], .b_ff1 = clattn_tut004_enc_b_ff1,
+                                 .w_ff2 = &clattn_tut004_enc_w_ff2[0][0], .b_ff2 = clattn_tut004_enc_b_ff2,
+                                 .ln2_weight = clattn_tut004_enc_ln2_weight, .ln2_bias = clattn_tut004_enc_ln2_bias};
+    clattn_encoder_plan *ep = NULL;
+    st = clattn_encoder_plan_create(dev, &ed, &ew, &ep);
+    if (st == CLATTN_STATUS_SUCCESS) {
+        clattn_encoder_args ea = {.x = xe, .out = enc_out};
+        st = clattn_encoder_plan_execute(ep, &ea);
+    }
+    clattn_encoder_plan_free(ep);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        fprintf(stderr, "clattn demo: %s: %s\n", clattn_status_string(st), clattn_last_error());
+        const char *log = clattn_last_build_log();
+        if (log[0]) fprintf(stderr, "%s\n", log);
+        goto done;
+    }
+    print_tensor("Final encoder output = layer_norm_2(normed + ffn(normed))   (one clattn encoder plan)", enc_out, 8, 2);
+    check("final encoder output matches tutorial 004", enc_out, &clattn_tut004_enc_out_printed[0][0], 16, 5.001e-5);
 
     printf("%s on %s\n", mismatches ? "SOME TABLES DIFFER from the tutorials" : "All tables match the tutorials",
            clattn_device_name(dev));

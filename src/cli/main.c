@@ -12,6 +12,8 @@ static void usage(FILE *f)
             "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
             "  run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
             "      [--need-weights] [--device SPEC]   attention on .npy files (see README)\n"
+            "  encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu]\n"
+            "      [--eps E] [--device SPEC]   a transformer encoder layer on .npy files\n"
             "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
             "             (default: $CLATTN_DEVICE, else opencl, else ref)\n");
 }
@@ -26,6 +28,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "devices") == 0) return clattn_cli_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;

@@ -1,0 +1,383 @@
+/* encoder.c: `clattn encoder`, a transformer encoder layer on .npy files.
+ *
+ *   clattn encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first]
+ *                  [--activation relu|gelu] [--eps E] [--device SPEC]
+ *
+ * DIR holds x.npy (B, T, E) or (T, E), the attention weights of `clattn run`
+ * (w_query, w_key, w_value, optional b_query/b_key/b_value, w_out, optional
+ * b_out; nn.Linear layout), ln1_weight, ln1_bias, w_ff1 (F, E), b_ff1 (F),
+ * w_ff2 (E, F), b_ff2 (E), ln2_weight, ln2_bias and an optional
+ * key_padding_mask (B, T) bool/uint8. Writes DIR_OUT/out.npy with x's shape.
+ *
+ * Errors as `clattn run` (run.c) reports them: exit 2 for usage (flags and
+ * their values, a device spec that cannot be parsed), 1 for input (directories,
+ * files, dtypes, shapes, a device that matches nothing) and failures; exactly
+ * one stderr line starting with "clattn encoder: "; every shape is checked
+ * against the others before the device is opened, and nothing is written to
+ * --out on failure.
+ */
+#include "cli.h"
+#include "npy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define USAGE                                                                                         \
+    "usage: clattn encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu] " \
+    "[--eps E] [--device SPEC]"
+
+static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One line on stderr, "clattn encoder: ...", and the exit status. Control characters (a newline in a
+ * file name) become '?', so it stays one line (as `clattn run` does). */
+static int fail(int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) snprintf(msg, sizeof msg, "(error message could not be formatted)");
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    fprintf(stderr, "clattn encoder: %s\n", msg);
+    return status;
+}
+
+/* ---------------------------------------------------------------- flags */
+
+typedef struct options {
+    const char *in, *out, *device;
+    size_t heads;
+    int causal, norm_first;
+    clattn_activation activation;
+    float eps;
+} options;
+
+/* A whole decimal number from 1 to 2^32-1 (digits only, no sign or space). */
+static int parse_heads(const char *s, size_t *out)
+{
+    if (!*s) return -1;
+    for (const char *c = s; *c; c++)
+        if (!isdigit((unsigned char)*c)) return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno == ERANGE || v == 0 || v > 0xFFFFFFFFull) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int parse_eps(const char *s, float *out)
+{
+    if (!*s || isspace((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno == ERANGE || !isfinite(v)) return -1;
+    float f = (float)v;
+    if (!(isfinite(f) && f > 0.0f)) return -1;
+    *out = f;
+    return 0;
+}
+
+/* 0 to run, 2 after a usage error (reported), -1 for --help. */
+static int parse(int argc, char **argv, options *o)
+{
+    *o = (options){.heads = 1, .activation = CLATTN_ACTIVATION_RELU, .eps = 1e-5f};
+    int seen_heads = 0, seen_act = 0, seen_eps = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
+        if (strcmp(a, "--causal") == 0 || strcmp(a, "--norm-first") == 0) {
+            int *flag = a[2] == 'c' ? &o->causal : &o->norm_first;
+            if (*flag) return fail(2, "%s given more than once", a);
+            *flag = 1;
+            continue;
+        }
+        const int takes_value = strcmp(a, "--in") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--device") == 0 ||
+                                strcmp(a, "--heads") == 0 || strcmp(a, "--activation") == 0 ||
+                                strcmp(a, "--eps") == 0;
+        if (!takes_value) {
+            if (a[0] == '-') return fail(2, "unknown option '%s' (%s)", a, USAGE);
+            return fail(2, "unexpected argument '%s' (%s)", a, USAGE);
+        }
+        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) return fail(2, "%s needs a value (%s)", a, USAGE);
+        const char *v = argv[++i];
+        if (strcmp(a, "--in") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--device") == 0) {
+            const char **slot = a[2] == 'i' ? &o->in : a[2] == 'o' ? &o->out : &o->device;
+            if (*slot) return fail(2, "%s given more than once", a);
+            if (slot == &o->device && !*v)
+                return fail(2, "--device: empty device spec (use ref, opencl, opencl:P:D, gpu, cpu, accelerator or "
+                               "name=TEXT)");
+            *slot = v;
+        } else if (strcmp(a, "--heads") == 0) {
+            if (seen_heads++) return fail(2, "--heads given more than once");
+            if (parse_heads(v, &o->heads)) return fail(2, "--heads '%s': must be a whole number from 1 to 4294967295", v);
+        } else if (strcmp(a, "--activation") == 0) {
+            if (seen_act++) return fail(2, "--activation given more than once");
+            if (strcmp(v, "relu") == 0) o->activation = CLATTN_ACTIVATION_RELU;
+            else if (strcmp(v, "gelu") == 0) o->activation = CLATTN_ACTIVATION_GELU;
+            else return fail(2, "--activation '%s': must be relu or gelu", v);
+        } else {
+            if (seen_eps++) return fail(2, "--eps given more than once");
+            if (parse_eps(v, &o->eps)) return fail(2, "--eps '%s': must be a finite number > 0 (in float32 range)", v);
+        }
+    }
+    if (!o->in) return fail(2, "--in DIR is required (the directory holding x.npy and the weights)");
+    if (!o->out) return fail(2, "--out DIR is required (an existing directory for out.npy)");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+enum { X, WQ, WK, WV, BQ, BK, BV, WO, BO, LN1W, LN1B, WF1, BF1, WF2, BF2, LN2W, LN2B, KPM, N_FILES };
+static const char *const file_names[N_FILES] = {
+    "x.npy",          "w_query.npy",   "w_key.npy",  "w_value.npy", "b_query.npy",    "b_key.npy",
+    "b_value.npy",    "w_out.npy",     "b_out.npy",  "ln1_weight.npy", "ln1_bias.npy", "w_ff1.npy",
+    "b_ff1.npy",      "w_ff2.npy",     "b_ff2.npy",  "ln2_weight.npy", "ln2_bias.npy", "key_padding_mask.npy"};
+
+typedef struct inputs {
+    clattn_npy a[N_FILES];
+    int has[N_FILES];
+} inputs;
+
+static void inputs_free(inputs *in)
+{
+    for (int i = 0; i < N_FILES; i++) clattn_npy_free(&in->a[i]);
+}
+
+static void shape_str(const clattn_npy *a, char *s, size_t len)
+{
+    size_t n = (size_t)snprintf(s, len, "(");
+    for (int d = 0; d < a->ndim && n < len; d++)
+        n += (size_t)snprintf(s + n, len - n, a->ndim == 1 ? "%zu," : d ? ", %zu" : "%zu", a->shape[d]);
+    if (n < len) snprintf(s + n, len - n, ")");
+}
+
+/* Load every file of the contract that exists; 0 or the exit status after an error (reported). */
+static int load_all(const char *dir, inputs *in)
+{
+    static const int required[] = {X, WO, LN1W, LN1B, WF1, BF1, WF2, BF2, LN2W, LN2B};
+    for (int i = 0; i < N_FILES; i++) {
+        char path[4096], err[512];
+        snprintf(path, sizeof path, "%s/%s", dir, file_names[i]);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) {
+            if (errno == ENOENT) continue; /* absent: required ones are named below */
+            return fail(1, "%s: %s", file_names[i], strerror(errno));
+        }
+        if (clattn_npy_load(path, &in->a[i], err, sizeof err) != 0) return fail(1, "%s: %s", file_names[i], err);
+        in->has[i] = 1;
+        const clattn_npy *a = &in->a[i];
+        if ((i == KPM) == (a->dtype == CLATTN_NPY_F32))
+            return fail(1, "%s: dtype %s but expected %s", file_names[i],
+                        a->dtype == CLATTN_NPY_F32 ? "float32" : a->dtype == CLATTN_NPY_U8 ? "uint8" : "bool",
+                        i == KPM ? "bool or uint8" : "float32");
+        if (a->count == 0 || a->ndim == 0) {
+            char s[128];
+            shape_str(a, s, sizeof s);
+            return fail(1, "%s: shape %s %s", file_names[i], s,
+                        a->ndim == 0 ? "is a scalar, expected an array" : "is empty (every dimension must be >= 1)");
+        }
+    }
+    for (size_t k = 0; k < sizeof required / sizeof required[0]; k++)
+        if (!in->has[required[k]])
+            return fail(1, "%s: missing from --in '%s' (the encoder layer needs it)", file_names[required[k]], dir);
+    const char *unsupported[][2] = {{"kv.npy", "cross-attention is not part of the encoder layer"},
+                                    {"attn_mask.npy", "not supported by the encoder layer (use --causal and "
+                                                      "key_padding_mask.npy)"}};
+    for (int k = 0; k < 2; k++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, unsupported[k][0]);
+        struct stat sb;
+        if (stat(path, &sb) == 0) return fail(1, "%s: %s", unsupported[k][0], unsupported[k][1]);
+    }
+    return 0;
+}
+
+/* The array must have this shape (ndim 1 or 2); 0 or the exit status after an error (reported). */
+static int expect(const inputs *in, int i, int ndim, size_t d0, size_t d1, const char *names)
+{
+    const clattn_npy *a = &in->a[i];
+    if (a->ndim == ndim && a->shape[0] == d0 && (ndim == 1 || a->shape[1] == d1)) return 0;
+    char got[128];
+    shape_str(a, got, sizeof got);
+    if (ndim == 1) return fail(1, "%s: shape %s but expected (%zu,) (%s)", file_names[i], got, d0, names);
+    return fail(1, "%s: shape %s but expected (%zu, %zu) (%s)", file_names[i], got, d0, d1, names);
+}
+
+/* Check every shape against the others and fill the plan's description; 0 or the exit status. */
+static int check_shapes(const inputs *in, const options *o, clattn_encoder_desc *d)
+{
+    const clattn_npy *x = &in->a[X];
+    char s[128];
+    if (x->ndim != 2 && x->ndim != 3) {
+        shape_str(x, s, sizeof s);
+        return fail(1, "x.npy: shape %s but expected (B, T, E) or (T, E)", s);
+    }
+    const size_t B = x->ndim == 3 ? x->shape[0] : 1, T = x->shape[x->ndim - 2], E = x->shape[x->ndim - 1];
+    const size_t H = o->heads;
+    int rc, nqkv = in->has[WQ] + in->has[WK] + in->has[WV];
+    size_t dk, dv;
+    if (nqkv != 0 && nqkv != 3)
+        return fail(1, "%s: missing (w_query, w_key and w_value come together)",
+                    file_names[!in->has[WQ] ? WQ : !in->has[WK] ? WK : WV]);
+    if (nqkv == 3) {
+        const clattn_npy *wq = &in->a[WQ], *wv = &in->a[WV];
+        if (wq->ndim != 2 || wq->shape[1] != E || wq->shape[0] == 0 || wq->shape[0] % H) {
+            shape_str(wq, s, sizeof s);
+            return fail(1, "w_query.npy: shape %s but expected (H*dk, E) with H = %zu (--heads), E = %zu", s, H, E);
+        }
+        dk = wq->shape[0] / H;
+        if ((rc = expect(in, WK, 2, H * dk, E, "H*dk, E"))) return rc;
+        if (wv->ndim != 2 || wv->shape[1] != E || wv->shape[0] == 0 || wv->shape[0] % H) {
+            shape_str(wv, s, sizeof s);
+            return fail(1, "w_value.npy: shape %s but expected (H*dv, E) with H = %zu (--heads), E = %zu", s, H, E);
+        }
+        dv = wv->shape[0] / H;
+        if (in->has[BQ] && (rc = expect(in, BQ, 1, H * dk, 0, "H*dk"))) return rc;
+        if (in->has[BK] && (rc = expect(in, BK, 1, H * dk, 0, "H*dk"))) return rc;
+        if (in->has[BV] && (rc = expect(in, BV, 1, H * dv, 0, "H*dv"))) return rc;
+    } else {
+        for (int i = BQ; i <= BV; i++)
+            if (in->has[i]) return fail(1, "%s: a Q/K/V bias without w_query, w_key and w_value", file_names[i]);
+        if (E % H) return fail(1, "--heads %zu does not divide E = %zu (x.npy) and there are no Q/K/V weights", H, E);
+        dk = dv = E / H;
+    }
+    if ((rc = expect(in, WO, 2, E, H * dv, "E, H*dv"))) return rc;
+    if (in->has[BO] && (rc = expect(in, BO, 1, E, 0, "E"))) return rc;
+    if ((rc = expect(in, LN1W, 1, E, 0, "E")) || (rc = expect(in, LN1B, 1, E, 0, "E"))) return rc;
+    const clattn_npy *w1 = &in->a[WF1];
+    if (w1->ndim != 2 || w1->shape[1] != E || w1->shape[0] == 0) {
+        shape_str(w1, s, sizeof s);
+        return fail(1, "w_ff1.npy: shape %s but expected (F, E) with E = %zu", s, E);
+    }
+    const size_t F = w1->shape[0];
+    if ((rc = expect(in, BF1, 1, F, 0, "F")) || (rc = expect(in, WF2, 2, E, F, "E, F")) ||
+        (rc = expect(in, BF2, 1, E, 0, "E")) || (rc = expect(in, LN2W, 1, E, 0, "E")) ||
+        (rc = expect(in, LN2B, 1, E, 0, "E")))
+        return rc;
+    if (in->has[KPM]) {
+        const clattn_npy *m = &in->a[KPM];
+        int ok = (m->ndim == 2 && m->shape[0] == B && m->shape[1] == T) || (x->ndim == 2 && m->ndim == 1 && m->shape[0] == T);
+        if (!ok) {
+            shape_str(m, s, sizeof s);
+            return fail(1, "key_padding_mask.npy: shape %s but expected (%zu, %zu) (B, T)%s", s, B, T,
+                        x->ndim == 2 ? " or (T,)" : "");
+        }
+    }
+    *d = (clattn_encoder_desc){0};
+    d->attn.batch = B;
+    d->attn.seq_q = T;
+    d->attn.embed = E;
+    d->attn.heads = H;
+    d->attn.head_dim_qk = nqkv == 3 ? dk : 0;
+    d->attn.head_dim_v = nqkv == 3 ? dv : 0;
+    d->attn.out_dim = E;
+    d->attn.causal = o->causal;
+    d->attn.key_padding_mask = in->has[KPM];
+    d->attn.layout = CLATTN_LAYOUT_LINEAR;
+    d->ff_dim = F;
+    d->activation = o->activation;
+    d->norm_first = o->norm_first;
+    d->eps = o->eps;
+    return 0;
+}
+
+static int check_dir(const char *flag, const char *path, int writable)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            return fail(1, "%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
+        return fail(1, "%s '%s': %s", flag, path, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode)) return fail(1, "%s '%s': not a directory", flag, path);
+    if (access(path, writable ? (W_OK | X_OK) : (R_OK | X_OK)) != 0)
+        return fail(1, "%s '%s': %s", flag, path, writable ? "not writable" : "not readable");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+int clattn_cli_encoder(int argc, char **argv)
+{
+    options o;
+    int rc = parse(argc, argv, &o);
+    if (rc < 0) {
+        printf("%s\n", USAGE);
+        return 0;
+    }
+    if (rc) return rc;
+    if ((rc = check_dir("--in", o.in, 0)) || (rc = check_dir("--out", o.out, 1))) return rc;
+
+    inputs in = {0};
+    clattn_encoder_desc d;
+    clattn_device *dev = NULL;
+    clattn_encoder_plan *plan = NULL;
+    float *out = NULL;
+    if ((rc = load_all(o.in, &in)) || (rc = check_shapes(&in, &o, &d))) goto done;
+
+    /* the device: a spec that cannot be parsed is a usage error, one that matches nothing an input error */
+    clattn_status st = clattn_device_open(o.device, &dev);
+    if (st) {
+        const char *env = getenv("CLATTN_DEVICE");
+        const char *why = *clattn_last_error() ? clattn_last_error() : clattn_status_string(st);
+        const int code = st == CLATTN_STATUS_INVALID_DEVICE_SPEC ? 2 : 1;
+        if (o.device) rc = fail(code, "--device '%s': %s", o.device, why);
+        else if (env && *env) rc = fail(code, "--device (default from CLATTN_DEVICE='%s'): %s", env, why);
+        else rc = fail(code, "--device (default): %s", why);
+        goto done;
+    }
+    const clattn_attention_weights aw = {
+        .w_query = in.has[WQ] ? in.a[WQ].data : NULL, .w_key = in.has[WK] ? in.a[WK].data : NULL,
+        .w_value = in.has[WV] ? in.a[WV].data : NULL, .b_query = in.has[BQ] ? in.a[BQ].data : NULL,
+        .b_key = in.has[BK] ? in.a[BK].data : NULL,   .b_value = in.has[BV] ? in.a[BV].data : NULL,
+        .w_out = in.a[WO].data,                       .b_out = in.has[BO] ? in.a[BO].data : NULL};
+    const clattn_encoder_weights w = {.attn = aw,
+                                      .ln1_weight = in.a[LN1W].data, .ln1_bias = in.a[LN1B].data,
+                                      .w_ff1 = in.a[WF1].data,       .b_ff1 = in.a[BF1].data,
+                                      .w_ff2 = in.a[WF2].data,       .b_ff2 = in.a[BF2].data,
+                                      .ln2_weight = in.a[LN2W].data, .ln2_bias = in.a[LN2B].data};
+    st = clattn_encoder_plan_create(dev, &d, &w, &plan);
+    if (st) {
+        rc = fail(1, "creating the encoder plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+                  clattn_last_error());
+        goto done;
+    }
+    const size_t n = in.a[X].count;
+    if (!(out = malloc(n * sizeof *out))) {
+        rc = fail(1, "out of memory allocating the output (%zu floats)", n);
+        goto done;
+    }
+    clattn_encoder_args args = {.x = in.a[X].data, .key_padding_mask = in.has[KPM] ? in.a[KPM].data : NULL,
+                                .out = out};
+    st = clattn_encoder_plan_execute(plan, &args);
+    if (st) {
+        rc = fail(1, "running the encoder layer on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+                  clattn_last_error());
+        goto done;
+    }
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s/out.npy", o.out);
+    if (clattn_npy_save_f32(path, out, in.a[X].ndim, in.a[X].shape, err, sizeof err) != 0) {
+        rc = fail(1, "out.npy: %s", err);
+        goto done;
+    }
+    const char *notice = clattn_device_notice(dev);
+    if (notice) fprintf(stderr, "clattn encoder: notice: %s\n", notice);
+    rc = 0;
+done:
+    free(out);
+    clattn_encoder_plan_free(plan);
+    clattn_device_free(dev);
+    inputs_free(&in);
+    return rc;
+}
