@@ -52,3 +52,36 @@ cl_mem clattn_create_buffer(cl_context ctx, cl_mem_flags flags, size_t bytes, vo
     }
     return clCreateBuffer(ctx, flags, bytes, host, err);
 }
+
+/* A device buffer of `elems` elements of `elem_size` bytes (at least one element),
+ * initialised from `host` when given; its size is checked against the device's
+ * max allocation first, and `what` names it in error messages. */
+clattn_status clattn_buffer_new(const clattn_device *dev, size_t elems, size_t elem_size, const void *host,
+                                const char *what, cl_mem *out)
+{
+    size_t bytes;
+    if (elems == 0) elems = 1;
+    if (clattn_mul_overflows(elems, elem_size, &bytes))
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "%s: size overflows", what);
+    if (bytes > dev->max_alloc)
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "%s needs %zu bytes, more than the device's max allocation (%zu bytes)", what, bytes,
+                           dev->max_alloc);
+    cl_int err;
+    cl_mem_flags flags = host ? CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR : CL_MEM_READ_WRITE;
+    *out = clattn_create_buffer(dev->context, flags, bytes, (void *)host, &err);
+    if (err != CL_SUCCESS) {
+        *out = NULL;
+        return clattn_fail(err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+                                   err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE
+                               ? CLATTN_STATUS_DEVICE_ALLOCATION : (clattn_status)err,
+                           "clCreateBuffer for %s (%zu bytes) failed (%d)", what, bytes, err);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_mem_release(cl_mem *m)
+{
+    if (*m) clReleaseMemObject(*m);
+    *m = NULL;
+}

@@ -57,31 +57,6 @@ static clattn_status blas_check(CLBlastStatusCode s, const char *what)
 
 /* ---- plan creation */
 
-static clattn_status make_buffer(struct clattn_plan *p, size_t elems, size_t elem_size, const void *host,
-                                 const char *what, cl_mem *out)
-{
-    const clattn_device *dev = p->device;
-    size_t bytes;
-    if (elems == 0) elems = 1;
-    if (clattn_mul_overflows(elems, elem_size, &bytes))
-        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "%s: size overflows", what);
-    if (bytes > dev->max_alloc)
-        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
-                           "%s needs %zu bytes, more than the device's max allocation (%zu bytes)", what, bytes,
-                           dev->max_alloc);
-    cl_int err;
-    cl_mem_flags flags = host ? CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR : CL_MEM_READ_WRITE;
-    *out = clattn_create_buffer(dev->context, flags, bytes, (void *)host, &err);
-    if (err != CL_SUCCESS) {
-        *out = NULL;
-        return clattn_fail(err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
-                                   err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE
-                               ? CLATTN_STATUS_DEVICE_ALLOCATION : (clattn_status)err,
-                           "clCreateBuffer for %s (%zu bytes) failed (%d)", what, bytes, err);
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
 static size_t pow2_at_most(size_t n)
 {
     size_t p = 1;
@@ -178,61 +153,55 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
             memcpy(w, p->w_query, H * dk * E * sizeof *w);
             memcpy(w + H * dk * E, p->w_key, H * dk * E * sizeof *w);
             memcpy(w + 2 * H * dk * E, p->w_value, H * dv * E * sizeof *w);
-            st = make_buffer(p, c->n_qkv * E, sizeof(float), w, "the Q|K|V weights", &c->w_proj);
+            st = clattn_buffer_new(p->device, c->n_qkv * E, sizeof(float), w, "the Q|K|V weights", &c->w_proj);
             free(w);
             if (st) return st;
-            if ((st = make_buffer(p, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj)))
+            if ((st = clattn_buffer_new(p->device, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj)))
                 return st;
         } else {
             float *w = clattn_malloc(H * (dk + dv) * Ekv * sizeof *w);
             if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating K/V weights");
             memcpy(w, p->w_key, H * dk * Ekv * sizeof *w);
             memcpy(w + H * dk * Ekv, p->w_value, H * dv * Ekv * sizeof *w);
-            st = make_buffer(p, H * (dk + dv) * Ekv, sizeof(float), w, "the K|V weights", &c->w_kv);
+            st = clattn_buffer_new(p->device, H * (dk + dv) * Ekv, sizeof(float), w, "the K|V weights", &c->w_kv);
             free(w);
             if (st) return st;
-            if ((st = make_buffer(p, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj)) ||
-                (st = make_buffer(p, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj)) ||
-                (st = make_buffer(p, B * Tk * H * (dk + dv), sizeof(float), NULL, "the K|V projections",
+            if ((st = clattn_buffer_new(p->device, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj)) ||
+                (st = clattn_buffer_new(p->device, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj)) ||
+                (st = clattn_buffer_new(p->device, B * Tk * H * (dk + dv), sizeof(float), NULL, "the K|V projections",
                                   &c->proj_kv)))
                 return st;
         }
-        if ((p->b_query && (st = make_buffer(p, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
-            (p->b_key && (st = make_buffer(p, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
-            (p->b_value && (st = make_buffer(p, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
+        if ((p->b_query && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
+            (p->b_key && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
+            (p->b_value && (st = clattn_buffer_new(p->device, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
             return st;
     }
     if (p->has_out) {
-        if ((st = make_buffer(p, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out)) ||
-            (p->b_out && (st = make_buffer(p, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out))) ||
-            (st = make_buffer(p, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged)))
+        if ((st = clattn_buffer_new(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out)) ||
+            (p->b_out && (st = clattn_buffer_new(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out))) ||
+            (st = clattn_buffer_new(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged)))
             return st;
     }
     /* head-major workspace (not needed with one head and no projection: the inputs are the views) */
     if (!(one_head_view(p) && !p->has_qkv)) {
-        if ((st = make_buffer(p, B * H * Tq * dk, sizeof(float), NULL, "Q", &c->q)) ||
-            (st = make_buffer(p, B * H * Tk * dk, sizeof(float), NULL, "K", &c->k)) ||
-            (st = make_buffer(p, B * H * Tk * dv, sizeof(float), NULL, "V", &c->v)))
+        if ((st = clattn_buffer_new(p->device, B * H * Tq * dk, sizeof(float), NULL, "Q", &c->q)) ||
+            (st = clattn_buffer_new(p->device, B * H * Tk * dk, sizeof(float), NULL, "K", &c->k)) ||
+            (st = clattn_buffer_new(p->device, B * H * Tk * dv, sizeof(float), NULL, "V", &c->v)))
             return st;
     }
-    if (!one_head_view(p) && (st = make_buffer(p, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
+    if (!one_head_view(p) && (st = clattn_buffer_new(p->device, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
         return st;
-    if ((st = make_buffer(p, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
-        (st = make_buffer(p, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
-        (d->cross && (st = make_buffer(p, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
+    if ((st = clattn_buffer_new(p->device, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
+        (st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
+        (d->cross && (st = clattn_buffer_new(p->device, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
         (d->key_padding_mask &&
-         (st = make_buffer(p, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in))) ||
-        (d->attn_mask && (st = make_buffer(p, Tq * Tk, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
+         (st = clattn_buffer_new(p->device, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in))) ||
+        (d->attn_mask && (st = clattn_buffer_new(p->device, Tq * Tk, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
                                            "the attention mask staging buffer", &c->mask_in))) ||
-        (st = make_buffer(p, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf)))
+        (st = clattn_buffer_new(p->device, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf)))
         return st;
     return CLATTN_STATUS_SUCCESS;
-}
-
-static void release_mem(cl_mem *m)
-{
-    if (*m) clReleaseMemObject(*m);
-    *m = NULL;
 }
 
 static void release_marks(struct clattn_cl_state *c)
@@ -252,7 +221,7 @@ void clattn_cl_plan_release(struct clattn_plan *p)
     cl_mem *mems[] = {&c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj,
                       &c->proj_kv, &c->q, &c->k, &c->v, &c->s, &c->ctx, &c->merged, &c->x_in, &c->kv_in,
                       &c->kpm_in, &c->mask_in, &c->out_buf};
-    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) release_mem(mems[i]);
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     if (c->k_split) clReleaseKernel(c->k_split);
     if (c->k_merge) clReleaseKernel(c->k_merge);
     if (c->k_fill) clReleaseKernel(c->k_fill);

@@ -216,36 +216,6 @@ static clattn_status ln_enqueue(const clattn_device *dev, const ln_kernel *l, si
     return CLATTN_STATUS_SUCCESS;
 }
 
-static clattn_status make_buffer(const clattn_device *dev, size_t elems, size_t elem_size, const void *host,
-                                 const char *what, cl_mem *out)
-{
-    size_t bytes;
-    if (elems == 0) elems = 1;
-    if (clattn_mul_overflows(elems, elem_size, &bytes))
-        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "%s: size overflows", what);
-    if (bytes > dev->max_alloc)
-        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
-                           "%s needs %zu bytes, more than the device's max allocation (%zu bytes)", what, bytes,
-                           dev->max_alloc);
-    cl_int err;
-    cl_mem_flags flags = host ? CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR : CL_MEM_READ_WRITE;
-    *out = clattn_create_buffer(dev->context, flags, bytes, (void *)host, &err);
-    if (err != CL_SUCCESS) {
-        *out = NULL;
-        return clattn_fail(err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
-                                   err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE
-                               ? CLATTN_STATUS_DEVICE_ALLOCATION : (clattn_status)err,
-                           "clCreateBuffer for %s (%zu bytes) failed (%d)", what, bytes, err);
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
-static void release_mem(cl_mem *m)
-{
-    if (*m) clReleaseMemObject(*m);
-    *m = NULL;
-}
-
 /* ---------------------------------------------------------------- OpenCL plan */
 
 static void cl_release(struct clattn_encoder_plan *p)
@@ -254,7 +224,7 @@ static void cl_release(struct clattn_encoder_plan *p)
     if (!c) return;
     cl_mem *mems[] = {&c->ln1_w, &c->ln1_b, &c->w_ff1, &c->b_ff1, &c->w_ff2, &c->b_ff2, &c->ln2_w, &c->ln2_b,
                       &c->a,     &c->y,     &c->n,     &c->h,     &c->x_in,  &c->kpm_in, &c->out_buf};
-    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) release_mem(mems[i]);
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     ln_release(&c->ln1);
     ln_release(&c->ln2);
     if (c->k_act) clReleaseKernel(c->k_act);
@@ -290,22 +260,22 @@ static clattn_status cl_init(struct clattn_encoder_plan *p)
     CL_CHECK(err, "clCreateKernel (ffn)");
 
     /* weights, uploaded once; then the workspace and the staging buffers */
-    TRY(make_buffer(dev, E, sizeof(float), p->ln1_w, "ln1_weight", &c->ln1_w));
-    TRY(make_buffer(dev, E, sizeof(float), p->ln1_b, "ln1_bias", &c->ln1_b));
-    TRY(make_buffer(dev, F * E, sizeof(float), p->w_ff1, "w_ff1", &c->w_ff1));
-    TRY(make_buffer(dev, F, sizeof(float), p->b_ff1, "b_ff1", &c->b_ff1));
-    TRY(make_buffer(dev, E * F, sizeof(float), p->w_ff2, "w_ff2", &c->w_ff2));
-    TRY(make_buffer(dev, E, sizeof(float), p->b_ff2, "b_ff2", &c->b_ff2));
-    TRY(make_buffer(dev, E, sizeof(float), p->ln2_w, "ln2_weight", &c->ln2_w));
-    TRY(make_buffer(dev, E, sizeof(float), p->ln2_b, "ln2_bias", &c->ln2_b));
-    TRY(make_buffer(dev, N * E, sizeof(float), NULL, "the attention output", &c->a));
-    TRY(make_buffer(dev, N * E, sizeof(float), NULL, "the residual stream", &c->y));
-    if (p->d.norm_first) TRY(make_buffer(dev, N * E, sizeof(float), NULL, "the normalised inputs", &c->n));
-    TRY(make_buffer(dev, N * F, sizeof(float), NULL, "the feed-forward hidden layer", &c->h));
-    TRY(make_buffer(dev, N * E, sizeof(float), NULL, "the x staging buffer", &c->x_in));
+    TRY(clattn_buffer_new(dev, E, sizeof(float), p->ln1_w, "ln1_weight", &c->ln1_w));
+    TRY(clattn_buffer_new(dev, E, sizeof(float), p->ln1_b, "ln1_bias", &c->ln1_b));
+    TRY(clattn_buffer_new(dev, F * E, sizeof(float), p->w_ff1, "w_ff1", &c->w_ff1));
+    TRY(clattn_buffer_new(dev, F, sizeof(float), p->b_ff1, "b_ff1", &c->b_ff1));
+    TRY(clattn_buffer_new(dev, E * F, sizeof(float), p->w_ff2, "w_ff2", &c->w_ff2));
+    TRY(clattn_buffer_new(dev, E, sizeof(float), p->b_ff2, "b_ff2", &c->b_ff2));
+    TRY(clattn_buffer_new(dev, E, sizeof(float), p->ln2_w, "ln2_weight", &c->ln2_w));
+    TRY(clattn_buffer_new(dev, E, sizeof(float), p->ln2_b, "ln2_bias", &c->ln2_b));
+    TRY(clattn_buffer_new(dev, N * E, sizeof(float), NULL, "the attention output", &c->a));
+    TRY(clattn_buffer_new(dev, N * E, sizeof(float), NULL, "the residual stream", &c->y));
+    if (p->d.norm_first) TRY(clattn_buffer_new(dev, N * E, sizeof(float), NULL, "the normalised inputs", &c->n));
+    TRY(clattn_buffer_new(dev, N * F, sizeof(float), NULL, "the feed-forward hidden layer", &c->h));
+    TRY(clattn_buffer_new(dev, N * E, sizeof(float), NULL, "the x staging buffer", &c->x_in));
     if (p->d.attn.key_padding_mask)
-        TRY(make_buffer(dev, N, 1, NULL, "the key padding mask staging buffer", &c->kpm_in));
-    TRY(make_buffer(dev, N * E, sizeof(float), NULL, "the output staging buffer", &c->out_buf));
+        TRY(clattn_buffer_new(dev, N, 1, NULL, "the key padding mask staging buffer", &c->kpm_in));
+    TRY(clattn_buffer_new(dev, N * E, sizeof(float), NULL, "the output staging buffer", &c->out_buf));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -440,27 +410,6 @@ static clattn_status check_buffer(cl_mem m, size_t offset, size_t elems, size_t 
 
 /* ---------------------------------------------------------------- public API */
 
-/* A new LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`. */
-static float *linear_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
-{
-    float *w = clattn_malloc(rows_out * cols_in * sizeof *w);
-    if (!w) return NULL;
-    if (layout == CLATTN_LAYOUT_LINEAR) {
-        memcpy(w, src, rows_out * cols_in * sizeof *w);
-    } else { /* RAW is [in, out]: transpose */
-        for (size_t o = 0; o < rows_out; o++)
-            for (size_t i = 0; i < cols_in; i++) w[o * cols_in + i] = src[i * rows_out + o];
-    }
-    return w;
-}
-
-static float *vector_copy(const float *src, size_t n)
-{
-    float *v = clattn_malloc(n * sizeof *v);
-    if (v) memcpy(v, src, n * sizeof *v);
-    return v;
-}
-
 void clattn_encoder_plan_free(clattn_encoder_plan *plan)
 {
     if (!plan) return;
@@ -502,14 +451,14 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
     }
     const size_t E = p->E, F = p->F;
     const clattn_layout layout = d.attn.layout;
-    int oom = !(p->ln1_w = vector_copy(weights->ln1_weight, E));
-    oom |= !(p->ln1_b = vector_copy(weights->ln1_bias, E));
-    oom |= !(p->w_ff1 = linear_copy(weights->w_ff1, F, E, layout));
-    oom |= !(p->b_ff1 = vector_copy(weights->b_ff1, F));
-    oom |= !(p->w_ff2 = linear_copy(weights->w_ff2, E, F, layout));
-    oom |= !(p->b_ff2 = vector_copy(weights->b_ff2, E));
-    oom |= !(p->ln2_w = vector_copy(weights->ln2_weight, E));
-    oom |= !(p->ln2_b = vector_copy(weights->ln2_bias, E));
+    int oom = !(p->ln1_w = clattn_vector_copy(weights->ln1_weight, E));
+    oom |= !(p->ln1_b = clattn_vector_copy(weights->ln1_bias, E));
+    oom |= !(p->w_ff1 = clattn_weight_copy(weights->w_ff1, F, E, layout));
+    oom |= !(p->b_ff1 = clattn_vector_copy(weights->b_ff1, F));
+    oom |= !(p->w_ff2 = clattn_weight_copy(weights->w_ff2, E, F, layout));
+    oom |= !(p->b_ff2 = clattn_vector_copy(weights->b_ff2, E));
+    oom |= !(p->ln2_w = clattn_vector_copy(weights->ln2_weight, E));
+    oom |= !(p->ln2_b = clattn_vector_copy(weights->ln2_bias, E));
     if (oom) {
         clattn_encoder_plan_free(p);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the encoder weights");
@@ -586,13 +535,13 @@ clattn_status clattn_residual_layernorm_rows(clattn_device *dev, size_t rows, si
     ln_kernel l = {0};
     cl_mem bx = NULL, br = NULL, bb = NULL, bg = NULL, bbeta = NULL, bsum = NULL, bout = NULL;
     clattn_status st = ln_build(dev, E, r != NULL, bias != NULL, sum_out != NULL, row_cache, &l);
-    if (!st) st = make_buffer(dev, rows * E, sizeof(float), x, "x", &bx);
-    if (!st && r) st = make_buffer(dev, rows * E, sizeof(float), r, "r", &br);
-    if (!st && bias) st = make_buffer(dev, E, sizeof(float), bias, "bias", &bb);
-    if (!st) st = make_buffer(dev, E, sizeof(float), gamma, "gamma", &bg);
-    if (!st) st = make_buffer(dev, E, sizeof(float), beta, "beta", &bbeta);
-    if (!st && sum_out) st = make_buffer(dev, rows * E, sizeof(float), NULL, "sum", &bsum);
-    if (!st) st = make_buffer(dev, rows * E, sizeof(float), NULL, "out", &bout);
+    if (!st) st = clattn_buffer_new(dev, rows * E, sizeof(float), x, "x", &bx);
+    if (!st && r) st = clattn_buffer_new(dev, rows * E, sizeof(float), r, "r", &br);
+    if (!st && bias) st = clattn_buffer_new(dev, E, sizeof(float), bias, "bias", &bb);
+    if (!st) st = clattn_buffer_new(dev, E, sizeof(float), gamma, "gamma", &bg);
+    if (!st) st = clattn_buffer_new(dev, E, sizeof(float), beta, "beta", &bbeta);
+    if (!st && sum_out) st = clattn_buffer_new(dev, rows * E, sizeof(float), NULL, "sum", &bsum);
+    if (!st) st = clattn_buffer_new(dev, rows * E, sizeof(float), NULL, "out", &bout);
     if (!st)
         st = ln_enqueue(dev, &l, rows, E, (view){bx, 0}, (view){br, 0}, bb, bg, bbeta, (view){bsum, 0},
                         (view){bout, 0}, eps);
@@ -607,7 +556,7 @@ clattn_status clattn_residual_layernorm_rows(clattn_device *dev, size_t rows, si
         if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "reading the output failed (%d)", err);
     }
     cl_mem *mems[] = {&bx, &br, &bb, &bg, &bbeta, &bsum, &bout};
-    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) release_mem(mems[i]);
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     ln_release(&l);
     return st;
 }

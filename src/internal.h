@@ -20,6 +20,14 @@ cl_mem clattn_create_buffer(cl_context ctx, cl_mem_flags flags, size_t bytes, vo
  * buffer creation from now fail (0 = never). Not exported from the shared library. */
 void clattn_test_fail_nth_alloc(long host_n, long buffer_n);
 int clattn_test_alloc_fault_fired(void); /* did the armed failure happen? */
+/* A device buffer checked against the device's max allocation, named `what` in errors. */
+struct clattn_device;
+clattn_status clattn_buffer_new(const struct clattn_device *dev, size_t elems, size_t elem_size, const void *host,
+                                const char *what, cl_mem *out);
+void clattn_mem_release(cl_mem *m); /* release and NULL (NULL is fine) */
+/* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout` (plan.c); NULL if out of memory. */
+float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
+float *clattn_vector_copy(const float *src, size_t n);
 
 /* ---- size arithmetic that cannot wrap (plan.c) */
 int clattn_mul_overflows(size_t a, size_t b, size_t *out);

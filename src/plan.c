@@ -21,7 +21,7 @@ static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *out)
 }
 
 /* Copy a weight (rows_out, cols_in) given in `layout` into a new LINEAR [out, in] array. */
-static float *copy_weight(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
+float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
 {
     float *w = clattn_malloc(rows_out * cols_in * sizeof *w);
     if (!w) return NULL;
@@ -34,7 +34,7 @@ static float *copy_weight(const float *src, size_t rows_out, size_t cols_in, cla
     return w;
 }
 
-static float *copy_vector(const float *src, size_t n)
+float *clattn_vector_copy(const float *src, size_t n)
 {
     float *v = clattn_malloc(n * sizeof *v);
     if (v) memcpy(v, src, n * sizeof *v);
@@ -152,16 +152,16 @@ clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_d
     const size_t H = d.heads, dk = d.head_dim_qk, dv = d.head_dim_v;
     int oom = 0;
     if (has_qkv) {
-        oom |= !(p->w_query = copy_weight(weights->w_query, H * dk, d.embed, d.layout));
-        oom |= !(p->w_key = copy_weight(weights->w_key, H * dk, d.kv_embed, d.layout));
-        oom |= !(p->w_value = copy_weight(weights->w_value, H * dv, d.kv_embed, d.layout));
-        if (weights->b_query) oom |= !(p->b_query = copy_vector(weights->b_query, H * dk));
-        if (weights->b_key) oom |= !(p->b_key = copy_vector(weights->b_key, H * dk));
-        if (weights->b_value) oom |= !(p->b_value = copy_vector(weights->b_value, H * dv));
+        oom |= !(p->w_query = clattn_weight_copy(weights->w_query, H * dk, d.embed, d.layout));
+        oom |= !(p->w_key = clattn_weight_copy(weights->w_key, H * dk, d.kv_embed, d.layout));
+        oom |= !(p->w_value = clattn_weight_copy(weights->w_value, H * dv, d.kv_embed, d.layout));
+        if (weights->b_query) oom |= !(p->b_query = clattn_vector_copy(weights->b_query, H * dk));
+        if (weights->b_key) oom |= !(p->b_key = clattn_vector_copy(weights->b_key, H * dk));
+        if (weights->b_value) oom |= !(p->b_value = clattn_vector_copy(weights->b_value, H * dv));
     }
     if (has_out) {
-        oom |= !(p->w_out = copy_weight(weights->w_out, d.out_dim, H * dv, d.layout));
-        if (weights->b_out) oom |= !(p->b_out = copy_vector(weights->b_out, d.out_dim));
+        oom |= !(p->w_out = clattn_weight_copy(weights->w_out, d.out_dim, H * dv, d.layout));
+        if (weights->b_out) oom |= !(p->b_out = clattn_vector_copy(weights->b_out, d.out_dim));
     }
     if (oom) {
         clattn_plan_free(p);
