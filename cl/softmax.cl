@@ -112,3 +112,92 @@ void softmax_rows(__global float *s, ulong s_off,
         r[j] = w;
     }
 }
+
+/* The same function with one work-item per row, for CPU devices (PoCL and the
+ * like): there a work-group of WG items per row runs as a loop over the items
+ * around each barrier-free region, the strided j loops do not vectorise, and
+ * combine() costs two exp per score. Here each item walks its row contiguously:
+ *   pass 1: max (and a NaN flag) over the visible scores;
+ *   pass 2: e = exp(score - max), summed and stored in place (one exp per score);
+ *   pass 3: scale by 1/sum (then dropout), zeros for masked entries.
+ * Without key padding / attention masks and dropout the passes use float8 loads
+ * and, when causal, stop at the visible prefix (keys 0..i). Same results as
+ * softmax_rows: masked -> 0, a fully masked row -> 0, a NaN visible score -> NaN row. */
+__kernel void softmax_rows_item(__global float *s, ulong s_off,
+                                __global const uchar *kpm, ulong kpm_off,
+                                __global const mask_t *mask, ulong mask_off,
+                                uint Tq, uint Tk, uint H, ulong row0, ulong nrows,
+                                uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale)
+{
+    const ulong g = get_global_id(0);
+    if (g >= nrows) return;
+    const ulong row = row0 + g;
+    const uint i = (uint)(row % Tq);
+    const ulong bh = row / Tq;
+    const ulong b = bh / H;
+    __global float *r = s + s_off + (ulong)g * Tk;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+#if !KPM && MASK_KIND == 0 && !DROPOUT
+    const uint n = CAUSAL ? min(i + 1, Tk) : Tk;   /* visible keys 0 .. n-1 */
+    const uint n8 = n & ~7u;
+    float8 m8 = (float8)(-INFINITY);
+    int8 bad8 = (int8)(0);
+    for (uint j = 0; j < n8; j += 8) {
+        float8 v = vload8(0, r + j);
+        bad8 |= isnan(v);
+        m8 = fmax(m8, v);
+    }
+    float m = fmax(fmax(fmax(m8.s0, m8.s1), fmax(m8.s2, m8.s3)), fmax(fmax(m8.s4, m8.s5), fmax(m8.s6, m8.s7)));
+    int bad = any(bad8);
+    for (uint j = n8; j < n; j++) {
+        bad |= isnan(r[j]);
+        m = fmax(m, r[j]);
+    }
+    if (bad || m == -INFINITY) {
+        const float f = bad ? NAN : 0.0f;
+        for (uint j = 0; j < Tk; j++) r[j] = f;
+        return;
+    }
+    float8 s8 = (float8)(0.0f);
+    for (uint j = 0; j < n8; j += 8) {
+        float8 e = exp(vload8(0, r + j) - m);
+        s8 += e;
+        vstore8(e, 0, r + j);
+    }
+    float sum = ((s8.s0 + s8.s1) + (s8.s2 + s8.s3)) + ((s8.s4 + s8.s5) + (s8.s6 + s8.s7));
+    for (uint j = n8; j < n; j++) {
+        float e = exp(r[j] - m);
+        sum += e;
+        r[j] = e;
+    }
+    const float inv = 1.0f / sum;
+    for (uint j = 0; j < n8; j += 8) vstore8(vload8(0, r + j) * inv, 0, r + j);
+    for (uint j = n8; j < n; j++) r[j] *= inv;
+    for (uint j = n; j < Tk; j++) r[j] = 0.0f;
+#else
+    float m = -INFINITY;
+    int bad = 0;
+    for (uint j = 0; j < Tk; j++) {
+        float v = masked_score(r, j, i, b, Tk, kpm, mask);
+        bad |= isnan(v);
+        m = fmax(m, v);
+    }
+    float sum = 0.0f;
+    for (uint j = 0; j < Tk; j++) {
+        float v = masked_score(r, j, i, b, Tk, kpm, mask);
+        float e = bad || m == -INFINITY ? 0.0f : exp(v - m);
+        sum += e;
+        r[j] = e;
+    }
+    const float inv = 1.0f / sum;
+    for (uint j = 0; j < Tk; j++) {
+        float w = bad ? NAN : m == -INFINITY ? 0.0f : r[j] * inv;
+#if DROPOUT
+        const uint h = (uint)(bh % H);
+        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b, h, i, j, drop_threshold) ? w * keep_scale : 0.0f;
+#endif
+        r[j] = w;
+    }
+#endif
+}

@@ -23,7 +23,7 @@ typedef struct view { cl_mem mem; size_t off; } view;   /* a tensor: buffer + el
 struct clattn_cl_state {
     cl_program heads_prog, softmax_prog;
     cl_kernel k_split, k_merge, k_fill, k_softmax;
-    size_t softmax_wg;
+    size_t softmax_wg;            /* 0: k_softmax is softmax_rows_item, one work-item per row */
     size_t n_qkv;                 /* self: H*(2dk+dv) columns of the fused projection */
     size_t chunk;                 /* (b, h) pairs whose scores fit the score buffer at once */
     /* weights (LINEAR layout) */
@@ -104,6 +104,18 @@ static clattn_status build_kernels(struct clattn_plan *p)
         wg = pow2_at_most(kwg);
     }
     c->softmax_wg = wg;
+    /* CPU devices: one work-item per row (see softmax_rows_item); CLATTN_SOFTMAX=rows|item overrides */
+    cl_device_type type = 0;
+    clGetDeviceInfo(p->device->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    const char *pick = getenv("CLATTN_SOFTMAX");
+    int per_item = pick && *pick ? strcmp(pick, "item") == 0 : (type & CL_DEVICE_TYPE_CPU) != 0;
+    if (per_item) {
+        cl_kernel k = clCreateKernel(c->softmax_prog, "softmax_rows_item", &err);
+        CL_CHECK(err, "clCreateKernel (softmax_rows_item)");
+        clReleaseKernel(c->k_softmax);
+        c->k_softmax = k;
+        c->softmax_wg = 0;
+    }
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -338,11 +350,20 @@ static clattn_status softmax(struct clattn_plan *p, view s, size_t row0, size_t 
     e |= clSetKernelArg(k, 7, sizeof Tk, &Tk);
     e |= clSetKernelArg(k, 8, sizeof H, &H);
     e |= clSetKernelArg(k, 9, sizeof row0_64, &row0_64);
-    e |= clSetKernelArg(k, 10, sizeof seed_lo, &seed_lo);
-    e |= clSetKernelArg(k, 11, sizeof seed_hi, &seed_hi);
-    e |= clSetKernelArg(k, 12, sizeof threshold, &threshold);
-    e |= clSetKernelArg(k, 13, sizeof keep_scale, &keep_scale);
+    cl_uint a = 10;
+    cl_ulong nrows = rows;
+    if (c->softmax_wg == 0) e |= clSetKernelArg(k, a++, sizeof nrows, &nrows);
+    e |= clSetKernelArg(k, a++, sizeof seed_lo, &seed_lo);
+    e |= clSetKernelArg(k, a++, sizeof seed_hi, &seed_hi);
+    e |= clSetKernelArg(k, a++, sizeof threshold, &threshold);
+    e |= clSetKernelArg(k, a++, sizeof keep_scale, &keep_scale);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting softmax_rows arguments failed");
+    if (c->softmax_wg == 0) { /* one work-item per row, the driver picks the work-group size */
+        size_t global = rows;
+        CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, NULL, 0, NULL, NULL),
+                 "enqueue softmax_rows_item");
+        return CLATTN_STATUS_SUCCESS;
+    }
     size_t local = c->softmax_wg, global = rows * local;
     CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
              "enqueue softmax_rows");
