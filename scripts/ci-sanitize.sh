@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# scripts/ci-sanitize.sh: the sanitizer stage of CI (.ci/run calls it after the tests).
+#
+# Configures ./build-asan (Debug, -DCLATTN_SANITIZE=ON: AddressSanitizer + UBSan, UBSan
+# not recoverable), builds it and runs the whole ctest suite there. Every test case runs
+# on `ref` and on the OpenCL device ($CLATTN_TEST_DEVICE, default "opencl": PoCL on a
+# machine without a GPU), so one pass covers both. Fails on a failing test or on any
+# sanitizer report from any process (test binaries, Criterion's test processes, the CLI).
+#
+#   bash scripts/ci-sanitize.sh          # from the repository root or anywhere
+# Environment: BUILD_DIR (default build-asan), CLATTN_TEST_DEVICE, CTEST_ARGS (extra
+# arguments to ctest, e.g. "-R test_robust").
+#
+# How the sanitizers are set up, and why:
+#  - Criterion runs every test in its own process. LeakSanitizer does run when such a
+#    process exits (Criterion 2.4's --no-early-exit is a no-op: the workers always return
+#    from main), but by then the test has reported PASS, and Criterion ignores the exit
+#    status LeakSanitizer sets: a leak would only be printed. abort_on_error=1 makes the
+#    report end in SIGABRT instead, which Criterion reports as "crashed during its setup or
+#    teardown" and counts in its exit status. Checked with a deliberately leaking test.
+#  - log_path sends every report (ASan, LSan, UBSan) of every process to
+#    $BUILD_DIR/sanitizer-logs/<tool>.<pid>; the script fails if any of them holds a report
+#    (files that only list the suppressions used are shown, not failures). This also
+#    catches processes whose status nobody checks.
+#  - Suppressions (tests/lsan.supp): PoCL and the LLVM it compiles kernels with keep
+#    allocations to the end of the process when they compile a kernel that is not in
+#    PoCL's kernel cache yet. Nothing of clattn is suppressed. tests/ubsan.supp is empty:
+#    only clattn is instrumented.
+#  - No other option is needed for ASan + PoCL (Debian 12: pocl 3.1, LLVM 15, ocl-icd 2.3,
+#    CLBlast 1.5.3): PoCL loads uninstrumented libraries only, so detect_odr_violation and
+#    alloc_dealloc_mismatch stay at their defaults. Checked with a cold PoCL cache
+#    (POCL_CACHE_DIR pointing to an empty directory), where PoCL runs LLVM in-process.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+start=$(date +%s)
+build=${BUILD_DIR:-build-asan}
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCLATTN_SANITIZE=ON >/dev/null
+cmake --build "$build" -j"$(nproc)"
+built=$(date +%s)
+
+logs=$root/$build/sanitizer-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan"
+export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=1"
+export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:suppressions=$root/tests/ubsan.supp:log_path=$logs/ubsan"
+export CLATTN_TEST_DEVICE=${CLATTN_TEST_DEVICE:-opencl}
+echo "sanitize: ASAN_OPTIONS=$ASAN_OPTIONS"
+echo "sanitize: LSAN_OPTIONS=$LSAN_OPTIONS"
+echo "sanitize: UBSAN_OPTIONS=$UBSAN_OPTIONS"
+"$build/clattn" devices
+
+rc=0
+# shellcheck disable=SC2086
+ctest --test-dir "$build" --output-on-failure ${CTEST_ARGS:-} || rc=$?
+
+reports=0
+for f in "$logs"/*; do
+  [ -f "$f" ] || continue
+  if grep -q -E 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|SUMMARY: ' "$f"; then
+    reports=$((reports + 1))
+    echo "sanitize: ---- report in $f"
+    cat "$f"
+  fi
+done
+used=$(cat "$logs"/* 2>/dev/null | awk '/Suppressions used:/ {on = 1; next} on && NF == 3 && $1 ~ /^[0-9]+$/ {n[$3] += $1; b[$3] += $2} /^-+$/ {on = 0} END {for (k in n) printf "%s: %d allocations, %d bytes; ", k, n[k], b[k]}')
+if [ -n "$used" ]; then echo "sanitize: suppressed at exit (tests/lsan.supp): $used"; fi
+
+echo "sanitize: build $((built - start)) s, tests $(( $(date +%s) - built )) s"
+if [ "$reports" -ne 0 ]; then
+  echo "sanitize: $reports sanitizer report(s), see above" >&2
+  rc=1
+fi
+if [ "$rc" -ne 0 ]; then
+  echo "sanitize: FAILED" >&2
+  exit "$rc"
+fi
+echo "sanitize: no failing test and no sanitizer report"

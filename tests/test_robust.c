@@ -1,0 +1,1283 @@
+/* test_robust.c: robustness of the public API (issue 5).
+ *   leaks      1000 plans created, executed and freed leave host memory and the OpenCL
+ *              objects of the caller's context where they were
+ *   threads    plans used concurrently from two threads (one device, two devices) give the
+ *              reference's results
+ *   nonfinite  NaN and +-Inf inputs: no crash, the README's propagation, on ref and OpenCL
+ *   dims       zero, one and inconsistent dimensions, bad dropout and scale, fully masked rows
+ *   nulls      NULL for every pointer argument of every public function: a status, never a
+ *              crash, outputs untouched
+ * CLATTN_ROBUST_PLANS overrides the 1000 plans of the leak loop (for quick local runs). */
+#include "testutil.h"
+
+#include <clblast_c.h>
+#include <criterion/criterion.h>
+#include <malloc.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ROBUST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ROBUST_ASAN 1
+#endif
+#endif
+#ifndef ROBUST_ASAN
+#define ROBUST_ASAN 0
+#endif
+
+/* ------------------------------------------------------------------ a test problem */
+
+/* One attention problem: a description, weights and inputs, all random but reproducible. */
+typedef struct tcase {
+    clattn_attention_desc d;
+    size_t B, Tq, Tk, E, Ekv, H, dk, dv, Eo;
+    float *wq, *wk, *wv, *bq, *bk, *bv, *wo, *bo;
+    float *x, *kv;
+    uint8_t *kpm;
+    void *mask;
+    size_t n_x, n_kv, n_out, n_attn, n_mask;
+    clattn_attention_weights w;
+} tcase;
+
+enum { TC_QKV = 1, TC_BIAS = 2, TC_OUT = 4, TC_OUT_BIAS = 8 };
+
+/* d: the description (its defaults resolved here as the library does); what: TC_* flags. */
+static void tcase_init(tcase *c, clattn_attention_desc d, int what, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    tu_rng r = {seed};
+    c->d = d;
+    c->B = d.batch, c->Tq = d.seq_q, c->E = d.embed, c->H = d.heads;
+    c->Tk = d.cross ? d.seq_kv : d.seq_q;
+    c->Ekv = d.cross && d.kv_embed ? d.kv_embed : d.embed;
+    c->dk = (what & TC_QKV) ? d.head_dim_qk : d.embed / d.heads;
+    c->dv = (what & TC_QKV) && d.head_dim_v ? d.head_dim_v : c->dk;
+    c->Eo = (what & TC_OUT) ? d.out_dim : c->H * c->dv;
+    const size_t H = c->H, dk = c->dk, dv = c->dv;
+    if (what & TC_QKV) {
+        c->w.w_query = c->wq = tu_random(&r, H * dk * c->E, -0.5f, 0.5f);
+        c->w.w_key = c->wk = tu_random(&r, H * dk * c->Ekv, -0.5f, 0.5f);
+        c->w.w_value = c->wv = tu_random(&r, H * dv * c->Ekv, -0.5f, 0.5f);
+        if (what & TC_BIAS) {
+            c->w.b_query = c->bq = tu_random(&r, H * dk, -0.5f, 0.5f);
+            c->w.b_key = c->bk = tu_random(&r, H * dk, -0.5f, 0.5f);
+            c->w.b_value = c->bv = tu_random(&r, H * dv, -0.5f, 0.5f);
+        }
+    }
+    if (what & TC_OUT) {
+        c->w.w_out = c->wo = tu_random(&r, c->Eo * H * dv, -0.5f, 0.5f);
+        if (what & TC_OUT_BIAS) c->w.b_out = c->bo = tu_random(&r, c->Eo, -0.5f, 0.5f);
+    }
+    c->n_x = c->B * c->Tq * c->E;
+    c->n_kv = c->B * c->Tk * c->Ekv;
+    c->n_out = c->B * c->Tq * c->Eo;
+    c->n_attn = c->B * H * c->Tq * c->Tk;
+    c->n_mask = c->Tq * c->Tk;
+    c->x = tu_random(&r, c->n_x, -1, 1);
+    if (d.cross) c->kv = tu_random(&r, c->n_kv, -1, 1);
+    if (d.key_padding_mask) {
+        c->kpm = malloc(c->B * c->Tk);
+        for (size_t i = 0; i < c->B * c->Tk; i++) c->kpm[i] = tu_next(&r) % 4 == 0;
+    }
+    if (d.attn_mask == CLATTN_MASK_BOOL) {
+        uint8_t *m = malloc(c->n_mask);
+        for (size_t i = 0; i < c->n_mask; i++) m[i] = tu_next(&r) % 4 == 0;
+        c->mask = m;
+    } else if (d.attn_mask == CLATTN_MASK_FLOAT) {
+        float *m = malloc(c->n_mask * sizeof *m);
+        for (size_t i = 0; i < c->n_mask; i++) m[i] = tu_next(&r) % 5 == 0 ? -INFINITY : tu_uniform(&r, -1, 1);
+        c->mask = m;
+    }
+}
+
+static void tcase_free(tcase *c)
+{
+    free(c->wq); free(c->wk); free(c->wv); free(c->bq); free(c->bk); free(c->bv); free(c->wo); free(c->bo);
+    free(c->x); free(c->kv); free(c->kpm); free(c->mask);
+    memset(c, 0, sizeof *c);
+}
+
+static clattn_attention_args tcase_args(const tcase *c, float *out, float *attn)
+{
+    return (clattn_attention_args){.x = c->x, .kv = c->kv, .key_padding_mask = c->kpm, .attn_mask = c->mask,
+                                   .out = out, .attn = attn};
+}
+
+/* Plan, execute once, free. Returns the first failing status (and keeps clattn_last_error). */
+static clattn_status tcase_run(clattn_device *dev, const tcase *c, float *out, float *attn)
+{
+    clattn_plan *plan = NULL;
+    clattn_status st = clattn_plan_create(dev, &c->d, &c->w, &plan);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+    clattn_attention_args a = tcase_args(c, out, attn);
+    st = clattn_plan_execute(plan, &a);
+    clattn_plan_free(plan);
+    return st;
+}
+
+static clattn_device *open_cl(void)
+{
+    clattn_device *dev = tu_open_opencl();
+    cr_assert(dev, "no OpenCL device: %s", clattn_last_error());
+    return dev;
+}
+
+/* ------------------------------------------------------------------ leaks */
+
+static size_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Bytes of heap in use (glibc's arenas); 0 when malloc is not glibc's (AddressSanitizer). */
+static size_t heap_bytes(void)
+{
+    if (ROBUST_ASAN) return 0;
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static cl_uint context_refs(cl_context ctx)
+{
+    cl_uint n = 0;
+    cr_assert_eq(clGetContextInfo(ctx, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL), CL_SUCCESS);
+    return n;
+}
+
+static cl_uint queue_refs(cl_command_queue q)
+{
+    cl_uint n = 0;
+    cr_assert_eq(clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof n, &n, NULL), CL_SUCCESS);
+    return n;
+}
+
+/* Does this OpenCL implementation count a buffer and a program in the context's reference
+ * count, and an event in its queue's? (PoCL does; the spec leaves it open.) */
+static int refcounts_track_objects(cl_context ctx, cl_command_queue q)
+{
+    cl_int err;
+    cl_uint c0 = context_refs(ctx), q0 = queue_refs(q);
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    int ok = context_refs(ctx) == c0 + 1;
+    clReleaseMemObject(m);
+    ok &= context_refs(ctx) == c0;
+    const char *src = "__kernel void k(__global float *a) { a[0] = 1.0f; }";
+    cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    ok &= context_refs(ctx) == c0 + 1;
+    clReleaseProgram(p);
+    ok &= context_refs(ctx) == c0;
+    cl_event ev = NULL;
+    cr_assert_eq(clEnqueueMarkerWithWaitList(q, 0, NULL, &ev), CL_SUCCESS);
+    clFinish(q);
+    ok &= queue_refs(q) == q0 + 1;
+    clReleaseEvent(ev);
+    ok &= queue_refs(q) == q0;
+    return ok;
+}
+
+/* The shapes the leak loop cycles through: each backend path, masks, dropout, profiling,
+ * execution from host arrays and from buffers (with a returned event). */
+#define N_LOOP_CASES 4
+static void loop_cases(tcase cs[N_LOOP_CASES])
+{
+    tcase_init(&cs[0], (clattn_attention_desc){.batch = 2, .seq_q = 5, .embed = 8, .heads = 2, .head_dim_qk = 3,
+                                               .head_dim_v = 2, .out_dim = 6, .key_padding_mask = 1},
+               TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 11);
+    tcase_init(&cs[1], (clattn_attention_desc){.batch = 1, .seq_q = 4, .cross = 1, .seq_kv = 7, .embed = 6,
+                                               .kv_embed = 5, .heads = 3, .head_dim_qk = 2,
+                                               .attn_mask = CLATTN_MASK_FLOAT, .dropout = 0.25f, .seed = 9},
+               TC_QKV, 12);
+    tcase_init(&cs[2], (clattn_attention_desc){.batch = 3, .seq_q = 6, .embed = 4, .heads = 2, .causal = 1,
+                                               .attn_mask = CLATTN_MASK_BOOL},
+               0, 13);
+    tcase_init(&cs[3], (clattn_attention_desc){.batch = 2, .seq_q = 3, .embed = 5, .heads = 1}, 0, 14);
+}
+
+/* One iteration: plan, a host execution, a buffer execution (OpenCL), a failing plan, free. */
+static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *attn)
+{
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &c->d, &c->w, &plan), CLATTN_STATUS_SUCCESS, "plan %d: %s", k,
+                 clattn_last_error());
+    const int profiling = k % 2;
+    cr_assert_eq(clattn_plan_set_profiling(plan, profiling), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_args a = tcase_args(c, out, k % 3 == 0 ? attn : NULL);
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "execute %d: %s", k, clattn_last_error());
+    if (profiling) {
+        double ms[CLATTN_STAGE_COUNT];
+        cr_assert_eq(clattn_plan_stage_times(plan, ms), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    }
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && k % 4 == 1) {
+        cl_context ctx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        cl_int err;
+        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_x * 4, c->x, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+        cl_mem bkv = c->kv ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_kv * 4, c->kv, &err)
+                           : NULL;
+        cl_mem bkpm = c->kpm ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->B * c->Tk, c->kpm,
+                                              &err) : NULL;
+        size_t mask_bytes = c->n_mask * (c->d.attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
+        cl_mem bmask = c->mask ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c->mask,
+                                                &err) : NULL;
+        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c->n_out * 4, NULL, &err);
+        cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c->n_attn * 4, NULL, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+        clattn_attention_buffers b = {.x = {bx, 0}, .kv = {bkv, 0}, .key_padding_mask = {bkpm, 0},
+                                      .attn_mask = {bmask, 0}, .out = {bout, 0}, .attn = {battn, 0}};
+        cl_event ev = NULL;
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, &ev), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(clEnqueueReadBuffer(q, bout, CL_TRUE, 0, c->n_out * 4, out, 1, &ev, NULL), CL_SUCCESS);
+        clReleaseEvent(ev);
+        cl_mem all[] = {bx, bkv, bkpm, bmask, bout, battn};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]) clReleaseMemObject(all[i]);
+    }
+    clattn_plan_free(plan);
+
+    /* failure paths release what they made: a score matrix beyond the device's max
+     * allocation (OpenCL: fails after the plan state exists) and a validation failure */
+    clattn_attention_desc big = {.batch = 1, .seq_q = (size_t)1 << 20, .embed = 1, .heads = 1};
+    plan = (clattn_plan *)(uintptr_t)1;
+    clattn_status st = clattn_plan_create(dev, &big, NULL, &plan);
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
+        cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
+    if (st == CLATTN_STATUS_SUCCESS) clattn_plan_free(plan);
+    else cr_assert_null(plan);
+    clattn_attention_desc bad = c->d;
+    bad.dropout = 2.0f;
+    cr_assert_eq(clattn_plan_create(dev, &bad, &c->w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+}
+
+static long loop_count(void)
+{
+    const char *s = getenv("CLATTN_ROBUST_PLANS");
+    long n = s && *s ? strtol(s, NULL, 10) : 1000;
+    return n > 0 ? n : 1000;
+}
+
+typedef struct loop_cl {
+    cl_device_id id;
+    cl_context ctx;
+    cl_command_queue q;
+    clattn_device *dev;
+    cl_uint ctx_refs, q_refs;   /* before clattn_device_from_queue */
+} loop_cl;
+
+/* Our own context and queue, and a clattn device on them. */
+static void loop_cl_open(loop_cl *l, cl_device_id id)
+{
+    cl_int err;
+    l->id = id;
+    l->ctx = clCreateContext(NULL, 1, &id, NULL, NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    l->q = clCreateCommandQueue(l->ctx, id, CL_QUEUE_PROFILING_ENABLE, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    l->ctx_refs = context_refs(l->ctx);
+    l->q_refs = queue_refs(l->q);
+    cr_assert_eq(clattn_device_from_queue(l->q, &l->dev), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+}
+
+/* Free the clattn device; with track, check that only our own references remain. */
+static void loop_cl_close(loop_cl *l, int track)
+{
+    clattn_device_free(l->dev);
+    /* CLBlast keeps its compiled programs (which retain the context) until its cache is cleared */
+    CLBlastClearCache();
+    if (track) {
+        cr_assert_eq(context_refs(l->ctx), l->ctx_refs, "after clattn_device_free: context references %u, "
+                     "expected %u", context_refs(l->ctx), l->ctx_refs);
+        cr_assert_eq(queue_refs(l->q), l->q_refs, "after clattn_device_free: queue references %u, expected %u",
+                     queue_refs(l->q), l->q_refs);
+    }
+    clReleaseCommandQueue(l->q);
+    clReleaseContext(l->ctx);
+}
+
+static void run_plans(clattn_device *dev, tcase cs[N_LOOP_CASES], long n, float *out, float *attn)
+{
+    for (long k = 0; k < n; k++) loop_once(dev, &cs[k % N_LOOP_CASES], (int)k, out, attn);
+}
+
+/* On a device wrapping our own context and queue: after 20 warm-up plans, 1000 more leave the
+ * context's and the queue's reference counts where they were (every buffer and program
+ * retains the context in PoCL, every event the queue: checked first on this platform), and
+ * after the context is gone the heap is where it was before it was made.
+ * (PoCL keeps about 1 KB per program build in the context until the context is released,
+ * also with plain OpenCL calls, so the heap is compared across the context's whole life.
+ * The first round warms up what lives as long as the process: PoCL's device, LLVM,
+ * CLBlast's tables.) */
+Test(leaks, plan_loop_opencl, .timeout = 1500)
+{
+    clattn_device *probe = open_cl();
+    cl_device_id id = NULL;
+    cr_assert_eq(clGetCommandQueueInfo(clattn_device_queue(probe), CL_QUEUE_DEVICE, sizeof id, &id, NULL),
+                 CL_SUCCESS);
+    clattn_device_free(probe);
+    tcase cs[N_LOOP_CASES];
+    loop_cases(cs);
+    float *out = malloc(4096 * sizeof *out), *attn = malloc(4096 * sizeof *attn);
+    const long n = loop_count(), warmup = 20;
+
+    loop_cl l;
+    loop_cl_open(&l, id);
+    const int track = refcounts_track_objects(l.ctx, l.q);
+    if (!track)
+        cr_log_warn("this OpenCL implementation does not count buffers/programs/events in the context's and "
+                    "queue's reference counts: checking host memory only");
+    run_plans(l.dev, cs, warmup, out, attn);
+    loop_cl_close(&l, track);
+
+    const size_t heap0 = heap_bytes(), rss0 = rss_bytes();
+    loop_cl_open(&l, id);
+    run_plans(l.dev, cs, warmup, out, attn);
+    const cl_uint ctx0 = context_refs(l.ctx), q0 = queue_refs(l.q);
+    const size_t heap_in0 = heap_bytes();
+    run_plans(l.dev, cs, n, out, attn);
+    const size_t heap_in1 = heap_bytes();
+    if (track) {
+        cr_assert_eq(context_refs(l.ctx), ctx0, "%ld plans: the context's reference count went from %u to %u: "
+                     "buffers or programs were not released", n, ctx0, context_refs(l.ctx));
+        cr_assert_eq(queue_refs(l.q), q0, "%ld plans: the queue's reference count went from %u to %u: events "
+                     "were not released", n, q0, queue_refs(l.q));
+    }
+    loop_cl_close(&l, track);
+    const size_t heap1 = heap_bytes(), rss1 = rss_bytes();
+    cr_log_info("%ld plans on %s: heap %+ld KiB while the context lived, %+ld KiB after; RSS %+ld KiB", n,
+                "the OpenCL device", ((long)heap_in1 - (long)heap_in0) / 1024,
+                ((long)heap1 - (long)heap0) / 1024, ((long)rss1 - (long)rss0) / 1024);
+    /* Slack: PoCL's LLVM keeps some bytes per program build for the whole process
+     * (llvm::sys::RemoveFileOnSignal entries): about 115 KiB for 1000 plans here. A leaked
+     * plan is >= 1 KB (plan, OpenCL state, weight copies). Under AddressSanitizer, malloc is
+     * not glibc's and freed memory sits in a quarantine: LeakSanitizer checks at exit instead. */
+    if (!ROBUST_ASAN) {
+        const size_t heap_slack = (size_t)n * 256 + (128 << 10), rss_slack = 16 << 20;
+        cr_assert(heap1 <= heap0 + heap_slack, "%ld plans: the heap grew by %zu bytes (from %zu to %zu)", n,
+                  heap1 - heap0, heap0, heap1);
+        cr_assert(rss1 <= rss0 + rss_slack, "%ld plans: RSS grew by %zu KiB (from %zu KiB to %zu KiB)", n,
+                  (rss1 - rss0) >> 10, rss0 >> 10, rss1 >> 10);
+    }
+    for (int i = 0; i < N_LOOP_CASES; i++) tcase_free(&cs[i]);
+    free(out);
+    free(attn);
+}
+
+/* On ref there is no context: the heap does not grow at all over 1000 plans. */
+Test(leaks, plan_loop_ref, .timeout = 600)
+{
+    clattn_device *dev = tu_open_ref();
+    tcase cs[N_LOOP_CASES];
+    loop_cases(cs);
+    float *out = malloc(4096 * sizeof *out), *attn = malloc(4096 * sizeof *attn);
+    run_plans(dev, cs, 20, out, attn);
+    const size_t heap0 = heap_bytes(), rss0 = rss_bytes();
+    const long n = loop_count();
+    run_plans(dev, cs, n, out, attn);
+    const size_t heap1 = heap_bytes(), rss1 = rss_bytes();
+    cr_log_info("%ld plans on ref: heap %+ld KiB, RSS %+ld KiB", n, ((long)heap1 - (long)heap0) / 1024,
+                ((long)rss1 - (long)rss0) / 1024);
+    if (!ROBUST_ASAN) {
+        cr_assert(heap1 <= heap0 + (16 << 10), "%ld plans: the heap grew by %zu bytes", n, heap1 - heap0);
+        cr_assert(rss1 <= rss0 + (1 << 20), "%ld plans: RSS grew by %zu KiB", n, (rss1 - rss0) >> 10);
+    }
+    for (int i = 0; i < N_LOOP_CASES; i++) tcase_free(&cs[i]);
+    free(out);
+    free(attn);
+    clattn_device_free(dev);
+}
+
+/* Opening and freeing devices leaves nothing behind either. */
+Test(leaks, device_open_free)
+{
+    for (int k = 0; k < 5; k++) {
+        clattn_device *dev = open_cl();
+        clattn_device_free(dev);
+    }
+    size_t rss0 = rss_bytes(), heap0 = heap_bytes();
+    for (int k = 0; k < 50; k++) {
+        clattn_device *dev = open_cl(), *ref = tu_open_ref();
+        clattn_device_free(dev);
+        clattn_device_free(ref);
+    }
+    size_t rss1 = rss_bytes(), heap1 = heap_bytes();
+    if (!ROBUST_ASAN) {
+        cr_assert(heap1 <= heap0 + (64 << 10), "50 devices: heap grew by %zu bytes", heap1 - heap0);
+        cr_assert(rss1 <= rss0 + (4 << 20), "50 devices: RSS grew by %zu KiB", (rss1 - rss0) >> 10);
+    }
+}
+
+/* ------------------------------------------------------------------ threads */
+
+typedef struct worker {
+    clattn_device *dev;
+    tcase *c;
+    const float *ref_out, *ref_attn;
+    int iterations;
+    pthread_barrier_t *start;   /* both plans made: the first executions start together */
+    /* results, checked by the main thread (Criterion's asserts belong to the test's thread) */
+    int failures;
+    char msg[512];
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    tcase *c = w->c;
+    clattn_plan *plan = NULL;
+    clattn_status st = clattn_plan_create(w->dev, &c->d, &c->w, &plan);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        snprintf(w->msg, sizeof w->msg, "plan: %s", clattn_last_error());
+        w->failures++;
+    }
+    pthread_barrier_wait(w->start);
+    if (st != CLATTN_STATUS_SUCCESS) return NULL;
+    float *out = malloc(c->n_out * sizeof *out), *attn = malloc(c->n_attn * sizeof *attn);
+    for (int it = 0; it < w->iterations; it++) {
+        for (size_t i = 0; i < c->n_out; i++) out[i] = NAN;
+        for (size_t i = 0; i < c->n_attn; i++) attn[i] = NAN;
+        clattn_attention_args a = tcase_args(c, out, attn);
+        st = clattn_plan_execute(plan, &a);
+        char m[256];
+        if (st != CLATTN_STATUS_SUCCESS) {
+            if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, clattn_last_error());
+        } else if (tu_compare(out, w->ref_out, c->n_out, TU_ATOL, TU_RTOL, m, sizeof m) ||
+                   tu_compare(attn, w->ref_attn, c->n_attn, TU_ATOL, TU_RTOL, m, sizeof m)) {
+            if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, m);
+        }
+        /* the error detail is per thread: a failure here is not seen by the other thread */
+        if (it % 10 == 0) {
+            clattn_attention_desc bad = c->d;
+            bad.scale = NAN;
+            clattn_plan *p2 = NULL;
+            if (clattn_plan_create(w->dev, &bad, &c->w, &p2) != CLATTN_STATUS_INVALID_ARGUMENT ||
+                !strstr(clattn_last_error(), "scale")) {
+                if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: bad scale not reported", it);
+            }
+        }
+    }
+    free(out);
+    free(attn);
+    clattn_plan_free(plan);
+    return NULL;
+}
+
+/* Two problems of different shapes and their reference results, computed on ref. */
+typedef struct pair {
+    tcase c[2];
+    float *ref_out[2], *ref_attn[2];
+} pair;
+
+static void pair_init(pair *p)
+{
+    tcase_init(&p->c[0], (clattn_attention_desc){.batch = 2, .seq_q = 17, .embed = 12, .heads = 3,
+                                                 .head_dim_qk = 4, .out_dim = 12, .causal = 1,
+                                                 .key_padding_mask = 1},
+               TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 21);
+    tcase_init(&p->c[1], (clattn_attention_desc){.batch = 3, .seq_q = 9, .cross = 1, .seq_kv = 23, .embed = 8,
+                                                 .kv_embed = 10, .heads = 2, .head_dim_qk = 5, .head_dim_v = 3,
+                                                 .attn_mask = CLATTN_MASK_FLOAT, .dropout = 0.2f, .seed = 77},
+               TC_QKV, 22);
+    clattn_device *ref = tu_open_ref();
+    for (int k = 0; k < 2; k++) {
+        p->ref_out[k] = malloc(p->c[k].n_out * sizeof(float));
+        p->ref_attn[k] = malloc(p->c[k].n_attn * sizeof(float));
+        cr_assert_eq(tcase_run(ref, &p->c[k], p->ref_out[k], p->ref_attn[k]), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+    }
+    clattn_device_free(ref);
+}
+
+static void pair_free(pair *p)
+{
+    for (int k = 0; k < 2; k++) {
+        free(p->ref_out[k]);
+        free(p->ref_attn[k]);
+        tcase_free(&p->c[k]);
+    }
+}
+
+/* Thread k runs problem k on dev[k]; returns the number of failures, the first described in msg. */
+static int two_threads(pair *p, clattn_device *dev_a, clattn_device *dev_b, int iterations, char *msg,
+                       size_t len)
+{
+    pthread_barrier_t start;
+    if (pthread_barrier_init(&start, NULL, 2) != 0) return snprintf(msg, len, "pthread_barrier_init"), 1;
+    worker w[2];
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++)
+        w[k] = (worker){.dev = k ? dev_b : dev_a, .c = &p->c[k], .ref_out = p->ref_out[k],
+                        .ref_attn = p->ref_attn[k], .iterations = iterations, .start = &start};
+    if (pthread_create(&t[0], NULL, worker_main, &w[0]) != 0) return snprintf(msg, len, "pthread_create"), 1;
+    if (pthread_create(&t[1], NULL, worker_main, &w[1]) != 0) abort(); /* thread 0 waits at the barrier */
+    pthread_join(t[0], NULL);
+    pthread_join(t[1], NULL);
+    pthread_barrier_destroy(&start);
+    msg[0] = '\0';
+    for (int k = 1; k >= 0; k--)
+        if (w[k].failures) snprintf(msg, len, "thread %c: %d failures; first: %s", 'A' + k, w[k].failures, w[k].msg);
+    return w[0].failures + w[1].failures;
+}
+
+/* One execution of a small plan with projections, so that CLBlast has run in this process. */
+static void warm_up(clattn_device *dev)
+{
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 1, .seq_q = 3, .embed = 4, .heads = 2, .head_dim_qk = 2,
+                                           .out_dim = 4},
+               TC_QKV | TC_OUT, 23);
+    float out[12];
+    cr_assert_eq(tcase_run(dev, &c, out, NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_free(&c);
+}
+
+/* Steady state: after a first execution in this process, two threads with a plan each, on one
+ * device or on two, 50 executions each, every result equal to the reference. */
+static void steady_state(clattn_device *a, clattn_device *b)
+{
+    pair p;
+    pair_init(&p);
+    if (clattn_device_backend(a) == CLATTN_BACKEND_OPENCL) warm_up(a);
+    char msg[600];
+    int failures = two_threads(&p, a, b, 50, msg, sizeof msg);
+    cr_assert_eq(failures, 0, "%s", msg);
+    pair_free(&p);
+}
+
+Test(threads, one_opencl_device_two_plans, .timeout = 600)
+{
+    clattn_device *dev = open_cl();
+    steady_state(dev, dev);
+    clattn_device_free(dev);
+}
+
+Test(threads, two_opencl_devices_same_spec, .timeout = 600)
+{
+    clattn_device *a = open_cl(), *b = open_cl();
+    steady_state(a, b);
+    clattn_device_free(a);
+    clattn_device_free(b);
+}
+
+Test(threads, ref_device_two_plans)
+{
+    clattn_device *dev = tu_open_ref();
+    steady_state(dev, dev);
+    clattn_device_free(dev);
+}
+
+/* Cold start: in a fresh process, two threads make their plans and start executing at the same
+ * moment, so the process's first CLBlast calls come from two threads at once. CLBlast 1.5.3
+ * initialises a static table on first use without a lock (clblast::Database::Database), so
+ * clattn has to serialise that first use itself. Each trial is a fork of this test process
+ * made before it touches OpenCL; the race is narrow, hence many trials. */
+Test(threads, cold_start_two_threads, .timeout = 600)
+{
+    pair p;
+    pair_init(&p);
+    const int trials = 24;
+    int failed = 0;
+    for (int t = 0; t < trials; t++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert_neq(pid, -1, "fork");
+        if (pid == 0) {
+            clattn_device *dev = tu_open_opencl();
+            if (!dev) _exit(3);
+            char msg[600];
+            int failures = two_threads(&p, dev, dev, 2, msg, sizeof msg);
+            if (failures) fprintf(stderr, "cold start trial %d: %s\n", t, msg);
+            clattn_device_free(dev);
+            _exit(failures ? 1 : 0);  /* not exit(): Criterion's handlers belong to the parent */
+        }
+        int status = 0;
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            failed++;
+            if (WIFSIGNALED(status))
+                fprintf(stderr, "cold start trial %d: killed by signal %d\n", t, WTERMSIG(status));
+        }
+    }
+    cr_assert_eq(failed, 0, "%d of %d cold starts failed (details on stderr): concurrent first executions in a "
+                 "process are not safe", failed, trials);
+    pair_free(&p);
+}
+
+/* ------------------------------------------------------------------ NaN and Inf */
+
+/* A NaN score (here from a float mask entry) makes its row's weights NaN, and that query's
+ * output; every other row is finite and sums to 1. */
+static void nan_score_row(clattn_device *dev)
+{
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 2, .seq_q = 6, .embed = 8, .heads = 2, .head_dim_qk = 4,
+                                           .out_dim = 8, .attn_mask = CLATTN_MASK_FLOAT},
+               TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 31);
+    float *m = c.mask;
+    for (size_t i = 0; i < c.n_mask; i++) m[i] = 0.0f; /* no -inf: every row has keys */
+    const size_t i0 = 2, j0 = 4;
+    m[i0 * c.Tk + j0] = NAN;
+    float *out = tu_poisoned(c.n_out), *attn = tu_poisoned(c.n_attn);
+    cr_assert_eq(tcase_run(dev, &c, out, attn), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t bh = 0; bh < c.B * c.H; bh++)
+        for (size_t i = 0; i < c.Tq; i++) {
+            double sum = 0.0;
+            for (size_t j = 0; j < c.Tk; j++) {
+                float w = attn[(bh * c.Tq + i) * c.Tk + j];
+                if (i == i0) cr_assert(isnan(w), "(b*H+h) %zu, row %zu: weight %zu is %g, not NaN", bh, i, j, w);
+                else cr_assert(isfinite(w), "(b*H+h) %zu, row %zu: weight %zu is %g", bh, i, j, w);
+                sum += w;
+            }
+            if (i != i0) cr_assert(fabs(sum - 1.0) < 1e-5, "row %zu sums to %g", i, sum);
+        }
+    for (size_t b = 0; b < c.B; b++)
+        for (size_t i = 0; i < c.Tq; i++)
+            for (size_t e = 0; e < c.Eo; e++) {
+                float o = out[(b * c.Tq + i) * c.Eo + e];
+                cr_assert(i == i0 ? isnan(o) : isfinite(o), "batch %zu query %zu column %zu: %g", b, i, e, o);
+            }
+    free(out); free(attn);
+    tcase_free(&c);
+}
+
+/* A NaN in V reaches every query's context even where its weight is 0 (0 * NaN = NaN):
+ * no weights, 2 heads of size 2, x[token 3][column 1] = NaN and key 3 padded away. */
+static void nan_in_v(clattn_device *dev, float *out, float *attn)
+{
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 1, .seq_q = 5, .embed = 4, .heads = 2, .key_padding_mask = 1},
+               0, 32);
+    const size_t t = 3, T = 5;
+    memset(c.kpm, 0, T);
+    c.kpm[t] = 1;
+    c.x[t * 4 + 1] = NAN;
+    for (size_t i = 0; i < c.n_out; i++) out[i] = -7.0f;
+    for (size_t i = 0; i < c.n_attn; i++) attn[i] = -7.0f;
+    cr_assert_eq(tcase_run(dev, &c, out, attn), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t h = 0; h < 2; h++)
+        for (size_t i = 0; i < T; i++)
+            for (size_t j = 0; j < T; j++) {
+                float w = attn[(h * T + i) * T + j];
+                if (h == 0 && i == t) /* query 3's head-0 query holds the NaN: its row is NaN */
+                    cr_assert(isnan(w), "head 0 row 3 weight %zu: %g", j, w);
+                else if (j == t)
+                    cr_assert_eq(w, 0.0f, "head %zu row %zu: the padded key has weight %g", h, i, w);
+                else
+                    cr_assert(isfinite(w) && w > 0.0f, "head %zu row %zu key %zu: %g", h, i, j, w);
+            }
+    for (size_t i = 0; i < T; i++) {
+        cr_assert(isnan(out[i * 4 + 1]), "query %zu, column 1 (V's NaN column): %g", i, out[i * 4 + 1]);
+        cr_assert(i == t ? isnan(out[i * 4 + 0]) : isfinite(out[i * 4 + 0]), "query %zu column 0: %g", i,
+                  out[i * 4]);
+        cr_assert(isfinite(out[i * 4 + 2]) && isfinite(out[i * 4 + 3]), "query %zu, head 1 is finite", i);
+    }
+    tcase_free(&c);
+}
+
+/* +-Inf in x: success, no crash; on OpenCL each element is in the same class (NaN, +Inf,
+ * -Inf, finite) as the reference's and finite ones match it. */
+static void inf_in_x(clattn_device *dev, int what, uint64_t seed, float *out, float *attn)
+{
+    tcase c;
+    clattn_attention_desc d = {.batch = 2, .seq_q = 4, .embed = 6, .heads = 2, .causal = 1};
+    if (what & TC_QKV) d.head_dim_qk = 3;
+    if (what & TC_OUT) d.out_dim = 5;
+    tcase_init(&c, d, what, seed);
+    c.x[1 * 6 + 2] = INFINITY;           /* batch 0, token 1 */
+    c.x[(4 + 2) * 6 + 4] = -INFINITY;    /* batch 1, token 2 */
+    c.x[(4 + 3) * 6 + 0] = INFINITY;     /* batch 1, token 3 */
+    c.x[(4 + 3) * 6 + 1] = -INFINITY;
+    cr_assert_eq(tcase_run(dev, &c, out, attn), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_free(&c);
+}
+
+static int fclass(float v) { return isnan(v) ? 0 : isinf(v) ? (v > 0 ? 1 : 2) : 3; }
+
+static void expect_same_classes(const float *got, const float *ref, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(fclass(got[i]), fclass(ref[i]), "%s[%zu]: OpenCL %g, ref %g", what, i, got[i], ref[i]);
+        if (isfinite(ref[i]))
+            cr_assert(fabs(got[i] - ref[i]) <= TU_ATOL + TU_RTOL * fabs(ref[i]), "%s[%zu]: OpenCL %g, ref %g",
+                      what, i, got[i], ref[i]);
+    }
+}
+
+Test(nonfinite, nan_score_row_ref) { clattn_device *d = tu_open_ref(); nan_score_row(d); clattn_device_free(d); }
+Test(nonfinite, nan_score_row_opencl) { clattn_device *d = open_cl(); nan_score_row(d); clattn_device_free(d); }
+
+Test(nonfinite, nan_in_v_ref_and_opencl)
+{
+    clattn_device *ref = tu_open_ref(), *cl = open_cl();
+    float ro[20], ra[50], co[20], ca[50];
+    nan_in_v(ref, ro, ra);
+    nan_in_v(cl, co, ca);
+    expect_same_classes(co, ro, 20, "out");
+    expect_same_classes(ca, ra, 50, "attn");
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+}
+
+Test(nonfinite, inf_in_x_ref_and_opencl)
+{
+    clattn_device *ref = tu_open_ref(), *cl = open_cl();
+    const int whats[] = {0, TC_QKV, TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS};
+    for (int k = 0; k < 3; k++) {
+        float ro[2 * 4 * 6], ra[2 * 2 * 4 * 4], co[2 * 4 * 6], ca[2 * 2 * 4 * 4];
+        inf_in_x(ref, whats[k], 40 + k, ro, ra);
+        inf_in_x(cl, whats[k], 40 + k, co, ca);
+        size_t n_out = 2 * 4 * (whats[k] & TC_OUT ? 5 : 6);
+        int nonfinite = 0;
+        for (size_t i = 0; i < n_out; i++) nonfinite += !isfinite(ro[i]);
+        cr_assert(nonfinite > 0, "case %d: the infinities should reach the output", k);
+        expect_same_classes(co, ro, n_out, "out");
+        expect_same_classes(ca, ra, sizeof ra / sizeof ra[0], "attn");
+    }
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+}
+
+/* ------------------------------------------------------------------ dimensions and values */
+
+static void expect_rejected(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
+                            clattn_status want, const char *what)
+{
+    clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
+    clattn_status st = clattn_plan_create(dev, d, w, &plan);
+    cr_assert_eq(st, want, "%s: expected %s, got %s (%s)", what, clattn_status_string(want),
+                 clattn_status_string(st), clattn_last_error());
+    cr_assert_null(plan, "%s: *plan must be NULL after a failure", what);
+    cr_assert(clattn_last_error()[0], "%s: no error detail", what);
+}
+
+static float Wbig[4096];
+
+static void zero_dims(clattn_device *dev)
+{
+    const clattn_attention_weights w = {.w_query = Wbig, .w_key = Wbig, .w_value = Wbig, .w_out = Wbig};
+    const clattn_attention_desc ok = {.batch = 2, .seq_q = 3, .cross = 1, .seq_kv = 4, .embed = 4, .kv_embed = 5,
+                                      .heads = 2, .head_dim_qk = 2, .head_dim_v = 3, .out_dim = 4};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &ok, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_plan_free(plan);
+    clattn_attention_desc zero = {0};
+    expect_rejected(dev, &zero, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "all zero, no weights");
+    expect_rejected(dev, &zero, &w, CLATTN_STATUS_INVALID_ARGUMENT, "all zero, weights");
+    clattn_attention_desc d;
+    d = ok; d.batch = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "batch 0");
+    d = ok; d.seq_q = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "seq_q 0");
+    d = ok; d.seq_kv = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "seq_kv 0 (cross)");
+    d = ok; d.embed = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "embed 0");
+    d = ok; d.heads = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "heads 0");
+    d = ok; d.head_dim_qk = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk 0");
+    d = ok; d.out_dim = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "out_dim 0 with w_out");
+    /* 0 = default where documented: kv_embed (= E), head_dim_v (= dk) */
+    d = ok; d.kv_embed = 0; d.head_dim_v = 0;
+    cr_assert_eq(clattn_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_desc got;
+    cr_assert_eq(clattn_plan_desc(plan, &got), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(got.kv_embed, 4);
+    cr_assert_eq(got.head_dim_v, 2);
+    clattn_plan_free(plan);
+}
+
+Test(dims, zero_ref) { clattn_device *d = tu_open_ref(); zero_dims(d); clattn_device_free(d); }
+Test(dims, zero_opencl) { clattn_device *d = open_cl(); zero_dims(d); clattn_device_free(d); }
+
+/* Every dimension 1, with every weight and bias, self and cross, masks too: OpenCL = ref, and
+ * both = the closed form (one key: weight 1, or 0 when masked). */
+Test(dims, all_ones)
+{
+    clattn_device *ref = tu_open_ref(), *cl = open_cl();
+    for (int variant = 0; variant < 4; variant++) {
+        clattn_attention_desc d = {.batch = 1, .seq_q = 1, .embed = 1, .heads = 1, .head_dim_qk = 1,
+                                   .head_dim_v = 1, .out_dim = 1};
+        if (variant & 1) d.cross = 1, d.seq_kv = 1, d.kv_embed = 1;
+        if (variant & 2) d.causal = 1, d.key_padding_mask = 1, d.attn_mask = CLATTN_MASK_BOOL;
+        tcase c;
+        tcase_init(&c, d, TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 50 + variant);
+        if (c.kpm) c.kpm[0] = 0;
+        if (c.mask) ((uint8_t *)c.mask)[0] = 0;
+        float ro = NAN, ra = NAN, co = NAN, ca = NAN;
+        cr_assert_eq(tcase_run(ref, &c, &ro, &ra), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tcase_run(cl, &c, &co, &ca), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const float src = c.kv ? c.kv[0] : c.x[0];
+        const float v = src * c.wv[0] + c.bv[0];
+        const float want = v * c.wo[0] + c.bo[0];
+        cr_assert_float_eq(ra, 1.0f, 0.0f, "variant %d: ref weight %g", variant, ra);
+        cr_assert_float_eq(ca, 1.0f, 1e-6f, "variant %d: OpenCL weight %g", variant, ca);
+        cr_assert_float_eq(ro, want, 1e-5f, "variant %d: ref %g, want %g", variant, ro, want);
+        cr_assert_float_eq(co, want, 1e-5f, "variant %d: OpenCL %g, want %g", variant, co, want);
+        if (variant & 2) { /* the one key masked: weight 0, output b_out */
+            c.kpm[0] = 1;
+            cr_assert_eq(tcase_run(ref, &c, &ro, &ra), CLATTN_STATUS_SUCCESS);
+            cr_assert_eq(tcase_run(cl, &c, &co, &ca), CLATTN_STATUS_SUCCESS);
+            cr_assert(ra == 0.0f && ca == 0.0f && ro == c.bo[0] && co == c.bo[0],
+                      "masked: weights %g %g, out %g %g, b_out %g", ra, ca, ro, co, c.bo[0]);
+        }
+        tcase_free(&c);
+    }
+    /* the no-weights module with one of everything */
+    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .embed = 1, .heads = 1};
+    tcase c;
+    tcase_init(&c, d, 0, 59);
+    float ro = NAN, co = NAN;
+    cr_assert_eq(tcase_run(ref, &c, &ro, NULL), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tcase_run(cl, &c, &co, NULL), CLATTN_STATUS_SUCCESS);
+    cr_assert(ro == c.x[0] && fabsf(co - c.x[0]) <= 1e-6f, "x %g: ref %g, OpenCL %g", c.x[0], ro, co);
+    tcase_free(&c);
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+}
+
+static void bad_values(clattn_device *dev)
+{
+    const clattn_attention_desc ok = {.batch = 1, .seq_q = 3, .embed = 6, .heads = 2};
+    clattn_attention_desc d = ok;
+    d.heads = 4; /* 6 % 4 != 0, no weights */
+    expect_rejected(dev, &d, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "heads 4 do not divide embed 6");
+    d.heads = 7;
+    expect_rejected(dev, &d, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "heads 7 > embed 6");
+    const float bad_p[] = {-0.1f, 1.0f, 1.5f, NAN, INFINITY, -INFINITY, -NAN};
+    for (size_t i = 0; i < sizeof bad_p / sizeof bad_p[0]; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "dropout %g", (double)bad_p[i]);
+        d = ok;
+        d.dropout = bad_p[i];
+        expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, what);
+        cr_assert(strstr(clattn_last_error(), "dropout"), "%s: '%s'", what, clattn_last_error());
+    }
+    const float bad_scale[] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < 3; i++) {
+        d = ok;
+        d.scale = bad_scale[i];
+        expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "scale");
+        cr_assert(strstr(clattn_last_error(), "scale"), "'%s'", clattn_last_error());
+    }
+    /* scale 0 means 1/sqrt(dk); dropout just below 1 and -0 are valid */
+    clattn_plan *plan = NULL;
+    d = ok;
+    d.scale = 0.0f;
+    d.dropout = nextafterf(1.0f, 0.0f);
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_desc got;
+    cr_assert_eq(clattn_plan_desc(plan, &got), CLATTN_STATUS_SUCCESS);
+    cr_assert_float_eq(got.scale, 1.0f / sqrtf(3.0f), 1e-7f, "default scale %g", got.scale);
+    float x[18], out[18];
+    for (int i = 0; i < 18; i++) x[i] = (float)i / 10.0f;
+    clattn_attention_args a = {.x = x, .out = out};
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (int i = 0; i < 18; i++) cr_assert(isfinite(out[i]), "p = 1 - ulp: out[%d] = %g", i, out[i]);
+    clattn_plan_free(plan);
+    d = ok;
+    d.dropout = -0.0f;
+    d.scale = -2.0f; /* negative scales are finite, hence valid */
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_plan_free(plan);
+    /* flags and enums outside their range */
+    d = ok; d.cross = -1; expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "cross -1");
+    d = ok; d.key_padding_mask = 2; expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "kpm 2");
+    d = ok; d.attn_mask = (clattn_mask_kind)-1; expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "mask -1");
+    d = ok; d.layout = (clattn_layout)2; expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "layout 2");
+    /* sizes that overflow, alone and in products */
+    d = ok; d.embed = SIZE_MAX; d.heads = 1;
+    expect_rejected(dev, &d, NULL, CLATTN_STATUS_SIZE_OVERFLOW, "embed SIZE_MAX");
+    d = ok; d.batch = (size_t)1 << 40; d.seq_q = (size_t)1 << 30;
+    expect_rejected(dev, &d, NULL, CLATTN_STATUS_SIZE_OVERFLOW, "B*T overflows");
+    const clattn_attention_weights w = {.w_query = Wbig, .w_key = Wbig, .w_value = Wbig};
+    d = ok; d.head_dim_qk = SIZE_MAX; d.head_dim_v = 1;
+    expect_rejected(dev, &d, &w, CLATTN_STATUS_SIZE_OVERFLOW, "dk SIZE_MAX (dk + dv wraps)");
+    d = ok; d.head_dim_qk = SIZE_MAX / 2 + 1; d.head_dim_v = SIZE_MAX / 2 + 1;
+    expect_rejected(dev, &d, &w, CLATTN_STATUS_SIZE_OVERFLOW, "dk + dv wraps to 0");
+}
+
+Test(dims, bad_values_ref) { clattn_device *d = tu_open_ref(); bad_values(d); clattn_device_free(d); }
+Test(dims, bad_values_opencl) { clattn_device *d = open_cl(); bad_values(d); clattn_device_free(d); }
+
+/* A fully masked row and a fully masked batch entry: weights 0; output b_out with an output
+ * projection, else 0, on ref and OpenCL. */
+static void fully_masked(clattn_device *dev, int with_out)
+{
+    clattn_attention_desc d = {.batch = 2, .seq_q = 4, .embed = 6, .heads = 2, .head_dim_qk = 3, .head_dim_v = 2,
+                               .key_padding_mask = 1, .attn_mask = CLATTN_MASK_BOOL};
+    if (with_out) d.out_dim = 5;
+    tcase c;
+    tcase_init(&c, d, TC_QKV | TC_BIAS | (with_out ? TC_OUT | TC_OUT_BIAS : 0), 60 + with_out);
+    memset(c.kpm, 0, c.B * c.Tk);
+    memset(c.kpm + c.Tk, 1, c.Tk);                  /* batch entry 1: every key padded */
+    memset(c.mask, 0, c.n_mask);
+    memset((uint8_t *)c.mask + 1 * c.Tk, 1, c.Tk);  /* query 1: no key allowed */
+    float *out = tu_poisoned(c.n_out), *attn = tu_poisoned(c.n_attn);
+    cr_assert_eq(tcase_run(dev, &c, out, attn), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < c.B; b++)
+        for (size_t h = 0; h < c.H; h++)
+            for (size_t i = 0; i < c.Tq; i++) {
+                int masked = b == 1 || i == 1;
+                double sum = 0;
+                for (size_t j = 0; j < c.Tk; j++) {
+                    float w = attn[((b * c.H + h) * c.Tq + i) * c.Tk + j];
+                    if (masked) cr_assert_eq(w, 0.0f, "b %zu h %zu i %zu j %zu: %g", b, h, i, j, w);
+                    sum += w;
+                }
+                if (!masked) cr_assert(fabs(sum - 1.0) < 1e-5, "b %zu h %zu i %zu: sum %g", b, h, i, sum);
+            }
+    for (size_t b = 0; b < c.B; b++)
+        for (size_t i = 0; i < c.Tq; i++)
+            for (size_t e = 0; e < c.Eo; e++) {
+                float o = out[(b * c.Tq + i) * c.Eo + e];
+                if (b == 1 || i == 1)
+                    cr_assert_eq(o, with_out ? c.bo[e] : 0.0f, "b %zu i %zu e %zu: %g", b, i, e, o);
+                else
+                    cr_assert(isfinite(o), "b %zu i %zu e %zu: %g", b, i, e, o);
+            }
+    free(out); free(attn);
+    tcase_free(&c);
+}
+
+Test(dims, fully_masked_ref)
+{
+    clattn_device *d = tu_open_ref();
+    fully_masked(d, 0);
+    fully_masked(d, 1);
+    clattn_device_free(d);
+}
+
+Test(dims, fully_masked_opencl)
+{
+    clattn_device *d = open_cl();
+    fully_masked(d, 0);
+    fully_masked(d, 1);
+    clattn_device_free(d);
+}
+
+/* ------------------------------------------------------------------ NULL arguments */
+
+#define SENTINEL (-7.0f)
+
+static void fill(float *a, size_t n, float v) { for (size_t i = 0; i < n; i++) a[i] = v; }
+
+static void expect_untouched(const float *a, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) cr_assert_eq(a[i], SENTINEL, "%s: element %zu was written (%g)", what, i, a[i]);
+}
+
+Test(nulls, devices)
+{
+    size_t count = 12345;
+    cr_assert_eq(clattn_device_list(NULL, 0, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_device_list(NULL, 3, &count), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(count, 12345, "count written by a failing call");
+    clattn_device_info info[2];
+    cr_assert_eq(clattn_device_list(info, 2, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_device_list(NULL, 0, &count), CLATTN_STATUS_SUCCESS, "capacity 0 may pass NULL");
+
+    cr_assert_eq(clattn_device_open("ref", NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_device_open(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_device *dev = (clattn_device *)(uintptr_t)1;
+    cr_assert_eq(clattn_device_from_queue(NULL, &dev), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(dev, "*device must be NULL after a failure");
+    clattn_device *cl = open_cl();
+    cr_assert_eq(clattn_device_from_queue(clattn_device_queue(cl), NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_device_from_queue(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    /* spec NULL is the documented default, not an error */
+    dev = NULL;
+    cr_assert_eq(clattn_device_open(NULL, &dev), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_device_free(dev);
+
+    /* the accessors accept NULL */
+    clattn_device_free(NULL);
+    cr_assert_eq(clattn_device_backend(NULL), CLATTN_BACKEND_REF);
+    cr_assert_str_eq(clattn_device_name(NULL), "");
+    cr_assert_null(clattn_device_notice(NULL));
+    cr_assert_null(clattn_device_context(NULL));
+    cr_assert_null(clattn_device_queue(NULL));
+    cr_assert_not_null(clattn_status_string(0));
+    cr_assert_not_null(clattn_status_string(-123456));
+    cr_assert_not_null(clattn_status_string(1 << 30));
+    cr_assert_str_eq(clattn_stage_name((clattn_stage)-1), "unknown");
+    cr_assert_str_eq(clattn_stage_name(CLATTN_STAGE_COUNT), "unknown");
+    cr_assert_not_null(clattn_last_error());
+    cr_assert_not_null(clattn_last_build_log());
+    clattn_device_free(cl);
+}
+
+/* Every pointer argument of the plan functions, on a plan that declares kv and both masks. */
+static void plan_nulls(clattn_device *dev, clattn_mask_kind mask_kind)
+{
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 2, .seq_q = 3, .cross = 1, .seq_kv = 4, .embed = 4,
+                                           .kv_embed = 3, .heads = 2, .head_dim_qk = 2, .out_dim = 5,
+                                           .key_padding_mask = 1, .attn_mask = mask_kind},
+               TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 70);
+    clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_plan_create(NULL, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    plan = (clattn_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_plan_create(dev, NULL, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    /* weights NULL means "no weights": this description (kv_embed != embed, out_dim) needs them */
+    plan = (clattn_plan *)(uintptr_t)1;
+    cr_assert_neq(clattn_plan_create(dev, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_null(plan);
+    /* each weight pointer missing in turn */
+    const float **ptrs[] = {&c.w.w_query, &c.w.w_key, &c.w.w_value, &c.w.w_out};
+    for (int k = 0; k < 4; k++) {
+        const float *keep = *ptrs[k];
+        *ptrs[k] = NULL;
+        plan = (clattn_plan *)(uintptr_t)1;
+        cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT,
+                     "weight %d NULL: %s", k, clattn_last_error());
+        cr_assert_null(plan);
+        *ptrs[k] = keep;
+    }
+    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+
+    float *out = malloc(c.n_out * sizeof *out), *attn = malloc(c.n_attn * sizeof *attn);
+    fill(out, c.n_out, SENTINEL);
+    fill(attn, c.n_attn, SENTINEL);
+    clattn_attention_args full = tcase_args(&c, out, attn), a;
+    cr_assert_eq(clattn_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_execute(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    a = full; a.x = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
+    cr_assert(strstr(clattn_last_error(), "x"), "'%s'", clattn_last_error());
+    a = full; a.kv = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "kv NULL on a cross plan");
+    a = full; a.key_padding_mask = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
+    a = full; a.attn_mask = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask NULL");
+    a = full; a.out = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
+    expect_untouched(out, c.n_out, "out");
+    expect_untouched(attn, c.n_attn, "attn");
+    /* attn NULL is allowed */
+    a = full; a.attn = NULL;
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    expect_untouched(attn, c.n_attn, "attn (not asked for)");
+
+    cr_assert_eq(clattn_plan_set_seed(NULL, 5), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_set_profiling(NULL, 1), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_set_profiling(NULL, 0), CLATTN_STATUS_INVALID_ARGUMENT);
+    double ms[CLATTN_STAGE_COUNT];
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) ms[s] = -7.0;
+    cr_assert_eq(clattn_plan_stage_times(NULL, ms), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_stage_times(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) cr_assert_eq(ms[s], -7.0, "ms[%d] written", s);
+    clattn_attention_desc dd;
+    memset(&dd, 0xAB, sizeof dd);
+    unsigned char before[sizeof dd];
+    memcpy(before, &dd, sizeof dd);
+    cr_assert_eq(clattn_plan_desc(NULL, &dd), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(memcmp(before, &dd, sizeof dd), 0, "desc written by a failing call");
+    cr_assert_eq(clattn_plan_desc(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_out_width(NULL), 0);
+    cr_assert_eq(clattn_plan_out_width(plan), 5);
+
+    /* buffers */
+    cl_event ev = (cl_event)(uintptr_t)0x5e5e;
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_REF) {
+        clattn_attention_buffers b = {0};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, &ev), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert_eq(clattn_plan_execute_buffers(NULL, &b, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_plan_execute_buffers(plan, NULL, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(ev, (cl_event)(uintptr_t)0x5e5e, "event written by a failing call");
+    } else {
+        cl_context ctx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        cl_int err;
+        size_t mask_bytes = c.n_mask * (mask_kind == CLATTN_MASK_FLOAT ? 4 : 1);
+        fill(out, c.n_out, SENTINEL); /* the device copies of out and attn start as sentinels */
+        fill(attn, c.n_attn, SENTINEL);
+        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_x * 4, c.x, &err);
+        cl_mem bkv = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_kv * 4, c.kv, &err);
+        cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.B * c.Tk, c.kpm, &err);
+        cl_mem bmask = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c.mask, &err);
+        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_out * 4, out, &err);
+        cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_attn * 4, attn, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+        const clattn_attention_buffers fb = {.x = {bx, 0}, .kv = {bkv, 0}, .key_padding_mask = {bkpm, 0},
+                                             .attn_mask = {bmask, 0}, .out = {bout, 0}, .attn = {battn, 0}};
+        clattn_attention_buffers b;
+        cr_assert_eq(clattn_plan_execute_buffers(NULL, &fb, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_plan_execute_buffers(plan, NULL, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_plan_execute_buffers(NULL, NULL, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        const char *names[] = {"x", "kv", "key_padding_mask", "attn_mask", "out"};
+        cl_mem *mems[] = {&b.x.mem, &b.kv.mem, &b.key_padding_mask.mem, &b.attn_mask.mem, &b.out.mem};
+        for (int k = 0; k < 5; k++) {
+            b = fb;
+            *mems[k] = NULL;
+            cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT,
+                         "buffers.%s.mem NULL: %s", names[k], clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), names[k]), "'%s' should name %s", clattn_last_error(), names[k]);
+        }
+        /* the wait list and its length must agree */
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &fb, 1, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cl_event dummy = NULL;
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &fb, 0, &dummy, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(ev, (cl_event)(uintptr_t)0x5e5e, "event written by a failing call");
+        cr_assert_eq(clFinish(q), CL_SUCCESS);
+        cr_assert_eq(clEnqueueReadBuffer(q, bout, CL_TRUE, 0, c.n_out * 4, out, 0, NULL, NULL), CL_SUCCESS);
+        cr_assert_eq(clEnqueueReadBuffer(q, battn, CL_TRUE, 0, c.n_attn * 4, attn, 0, NULL, NULL), CL_SUCCESS);
+        expect_untouched(out, c.n_out, "buffers.out");
+        expect_untouched(attn, c.n_attn, "buffers.attn");
+        /* attn.mem NULL and event NULL are allowed */
+        b = fb;
+        b.attn.mem = NULL;
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(clFinish(q), CL_SUCCESS);
+        cl_mem all[] = {bx, bkv, bkpm, bmask, bout, battn};
+        for (int k = 0; k < 6; k++) clReleaseMemObject(all[k]);
+    }
+    clattn_plan_free(plan);
+    clattn_plan_free(NULL);
+    free(out);
+    free(attn);
+    tcase_free(&c);
+}
+
+Test(nulls, plans_ref)
+{
+    clattn_device *d = tu_open_ref();
+    plan_nulls(d, CLATTN_MASK_BOOL);
+    plan_nulls(d, CLATTN_MASK_FLOAT);
+    clattn_device_free(d);
+}
+
+Test(nulls, plans_opencl)
+{
+    clattn_device *d = open_cl();
+    plan_nulls(d, CLATTN_MASK_BOOL);
+    plan_nulls(d, CLATTN_MASK_FLOAT);
+    clattn_device_free(d);
+}
+
+/* The encoder layer's functions, every pointer argument in turn. */
+static void encoder_nulls(clattn_device *dev)
+{
+    const size_t B = 2, T = 3, E = 4, F = 6, N = B * T * E;
+    clattn_encoder_desc d = {.attn = {.batch = B, .seq_q = T, .embed = E, .heads = 2, .head_dim_qk = 2,
+                                      .out_dim = E, .key_padding_mask = 1},
+                             .ff_dim = F};
+    clattn_encoder_weights w = {.attn = {.w_query = Wbig, .w_key = Wbig, .w_value = Wbig, .w_out = Wbig},
+                                .ln1_weight = Wbig, .ln1_bias = Wbig, .w_ff1 = Wbig, .b_ff1 = Wbig,
+                                .w_ff2 = Wbig, .b_ff2 = Wbig, .ln2_weight = Wbig, .ln2_bias = Wbig};
+    clattn_encoder_plan *plan = (clattn_encoder_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_encoder_plan_create(NULL, &d, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    plan = (clattn_encoder_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_encoder_plan_create(dev, NULL, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    plan = (clattn_encoder_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_encoder_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    cr_assert_eq(clattn_encoder_plan_create(dev, &d, &w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_encoder_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    const float **ptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out, &w.ln1_weight,
+                            &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight, &w.ln2_bias};
+    for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) {
+        const float *keep = *ptrs[k];
+        *ptrs[k] = NULL;
+        plan = (clattn_encoder_plan *)(uintptr_t)1;
+        clattn_status st = clattn_encoder_plan_create(dev, &d, &w, &plan);
+        cr_assert_eq(st, CLATTN_STATUS_INVALID_ARGUMENT, "encoder weight %zu NULL: %s (%s)", k,
+                     clattn_status_string(st), clattn_last_error());
+        cr_assert_null(plan);
+        *ptrs[k] = keep;
+    }
+    cr_assert_eq(clattn_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+
+    float x[24] = {0}, out[24];
+    uint8_t kpm[6] = {0};
+    fill(out, N, SENTINEL);
+    const clattn_encoder_args full = {.x = x, .key_padding_mask = kpm, .out = out};
+    clattn_encoder_args a;
+    cr_assert_eq(clattn_encoder_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_encoder_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    a = full; a.x = NULL;
+    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
+    a = full; a.key_padding_mask = NULL;
+    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
+    a = full; a.out = NULL;
+    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
+    expect_untouched(out, N, "encoder out");
+
+    cl_event ev = (cl_event)(uintptr_t)0x5e5e;
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_REF) {
+        clattn_encoder_buffers b;
+        memset(&b, 0, sizeof b);
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, &b, 0, NULL, &ev), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(NULL, &b, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, NULL, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+    } else {
+        cl_context ctx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        cl_int err;
+        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, x, &err);
+        cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, B * T, kpm, &err);
+        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, out, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+        const clattn_encoder_buffers fb = {.x = {bx, 0}, .key_padding_mask = {bkpm, 0}, .out = {bout, 0}};
+        clattn_encoder_buffers b;
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(NULL, &fb, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, NULL, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        const char *names[] = {"x", "key_padding_mask", "out"};
+        cl_mem *mems[] = {&b.x.mem, &b.key_padding_mask.mem, &b.out.mem};
+        for (int k = 0; k < 3; k++) {
+            b = fb;
+            *mems[k] = NULL;
+            cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, &b, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT,
+                         "buffers.%s.mem NULL: %s", names[k], clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), names[k]), "'%s' should name %s", clattn_last_error(), names[k]);
+        }
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, &fb, 1, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clFinish(q), CL_SUCCESS);
+        cr_assert_eq(clEnqueueReadBuffer(q, bout, CL_TRUE, 0, N * 4, out, 0, NULL, NULL), CL_SUCCESS);
+        expect_untouched(out, N, "encoder buffers.out");
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, &fb, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(clFinish(q), CL_SUCCESS);
+        clReleaseMemObject(bx);
+        clReleaseMemObject(bkpm);
+        clReleaseMemObject(bout);
+    }
+    cr_assert_eq(ev, (cl_event)(uintptr_t)0x5e5e, "event written by a failing call");
+    a = full;
+    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t i = 0; i < N; i++) cr_assert(isfinite(out[i]), "encoder out[%zu] = %g", i, out[i]);
+    clattn_encoder_plan_free(plan);
+    clattn_encoder_plan_free(NULL);
+}
+
+Test(nulls, encoder_ref)
+{
+    clattn_device *d = tu_open_ref();
+    encoder_nulls(d);
+    clattn_device_free(d);
+}
+
+Test(nulls, encoder_opencl)
+{
+    clattn_device *d = open_cl();
+    encoder_nulls(d);
+    clattn_device_free(d);
+}
