@@ -1,0 +1,119 @@
+/* attention_op.c: sizes, FLOP and byte counts, and random data for the
+ * benchmarked attention module (conventions in attention_op.h). */
+#include "attention_op.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int clattn_op_check(const clattn_op *op, char *msg, size_t len)
+{
+    const char *why = NULL;
+    if (!op) why = "no op";
+    else if (op->batch == 0) why = "batch must be >= 1";
+    else if (op->seq == 0) why = "seq must be >= 1";
+    else if (op->dim == 0) why = "dim must be >= 1";
+    else if (op->heads == 0) why = "heads must be >= 1";
+    else if (op->dim % op->heads) why = "heads must divide dim";
+    else if (!(op->dropout >= 0.0f && op->dropout < 1.0f)) why = "dropout must be in [0, 1)";
+    if (!why) return 0;
+    if (msg && len) snprintf(msg, len, "%s", why);
+    return 1;
+}
+
+clattn_op_flop_count clattn_op_flops(const clattn_op *op)
+{
+    const double B = (double)op->batch, T = (double)op->seq, E = (double)op->dim, H = (double)op->heads;
+    const double d = E / H;
+    clattn_op_flop_count f;
+    f.qkv_projection = 2.0 * (B * T) * (3.0 * E) * E;
+    f.out_projection = 2.0 * (B * T) * E * E;
+    f.projections = f.qkv_projection + f.out_projection;
+    f.core = 4.0 * B * H * T * T * d * (op->causal ? 0.5 : 1.0);
+    f.scores = f.context = f.core / 2.0;
+    f.total = f.projections + f.core;
+    return f;
+}
+
+double clattn_op_softmax_bytes(const clattn_op *op)
+{
+    const double scores = (double)op->batch * (double)op->heads * (double)op->seq * (double)op->seq;
+    double bytes = 3.0 * 4.0 * scores;              /* read twice, written once, 4-byte floats */
+    if (op->key_padding_mask) bytes += 2.0 * scores; /* uint8, read in both passes */
+    if (op->attn_mask == CLATTN_MASK_BOOL) bytes += 2.0 * scores;
+    else if (op->attn_mask == CLATTN_MASK_FLOAT) bytes += 2.0 * 4.0 * scores;
+    return bytes;
+}
+
+/* splitmix64: small, deterministic, good enough for benchmark data */
+static uint64_t next_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void fill_uniform(uint64_t *s, float *a, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) a[i] = lo + (hi - lo) * (float)((next_u64(s) >> 40) * (1.0 / 16777216.0));
+}
+
+int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, char *msg, size_t len)
+{
+    if (!data) {
+        if (msg && len) snprintf(msg, len, "no data");
+        return 1;
+    }
+    memset(data, 0, sizeof *data);
+    if (clattn_op_check(op, msg, len)) return 1;
+    const size_t B = op->batch, T = op->seq, E = op->dim, H = op->heads;
+    /* x, 4 matrices (E, E), 4 biases (E) */
+    const size_t x_n = B * T * E, total = x_n + 4 * E * E + 4 * E;
+    if (B > SIZE_MAX / T || B * T > SIZE_MAX / E || E > SIZE_MAX / E || total > SIZE_MAX / sizeof(float) ||
+        total < x_n) {
+        if (msg && len) snprintf(msg, len, "sizes overflow");
+        return 1;
+    }
+    float *m = malloc(total * sizeof *m);
+    if (!m) {
+        if (msg && len) snprintf(msg, len, "out of memory (%zu floats for x and the weights)", total);
+        return 1;
+    }
+    uint64_t s = seed;
+    const float wr = (float)(1.0 / sqrt((double)E));
+    float *w_q = m + x_n, *w_k = w_q + E * E, *w_v = w_k + E * E, *w_o = w_v + E * E;
+    float *b_q = w_o + E * E, *b_k = b_q + E, *b_v = b_k + E, *b_o = b_v + E;
+    fill_uniform(&s, m, x_n, -1.0f, 1.0f);
+    fill_uniform(&s, w_q, 4 * E * E, -wr, wr);
+    fill_uniform(&s, b_q, 4 * E, -0.1f, 0.1f);
+
+    clattn_attention_desc *d = &data->desc;
+    d->batch = B;
+    d->seq_q = T;
+    d->embed = E;
+    d->heads = H;
+    d->head_dim_qk = E / H;
+    d->head_dim_v = E / H;
+    d->out_dim = E;
+    d->causal = op->causal != 0;
+    d->dropout = op->dropout;
+    d->seed = seed ^ 0x5DEECE66Dull;
+    d->layout = CLATTN_LAYOUT_LINEAR;
+    clattn_attention_weights *w = &data->weights;
+    w->w_query = w_q, w->w_key = w_k, w->w_value = w_v, w->w_out = w_o;
+    w->b_query = b_q, w->b_key = b_k, w->b_value = b_v, w->b_out = b_o;
+    data->x = m;
+    data->x_count = x_n;
+    data->out_count = x_n;
+    data->storage_ = m;
+    return 0;
+}
+
+void clattn_op_data_free(clattn_op_data *data)
+{
+    if (!data) return;
+    free(data->storage_);
+    memset(data, 0, sizeof *data);
+}

@@ -1,0 +1,76 @@
+/* attention_op.h: the one description of the benchmarked operation, shared by
+ * clattn-bench and tests/test_bench.c.
+ *
+ * The operation is nn.MultiheadAttention-style self-attention: x (B, T, E),
+ * Q/K/V projections E -> E with biases, H heads of d = E/H, optional causal
+ * mask and dropout, output projection E -> E with bias, LINEAR weight layout.
+ *
+ * FLOP convention (one multiply-add = 2 FLOPs; what the GEMMs must compute):
+ *   QKV projection   2 * (B*T) * (3E) * E
+ *   out projection   2 * (B*T) * E * E
+ *   attention core   4 * B * H * T^2 * d   (Q K^T and W V, 2*B*H*T^2*d each),
+ *                    halved when causal, as FlashAttention counts it
+ *   Bias adds, scaling, softmax and head reshuffles are not counted.
+ *
+ * Softmax byte convention (what the softmax kernel reads and writes, logically):
+ *   it reads the B*H*T*T float scores twice (max/sum pass, normalise pass) and
+ *   writes them once: 3 * 4 * B*H*T^2 bytes, causal or not (masked entries are
+ *   still read). Masks are counted as the kernel reads them, once per score in
+ *   each of the two passes: a key padding mask or a bool mask adds 2 * B*H*T^2
+ *   bytes, a float mask 2 * 4 * B*H*T^2. The causal mask is computed, not read.
+ */
+#ifndef CLATTN_ATTENTION_OP_H
+#define CLATTN_ATTENTION_OP_H
+
+#include "clattn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct clattn_op {
+    size_t batch;   /* B */
+    size_t seq;     /* T (self-attention: Tq = Tk = T) */
+    size_t dim;     /* E */
+    size_t heads;   /* H, divides E */
+    int causal;
+    float dropout;  /* training-mode dropout p on the attention weights, 0 = eval */
+    int key_padding_mask;         /* counted by clattn_op_softmax_bytes only; the bench passes none */
+    clattn_mask_kind attn_mask;   /* idem */
+} clattn_op;
+
+typedef struct clattn_op_flop_count {
+    double qkv_projection;  /* 2 (B T)(3E) E */
+    double out_projection;  /* 2 (B T) E E */
+    double projections;     /* the two above */
+    double scores;          /* half of the core: Q K^T */
+    double context;         /* the other half: W V */
+    double core;            /* 4 B H T^2 d, halved when causal */
+    double total;           /* projections + core */
+} clattn_op_flop_count;
+
+/* 0 when the op is usable (every size >= 1, H divides E, 0 <= dropout < 1);
+ * else 1 and a reason in msg. */
+int clattn_op_check(const clattn_op *op, char *msg, size_t len);
+
+/* FLOPs per the convention above (the op must pass clattn_op_check). */
+clattn_op_flop_count clattn_op_flops(const clattn_op *op);
+
+/* Bytes the softmax stage reads and writes, per the convention above. */
+double clattn_op_softmax_bytes(const clattn_op *op);
+
+/* A ready-to-plan description with random weights and a random input. */
+typedef struct clattn_op_data {
+    clattn_attention_desc desc;        /* LINEAR layout, out_dim = E, scale 1/sqrt(d) */
+    clattn_attention_weights weights;  /* all four matrices and all four biases */
+    float *x;                          /* (B, T, E) input, uniform in [-1, 1] */
+    size_t x_count, out_count;         /* elements of x and of the output */
+    float *storage_;                   /* one allocation behind the arrays above */
+} clattn_op_data;
+
+/* Fill `data` for `op`: weights uniform in +-1/sqrt(E) (as nn.Linear's init),
+ * biases in +-0.1, from a deterministic generator seeded by `seed`.
+ * Returns 0, or 1 with a reason in msg (bad op, out of memory). */
+int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, char *msg, size_t len);
+void clattn_op_data_free(clattn_op_data *data);
+
+#endif

@@ -1,0 +1,756 @@
+/* clattn_bench.c: `clattn-bench`, timing the attention module on one device.
+ *
+ * For each configuration (the op of attention_op.h):
+ *   first call     plan creation + the first execute from host arrays, with
+ *                  CLBlast's in-process kernel cache cleared first (what a user
+ *                  feels first; an OpenCL driver's own on-disk cache, such as
+ *                  PoCL's, is outside our control)
+ *   device         clattn_plan_execute_buffers on cl_mem buffers, timed on the
+ *                  host around execute + clFinish (OpenCL only), profiling off
+ *   stages         the same, with clattn's profiling on: marker events between
+ *                  the stages, device timestamps
+ *   host           clattn_plan_execute from host arrays (upload, run, read back)
+ *   SGEMM          CLBlastSgemm on square-ish matrices with the attention call's
+ *                  FLOP count, timed like "device" (OpenCL only)
+ * Each timed quantity: median and min-max over --iters runs after --warmup runs.
+ * The program prints; errors go to stderr with a nonzero exit.
+ */
+#include "attention_op.h"
+
+#include <clblast_c.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NSTAGES CLATTN_STAGE_COUNT
+
+static const size_t sweep_seqs[] = {64, 128, 256, 512, 1024, 2048, 4096};
+#define NSWEEP (sizeof sweep_seqs / sizeof sweep_seqs[0])
+
+typedef struct options {
+    const char *device;
+    clattn_op op;
+    int iters, warmup;
+    int sweep, json, seq_given;
+    const char *csv;
+    double budget_s;   /* --sweep: stop before a configuration projected to take longer */
+    double settle_s;   /* wait up to this long for idle CPUs before each configuration (0: no wait) */
+} options;
+
+typedef struct stats {
+    double median, min, max;
+    int valid;
+} stats;
+
+typedef struct result {
+    clattn_op op;
+    clattn_op_flop_count flops;
+    double softmax_bytes;
+    double first_call_ms;
+    stats dev, host, stage[NSTAGES], sgemm;
+    double gflops, host_gflops, gemm_share, softmax_gbps, sgemm_gflops, sgemm_fraction;
+    int gemm_share_valid, softmax_valid;
+    size_t sgemm_m, sgemm_n, sgemm_k;
+    double stage_sum_ms;  /* sum of the stage medians */
+    double wall_s;        /* how long measuring this configuration took */
+    double interference;  /* share of all CPUs that other processes used meanwhile (Linux), < 0 unknown */
+} result;
+
+/* ------------------------------------------------------------------ helpers */
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "clattn-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static void check_st(clattn_status st, const char *what)
+{
+    if (st != CLATTN_STATUS_SUCCESS)
+        die("%s: %s (%d): %s", what, clattn_status_string(st), (int)st, clattn_last_error());
+}
+
+static void check_cl(cl_int err, const char *what)
+{
+    if (err != CL_SUCCESS) die("%s failed: %s (%d)", what, clattn_status_string(err), (int)err);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Busy time of all CPUs (seconds, from /proc/stat) and this process's own CPU time, to tell how much
+ * of the machine other processes took while we measured: on a shared machine that skews every figure. */
+typedef struct cpu_sample { double all_busy_s, own_s, wall_ms; int ok; } cpu_sample;
+
+static cpu_sample cpu_now(void)
+{
+    cpu_sample c = {0, 0, now_ms(), 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f) {
+        c.ok = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                      &v[7]) == 8;
+        fclose(f);
+    }
+    long tck = sysconf(_SC_CLK_TCK);
+    if (tck <= 0) c.ok = 0;
+    /* user nice system (idle iowait) irq softirq steal */
+    if (c.ok) c.all_busy_s = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)tck;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    c.own_s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    return c;
+}
+
+static double interference(cpu_sample a, cpu_sample b)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double wall = (b.wall_ms - a.wall_ms) / 1e3;
+    if (!a.ok || !b.ok || ncpu <= 0 || wall <= 0) return -1.0;
+    double others = (b.all_busy_s - a.all_busy_s) - (b.own_s - a.own_s);
+    if (others < 0) others = 0;
+    return others / (wall * (double)ncpu);
+}
+
+/* Wait (at most max_s seconds) until other processes leave the CPUs >= 95% idle for two 1 s windows in a row.
+ * Returns 1 when they did, 0 on timeout or without /proc/stat. */
+static int settle(double max_s)
+{
+    const double t_end = now_ms() + max_s * 1e3;
+    int quiet = 0;
+    cpu_sample a = cpu_now();
+    if (!a.ok) return 0;
+    while (now_ms() < t_end) {
+        struct timespec one = {1, 0};
+        nanosleep(&one, NULL);
+        cpu_sample b = cpu_now();
+        quiet = interference(a, b) <= 0.05 ? quiet + 1 : 0;
+        if (quiet >= 2) return 1;
+        a = b;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static stats summarize(const double *v, int n)
+{
+    stats s = {0, 0, 0, 0};
+    if (n <= 0) return s;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c) die("out of memory");
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    s.median = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    s.min = c[0];
+    s.max = c[n - 1];
+    s.valid = 1;
+    free(c);
+    return s;
+}
+
+static int is_gemm_stage(int s)
+{
+    return s == CLATTN_STAGE_QKV_PROJECTION || s == CLATTN_STAGE_SCORES || s == CLATTN_STAGE_CONTEXT ||
+           s == CLATTN_STAGE_OUT_PROJECTION;
+}
+
+static double stage_flops(const result *r, int s)
+{
+    switch (s) {
+    case CLATTN_STAGE_QKV_PROJECTION: return r->flops.qkv_projection;
+    case CLATTN_STAGE_SCORES: return r->flops.scores;
+    case CLATTN_STAGE_CONTEXT: return r->flops.context;
+    case CLATTN_STAGE_OUT_PROJECTION: return r->flops.out_projection;
+    default: return 0.0;
+    }
+}
+
+/* ------------------------------------------------------------------ options */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
+            "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
+            "                    [--csv FILE] [--settle S]\n"
+            "  Times self-attention (Q/K/V + output projections with biases, LINEAR layout, random\n"
+            "  weights) on one device. Defaults: --batch 4 --seq 512 --dim 512 --heads 8 --iters 10\n"
+            "  --warmup 2; device SPEC as for `clattn` (ref, opencl, opencl:P:D, gpu, cpu, name=TEXT;\n"
+            "  default $CLATTN_DEVICE, else opencl, else ref).\n"
+            "  --sweep     sequence lengths 64 128 256 512 1024 2048 4096 (not with --seq); stops before\n"
+            "              a configuration projected to take more than --budget seconds (default 20)\n"
+            "  --json      one JSON object per configuration, one line each, on stdout\n"
+            "  --csv FILE  append one row per configuration (header when the file is new)\n"
+            "  --settle S  on a shared machine: before each configuration wait up to S seconds for the\n"
+            "              CPUs to be idle (Linux /proc/stat); every result reports how much of the CPUs\n"
+            "              other processes used while it was measured (\"interference\")\n"
+            "FLOPs: projections 2*M*N*K each, attention core 4*B*H*T^2*d (halved when causal).\n"
+            "Softmax bytes: B*H*T^2 floats read twice and written once (+ masks).\n");
+}
+
+static size_t parse_size(const char *opt, const char *s)
+{
+    if (!s) die("%s needs a value", opt);
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v == 0 || v > 0xFFFFFFFFull)
+        die("%s: '%s' is not a positive integer", opt, s);
+    return (size_t)v;
+}
+
+static int parse_int(const char *opt, const char *s, int min)
+{
+    if (!s) die("%s needs a value", opt);
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > 1000000) die("%s: '%s' is not an integer >= %d", opt, s, min);
+    return (int)v;
+}
+
+static double parse_double(const char *opt, const char *s)
+{
+    if (!s) die("%s needs a value", opt);
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) die("%s: '%s' is not a number", opt, s);
+    return v;
+}
+
+static void parse_options(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->op.batch = 4;
+    o->op.seq = 512;
+    o->op.dim = 512;
+    o->op.heads = 8;
+    o->iters = 10;
+    o->warmup = 2;
+    o->budget_s = 20.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--device")) { if (!v) die("--device needs a value"); o->device = v; i++; }
+        else if (!strcmp(a, "--batch")) { o->op.batch = parse_size(a, v); i++; }
+        else if (!strcmp(a, "--seq")) { o->op.seq = parse_size(a, v); o->seq_given = 1; i++; }
+        else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
+        else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
+        else if (!strcmp(a, "--causal")) o->op.causal = 1;
+        else if (!strcmp(a, "--dropout")) { o->op.dropout = (float)parse_double(a, v); i++; }
+        else if (!strcmp(a, "--iters")) { o->iters = parse_int(a, v, 1); i++; }
+        else if (!strcmp(a, "--warmup")) { o->warmup = parse_int(a, v, 0); i++; }
+        else if (!strcmp(a, "--budget")) {
+            o->budget_s = parse_double(a, v);
+            if (o->budget_s <= 0) die("--budget must be > 0 seconds");
+            i++;
+        }
+        else if (!strcmp(a, "--settle")) {
+            o->settle_s = parse_double(a, v);
+            if (o->settle_s < 0) die("--settle must be >= 0 seconds");
+            i++;
+        }
+        else if (!strcmp(a, "--sweep")) o->sweep = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--csv")) { if (!v) die("--csv needs a file name"); o->csv = v; i++; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        else {
+            fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
+            usage(stderr);
+            exit(2);
+        }
+    }
+    if (o->sweep && o->seq_given) die("--seq and --sweep do not go together (the sweep sets the sequence length)");
+    char msg[128];
+    if (clattn_op_check(&o->op, msg, sizeof msg)) die("%s", msg);
+}
+
+/* ------------------------------------------------------------------ measuring */
+
+typedef struct bench_ctx {
+    clattn_device *dev;
+    int opencl;
+    cl_context ctx;
+    cl_command_queue queue;
+    char device_name[320];
+    char driver[128];
+} bench_ctx;
+
+static cl_mem make_buffer(const bench_ctx *b, size_t floats, const float *init, const char *what)
+{
+    cl_int err;
+    cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0), floats * sizeof(float),
+                              (void *)init, &err);
+    if (err != CL_SUCCESS) die("clCreateBuffer for %s (%zu bytes) failed: %s (%d)", what, floats * sizeof(float),
+                               clattn_status_string(err), (int)err);
+    return m;
+}
+
+/* CLBlast SGEMM with the FLOP count of one attention call, on square-ish matrices. */
+static void measure_sgemm(const bench_ctx *b, const options *o, result *r)
+{
+    double n_real = cbrt(r->flops.total / 2.0);
+    size_t n = (size_t)(n_real / 16.0 + 0.5) * 16;
+    if (n < 16) n = 16;
+    size_t k = (size_t)(r->flops.total / (2.0 * (double)n * (double)n) / 16.0 + 0.5) * 16;
+    if (k < 16) k = 16;
+    r->sgemm_m = r->sgemm_n = n;
+    r->sgemm_k = k;
+    float *host = malloc((n > k ? n : k) * k * sizeof *host);
+    if (!host) die("out of memory (SGEMM operands)");
+    for (size_t i = 0; i < (n > k ? n : k) * k; i++) host[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    cl_mem A = make_buffer(b, n * k, host, "SGEMM A"), B = make_buffer(b, k * n, host, "SGEMM B");
+    cl_mem C = make_buffer(b, n * n, NULL, "SGEMM C");
+    free(host);
+    cl_command_queue q = b->queue;
+    double *t = malloc((size_t)o->iters * sizeof *t);
+    if (!t) die("out of memory");
+    for (int i = -1 - o->warmup; i < o->iters; i++) { /* one extra untimed call: CLBlast compiles on the first */
+        double t0 = now_ms();
+        CLBlastStatusCode s = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, k, 1.0f,
+                                           A, 0, k, B, 0, n, 0.0f, C, 0, n, &q, NULL);
+        if (s != CLBlastSuccess) die("CLBlastSgemm %zux%zux%zu failed: %s (%d)", n, n, k, clattn_status_string(s), (int)s);
+        check_cl(clFinish(q), "clFinish after SGEMM");
+        if (i >= 0) t[i] = now_ms() - t0;
+    }
+    r->sgemm = summarize(t, o->iters);
+    r->sgemm_gflops = 2.0 * (double)n * (double)n * (double)k / (r->sgemm.median * 1e6);
+    free(t);
+    clReleaseMemObject(A);
+    clReleaseMemObject(B);
+    clReleaseMemObject(C);
+}
+
+static void measure(const bench_ctx *b, const options *o, const clattn_op *op, result *r)
+{
+    if (o->settle_s > 0 && !settle(o->settle_s))
+        fprintf(stderr, "clattn-bench: the CPUs did not become idle within --settle %g s; measuring anyway\n",
+                o->settle_s);
+    const cpu_sample cpu0 = cpu_now();
+    memset(r, 0, sizeof *r);
+    r->op = *op;
+    r->flops = clattn_op_flops(op);
+    r->softmax_bytes = clattn_op_softmax_bytes(op);
+
+    clattn_op_data data;
+    char msg[160];
+    if (clattn_op_make(op, 0x0C1A77E5EEDull + op->seq, &data, msg, sizeof msg)) die("%s", msg);
+    float *out = malloc(data.out_count * sizeof *out);
+    double *t = malloc((size_t)o->iters * sizeof *t);
+    double *st = malloc((size_t)o->iters * NSTAGES * sizeof *st);
+    if (!out || !t || !st) die("out of memory (output of %zu floats)", data.out_count);
+    clattn_attention_args args = {.x = data.x, .out = out};
+
+    /* first call: plan creation (kernel builds, weight upload) + first execute */
+    if (b->opencl) CLBlastClearCache();
+    clattn_plan *plan = NULL;
+    double t0 = now_ms();
+    check_st(clattn_plan_create(b->dev, &data.desc, &data.weights, &plan), "clattn_plan_create");
+    check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute (first call)");
+    r->first_call_ms = now_ms() - t0;
+
+    if (b->opencl) {
+        cl_mem xb = make_buffer(b, data.x_count, data.x, "x"), ob = make_buffer(b, data.out_count, NULL, "out");
+        clattn_attention_buffers bufs = {0};
+        bufs.x.mem = xb;
+        bufs.out.mem = ob;
+        /* device-resident, profiling off */
+        for (int i = -o->warmup; i < o->iters; i++) {
+            double t1 = now_ms();
+            check_st(clattn_plan_execute_buffers(plan, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers");
+            check_cl(clFinish(b->queue), "clFinish");
+            if (i >= 0) t[i] = now_ms() - t1;
+        }
+        r->dev = summarize(t, o->iters);
+        /* stages: the same with marker events between the stages */
+        check_st(clattn_plan_set_profiling(plan, 1), "clattn_plan_set_profiling");
+        for (int i = 0; i < o->iters; i++) {
+            check_st(clattn_plan_execute_buffers(plan, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers (profiled)");
+            check_cl(clFinish(b->queue), "clFinish");
+            check_st(clattn_plan_stage_times(plan, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+        }
+        check_st(clattn_plan_set_profiling(plan, 0), "clattn_plan_set_profiling");
+        clReleaseMemObject(xb);
+        clReleaseMemObject(ob);
+        /* host-to-host */
+        for (int i = -o->warmup; i < o->iters; i++) {
+            double t1 = now_ms();
+            check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute");
+            if (i >= 0) t[i] = now_ms() - t1;
+        }
+        r->host = summarize(t, o->iters);
+    } else {
+        /* ref: host-to-host only; its profiling is host wall time per stage, at no cost */
+        check_st(clattn_plan_set_profiling(plan, 1), "clattn_plan_set_profiling");
+        for (int i = -o->warmup; i < o->iters; i++) {
+            double t1 = now_ms();
+            check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute");
+            if (i >= 0) {
+                t[i] = now_ms() - t1;
+                check_st(clattn_plan_stage_times(plan, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+            }
+        }
+        r->host = summarize(t, o->iters);
+    }
+    clattn_plan_free(plan);
+
+    /* per stage: median over the iterations; a stage that never ran (0 ms) is "not timed" */
+    double *v = malloc((size_t)o->iters * sizeof *v);
+    if (!v) die("out of memory");
+    double gemm = 0.0, all = 0.0;
+    for (int s = 0; s < NSTAGES; s++) {
+        int any = 0;
+        for (int i = 0; i < o->iters; i++) {
+            v[i] = st[(size_t)i * NSTAGES + s];
+            any |= v[i] > 0.0;
+        }
+        if (!any) continue;
+        r->stage[s] = summarize(v, o->iters);
+        all += r->stage[s].median;
+        if (is_gemm_stage(s)) gemm += r->stage[s].median;
+    }
+    free(v);
+    r->stage_sum_ms = all;
+    /* ref runs scores + softmax + context as one loop (reported under softmax): no GEMM share, no softmax rate */
+    if (b->opencl && all > 0.0) {
+        r->gemm_share = gemm / all;
+        r->gemm_share_valid = 1;
+    }
+    if (b->opencl && r->stage[CLATTN_STAGE_SOFTMAX].valid && r->stage[CLATTN_STAGE_SOFTMAX].median > 0.0) {
+        r->softmax_gbps = r->softmax_bytes / (r->stage[CLATTN_STAGE_SOFTMAX].median * 1e6);
+        r->softmax_valid = 1;
+    }
+    r->host_gflops = r->flops.total / (r->host.median * 1e6);
+    r->gflops = r->dev.valid ? r->flops.total / (r->dev.median * 1e6) : r->host_gflops;
+    if (b->opencl) {
+        measure_sgemm(b, o, r);
+        r->sgemm_fraction = r->gflops / r->sgemm_gflops;
+    }
+    free(out);
+    free(t);
+    free(st);
+    clattn_op_data_free(&data);
+    const cpu_sample cpu1 = cpu_now();
+    r->wall_s = (cpu1.wall_ms - cpu0.wall_ms) / 1e3;
+    r->interference = interference(cpu0, cpu1);
+}
+
+/* ------------------------------------------------------------------ output */
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, const char *key, double v, int valid)
+{
+    if (valid) fprintf(f, ",\"%s\":%.6g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+static void print_json(const bench_ctx *b, const options *o, const result *r)
+{
+    FILE *f = stdout;
+    fprintf(f, "{\"device\":");
+    json_string(f, b->device_name);
+    fprintf(f, ",\"driver\":");
+    json_string(f, b->driver);
+    fprintf(f, ",\"batch\":%zu,\"seq\":%zu,\"dim\":%zu,\"heads\":%zu,\"causal\":%s,\"dropout\":%g", r->op.batch,
+            r->op.seq, r->op.dim, r->op.heads, r->op.causal ? "true" : "false", (double)r->op.dropout);
+    fprintf(f, ",\"iters\":%d,\"warmup\":%d", o->iters, o->warmup);
+    json_num(f, "first_call_ms", r->first_call_ms, 1);
+    json_num(f, "median_ms", r->dev.median, r->dev.valid);
+    json_num(f, "min_ms", r->dev.min, r->dev.valid);
+    json_num(f, "max_ms", r->dev.max, r->dev.valid);
+    json_num(f, "host_median_ms", r->host.median, 1);
+    json_num(f, "host_min_ms", r->host.min, 1);
+    json_num(f, "host_max_ms", r->host.max, 1);
+    json_num(f, "flops", r->flops.total, 1);
+    json_num(f, "projection_flops", r->flops.projections, 1);
+    json_num(f, "core_flops", r->flops.core, 1);
+    json_num(f, "gflops", r->gflops, 1);
+    fprintf(f, ",\"gflops_basis\":\"%s\"", r->dev.valid ? "device" : "host");
+    json_num(f, "host_gflops", r->host_gflops, 1);
+    json_num(f, "gemm_share", r->gemm_share, r->gemm_share_valid);
+    json_num(f, "sgemm_gflops", r->sgemm_gflops, r->sgemm.valid);
+    json_num(f, "sgemm_fraction", r->sgemm_fraction, r->sgemm.valid);
+    if (r->sgemm.valid) fprintf(f, ",\"sgemm_mnk\":[%zu,%zu,%zu]", r->sgemm_m, r->sgemm_n, r->sgemm_k);
+    else fprintf(f, ",\"sgemm_mnk\":null");
+    json_num(f, "softmax_gbps", r->softmax_gbps, r->softmax_valid);
+    json_num(f, "softmax_bytes", r->softmax_bytes, 1);
+    json_num(f, "interference", r->interference, r->interference >= 0);
+    json_num(f, "wall_s", r->wall_s, 1);
+    const char *groups[3] = {"stages", "stages_min", "stages_max"};
+    for (int g = 0; g < 3; g++) {
+        fprintf(f, ",\"%s\":{", groups[g]);
+        for (int s = 0; s < NSTAGES; s++) {
+            const stats *x = &r->stage[s];
+            double val = g == 0 ? x->median : g == 1 ? x->min : x->max;
+            fprintf(f, "%s\"%s\":", s ? "," : "", clattn_stage_name((clattn_stage)s));
+            if (x->valid) fprintf(f, "%.6g", val);
+            else fprintf(f, "null");
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+static void csv_field_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void csv_num(FILE *f, double v, int valid)
+{
+    if (valid) fprintf(f, ",%.6g", v);
+    else fprintf(f, ",");
+}
+
+static void append_csv(const bench_ctx *b, const options *o, const result *r)
+{
+    struct stat sb;
+    int fresh = stat(o->csv, &sb) != 0 || sb.st_size == 0;
+    FILE *f = fopen(o->csv, "a");
+    if (!f) die("--csv %s: cannot open for appending: %s", o->csv, strerror(errno));
+    if (fresh) {
+        fprintf(f, "device,driver,batch,seq,dim,heads,causal,dropout,iters,warmup,first_call_ms,median_ms,min_ms,"
+                   "max_ms,host_median_ms,host_min_ms,host_max_ms,flops,gflops,host_gflops,gemm_share,"
+                   "sgemm_m,sgemm_n,sgemm_k,sgemm_gflops,sgemm_fraction,softmax_gbps,interference");
+        for (int s = 0; s < NSTAGES; s++) fprintf(f, ",%s_ms", clattn_stage_name((clattn_stage)s));
+        fprintf(f, "\n");
+    }
+    csv_field_str(f, b->device_name);
+    fputc(',', f);
+    csv_field_str(f, b->driver);
+    fprintf(f, ",%zu,%zu,%zu,%zu,%d,%g,%d,%d", r->op.batch, r->op.seq, r->op.dim, r->op.heads, r->op.causal,
+            (double)r->op.dropout, o->iters, o->warmup);
+    csv_num(f, r->first_call_ms, 1);
+    csv_num(f, r->dev.median, r->dev.valid);
+    csv_num(f, r->dev.min, r->dev.valid);
+    csv_num(f, r->dev.max, r->dev.valid);
+    csv_num(f, r->host.median, 1);
+    csv_num(f, r->host.min, 1);
+    csv_num(f, r->host.max, 1);
+    csv_num(f, r->flops.total, 1);
+    csv_num(f, r->gflops, 1);
+    csv_num(f, r->host_gflops, 1);
+    csv_num(f, r->gemm_share, r->gemm_share_valid);
+    csv_num(f, (double)r->sgemm_m, r->sgemm.valid);
+    csv_num(f, (double)r->sgemm_n, r->sgemm.valid);
+    csv_num(f, (double)r->sgemm_k, r->sgemm.valid);
+    csv_num(f, r->sgemm_gflops, r->sgemm.valid);
+    csv_num(f, r->sgemm_fraction, r->sgemm.valid);
+    csv_num(f, r->softmax_gbps, r->softmax_valid);
+    csv_num(f, r->interference, r->interference >= 0);
+    for (int s = 0; s < NSTAGES; s++) csv_num(f, r->stage[s].median, r->stage[s].valid);
+    fprintf(f, "\n");
+    if (fclose(f) != 0) die("--csv %s: write failed: %s", o->csv, strerror(errno));
+}
+
+static void print_header(const bench_ctx *b, const options *o)
+{
+    const clattn_op *op = &o->op;
+    printf("device: %s (driver %s)\n", b->device_name, b->driver);
+    printf("module: self-attention, Q/K/V + output projections with biases, LINEAR layout, random weights\n");
+    char tbuf[32];
+    if (o->sweep) snprintf(tbuf, sizeof tbuf, "T=sweep");
+    else snprintf(tbuf, sizeof tbuf, "T=%zu", op->seq);
+    printf("config: B=%zu %s E=%zu H=%zu (d=%zu), %s, dropout %g; %d iterations after %d warm-up\n", op->batch,
+           tbuf, op->dim, op->heads, op->dim / op->heads, op->causal ? "causal" : "non-causal",
+           (double)op->dropout, o->iters, o->warmup);
+    printf("FLOPs: projections 2*M*N*K each (QKV 2*(B*T)*(3E)*E, out 2*(B*T)*E*E); core 4*B*H*T^2*d%s\n",
+           op->causal ? ", halved for causal (FlashAttention convention)" : "");
+    printf("softmax bytes: the B*H*T^2 float scores read twice + written once; GEMM share = GEMM stages' device "
+           "time / all stages'\n");
+}
+
+static void fmt_opt(char *buf, size_t len, const char *fmt, double v, int valid)
+{
+    if (valid) snprintf(buf, len, fmt, v);
+    else snprintf(buf, len, "-");
+}
+
+static void print_interference(const result *r)
+{
+    if (r->interference < 0) return;
+    printf("other processes used %.1f%% of the CPUs during these %.1f s%s\n", 100.0 * r->interference, r->wall_s,
+           r->interference > 0.05 ? " (the figures above are skewed by them)" : "");
+}
+
+static void print_text(const bench_ctx *b, const options *o, const result *r)
+{
+    const clattn_op *op = &r->op;
+    print_header(b, o);
+    printf("T=%zu: %.4g GFLOP per call = projections %.4g (QKV %.4g + out %.4g) + core %.4g\n\n", op->seq,
+           r->flops.total / 1e9, r->flops.projections / 1e9, r->flops.qkv_projection / 1e9,
+           r->flops.out_projection / 1e9, r->flops.core / 1e9);
+    printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);
+    if (r->dev.valid)
+        printf("whole call, device-resident (execute_buffers + clFinish): median %.2f ms (min %.2f, max %.2f)  "
+               "%.2f GFLOP/s\n", r->dev.median, r->dev.min, r->dev.max, r->gflops);
+    else
+        printf("whole call, device-resident: - (ref has no device buffers)\n");
+    printf("whole call, host-to-host (execute from host arrays):  median %.2f ms (min %.2f, max %.2f)  "
+           "%.2f GFLOP/s\n\n", r->host.median, r->host.min, r->host.max, r->host_gflops);
+
+    printf("%-16s %10s %10s %10s %7s  %s\n", "stage", "median ms", "min ms", "max ms", "share", "rate");
+    for (int s = 0; s < NSTAGES; s++) {
+        const stats *x = &r->stage[s];
+        const char *name = clattn_stage_name((clattn_stage)s);
+        if (!x->valid) {
+            printf("%-16s %10s %10s %10s %7s  %s\n", name, "-", "-", "-", "-",
+                   b->opencl ? "(did not run)" : "(not timed apart on ref)");
+            continue;
+        }
+        char rate[64] = "";
+        if (is_gemm_stage(s)) snprintf(rate, sizeof rate, "%.2f GFLOP/s", stage_flops(r, s) / (x->median * 1e6));
+        else if (s == CLATTN_STAGE_SOFTMAX && r->softmax_valid) snprintf(rate, sizeof rate, "%.2f GB/s", r->softmax_gbps);
+        else if (s == CLATTN_STAGE_SOFTMAX) snprintf(rate, sizeof rate, "(ref: scores + softmax + context)");
+        printf("%-16s %10.3f %10.3f %10.3f %6.1f%%  %s\n", name, x->median, x->min, x->max,
+               r->stage_sum_ms > 0 ? 100.0 * x->median / r->stage_sum_ms : 0.0, rate);
+    }
+    printf("%-16s %10.3f   (%s)\n\n", "sum of stages", r->stage_sum_ms,
+           b->opencl ? "profiled runs, marker events between the stages" : "host wall time per stage");
+    if (r->gemm_share_valid)
+        printf("GEMM share: %.1f%% of the stages' device time (non-GEMM stages %.1f%%)\n", 100.0 * r->gemm_share,
+               100.0 * (1.0 - r->gemm_share));
+    else
+        printf("GEMM share: - (ref times scores, softmax and context as one loop)\n");
+    if (r->sgemm.valid)
+        printf("CLBlast SGEMM %zux%zux%zu (same FLOPs, same timing): median %.2f ms (min %.2f, max %.2f)  "
+               "%.2f GFLOP/s; attention reaches %.2f of it\n",
+               r->sgemm_m, r->sgemm_n, r->sgemm_k, r->sgemm.median, r->sgemm.min, r->sgemm.max, r->sgemm_gflops,
+               r->sgemm_fraction);
+    else
+        printf("CLBlast SGEMM: - (ref)\n");
+    print_interference(r);
+}
+
+static void print_sweep_table(const bench_ctx *b, const options *o, const result *rs, int n, const char *note)
+{
+    print_header(b, o);
+    printf("\n%6s %10s %10s %21s %10s %9s %7s %9s %9s %6s %7s\n", "T", "GFLOP", "first ms", "median ms (min-max)",
+           "host ms", "GFLOP/s", "GEMM%", "smax GB/s", "SGEMM", "frac", "others");
+    for (int i = 0; i < n; i++) {
+        const result *r = &rs[i];
+        char med[64], share[16], smax[16], sg[16], frac[16], oth[16];
+        if (r->dev.valid) snprintf(med, sizeof med, "%.2f (%.2f-%.2f)", r->dev.median, r->dev.min, r->dev.max);
+        else snprintf(med, sizeof med, "-");
+        fmt_opt(share, sizeof share, "%.1f", 100.0 * r->gemm_share, r->gemm_share_valid);
+        fmt_opt(smax, sizeof smax, "%.2f", r->softmax_gbps, r->softmax_valid);
+        fmt_opt(sg, sizeof sg, "%.2f", r->sgemm_gflops, r->sgemm.valid);
+        fmt_opt(frac, sizeof frac, "%.2f", r->sgemm_fraction, r->sgemm.valid);
+        fmt_opt(oth, sizeof oth, "%.1f%%", 100.0 * r->interference, r->interference >= 0);
+        printf("%6zu %10.4g %10.1f %21s %10.2f %9.2f %7s %9s %9s %6s %7s\n", r->op.seq, r->flops.total / 1e9,
+               r->first_call_ms, med, r->host.median, r->gflops, share, smax, sg, frac, oth);
+    }
+    printf("GFLOP/s: device-resident where there is one, else host-to-host (ref); SGEMM in GFLOP/s;\n"
+           "others: share of the CPUs other processes used while the row was measured\n");
+    if (note) printf("%s\n", note);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv)
+{
+    options o;
+    parse_options(argc, argv, &o);
+
+    bench_ctx b;
+    memset(&b, 0, sizeof b);
+    check_st(clattn_device_open(o.device, &b.dev), "--device");
+    const char *notice = clattn_device_notice(b.dev);
+    if (notice) fprintf(stderr, "clattn-bench: notice: %s\n", notice);
+    b.opencl = clattn_device_backend(b.dev) == CLATTN_BACKEND_OPENCL;
+    snprintf(b.device_name, sizeof b.device_name, "%s", clattn_device_name(b.dev));
+    snprintf(b.driver, sizeof b.driver, "n/a");
+    if (b.opencl) {
+        b.ctx = clattn_device_context(b.dev);
+        b.queue = clattn_device_queue(b.dev);
+        cl_device_id id = NULL;
+        check_cl(clGetCommandQueueInfo(b.queue, CL_QUEUE_DEVICE, sizeof id, &id, NULL), "clGetCommandQueueInfo");
+        char drv[sizeof b.driver] = "";
+        check_cl(clGetDeviceInfo(id, CL_DRIVER_VERSION, sizeof drv - 1, drv, NULL), "clGetDeviceInfo(CL_DRIVER_VERSION)");
+        drv[sizeof drv - 1] = '\0';
+        snprintf(b.driver, sizeof b.driver, "%s", drv);
+    }
+
+    if (!o.sweep) {
+        result r;
+        measure(&b, &o, &o.op, &r);
+        if (o.json) print_json(&b, &o, &r);
+        else print_text(&b, &o, &r);
+        if (o.csv) append_csv(&b, &o, &r);
+        clattn_device_free(b.dev);
+        return 0;
+    }
+
+    result rs[NSWEEP];
+    int n = 0;
+    char note[256] = "";
+    for (size_t i = 0; i < NSWEEP; i++) {
+        clattn_op op = o.op;
+        op.seq = sweep_seqs[i];
+        if (n > 0) {
+            /* projection: the steady part scales with the FLOPs, the first call's compile part does not */
+            const result *prev = &rs[n - 1];
+            double ratio = clattn_op_flops(&op).total / prev->flops.total;
+            double fixed = prev->first_call_ms / 1e3;
+            double projected = fixed + (prev->wall_s - fixed) * ratio;
+            if (projected > o.budget_s) {
+                snprintf(note, sizeof note,
+                         "sweep stopped before T=%zu: projected %.0f s for that configuration, over the %.0f s budget "
+                         "(--budget)", op.seq, projected, o.budget_s);
+                fprintf(stderr, "clattn-bench: %s\n", note);
+                break;
+            }
+        }
+        fprintf(stderr, "clattn-bench: [%zu/%zu] B=%zu T=%zu E=%zu H=%zu ...", i + 1, NSWEEP, op.batch, op.seq, op.dim,
+                op.heads);
+        fflush(stderr);
+        measure(&b, &o, &op, &rs[n]);
+        fprintf(stderr, " %.2f ms, %.2f GFLOP/s (%.1f s)\n", rs[n].dev.valid ? rs[n].dev.median : rs[n].host.median,
+                rs[n].gflops, rs[n].wall_s);
+        if (o.json) print_json(&b, &o, &rs[n]);
+        if (o.csv) append_csv(&b, &o, &rs[n]);
+        n++;
+    }
+    if (!o.json) print_sweep_table(&b, &o, rs, n, note[0] ? note : NULL);
+    clattn_device_free(b.dev);
+    return 0;
+}

@@ -1,0 +1,416 @@
+/* test_bench.c: the benchmark's op description (bench/attention_op.h) and the
+ * clattn-bench program. The FLOP and byte formulas are checked against numbers
+ * worked out by hand; clattn-bench (CLATTN_BENCH_PATH) is started with
+ * fork/exec on ref and on the OpenCL device and its --json line is checked for
+ * every documented key and for positive figures. No timing is asserted. */
+#include "attention_op.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static clattn_op op_of(size_t B, size_t T, size_t E, size_t H, int causal)
+{
+    clattn_op op = {0};
+    op.batch = B;
+    op.seq = T;
+    op.dim = E;
+    op.heads = H;
+    op.causal = causal;
+    return op;
+}
+
+/* ---------------------------------------------------------------- FLOPs and bytes */
+
+Test(op, flops_default_config)
+{
+    /* B=4 T=512 E=512 H=8 (d=64):
+     *   QKV  2 * 2048 * 1536 * 512   = 3 221 225 472
+     *   out  2 * 2048 * 512 * 512    = 1 073 741 824
+     *   core 4 * 4 * 8 * 512^2 * 64  = 2 147 483 648 */
+    clattn_op op = op_of(4, 512, 512, 8, 0);
+    clattn_op_flop_count f = clattn_op_flops(&op);
+    cr_expect_eq(f.qkv_projection, 3221225472.0);
+    cr_expect_eq(f.out_projection, 1073741824.0);
+    cr_expect_eq(f.projections, 4294967296.0);
+    cr_expect_eq(f.core, 2147483648.0);
+    cr_expect_eq(f.scores, 1073741824.0);
+    cr_expect_eq(f.context, 1073741824.0);
+    cr_expect_eq(f.total, 6442450944.0);
+
+    op.causal = 1; /* the core halves, the projections do not */
+    f = clattn_op_flops(&op);
+    cr_expect_eq(f.projections, 4294967296.0);
+    cr_expect_eq(f.core, 1073741824.0);
+    cr_expect_eq(f.scores, 536870912.0);
+    cr_expect_eq(f.total, 5368709120.0);
+}
+
+Test(op, flops_small_configs)
+{
+    /* B=1 T=16 E=32 H=2 (d=16): QKV 2*16*96*32 = 98304, out 2*16*32*32 = 32768, core 4*1*2*256*16 = 32768 */
+    clattn_op op = op_of(1, 16, 32, 2, 0);
+    clattn_op_flop_count f = clattn_op_flops(&op);
+    cr_expect_eq(f.qkv_projection, 98304.0);
+    cr_expect_eq(f.out_projection, 32768.0);
+    cr_expect_eq(f.core, 32768.0);
+    cr_expect_eq(f.total, 163840.0);
+
+    /* B=2 T=3 E=6 H=3 (d=2): QKV 2*6*18*6 = 1296, out 2*6*6*6 = 432, core 4*2*3*9*2 = 432; causal core 216 */
+    op = op_of(2, 3, 6, 3, 0);
+    f = clattn_op_flops(&op);
+    cr_expect_eq(f.qkv_projection, 1296.0);
+    cr_expect_eq(f.out_projection, 432.0);
+    cr_expect_eq(f.core, 432.0);
+    cr_expect_eq(f.total, 2160.0);
+    op.causal = 1;
+    cr_expect_eq(clattn_op_flops(&op).core, 216.0);
+    cr_expect_eq(clattn_op_flops(&op).total, 1944.0);
+
+    /* the core does not depend on how E is split into heads: H*d = E */
+    clattn_op a = op_of(3, 10, 64, 1, 0), b = op_of(3, 10, 64, 16, 0);
+    cr_expect_eq(clattn_op_flops(&a).core, clattn_op_flops(&b).core);
+    cr_expect_eq(clattn_op_flops(&a).core, 4.0 * 3 * 100 * 64);
+}
+
+Test(op, softmax_bytes)
+{
+    /* B=4 H=8 T=512: 8 388 608 scores; read twice + written once, 4 bytes: 100 663 296 */
+    clattn_op op = op_of(4, 512, 512, 8, 0);
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 100663296.0);
+    op.causal = 1; /* masked scores are still read and written */
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 100663296.0);
+    op.key_padding_mask = 1; /* + 1 byte per score in each of 2 passes */
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 100663296.0 + 16777216.0);
+    op.key_padding_mask = 0;
+    op.attn_mask = CLATTN_MASK_BOOL;
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 100663296.0 + 16777216.0);
+    op.attn_mask = CLATTN_MASK_FLOAT; /* + 4 bytes per score in each of 2 passes */
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 100663296.0 + 67108864.0);
+
+    /* B=1 H=2 T=16: 512 scores * 12 bytes = 6144 */
+    op = op_of(1, 16, 32, 2, 0);
+    cr_expect_eq(clattn_op_softmax_bytes(&op), 6144.0);
+}
+
+Test(op, check)
+{
+    char msg[128];
+    clattn_op op = op_of(1, 16, 32, 2, 0);
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 0);
+    op.heads = 3;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "divide") != NULL, "%s", msg);
+    op = op_of(0, 16, 32, 2, 0);
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    op = op_of(1, 0, 32, 2, 0);
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    op = op_of(1, 16, 32, 2, 0);
+    op.dropout = 1.0f;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    op.dropout = 0.1f;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 0);
+}
+
+Test(op, make_fills_desc_and_weights)
+{
+    char msg[128];
+    clattn_op op = op_of(2, 5, 12, 3, 1);
+    op.dropout = 0.25f;
+    clattn_op_data a, b;
+    cr_assert_eq(clattn_op_make(&op, 42, &a, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(clattn_op_make(&op, 42, &b, msg, sizeof msg), 0, "%s", msg);
+    const clattn_attention_desc *d = &a.desc;
+    cr_expect_eq(d->batch, 2);
+    cr_expect_eq(d->seq_q, 5);
+    cr_expect_eq(d->embed, 12);
+    cr_expect_eq(d->heads, 3);
+    cr_expect_eq(d->head_dim_qk, 4);
+    cr_expect_eq(d->head_dim_v, 4);
+    cr_expect_eq(d->out_dim, 12);
+    cr_expect_eq(d->causal, 1);
+    cr_expect_eq(d->cross, 0);
+    cr_expect_eq(d->layout, CLATTN_LAYOUT_LINEAR);
+    cr_expect_eq(d->dropout, 0.25f);
+    cr_expect_eq(a.x_count, 2 * 5 * 12);
+    cr_expect_eq(a.out_count, 2 * 5 * 12);
+    const clattn_attention_weights *w = &a.weights;
+    cr_assert(w->w_query && w->w_key && w->w_value && w->w_out);
+    cr_assert(w->b_query && w->b_key && w->b_value && w->b_out);
+    const float bound = 1.0f / sqrtf(12.0f);
+    for (size_t i = 0; i < 12 * 12; i++) {
+        cr_expect(fabsf(w->w_query[i]) <= bound && fabsf(w->w_out[i]) <= bound);
+        cr_expect(fabsf(w->w_key[i]) <= bound && fabsf(w->w_value[i]) <= bound);
+    }
+    for (size_t i = 0; i < 12; i++) cr_expect(fabsf(w->b_query[i]) <= 0.1f && fabsf(w->b_out[i]) <= 0.1f);
+    for (size_t i = 0; i < a.x_count; i++) cr_expect(a.x[i] >= -1.0f && a.x[i] <= 1.0f);
+    /* deterministic: the same seed gives the same numbers, another seed others */
+    cr_expect(memcmp(a.x, b.x, a.x_count * sizeof *a.x) == 0);
+    cr_expect(memcmp(a.weights.w_value, b.weights.w_value, 144 * sizeof(float)) == 0);
+    clattn_op_data c;
+    cr_assert_eq(clattn_op_make(&op, 43, &c, msg, sizeof msg), 0);
+    cr_expect(memcmp(a.x, c.x, a.x_count * sizeof *a.x) != 0);
+
+    /* the description plans and runs (ref) */
+    clattn_device *dev = tu_open_ref();
+    cr_assert(dev);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &a.desc, &a.weights, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float out[2 * 5 * 12];
+    clattn_attention_args args = {.x = a.x, .out = out};
+    cr_expect_eq(clattn_plan_execute(plan, &args), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t i = 0; i < a.out_count; i++) cr_expect(isfinite(out[i]));
+    clattn_plan_free(plan);
+    clattn_device_free(dev);
+    clattn_op_data_free(&a);
+    clattn_op_data_free(&b);
+    clattn_op_data_free(&c);
+    cr_expect_null(a.x);
+
+    op.heads = 5; /* does not divide 12 */
+    cr_expect_eq(clattn_op_make(&op, 1, &a, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "divide") != NULL, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- clattn-bench, end to end */
+
+typedef struct run_result {
+    int status;        /* exit status, or -1 when killed */
+    char out[16384];   /* stdout */
+    char err[4096];    /* stderr */
+} run_result;
+
+static void read_fd(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf + n, cap - 1 - n);
+        if (k <= 0) break;
+        n += (size_t)k;
+        if (n == cap - 1) {   /* full: drain the rest */
+            char sink[4096];
+            while (read(fd, sink, sizeof sink) > 0) {}
+            break;
+        }
+    }
+    buf[n] = '\0';
+}
+
+/* Run clattn-bench with argv (argv[0] ignored, NULL-terminated); stdout through a pipe, stderr via a file. */
+static void run_bench(const char *const *args, run_result *r)
+{
+    char err_path[] = "/tmp/clattn_test_bench_err_XXXXXX";
+    int err_fd = mkstemp(err_path);
+    cr_assert(err_fd >= 0, "mkstemp failed");
+    int p[2];
+    cr_assert(pipe(p) == 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(err_fd, 2);
+        close(p[0]);
+        close(p[1]);
+        close(err_fd);
+        const char *argv[32];
+        int n = 0;
+        argv[n++] = CLATTN_BENCH_PATH;
+        for (int i = 1; args[i] && n < 31; i++) argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(CLATTN_BENCH_PATH, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    read_fd(p[0], r->out, sizeof r->out);
+    close(p[0]);
+    int ws = 0;
+    cr_assert(waitpid(pid, &ws, 0) == pid);
+    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+    lseek(err_fd, 0, SEEK_SET);
+    read_fd(err_fd, r->err, sizeof r->err);
+    close(err_fd);
+    unlink(err_path);
+}
+
+/* The text just after "key": in a one-line JSON object, or NULL (a small key search, no JSON library). */
+static const char *json_value(const char *json, const char *key)
+{
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    return p ? p + strlen(pat) : NULL;
+}
+
+static int json_is_null(const char *v) { return v && strncmp(v, "null", 4) == 0; }
+
+/* A number value: 1 and *out on success, 0 when absent, null or not a number. */
+static int json_number(const char *json, const char *key, double *out)
+{
+    const char *v = json_value(json, key);
+    if (!v || json_is_null(v)) return 0;
+    char *end;
+    *out = strtod(v, &end);
+    return end != v && (*end == ',' || *end == '}');
+}
+
+static const char *const all_keys[] = {
+    "device", "driver", "batch", "seq", "dim", "heads", "causal", "first_call_ms", "median_ms", "min_ms", "max_ms",
+    "host_median_ms", "gflops", "gemm_share", "sgemm_gflops", "sgemm_fraction", "softmax_gbps", "stages"};
+
+static void expect_positive(const char *json, const char *key)
+{
+    double v = 0;
+    cr_expect(json_number(json, key, &v), "%s is not a number in %s", key, json);
+    cr_expect(v > 0 && isfinite(v), "%s = %g is not positive", key, v);
+}
+
+/* Checks shared by both devices; returns the JSON line (r->out). */
+static const char *check_common(const run_result *r, const char *device_spec)
+{
+    cr_assert_eq(r->status, 0, "clattn-bench --device %s exited %d; stderr:\n%s", device_spec, r->status, r->err);
+    const char *json = r->out;
+    cr_assert(json[0] == '{', "stdout does not start a JSON object:\n%s", json);
+    const char *nl = strchr(json, '\n');
+    cr_assert(nl && nl[1] == '\0', "expected exactly one line of JSON:\n%s", json);
+    cr_assert(nl[-1] == '}', "the JSON line does not end its object:\n%s", json);
+    for (size_t i = 0; i < sizeof all_keys / sizeof all_keys[0]; i++)
+        cr_expect(json_value(json, all_keys[i]) != NULL, "key \"%s\" missing from\n%s", all_keys[i], json);
+    const char *dv = json_value(json, "device"), *dr = json_value(json, "driver");
+    cr_expect(dv && dv[0] == '"' && dv[1] != '"', "device is not a non-empty string");
+    cr_expect(dr && dr[0] == '"' && dr[1] != '"', "driver is not a non-empty string");
+    double v;
+    cr_expect(json_number(json, "batch", &v) && v == 1);
+    cr_expect(json_number(json, "seq", &v) && v == 16);
+    cr_expect(json_number(json, "dim", &v) && v == 32);
+    cr_expect(json_number(json, "heads", &v) && v == 2);
+    cr_expect(strncmp(json_value(json, "causal"), "false", 5) == 0);
+    expect_positive(json, "first_call_ms");
+    expect_positive(json, "host_median_ms");
+    expect_positive(json, "gflops");
+    const char *stages = json_value(json, "stages");
+    cr_assert(stages && stages[0] == '{', "stages is not an object");
+    const char *stages_end = strchr(stages, '}');
+    cr_assert(stages_end);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"%s\":", clattn_stage_name((clattn_stage)s));
+        const char *at = strstr(stages, pat);
+        cr_expect(at && at < stages_end, "stage %s missing from stages", pat);
+    }
+    return json;
+}
+
+static double stage_ms(const char *json, const char *name)
+{
+    const char *stages = json_value(json, "stages");
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", name);
+    const char *at = strstr(stages, pat);
+    if (!at || json_is_null(at + strlen(pat))) return -1.0;
+    return strtod(at + strlen(pat), NULL);
+}
+
+Test(bench, smoke_ref, .timeout = 120)
+{
+    const char *args[] = {"clattn-bench", "--json", "--batch", "1", "--seq", "16", "--dim", "32", "--heads", "2",
+                          "--iters", "2", "--warmup", "1", "--device", "ref", NULL};
+    run_result *r = calloc(1, sizeof *r);
+    run_bench(args, r);
+    const char *json = check_common(r, "ref");
+    cr_expect(strstr(json, "\"driver\":\"n/a\"") != NULL, "ref's driver is not n/a");
+    /* ref: no device-resident figures and no SGEMM: null */
+    const char *nulls[] = {"median_ms", "min_ms", "max_ms", "sgemm_gflops", "sgemm_fraction"};
+    for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++)
+        cr_expect(json_is_null(json_value(json, nulls[i])), "%s should be null on ref", nulls[i]);
+    cr_expect(stage_ms(json, "qkv_projection") > 0 && stage_ms(json, "out_projection") > 0);
+    free(r);
+}
+
+Test(bench, smoke_opencl, .timeout = 300)
+{
+    const char *spec = getenv("CLATTN_TEST_DEVICE");
+    if (!spec || !*spec) spec = "opencl";
+    const char *args[] = {"clattn-bench", "--json", "--batch", "1", "--seq", "16", "--dim", "32", "--heads", "2",
+                          "--iters", "2", "--warmup", "1", "--device", spec, NULL};
+    run_result *r = calloc(1, sizeof *r);
+    run_bench(args, r);
+    const char *json = check_common(r, spec);
+    cr_expect(strstr(json, "\"driver\":\"n/a\"") == NULL, "an OpenCL device reports its driver version");
+    const char *positive[] = {"median_ms", "min_ms", "max_ms", "gemm_share", "sgemm_gflops", "sgemm_fraction",
+                              "softmax_gbps"};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++) expect_positive(json, positive[i]);
+    double lo = 0, med = 0, hi = 0, share = 0;
+    json_number(json, "min_ms", &lo);
+    json_number(json, "median_ms", &med);
+    json_number(json, "max_ms", &hi);
+    cr_expect(lo <= med && med <= hi, "min %g <= median %g <= max %g", lo, med, hi);
+    json_number(json, "gemm_share", &share);
+    cr_expect(share <= 1.0, "gemm_share %g > 1", share);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) {
+        const char *name = clattn_stage_name((clattn_stage)s);
+        cr_expect(stage_ms(json, name) > 0, "stage %s has no positive time (H=2: every stage runs)", name);
+    }
+    free(r);
+}
+
+Test(bench, csv_appends_with_one_header, .timeout = 120)
+{
+    char path[] = "/tmp/clattn_test_bench_csv_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path); /* the bench creates it: a new file gets the header */
+    const char *args[] = {"clattn-bench", "--device", "ref", "--batch", "1", "--seq", "8", "--dim", "8", "--heads",
+                          "2", "--iters", "1", "--warmup", "0", "--csv", path, NULL};
+    run_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 2; k++) {
+        run_bench(args, r);
+        cr_assert_eq(r->status, 0, "stderr:\n%s", r->err);
+    }
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no CSV file written");
+    char line[4096];
+    int lines = 0, headers = 0;
+    while (fgets(line, sizeof line, f)) {
+        lines++;
+        if (strncmp(line, "device,driver,batch,seq", 23) == 0) headers++;
+    }
+    fclose(f);
+    unlink(path);
+    cr_expect_eq(lines, 3, "expected a header and two rows, got %d lines", lines);
+    cr_expect_eq(headers, 1);
+    free(r);
+}
+
+Test(bench, errors_exit_nonzero_with_a_message, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *bad_opt[] = {"clattn-bench", "--frobnicate", NULL};
+    run_bench(bad_opt, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--frobnicate") != NULL, "stderr: %s", r->err);
+
+    const char *bad_heads[] = {"clattn-bench", "--device", "ref", "--dim", "10", "--heads", "3", NULL};
+    run_bench(bad_heads, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "divide") != NULL, "stderr: %s", r->err);
+
+    const char *bad_device[] = {"clattn-bench", "--device", "name=no-such-device-anywhere", "--seq", "8", NULL};
+    run_bench(bad_device, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--device") != NULL, "stderr: %s", r->err);
+    cr_expect_eq(r->out[0], '\0', "nothing on stdout on an error");
+
+    const char *sweep_and_seq[] = {"clattn-bench", "--sweep", "--seq", "64", NULL};
+    run_bench(sweep_and_seq, r);
+    cr_expect_neq(r->status, 0);
+    free(r);
+}
