@@ -49,12 +49,6 @@ struct clattn_cl_state {
                                                  clattn_status_string(e_));                   \
     } while (0)
 
-static clattn_status blas_check(CLBlastStatusCode s, const char *what)
-{
-    if (s == CLBlastSuccess) return CLATTN_STATUS_SUCCESS;
-    return clattn_fail((clattn_status)s, "CLBlast %s failed (%d: %s)", what, (int)s, clattn_status_string(s));
-}
-
 /* ---- plan creation */
 
 static size_t pow2_at_most(size_t n)
@@ -375,21 +369,16 @@ static clattn_status gemm(struct clattn_plan *p, CLBlastTranspose tb, size_t m, 
                           view a, size_t lda, view b, size_t ldb, float beta, view cmat, size_t ldc,
                           const char *what)
 {
-    cl_command_queue q = p->device->queue;
-    return blas_check(CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha, a.mem, a.off, lda,
-                                   b.mem, b.off, ldb, beta, cmat.mem, cmat.off, ldc, &q, NULL),
-                      what);
+    return clattn_blas_sgemm(p->device->queue, tb, m, n, k, alpha, a.mem, a.off, lda, b.mem, b.off, ldb, beta,
+                             cmat.mem, cmat.off, ldc, what);
 }
 
 static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, size_t m, size_t n, size_t k,
                                   float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
                                   view cmat, size_t ldc, size_t sc, size_t count, const char *what)
 {
-    cl_command_queue q = p->device->queue;
-    return blas_check(CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha,
-                                                 a.mem, a.off, lda, sa, b.mem, b.off, ldb, sb, 0.0f, cmat.mem,
-                                                 cmat.off, ldc, sc, count, &q, NULL),
-                      what);
+    return clattn_blas_sgemm_strided_batched(p->device->queue, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem,
+                                             b.off, ldb, sb, 0.0f, cmat.mem, cmat.off, ldc, sc, count, what);
 }
 
 #define TRY(expr)                                  \

@@ -329,11 +329,8 @@ static clattn_status residual_bias(struct clattn_encoder_plan *p, view dst, view
 static clattn_status linear(struct clattn_encoder_plan *p, size_t m, size_t n, size_t k, view a, cl_mem w, view cmat,
                             const char *what)
 {
-    cl_command_queue q = p->device->queue;
-    CLBlastStatusCode s = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, m, n, k, 1.0f,
-                                       a.mem, a.off, k, w, 0, k, 0.0f, cmat.mem, cmat.off, n, &q, NULL);
-    if (s == CLBlastSuccess) return CLATTN_STATUS_SUCCESS;
-    return clattn_fail((clattn_status)s, "CLBlast %s failed (%d: %s)", what, (int)s, clattn_status_string(s));
+    return clattn_blas_sgemm(p->device->queue, CLBlastTransposeYes, m, n, k, 1.0f, a.mem, a.off, k, w, 0, k, 0.0f,
+                             cmat.mem, cmat.off, n, what);
 }
 
 /* The self-attention on device buffers: dst = SA(src). */

@@ -3,6 +3,7 @@
 #define CLATTN_INTERNAL_H
 
 #include "clattn.h"
+#include <clblast_c.h>
 #include <stdarg.h>
 
 /* ---- errors (status.c) */
@@ -31,6 +32,18 @@ float *clattn_vector_copy(const float *src, size_t n);
 
 /* ---- size arithmetic that cannot wrap (plan.c) */
 int clattn_mul_overflows(size_t a, size_t b, size_t *out);
+
+/* ---- CLBlast (blas.c): every call is serialised by one process-wide lock, because
+ * CLBlast's first-use initialisation is not thread-safe. Row-major, A not transposed:
+ * C (m, n) = alpha * A (m, k) * op(B) + beta * C; `what` names the GEMM in errors. */
+clattn_status clattn_blas_sgemm(cl_command_queue queue, CLBlastTranspose tb, size_t m, size_t n, size_t k,
+                                float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b, size_t b_off, size_t ldb,
+                                float beta, cl_mem c, size_t c_off, size_t ldc, const char *what);
+clattn_status clattn_blas_sgemm_strided_batched(cl_command_queue queue, CLBlastTranspose tb, size_t m, size_t n,
+                                                size_t k, float alpha, cl_mem a, size_t a_off, size_t lda,
+                                                size_t a_stride, cl_mem b, size_t b_off, size_t ldb, size_t b_stride,
+                                                float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
+                                                size_t count, const char *what);
 
 /* ---- devices (device.c) */
 struct clattn_device {
