@@ -108,7 +108,9 @@ CLATTN_API clattn_status clattn_device_list(clattn_device_info *infos, size_t ca
 CLATTN_API clattn_status clattn_device_open(const char *spec, clattn_device **device);
 
 /* Use a command queue (and its context and device) that the caller owns.
- * clattn retains them and releases its references in clattn_device_free. */
+ * clattn retains them and releases its references in clattn_device_free.
+ * The queue must be in-order (an out-of-order queue: CLATTN_STATUS_INVALID_ARGUMENT);
+ * with CL_QUEUE_PROFILING_ENABLE, plans on it can report stage times. */
 CLATTN_API clattn_status clattn_device_from_queue(cl_command_queue queue, clattn_device **device);
 
 CLATTN_API void clattn_device_free(clattn_device *device);

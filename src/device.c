@@ -290,6 +290,11 @@ clattn_status clattn_device_from_queue(cl_command_queue queue, clattn_device **d
     if (err == CL_SUCCESS) err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof id, &id, NULL);
     if (err == CL_SUCCESS) err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
     if (err != CL_SUCCESS) return clattn_fail((clattn_status)err, "querying the caller's queue failed (%d)", err);
+    /* every execution is a chain of kernels and GEMMs that relies on in-order execution */
+    if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
+                           "queue is out-of-order (CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE): clattn needs an in-order "
+                           "queue");
     clattn_device *dev = device_new(CLATTN_BACKEND_OPENCL);
     if (!dev) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the device object");
     clRetainContext(ctx);

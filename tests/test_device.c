@@ -84,6 +84,34 @@ Test(device, default_from_environment)
     clattn_device_free(dev);
 }
 
+/* An out-of-order queue is refused: every execution relies on in-order execution. */
+Test(device, out_of_order_queue_refused)
+{
+    clattn_device *own = tu_open_opencl();
+    cr_assert(own);
+    cl_device_id id;
+    clGetCommandQueueInfo(clattn_device_queue(own), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+    cl_command_queue_properties supported = 0;
+    clGetDeviceInfo(id, CL_DEVICE_QUEUE_PROPERTIES, sizeof supported, &supported, NULL);
+    if (!(supported & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
+        clattn_device_free(own);
+        cr_skip_test("the device has no out-of-order queues");
+    }
+    cl_int err;
+    cl_command_queue q = clCreateCommandQueue(clattn_device_context(own), id, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE,
+                                              &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    clattn_device *dev = (clattn_device *)&err; /* must come back NULL */
+    cr_expect_eq(clattn_device_from_queue(q, &dev), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_expect_null(dev);
+    cr_expect(strstr(clattn_last_error(), "in-order") != NULL, "%s", clattn_last_error());
+    cl_uint refs = 0;
+    clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL);
+    cr_expect_eq(refs, 1, "a refused queue is not retained");
+    clReleaseCommandQueue(q);
+    clattn_device_free(own);
+}
+
 /* A caller-owned context and queue (no profiling), buffers with offsets, a wait list and an event. */
 Test(device, caller_owned_queue_and_buffers)
 {
