@@ -17,9 +17,18 @@ int clattn_op_check(const clattn_op *op, char *msg, size_t len)
     else if (op->heads == 0) why = "heads must be >= 1";
     else if (op->dim % op->heads) why = "heads must divide dim";
     else if (!(op->dropout >= 0.0f && op->dropout < 1.0f)) why = "dropout must be in [0, 1)";
+    else if (op->encoder && op->dropout != 0.0f) why = "the encoder layer runs in eval mode: no dropout";
+    else if (op->encoder && op->activation != CLATTN_ACTIVATION_RELU && op->activation != CLATTN_ACTIVATION_GELU)
+        why = "unknown activation";
+    else if (op->encoder && op->ff_dim == 0 && op->dim > SIZE_MAX / 4) why = "dim too large for F = 4E";
     if (!why) return 0;
     if (msg && len) snprintf(msg, len, "%s", why);
     return 1;
+}
+
+size_t clattn_op_ff_dim(const clattn_op *op)
+{
+    return op->ff_dim ? op->ff_dim : 4 * op->dim;
 }
 
 clattn_op_flop_count clattn_op_flops(const clattn_op *op)
@@ -32,7 +41,8 @@ clattn_op_flop_count clattn_op_flops(const clattn_op *op)
     f.projections = f.qkv_projection + f.out_projection;
     f.core = 4.0 * B * H * T * T * d * (op->causal ? 0.5 : 1.0);
     f.scores = f.context = f.core / 2.0;
-    f.total = f.projections + f.core;
+    f.ffn = op->encoder ? 4.0 * (B * T) * (double)clattn_op_ff_dim(op) * E : 0.0;
+    f.total = f.projections + f.core + f.ffn;
     return f;
 }
 
@@ -60,6 +70,15 @@ static void fill_uniform(uint64_t *s, float *a, size_t n, float lo, float hi)
     for (size_t i = 0; i < n; i++) a[i] = lo + (hi - lo) * (float)((next_u64(s) >> 40) * (1.0 / 16777216.0));
 }
 
+/* *acc += a * b; 1 when that overflows */
+static int add_product(size_t *acc, size_t a, size_t b)
+{
+    if (a && b > SIZE_MAX / a) return 1;
+    if (*acc > SIZE_MAX - a * b) return 1;
+    *acc += a * b;
+    return 0;
+}
+
 int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, char *msg, size_t len)
 {
     if (!data) {
@@ -69,10 +88,17 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     memset(data, 0, sizeof *data);
     if (clattn_op_check(op, msg, len)) return 1;
     const size_t B = op->batch, T = op->seq, E = op->dim, H = op->heads;
-    /* x, 4 matrices (E, E), 4 biases (E) */
-    const size_t x_n = B * T * E, total = x_n + 4 * E * E + 4 * E;
-    if (B > SIZE_MAX / T || B * T > SIZE_MAX / E || E > SIZE_MAX / E || total > SIZE_MAX / sizeof(float) ||
-        total < x_n) {
+    const size_t F = op->encoder ? clattn_op_ff_dim(op) : 0;
+    /* x (B T E); 4 matrices (E, E), 4 biases (E); encoder: w_ff1 (F, E), w_ff2 (E, F), b_ff1 (F), b_ff2 (E),
+     * LayerNorm gammas and betas 4 (E) */
+    size_t total = 0;
+    int over = T > SIZE_MAX / B || add_product(&total, B * T, E); /* x */
+    const size_t x_n = total;
+    over = over || E > SIZE_MAX / 4 || add_product(&total, 4 * E, E) || add_product(&total, 4, E);
+    if (op->encoder)
+        over = over || F > SIZE_MAX / 2 || add_product(&total, 2 * F, E) || add_product(&total, 1, F) ||
+               add_product(&total, 5, E);
+    if (over || total > SIZE_MAX / sizeof(float)) {
         if (msg && len) snprintf(msg, len, "sizes overflow");
         return 1;
     }
@@ -88,6 +114,26 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     fill_uniform(&s, m, x_n, -1.0f, 1.0f);
     fill_uniform(&s, w_q, 4 * E * E, -wr, wr);
     fill_uniform(&s, b_q, 4 * E, -0.1f, 0.1f);
+    if (op->encoder) {
+        float *w1 = b_o + E, *w2 = w1 + F * E, *b1 = w2 + E * F, *b2 = b1 + F;
+        float *g1 = b2 + E, *be1 = g1 + E, *g2 = be1 + E, *be2 = g2 + E;
+        fill_uniform(&s, w1, F * E, -wr, wr);
+        const float wr2 = (float)(1.0 / sqrt((double)F));
+        fill_uniform(&s, w2, E * F, -wr2, wr2);
+        fill_uniform(&s, b1, F + E, -0.1f, 0.1f);
+        fill_uniform(&s, g1, E, 0.9f, 1.1f);
+        fill_uniform(&s, be1, E, -0.1f, 0.1f);
+        fill_uniform(&s, g2, E, 0.9f, 1.1f);
+        fill_uniform(&s, be2, E, -0.1f, 0.1f);
+        clattn_encoder_weights *ew = &data->encoder_weights;
+        ew->w_ff1 = w1, ew->b_ff1 = b1, ew->w_ff2 = w2, ew->b_ff2 = b2;
+        ew->ln1_weight = g1, ew->ln1_bias = be1, ew->ln2_weight = g2, ew->ln2_bias = be2;
+        clattn_encoder_desc *ed = &data->encoder_desc;
+        ed->ff_dim = F;
+        ed->activation = op->activation;
+        ed->norm_first = op->norm_first != 0;
+        ed->eps = 1e-5f;
+    }
 
     clattn_attention_desc *d = &data->desc;
     d->batch = B;
@@ -104,6 +150,10 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     clattn_attention_weights *w = &data->weights;
     w->w_query = w_q, w->w_key = w_k, w->w_value = w_v, w->w_out = w_o;
     w->b_query = b_q, w->b_key = b_k, w->b_value = b_v, w->b_out = b_o;
+    if (op->encoder) {
+        data->encoder_desc.attn = *d;
+        data->encoder_weights.attn = *w;
+    }
     data->x = m;
     data->x_count = x_n;
     data->out_count = x_n;

@@ -4,13 +4,18 @@
  * The operation is nn.MultiheadAttention-style self-attention: x (B, T, E),
  * Q/K/V projections E -> E with biases, H heads of d = E/H, optional causal
  * mask and dropout, output projection E -> E with bias, LINEAR weight layout.
+ * With `encoder` set it is a whole nn.TransformerEncoderLayer (batch_first,
+ * eval, no dropout): that attention, two LayerNorms and the feed-forward
+ * network E -> F -> E (biases, ReLU or GELU), post-norm or pre-norm.
  *
  * FLOP convention (one multiply-add = 2 FLOPs; what the GEMMs must compute):
  *   QKV projection   2 * (B*T) * (3E) * E
  *   out projection   2 * (B*T) * E * E
  *   attention core   4 * B * H * T^2 * d   (Q K^T and W V, 2*B*H*T^2*d each),
  *                    halved when causal, as FlashAttention counts it
- *   Bias adds, scaling, softmax and head reshuffles are not counted.
+ *   feed-forward     2 * (B*T) * F * E  twice (E -> F, F -> E), encoder only
+ *   Bias adds, scaling, softmax, head reshuffles, residual adds, LayerNorm
+ *   and the activation are not counted.
  *
  * Softmax byte convention (what the softmax kernel reads and writes, logically):
  *   it reads the B*H*T*T float scores twice (max/sum pass, normalise pass) and
@@ -36,6 +41,11 @@ typedef struct clattn_op {
     float dropout;  /* training-mode dropout p on the attention weights, 0 = eval */
     int key_padding_mask;         /* counted by clattn_op_softmax_bytes only; the bench passes none */
     clattn_mask_kind attn_mask;   /* idem */
+    /* the encoder layer (dropout must be 0) */
+    int encoder;
+    size_t ff_dim;                /* F; 0 = 4E (nn.TransformerEncoderLayer's usual choice) */
+    clattn_activation activation;
+    int norm_first;
 } clattn_op;
 
 typedef struct clattn_op_flop_count {
@@ -45,12 +55,16 @@ typedef struct clattn_op_flop_count {
     double scores;          /* half of the core: Q K^T */
     double context;         /* the other half: W V */
     double core;            /* 4 B H T^2 d, halved when causal */
-    double total;           /* projections + core */
+    double ffn;             /* encoder: 4 (B T) F E; else 0 */
+    double total;           /* projections + core + ffn */
 } clattn_op_flop_count;
 
-/* 0 when the op is usable (every size >= 1, H divides E, 0 <= dropout < 1);
- * else 1 and a reason in msg. */
+/* 0 when the op is usable (every size >= 1, H divides E, 0 <= dropout < 1,
+ * no dropout in an encoder); else 1 and a reason in msg. */
 int clattn_op_check(const clattn_op *op, char *msg, size_t len);
+
+/* F of an encoder op: ff_dim, or 4E when ff_dim is 0. */
+size_t clattn_op_ff_dim(const clattn_op *op);
 
 /* FLOPs per the convention above (the op must pass clattn_op_check). */
 clattn_op_flop_count clattn_op_flops(const clattn_op *op);
@@ -62,13 +76,16 @@ double clattn_op_softmax_bytes(const clattn_op *op);
 typedef struct clattn_op_data {
     clattn_attention_desc desc;        /* LINEAR layout, out_dim = E, scale 1/sqrt(d) */
     clattn_attention_weights weights;  /* all four matrices and all four biases */
+    clattn_encoder_desc encoder_desc;  /* encoder ops: desc.attn is `desc` above */
+    clattn_encoder_weights encoder_weights;
     float *x;                          /* (B, T, E) input, uniform in [-1, 1] */
     size_t x_count, out_count;         /* elements of x and of the output */
     float *storage_;                   /* one allocation behind the arrays above */
 } clattn_op_data;
 
-/* Fill `data` for `op`: weights uniform in +-1/sqrt(E) (as nn.Linear's init),
- * biases in +-0.1, from a deterministic generator seeded by `seed`.
+/* Fill `data` for `op`: weights uniform in +-1/sqrt(fan_in) (as nn.Linear's init),
+ * biases in +-0.1, LayerNorm gammas in [0.9, 1.1] and betas in +-0.1 (encoder),
+ * from a deterministic generator seeded by `seed`.
  * Returns 0, or 1 with a reason in msg (bad op, out of memory). */
 int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, char *msg, size_t len);
 void clattn_op_data_free(clattn_op_data *data);

@@ -13,6 +13,9 @@
  *   SGEMM          CLBlastSgemm on square-ish matrices with the attention call's
  *                  FLOP count, timed like "device" (OpenCL only)
  * Each timed quantity: median and min-max over --iters runs after --warmup runs.
+ * With --encoder the whole encoder layer (clattn_encoder_plan_*) is timed the
+ * same way, except for the stages: the encoder plan has no profiling, so it is
+ * timed as a whole.
  * The program prints; errors go to stderr with a nonzero exit.
  */
 #include "attention_op.h"
@@ -38,7 +41,7 @@ typedef struct options {
     const char *device;
     clattn_op op;
     int iters, warmup;
-    int sweep, json, seq_given;
+    int sweep, json, seq_given, ff_given, activation_given, norm_first_given;
     const char *csv;
     double budget_s;   /* --sweep: stop before a configuration projected to take longer */
     double settle_s;   /* wait up to this long for idle CPUs before each configuration (0: no wait) */
@@ -195,10 +198,15 @@ static void usage(FILE *f)
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S]\n"
+            "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
             "  Times self-attention (Q/K/V + output projections with biases, LINEAR layout, random\n"
             "  weights) on one device. Defaults: --batch 4 --seq 512 --dim 512 --heads 8 --iters 10\n"
             "  --warmup 2; device SPEC as for `clattn` (ref, opencl, opencl:P:D, gpu, cpu, name=TEXT;\n"
             "  default $CLATTN_DEVICE, else opencl, else ref).\n"
+            "  --encoder   time a whole encoder layer instead (nn.TransformerEncoderLayer, eval): that\n"
+            "              attention + residuals + 2 LayerNorms + feed-forward E -> F -> E, F = --ff\n"
+            "              (default 4E), ReLU unless --activation gelu, post-norm unless --norm-first.\n"
+            "              Timed as a whole: the encoder plan has no per-stage profiling\n"
             "  --sweep     sequence lengths 64 128 256 512 1024 2048 4096 (not with --seq); stops before\n"
             "              a configuration projected to take more than --budget seconds (default 20)\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
@@ -206,7 +214,8 @@ static void usage(FILE *f)
             "  --settle S  on a shared machine: before each configuration wait up to S seconds for the\n"
             "              CPUs to be idle (Linux /proc/stat); every result reports how much of the CPUs\n"
             "              other processes used while it was measured (\"interference\")\n"
-            "FLOPs: projections 2*M*N*K each, attention core 4*B*H*T^2*d (halved when causal).\n"
+            "FLOPs: projections 2*M*N*K each, attention core 4*B*H*T^2*d (halved when causal),\n"
+            "encoder feed-forward 4*B*T*F*E.\n"
             "Softmax bytes: B*H*T^2 floats read twice and written once (+ masks).\n");
 }
 
@@ -260,6 +269,17 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
         else if (!strcmp(a, "--dropout")) { o->op.dropout = (float)parse_double(a, v); i++; }
+        else if (!strcmp(a, "--encoder")) o->op.encoder = 1;
+        else if (!strcmp(a, "--ff")) { o->op.ff_dim = parse_size(a, v); o->ff_given = 1; i++; }
+        else if (!strcmp(a, "--activation")) {
+            if (!v) die("--activation needs a value");
+            if (!strcmp(v, "relu")) o->op.activation = CLATTN_ACTIVATION_RELU;
+            else if (!strcmp(v, "gelu")) o->op.activation = CLATTN_ACTIVATION_GELU;
+            else die("--activation: '%s' is not relu or gelu", v);
+            o->activation_given = 1;
+            i++;
+        }
+        else if (!strcmp(a, "--norm-first")) { o->op.norm_first = 1; o->norm_first_given = 1; }
         else if (!strcmp(a, "--iters")) { o->iters = parse_int(a, v, 1); i++; }
         else if (!strcmp(a, "--warmup")) { o->warmup = parse_int(a, v, 0); i++; }
         else if (!strcmp(a, "--budget")) {
@@ -283,6 +303,9 @@ static void parse_options(int argc, char **argv, options *o)
         }
     }
     if (o->sweep && o->seq_given) die("--seq and --sweep do not go together (the sweep sets the sequence length)");
+    if (!o->op.encoder && (o->ff_given || o->activation_given || o->norm_first_given))
+        die("--ff, --activation and --norm-first describe the encoder layer: add --encoder");
+    if (o->op.encoder && o->op.dropout != 0.0f) die("--dropout: the encoder layer is timed in eval mode (no dropout)");
     char msg[128];
     if (clattn_op_check(&o->op, msg, sizeof msg)) die("%s", msg);
 }
@@ -343,6 +366,64 @@ static void measure_sgemm(const bench_ctx *b, const options *o, result *r)
     clReleaseMemObject(C);
 }
 
+/* The timed object: the attention plan, or with --encoder the encoder layer plan. */
+typedef struct runner {
+    int encoder;
+    clattn_plan *attn;
+    clattn_encoder_plan *enc;
+    const float *x;
+    float *out;
+} runner;
+
+static void runner_create(runner *run, const bench_ctx *b, const clattn_op_data *data)
+{
+    if (run->encoder)
+        check_st(clattn_encoder_plan_create(b->dev, &data->encoder_desc, &data->encoder_weights, &run->enc),
+                 "clattn_encoder_plan_create");
+    else
+        check_st(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
+}
+
+/* execute from host arrays; `what` names the call in errors (NULL: a timed repeat) */
+static void runner_host(runner *run, const char *what)
+{
+    char name[96];
+    snprintf(name, sizeof name, "%s%s%s%s", run->encoder ? "clattn_encoder_plan_execute" : "clattn_plan_execute",
+             what ? " (" : "", what ? what : "", what ? ")" : "");
+    if (run->encoder) {
+        clattn_encoder_args args = {.x = run->x, .out = run->out};
+        check_st(clattn_encoder_plan_execute(run->enc, &args), name);
+    } else {
+        clattn_attention_args args = {.x = run->x, .out = run->out};
+        check_st(clattn_plan_execute(run->attn, &args), name);
+    }
+}
+
+/* execute on device buffers (OpenCL only), no wait list, no event */
+static void runner_buffers(runner *run, cl_mem x, cl_mem out)
+{
+    if (run->encoder) {
+        clattn_encoder_buffers bufs = {0};
+        bufs.x.mem = x;
+        bufs.out.mem = out;
+        check_st(clattn_encoder_plan_execute_buffers(run->enc, &bufs, 0, NULL, NULL),
+                 "clattn_encoder_plan_execute_buffers");
+    } else {
+        clattn_attention_buffers bufs = {0};
+        bufs.x.mem = x;
+        bufs.out.mem = out;
+        check_st(clattn_plan_execute_buffers(run->attn, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers");
+    }
+}
+
+static void runner_free(runner *run)
+{
+    clattn_plan_free(run->attn);
+    clattn_encoder_plan_free(run->enc);
+    run->attn = NULL;
+    run->enc = NULL;
+}
+
 static void measure(const bench_ctx *b, const options *o, const clattn_op *op, result *r)
 {
     if (o->settle_s > 0 && !settle(o->settle_s))
@@ -361,66 +442,65 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     double *t = malloc((size_t)o->iters * sizeof *t);
     double *st = malloc((size_t)o->iters * NSTAGES * sizeof *st);
     if (!out || !t || !st) die("out of memory (output of %zu floats)", data.out_count);
-    clattn_attention_args args = {.x = data.x, .out = out};
+    runner run = {.encoder = op->encoder, .x = data.x, .out = out};
 
     /* first call: plan creation (kernel builds, weight upload) + first execute */
     if (b->opencl) CLBlastClearCache();
-    clattn_plan *plan = NULL;
     double t0 = now_ms();
-    check_st(clattn_plan_create(b->dev, &data.desc, &data.weights, &plan), "clattn_plan_create");
-    check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute (first call)");
+    runner_create(&run, b, &data);
+    runner_host(&run, "first call");
     r->first_call_ms = now_ms() - t0;
 
     if (b->opencl) {
         cl_mem xb = make_buffer(b, data.x_count, data.x, "x"), ob = make_buffer(b, data.out_count, NULL, "out");
-        clattn_attention_buffers bufs = {0};
-        bufs.x.mem = xb;
-        bufs.out.mem = ob;
         /* device-resident, profiling off */
         for (int i = -o->warmup; i < o->iters; i++) {
             double t1 = now_ms();
-            check_st(clattn_plan_execute_buffers(plan, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers");
+            runner_buffers(&run, xb, ob);
             check_cl(clFinish(b->queue), "clFinish");
             if (i >= 0) t[i] = now_ms() - t1;
         }
         r->dev = summarize(t, o->iters);
-        /* stages: the same with marker events between the stages */
-        check_st(clattn_plan_set_profiling(plan, 1), "clattn_plan_set_profiling");
-        for (int i = 0; i < o->iters; i++) {
-            check_st(clattn_plan_execute_buffers(plan, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers (profiled)");
-            check_cl(clFinish(b->queue), "clFinish");
-            check_st(clattn_plan_stage_times(plan, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+        /* stages: the same with marker events between the stages (the attention plan only) */
+        if (run.attn) {
+            check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
+            for (int i = 0; i < o->iters; i++) {
+                runner_buffers(&run, xb, ob);
+                check_cl(clFinish(b->queue), "clFinish");
+                check_st(clattn_plan_stage_times(run.attn, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+            }
+            check_st(clattn_plan_set_profiling(run.attn, 0), "clattn_plan_set_profiling");
         }
-        check_st(clattn_plan_set_profiling(plan, 0), "clattn_plan_set_profiling");
         clReleaseMemObject(xb);
         clReleaseMemObject(ob);
         /* host-to-host */
         for (int i = -o->warmup; i < o->iters; i++) {
             double t1 = now_ms();
-            check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute");
+            runner_host(&run, NULL);
             if (i >= 0) t[i] = now_ms() - t1;
         }
         r->host = summarize(t, o->iters);
     } else {
-        /* ref: host-to-host only; its profiling is host wall time per stage, at no cost */
-        check_st(clattn_plan_set_profiling(plan, 1), "clattn_plan_set_profiling");
+        /* ref: host-to-host only; its attention profiling is host wall time per stage, at no cost */
+        if (run.attn) check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
         for (int i = -o->warmup; i < o->iters; i++) {
             double t1 = now_ms();
-            check_st(clattn_plan_execute(plan, &args), "clattn_plan_execute");
+            runner_host(&run, NULL);
             if (i >= 0) {
                 t[i] = now_ms() - t1;
-                check_st(clattn_plan_stage_times(plan, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+                if (run.attn)
+                    check_st(clattn_plan_stage_times(run.attn, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
             }
         }
         r->host = summarize(t, o->iters);
     }
-    clattn_plan_free(plan);
+    runner_free(&run);
 
     /* per stage: median over the iterations; a stage that never ran (0 ms) is "not timed" */
     double *v = malloc((size_t)o->iters * sizeof *v);
     if (!v) die("out of memory");
     double gemm = 0.0, all = 0.0;
-    for (int s = 0; s < NSTAGES; s++) {
+    for (int s = 0; s < NSTAGES && !op->encoder; s++) {
         int any = 0;
         for (int i = 0; i < o->iters; i++) {
             v[i] = st[(size_t)i * NSTAGES + s];
@@ -497,6 +577,13 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     json_num(f, "flops", r->flops.total, 1);
     json_num(f, "projection_flops", r->flops.projections, 1);
     json_num(f, "core_flops", r->flops.core, 1);
+    fprintf(f, ",\"encoder\":%s", r->op.encoder ? "true" : "false");
+    if (r->op.encoder)
+        fprintf(f, ",\"ff_dim\":%zu,\"activation\":\"%s\",\"norm_first\":%s", clattn_op_ff_dim(&r->op),
+                r->op.activation == CLATTN_ACTIVATION_GELU ? "gelu" : "relu", r->op.norm_first ? "true" : "false");
+    else
+        fprintf(f, ",\"ff_dim\":null,\"activation\":null,\"norm_first\":null");
+    json_num(f, "ffn_flops", r->flops.ffn, r->op.encoder);
     json_num(f, "gflops", r->gflops, 1);
     fprintf(f, ",\"gflops_basis\":\"%s\"", r->dev.valid ? "device" : "host");
     json_num(f, "host_gflops", r->host_gflops, 1);
@@ -552,7 +639,7 @@ static void append_csv(const bench_ctx *b, const options *o, const result *r)
                    "max_ms,host_median_ms,host_min_ms,host_max_ms,flops,gflops,host_gflops,gemm_share,"
                    "sgemm_m,sgemm_n,sgemm_k,sgemm_gflops,sgemm_fraction,softmax_gbps,interference");
         for (int s = 0; s < NSTAGES; s++) fprintf(f, ",%s_ms", clattn_stage_name((clattn_stage)s));
-        fprintf(f, "\n");
+        fprintf(f, ",encoder,ff_dim,activation,norm_first,ffn_flops\n");
     }
     csv_field_str(f, b->device_name);
     fputc(',', f);
@@ -578,7 +665,11 @@ static void append_csv(const bench_ctx *b, const options *o, const result *r)
     csv_num(f, r->softmax_gbps, r->softmax_valid);
     csv_num(f, r->interference, r->interference >= 0);
     for (int s = 0; s < NSTAGES; s++) csv_num(f, r->stage[s].median, r->stage[s].valid);
-    fprintf(f, "\n");
+    if (r->op.encoder)
+        fprintf(f, ",1,%zu,%s,%d,%.6g\n", clattn_op_ff_dim(&r->op),
+                r->op.activation == CLATTN_ACTIVATION_GELU ? "gelu" : "relu", r->op.norm_first, r->flops.ffn);
+    else
+        fprintf(f, ",0,,,,\n");
     if (fclose(f) != 0) die("--csv %s: write failed: %s", o->csv, strerror(errno));
 }
 
@@ -586,15 +677,22 @@ static void print_header(const bench_ctx *b, const options *o)
 {
     const clattn_op *op = &o->op;
     printf("device: %s (driver %s)\n", b->device_name, b->driver);
-    printf("module: self-attention, Q/K/V + output projections with biases, LINEAR layout, random weights\n");
+    if (op->encoder)
+        printf("module: encoder layer (nn.TransformerEncoderLayer, eval, %s), F=%zu, %s; its self-attention has\n"
+               "        Q/K/V + output projections with biases, LINEAR layout, random weights\n",
+               op->norm_first ? "pre-norm" : "post-norm", clattn_op_ff_dim(op),
+               op->activation == CLATTN_ACTIVATION_GELU ? "GELU" : "ReLU");
+    else
+        printf("module: self-attention, Q/K/V + output projections with biases, LINEAR layout, random weights\n");
     char tbuf[32];
     if (o->sweep) snprintf(tbuf, sizeof tbuf, "T=sweep");
     else snprintf(tbuf, sizeof tbuf, "T=%zu", op->seq);
     printf("config: B=%zu %s E=%zu H=%zu (d=%zu), %s, dropout %g; %d iterations after %d warm-up\n", op->batch,
            tbuf, op->dim, op->heads, op->dim / op->heads, op->causal ? "causal" : "non-causal",
            (double)op->dropout, o->iters, o->warmup);
-    printf("FLOPs: projections 2*M*N*K each (QKV 2*(B*T)*(3E)*E, out 2*(B*T)*E*E); core 4*B*H*T^2*d%s\n",
-           op->causal ? ", halved for causal (FlashAttention convention)" : "");
+    printf("FLOPs: projections 2*M*N*K each (QKV 2*(B*T)*(3E)*E, out 2*(B*T)*E*E); core 4*B*H*T^2*d%s%s\n",
+           op->causal ? ", halved for causal (FlashAttention convention)" : "",
+           op->encoder ? "; feed-forward 4*(B*T)*F*E" : "");
     printf("softmax bytes: the B*H*T^2 float scores read twice + written once; GEMM share = GEMM stages' device "
            "time / all stages'\n");
 }
@@ -612,22 +710,9 @@ static void print_interference(const result *r)
            r->interference > 0.05 ? " (the figures above are skewed by them)" : "");
 }
 
-static void print_text(const bench_ctx *b, const options *o, const result *r)
+/* The attention plan's per-stage table and GEMM share. */
+static void print_stages(const bench_ctx *b, const result *r)
 {
-    const clattn_op *op = &r->op;
-    print_header(b, o);
-    printf("T=%zu: %.4g GFLOP per call = projections %.4g (QKV %.4g + out %.4g) + core %.4g\n\n", op->seq,
-           r->flops.total / 1e9, r->flops.projections / 1e9, r->flops.qkv_projection / 1e9,
-           r->flops.out_projection / 1e9, r->flops.core / 1e9);
-    printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);
-    if (r->dev.valid)
-        printf("whole call, device-resident (execute_buffers + clFinish): median %.2f ms (min %.2f, max %.2f)  "
-               "%.2f GFLOP/s\n", r->dev.median, r->dev.min, r->dev.max, r->gflops);
-    else
-        printf("whole call, device-resident: - (ref has no device buffers)\n");
-    printf("whole call, host-to-host (execute from host arrays):  median %.2f ms (min %.2f, max %.2f)  "
-           "%.2f GFLOP/s\n\n", r->host.median, r->host.min, r->host.max, r->host_gflops);
-
     printf("%-16s %10s %10s %10s %7s  %s\n", "stage", "median ms", "min ms", "max ms", "share", "rate");
     for (int s = 0; s < NSTAGES; s++) {
         const stats *x = &r->stage[s];
@@ -651,11 +736,36 @@ static void print_text(const bench_ctx *b, const options *o, const result *r)
                100.0 * (1.0 - r->gemm_share));
     else
         printf("GEMM share: - (ref times scores, softmax and context as one loop)\n");
+}
+
+static void print_text(const bench_ctx *b, const options *o, const result *r)
+{
+    const clattn_op *op = &r->op;
+    print_header(b, o);
+    printf("T=%zu: %.4g GFLOP per call = projections %.4g (QKV %.4g + out %.4g) + core %.4g", op->seq,
+           r->flops.total / 1e9, r->flops.projections / 1e9, r->flops.qkv_projection / 1e9,
+           r->flops.out_projection / 1e9, r->flops.core / 1e9);
+    if (op->encoder) printf(" + feed-forward %.4g", r->flops.ffn / 1e9);
+    printf("\n\n");
+    printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);
+    if (r->dev.valid)
+        printf("whole call, device-resident (execute_buffers + clFinish): median %.2f ms (min %.2f, max %.2f)  "
+               "%.2f GFLOP/s\n", r->dev.median, r->dev.min, r->dev.max, r->gflops);
+    else
+        printf("whole call, device-resident: - (ref has no device buffers)\n");
+    printf("whole call, host-to-host (execute from host arrays):  median %.2f ms (min %.2f, max %.2f)  "
+           "%.2f GFLOP/s\n\n", r->host.median, r->host.min, r->host.max, r->host_gflops);
+
+    if (op->encoder)
+        printf("stages: - (the encoder layer is timed as a whole; its plan has no per-stage profiling;\n"
+               "        run without --encoder for the attention module's stages)\n");
+    else
+        print_stages(b, r);
     if (r->sgemm.valid)
         printf("CLBlast SGEMM %zux%zux%zu (same FLOPs, same timing): median %.2f ms (min %.2f, max %.2f)  "
-               "%.2f GFLOP/s; attention reaches %.2f of it\n",
+               "%.2f GFLOP/s; %s reaches %.2f of it\n",
                r->sgemm_m, r->sgemm_n, r->sgemm_k, r->sgemm.median, r->sgemm.min, r->sgemm.max, r->sgemm_gflops,
-               r->sgemm_fraction);
+               op->encoder ? "the encoder layer" : "attention", r->sgemm_fraction);
     else
         printf("CLBlast SGEMM: - (ref)\n");
     print_interference(r);

@@ -180,6 +180,85 @@ Test(op, make_fills_desc_and_weights)
     cr_expect(strstr(msg, "divide") != NULL, "%s", msg);
 }
 
+Test(op, encoder_flops_and_check)
+{
+    /* B=2 T=3 E=6 H=3, F=13: attention as above (QKV 1296, out 432, core 432) + FFN 4*6*13*6 = 1872 */
+    clattn_op op = op_of(2, 3, 6, 3, 0);
+    op.encoder = 1;
+    op.ff_dim = 13;
+    clattn_op_flop_count f = clattn_op_flops(&op);
+    cr_expect_eq(f.ffn, 1872.0);
+    cr_expect_eq(f.projections, 1728.0);
+    cr_expect_eq(f.total, 1728.0 + 432.0 + 1872.0);
+    op.ff_dim = 0; /* default F = 4E = 24: 4*6*24*6 = 3456 */
+    cr_expect_eq(clattn_op_ff_dim(&op), 24);
+    cr_expect_eq(clattn_op_flops(&op).ffn, 3456.0);
+    op.encoder = 0; /* attention alone: no FFN */
+    cr_expect_eq(clattn_op_flops(&op).ffn, 0.0);
+    cr_expect_eq(clattn_op_flops(&op).total, 2160.0);
+
+    char msg[128];
+    op.encoder = 1;
+    op.dropout = 0.1f;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "dropout") != NULL, "%s", msg);
+    op.dropout = 0.0f;
+    op.activation = (clattn_activation)7;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 1);
+    op.activation = CLATTN_ACTIVATION_GELU;
+    cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* The bench's encoder data plans and runs on ref and OpenCL, and the two agree (what the bench times is right). */
+static void encoder_op_matches_ref(int norm_first, clattn_activation act, int causal, size_t T, size_t F)
+{
+    char msg[256];
+    clattn_op op = op_of(2, T, 12, 3, causal);
+    op.encoder = 1;
+    op.ff_dim = F;
+    op.activation = act;
+    op.norm_first = norm_first;
+    clattn_op_data data;
+    cr_assert_eq(clattn_op_make(&op, 99 + T, &data, msg, sizeof msg), 0, "%s", msg);
+    const clattn_encoder_desc *d = &data.encoder_desc;
+    cr_expect_eq(d->ff_dim, F ? F : 48);
+    cr_expect_eq(d->norm_first, norm_first);
+    cr_expect_eq(d->activation, act);
+    cr_expect_eq(d->attn.causal, causal);
+    cr_expect_eq(d->attn.seq_q, T);
+    const clattn_encoder_weights *w = &data.encoder_weights;
+    cr_assert(w->w_ff1 && w->b_ff1 && w->w_ff2 && w->b_ff2 && w->ln1_weight && w->ln1_bias && w->ln2_weight &&
+              w->ln2_bias && w->attn.w_query && w->attn.w_out);
+    for (size_t i = 0; i < 12; i++) cr_expect(w->ln1_weight[i] >= 0.9f && w->ln1_weight[i] <= 1.1f);
+
+    clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
+    cr_assert(ref && cl, "%s", clattn_last_error());
+    float *want = tu_poisoned(data.out_count), *got = tu_poisoned(data.out_count);
+    clattn_encoder_plan *pr = NULL, *pc = NULL;
+    cr_assert_eq(clattn_encoder_plan_create(ref, d, w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_encoder_plan_create(cl, d, w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_encoder_args a = {.x = data.x, .out = want};
+    cr_assert_eq(clattn_encoder_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    a.out = got;
+    cr_assert_eq(clattn_encoder_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    size_t bad = tu_compare(got, want, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "T=%zu F=%zu: %zu of %zu elements differ; %s", T, F, bad, data.out_count, msg);
+    clattn_encoder_plan_free(pr);
+    clattn_encoder_plan_free(pc);
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+    free(want);
+    free(got);
+    clattn_op_data_free(&data);
+}
+
+Test(op, encoder_data_opencl_matches_ref, .timeout = 300)
+{
+    encoder_op_matches_ref(0, CLATTN_ACTIVATION_RELU, 0, 7, 0);
+    encoder_op_matches_ref(1, CLATTN_ACTIVATION_GELU, 1, 1, 37);
+    encoder_op_matches_ref(0, CLATTN_ACTIVATION_GELU, 1, 61, 25);
+}
+
 /* ---------------------------------------------------------------- clattn-bench, end to end */
 
 typedef struct run_result {
@@ -358,6 +437,60 @@ Test(bench, smoke_opencl, .timeout = 300)
         const char *name = clattn_stage_name((clattn_stage)s);
         cr_expect(stage_ms(json, name) > 0, "stage %s has no positive time (H=2: every stage runs)", name);
     }
+    free(r);
+}
+
+/* --encoder: the whole layer, timed as a whole; the stages are null, the FFN is counted */
+static void encoder_smoke(const char *spec)
+{
+    const char *args[] = {"clattn-bench", "--json", "--encoder", "--ff", "40", "--activation", "gelu", "--norm-first",
+                          "--batch", "1", "--seq", "16", "--dim", "32", "--heads", "2", "--iters", "2", "--warmup",
+                          "1", "--device", spec, NULL};
+    run_result *r = calloc(1, sizeof *r);
+    run_bench(args, r);
+    const char *json = check_common(r, spec);
+    cr_expect(strncmp(json_value(json, "encoder"), "true", 4) == 0, "encoder is not true:\n%s", json);
+    cr_expect(strncmp(json_value(json, "norm_first"), "true", 4) == 0);
+    cr_expect(strncmp(json_value(json, "activation"), "\"gelu\"", 6) == 0);
+    double v = 0;
+    cr_expect(json_number(json, "ff_dim", &v) && v == 40);
+    /* FFN 4*16*40*32 = 81920; attention 2*16*96*32 + 2*16*32*32 + 4*2*256*16 = 98304 + 32768 + 32768 */
+    cr_expect(json_number(json, "ffn_flops", &v) && v == 81920.0, "ffn_flops %g", v);
+    cr_expect(json_number(json, "flops", &v) && v == 81920.0 + 163840.0, "flops %g", v);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++)
+        cr_expect(stage_ms(json, clattn_stage_name((clattn_stage)s)) < 0, "stage %s should be null",
+                  clattn_stage_name((clattn_stage)s));
+    cr_expect(json_is_null(json_value(json, "gemm_share")) && json_is_null(json_value(json, "softmax_gbps")));
+    if (strcmp(spec, "ref") != 0) {
+        expect_positive(json, "median_ms");
+        expect_positive(json, "sgemm_gflops");
+    }
+    free(r);
+}
+
+Test(bench, encoder_ref, .timeout = 120) { encoder_smoke("ref"); }
+
+Test(bench, encoder_opencl, .timeout = 300)
+{
+    const char *spec = getenv("CLATTN_TEST_DEVICE");
+    encoder_smoke(spec && *spec ? spec : "opencl");
+}
+
+Test(bench, encoder_options_need_encoder, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *ff_alone[] = {"clattn-bench", "--device", "ref", "--ff", "64", NULL};
+    run_bench(ff_alone, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--encoder") != NULL, "stderr: %s", r->err);
+    const char *enc_dropout[] = {"clattn-bench", "--device", "ref", "--encoder", "--dropout", "0.1", NULL};
+    run_bench(enc_dropout, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "dropout") != NULL, "stderr: %s", r->err);
+    const char *bad_act[] = {"clattn-bench", "--device", "ref", "--encoder", "--activation", "tanh", NULL};
+    run_bench(bad_act, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "tanh") != NULL, "stderr: %s", r->err);
     free(r);
 }
 
