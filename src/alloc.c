@@ -85,3 +85,16 @@ void clattn_mem_release(cl_mem *m)
     if (*m) clReleaseMemObject(*m);
     *m = NULL;
 }
+
+clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t size, const char *what)
+{
+    if (!m) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s.mem is NULL", what);
+    size_t bytes = 0, need;
+    cl_int e = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
+    if (e != CL_SUCCESS) return clattn_fail((clattn_status)e, "buffers.%s is not a valid buffer (%d)", what, e);
+    if (offset + elems < offset || clattn_mul_overflows(offset + elems, size, &need) || need > bytes)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH,
+                           "buffers.%s: %zu elements from offset %zu do not fit its %zu bytes", what, elems, offset,
+                           bytes);
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -4,7 +4,9 @@
  *                      cross-attention Q = x Wq^T and [K|V] = kv [Wk|Wv]^T
  *   2. head split      split_heads: (B, T, H*d) -> (B, H, T, d), + bias
  *   3. scores          CLBlast strided-batched SGEMM over B*H: S = scale * Q K^T
- *   4. softmax         softmax_rows: masks, online softmax, dropout, in place
+ *   4. softmax         softmax_rows (a work-group per row) or, on CPU devices,
+ *                      softmax_rows_item (a work-item per row): masks, softmax,
+ *                      dropout, in place
  *   5. context         CLBlast strided-batched SGEMM: C = W V
  *   6. head merge      merge_heads: (B, H, T, dv) -> (B, T, H*dv)
  *   7. out projection  fill_rows(bias) + CLBlast SGEMM with beta = 1
@@ -18,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct view { cl_mem mem; size_t off; } view;   /* a tensor: buffer + element offset */
+typedef clattn_view view;
 
 struct clattn_cl_state {
     cl_program heads_prog, softmax_prog;
@@ -42,61 +44,30 @@ struct clattn_cl_state {
     int stage_ran[CLATTN_STAGE_COUNT];
 };
 
-#define CL_CHECK(call, what)                                                                   \
-    do {                                                                                       \
-        cl_int e_ = (call);                                                                    \
-        if (e_ != CL_SUCCESS) return clattn_fail((clattn_status)e_, "%s failed (%d: %s)", what, e_, \
-                                                 clattn_status_string(e_));                   \
-    } while (0)
-
 /* ---- plan creation */
-
-static size_t pow2_at_most(size_t n)
-{
-    size_t p = 1;
-    while (p * 2 <= n) p *= 2;
-    return p;
-}
 
 static clattn_status build_kernels(struct clattn_plan *p)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
-    clattn_status st;
     cl_int err;
     const char *heads_src[] = {"heads"};
-    st = clattn_program_build(p->device, heads_src, 1, "-cl-std=CL1.2", &c->heads_prog);
-    if (st) return st;
+    TRY(clattn_program_build(p->device, heads_src, 1, "-cl-std=CL1.2", &c->heads_prog));
     c->k_split = clCreateKernel(c->heads_prog, "split_heads", &err);
     if (err == CL_SUCCESS) c->k_merge = clCreateKernel(c->heads_prog, "merge_heads", &err);
     if (err == CL_SUCCESS) c->k_fill = clCreateKernel(c->heads_prog, "fill_rows", &err);
     CL_CHECK(err, "clCreateKernel (heads)");
 
-    /* softmax work-group: a power of two covering the row, at most 256 and the device limit */
+    /* softmax work-group: a power of two covering the row, from 16 to 256 (and the device's limit) */
     size_t wg = 1;
     while (wg < d->seq_kv && wg < 256) wg *= 2;
     wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
-    wg = wg > p->device->max_work_group ? pow2_at_most(p->device->max_work_group) : wg;
-    for (;;) {
-        char opts[256];
-        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DWG=%zu -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", wg,
-                 d->causal, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
-        const char *softmax_src[] = {"philox", "softmax"};
-        st = clattn_program_build(p->device, softmax_src, 2, opts, &c->softmax_prog);
-        if (st) return st;
-        c->k_softmax = clCreateKernel(c->softmax_prog, "softmax_rows", &err);
-        CL_CHECK(err, "clCreateKernel (softmax_rows)");
-        size_t kwg = 0;
-        CL_CHECK(clGetKernelWorkGroupInfo(c->k_softmax, p->device->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg,
-                                          &kwg, NULL), "clGetKernelWorkGroupInfo");
-        if (wg <= kwg || wg == 1) break;
-        /* the compiled kernel allows less than asked: rebuild smaller */
-        clReleaseKernel(c->k_softmax);
-        clReleaseProgram(c->softmax_prog);
-        c->k_softmax = NULL;
-        c->softmax_prog = NULL;
-        wg = pow2_at_most(kwg);
-    }
+    char opts[256];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", d->causal,
+             d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+    const char *softmax_src[] = {"philox", "softmax"};
+    TRY(clattn_program_build_wg(p->device, softmax_src, 2, opts, "softmax_rows", &wg, &c->softmax_prog,
+                                &c->k_softmax));
     c->softmax_wg = wg;
     /* CPU devices: one work-item per row (see softmax_rows_item); CLATTN_SOFTMAX=rows|item overrides */
     cl_device_type type = 0;
@@ -198,8 +169,10 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     }
     if (!one_head_view(p) && (st = clattn_buffer_new(p->device, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
         return st;
-    if ((st = clattn_buffer_new(p->device, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)) ||
-        (st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
+    if ((st = clattn_buffer_new(p->device, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)))
+        return st;
+    if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
+    if ((st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
         (d->cross && (st = clattn_buffer_new(p->device, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
         (d->key_padding_mask &&
          (st = clattn_buffer_new(p->device, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in))) ||
@@ -257,16 +230,6 @@ static clattn_status mark(struct clattn_plan *p, int index)
     return CLATTN_STATUS_SUCCESS;
 }
 
-static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-static clattn_status enqueue_1d(struct clattn_plan *p, cl_kernel k, size_t total, const char *what)
-{
-    size_t local = 64;
-    size_t global = round_up(total, local);
-    CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
-    return CLATTN_STATUS_SUCCESS;
-}
-
 /* dst (B, H, T, D) from token-major src rows of width ld, columns col0 + h*D + d, plus bias. */
 static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t col0, cl_mem bias, view dst,
                            size_t T, size_t D)
@@ -288,7 +251,7 @@ static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t co
     e |= clSetKernelArg(k, 10, sizeof D32, &D32);
     e |= clSetKernelArg(k, 11, sizeof total, &total);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting split_heads arguments failed");
-    return enqueue_1d(p, k, (size_t)total, "enqueue split_heads");
+    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue split_heads");
 }
 
 static clattn_status merge(struct clattn_plan *p, view src, view dst)
@@ -306,7 +269,7 @@ static clattn_status merge(struct clattn_plan *p, view src, view dst)
     e |= clSetKernelArg(k, 6, sizeof D32, &D32);
     e |= clSetKernelArg(k, 7, sizeof total, &total);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting merge_heads arguments failed");
-    return enqueue_1d(p, k, (size_t)total, "enqueue merge_heads");
+    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue merge_heads");
 }
 
 static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, size_t rows, size_t cols)
@@ -320,7 +283,7 @@ static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, siz
     e |= clSetKernelArg(k, 3, sizeof cols32, &cols32);
     e |= clSetKernelArg(k, 4, sizeof total, &total);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting fill_rows arguments failed");
-    return enqueue_1d(p, k, (size_t)total, "enqueue fill_rows");
+    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue fill_rows");
 }
 
 /* Softmax over the rows row0 .. row0 + rows - 1, stored from s on. */
@@ -380,12 +343,6 @@ static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, si
     return clattn_blas_sgemm_strided_batched(p->device->queue, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem,
                                              b.off, ldb, sb, 0.0f, cmat.mem, cmat.off, ldc, sc, count, what);
 }
-
-#define TRY(expr)                                  \
-    do {                                           \
-        clattn_status s_ = (expr);                 \
-        if (s_ != CLATTN_STATUS_SUCCESS) return s_; \
-    } while (0)
 
 /* The whole forward pass, enqueued on the device queue. */
 static clattn_status run(struct clattn_plan *p, const run_io *io)
@@ -495,6 +452,8 @@ clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attenti
     const clattn_attention_desc *d = &p->d;
     cl_command_queue q = p->device->queue;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    if (!p->host_staging)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
     CL_CHECK(clEnqueueWriteBuffer(q, c->x_in, CL_FALSE, 0, B * Tq * d->embed * sizeof(float), a->x, 0, NULL, NULL),
              "uploading x");
     if (d->cross)
@@ -531,33 +490,19 @@ clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attenti
     return st;
 }
 
-/* The buffer must hold `elems` elements of `size` bytes from element `offset`. */
-static clattn_status check_buffer(cl_mem m, size_t offset, size_t elems, size_t size, const char *what)
-{
-    if (!m) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s.mem is NULL", what);
-    size_t bytes = 0, need;
-    cl_int e = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
-    if (e != CL_SUCCESS) return clattn_fail((clattn_status)e, "buffers.%s is not a valid buffer (%d)", what, e);
-    if (clattn_mul_overflows(offset + elems, size, &need) || offset + elems < offset || need > bytes)
-        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH,
-                           "buffers.%s: %zu elements from offset %zu do not fit its %zu bytes", what, elems, offset,
-                           bytes);
-    return CLATTN_STATUS_SUCCESS;
-}
-
 clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
                                         const cl_event *wait, cl_event *event)
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
-    TRY(check_buffer(b->x.mem, b->x.offset, B * Tq * d->embed, 4, "x"));
-    if (d->cross) TRY(check_buffer(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, 4, "kv"));
-    if (d->key_padding_mask) TRY(check_buffer(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1,
+    TRY(clattn_buffer_check(b->x.mem, b->x.offset, B * Tq * d->embed, 4, "x"));
+    if (d->cross) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, 4, "kv"));
+    if (d->key_padding_mask) TRY(clattn_buffer_check(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1,
                                               "key_padding_mask"));
-    if (d->attn_mask) TRY(check_buffer(b->attn_mask.mem, b->attn_mask.offset, Tq * Tk,
+    if (d->attn_mask) TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, Tq * Tk,
                                        d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
-    TRY(check_buffer(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
-    if (b->attn.mem) TRY(check_buffer(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
+    TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
+    if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
     cl_command_queue q = p->device->queue;
     if (nwait) CL_CHECK(clEnqueueBarrierWithWaitList(q, nwait, wait, NULL), "waiting for the wait list");
     run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},

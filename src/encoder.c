@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct view { cl_mem mem; size_t off; } view;
+typedef clattn_view view;
 
 typedef struct ln_kernel {
     cl_program prog;
@@ -44,19 +44,6 @@ struct clattn_encoder_cl {
     /* staging for execution from host arrays */
     cl_mem x_in, kpm_in, out_buf;
 };
-
-#define CL_CHECK(call, what)                                                                              \
-    do {                                                                                                  \
-        cl_int e_ = (call);                                                                               \
-        if (e_ != CL_SUCCESS)                                                                             \
-            return clattn_fail((clattn_status)e_, "%s failed (%d: %s)", what, e_, clattn_status_string(e_)); \
-    } while (0)
-
-#define TRY(expr)                                   \
-    do {                                            \
-        clattn_status s_ = (expr);                  \
-        if (s_ != CLATTN_STATUS_SUCCESS) return s_; \
-    } while (0)
 
 /* ---------------------------------------------------------------- validation */
 
@@ -136,13 +123,6 @@ static clattn_status check_device_memory(const clattn_device *dev, const clattn_
 
 /* ---------------------------------------------------------------- kernels */
 
-static size_t pow2_at_most(size_t n)
-{
-    size_t p = 1;
-    while (p * 2 <= n) p *= 2;
-    return p;
-}
-
 static void ln_release(ln_kernel *l)
 {
     if (l->k) clReleaseKernel(l->k);
@@ -157,7 +137,6 @@ static clattn_status ln_build(const clattn_device *dev, size_t E, int residual, 
 {
     size_t wg = 1;
     while (wg < E && wg < 256) wg *= 2;
-    if (wg > dev->max_work_group) wg = pow2_at_most(dev->max_work_group);
     cl_ulong local_mem = 0;
     CL_CHECK(clGetDeviceInfo(dev->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL),
              "clGetDeviceInfo (CL_DEVICE_LOCAL_MEM_SIZE)");
@@ -168,22 +147,11 @@ static clattn_status ln_build(const clattn_device *dev, size_t E, int residual, 
                            "a row of %zu floats does not fit the device's local memory (%llu bytes)", E,
                            (unsigned long long)local_mem);
     l->cache_row = row_cache < 0 ? fits : row_cache;
-    for (;;) {
-        char opts[200];
-        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DWG=%zu -DRESIDUAL=%d -DHAS_BIAS=%d -DWRITE_SUM=%d -DCACHE_ROW=%d",
-                 wg, residual, has_bias, write_sum, l->cache_row);
-        const char *src[] = {"layernorm"};
-        TRY(clattn_program_build(dev, src, 1, opts, &l->prog));
-        cl_int err;
-        l->k = clCreateKernel(l->prog, "residual_layernorm", &err);
-        CL_CHECK(err, "clCreateKernel (residual_layernorm)");
-        size_t kwg = 0;
-        CL_CHECK(clGetKernelWorkGroupInfo(l->k, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL),
-                 "clGetKernelWorkGroupInfo");
-        if (wg <= kwg || wg == 1) break;
-        ln_release(l); /* the compiled kernel allows less than asked: rebuild smaller */
-        wg = pow2_at_most(kwg);
-    }
+    char opts[200];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DRESIDUAL=%d -DHAS_BIAS=%d -DWRITE_SUM=%d -DCACHE_ROW=%d", residual,
+             has_bias, write_sum, l->cache_row);
+    const char *src[] = {"layernorm"};
+    TRY(clattn_program_build_wg(dev, src, 1, opts, "residual_layernorm", &wg, &l->prog, &l->k));
     l->wg = wg;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -279,16 +247,6 @@ static clattn_status cl_init(struct clattn_encoder_plan *p)
     return CLATTN_STATUS_SUCCESS;
 }
 
-static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-static clattn_status enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what)
-{
-    size_t local = dev->max_work_group < 64 ? dev->max_work_group : 64;
-    size_t global = round_up(total, local);
-    CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
-    return CLATTN_STATUS_SUCCESS;
-}
-
 /* h = act(h + b1), in place */
 static clattn_status bias_act(struct clattn_encoder_plan *p)
 {
@@ -302,7 +260,7 @@ static clattn_status bias_act(struct clattn_encoder_plan *p)
     e |= clSetKernelArg(k, 3, sizeof cols, &cols);
     e |= clSetKernelArg(k, 4, sizeof total, &total);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting bias_act arguments failed");
-    return enqueue_1d(p->device, k, (size_t)total, "enqueue bias_act");
+    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue bias_act");
 }
 
 /* dst = (a + b) + b2 */
@@ -322,7 +280,7 @@ static clattn_status residual_bias(struct clattn_encoder_plan *p, view dst, view
     e |= clSetKernelArg(k, 7, sizeof cols, &cols);
     e |= clSetKernelArg(k, 8, sizeof total, &total);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting residual_bias arguments failed");
-    return enqueue_1d(p->device, k, (size_t)total, "enqueue residual_bias");
+    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue residual_bias");
 }
 
 /* C (m, n) = A (m, k) * W^T with W (n, k) in nn.Linear layout, row-major. */
@@ -391,20 +349,6 @@ static clattn_status cl_execute_host(struct clattn_encoder_plan *p, const clattn
     return st;
 }
 
-/* The buffer must hold `elems` elements of `size` bytes from element `offset`. */
-static clattn_status check_buffer(cl_mem m, size_t offset, size_t elems, size_t size, const char *what)
-{
-    if (!m) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s.mem is NULL", what);
-    size_t bytes = 0, need;
-    cl_int e = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
-    if (e != CL_SUCCESS) return clattn_fail((clattn_status)e, "buffers.%s is not a valid buffer (%d)", what, e);
-    if (offset + elems < offset || clattn_mul_overflows(offset + elems, size, &need) || need > bytes)
-        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH,
-                           "buffers.%s: %zu elements from offset %zu do not fit its %zu bytes", what, elems, offset,
-                           bytes);
-    return CLATTN_STATUS_SUCCESS;
-}
-
 /* ---------------------------------------------------------------- public API */
 
 void clattn_encoder_plan_free(clattn_encoder_plan *plan)
@@ -438,8 +382,9 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
     p->rows = d.attn.batch * d.attn.seq_q;
     p->E = d.attn.embed;
     p->F = d.ff_dim;
-    /* the self-attention: validates desc.attn and weights.attn before its own device work */
-    st = clattn_plan_create(device, &d.attn, &weights->attn, &p->attn);
+    /* the self-attention, run on the encoder's buffers only: validates desc.attn and weights.attn
+     * before its own device work */
+    st = clattn_plan_create_device_resident(device, &d.attn, &weights->attn, &p->attn);
     if (st) {
         char why[1024];
         snprintf(why, sizeof why, "%s", clattn_last_error());
@@ -494,10 +439,10 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
     if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
     const size_t N = plan->rows, E = plan->E;
-    TRY(check_buffer(buffers->x.mem, buffers->x.offset, N * E, sizeof(float), "x"));
+    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, N * E, sizeof(float), "x"));
     if (plan->d.attn.key_padding_mask)
-        TRY(check_buffer(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
-    TRY(check_buffer(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
+        TRY(clattn_buffer_check(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
+    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
     cl_command_queue q = plan->device->queue;
     if (num_events_in_wait_list)
         CL_CHECK(clEnqueueBarrierWithWaitList(q, num_events_in_wait_list, event_wait_list, NULL),

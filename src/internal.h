@@ -13,6 +13,24 @@ clattn_status clattn_fail(clattn_status status, const char *fmt, ...)
 void clattn_clear_error(void);
 void clattn_set_build_log(const char *log);
 
+/* ---- helpers of the OpenCL passes (attention_cl.c, encoder.c) */
+typedef struct clattn_view { cl_mem mem; size_t off; } clattn_view; /* a tensor: buffer + element offset */
+
+/* return the status of `expr` when it is not success */
+#define TRY(expr)                                   \
+    do {                                            \
+        clattn_status s_ = (expr);                  \
+        if (s_ != CLATTN_STATUS_SUCCESS) return s_; \
+    } while (0)
+
+/* return an OpenCL failure of `call` as its status, with `what` in the detail */
+#define CL_CHECK(call, what)                                                                              \
+    do {                                                                                                  \
+        cl_int e_ = (call);                                                                               \
+        if (e_ != CL_SUCCESS)                                                                             \
+            return clattn_fail((clattn_status)e_, "%s failed (%d: %s)", what, e_, clattn_status_string(e_)); \
+    } while (0)
+
 /* ---- allocation (alloc.c): all host allocations and OpenCL buffers go through these */
 void *clattn_malloc(size_t size);
 void *clattn_calloc(size_t n, size_t size);
@@ -26,6 +44,9 @@ struct clattn_device;
 clattn_status clattn_buffer_new(const struct clattn_device *dev, size_t elems, size_t elem_size, const void *host,
                                 const char *what, cl_mem *out);
 void clattn_mem_release(cl_mem *m); /* release and NULL (NULL is fine) */
+/* A caller's buffer (buffers.`what`) must hold `elems` elements of `size` bytes from element `offset`:
+ * INVALID_ARGUMENT when m is NULL, its OpenCL code when m is not a buffer, SHAPE_MISMATCH when too small. */
+clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t size, const char *what);
 /* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout` (plan.c); NULL if out of memory. */
 float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
 float *clattn_vector_copy(const float *src, size_t n);
@@ -65,6 +86,15 @@ struct clattn_device {
  * an OpenCL code) and keeps the build log for clattn_last_build_log(). */
 clattn_status clattn_program_build(const clattn_device *dev, const char *const *names, int count,
                                    const char *options, cl_program *program);
+/* The same for a kernel that takes its work-group size as -DWG: builds `options` plus -DWG=*wg, with *wg
+ * (a power of two) first lowered to the device's limit, then rebuilt smaller while the compiled kernel
+ * `kernel` allows less (CL_KERNEL_WORK_GROUP_SIZE). On success *wg is the size built for. */
+clattn_status clattn_program_build_wg(const clattn_device *dev, const char *const *names, int count,
+                                      const char *options, const char *kernel, size_t *wg, cl_program *program,
+                                      cl_kernel *k);
+size_t clattn_pow2_at_most(size_t n); /* the largest power of two <= n (1 for n = 0) */
+/* Enqueue a 1-D kernel over `total` work-items (rounded up to the work-group size; kernels check the bound). */
+clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what);
 
 /* ---- the plan (plan.c), shared by the two backends */
 struct clattn_cl_state;          /* attention_cl.c */
@@ -75,12 +105,18 @@ struct clattn_plan {
     int has_qkv;                 /* Q/K/V projections present */
     int has_out;                 /* output projection present */
     size_t out_width;            /* Eo or H*dv */
+    int host_staging;            /* OpenCL: staging buffers for execution from host arrays */
     /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
     float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
     int profiling;
     double stage_ms[CLATTN_STAGE_COUNT];
     struct clattn_cl_state *cl;  /* OpenCL backend state, NULL on ref */
 };
+
+/* A plan as clattn_plan_create makes it, but on OpenCL without the staging buffers that execution from
+ * host arrays needs: for owners that only run it on device buffers (the encoder layer). */
+clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
+                                                 const clattn_attention_weights *weights, clattn_plan **plan);
 
 /* OpenCL backend (attention_cl.c) */
 clattn_status clattn_cl_plan_init(struct clattn_plan *plan);

@@ -129,8 +129,8 @@ void clattn_plan_free(clattn_plan *plan)
     free(plan);
 }
 
-clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_desc *desc,
-                                 const clattn_attention_weights *weights, clattn_plan **plan)
+static clattn_status plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
 {
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
@@ -149,6 +149,7 @@ clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_d
     p->has_qkv = has_qkv;
     p->has_out = has_out;
     p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
+    p->host_staging = host_staging;
     const size_t H = d.heads, dk = d.head_dim_qk, dv = d.head_dim_v;
     int oom = 0;
     if (has_qkv) {
@@ -176,6 +177,18 @@ clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_d
     }
     *plan = p;
     return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, clattn_plan **plan)
+{
+    return plan_create(device, desc, weights, 1, plan);
+}
+
+clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
+                                                 const clattn_attention_weights *weights, clattn_plan **plan)
+{
+    return plan_create(device, desc, weights, 0, plan);
 }
 
 clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc)

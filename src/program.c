@@ -3,6 +3,7 @@
 
 #include "clattn_kernels.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,5 +57,52 @@ clattn_status clattn_program_build(const clattn_device *dev, const char *const *
                            names[0], count > 1 ? " and others" : "", options ? options : "", err);
     }
     *program = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_pow2_at_most(size_t n)
+{
+    size_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+
+clattn_status clattn_program_build_wg(const clattn_device *dev, const char *const *names, int count,
+                                      const char *options, const char *kernel, size_t *wg, cl_program *program,
+                                      cl_kernel *k)
+{
+    size_t size = *wg > dev->max_work_group ? clattn_pow2_at_most(dev->max_work_group) : *wg;
+    for (;;) {
+        char opts[512];
+        if (snprintf(opts, sizeof opts, "%s -DWG=%zu", options, size) >= (int)sizeof opts)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "build options too long");
+        cl_program prog = NULL;
+        TRY(clattn_program_build(dev, names, count, opts, &prog));
+        cl_int err;
+        cl_kernel kern = clCreateKernel(prog, kernel, &err);
+        size_t allowed = 0;
+        if (err == CL_SUCCESS)
+            err = clGetKernelWorkGroupInfo(kern, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed,
+                                           NULL);
+        if (err == CL_SUCCESS && (size <= allowed || size == 1)) {
+            *program = prog;
+            *k = kern;
+            *wg = size;
+            return CLATTN_STATUS_SUCCESS;
+        }
+        if (kern) clReleaseKernel(kern);
+        clReleaseProgram(prog);
+        if (err != CL_SUCCESS)
+            return clattn_fail((clattn_status)err, "creating kernel %s failed (%d: %s)", kernel, err,
+                               clattn_status_string(err));
+        size = clattn_pow2_at_most(allowed); /* the compiled kernel allows less than asked: rebuild smaller */
+    }
+}
+
+clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what)
+{
+    size_t local = dev->max_work_group < 64 ? dev->max_work_group : 64;
+    size_t global = (total + local - 1) / local * local;
+    CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
     return CLATTN_STATUS_SUCCESS;
 }
