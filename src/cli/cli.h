@@ -4,14 +4,26 @@
 
 #include "clattn.h"
 
+#include <stdarg.h>
+#include <stddef.h>
+
 /* Each returns the process exit status: 0 success, 1 runtime failure, 2 usage error. */
 int clattn_cli_devices(int argc, char **argv);
 int clattn_cli_demo(int argc, char **argv);
 int clattn_cli_run(int argc, char **argv);
 int clattn_cli_encoder(int argc, char **argv);
 
-/* Open the device named by --device (NULL = default), printing the fallback
- * notice or the error on stderr. Returns NULL on failure. */
-clattn_device *clattn_cli_open_device(const char *spec);
+/* ---- common.c. `cmd` is the message prefix ("clattn run"). */
+/* One line "cmd: ..." on stderr; control characters (a newline in a file name) become '?'. */
+void clattn_cli_vsay(const char *cmd, const char *fmt, va_list ap);
+void clattn_cli_say(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when --in/--out `path` is a directory we can read (or write); else -1 after saying why. */
+int clattn_cli_check_dir(const char *cmd, const char *flag, const char *path, int writable);
+/* "(2, 3)", "(5,)": a shape as NumPy prints it, in buf. */
+const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims);
+/* Open the device named by --device (NULL = default: $CLATTN_DEVICE, else opencl, else ref), saying the
+ * fallback notice. On failure says why and returns NULL with *code = 2 for a spec that cannot be parsed,
+ * 1 for one that matches nothing. */
+clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *code);
 
 #endif

@@ -68,8 +68,9 @@ int clattn_cli_demo(int argc, char **argv)
             return 2;
         }
     }
-    clattn_device *dev = clattn_cli_open_device(spec);
-    if (!dev) return 1;
+    int code = 1;
+    clattn_device *dev = clattn_cli_open_device("clattn demo", spec, &code);
+    if (!dev) return code;
     printf("clattn demo on: %s\n", clattn_device_name(dev));
     printf("Inputs: \"Your journey starts with one step\" (6 tokens x 3), from tutorials 001/002.\n\n");
     const float *x = &clattn_tut_inputs[0][0];

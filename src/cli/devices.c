@@ -1,22 +1,9 @@
-/* devices.c: `clattn devices`, and opening the device a command asks for. */
+/* devices.c: `clattn devices`. */
 #include "cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-clattn_device *clattn_cli_open_device(const char *spec)
-{
-    clattn_device *dev = NULL;
-    clattn_status st = clattn_device_open(spec, &dev);
-    if (st != CLATTN_STATUS_SUCCESS) {
-        fprintf(stderr, "clattn: --device: %s: %s\n", clattn_status_string(st), clattn_last_error());
-        return NULL;
-    }
-    const char *notice = clattn_device_notice(dev);
-    if (notice) fprintf(stderr, "clattn: notice: %s\n", notice);
-    return dev;
-}
 
 int clattn_cli_devices(int argc, char **argv)
 {

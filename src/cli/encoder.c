@@ -35,19 +35,13 @@
 
 static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* One line on stderr, "clattn encoder: ...", and the exit status. Control characters (a newline in a
- * file name) become '?', so it stays one line (as `clattn run` does). */
+/* One line on stderr, "clattn encoder: ..." (clattn_cli_vsay), and the exit status. */
 static int fail(int status, const char *fmt, ...)
 {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    clattn_cli_vsay("clattn encoder", fmt, ap);
     va_end(ap);
-    if (n < 0) snprintf(msg, sizeof msg, "(error message could not be formatted)");
-    for (char *c = msg; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-    fprintf(stderr, "clattn encoder: %s\n", msg);
     return status;
 }
 
@@ -155,10 +149,7 @@ static void inputs_free(inputs *in)
 
 static void shape_str(const clattn_npy *a, char *s, size_t len)
 {
-    size_t n = (size_t)snprintf(s, len, "(");
-    for (int d = 0; d < a->ndim && n < len; d++)
-        n += (size_t)snprintf(s + n, len - n, a->ndim == 1 ? "%zu," : d ? ", %zu" : "%zu", a->shape[d]);
-    if (n < len) snprintf(s + n, len - n, ")");
+    clattn_cli_shape(s, len, a->ndim, a->shape);
 }
 
 /* Load every file of the contract that exists; 0 or the exit status after an error (reported). */
@@ -291,20 +282,6 @@ static int check_shapes(const inputs *in, const options *o, clattn_encoder_desc 
     return 0;
 }
 
-static int check_dir(const char *flag, const char *path, int writable)
-{
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        if (errno == ENOENT)
-            return fail(1, "%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
-        return fail(1, "%s '%s': %s", flag, path, strerror(errno));
-    }
-    if (!S_ISDIR(sb.st_mode)) return fail(1, "%s '%s': not a directory", flag, path);
-    if (access(path, writable ? (W_OK | X_OK) : (R_OK | X_OK)) != 0)
-        return fail(1, "%s '%s': %s", flag, path, writable ? "not writable" : "not readable");
-    return 0;
-}
-
 /* ---------------------------------------------------------------- the command */
 
 int clattn_cli_encoder(int argc, char **argv)
@@ -316,7 +293,9 @@ int clattn_cli_encoder(int argc, char **argv)
         return 0;
     }
     if (rc) return rc;
-    if ((rc = check_dir("--in", o.in, 0)) || (rc = check_dir("--out", o.out, 1))) return rc;
+    if (clattn_cli_check_dir("clattn encoder", "--in", o.in, 0) ||
+        clattn_cli_check_dir("clattn encoder", "--out", o.out, 1))
+        return 1;
 
     inputs in = {0};
     clattn_encoder_desc d;
@@ -326,16 +305,7 @@ int clattn_cli_encoder(int argc, char **argv)
     if ((rc = load_all(o.in, &in)) || (rc = check_shapes(&in, &o, &d))) goto done;
 
     /* the device: a spec that cannot be parsed is a usage error, one that matches nothing an input error */
-    clattn_status st = clattn_device_open(o.device, &dev);
-    if (st) {
-        const char *env = getenv("CLATTN_DEVICE");
-        const char *why = *clattn_last_error() ? clattn_last_error() : clattn_status_string(st);
-        const int code = st == CLATTN_STATUS_INVALID_DEVICE_SPEC ? 2 : 1;
-        if (o.device) rc = fail(code, "--device '%s': %s", o.device, why);
-        else if (env && *env) rc = fail(code, "--device (default from CLATTN_DEVICE='%s'): %s", env, why);
-        else rc = fail(code, "--device (default): %s", why);
-        goto done;
-    }
+    if (!(dev = clattn_cli_open_device("clattn encoder", o.device, &rc))) goto done;
     const clattn_attention_weights aw = {
         .w_query = in.has[WQ] ? in.a[WQ].data : NULL, .w_key = in.has[WK] ? in.a[WK].data : NULL,
         .w_value = in.has[WV] ? in.a[WV].data : NULL, .b_query = in.has[BQ] ? in.a[BQ].data : NULL,
@@ -346,7 +316,7 @@ int clattn_cli_encoder(int argc, char **argv)
                                       .w_ff1 = in.a[WF1].data,       .b_ff1 = in.a[BF1].data,
                                       .w_ff2 = in.a[WF2].data,       .b_ff2 = in.a[BF2].data,
                                       .ln2_weight = in.a[LN2W].data, .ln2_bias = in.a[LN2B].data};
-    st = clattn_encoder_plan_create(dev, &d, &w, &plan);
+    clattn_status st = clattn_encoder_plan_create(dev, &d, &w, &plan);
     if (st) {
         rc = fail(1, "creating the encoder plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
                   clattn_last_error());
@@ -371,8 +341,6 @@ int clattn_cli_encoder(int argc, char **argv)
         rc = fail(1, "out.npy: %s", err);
         goto done;
     }
-    const char *notice = clattn_device_notice(dev);
-    if (notice) fprintf(stderr, "clattn encoder: notice: %s\n", notice);
     rc = 0;
 done:
     free(out);

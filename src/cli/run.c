@@ -23,24 +23,14 @@
 
 enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2 };
 
-#define MSG_LEN 1024
-
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((format(printf, 1, 2)))
-#endif
-/* Print one line "clattn run: ..." on stderr; control characters (a newline
- * in a file name or in a quoted header) become '?', so it stays one line. */
+/* Print one line "clattn run: ..." on stderr (clattn_cli_vsay). */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
-    char msg[MSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    clattn_cli_vsay("clattn run", fmt, ap);
     va_end(ap);
-    if (n < 0) snprintf(msg, sizeof msg, "(error message could not be formatted)");
-    for (char *p = msg; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
-    fprintf(stderr, "clattn run: %s\n", msg);
 }
 
 static void usage_line(FILE *f)
@@ -182,27 +172,6 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     return -1;
 }
 
-static int check_dir(const char *flag, const char *path, int writable)
-{
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        if (errno == ENOENT)
-            say("%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
-        else
-            say("%s '%s': %s", flag, path, strerror(errno));
-        return -1;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        say("%s '%s': not a directory", flag, path);
-        return -1;
-    }
-    if (access(path, writable ? (W_OK | X_OK) : (R_OK | X_OK)) != 0) {
-        say("%s '%s': %s", flag, path, writable ? "not writable" : "not readable");
-        return -1;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------- inputs */
 
 enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_COUNT };
@@ -226,18 +195,9 @@ static const char *dtype_name(clattn_npy_dtype t)
     return t == CLATTN_NPY_F32 ? "float32" : t == CLATTN_NPY_U8 ? "uint8" : t == CLATTN_NPY_BOOL ? "bool" : "?";
 }
 
-static void fmt_dims(char *buf, size_t len, int ndim, const size_t *dims)
-{
-    size_t n = (size_t)snprintf(buf, len, "(");
-    for (int d = 0; d < ndim && n < len; d++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%zu", d ? ", " : "", dims[d]);
-    if (n < len) snprintf(buf + n, len - n, "%s)", ndim == 1 ? "," : "");
-}
-
 static const char *shape_str(const clattn_npy *a, char *buf, size_t len)
 {
-    fmt_dims(buf, len, a->ndim, a->shape);
-    return buf;
+    return clattn_cli_shape(buf, len, a->ndim, a->shape);
 }
 
 /* Load every file that exists; check dtypes and that no dimension is 0. */
@@ -302,7 +262,7 @@ static int expect(const inputs *in, int f, int ndim, const size_t *want, const c
     if (ok) return 0;
     char got[256], exp[256];
     shape_str(a, got, sizeof got);
-    fmt_dims(exp, sizeof exp, ndim, want);
+    clattn_cli_shape(exp, sizeof exp, ndim, want);
     say("%s: shape %s but expected %s %s", file_names[f], got, exp, what);
     return -1;
 }
@@ -446,25 +406,6 @@ static int check_shapes(const inputs *in, size_t heads, dims *d)
 
 /* ---------------------------------------------------------------- device, outputs */
 
-/* Like clattn_cli_open_device, but every line starts with "clattn run: ". */
-static clattn_device *open_device(const char *spec, int *code)
-{
-    clattn_device *dev = NULL;
-    clattn_status st = clattn_device_open(spec, &dev);
-    if (st != CLATTN_STATUS_SUCCESS) {
-        const char *env = getenv("CLATTN_DEVICE");
-        const char *why = *clattn_last_error() ? clattn_last_error() : clattn_status_string(st);
-        if (spec) say("--device '%s': %s", spec, why);
-        else if (env && *env) say("--device (default from CLATTN_DEVICE='%s'): %s", env, why);
-        else say("--device (default): %s", why);
-        *code = st == CLATTN_STATUS_INVALID_DEVICE_SPEC ? EXIT_USAGE : EXIT_INPUT;
-        return NULL;
-    }
-    const char *notice = clattn_device_notice(dev);
-    if (notice) say("notice: %s", notice);
-    return dev;
-}
-
 static char *join(const char *dir, const char *name)
 {
     size_t need = strlen(dir) + 1 + strlen(name) + 1;
@@ -520,7 +461,8 @@ int clattn_cli_run(int argc, char **argv)
     run_opts o;
     int code = parse_flags(argc, argv, &o);
     if (code >= 0) return code;
-    if (check_dir("--in", o.in, 0) || check_dir("--out", o.out, 1)) return EXIT_INPUT;
+    if (clattn_cli_check_dir("clattn run", "--in", o.in, 0) || clattn_cli_check_dir("clattn run", "--out", o.out, 1))
+        return EXIT_INPUT;
 
     inputs in;
     memset(&in, 0, sizeof in);
@@ -574,7 +516,7 @@ int clattn_cli_run(int argc, char **argv)
         goto done;
     }
 
-    dev = open_device(o.device, &code);
+    dev = clattn_cli_open_device("clattn run", o.device, &code);
     if (!dev) goto done;
     code = EXIT_INPUT;
 

@@ -1,0 +1,75 @@
+/* common.c: what the `clattn` subcommands share: one-line error messages,
+ * directory checks, shape strings and opening the device a command asks for. */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void clattn_cli_vsay(const char *cmd, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    if (n < 0) snprintf(msg, sizeof msg, "(error message could not be formatted)");
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    fprintf(stderr, "%s: %s\n", cmd, msg);
+}
+
+void clattn_cli_say(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    clattn_cli_vsay(cmd, fmt, ap);
+    va_end(ap);
+}
+
+int clattn_cli_check_dir(const char *cmd, const char *flag, const char *path, int writable)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            clattn_cli_say(cmd, "%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
+        else
+            clattn_cli_say(cmd, "%s '%s': %s", flag, path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        clattn_cli_say(cmd, "%s '%s': not a directory", flag, path);
+        return -1;
+    }
+    if (access(path, writable ? (W_OK | X_OK) : (R_OK | X_OK)) != 0) {
+        clattn_cli_say(cmd, "%s '%s': %s", flag, path, writable ? "not writable" : "not readable");
+        return -1;
+    }
+    return 0;
+}
+
+const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims)
+{
+    size_t n = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < ndim && n < len; d++) n += (size_t)snprintf(buf + n, len - n, "%s%zu", d ? ", " : "", dims[d]);
+    if (n < len) snprintf(buf + n, len - n, "%s)", ndim == 1 ? "," : "");
+    return buf;
+}
+
+clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *code)
+{
+    clattn_device *dev = NULL;
+    clattn_status st = clattn_device_open(spec, &dev);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        const char *env = getenv("CLATTN_DEVICE");
+        const char *why = *clattn_last_error() ? clattn_last_error() : clattn_status_string(st);
+        if (spec) clattn_cli_say(cmd, "--device '%s': %s", spec, why);
+        else if (env && *env) clattn_cli_say(cmd, "--device (default from CLATTN_DEVICE='%s'): %s", env, why);
+        else clattn_cli_say(cmd, "--device (default): %s", why);
+        if (code) *code = st == CLATTN_STATUS_INVALID_DEVICE_SPEC ? 2 : 1;
+        return NULL;
+    }
+    const char *notice = clattn_device_notice(dev);
+    if (notice) clattn_cli_say(cmd, "notice: %s", notice);
+    return dev;
+}
