@@ -28,6 +28,7 @@ struct clattn_cl_state {
     size_t softmax_wg;            /* 0: k_softmax is softmax_rows_item, one work-item per row */
     size_t n_qkv;                 /* self: H*(2dk+dv) columns of the fused projection */
     size_t chunk;                 /* (b, h) pairs whose scores fit the score buffer at once */
+    size_t rows_blk;              /* query rows per block: Tq, or fewer when one pair does not fit (chunk 1) */
     /* weights (LINEAR layout) */
     cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
     cl_mem w_kv;                  /* cross: [Wk;Wv] (H*(dk+dv), Ekv) */
@@ -100,17 +101,24 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     clattn_status st;
 
     /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's
-     * max allocation, else in chunks of pairs; one pair that does not fit cannot be run. */
-    const size_t per_pair = Tq * Tk * sizeof(float);
-    if (per_pair > p->device->max_alloc)
+     * max allocation, else in chunks of pairs, else (one pair does not fit) one pair at a time in
+     * blocks of query rows. The GEMMs on them are split further to CLBlast's index range (blas.c). */
+    const size_t row_bytes = Tk * sizeof(float);
+    if (row_bytes > p->device->max_alloc)
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
-                           "one head's score matrix (Tq*Tk = %zu x %zu floats, %zu bytes) exceeds the device's max "
-                           "allocation (%zu bytes)", Tq, Tk, per_pair, p->device->max_alloc);
-    c->chunk = p->device->max_alloc / per_pair;
-    if (c->chunk > B * H) c->chunk = B * H;
+                           "one query's row of scores (Tk = %zu floats, %zu bytes) exceeds the device's max "
+                           "allocation (%zu bytes)", Tk, row_bytes, p->device->max_alloc);
+    const size_t rows_fit = p->device->max_alloc / row_bytes;
+    if (rows_fit >= Tq) {
+        c->rows_blk = Tq;
+        c->chunk = rows_fit / Tq < B * H ? rows_fit / Tq : B * H;
+    } else {
+        c->rows_blk = rows_fit;
+        c->chunk = 1;
+    }
 
     /* device memory budget, checked before any allocation */
-    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + c->chunk * Tq * Tk +
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + c->chunk * c->rows_blk * Tk +
                    B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * H * (dk + dv) + H * (dk * E + (dk + dv) * Ekv);
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
@@ -169,7 +177,8 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     }
     if (!one_head_view(p) && (st = clattn_buffer_new(p->device, B * H * Tq * dv, sizeof(float), NULL, "the context", &c->ctx)))
         return st;
-    if ((st = clattn_buffer_new(p->device, c->chunk * Tq * Tk, sizeof(float), NULL, "the attention scores", &c->s)))
+    if ((st = clattn_buffer_new(p->device, c->chunk * c->rows_blk * Tk, sizeof(float), NULL, "the attention scores",
+                                &c->s)))
         return st;
     if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
     if ((st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
@@ -286,8 +295,9 @@ static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, siz
     return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue fill_rows");
 }
 
-/* Softmax over the rows row0 .. row0 + rows - 1, stored from s on. */
-static clattn_status softmax(struct clattn_plan *p, view s, size_t row0, size_t rows, const run_io *io)
+/* Softmax over the rows row0 .. row0 + rows - 1, stored from s on: one launch of at most
+ * dev->max_launch_items work-items at a time (the kernels take their first row as an argument). */
+static clattn_status softmax_launch(struct clattn_plan *p, view s, size_t row0, size_t rows, const run_io *io)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
@@ -315,15 +325,29 @@ static clattn_status softmax(struct clattn_plan *p, view s, size_t row0, size_t 
     e |= clSetKernelArg(k, a++, sizeof threshold, &threshold);
     e |= clSetKernelArg(k, a++, sizeof keep_scale, &keep_scale);
     if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting softmax_rows arguments failed");
-    if (c->softmax_wg == 0) { /* one work-item per row, the driver picks the work-group size */
+    if (c->softmax_wg == 0) { /* one work-item per row */
         size_t global = rows;
+        clattn_note_launch(global);
         CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, NULL, 0, NULL, NULL),
                  "enqueue softmax_rows_item");
         return CLATTN_STATUS_SUCCESS;
     }
     size_t local = c->softmax_wg, global = rows * local;
+    clattn_note_launch(global);
     CL_CHECK(clEnqueueNDRangeKernel(p->device->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
              "enqueue softmax_rows");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status softmax(struct clattn_plan *p, view s, size_t row0, size_t rows, const run_io *io)
+{
+    const size_t per_row = p->cl->softmax_wg ? p->cl->softmax_wg : 1;
+    size_t step = p->device->max_launch_items / per_row;
+    if (step == 0) step = 1;
+    for (size_t r = 0; r < rows; r += step) {
+        const size_t n = rows - r < step ? rows - r : step;
+        TRY(softmax_launch(p, (view){s.mem, s.off + r * p->d.seq_kv}, row0 + r, n, io));
+    }
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -332,7 +356,7 @@ static clattn_status gemm(struct clattn_plan *p, CLBlastTranspose tb, size_t m, 
                           view a, size_t lda, view b, size_t ldb, float beta, view cmat, size_t ldc,
                           const char *what)
 {
-    return clattn_blas_sgemm(p->device->queue, tb, m, n, k, alpha, a.mem, a.off, lda, b.mem, b.off, ldb, beta,
+    return clattn_blas_sgemm(p->device, tb, m, n, k, alpha, a.mem, a.off, lda, b.mem, b.off, ldb, beta,
                              cmat.mem, cmat.off, ldc, what);
 }
 
@@ -340,7 +364,7 @@ static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, si
                                   float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
                                   view cmat, size_t ldc, size_t sc, size_t count, const char *what)
 {
-    return clattn_blas_sgemm_strided_batched(p->device->queue, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem,
+    return clattn_blas_sgemm_strided_batched(p->device, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem,
                                              b.off, ldb, sb, 0.0f, cmat.mem, cmat.off, ldc, sc, count, what);
 }
 
@@ -401,28 +425,34 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     }
     TRY(mark(p, 2));
 
-    /* 3-5, per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually):
-     * 3. scores S = scale * Q K^T; 4. masks + softmax + dropout, in place; 5. context C = W V,
-     * with one head straight into (B, Tq, dv) rows. A caller's attn buffer holds all pairs at once. */
+    /* 3-5, per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually), or
+     * per block of query rows of one pair: 3. scores S = scale * Q K^T; 4. masks + softmax + dropout,
+     * in place; 5. context C = W V, with one head straight into (B, Tq, dv) rows. With a caller's
+     * attn buffer the blocks are computed in place there. */
     view merged = p->has_out ? (view){c->merged, 0} : io->out;
     view C = one_head_view(p) ? merged : (view){c->ctx, 0};
-    const size_t BH = B * H, chunk = io->attn.mem ? BH : c->chunk;
+    const size_t BH = B * H, chunk = c->chunk, rb = c->rows_blk;
+    int first = 1;
     for (size_t g0 = 0; g0 < BH; g0 += chunk) {
         const size_t n = BH - g0 < chunk ? BH - g0 : chunk;
-        view S = io->attn.mem ? io->attn : (view){c->s, 0};
-        view Qg = {Q.mem, Q.off + g0 * Tq * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
-        view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + g0 * Tq * dv};
-        TRY(gemm_batched(p, CLBlastTransposeYes, Tq, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
-                         Tq * Tk, n, "scores GEMM"));
-        if (g0 == 0) TRY(mark(p, 3));
-        TRY(softmax(p, S, g0 * Tq, n * Tq, io));
-        if (g0 == 0) TRY(mark(p, 4));
-        if (io->attn_host)
-            CL_CHECK(clEnqueueReadBuffer(p->device->queue, S.mem, CL_FALSE, S.off * sizeof(float),
-                                         n * Tq * Tk * sizeof(float), io->attn_host + g0 * Tq * Tk, 0, NULL, NULL),
-                     "reading the attention weights");
-        TRY(gemm_batched(p, CLBlastTransposeNo, Tq, dv, Tk, 1.0f, S, Tk, Tq * Tk, Vg, dv, Tk * dv, Cg, dv, Tq * dv,
-                         n, "context GEMM"));
+        for (size_t i0 = 0; i0 < Tq; i0 += rb) { /* one block when rb = Tq (then n pairs are contiguous) */
+            const size_t r = Tq - i0 < rb ? Tq - i0 : rb, row0 = g0 * Tq + i0;
+            view S = io->attn.mem ? (view){io->attn.mem, io->attn.off + row0 * Tk} : (view){c->s, 0};
+            view Qg = {Q.mem, Q.off + row0 * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
+            view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + row0 * dv};
+            TRY(gemm_batched(p, CLBlastTransposeYes, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
+                             r * Tk, n, "scores GEMM"));
+            if (first) TRY(mark(p, 3));
+            TRY(softmax(p, S, row0, n * r, io));
+            if (first) TRY(mark(p, 4));
+            first = 0;
+            if (io->attn_host)
+                CL_CHECK(clEnqueueReadBuffer(p->device->queue, S.mem, CL_FALSE, S.off * sizeof(float),
+                                             n * r * Tk * sizeof(float), io->attn_host + row0 * Tk, 0, NULL, NULL),
+                         "reading the attention weights");
+            TRY(gemm_batched(p, CLBlastTransposeNo, r, dv, Tk, 1.0f, S, Tk, r * Tk, Vg, dv, Tk * dv, Cg, dv,
+                             Tq * dv, n, "context GEMM"));
+        }
     }
     c->stage_ran[CLATTN_STAGE_SCORES] = c->stage_ran[CLATTN_STAGE_SOFTMAX] = 1;
     c->stage_ran[CLATTN_STAGE_CONTEXT] = 1;

@@ -123,6 +123,18 @@ static clattn_device *device_new(clattn_backend backend)
     return dev;
 }
 
+static int contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n == 0) return 1;
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+        if (i == n) return 1;
+    }
+    return 0;
+}
+
 static void fill_limits(clattn_device *dev)
 {
     cl_ulong v = 0;
@@ -131,17 +143,38 @@ static void fill_limits(clattn_device *dev)
     v = 0;
     clGetDeviceInfo(dev->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof v, &v, NULL);
     dev->global_mem = (size_t)v;
+    v = 0;
+    clGetDeviceInfo(dev->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof v, &v, NULL);
+    dev->local_mem = (size_t)v;
     size_t wg = 1;
     clGetDeviceInfo(dev->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
     dev->max_work_group = wg ? wg : 1;
-    char name[200], plat[96];
+    cl_uint u = 0;
+    clGetDeviceInfo(dev->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof u, &u, NULL);
+    dev->compute_units = u ? u : 1;
+    u = 0;
+    clGetDeviceInfo(dev->device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof u, &u, NULL);
+    dev->base_align = u >= 32 ? u / 8 : 4096; /* bits; unknown: a page, surely a multiple */
+    cl_device_type t = 0;
+    clGetDeviceInfo(dev->device, CL_DEVICE_TYPE, sizeof t, &t, NULL);
+    dev->type = t;
+    dev->fp16 = has_extension(dev->device, "cl_khr_fp16");
+    char name[200], plat[96], vendor[96];
     get_string(dev->device, CL_DEVICE_NAME, name, sizeof name);
+    get_string(dev->device, CL_DEVICE_VENDOR, vendor, sizeof vendor);
     cl_platform_id p = NULL;
     plat[0] = '\0';
     if (clGetDeviceInfo(dev->device, CL_DEVICE_PLATFORM, sizeof p, &p, NULL) == CL_SUCCESS)
         clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof plat, plat, NULL);
     plat[sizeof plat - 1] = '\0';
     snprintf(dev->name, sizeof dev->name, "%s [%s]", name, plat);
+    if (t & CL_DEVICE_TYPE_CPU) dev->dclass = CLATTN_CLASS_CPU;
+    else if (contains_ci(vendor, "nvidia")) dev->dclass = CLATTN_CLASS_NVIDIA;
+    else if (contains_ci(vendor, "advanced micro") || contains_ci(vendor, "amd")) dev->dclass = CLATTN_CLASS_AMD;
+    else if (contains_ci(vendor, "intel")) dev->dclass = CLATTN_CLASS_INTEL;
+    else dev->dclass = CLATTN_CLASS_OTHER;
+    dev->blas_max_elems = CLATTN_BLAS_MAX_ELEMS;
+    dev->max_launch_items = CLATTN_MAX_LAUNCH_ITEMS;
 }
 
 static clattn_status open_opencl(cl_device_id id, clattn_device **out)
@@ -169,18 +202,6 @@ static clattn_status open_opencl(cl_device_id id, clattn_device **out)
     fill_limits(dev);
     *out = dev;
     return CLATTN_STATUS_SUCCESS;
-}
-
-static int contains_ci(const char *hay, const char *needle)
-{
-    size_t n = strlen(needle);
-    if (n == 0) return 1;
-    for (; *hay; hay++) {
-        size_t i = 0;
-        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
-        if (i == n) return 1;
-    }
-    return 0;
 }
 
 static int parse_uint(const char *s, const char **end, unsigned *v)

@@ -287,7 +287,7 @@ static clattn_status residual_bias(struct clattn_encoder_plan *p, view dst, view
 static clattn_status linear(struct clattn_encoder_plan *p, size_t m, size_t n, size_t k, view a, cl_mem w, view cmat,
                             const char *what)
 {
-    return clattn_blas_sgemm(p->device->queue, CLBlastTransposeYes, m, n, k, 1.0f, a.mem, a.off, k, w, 0, k, 0.0f,
+    return clattn_blas_sgemm(p->device, CLBlastTransposeYes, m, n, k, 1.0f, a.mem, a.off, k, w, 0, k, 0.0f,
                              cmat.mem, cmat.off, n, what);
 }
 

@@ -56,17 +56,38 @@ int clattn_mul_overflows(size_t a, size_t b, size_t *out);
 
 /* ---- CLBlast (blas.c): every call is serialised by one process-wide lock, because
  * CLBlast's first-use initialisation is not thread-safe. Row-major, A not transposed:
- * C (m, n) = alpha * A (m, k) * op(B) + beta * C; `what` names the GEMM in errors. */
-clattn_status clattn_blas_sgemm(cl_command_queue queue, CLBlastTranspose tb, size_t m, size_t n, size_t k,
+ * C (m, n) = alpha * A (m, k) * op(B) + beta * C; `what` names the GEMM in errors.
+ * A GEMM too large for one CLBlast call (32-bit indices, its padded temporaries within one
+ * allocation) is split into calls over row blocks (and batch groups), each addressing its
+ * buffers through a sub-buffer when the element offset alone would exceed the limit. */
+struct clattn_device;
+clattn_status clattn_blas_sgemm(const struct clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k,
                                 float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b, size_t b_off, size_t ldb,
                                 float beta, cl_mem c, size_t c_off, size_t ldc, const char *what);
-clattn_status clattn_blas_sgemm_strided_batched(cl_command_queue queue, CLBlastTranspose tb, size_t m, size_t n,
+clattn_status clattn_blas_sgemm_strided_batched(const struct clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n,
                                                 size_t k, float alpha, cl_mem a, size_t a_off, size_t lda,
                                                 size_t a_stride, cl_mem b, size_t b_off, size_t ldb, size_t b_stride,
                                                 float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
                                                 size_t count, const char *what);
 
+/* Test-only (not exported from the shared library): the largest element index that any CLBlast
+ * call has touched in any buffer, counting CLBlast's padded temporaries, since the last reset;
+ * reset = 1 returns it and starts again from 0. */
+size_t clattn_test_blas_reach(int reset);
+/* Test-only: the most work-items any one kernel launch had since the last reset (reset = 1). */
+size_t clattn_test_launch_reach(int reset);
+void clattn_note_launch(size_t items);
+
 /* ---- devices (device.c) */
+typedef enum clattn_device_class {
+    CLATTN_CLASS_CPU = 0, CLATTN_CLASS_NVIDIA, CLATTN_CLASS_AMD, CLATTN_CLASS_INTEL, CLATTN_CLASS_OTHER
+} clattn_device_class;
+
+/* The limits every plan computes within. Read once when the device opens; the tests lower them
+ * (the struct is internal) so that a few hundred tokens exercise every chunking path. */
+#define CLATTN_BLAS_MAX_ELEMS ((size_t)0x7FFFFFFF) /* CLBlast 1.5 indexes its buffers with 32-bit ints */
+#define CLATTN_MAX_LAUNCH_ITEMS ((size_t)1 << 30)  /* work-items of one 1-D launch (bigger: several, offset) */
+
 struct clattn_device {
     clattn_backend backend;
     char name[300];
@@ -74,9 +95,18 @@ struct clattn_device {
     cl_device_id device;
     cl_context context;
     cl_command_queue queue;
+    /* capabilities, read once at open (fill_limits) */
+    cl_device_type type;        /* CL_DEVICE_TYPE */
+    clattn_device_class dclass; /* CPU, or the GPU vendor: picks kernel variants and tile defaults */
+    unsigned compute_units;     /* CL_DEVICE_MAX_COMPUTE_UNITS */
+    size_t local_mem;           /* CL_DEVICE_LOCAL_MEM_SIZE, bytes */
+    int fp16;                   /* cl_khr_fp16 */
     size_t max_alloc;           /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     size_t global_mem;          /* CL_DEVICE_GLOBAL_MEM_SIZE */
     size_t max_work_group;      /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    size_t base_align;          /* CL_DEVICE_MEM_BASE_ADDR_ALIGN in bytes: sub-buffer origins */
+    size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
+    size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
     int queue_profiling;        /* the queue has CL_QUEUE_PROFILING_ENABLE */
 };
 

@@ -1,6 +1,8 @@
 /* program.c: build OpenCL programs from the kernels embedded at build time. */
 #include "internal.h"
 
+#include <stdatomic.h>
+
 #include "clattn_kernels.h"
 
 #include <stdio.h>
@@ -99,10 +101,29 @@ clattn_status clattn_program_build_wg(const clattn_device *dev, const char *cons
     }
 }
 
+static _Atomic size_t launch_max;
+void clattn_note_launch(size_t items)
+{
+    size_t cur = atomic_load(&launch_max);
+    while (items > cur && !atomic_compare_exchange_weak(&launch_max, &cur, items)) {}
+}
+size_t clattn_test_launch_reach(int reset)
+{
+    return reset ? atomic_exchange(&launch_max, 0) : atomic_load(&launch_max);
+}
+
 clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what)
 {
+    /* in launches of at most max_launch_items work-items, each at its global offset: drivers
+     * differ in how large one NDRange may be, and get_global_id includes the offset */
     size_t local = dev->max_work_group < 64 ? dev->max_work_group : 64;
-    size_t global = (total + local - 1) / local * local;
-    CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
+    size_t step = dev->max_launch_items / local * local;
+    if (step == 0) step = local;
+    for (size_t start = 0; start < total; start += step) {
+        size_t n = total - start < step ? total - start : step;
+        size_t global = (n + local - 1) / local * local, offset = start;
+        clattn_note_launch(global);
+        CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, &offset, &global, &local, 0, NULL, NULL), what);
+    }
     return CLATTN_STATUS_SUCCESS;
 }

@@ -1,6 +1,14 @@
-/* test_limits.c: score matrices larger than one device allocation run in chunks;
- * what cannot fit is refused with the limit named; every allocation failure
- * (host or device, walked one by one) is reported and leaks nothing. */
+/* test_limits.c: every plan the library accepts computes the right answer within the
+ * device's limits, and what cannot fit is refused with the limit named.
+ *   - score matrices larger than one allocation run in chunks of (batch, head) pairs, or
+ *     one pair at a time in blocks of query rows;
+ *   - no CLBlast call touches an element past its 32-bit index range (offsets included:
+ *     sub-buffers), nor makes a padded temporary larger than one allocation;
+ *   - no kernel launch has more work-items than the device's launch limit.
+ * The limits live in the (internal) device struct; the tests lower them so that a few
+ * hundred tokens walk every chunking path, compared element by element with ref.
+ * And every allocation failure (host or device, walked one by one) is reported and leaks
+ * nothing. */
 #include "reference.h"
 #include "testutil.h"
 
@@ -85,12 +93,16 @@ Test(limits, refused_with_the_limit_named)
 {
     clattn_device *cl = tu_open_opencl();
     float w[4] = {0};
-    clattn_attention_desc d = {.batch = 1, .seq_q = 100000, .embed = 1, .heads = 1, .head_dim_qk = 1};
+    /* one query's row of scores (Tk floats) larger than one allocation: no chunking helps */
+    clattn_attention_desc d = {.batch = 1, .seq_q = 3000, .embed = 1, .heads = 1, .head_dim_qk = 1};
     clattn_attention_weights wt = {.w_query = w, .w_key = w, .w_value = w};
     clattn_plan *plan = NULL;
+    const size_t saved = cl->max_alloc;
+    cl->max_alloc = 2999 * sizeof(float);
     cr_assert_eq(clattn_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE);
     cr_assert_null(plan);
     cr_assert(strstr(clattn_last_error(), "max allocation"), "%s", clattn_last_error());
+    cl->max_alloc = saved;
     /* every score matrix fits (in chunks), but the activations exceed the device's global memory */
     d = (clattn_attention_desc){.batch = 1, .seq_q = 1000, .embed = 256, .heads = 1};
     d.batch = cl->global_mem / (1000 * 256 * sizeof(float)) + 1; /* x alone would fill it */
@@ -99,6 +111,148 @@ Test(limits, refused_with_the_limit_named)
     cr_assert(strstr(clattn_last_error(), "global memory"), "%s", clattn_last_error());
     clattn_device_free(cl);
 }
+
+/* ---- a few hundred tokens under lowered limits, element by element against ref */
+
+typedef struct lowered {
+    const char *what;
+    size_t max_alloc;     /* bytes (0 = the device's) */
+    size_t blas_elems;    /* CLBlast index limit (0 = the device's) */
+    size_t launch_items;  /* work-items per launch (0 = the device's) */
+} lowered;
+
+/* B=2, Tq=173, Tk=211 (cross) or Tq=Tk=211 (self), E=12, H=3, dk=5, dv=3, out projection,
+ * key padding mask, bool mask, causal, dropout: every chunking path under `lim`, executed from
+ * host arrays and from buffers at large offsets (x, kv, out and attn beyond the lowered index
+ * limit), out and attn compared with ref element by element; then the reach spies prove that
+ * no CLBlast call and no launch passed the lowered limits. */
+static void lowered_matches_ref(const lowered *lim, int cross, int causal, float dropout)
+{
+    tu_rng r = {977 + (uint64_t)cross * 13 + (uint64_t)causal};
+    const size_t B = 2, Tq = cross ? 173 : 211, Tk = 211, E = 12, Ekv = cross ? 7 : 12, H = 3, dk = 5, dv = 3,
+                 Eo = 10;
+    clattn_attention_desc d = {.batch = B, .seq_q = Tq, .cross = cross, .seq_kv = cross ? Tk : 0, .embed = E,
+                               .kv_embed = cross ? Ekv : 0, .heads = H, .head_dim_qk = dk, .head_dim_v = dv,
+                               .out_dim = Eo, .causal = causal, .key_padding_mask = 1,
+                               .attn_mask = CLATTN_MASK_BOOL, .dropout = dropout, .seed = 4242};
+    float *wq = tu_random(&r, H * dk * E, -0.4f, 0.4f), *wk = tu_random(&r, H * dk * Ekv, -0.4f, 0.4f);
+    float *wv = tu_random(&r, H * dv * Ekv, -0.4f, 0.4f), *wo = tu_random(&r, Eo * H * dv, -0.4f, 0.4f);
+    float *bq = tu_random(&r, H * dk, -0.2f, 0.2f), *bo = tu_random(&r, Eo, -0.2f, 0.2f);
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_query = bq, .w_out = wo,
+                                  .b_out = bo};
+    float *x = tu_random(&r, B * Tq * E, -1, 1), *kv = tu_random(&r, B * Tk * Ekv, -1, 1);
+    uint8_t *kpm = malloc(B * Tk), *mask = malloc(Tq * Tk);
+    for (size_t i = 0; i < B * Tk; i++) kpm[i] = tu_uniform(&r, 0, 1) < 0.1f;
+    for (size_t i = 0; i < Tq * Tk; i++) mask[i] = tu_uniform(&r, 0, 1) < 0.15f;
+    for (size_t j = 0; j < Tk; j++) kpm[Tk + j] = 1; /* batch entry 1: every key hidden (rows of zeros) */
+    kpm[Tk + 17] = 0;                                 /* but one */
+    const size_t n_out = B * Tq * Eo, n_attn = B * H * Tq * Tk;
+    clattn_attention_args a = {.x = x, .kv = cross ? kv : NULL, .key_padding_mask = kpm, .attn_mask = mask};
+
+    clattn_device *ref = tu_open_ref();
+    clattn_plan *pr = NULL;
+    cr_assert_eq(clattn_plan_create(ref, &d, &w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *oref = tu_poisoned(n_out), *aref = tu_poisoned(n_attn);
+    a.out = oref, a.attn = aref;
+    cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    int nonzero = 0;
+    for (size_t i = 0; i < n_out && !nonzero; i++) nonzero = oref[i] != 0.0f && isfinite(oref[i]);
+    cr_assert(nonzero, "the reference output is all zero: the test would prove nothing");
+
+    clattn_device *cl = tu_open_opencl();
+    if (lim->max_alloc) cl->max_alloc = lim->max_alloc;
+    if (lim->blas_elems) cl->blas_max_elems = lim->blas_elems;
+    if (lim->launch_items) cl->max_launch_items = lim->launch_items;
+    clattn_test_blas_reach(1);
+    clattn_test_launch_reach(1);
+    clattn_plan *pc = NULL;
+    cr_assert_eq(clattn_plan_create(cl, &d, &w, &pc), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
+                 clattn_last_error());
+    char msg[256];
+    /* from host arrays, with and without the weights */
+    for (int want_attn = 1; want_attn >= 0; want_attn--) {
+        float *o = tu_poisoned(n_out), *at = want_attn ? tu_poisoned(n_attn) : NULL;
+        a.out = o, a.attn = at;
+        cr_assert_eq(clattn_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what, clattn_last_error());
+        cr_assert_eq(tu_compare(o, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (host, attn %d) out: %s",
+                     lim->what, want_attn, msg);
+        if (at)
+            cr_assert_eq(tu_compare(at, aref, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (host) attn: %s",
+                         lim->what, msg);
+        free(o);
+        free(at);
+    }
+    /* from buffers, every tensor at an offset past the lowered index limit */
+    cl_context ctx = clattn_device_context(cl);
+    cl_command_queue q = clattn_device_queue(cl);
+    const size_t off = (lim->blas_elems ? lim->blas_elems : 4096) + 37;
+    const size_t nx = B * Tq * E, nkv = B * Tk * Ekv;
+    cl_int err;
+    cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + nx) * 4, NULL, &err);
+    cl_mem bkv = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + nkv) * 4, NULL, &err);
+    cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 3 + B * Tk, NULL, &err);
+    cl_mem bmask = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 5 + Tq * Tk, NULL, &err);
+    cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + n_out) * 4, NULL, &err);
+    cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + n_attn) * 4, NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    float *o = tu_poisoned(n_out), *at = tu_poisoned(n_attn);
+    clEnqueueWriteBuffer(q, bx, CL_TRUE, off * 4, nx * 4, x, 0, NULL, NULL);
+    clEnqueueWriteBuffer(q, bkv, CL_TRUE, off * 4, nkv * 4, kv, 0, NULL, NULL);
+    clEnqueueWriteBuffer(q, bkpm, CL_TRUE, 3, B * Tk, kpm, 0, NULL, NULL);
+    clEnqueueWriteBuffer(q, bmask, CL_TRUE, 5, Tq * Tk, mask, 0, NULL, NULL);
+    clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL);
+    clEnqueueWriteBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL);
+    clattn_attention_buffers bufs = {.x = {bx, off}, .kv = {cross ? bkv : NULL, off}, .key_padding_mask = {bkpm, 3},
+                                     .attn_mask = {bmask, 5}, .out = {bout, off}, .attn = {battn, off}};
+    cr_assert_eq(clattn_plan_execute_buffers(pc, &bufs, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
+                 clattn_last_error());
+    cr_assert_eq(clFinish(q), CL_SUCCESS);
+    clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL);
+    clEnqueueReadBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL);
+    cr_assert_eq(tu_compare(o, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (buffers) out: %s", lim->what,
+                 msg);
+    cr_assert_eq(tu_compare(at, aref, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (buffers) attn: %s",
+                 lim->what, msg);
+    /* the spies: no CLBlast call reached past the limit, no launch was larger */
+    if (lim->blas_elems) {
+        const size_t reach = clattn_test_blas_reach(0);
+        cr_assert(reach <= lim->blas_elems, "%s: a CLBlast call touched element %zu, past the limit %zu", lim->what,
+                  reach, lim->blas_elems);
+    }
+    if (lim->launch_items) {
+        const size_t reach = clattn_test_launch_reach(0);
+        cr_assert(reach <= lim->launch_items, "%s: a launch of %zu work-items, past the limit %zu", lim->what,
+                  reach, lim->launch_items);
+    }
+    free(o); free(at);
+    cl_mem mems[] = {bx, bkv, bkpm, bmask, bout, battn};
+    for (int i = 0; i < 6; i++) clReleaseMemObject(mems[i]);
+    clattn_plan_free(pc);
+    clattn_plan_free(pr);
+    clattn_device_free(cl);
+    clattn_device_free(ref);
+    free(oref); free(aref); free(wq); free(wk); free(wv); free(wo); free(bq); free(bo); free(x); free(kv);
+    free(kpm); free(mask);
+}
+
+/* 80 rows of scores per allocation (blocks of 80 query rows, the last one shorter); the
+ * projections and activations still fit (the largest is 2*211*39 floats) */
+static const lowered row_blocks = {"row blocks", 80 * 211 * 4 + 12, 0, 0};
+/* CLBlast may touch 3000 elements: every GEMM in row blocks and batch groups, operands past
+ * element 3000 through sub-buffers */
+static const lowered blas_index = {"CLBlast index limit", 0, 3000, 0};
+/* at most 200 work-items per launch (so the softmax too runs in several launches) */
+static const lowered launches = {"launch limit", 0, 0, 200};
+/* all of them at once */
+static const lowered all_limits = {"all limits", 80 * 211 * 4 + 12, 3000, 200};
+
+Test(limits, row_blocks_self) { lowered_matches_ref(&row_blocks, 0, 1, 0.0f); }
+Test(limits, row_blocks_cross_dropout) { lowered_matches_ref(&row_blocks, 1, 0, 0.2f); }
+Test(limits, blas_index_self) { lowered_matches_ref(&blas_index, 0, 1, 0.1f); }
+Test(limits, blas_index_cross) { lowered_matches_ref(&blas_index, 1, 1, 0.0f); }
+Test(limits, launches_self) { lowered_matches_ref(&launches, 0, 0, 0.3f); }
+Test(limits, all_limits_self) { lowered_matches_ref(&all_limits, 0, 1, 0.2f); }
+Test(limits, all_limits_cross) { lowered_matches_ref(&all_limits, 1, 1, 0.0f); }
 
 /* Make the Nth host allocation (or buffer creation) fail, for every N in turn, in plan
  * creation and in execution: the call fails cleanly and leaves outputs untouched. */

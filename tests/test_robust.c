@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -164,30 +165,63 @@ static cl_uint queue_refs(cl_command_queue q)
     return n;
 }
 
-/* Does this OpenCL implementation count a buffer and a program in the context's reference
- * count, and an event in its queue's? (PoCL does; the spec leaves it open.) */
+/* A reference count that the implementation may drop a little later (PoCL releases an event's
+ * hold on its queue from a worker thread after the event completes): poll until it reads
+ * `want`, for at most two seconds, and return the last reading. */
+static cl_uint settled(cl_uint (*read)(void *), void *obj, cl_uint want)
+{
+    cl_uint n = read(obj);
+    for (int k = 0; k < 2000 && n != want; k++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        n = read(obj);
+    }
+    return n;
+}
+/* A count no longer moving: two readings 20 ms apart agree (at most two seconds). */
+static cl_uint steady(cl_uint (*read)(void *), void *obj)
+{
+    cl_uint n = read(obj), prev;
+    int k = 0;
+    do {
+        prev = n;
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        n = read(obj);
+    } while (n != prev && ++k < 100);
+    return n;
+}
+static cl_uint read_ctx(void *c) { return context_refs((cl_context)c); }
+static cl_uint read_queue(void *q) { return queue_refs((cl_command_queue)q); }
+
+/* Which reference counts can tell a leak here? The spec leaves open whether a buffer or a
+ * program holds its context (PoCL: yes; NVIDIA: no) and whether an event holds its queue.
+ * Each class is probed on its own, after the counts settle, so the answer does not depend on
+ * timing: REFS_CONTEXT when creating and releasing a buffer and a program moves the context's
+ * count up by one and back, REFS_QUEUE when an event does that to its queue's count. */
+enum { REFS_CONTEXT = 1, REFS_QUEUE = 2 };
 static int refcounts_track_objects(cl_context ctx, cl_command_queue q)
 {
     cl_int err;
-    cl_uint c0 = context_refs(ctx), q0 = queue_refs(q);
+    const cl_uint c0 = steady(read_ctx, ctx), q0 = steady(read_queue, q);
     cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
     cr_assert_eq(err, CL_SUCCESS);
-    int ok = context_refs(ctx) == c0 + 1;
+    int ctx_ok = context_refs(ctx) == c0 + 1;
     clReleaseMemObject(m);
-    ok &= context_refs(ctx) == c0;
+    ctx_ok &= settled(read_ctx, ctx, c0) == c0;
     const char *src = "__kernel void k(__global float *a) { a[0] = 1.0f; }";
     cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     cr_assert_eq(err, CL_SUCCESS);
-    ok &= context_refs(ctx) == c0 + 1;
+    ctx_ok &= context_refs(ctx) == c0 + 1;
     clReleaseProgram(p);
-    ok &= context_refs(ctx) == c0;
+    ctx_ok &= settled(read_ctx, ctx, c0) == c0;
     cl_event ev = NULL;
     cr_assert_eq(clEnqueueMarkerWithWaitList(q, 0, NULL, &ev), CL_SUCCESS);
-    clFinish(q);
-    ok &= queue_refs(q) == q0 + 1;
+    cr_assert_eq(clFinish(q), CL_SUCCESS);
+    int q_ok = settled(read_queue, q, q0 + 1) == q0 + 1;
     clReleaseEvent(ev);
-    ok &= queue_refs(q) == q0;
-    return ok;
+    q_ok &= settled(read_queue, q, q0) == q0;
+    return (ctx_ok ? REFS_CONTEXT : 0) | (q_ok ? REFS_QUEUE : 0);
 }
 
 /* The shapes the leak loop cycles through: each backend path, masks, dropout, profiling,
@@ -300,11 +334,13 @@ static void loop_cl_close(loop_cl *l, int track)
     clattn_device_free(l->dev);
     /* CLBlast keeps its compiled programs (which retain the context) until its cache is cleared */
     CLBlastClearCache();
-    if (track) {
-        cr_assert_eq(context_refs(l->ctx), l->ctx_refs, "after clattn_device_free: context references %u, "
-                     "expected %u", context_refs(l->ctx), l->ctx_refs);
-        cr_assert_eq(queue_refs(l->q), l->q_refs, "after clattn_device_free: queue references %u, expected %u",
-                     queue_refs(l->q), l->q_refs);
+    if (track & REFS_CONTEXT) {
+        const cl_uint n = settled(read_ctx, l->ctx, l->ctx_refs);
+        cr_assert_eq(n, l->ctx_refs, "after clattn_device_free: context references %u, expected %u", n, l->ctx_refs);
+    }
+    if (track & REFS_QUEUE) {
+        const cl_uint n = settled(read_queue, l->q, l->q_refs);
+        cr_assert_eq(n, l->q_refs, "after clattn_device_free: queue references %u, expected %u", n, l->q_refs);
     }
     clReleaseCommandQueue(l->q);
     clReleaseContext(l->ctx);
@@ -337,25 +373,35 @@ Test(leaks, plan_loop_opencl, .timeout = 1500)
 
     loop_cl l;
     loop_cl_open(&l, id);
+    /* A check this implementation cannot support is skipped and named (an info line: Criterion
+     * 2.4 exits 1 after any warning, whatever the assertions said). Host memory is always checked. */
     const int track = refcounts_track_objects(l.ctx, l.q);
-    if (!track)
-        cr_log_warn("this OpenCL implementation does not count buffers/programs/events in the context's and "
-                    "queue's reference counts: checking host memory only");
+    if (!(track & REFS_CONTEXT))
+        cr_log_info("skipped: the context's reference count (buffers and programs do not hold the context "
+                    "on this implementation); leaked buffers/programs show as host memory only");
+    if (!(track & REFS_QUEUE))
+        cr_log_info("skipped: the queue's reference count (events do not hold the queue on this "
+                    "implementation); leaked events show as host memory only");
     run_plans(l.dev, cs, warmup, out, attn);
     loop_cl_close(&l, track);
 
     const size_t heap0 = heap_bytes(), rss0 = rss_bytes();
     loop_cl_open(&l, id);
     run_plans(l.dev, cs, warmup, out, attn);
-    const cl_uint ctx0 = context_refs(l.ctx), q0 = queue_refs(l.q);
+    clFinish(l.q);
+    const cl_uint ctx0 = steady(read_ctx, l.ctx), q0 = steady(read_queue, l.q);
     const size_t heap_in0 = heap_bytes();
     run_plans(l.dev, cs, n, out, attn);
     const size_t heap_in1 = heap_bytes();
-    if (track) {
-        cr_assert_eq(context_refs(l.ctx), ctx0, "%ld plans: the context's reference count went from %u to %u: "
-                     "buffers or programs were not released", n, ctx0, context_refs(l.ctx));
-        cr_assert_eq(queue_refs(l.q), q0, "%ld plans: the queue's reference count went from %u to %u: events "
-                     "were not released", n, q0, queue_refs(l.q));
+    if (track & REFS_CONTEXT) {
+        const cl_uint c1 = settled(read_ctx, l.ctx, ctx0);
+        cr_assert_eq(c1, ctx0, "%ld plans: the context's reference count went from %u to %u: buffers or programs "
+                     "were not released", n, ctx0, c1);
+    }
+    if (track & REFS_QUEUE) {
+        const cl_uint q1 = settled(read_queue, l.q, q0);
+        cr_assert_eq(q1, q0, "%ld plans: the queue's reference count went from %u to %u: events were not "
+                     "released", n, q0, q1);
     }
     loop_cl_close(&l, track);
     const size_t heap1 = heap_bytes(), rss1 = rss_bytes();
