@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_MINOR 2
 #define CLATTN_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- status */
@@ -137,6 +137,21 @@ typedef enum clattn_mask_kind {
     CLATTN_MASK_FLOAT = 2     /* float (Tq, Tk): added to the scaled scores */
 } clattn_mask_kind;
 
+/* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V):
+ *   FUSED    one kernel (cl/flash.cl) streams K and V per block of queries with an online
+ *            softmax: no Tq x Tk matrix in memory, causal work halved; no attention weights.
+ *   UNFUSED  CLBlast GEMMs for Q K^T and weights V around a softmax kernel, through a
+ *            Tq x Tk score matrix (in chunks); the path that can return the weights.
+ *   AUTO     FUSED, unless need_weights is set or the fused kernel cannot take the plan
+ *            (head sizes above 256). CLATTN_ATTENTION=fused|unfused in the environment
+ *            overrides AUTO for plans that do not need the weights.
+ * The ref device computes the same function whatever the algorithm says. */
+typedef enum clattn_algorithm {
+    CLATTN_ALGORITHM_AUTO = 0,
+    CLATTN_ALGORITHM_FUSED = 1,
+    CLATTN_ALGORITHM_UNFUSED = 2
+} clattn_algorithm;
+
 /* What the plan computes. Zero-initialise, then fill in. */
 typedef struct clattn_attention_desc {
     size_t batch;        /* B >= 1 */
@@ -156,6 +171,9 @@ typedef struct clattn_attention_desc {
     float dropout;       /* p in [0, 1): training-mode dropout on the attention weights; 0 = eval */
     uint64_t seed;       /* dropout seed (Philox4x32-10 key) */
     clattn_layout layout;/* layout of every weight matrix below */
+    clattn_algorithm algorithm; /* AUTO (default), FUSED or UNFUSED */
+    int need_weights;    /* 1: executions may ask for the attention weights (args.attn / buffers.attn);
+                            AUTO then picks UNFUSED, and FUSED is refused */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -178,6 +196,10 @@ CLATTN_API void clattn_plan_free(clattn_plan *plan);
 
 /* The description with every default resolved (Tk, Ekv, dk, dv, scale). */
 CLATTN_API clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc);
+/* The algorithm the plan runs: FUSED or UNFUSED on OpenCL (AUTO resolved), AUTO on ref. */
+CLATTN_API clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan);
+CLATTN_API const char *clattn_algorithm_name(clattn_algorithm algorithm); /* "auto", "fused", "unfused" */
+
 /* Width of each output row: Eo with an output projection, else H*dv. */
 CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 
@@ -191,7 +213,8 @@ typedef struct clattn_attention_args {
     const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask */
     const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask */
     float *out;                       /* (B, Tq, Eo or H*dv) */
-    float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V */
+    float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
+                                         need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
 } clattn_attention_args;
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
@@ -224,18 +247,25 @@ typedef enum clattn_stage {
     CLATTN_STAGE_CONTEXT,
     CLATTN_STAGE_HEAD_MERGE,
     CLATTN_STAGE_OUT_PROJECTION,
-    CLATTN_STAGE_COUNT
+    CLATTN_STAGE_COUNT,       /* 7: the stages of clattn 0.1, the length of clattn_plan_stage_times' array */
+    CLATTN_STAGE_ATTENTION = CLATTN_STAGE_COUNT /* the fused core (scores + softmax + context in one kernel) */
 } clattn_stage;
+/* New stages are appended after CLATTN_STAGE_ATTENTION; clattn_stage_count() says how many this
+ * library knows, and clattn_plan_stage_times_n reads them all. */
 
 CLATTN_API const char *clattn_stage_name(clattn_stage stage);
+CLATTN_API size_t clattn_stage_count(void);
 
 /* Turn per-stage timing on or off (OpenCL plans; off by default). While on,
  * each execution records device timestamps between stages, and
- * clattn_plan_stage_times fills ms[CLATTN_STAGE_COUNT] with the last
- * execution's device time per stage (0 for a stage that did not run).
- * On ref it reports host wall time per stage. */
+ * clattn_plan_stage_times_n fills ms[0 .. n-1] (n at most clattn_stage_count())
+ * with the last execution's device time per stage (0 for a stage that did not run:
+ * a fused plan reports ATTENTION where an unfused one reports HEAD_SPLIT, SCORES,
+ * SOFTMAX, CONTEXT and HEAD_MERGE). On ref it reports host wall time per stage.
+ * clattn_plan_stage_times fills the first CLATTN_STAGE_COUNT (7) entries only. */
 CLATTN_API clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable);
 CLATTN_API clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
+CLATTN_API clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, size_t n);
 
 /* ---------------------------------------------------------------- encoder layer */
 

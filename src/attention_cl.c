@@ -11,8 +11,12 @@
  *   6. head merge      merge_heads: (B, H, T, dv) -> (B, T, H*dv)
  *   7. out projection  fill_rows(bias) + CLBlast SGEMM with beta = 1
  * With one head, a layout that already is head-major skips 2 and 6.
+ * The fused algorithm replaces 2-6 with one kernel (attention_fused.c, cl/flash.cl) that reads
+ * Q, K and V where the projections left them and writes the merged rows; the projection
+ * biases are then put in by the GEMMs (rows filled with the bias, beta = 1).
  * Everything stays on the device between the input upload and the output read.
  */
+#include "attention_fused.h"
 #include "reference.h"
 
 #include <clblast_c.h>
@@ -26,6 +30,9 @@ struct clattn_cl_state {
     cl_program heads_prog, softmax_prog;
     cl_kernel k_split, k_merge, k_fill, k_softmax;
     size_t softmax_wg;            /* 0: k_softmax is softmax_rows_item, one work-item per row */
+    int fused;                    /* the fused core instead of stages 2-6 */
+    clattn_fused flash;
+    cl_mem b_proj, b_proj_kv;     /* fused: the biases as projection rows ([bq|bk|bv]; cross [bq], [bk|bv]) */
     size_t n_qkv;                 /* self: H*(2dk+dv) columns of the fused projection */
     size_t chunk;                 /* (b, h) pairs whose scores fit the score buffer at once */
     size_t rows_blk;              /* query rows per block: Tq, or fewer when one pair does not fit (chunk 1) */
@@ -40,9 +47,10 @@ struct clattn_cl_state {
     cl_mem ctx, merged;           /* (B, H, Tq, dv), (B, Tq, H*dv) */
     /* staging for execution from host arrays */
     cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
-    /* profiling markers: [0] before stage 0, [s+1] after stage s */
-    cl_event marks[CLATTN_STAGE_COUNT + 1];
-    int stage_ran[CLATTN_STAGE_COUNT];
+    /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
+    cl_event marks[16];
+    int mark_stage[16];
+    int nmarks;
 };
 
 /* ---- plan creation */
@@ -58,6 +66,7 @@ static clattn_status build_kernels(struct clattn_plan *p)
     if (err == CL_SUCCESS) c->k_merge = clCreateKernel(c->heads_prog, "merge_heads", &err);
     if (err == CL_SUCCESS) c->k_fill = clCreateKernel(c->heads_prog, "fill_rows", &err);
     CL_CHECK(err, "clCreateKernel (heads)");
+    if (c->fused) return clattn_fused_init(p->device, d, &c->flash);
 
     /* softmax work-group: a power of two covering the row, from 16 to 256 (and the device's limit) */
     size_t wg = 1;
@@ -90,6 +99,33 @@ static int one_head_view(const struct clattn_plan *p)
     return p->d.heads == 1;
 }
 
+/* Fused: the projection biases as the rows the projection GEMMs start from (zeros where a bias
+ * is absent); NULL buffers when the GEMM has no bias at all. */
+static clattn_status fused_biases(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t nq = H * dk, nk = H * dk, nv = H * dv;
+    int any_q = p->b_query != NULL, any_kv = p->b_key || p->b_value;
+    if (!any_q && !any_kv) return CLATTN_STATUS_SUCCESS;
+    float *b = clattn_calloc(nq + nk + nv, sizeof *b);
+    if (!b) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating the projection biases");
+    if (p->b_query) memcpy(b, p->b_query, nq * sizeof *b);
+    if (p->b_key) memcpy(b + nq, p->b_key, nk * sizeof *b);
+    if (p->b_value) memcpy(b + nq + nk, p->b_value, nv * sizeof *b);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (!d->cross) {
+        st = clattn_buffer_new(p->device, nq + nk + nv, sizeof(float), b, "the Q|K|V biases", &c->b_proj);
+    } else {
+        if (any_q) st = clattn_buffer_new(p->device, nq, sizeof(float), b, "the Q bias", &c->b_proj);
+        if (!st && any_kv)
+            st = clattn_buffer_new(p->device, nk + nv, sizeof(float), b + nq, "the K|V biases", &c->b_proj_kv);
+    }
+    free(b);
+    return st;
+}
+
 clattn_status clattn_cl_plan_init(struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
@@ -99,27 +135,32 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->cl = c;
     clattn_status st;
+    c->fused = d->algorithm == CLATTN_ALGORITHM_FUSED;
 
     /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's
      * max allocation, else in chunks of pairs, else (one pair does not fit) one pair at a time in
      * blocks of query rows. The GEMMs on them are split further to CLBlast's index range (blas.c). */
     const size_t row_bytes = Tk * sizeof(float);
-    if (row_bytes > p->device->max_alloc)
+    if (c->fused) {
+        c->rows_blk = c->chunk = 0; /* no score matrix */
+    } else if (row_bytes > p->device->max_alloc)
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
                            "one query's row of scores (Tk = %zu floats, %zu bytes) exceeds the device's max "
                            "allocation (%zu bytes)", Tk, row_bytes, p->device->max_alloc);
-    const size_t rows_fit = p->device->max_alloc / row_bytes;
-    if (rows_fit >= Tq) {
-        c->rows_blk = Tq;
-        c->chunk = rows_fit / Tq < B * H ? rows_fit / Tq : B * H;
-    } else {
-        c->rows_blk = rows_fit;
-        c->chunk = 1;
+    else {
+        const size_t rows_fit = p->device->max_alloc / row_bytes;
+        if (rows_fit >= Tq) {
+            c->rows_blk = Tq;
+            c->chunk = rows_fit / Tq < B * H ? rows_fit / Tq : B * H;
+        } else {
+            c->rows_blk = rows_fit;
+            c->chunk = 1;
+        }
     }
 
     /* device memory budget, checked before any allocation */
-    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width + c->chunk * c->rows_blk * Tk +
-                   B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width;
+    if (!c->fused) total += c->chunk * c->rows_blk * Tk + B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * H * (dk + dv) + H * (dk * E + (dk + dv) * Ekv);
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
     if (total > p->device->global_mem / sizeof(float))
@@ -157,11 +198,14 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
                                   &c->proj_kv)))
                 return st;
         }
+        if (c->fused && (st = fused_biases(p))) return st;
+        if (c->fused) goto out_proj; /* the head split and its biases are not used */
         if ((p->b_query && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
             (p->b_key && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
             (p->b_value && (st = clattn_buffer_new(p->device, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
             return st;
     }
+out_proj:
     if (p->has_out) {
         if ((st = clattn_buffer_new(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out)) ||
             (p->b_out && (st = clattn_buffer_new(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out))) ||
@@ -169,6 +213,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
             return st;
     }
     /* head-major workspace (not needed with one head and no projection: the inputs are the views) */
+    if (c->fused) goto staging;
     if (!(one_head_view(p) && !p->has_qkv)) {
         if ((st = clattn_buffer_new(p->device, B * H * Tq * dk, sizeof(float), NULL, "Q", &c->q)) ||
             (st = clattn_buffer_new(p->device, B * H * Tk * dk, sizeof(float), NULL, "K", &c->k)) ||
@@ -180,6 +225,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     if ((st = clattn_buffer_new(p->device, c->chunk * c->rows_blk * Tk, sizeof(float), NULL, "the attention scores",
                                 &c->s)))
         return st;
+staging:
     if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
     if ((st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
         (d->cross && (st = clattn_buffer_new(p->device, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
@@ -194,11 +240,9 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
 
 static void release_marks(struct clattn_cl_state *c)
 {
-    for (int i = 0; i <= CLATTN_STAGE_COUNT; i++)
-        if (c->marks[i]) {
-            clReleaseEvent(c->marks[i]);
-            c->marks[i] = NULL;
-        }
+    for (int i = 0; i < c->nmarks; i++)
+        if (c->marks[i]) clReleaseEvent(c->marks[i]);
+    c->nmarks = 0;
 }
 
 void clattn_cl_plan_release(struct clattn_plan *p)
@@ -206,7 +250,8 @@ void clattn_cl_plan_release(struct clattn_plan *p)
     struct clattn_cl_state *c = p->cl;
     if (!c) return;
     release_marks(c);
-    cl_mem *mems[] = {&c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj,
+    clattn_fused_release(&c->flash);
+    cl_mem *mems[] = {&c->b_proj, &c->b_proj_kv, &c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj,
                       &c->proj_kv, &c->q, &c->k, &c->v, &c->s, &c->ctx, &c->merged, &c->x_in, &c->kv_in,
                       &c->kpm_in, &c->mask_in, &c->out_buf};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
@@ -227,15 +272,18 @@ typedef struct run_io {
     float *attn_host;                 /* host path: where to read the weights, chunk by chunk (or NULL) */
 } run_io;
 
-static clattn_status mark(struct clattn_plan *p, int index)
+/* A profiling marker at the end of `stage` (-1: the start of the pass, which drops the last
+ * pass's markers). Stage s's time is its marker's minus the marker before it. */
+static clattn_status mark(struct clattn_plan *p, int stage)
 {
     if (!p->profiling) return CLATTN_STATUS_SUCCESS;
     struct clattn_cl_state *c = p->cl;
-    if (c->marks[index]) {
-        clReleaseEvent(c->marks[index]);
-        c->marks[index] = NULL;
-    }
-    CL_CHECK(clEnqueueMarkerWithWaitList(p->device->queue, 0, NULL, &c->marks[index]), "clEnqueueMarkerWithWaitList");
+    if (stage < 0) release_marks(c);
+    if (c->nmarks >= (int)(sizeof c->marks / sizeof c->marks[0]))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
+    CL_CHECK(clEnqueueMarkerWithWaitList(p->device->queue, 0, NULL, &c->marks[c->nmarks]),
+             "clEnqueueMarkerWithWaitList");
+    c->mark_stage[c->nmarks++] = stage;
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -368,68 +416,73 @@ static clattn_status gemm_batched(struct clattn_plan *p, CLBlastTranspose tb, si
                                              b.off, ldb, sb, 0.0f, cmat.mem, cmat.off, ldc, sc, count, what);
 }
 
-/* The whole forward pass, enqueued on the device queue. */
-static clattn_status run(struct clattn_plan *p, const run_io *io)
+/* Where the projections left Q, K and V: token-major rows of width ld, head h at column col + h*d. */
+typedef struct qkv_src {
+    view q, k, v;
+    size_t q_ld, kv_ld, q_col, k_col, v_col;
+} qkv_src;
+
+/* 1. projections (or the inputs themselves). The fused core takes the biases here: the rows are
+ * first filled with them and the GEMM adds (beta = 1); the unfused head split adds them later. */
+static clattn_status project(struct clattn_plan *p, const run_io *io, qkv_src *src)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
     const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    const view kv_src = d->cross ? io->kv : io->x;
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) c->stage_ran[s] = 0;
-    TRY(mark(p, 0));
-
-    /* 1. projections: token-major sources for Q, K and V */
-    view q_src, k_src, v_src;
-    size_t q_ld, kv_ld, q_col, k_col, v_col;
-    if (p->has_qkv) {
-        view proj = {c->proj, 0};
-        if (!d->cross) {
-            TRY(gemm(p, CLBlastTransposeYes, B * Tq, c->n_qkv, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E, 0.0f,
-                     proj, c->n_qkv, "QKV projection"));
-            q_src = k_src = v_src = proj;
-            q_ld = kv_ld = c->n_qkv;
-            q_col = 0, k_col = H * dk, v_col = 2 * H * dk;
-        } else {
-            view proj_kv = {c->proj_kv, 0};
-            TRY(gemm(p, CLBlastTransposeYes, B * Tq, H * dk, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E, 0.0f, proj,
-                     H * dk, "Q projection"));
-            TRY(gemm(p, CLBlastTransposeYes, B * Tk, H * (dk + dv), Ekv, 1.0f, io->kv, Ekv, (view){c->w_kv, 0}, Ekv,
-                     0.0f, proj_kv, H * (dk + dv), "K|V projection"));
-            q_src = proj;
-            k_src = v_src = proj_kv;
-            q_ld = H * dk;
-            kv_ld = H * (dk + dv);
-            q_col = 0, k_col = 0, v_col = H * dk;
-        }
-        c->stage_ran[CLATTN_STAGE_QKV_PROJECTION] = 1;
-    } else {
-        q_src = io->x;
-        k_src = v_src = kv_src;
-        q_ld = E;
-        kv_ld = Ekv;
-        q_col = k_col = v_col = 0;
+    if (!p->has_qkv) {
+        src->q = io->x;
+        src->k = src->v = d->cross ? io->kv : io->x;
+        src->q_ld = E;
+        src->kv_ld = Ekv;
+        src->q_col = src->k_col = src->v_col = 0;
+        return CLATTN_STATUS_SUCCESS;
     }
-    TRY(mark(p, 1));
+    view proj = {c->proj, 0};
+    if (!d->cross) {
+        if (c->b_proj) TRY(fill_bias(p, proj, c->b_proj, B * Tq, c->n_qkv));
+        TRY(gemm(p, CLBlastTransposeYes, B * Tq, c->n_qkv, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E,
+                 c->b_proj ? 1.0f : 0.0f, proj, c->n_qkv, "QKV projection"));
+        src->q = src->k = src->v = proj;
+        src->q_ld = src->kv_ld = c->n_qkv;
+        src->q_col = 0, src->k_col = H * dk, src->v_col = 2 * H * dk;
+    } else {
+        view proj_kv = {c->proj_kv, 0};
+        if (c->b_proj) TRY(fill_bias(p, proj, c->b_proj, B * Tq, H * dk));
+        TRY(gemm(p, CLBlastTransposeYes, B * Tq, H * dk, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E,
+                 c->b_proj ? 1.0f : 0.0f, proj, H * dk, "Q projection"));
+        if (c->b_proj_kv) TRY(fill_bias(p, proj_kv, c->b_proj_kv, B * Tk, H * (dk + dv)));
+        TRY(gemm(p, CLBlastTransposeYes, B * Tk, H * (dk + dv), Ekv, 1.0f, io->kv, Ekv, (view){c->w_kv, 0}, Ekv,
+                 c->b_proj_kv ? 1.0f : 0.0f, proj_kv, H * (dk + dv), "K|V projection"));
+        src->q = proj;
+        src->k = src->v = proj_kv;
+        src->q_ld = H * dk;
+        src->kv_ld = H * (dk + dv);
+        src->q_col = 0, src->k_col = 0, src->v_col = H * dk;
+    }
+    return mark(p, CLATTN_STAGE_QKV_PROJECTION);
+}
 
-    /* 2. head split (+ bias) into head-major Q, K, V */
+/* 2-6, unfused: head split, then per chunk of (b, h) pairs whose scores fit the score buffer (all of
+ * them, usually), or per block of query rows of one pair: 3. scores S = scale * Q K^T; 4. masks +
+ * softmax + dropout, in place; 5. context C = W V (one head: straight into (B, Tq, dv) rows); then
+ * 6. head merge into `merged`. With a caller's attn buffer the blocks are computed in place there. */
+static clattn_status core_unfused(struct clattn_plan *p, const run_io *io, const qkv_src *src, view merged)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     view Q, K, V;
     if (one_head_view(p) && !p->has_qkv) {
-        Q = q_src, K = k_src, V = v_src; /* (B, T, E) is (B, 1, T, E) already */
+        Q = src->q, K = src->k, V = src->v; /* (B, T, E) is (B, 1, T, E) already */
     } else {
         Q = (view){c->q, 0}, K = (view){c->k, 0}, V = (view){c->v, 0};
-        TRY(split(p, q_src, q_ld, q_col, c->b_q, Q, Tq, dk));
-        TRY(split(p, k_src, kv_ld, k_col, c->b_k, K, Tk, dk));
-        TRY(split(p, v_src, kv_ld, v_col, c->b_v, V, Tk, dv));
-        c->stage_ran[CLATTN_STAGE_HEAD_SPLIT] = 1;
+        TRY(split(p, src->q, src->q_ld, src->q_col, c->b_q, Q, Tq, dk));
+        TRY(split(p, src->k, src->kv_ld, src->k_col, c->b_k, K, Tk, dk));
+        TRY(split(p, src->v, src->kv_ld, src->v_col, c->b_v, V, Tk, dv));
+        TRY(mark(p, CLATTN_STAGE_HEAD_SPLIT));
     }
-    TRY(mark(p, 2));
-
-    /* 3-5, per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually), or
-     * per block of query rows of one pair: 3. scores S = scale * Q K^T; 4. masks + softmax + dropout,
-     * in place; 5. context C = W V, with one head straight into (B, Tq, dv) rows. With a caller's
-     * attn buffer the blocks are computed in place there. */
-    view merged = p->has_out ? (view){c->merged, 0} : io->out;
     view C = one_head_view(p) ? merged : (view){c->ctx, 0};
     const size_t BH = B * H, chunk = c->chunk, rb = c->rows_blk;
     int first = 1;
@@ -442,9 +495,9 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
             view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + row0 * dv};
             TRY(gemm_batched(p, CLBlastTransposeYes, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
                              r * Tk, n, "scores GEMM"));
-            if (first) TRY(mark(p, 3));
+            if (first) TRY(mark(p, CLATTN_STAGE_SCORES));
             TRY(softmax(p, S, row0, n * r, io));
-            if (first) TRY(mark(p, 4));
+            if (first) TRY(mark(p, CLATTN_STAGE_SOFTMAX));
             first = 0;
             if (io->attn_host)
                 CL_CHECK(clEnqueueReadBuffer(p->device->queue, S.mem, CL_FALSE, S.off * sizeof(float),
@@ -454,25 +507,50 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
                              Tq * dv, n, "context GEMM"));
         }
     }
-    c->stage_ran[CLATTN_STAGE_SCORES] = c->stage_ran[CLATTN_STAGE_SOFTMAX] = 1;
-    c->stage_ran[CLATTN_STAGE_CONTEXT] = 1;
-    TRY(mark(p, 5));
-
-    /* 6. head merge (B, H, Tq, dv) -> (B, Tq, H*dv) */
+    TRY(mark(p, CLATTN_STAGE_CONTEXT));
     if (!one_head_view(p)) {
         TRY(merge(p, C, merged));
-        c->stage_ran[CLATTN_STAGE_HEAD_MERGE] = 1;
+        TRY(mark(p, CLATTN_STAGE_HEAD_MERGE));
     }
-    TRY(mark(p, 6));
+    return CLATTN_STATUS_SUCCESS;
+}
 
+/* 2-6, fused: one kernel from the projections' rows to the merged rows. */
+static clattn_status core_fused(struct clattn_plan *p, const run_io *io, const qkv_src *src, view merged)
+{
+    const clattn_attention_desc *d = &p->d;
+    clattn_fused_io f = {.q = {src->q.mem, src->q.off + src->q_col},
+                         .k = {src->k.mem, src->k.off + src->k_col},
+                         .v = {src->v.mem, src->v.off + src->v_col},
+                         .out = merged,
+                         .kpm = io->kpm,
+                         .mask = io->mask,
+                         .q_ld = src->q_ld,
+                         .k_ld = src->kv_ld,
+                         .v_ld = src->kv_ld,
+                         .out_ld = d->heads * d->head_dim_v};
+    TRY(clattn_fused_run(p->device, d, &p->cl->flash, &f));
+    return mark(p, CLATTN_STAGE_ATTENTION);
+}
+
+/* The whole forward pass, enqueued on the device queue. */
+static clattn_status run(struct clattn_plan *p, const run_io *io)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
+    TRY(mark(p, -1));
+    qkv_src src;
+    TRY(project(p, io, &src));
+    view merged = p->has_out ? (view){c->merged, 0} : io->out;
+    TRY(c->fused ? core_fused(p, io, &src, merged) : core_unfused(p, io, &src, merged));
     /* 7. output projection: out = merged Wo^T + bo */
     if (p->has_out) {
         if (c->b_out) TRY(fill_bias(p, io->out, c->b_out, B * Tq, d->out_dim));
         TRY(gemm(p, CLBlastTransposeYes, B * Tq, d->out_dim, H * dv, 1.0f, merged, H * dv, (view){c->w_out, 0},
                  H * dv, c->b_out ? 1.0f : 0.0f, io->out, d->out_dim, "output projection"));
-        c->stage_ran[CLATTN_STAGE_OUT_PROJECTION] = 1;
+        TRY(mark(p, CLATTN_STAGE_OUT_PROJECTION));
     }
-    TRY(mark(p, 7));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -544,19 +622,19 @@ clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_atte
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_STAGE_COUNT])
+clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
 {
     struct clattn_cl_state *c = p->cl;
-    if (!p->profiling || !c->marks[0]) {
-        for (int s = 0; s < CLATTN_STAGE_COUNT; s++) ms[s] = 0.0;
-        return CLATTN_STATUS_SUCCESS;
-    }
-    CL_CHECK(clWaitForEvents(CLATTN_STAGE_COUNT + 1, c->marks), "waiting for the profiled pass");
-    cl_ulong t[CLATTN_STAGE_COUNT + 1];
-    for (int i = 0; i <= CLATTN_STAGE_COUNT; i++)
-        CL_CHECK(clGetEventProfilingInfo(c->marks[i], CL_PROFILING_COMMAND_END, sizeof t[i], &t[i], NULL),
+    for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = 0.0;
+    if (!p->profiling || c->nmarks == 0) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clWaitForEvents((cl_uint)c->nmarks, c->marks), "waiting for the profiled pass");
+    cl_ulong prev = 0;
+    for (int k = 0; k < c->nmarks; k++) {
+        cl_ulong t = 0;
+        CL_CHECK(clGetEventProfilingInfo(c->marks[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
                  "reading profiling timestamps");
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++)
-        ms[s] = c->stage_ran[s] && t[s + 1] > t[s] ? (double)(t[s + 1] - t[s]) * 1e-6 : 0.0;
+        if (k > 0 && t > prev) ms[c->mark_stage[k]] += (double)(t - prev) * 1e-6;
+        prev = t;
+    }
     return CLATTN_STATUS_SUCCESS;
 }

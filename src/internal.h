@@ -126,12 +126,30 @@ size_t clattn_pow2_at_most(size_t n); /* the largest power of two <= n (1 for n 
 /* Enqueue a 1-D kernel over `total` work-items (rounded up to the work-group size; kernels check the bound). */
 clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what);
 
+/* Kernel arguments pushed in order, typed; the first failure is kept and named (kernel, index):
+ *   clattn_args a; clattn_args_begin(&a, k, "flash_rows"); clattn_arg_mem(&a, buf); ...
+ *   TRY(clattn_args_end(&a)); */
+typedef struct clattn_args {
+    cl_kernel k;
+    const char *kernel;
+    cl_uint n, bad;
+    cl_int err;
+} clattn_args;
+void clattn_args_begin(clattn_args *a, cl_kernel k, const char *kernel);
+void clattn_arg_mem(clattn_args *a, cl_mem m); /* NULL: an unused buffer argument */
+void clattn_arg_u32(clattn_args *a, cl_uint v);
+void clattn_arg_u64(clattn_args *a, cl_ulong v);
+void clattn_arg_f32(clattn_args *a, cl_float v);
+clattn_status clattn_args_end(const clattn_args *a);
+
 /* ---- the plan (plan.c), shared by the two backends */
 struct clattn_cl_state;          /* attention_cl.c */
 
+#define CLATTN_NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage this version knows */
+
 struct clattn_plan {
     clattn_device *device;
-    clattn_attention_desc d;     /* every default resolved */
+    clattn_attention_desc d;     /* every default resolved; d.algorithm FUSED or UNFUSED on OpenCL */
     int has_qkv;                 /* Q/K/V projections present */
     int has_out;                 /* output projection present */
     size_t out_width;            /* Eo or H*dv */
@@ -139,7 +157,7 @@ struct clattn_plan {
     /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
     float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
     int profiling;
-    double stage_ms[CLATTN_STAGE_COUNT];
+    double stage_ms[CLATTN_NSTAGES];
     struct clattn_cl_state *cl;  /* OpenCL backend state, NULL on ref */
 };
 
@@ -154,7 +172,7 @@ void clattn_cl_plan_release(struct clattn_plan *plan);
 clattn_status clattn_cl_execute_host(struct clattn_plan *plan, const clattn_attention_args *args);
 clattn_status clattn_cl_execute_buffers(struct clattn_plan *plan, const clattn_attention_buffers *b,
                                         cl_uint nwait, const cl_event *wait, cl_event *event);
-clattn_status clattn_cl_stage_times(struct clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
+clattn_status clattn_cl_stage_times(struct clattn_plan *plan, double ms[CLATTN_NSTAGES]);
 
 /* ---- the encoder layer (encoder.c: plan, validation, OpenCL path; encoder_ref.c: CPU reference) */
 struct clattn_encoder_cl;        /* encoder.c */

@@ -1,5 +1,6 @@
 /* plan.c: validate an attention description, copy and normalise the weights,
  * hand the plan to its backend; execution entry points. */
+#include "attention_fused.h"
 #include "reference.h"
 
 #include <math.h>
@@ -50,8 +51,16 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "layout %d is not CLATTN_LAYOUT_LINEAR or _RAW", (int)d->layout);
     if (d->attn_mask != CLATTN_MASK_NONE && d->attn_mask != CLATTN_MASK_BOOL && d->attn_mask != CLATTN_MASK_FLOAT)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask kind %d is not NONE, BOOL or FLOAT", (int)d->attn_mask);
-    if ((unsigned)d->cross > 1 || (unsigned)d->causal > 1 || (unsigned)d->key_padding_mask > 1)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cross, causal and key_padding_mask must be 0 or 1");
+    if ((unsigned)d->cross > 1 || (unsigned)d->causal > 1 || (unsigned)d->key_padding_mask > 1 ||
+        (unsigned)d->need_weights > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cross, causal, key_padding_mask and need_weights must be 0 or 1");
+    if (d->algorithm != CLATTN_ALGORITHM_AUTO && d->algorithm != CLATTN_ALGORITHM_FUSED &&
+        d->algorithm != CLATTN_ALGORITHM_UNFUSED)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "algorithm %d is not CLATTN_ALGORITHM_AUTO, _FUSED or _UNFUSED",
+                           (int)d->algorithm);
+    if (d->algorithm == CLATTN_ALGORITHM_FUSED && d->need_weights)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
+                           "produce the attention weights (use AUTO or UNFUSED)");
     if (d->batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
     if (d->seq_q == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_q must be >= 1");
     if (d->embed == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "embed must be >= 1");
@@ -129,6 +138,24 @@ void clattn_plan_free(clattn_plan *plan)
     free(plan);
 }
 
+/* AUTO -> FUSED or UNFUSED for an OpenCL plan (the environment's CLATTN_ATTENTION first). */
+static clattn_status choose_algorithm(clattn_plan *p)
+{
+    clattn_attention_desc *d = &p->d;
+    char why[200] = "";
+    const int fusable = clattn_fused_supports(p->device, d, why, sizeof why);
+    if (d->algorithm == CLATTN_ALGORITHM_FUSED && !fusable)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "algorithm FUSED: %s", why);
+    if (d->algorithm != CLATTN_ALGORITHM_AUTO) return CLATTN_STATUS_SUCCESS;
+    const char *env = getenv("CLATTN_ATTENTION");
+    if (env && *env && strcmp(env, "fused") != 0 && strcmp(env, "unfused") != 0 && strcmp(env, "auto") != 0)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_ATTENTION='%s': expected fused, unfused or auto", env);
+    int fused = fusable && !d->need_weights;
+    if (fused && env && strcmp(env, "unfused") == 0) fused = 0;
+    d->algorithm = fused ? CLATTN_ALGORITHM_FUSED : CLATTN_ALGORITHM_UNFUSED;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static clattn_status plan_create(clattn_device *device, const clattn_attention_desc *desc,
                                  const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
 {
@@ -169,7 +196,8 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
     }
     if (device->backend == CLATTN_BACKEND_OPENCL) {
-        st = clattn_cl_plan_init(p);
+        st = choose_algorithm(p);
+        if (st == CLATTN_STATUS_SUCCESS) st = clattn_cl_plan_init(p);
         if (st != CLATTN_STATUS_SUCCESS) {
             clattn_plan_free(p);
             return st;
@@ -201,6 +229,30 @@ clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *d
 
 size_t clattn_plan_out_width(const clattn_plan *plan) { return plan ? plan->out_width : 0; }
 
+clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan)
+{
+    return plan ? plan->d.algorithm : CLATTN_ALGORITHM_AUTO;
+}
+
+const char *clattn_algorithm_name(clattn_algorithm a)
+{
+    switch (a) {
+    case CLATTN_ALGORITHM_AUTO: return "auto";
+    case CLATTN_ALGORITHM_FUSED: return "fused";
+    case CLATTN_ALGORITHM_UNFUSED: return "unfused";
+    }
+    return "unknown";
+}
+
+/* The attention weights come only from the reference and the unfused path. */
+static clattn_status check_weights_wanted(const clattn_plan *plan)
+{
+    if (plan->cl && plan->d.algorithm == CLATTN_ALGORITHM_FUSED)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs the fused kernel, which does not produce the "
+                           "attention weights: create it with need_weights = 1 (or algorithm UNFUSED)");
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed)
 {
     clattn_clear_error();
@@ -228,6 +280,7 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
     clattn_status st = check_args(plan, args);
     if (st != CLATTN_STATUS_SUCCESS) return st;
+    if (args->attn) TRY(check_weights_wanted(plan));
     if (plan->cl) return clattn_cl_execute_host(plan, args);
     return clattn_ref_execute(plan, args, args->out, args->attn);
 }
@@ -242,15 +295,18 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
     if (!plan->cl) return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan is on ref)");
     if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    if (buffers->attn.mem) TRY(check_weights_wanted(plan));
     return clattn_cl_execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
 }
 
 const char *clattn_stage_name(clattn_stage stage)
 {
-    static const char *names[CLATTN_STAGE_COUNT] = {
-        "qkv_projection", "head_split", "scores", "softmax", "context", "head_merge", "out_projection"};
-    return (unsigned)stage < CLATTN_STAGE_COUNT ? names[stage] : "unknown";
+    static const char *names[CLATTN_NSTAGES] = {"qkv_projection", "head_split", "scores", "softmax",
+                                                "context", "head_merge", "out_projection", "attention"};
+    return (unsigned)stage < CLATTN_NSTAGES ? names[stage] : "unknown";
 }
+
+size_t clattn_stage_count(void) { return CLATTN_NSTAGES; }
 
 clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
 {
@@ -259,15 +315,23 @@ clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
     if (enable && plan->cl && !plan->device->queue_profiling)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
     plan->profiling = enable != 0;
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) plan->stage_ms[s] = 0.0;
+    for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, size_t n)
+{
+    clattn_clear_error();
+    if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
+    double all[CLATTN_NSTAGES];
+    if (plan->cl) TRY(clattn_cl_stage_times((clattn_plan *)plan, all));
+    else
+        for (int s = 0; s < CLATTN_NSTAGES; s++) all[s] = plan->profiling ? plan->stage_ms[s] : 0.0;
+    for (size_t s = 0; s < n && s < CLATTN_NSTAGES; s++) ms[s] = all[s];
     return CLATTN_STATUS_SUCCESS;
 }
 
 clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT])
 {
-    clattn_clear_error();
-    if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
-    if (plan->cl) return clattn_cl_stage_times((clattn_plan *)plan, ms);
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) ms[s] = plan->profiling ? plan->stage_ms[s] : 0.0;
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_plan_stage_times_n(plan, ms, CLATTN_STAGE_COUNT);
 }

@@ -15,6 +15,7 @@ static const embedded sources[] = {
     {"philox", clattn_cl_philox, sizeof clattn_cl_philox - 1},
     {"heads", clattn_cl_heads, sizeof clattn_cl_heads - 1},
     {"softmax", clattn_cl_softmax, sizeof clattn_cl_softmax - 1},
+    {"flash", clattn_cl_flash, sizeof clattn_cl_flash - 1},
     {"layernorm", clattn_cl_layernorm, sizeof clattn_cl_layernorm - 1},
     {"ffn", clattn_cl_ffn, sizeof clattn_cl_ffn - 1},
 };
@@ -126,4 +127,39 @@ clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t to
         CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, &offset, &global, &local, 0, NULL, NULL), what);
     }
     return CLATTN_STATUS_SUCCESS;
+}
+
+/* ---- kernel arguments */
+
+void clattn_args_begin(clattn_args *a, cl_kernel k, const char *kernel)
+{
+    a->k = k;
+    a->kernel = kernel;
+    a->n = 0;
+    a->err = CL_SUCCESS;
+    a->bad = 0;
+}
+
+static void push(clattn_args *a, size_t size, const void *value)
+{
+    if (a->err == CL_SUCCESS) {
+        cl_int e = clSetKernelArg(a->k, a->n, size, value);
+        if (e != CL_SUCCESS) {
+            a->err = e;
+            a->bad = a->n;
+        }
+    }
+    a->n++;
+}
+
+void clattn_arg_mem(clattn_args *a, cl_mem m) { push(a, sizeof(cl_mem), m ? &m : NULL); }
+void clattn_arg_u32(clattn_args *a, cl_uint v) { push(a, sizeof v, &v); }
+void clattn_arg_u64(clattn_args *a, cl_ulong v) { push(a, sizeof v, &v); }
+void clattn_arg_f32(clattn_args *a, cl_float v) { push(a, sizeof v, &v); }
+
+clattn_status clattn_args_end(const clattn_args *a)
+{
+    if (a->err == CL_SUCCESS) return CLATTN_STATUS_SUCCESS;
+    return clattn_fail((clattn_status)a->err, "setting argument %u of kernel %s failed (%d: %s)", a->bad, a->kernel,
+                       a->err, clattn_status_string(a->err));
 }

@@ -139,7 +139,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
     double t3 = now_ms();
 
     if (plan->profiling) {
-        for (int s = 0; s < CLATTN_STAGE_COUNT; s++) plan->stage_ms[s] = 0.0;
+        for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
         plan->stage_ms[CLATTN_STAGE_QKV_PROJECTION] = t1 - t0;
         plan->stage_ms[CLATTN_STAGE_SOFTMAX] = t2 - t1; /* scores, softmax and context in one loop */
         plan->stage_ms[CLATTN_STAGE_OUT_PROJECTION] = t3 - t2;

@@ -137,7 +137,7 @@ Test(device, caller_owned_queue_and_buffers)
     float *wv = tu_random(&r, E * E, -0.3f, 0.3f), *wo = tu_random(&r, E * E, -0.3f, 0.3f);
     float *bo = tu_random(&r, E, -0.3f, 0.3f), *x = tu_random(&r, NX, -1, 1);
     clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = E / H, .out_dim = E,
-                               .causal = 1};
+                               .causal = 1, .need_weights = 1};
     clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .w_out = wo, .b_out = bo};
     clattn_plan *plan = NULL, *ref_plan = NULL;
     cr_assert_eq(clattn_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());

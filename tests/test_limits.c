@@ -32,7 +32,8 @@ static void make(problem *p, float dropout)
     memset(p, 0, sizeof *p);
     const size_t B = 2, T = 37, E = 16;
     p->d = (clattn_attention_desc){.batch = B, .seq_q = T, .embed = E, .heads = 4, .head_dim_qk = 4, .out_dim = E,
-                                   .causal = 1, .key_padding_mask = 1, .dropout = dropout, .seed = 5};
+                                   .causal = 1, .key_padding_mask = 1, .dropout = dropout, .seed = 5,
+                                   .need_weights = 1};
     p->w.w_query = p->buf[0] = tu_random(&r, E * E, -0.3f, 0.3f);
     p->w.w_key = p->buf[1] = tu_random(&r, E * E, -0.3f, 0.3f);
     p->w.w_value = p->buf[2] = tu_random(&r, E * E, -0.3f, 0.3f);
@@ -134,7 +135,8 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     clattn_attention_desc d = {.batch = B, .seq_q = Tq, .cross = cross, .seq_kv = cross ? Tk : 0, .embed = E,
                                .kv_embed = cross ? Ekv : 0, .heads = H, .head_dim_qk = dk, .head_dim_v = dv,
                                .out_dim = Eo, .causal = causal, .key_padding_mask = 1,
-                               .attn_mask = CLATTN_MASK_BOOL, .dropout = dropout, .seed = 4242};
+                               .attn_mask = CLATTN_MASK_BOOL, .dropout = dropout, .seed = 4242,
+                               .need_weights = 1};
     float *wq = tu_random(&r, H * dk * E, -0.4f, 0.4f), *wk = tu_random(&r, H * dk * Ekv, -0.4f, 0.4f);
     float *wv = tu_random(&r, H * dv * Ekv, -0.4f, 0.4f), *wo = tu_random(&r, Eo * H * dv, -0.4f, 0.4f);
     float *bq = tu_random(&r, H * dk, -0.2f, 0.2f), *bo = tu_random(&r, Eo, -0.2f, 0.2f);
@@ -213,6 +215,31 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
                  msg);
     cr_assert_eq(tu_compare(at, aref, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (buffers) attn: %s",
                  lim->what, msg);
+    /* the fused algorithm under the same limits (it has no weights to give): from host arrays and
+     * from the same buffers at their offsets */
+    clattn_attention_desc df = d;
+    df.need_weights = 0;
+    df.algorithm = CLATTN_ALGORITHM_FUSED;
+    clattn_plan *pf = NULL;
+    cr_assert_eq(clattn_plan_create(cl, &df, &w, &pf), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what,
+                 clattn_last_error());
+    float *of = tu_poisoned(n_out);
+    a.out = of, a.attn = NULL;
+    cr_assert_eq(clattn_plan_execute(pf, &a), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what, clattn_last_error());
+    cr_assert_eq(tu_compare(of, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (fused, host) out: %s",
+                 lim->what, msg);
+    float *poison = tu_poisoned(n_out);
+    clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, poison, 0, NULL, NULL);
+    free(poison);
+    bufs.attn = (clattn_buffer){NULL, 0};
+    cr_assert_eq(clattn_plan_execute_buffers(pf, &bufs, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s (fused): %s",
+                 lim->what, clattn_last_error());
+    clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, of, 0, NULL, NULL);
+    cr_assert_eq(tu_compare(of, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (fused, buffers) out: %s",
+                 lim->what, msg);
+    clattn_plan_free(pf);
+    free(of);
+
     /* the spies: no CLBlast call reached past the limit, no launch was larger */
     if (lim->blas_elems) {
         const size_t reach = clattn_test_blas_reach(0);
@@ -241,10 +268,11 @@ static const lowered row_blocks = {"row blocks", 80 * 211 * 4 + 12, 0, 0};
 /* CLBlast may touch 3000 elements: every GEMM in row blocks and batch groups, operands past
  * element 3000 through sub-buffers */
 static const lowered blas_index = {"CLBlast index limit", 0, 3000, 0};
-/* at most 200 work-items per launch (so the softmax too runs in several launches) */
-static const lowered launches = {"launch limit", 0, 0, 200};
+/* at most 300 work-items per launch (above the work-group softmax's 256 per row; the softmax
+ * too runs in several launches) */
+static const lowered launches = {"launch limit", 0, 0, 300};
 /* all of them at once */
-static const lowered all_limits = {"all limits", 80 * 211 * 4 + 12, 3000, 200};
+static const lowered all_limits = {"all limits", 80 * 211 * 4 + 12, 3000, 300};
 
 Test(limits, row_blocks_self) { lowered_matches_ref(&row_blocks, 0, 1, 0.0f); }
 Test(limits, row_blocks_cross_dropout) { lowered_matches_ref(&row_blocks, 1, 0, 0.2f); }
@@ -256,10 +284,13 @@ Test(limits, all_limits_cross) { lowered_matches_ref(&all_limits, 1, 1, 0.0f); }
 
 /* Make the Nth host allocation (or buffer creation) fail, for every N in turn, in plan
  * creation and in execution: the call fails cleanly and leaves outputs untouched. */
-static void walk(const char *spec, int buffers)
+static void walk(const char *spec, int buffers, clattn_algorithm alg)
 {
     problem p;
     make(&p, 0.1f);
+    p.d.algorithm = alg;
+    p.d.need_weights = alg != CLATTN_ALGORITHM_FUSED;
+    const int weights = p.d.need_weights;
     clattn_device *dev = NULL;
     cr_assert_eq(clattn_device_open(spec, &dev), CLATTN_STATUS_SUCCESS);
     const size_t n_out = 2 * 37 * 16, n_attn = 2 * 4 * 37 * 37;
@@ -274,7 +305,7 @@ static void walk(const char *spec, int buffers)
         clattn_status st = clattn_plan_create(dev, &p.d, &p.w, &plan);
         if (st == CLATTN_STATUS_SUCCESS) {
             clattn_attention_args a = p.a;
-            a.out = out, a.attn = attn;
+            a.out = out, a.attn = weights ? attn : NULL;
             st = clattn_plan_execute(plan, &a);
         } else {
             cr_assert_null(plan);
@@ -300,6 +331,12 @@ static void walk(const char *spec, int buffers)
     unmake(&p);
 }
 
-Test(faults, host_allocations_ref) { walk("ref", 0); }
-Test(faults, host_allocations_opencl) { walk("opencl", 0); }
-Test(faults, device_buffers_opencl) { walk("opencl", 1); }
+Test(faults, host_allocations_ref) { walk("ref", 0, CLATTN_ALGORITHM_AUTO); }
+Test(faults, host_allocations_opencl) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl", 0,
+                                             CLATTN_ALGORITHM_UNFUSED); }
+Test(faults, device_buffers_opencl) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl", 1,
+                                           CLATTN_ALGORITHM_UNFUSED); }
+Test(faults, host_allocations_opencl_fused) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl",
+                                                   0, CLATTN_ALGORITHM_FUSED); }
+Test(faults, device_buffers_opencl_fused) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl",
+                                                 1, CLATTN_ALGORITHM_FUSED); }

@@ -1,5 +1,7 @@
 /* test_opencl.c: the OpenCL path against the CPU reference on fresh random
- * inputs and odd shapes; every element of out and attn checked (poisoned first). */
+ * inputs and odd shapes; every element of out and attn checked (poisoned first).
+ * Every configuration runs with both algorithms: fused (out) and unfused (out, and attn
+ * when the configuration asks for the weights). */
 #include "reference.h"
 #include "testutil.h"
 
@@ -36,8 +38,8 @@ static void teardown(void)
 
 TestSuite(opencl, .init = setup, .fini = teardown);
 
-/* Build one random problem from cfg, run it on both devices, compare everything. */
-static void check(const config *cfg, uint64_t seed)
+/* Build one random problem from cfg, run it on both devices with `alg`, compare everything. */
+static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
 {
     tu_rng rng = {seed};
     clattn_attention_desc d = {0};
@@ -58,6 +60,9 @@ static void check(const config *cfg, uint64_t seed)
     d.scale = cfg->scale;
     d.seed = seed * 7919u + 1;
     d.layout = cfg->layout;
+    d.algorithm = alg;
+    const int need_weights = cfg->need_weights && alg != CLATTN_ALGORITHM_FUSED;
+    d.need_weights = need_weights;
     const size_t B = cfg->B, Tq = cfg->Tq, Tk = cfg->cross ? cfg->Tk : cfg->Tq, E = cfg->E;
     const size_t Ekv = cfg->cross ? cfg->Ekv : cfg->E, H = cfg->H;
     const size_t dk = cfg->weights ? cfg->dk : E / H, dv = cfg->weights ? cfg->dv : E / H;
@@ -105,6 +110,8 @@ static void check(const config *cfg, uint64_t seed)
     clattn_status st = clattn_plan_create(cl_dev, &d, &w, &pc);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "OpenCL plan: %s: %s\n%s", clattn_status_string(st), clattn_last_error(),
                  clattn_last_build_log());
+    cr_assert_eq(clattn_plan_algorithm(pc), alg, "asked for %s, got %s", clattn_algorithm_name(alg),
+                 clattn_algorithm_name(clattn_plan_algorithm(pc)));
     st = clattn_plan_create(ref_dev, &d, &w, &pr);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "ref plan: %s", clattn_last_error());
     const size_t ow = clattn_plan_out_width(pc);
@@ -114,10 +121,11 @@ static void check(const config *cfg, uint64_t seed)
     float *attn_c = tu_poisoned(n_attn), *attn_r = tu_poisoned(n_attn);
     clattn_attention_args ac = a, ar = a;
     ac.out = out_c, ar.out = out_r;
-    ac.attn = cfg->need_weights ? attn_c : NULL;
+    ac.attn = need_weights ? attn_c : NULL;
     ar.attn = attn_r;
     st = clattn_plan_execute(pc, &ac);
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "OpenCL execute: %s: %s", clattn_status_string(st), clattn_last_error());
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "OpenCL execute (%s): %s: %s", clattn_algorithm_name(alg),
+                 clattn_status_string(st), clattn_last_error());
     st = clattn_plan_execute(pr, &ar);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "ref execute: %s", clattn_last_error());
 
@@ -130,8 +138,8 @@ static void check(const config *cfg, uint64_t seed)
     }
     cr_assert(nonzero, "reference output is all zero");
     size_t bad = tu_compare(out_c, out_r, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_assert_eq(bad, 0, "out: %zu of %zu elements differ; %s", bad, n_out, msg);
-    if (cfg->need_weights) {
+    cr_assert_eq(bad, 0, "%s out: %zu of %zu elements differ; %s", clattn_algorithm_name(alg), bad, n_out, msg);
+    if (need_weights) {
         bad = tu_compare(attn_c, attn_r, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
         cr_assert_eq(bad, 0, "attn: %zu of %zu elements differ; %s", bad, n_attn, msg);
         if (cfg->dropout > 0.0f) /* the same elements dropped, bit for bit */
@@ -142,6 +150,12 @@ static void check(const config *cfg, uint64_t seed)
     clattn_plan_free(pr);
     free(out_c); free(out_r); free(attn_c); free(attn_r); free(kpm); free(bmask);
     for (int i = 0; i < nb; i++) free(bufs[i]);
+}
+
+static void check(const config *cfg, uint64_t seed)
+{
+    check_alg(cfg, seed, CLATTN_ALGORITHM_FUSED);
+    check_alg(cfg, seed, CLATTN_ALGORITHM_UNFUSED);
 }
 
 /* B, Tq, Tk, E, Ekv, H, dk, dv, Eo | cross causal weights biases kpm | mask layout dropout scale need_weights */
@@ -199,4 +213,50 @@ Test(opencl, dropout)
         {2, 61, 0, 16, 0, 4, 4, 4, 0, 0, 1, 1, 0, 1, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0.5f, 0, 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 5000 + i);
+}
+
+/* A fused plan makes no attention weights: asking for them is refused, naming the fix, and
+ * nothing is written; FUSED with need_weights is refused at plan creation; AUTO picks FUSED
+ * without need_weights and UNFUSED with it. */
+Test(opencl, fused_refuses_weights)
+{
+    tu_rng r = {8};
+    const size_t B = 1, T = 9, E = 8;
+    float *x = tu_random(&r, B * T * E, -1, 1);
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 2};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    if (!getenv("CLATTN_ATTENTION") || strcmp(getenv("CLATTN_ATTENTION"), "unfused") != 0)
+        cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_FUSED, "AUTO without need_weights");
+    float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(2 * T * T);
+    clattn_attention_args a = {.x = x, .out = out, .attn = attn};
+    if (clattn_plan_algorithm(plan) == CLATTN_ALGORITHM_FUSED) {
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "need_weights"), "%s", clattn_last_error());
+        for (size_t i = 0; i < B * T * E; i++) cr_assert(isnan(out[i]), "out written on a refused call");
+        for (size_t i = 0; i < 2 * T * T; i++) cr_assert(isnan(attn[i]), "attn written on a refused call");
+    }
+    clattn_plan_free(plan);
+    d.need_weights = 1;
+    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED, "AUTO with need_weights");
+    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_plan_free(plan);
+    d.algorithm = CLATTN_ALGORITHM_FUSED;
+    plan = (clattn_plan *)(uintptr_t)1;
+    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    d.algorithm = (clattn_algorithm)7;
+    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    /* head sizes above the fused kernel's 256: FUSED refused naming the limit, AUTO falls back */
+    clattn_attention_desc big = {.batch = 1, .seq_q = 3, .embed = 300, .heads = 1};
+    float *xb = tu_random(&r, 3 * 300, -1, 1);
+    big.algorithm = CLATTN_ALGORITHM_FUSED;
+    cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
+    big.algorithm = CLATTN_ALGORITHM_AUTO;
+    cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED);
+    clattn_plan_free(plan);
+    free(x); free(xb); free(out); free(attn);
 }

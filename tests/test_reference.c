@@ -66,6 +66,7 @@ static void run(clattn_device *dev, const problem *p, float dropout, uint64_t se
     clattn_attention_desc d = p->d;
     d.dropout = dropout;
     d.seed = seed;
+    d.need_weights = attn != NULL; /* without: AUTO runs the fused kernel on OpenCL */
     clattn_plan *plan = NULL;
     cr_assert_eq(clattn_plan_create(dev, &d, &p->w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_args a = {.x = p->x, .out = out, .attn = attn};
@@ -129,13 +130,18 @@ Test(dropout, same_mask_everywhere)
     cr_assert(cl, "%s", clattn_last_error());
     problem p;
     problem_init(&p, 7);
-    static float ar[N_ATTN], ac[N_ATTN], out[N_OUT];
+    static float ar[N_ATTN], ac[N_ATTN], out[N_OUT], out_ref[N_OUT], out_fused[N_OUT];
     const uint64_t seeds[] = {0, 1, 0xFFFFFFFFull, 0x123456789ABCDEFull};
     for (int s = 0; s < 4; s++) {
-        run(ref, &p, 0.3f, seeds[s], out, ar);
+        run(ref, &p, 0.3f, seeds[s], out_ref, ar);
         run(cl, &p, 0.3f, seeds[s], out, ac);
         for (size_t i = 0; i < N_ATTN; i++)
             cr_assert_eq(ar[i] == 0.0f, ac[i] == 0.0f, "seed %d: mask differs at %zu", s, i);
+        /* the fused kernel makes no weights; its output matches only with the same keep decisions */
+        run(cl, &p, 0.3f, seeds[s], out_fused, NULL);
+        char msg[256];
+        cr_assert_eq(tu_compare(out_fused, out_ref, N_OUT, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                     "seed %d: fused out: %s", s, msg);
     }
     problem_free(&p);
     clattn_device_free(cl);
@@ -152,7 +158,7 @@ static void fully_masked(clattn_device *dev)
     uint8_t mask[5 * 5] = {0};
     for (size_t j = 0; j < T; j++) mask[2 * T + j] = 1; /* query 2 sees nothing */
     clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 1, .key_padding_mask = 1,
-                               .attn_mask = CLATTN_MASK_BOOL, .causal = 1};
+                               .attn_mask = CLATTN_MASK_BOOL, .causal = 1, .need_weights = 1};
     clattn_plan *plan = NULL;
     cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(B * T * T);
@@ -169,6 +175,20 @@ static void fully_masked(clattn_device *dev)
     /* batch 0 query 0 sees only key 0 (causal): weight exactly 1 */
     cr_assert_float_eq(attn[0], 1.0f, 1e-6f);
     clattn_plan_free(plan);
+    /* the fused kernel (OpenCL): the same zeros, the same other rows */
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+        d.need_weights = 0;
+        d.algorithm = CLATTN_ALGORITHM_FUSED;
+        cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        float *of = tu_poisoned(B * T * E);
+        a.out = of, a.attn = NULL;
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t i = 0; i < B * T * E; i++)
+            cr_assert(of[i] == out[i] || fabsf(of[i] - out[i]) <= 1e-5f + 1e-4f * fabsf(out[i]),
+                      "fused out[%zu] = %g, unfused %g", i, of[i], out[i]);
+        free(of);
+        clattn_plan_free(plan);
+    }
     free(x); free(out); free(attn);
 }
 

@@ -25,5 +25,7 @@ const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims
  * fallback notice. On failure says why and returns NULL with *code = 2 for a spec that cannot be parsed,
  * 1 for one that matches nothing. */
 clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *code);
+/* --algorithm auto|fused|unfused: 0 and *a set, or -1 for anything else. */
+int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a);
 
 #endif

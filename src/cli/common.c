@@ -73,3 +73,14 @@ clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *co
     if (notice) clattn_cli_say(cmd, "notice: %s", notice);
     return dev;
 }
+
+int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a)
+{
+    static const clattn_algorithm all[] = {CLATTN_ALGORITHM_AUTO, CLATTN_ALGORITHM_FUSED, CLATTN_ALGORITHM_UNFUSED};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(v, clattn_algorithm_name(all[i])) == 0) {
+            *a = all[i];
+            return 0;
+        }
+    return -1;
+}

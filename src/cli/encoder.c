@@ -31,7 +31,7 @@
 
 #define USAGE                                                                                         \
     "usage: clattn encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu] " \
-    "[--eps E] [--device SPEC]"
+    "[--eps E] [--algorithm auto|fused|unfused] [--device SPEC]"
 
 static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -53,6 +53,7 @@ typedef struct options {
     int causal, norm_first;
     clattn_activation activation;
     float eps;
+    clattn_algorithm algorithm;
 } options;
 
 /* A whole decimal number from 1 to 2^32-1 (digits only, no sign or space). */
@@ -85,7 +86,7 @@ static int parse_eps(const char *s, float *out)
 static int parse(int argc, char **argv, options *o)
 {
     *o = (options){.heads = 1, .activation = CLATTN_ACTIVATION_RELU, .eps = 1e-5f};
-    int seen_heads = 0, seen_act = 0, seen_eps = 0;
+    int seen_heads = 0, seen_act = 0, seen_eps = 0, seen_alg = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
@@ -97,7 +98,7 @@ static int parse(int argc, char **argv, options *o)
         }
         const int takes_value = strcmp(a, "--in") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--device") == 0 ||
                                 strcmp(a, "--heads") == 0 || strcmp(a, "--activation") == 0 ||
-                                strcmp(a, "--eps") == 0;
+                                strcmp(a, "--eps") == 0 || strcmp(a, "--algorithm") == 0;
         if (!takes_value) {
             if (a[0] == '-') return fail(2, "unknown option '%s' (%s)", a, USAGE);
             return fail(2, "unexpected argument '%s' (%s)", a, USAGE);
@@ -119,6 +120,10 @@ static int parse(int argc, char **argv, options *o)
             if (strcmp(v, "relu") == 0) o->activation = CLATTN_ACTIVATION_RELU;
             else if (strcmp(v, "gelu") == 0) o->activation = CLATTN_ACTIVATION_GELU;
             else return fail(2, "--activation '%s': must be relu or gelu", v);
+        } else if (strcmp(a, "--algorithm") == 0) {
+            if (seen_alg++) return fail(2, "--algorithm given more than once");
+            if (clattn_cli_parse_algorithm(v, &o->algorithm))
+                return fail(2, "--algorithm '%s': must be auto, fused or unfused", v);
         } else {
             if (seen_eps++) return fail(2, "--eps given more than once");
             if (parse_eps(v, &o->eps)) return fail(2, "--eps '%s': must be a finite number > 0 (in float32 range)", v);
@@ -275,6 +280,7 @@ static int check_shapes(const inputs *in, const options *o, clattn_encoder_desc 
     d->attn.causal = o->causal;
     d->attn.key_padding_mask = in->has[KPM];
     d->attn.layout = CLATTN_LAYOUT_LINEAR;
+    d->attn.algorithm = o->algorithm;
     d->ff_dim = F;
     d->activation = o->activation;
     d->norm_first = o->norm_first;

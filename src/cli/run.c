@@ -36,7 +36,7 @@ static void say(const char *fmt, ...)
 static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
-               "                  [--need-weights] [--device SPEC]\n"
+               "                  [--need-weights] [--algorithm auto|fused|unfused] [--device SPEC]\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
                "outputs in DIR: out.npy, and attn.npy with --need-weights\n");
@@ -51,7 +51,8 @@ typedef struct run_opts {
     float scale;        /* 0 = default 1/sqrt(dk) */
     float dropout;
     uint64_t seed;
-    int seen_heads, seen_scale, seen_dropout, seen_seed;
+    clattn_algorithm algorithm;
+    int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg;
 } run_opts;
 
 /* A whole decimal number (digits only, no sign or space) in uint64 range. */
@@ -104,6 +105,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--scale") == 0) seen = &o->seen_scale;
         else if (strcmp(a, "--dropout") == 0) seen = &o->seen_dropout;
         else if (strcmp(a, "--seed") == 0) seen = &o->seen_seed;
+        else if (strcmp(a, "--algorithm") == 0) seen = &o->seen_alg;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
         else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
         else {
@@ -154,6 +156,11 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 say("--dropout '%s': must be a number p with 0 <= p < 1", v);
                 return EXIT_USAGE;
             }
+        } else if (seen == &o->seen_alg) {
+            if (clattn_cli_parse_algorithm(v, &o->algorithm)) {
+                say("--algorithm '%s': must be auto, fused or unfused", v);
+                return EXIT_USAGE;
+            }
         } else if (seen == &o->seen_seed) {
             if (!parse_u64(v, &o->seed)) {
                 say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
@@ -167,6 +174,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (!seen_out) {
         say("--out DIR is required (an existing directory for out.npy)");
+        return EXIT_USAGE;
+    }
+    if (o->need_weights && o->algorithm == CLATTN_ALGORITHM_FUSED) {
+        say("--need-weights with --algorithm fused: the fused kernel does not produce the weights (use auto or unfused)");
         return EXIT_USAGE;
     }
     return -1;
@@ -494,6 +505,8 @@ int clattn_cli_run(int argc, char **argv)
     desc.dropout = o.dropout;
     desc.seed = o.seed;
     desc.layout = CLATTN_LAYOUT_LINEAR;
+    desc.algorithm = o.algorithm;
+    desc.need_weights = o.need_weights;
 
     clattn_attention_weights w;
     memset(&w, 0, sizeof w);

@@ -1,0 +1,288 @@
+/* flash.cl: fused attention core. For each (batch, head) and block of queries, stream the
+ * keys and values once, keeping per query row a running max m, a running sum l of
+ * exp(score - m) and an unnormalised output acc in fp32 (online softmax: when m grows,
+ * l and acc are rescaled by exp(m_old - m_new)); write acc / l once. No score matrix in
+ * global memory.
+ *
+ * Layout: Q, K and V are read where the projections left them, token-major rows with a
+ * row stride (ld) and head h at columns h*DK (Q, K) or h*DV (V):
+ *   Q[b, t, h, c] = q[q_off + (b*Tq + t)*q_ld + h*DK + c]      (K, V likewise over Tk)
+ * and the output goes to the merged layout out[out_off + (b*Tq + i)*out_ld + h*DV + c].
+ *
+ * Semantics (those of the reference, ref.c): score = (q . k) * scale (+ float mask);
+ * hidden keys (causal j > i, key padding, bool mask) get weight 0; a row with no visible
+ * key (or only -inf scores) gives output 0; a NaN score or a +inf score makes the row NaN;
+ * dropout keeps weight (b, h, i, j) by clattn_dropout_keep (philox.cl) and scales it.
+ * The running max starts at -FLT_MAX, a finite value, so a fully hidden block computes
+ * exp(-inf - m) = 0 and never inf - inf.
+ *
+ * Two variants of the same function, chosen per device class by the host:
+ *   flash_rows   one work-item per ROWS query rows, no local memory and no barriers: K/V
+ *                rows come through the cache. For CPU devices (PoCL), where a work-group
+ *                runs as a loop and private arrays are cheap.
+ *   flash_tiled  a work-group per BQ query rows, NS work-items per row sharing the row's
+ *                value columns; K and V tiles of BK keys staged in local memory. For GPUs.
+ * With CAUSAL, key blocks wholly after the block's last query are never visited; only the
+ * blocks that cross the diagonal are masked.
+ *
+ * Specialised by -D (defaults let the file compile alone; philox.cl goes first):
+ *   DK, DV           head sizes of queries/keys and of values
+ *   CAUSAL, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   as in softmax.cl
+ *   ROWS, BK         flash_rows: query rows per work-item, keys per block
+ *   BQ, BKT, NS      flash_tiled: query rows per work-group, keys per tile, work-items per row
+ */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV DK
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef KPM
+#define KPM 0
+#endif
+#ifndef MASK_KIND
+#define MASK_KIND 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#ifndef ROWS
+#define ROWS 4
+#endif
+#ifndef BK
+#define BK 16
+#endif
+#ifndef BQ
+#define BQ 16
+#endif
+#ifndef BKT
+#define BKT 32
+#endif
+#ifndef NS
+#define NS 4
+#endif
+
+#if MASK_KIND == 2
+typedef float flash_mask_t;
+#else
+typedef uchar flash_mask_t;
+#endif
+
+#define DVS ((DV + NS - 1) / NS) /* value columns per work-item in flash_tiled */
+#define KVW (DK > DV ? DK : DV)  /* width of a staged K or V row */
+
+/* The scaled, masked score of key j for query i of batch entry b; -INFINITY when hidden. */
+inline float flash_mask(float dot, float scale, uint i, uint j, ulong b, uint Tk, __global const uchar *kpm,
+                        __global const flash_mask_t *mask)
+{
+    float s = dot * scale;
+    int hidden = 0;
+#if CAUSAL
+    hidden |= j > i;
+#endif
+#if KPM
+    hidden |= kpm[b * Tk + j] != 0;
+#endif
+#if MASK_KIND == 1
+    hidden |= mask[(ulong)i * Tk + j] != 0;
+#elif MASK_KIND == 2
+    s += mask[(ulong)i * Tk + j];
+#endif
+    return hidden ? -INFINITY : s;
+}
+
+/* The weight applied to V: p, or after dropout p * keep_scale or 0. */
+inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold,
+                        float keep_scale)
+{
+#if DROPOUT
+    return clattn_dropout_keep(seed_lo, seed_hi, b, h, i, j, threshold) ? p * keep_scale : 0.0f;
+#else
+    return p;
+#endif
+}
+
+/* acc / l, with 0 for a row that saw no visible key (l = 0); NaN stays NaN. */
+inline float flash_out(float acc, float l)
+{
+    return l == 0.0f ? 0.0f : acc / l;
+}
+
+/* One work-item: query rows i0 .. i0+ROWS-1 of (b, h); global id = ((b*H + h) * nblk + block). */
+__kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
+                         __global const float *k, ulong k_off, uint k_ld,
+                         __global const float *v, ulong v_off, uint v_ld,
+                         __global float *out, ulong out_off, uint out_ld,
+                         __global const uchar *kpm, ulong kpm_off,
+                         __global const flash_mask_t *mask, ulong mask_off,
+                         uint Tq, uint Tk, uint H, float scale, ulong total,
+                         uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+{
+    const ulong g = get_global_id(0);
+    if (g >= total) return;
+    const uint nblk = (Tq + ROWS - 1) / ROWS;
+    const uint blk = (uint)(g % nblk);
+    const ulong bh = g / nblk;
+    const uint h = (uint)(bh % H);
+    const ulong b = bh / H;
+    const uint i0 = blk * ROWS;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+
+    float qr[ROWS][DK], acc[ROWS][DV], m[ROWS], l[ROWS];
+    for (uint r = 0; r < ROWS; r++) {
+        const uint i = min(i0 + r, Tq - 1); /* rows past Tq repeat the last one, never written */
+        __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
+        for (uint c = 0; c < DK; c++) qr[r][c] = qp[c];
+        for (uint c = 0; c < DV; c++) acc[r][c] = 0.0f;
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+    }
+    uint jend = Tk;
+#if CAUSAL
+    jend = min(Tk, min(i0 + ROWS, Tq)); /* keys after the block's last query are hidden from all its rows */
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)h * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)h * DV;
+    for (uint j0 = 0; j0 < jend; j0 += BK) {
+        float s[ROWS][BK];
+        for (uint jj = 0; jj < BK; jj++) {
+            const uint j = j0 + jj;
+            if (j < jend) {
+                __global const float *kp = kb + (ulong)j * k_ld;
+                float dot[ROWS];
+                for (uint r = 0; r < ROWS; r++) dot[r] = 0.0f;
+                for (uint c = 0; c < DK; c++) {
+                    const float kc = kp[c];
+                    for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
+                }
+                for (uint r = 0; r < ROWS; r++) s[r][jj] = flash_mask(dot[r], scale, i0 + r, j, b, Tk, kpm, mask);
+            } else {
+                for (uint r = 0; r < ROWS; r++) s[r][jj] = -INFINITY;
+            }
+        }
+        for (uint r = 0; r < ROWS; r++) {
+            float mb = m[r];
+            for (uint jj = 0; jj < BK; jj++) mb = fmax(mb, s[r][jj]); /* fmax skips NaN; exp(NaN) brings it back */
+            const float corr = exp(m[r] - mb);
+            m[r] = mb;
+            float sum = 0.0f;
+            for (uint jj = 0; jj < BK; jj++) {
+                const float p = exp(s[r][jj] - mb);
+                sum += p;
+                s[r][jj] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + r, j0 + jj, threshold, keep_scale);
+            }
+            l[r] = l[r] * corr + sum;
+            for (uint c = 0; c < DV; c++) acc[r][c] *= corr;
+        }
+        const uint nj = min((uint)BK, jend - j0);
+        for (uint jj = 0; jj < nj; jj++) {
+            __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
+            for (uint c = 0; c < DV; c++) {
+                const float vc = vp[c];
+                for (uint r = 0; r < ROWS; r++) acc[r][c] = fma(s[r][jj], vc, acc[r][c]);
+            }
+        }
+    }
+    for (uint r = 0; r < ROWS; r++) {
+        if (i0 + r >= Tq) break;
+        __global float *op = out + out_off + (b * Tq + i0 + r) * out_ld + (ulong)h * DV;
+        for (uint c = 0; c < DV; c++) op[c] = flash_out(acc[r][c], l[r]);
+    }
+}
+
+/* One work-group of BQ*NS work-items: query rows i0 .. i0+BQ-1 of (b, h), work-group id =
+ * ((b*H + h) * nblk + block) + group0. Work-item (r, sp) owns row r and value columns
+ * sp, sp+NS, ... Every barrier is reached by the whole work-group: the loop bounds depend
+ * only on the group. */
+__kernel __attribute__((reqd_work_group_size(BQ * NS, 1, 1)))
+void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
+                 __global const float *k, ulong k_off, uint k_ld,
+                 __global const float *v, ulong v_off, uint v_ld,
+                 __global float *out, ulong out_off, uint out_ld,
+                 __global const uchar *kpm, ulong kpm_off,
+                 __global const flash_mask_t *mask, ulong mask_off,
+                 uint Tq, uint Tk, uint H, float scale, ulong group0,
+                 uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+{
+    __local float qs[BQ][DK];
+    __local float kvs[BKT][KVW + 1]; /* +1: rows fall in different banks */
+    __local float ss[BQ][BKT + 1];
+    const uint lid = get_local_id(0);
+    const uint r = lid / NS, sp = lid % NS;
+    const ulong g = group0 + get_group_id(0);
+    const uint nblk = (Tq + BQ - 1) / BQ;
+    const uint blk = (uint)(g % nblk);
+    const ulong bh = g / nblk;
+    const uint h = (uint)(bh % H);
+    const ulong b = bh / H;
+    const uint i0 = blk * BQ, i = i0 + r;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+
+    for (uint x = lid; x < BQ * DK; x += BQ * NS) {
+        const uint rr = x / DK, c = x % DK;
+        const uint ii = min(i0 + rr, Tq - 1);
+        qs[rr][c] = q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c];
+    }
+    float acc[DVS];
+    for (uint t = 0; t < DVS; t++) acc[t] = 0.0f;
+    float m = -FLT_MAX, l = 0.0f;
+    uint jend = Tk;
+#if CAUSAL
+    jend = min(Tk, min(i0 + BQ, Tq));
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)h * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)h * DV;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint j0 = 0; j0 < jend; j0 += BKT) {
+        /* K tile */
+        for (uint x = lid; x < BKT * DK; x += BQ * NS) {
+            const uint jj = x / DK, c = x % DK;
+            kvs[jj][c] = j0 + jj < jend ? kb[(ulong)(j0 + jj) * k_ld + c] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        /* scores of row r for keys sp, sp+NS, ... */
+        for (uint jj = sp; jj < BKT; jj += NS) {
+            float dot = 0.0f;
+            for (uint c = 0; c < DK; c++) dot = fma(qs[r][c], kvs[jj][c], dot);
+            const uint j = j0 + jj;
+            ss[r][jj] = j < jend ? flash_mask(dot, scale, min(i, Tq - 1), j, b, Tk, kpm, mask) : -INFINITY;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        /* V tile over the K tile */
+        for (uint x = lid; x < BKT * DV; x += BQ * NS) {
+            const uint jj = x / DV, c = x % DV;
+            kvs[jj][c] = j0 + jj < jend ? vb[(ulong)(j0 + jj) * v_ld + c] : 0.0f;
+        }
+        /* this row's statistics (each of its NS work-items computes the same) */
+        float mb = m;
+        for (uint jj = 0; jj < BKT; jj++) mb = fmax(mb, ss[r][jj]);
+        const float corr = exp(m - mb);
+        m = mb;
+        for (uint t = 0; t < DVS; t++) acc[t] *= corr;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float sum = 0.0f;
+        for (uint jj = 0; jj < BKT; jj++) {
+            const float p = exp(ss[r][jj] - mb);
+            sum += p;
+            const float pd = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i, j0 + jj, threshold, keep_scale);
+            for (uint t = 0; t < DVS; t++) {
+                const uint c = sp + t * NS;
+                if (c < DV) acc[t] = fma(pd, kvs[jj][c], acc[t]);
+            }
+        }
+        l = l * corr + sum;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (i < Tq) {
+        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        for (uint t = 0; t < DVS; t++) {
+            const uint c = sp + t * NS;
+            if (c < DV) op[c] = flash_out(acc[t], l);
+        }
+    }
+}

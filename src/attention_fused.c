@@ -1,0 +1,208 @@
+/* attention_fused.c: the fused attention core (cl/flash.cl) on an OpenCL device.
+ *
+ * Which kernel and which tiles: a table of variants, each with a predicate on the device and
+ * the head sizes, tried in the order of the device class's preference (ggml style):
+ *   CPU devices:  flash_rows (one work-item per ROWS query rows, no local memory)
+ *   GPUs, other:  flash_tiled (K/V tiles in local memory), else flash_rows
+ * CLATTN_FLASH=rows|tiled in the environment overrides the choice (tests run both). */
+#include "attention_fused.h"
+#include "reference.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- tile parameters */
+
+/* flash_tiled: NS work-items per query row so that each holds at most 16 value columns,
+ * BQ rows per work-group (at most 256 work-items), BKT keys per tile; shrunk until the
+ * three local arrays fit the device's local memory. 0 if nothing fits. */
+static int tiled_params(const clattn_device *dev, size_t dk, size_t dv, clattn_flash_params *t)
+{
+    size_t ns = 1;
+    while ((dv + ns - 1) / ns > 16 && ns < 16) ns *= 2;
+    size_t wg_cap = dev->max_work_group < 256 ? dev->max_work_group : 256;
+    if (ns > wg_cap) return 0;
+    size_t bq = 32;
+    while (bq * ns > wg_cap) bq /= 2;
+    size_t bk = 32;
+    const size_t kvw = dk > dv ? dk : dv;
+    for (;;) {
+        size_t bytes = sizeof(float) * (bq * dk + bk * (kvw + 1) + bq * (bk + 1));
+        if (bytes + 256 <= dev->local_mem) break;
+        if (bk > 8) bk /= 2;
+        else if (bq > 1) bq /= 2;
+        else return 0;
+    }
+    t->ns = ns;
+    t->bq = bq;
+    t->bk = bk;
+    return 1;
+}
+
+static int rows_params(const clattn_device *dev, size_t dk, size_t dv, clattn_flash_params *t)
+{
+    (void)dev;
+    (void)dk;
+    t->rows = dv > 128 ? 2 : 4;
+    t->bk = 16;
+    return 1;
+}
+
+typedef struct flash_variant {
+    clattn_flash_kind kind;
+    const char *kernel;
+    int (*params)(const clattn_device *dev, size_t dk, size_t dv, clattn_flash_params *t);
+} flash_variant;
+
+static const flash_variant variants[] = {
+    {CLATTN_FLASH_ROWS, "flash_rows", rows_params},
+    {CLATTN_FLASH_TILED, "flash_tiled", tiled_params},
+};
+
+/* The device class's order of preference over `variants`. */
+static const clattn_flash_kind preference[][2] = {
+    [CLATTN_CLASS_CPU] = {CLATTN_FLASH_ROWS, CLATTN_FLASH_TILED},
+    [CLATTN_CLASS_NVIDIA] = {CLATTN_FLASH_TILED, CLATTN_FLASH_ROWS},
+    [CLATTN_CLASS_AMD] = {CLATTN_FLASH_TILED, CLATTN_FLASH_ROWS},
+    [CLATTN_CLASS_INTEL] = {CLATTN_FLASH_TILED, CLATTN_FLASH_ROWS},
+    [CLATTN_CLASS_OTHER] = {CLATTN_FLASH_TILED, CLATTN_FLASH_ROWS},
+};
+
+int clattn_fused_supports(const clattn_device *dev, const clattn_attention_desc *d, char *why, size_t len)
+{
+    if (d->head_dim_qk > CLATTN_FLASH_MAX_HEAD || d->head_dim_v > CLATTN_FLASH_MAX_HEAD) {
+        snprintf(why, len, "the fused kernel takes head sizes up to %d (dk = %zu, dv = %zu)", CLATTN_FLASH_MAX_HEAD,
+                 d->head_dim_qk, d->head_dim_v);
+        return 0;
+    }
+    (void)dev;
+    return 1;
+}
+
+clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention_desc *d, clattn_fused *f)
+{
+    memset(f, 0, sizeof *f);
+    const char *pick = getenv("CLATTN_FLASH");
+    int forced = -1;
+    if (pick && *pick) {
+        if (strcmp(pick, "rows") == 0) forced = CLATTN_FLASH_ROWS;
+        else if (strcmp(pick, "tiled") == 0) forced = CLATTN_FLASH_TILED;
+        else return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_FLASH='%s': expected rows or tiled", pick);
+    }
+    const clattn_status last = CLATTN_STATUS_UNSUPPORTED;
+    for (int n = 0; n < 2; n++) {
+        const clattn_flash_kind kind = forced >= 0 ? (clattn_flash_kind)forced : preference[dev->dclass][n];
+        const flash_variant *v = &variants[kind];
+        clattn_flash_params t = {0};
+        if (!v->params(dev, d->head_dim_qk, d->head_dim_v, &t)) {
+            if (forced >= 0) break;
+            continue;
+        }
+        for (;;) { /* flash_tiled: rebuilt with fewer rows while the compiled kernel allows less */
+            char opts[400];
+            snprintf(opts, sizeof opts,
+                     "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu "
+                     "-DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu",
+                     d->head_dim_qk, d->head_dim_v, d->causal, d->key_padding_mask, (int)d->attn_mask,
+                     d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4);
+            const char *src[] = {"philox", "flash"};
+            cl_program prog = NULL;
+            TRY(clattn_program_build(dev, src, 2, opts, &prog));
+            cl_int err;
+            cl_kernel k = clCreateKernel(prog, v->kernel, &err);
+            size_t allowed = 0;
+            if (err == CL_SUCCESS)
+                err = clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed,
+                                               NULL);
+            if (err != CL_SUCCESS) {
+                if (k) clReleaseKernel(k);
+                clReleaseProgram(prog);
+                return clattn_fail((clattn_status)err, "creating kernel %s failed (%d: %s)", v->kernel, err,
+                                   clattn_status_string(err));
+            }
+            const size_t wg = kind == CLATTN_FLASH_TILED ? t.bq * t.ns : 0;
+            if (wg == 0 || wg <= allowed) {
+                f->prog = prog;
+                f->k = k;
+                f->kind = kind;
+                f->t = t;
+                f->wg = wg;
+                return CLATTN_STATUS_SUCCESS;
+            }
+            clReleaseKernel(k);
+            clReleaseProgram(prog);
+            if (t.bq <= 1) break;
+            t.bq /= 2;
+        }
+        if (forced >= 0) break;
+    }
+    return clattn_fail(last, "no fused kernel variant fits this device (local memory %zu bytes, max work-group %zu)%s",
+                       dev->local_mem, dev->max_work_group, forced >= 0 ? " (CLATTN_FLASH forces one)" : "");
+}
+
+void clattn_fused_release(clattn_fused *f)
+{
+    if (f->k) clReleaseKernel(f->k);
+    if (f->prog) clReleaseProgram(f->prog);
+    memset(f, 0, sizeof *f);
+}
+
+/* The common arguments, then the variant's own (total work-items / first group), then dropout. */
+static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, const clattn_fused_io *io,
+                              cl_ulong extent)
+{
+    clattn_args a;
+    const char *name = f->kind == CLATTN_FLASH_TILED ? "flash_tiled" : "flash_rows";
+    clattn_args_begin(&a, f->k, name);
+    clattn_arg_mem(&a, io->q.mem);
+    clattn_arg_u64(&a, io->q.off);
+    clattn_arg_u32(&a, (cl_uint)io->q_ld);
+    clattn_arg_mem(&a, io->k.mem);
+    clattn_arg_u64(&a, io->k.off);
+    clattn_arg_u32(&a, (cl_uint)io->k_ld);
+    clattn_arg_mem(&a, io->v.mem);
+    clattn_arg_u64(&a, io->v.off);
+    clattn_arg_u32(&a, (cl_uint)io->v_ld);
+    clattn_arg_mem(&a, io->out.mem);
+    clattn_arg_u64(&a, io->out.off);
+    clattn_arg_u32(&a, (cl_uint)io->out_ld);
+    clattn_arg_mem(&a, io->kpm.mem);
+    clattn_arg_u64(&a, io->kpm.off);
+    clattn_arg_mem(&a, io->mask.mem);
+    clattn_arg_u64(&a, io->mask.off);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_u32(&a, (cl_uint)d->seq_kv);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_f32(&a, d->scale);
+    clattn_arg_u64(&a, extent);
+    clattn_arg_u32(&a, (cl_uint)d->seed);
+    clattn_arg_u32(&a, (cl_uint)(d->seed >> 32));
+    clattn_arg_u32(&a, clattn_dropout_threshold(d->dropout));
+    clattn_arg_f32(&a, clattn_dropout_keep_scale(d->dropout));
+    return clattn_args_end(&a);
+}
+
+clattn_status clattn_fused_run(const clattn_device *dev, const clattn_attention_desc *d, clattn_fused *f,
+                               const clattn_fused_io *io)
+{
+    const size_t BH = d->batch * d->heads, Tq = d->seq_q;
+    if (f->kind == CLATTN_FLASH_ROWS) {
+        const size_t total = BH * ((Tq + f->t.rows - 1) / f->t.rows);
+        TRY(set_args(d, f, io, total));
+        return clattn_enqueue_1d(dev, f->k, total, "enqueue flash_rows");
+    }
+    /* flash_tiled: groups in launches of at most max_launch_items work-items, each told its first group */
+    const size_t groups = BH * ((Tq + f->t.bq - 1) / f->t.bq);
+    size_t step = dev->max_launch_items / f->wg;
+    if (step == 0) step = 1;
+    for (size_t g0 = 0; g0 < groups; g0 += step) {
+        const size_t n = groups - g0 < step ? groups - g0 : step;
+        TRY(set_args(d, f, io, g0));
+        size_t local = f->wg, global = n * local;
+        clattn_note_launch(global);
+        CL_CHECK(clEnqueueNDRangeKernel(dev->queue, f->k, 1, NULL, &global, &local, 0, NULL, NULL),
+                 "enqueue flash_tiled");
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
