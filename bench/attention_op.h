@@ -46,6 +46,7 @@ typedef struct clattn_op {
     size_t ff_dim;                /* F; 0 = 4E (nn.TransformerEncoderLayer's usual choice) */
     clattn_activation activation;
     int norm_first;
+    clattn_algorithm algorithm;   /* the attention core: AUTO (fused where it can), FUSED or UNFUSED */
 } clattn_op;
 
 typedef struct clattn_op_flop_count {

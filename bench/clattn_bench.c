@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NSTAGES CLATTN_STAGE_COUNT
+#define NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage of this version (clattn_plan_stage_times_n) */
 
 static const size_t sweep_seqs[] = {64, 128, 256, 512, 1024, 2048, 4096};
 #define NSWEEP (sizeof sweep_seqs / sizeof sweep_seqs[0])
@@ -62,6 +62,10 @@ typedef struct result {
     int gemm_share_valid, softmax_valid;
     size_t sgemm_m, sgemm_n, sgemm_k;
     double stage_sum_ms;  /* sum of the stage medians */
+    clattn_algorithm algorithm; /* the attention plan's (resolved); AUTO for ref and the encoder */
+    size_t device_bytes;  /* device memory the attention plan holds (0: ref or the encoder) */
+    double core_ms;       /* the attention core's stages (fused: attention; unfused: scores + softmax + context) */
+    int core_valid;
     double wall_s;        /* how long measuring this configuration took */
     double interference;  /* share of all CPUs that other processes used meanwhile (Linux), < 0 unknown */
 } result;
@@ -186,6 +190,7 @@ static double stage_flops(const result *r, int s)
     case CLATTN_STAGE_SCORES: return r->flops.scores;
     case CLATTN_STAGE_CONTEXT: return r->flops.context;
     case CLATTN_STAGE_OUT_PROJECTION: return r->flops.out_projection;
+    case CLATTN_STAGE_ATTENTION: return r->flops.core;
     default: return 0.0;
     }
 }
@@ -196,6 +201,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
+            "                    [--algorithm auto|fused|unfused]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -268,6 +274,14 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
+        else if (!strcmp(a, "--algorithm")) {
+            if (!v) die("--algorithm needs a value");
+            if (!strcmp(v, "auto")) o->op.algorithm = CLATTN_ALGORITHM_AUTO;
+            else if (!strcmp(v, "fused")) o->op.algorithm = CLATTN_ALGORITHM_FUSED;
+            else if (!strcmp(v, "unfused")) o->op.algorithm = CLATTN_ALGORITHM_UNFUSED;
+            else die("--algorithm '%s': must be auto, fused or unfused", v);
+            i++;
+        }
         else if (!strcmp(a, "--dropout")) { o->op.dropout = (float)parse_double(a, v); i++; }
         else if (!strcmp(a, "--encoder")) o->op.encoder = 1;
         else if (!strcmp(a, "--ff")) { o->op.ff_dim = parse_size(a, v); o->ff_given = 1; i++; }
@@ -450,6 +464,8 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     runner_create(&run, b, &data);
     runner_host(&run, "first call");
     r->first_call_ms = now_ms() - t0;
+    r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
+    r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
     if (b->opencl) {
         cl_mem xb = make_buffer(b, data.x_count, data.x, "x"), ob = make_buffer(b, data.out_count, NULL, "out");
@@ -467,7 +483,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
             for (int i = 0; i < o->iters; i++) {
                 runner_buffers(&run, xb, ob);
                 check_cl(clFinish(b->queue), "clFinish");
-                check_st(clattn_plan_stage_times(run.attn, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+                check_st(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
             }
             check_st(clattn_plan_set_profiling(run.attn, 0), "clattn_plan_set_profiling");
         }
@@ -489,7 +505,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
             if (i >= 0) {
                 t[i] = now_ms() - t1;
                 if (run.attn)
-                    check_st(clattn_plan_stage_times(run.attn, st + (size_t)i * NSTAGES), "clattn_plan_stage_times");
+                    check_st(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
             }
         }
         r->host = summarize(t, o->iters);
@@ -513,6 +529,13 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     }
     free(v);
     r->stage_sum_ms = all;
+    {
+        const int core[] = {CLATTN_STAGE_SCORES, CLATTN_STAGE_SOFTMAX, CLATTN_STAGE_CONTEXT, CLATTN_STAGE_ATTENTION};
+        r->core_ms = 0.0;
+        for (int k = 0; k < 4; k++)
+            if (r->stage[core[k]].valid) r->core_ms += r->stage[core[k]].median;
+        r->core_valid = r->core_ms > 0.0;
+    }
     /* ref runs scores + softmax + context as one loop (reported under softmax): no GEMM share, no softmax rate */
     if (b->opencl && all > 0.0) {
         r->gemm_share = gemm / all;
@@ -577,6 +600,11 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     json_num(f, "flops", r->flops.total, 1);
     json_num(f, "projection_flops", r->flops.projections, 1);
     json_num(f, "core_flops", r->flops.core, 1);
+    if (r->algorithm == CLATTN_ALGORITHM_AUTO) fprintf(f, ",\"algorithm\":null");
+    else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
+    json_num(f, "device_bytes", (double)r->device_bytes, r->device_bytes > 0);
+    json_num(f, "core_ms", r->core_ms, r->core_valid);
+    json_num(f, "core_gflops", r->core_valid ? r->flops.core / (r->core_ms * 1e6) : 0.0, r->core_valid);
     fprintf(f, ",\"encoder\":%s", r->op.encoder ? "true" : "false");
     if (r->op.encoder)
         fprintf(f, ",\"ff_dim\":%zu,\"activation\":\"%s\",\"norm_first\":%s", clattn_op_ff_dim(&r->op),
@@ -723,7 +751,8 @@ static void print_stages(const bench_ctx *b, const result *r)
             continue;
         }
         char rate[64] = "";
-        if (is_gemm_stage(s)) snprintf(rate, sizeof rate, "%.2f GFLOP/s", stage_flops(r, s) / (x->median * 1e6));
+        if (is_gemm_stage(s) || s == CLATTN_STAGE_ATTENTION)
+            snprintf(rate, sizeof rate, "%.2f GFLOP/s", stage_flops(r, s) / (x->median * 1e6));
         else if (s == CLATTN_STAGE_SOFTMAX && r->softmax_valid) snprintf(rate, sizeof rate, "%.2f GB/s", r->softmax_gbps);
         else if (s == CLATTN_STAGE_SOFTMAX) snprintf(rate, sizeof rate, "(ref: scores + softmax + context)");
         printf("%-16s %10.3f %10.3f %10.3f %6.1f%%  %s\n", name, x->median, x->min, x->max,
@@ -747,6 +776,11 @@ static void print_text(const bench_ctx *b, const options *o, const result *r)
            r->flops.out_projection / 1e9, r->flops.core / 1e9);
     if (op->encoder) printf(" + feed-forward %.4g", r->flops.ffn / 1e9);
     printf("\n\n");
+    if (r->algorithm != CLATTN_ALGORITHM_AUTO)
+        printf("algorithm: %s; the plan holds %.1f MiB of device memory\n", clattn_algorithm_name(r->algorithm),
+               (double)r->device_bytes / 1048576.0);
+    if (r->core_valid)
+        printf("attention core: %.3f ms, %.2f GFLOP/s\n", r->core_ms, r->flops.core / (r->core_ms * 1e6));
     printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);
     if (r->dev.valid)
         printf("whole call, device-resident (execute_buffers + clFinish): median %.2f ms (min %.2f, max %.2f)  "

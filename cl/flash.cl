@@ -28,7 +28,7 @@
  * Specialised by -D (defaults let the file compile alone; philox.cl goes first):
  *   DK, DV           head sizes of queries/keys and of values
  *   CAUSAL, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   as in softmax.cl
- *   ROWS, BK         flash_rows: query rows per work-item, keys per block
+ *   ROWS, BK, VW     flash_rows: query rows per work-item, keys per block, vector width (divides DK, DV)
  *   BQ, BKT, NS      flash_tiled: query rows per work-group, keys per tile, work-items per row
  */
 #ifndef DK
@@ -111,6 +111,31 @@ inline float flash_out(float acc, float l)
     return l == 0.0f ? 0.0f : acc / l;
 }
 
+/* flash_rows works on VW-wide vectors along the head dimension (VW divides DK and DV; 1 = scalar)
+ * and exponentiates a block of BK = 16 scores as one float16 where it can: on a CPU, the vector
+ * units and a vector exp do the work. */
+#ifndef VW
+#define VW 1
+#endif
+#if VW == 8
+typedef float8 vw_t;
+#define VLOADW(i, p) vload8((i), (p))
+#define VSTOREW(v, i, p) vstore8((v), (i), (p))
+inline float hsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
+#elif VW == 4
+typedef float4 vw_t;
+#define VLOADW(i, p) vload4((i), (p))
+#define VSTOREW(v, i, p) vstore4((v), (i), (p))
+inline float hsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
+#else
+typedef float vw_t;
+#define VLOADW(i, p) ((p)[(i)])
+#define VSTOREW(v, i, p) ((p)[(i)] = (v))
+inline float hsum(float v) { return v; }
+#endif
+#define NKW (DK / VW)
+#define NVW (DV / VW)
+
 /* One work-item: query rows i0 .. i0+ROWS-1 of (b, h); global id = ((b*H + h) * nblk + block). */
 __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                          __global const float *k, ulong k_off, uint k_ld,
@@ -132,12 +157,13 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
 
-    float qr[ROWS][DK], acc[ROWS][DV], m[ROWS], l[ROWS];
+    vw_t qr[ROWS][NKW], acc[ROWS][NVW];
+    float m[ROWS], l[ROWS];
     for (uint r = 0; r < ROWS; r++) {
         const uint i = min(i0 + r, Tq - 1); /* rows past Tq repeat the last one, never written */
         __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
-        for (uint c = 0; c < DK; c++) qr[r][c] = qp[c];
-        for (uint c = 0; c < DV; c++) acc[r][c] = 0.0f;
+        for (uint c = 0; c < NKW; c++) qr[r][c] = VLOADW(c, qp);
+        for (uint c = 0; c < NVW; c++) acc[r][c] = (vw_t)(0.0f);
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
     }
@@ -153,13 +179,14 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
             const uint j = j0 + jj;
             if (j < jend) {
                 __global const float *kp = kb + (ulong)j * k_ld;
-                float dot[ROWS];
-                for (uint r = 0; r < ROWS; r++) dot[r] = 0.0f;
-                for (uint c = 0; c < DK; c++) {
-                    const float kc = kp[c];
+                vw_t dot[ROWS];
+                for (uint r = 0; r < ROWS; r++) dot[r] = (vw_t)(0.0f);
+                for (uint c = 0; c < NKW; c++) {
+                    const vw_t kc = VLOADW(c, kp);
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
-                for (uint r = 0; r < ROWS; r++) s[r][jj] = flash_mask(dot[r], scale, i0 + r, j, b, Tk, kpm, mask);
+                for (uint r = 0; r < ROWS; r++)
+                    s[r][jj] = flash_mask(hsum(dot[r]), scale, min(i0 + r, Tq - 1), j, b, Tk, kpm, mask);
             } else {
                 for (uint r = 0; r < ROWS; r++) s[r][jj] = -INFINITY;
             }
@@ -170,27 +197,36 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
             const float corr = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
+#if BK == 16 && !DROPOUT
+            const float16 p = exp(vload16(0, s[r]) - mb);
+            const float8 p8 = p.lo + p.hi;
+            const float4 p4 = p8.lo + p8.hi;
+            sum = (p4.x + p4.y) + (p4.z + p4.w);
+            vstore16(p, 0, s[r]);
+#else
             for (uint jj = 0; jj < BK; jj++) {
                 const float p = exp(s[r][jj] - mb);
                 sum += p;
                 s[r][jj] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + r, j0 + jj, threshold, keep_scale);
             }
+#endif
             l[r] = l[r] * corr + sum;
-            for (uint c = 0; c < DV; c++) acc[r][c] *= corr;
+            for (uint c = 0; c < NVW; c++) acc[r][c] *= corr;
         }
         const uint nj = min((uint)BK, jend - j0);
         for (uint jj = 0; jj < nj; jj++) {
             __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
-            for (uint c = 0; c < DV; c++) {
-                const float vc = vp[c];
-                for (uint r = 0; r < ROWS; r++) acc[r][c] = fma(s[r][jj], vc, acc[r][c]);
+            for (uint c = 0; c < NVW; c++) {
+                const vw_t vc = VLOADW(c, vp);
+                for (uint r = 0; r < ROWS; r++) acc[r][c] = fma((vw_t)(s[r][jj]), vc, acc[r][c]);
             }
         }
     }
     for (uint r = 0; r < ROWS; r++) {
         if (i0 + r >= Tq) break;
         __global float *op = out + out_off + (b * Tq + i0 + r) * out_ld + (ulong)h * DV;
-        for (uint c = 0; c < DV; c++) op[c] = flash_out(acc[r][c], l[r]);
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* no visible key: 0; NaN stays NaN */
+        for (uint c = 0; c < NVW; c++) VSTOREW(l[r] == 0.0f ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
     }
 }
 

@@ -200,6 +200,9 @@ CLATTN_API clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attent
 CLATTN_API clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan);
 CLATTN_API const char *clattn_algorithm_name(clattn_algorithm algorithm); /* "auto", "fused", "unfused" */
 
+/* Bytes of device memory the plan's own buffers hold (weights, workspace, staging); 0 on ref. */
+CLATTN_API size_t clattn_plan_device_bytes(const clattn_plan *plan);
+
 /* Width of each output row: Eo with an output projection, else H*dv. */
 CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 

@@ -245,15 +245,32 @@ static void release_marks(struct clattn_cl_state *c)
     c->nmarks = 0;
 }
 
+#define PLAN_MEMS(c)                                                                                          \
+    {&c->b_proj, &c->b_proj_kv, &c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
+     &c->proj_kv, &c->q, &c->k, &c->v, &c->s, &c->ctx, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in,  \
+     &c->out_buf}
+
+size_t clattn_cl_device_bytes(const struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    if (!c) return 0;
+    cl_mem *mems[] = PLAN_MEMS(c);
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) {
+        size_t size = 0;
+        if (*mems[i] && clGetMemObjectInfo(*mems[i], CL_MEM_SIZE, sizeof size, &size, NULL) == CL_SUCCESS)
+            total += size;
+    }
+    return total;
+}
+
 void clattn_cl_plan_release(struct clattn_plan *p)
 {
     struct clattn_cl_state *c = p->cl;
     if (!c) return;
     release_marks(c);
     clattn_fused_release(&c->flash);
-    cl_mem *mems[] = {&c->b_proj, &c->b_proj_kv, &c->w_proj, &c->w_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj,
-                      &c->proj_kv, &c->q, &c->k, &c->v, &c->s, &c->ctx, &c->merged, &c->x_in, &c->kv_in,
-                      &c->kpm_in, &c->mask_in, &c->out_buf};
+    cl_mem *mems[] = PLAN_MEMS(c);
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     if (c->k_split) clReleaseKernel(c->k_split);
     if (c->k_merge) clReleaseKernel(c->k_merge);

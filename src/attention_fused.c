@@ -43,9 +43,9 @@ static int tiled_params(const clattn_device *dev, size_t dk, size_t dv, clattn_f
 static int rows_params(const clattn_device *dev, size_t dk, size_t dv, clattn_flash_params *t)
 {
     (void)dev;
-    (void)dk;
-    t->rows = dv > 128 ? 2 : 4;
+    t->rows = dv > 128 ? 8 : 16;
     t->bk = 16;
+    t->vw = dk % 8 == 0 && dv % 8 == 0 ? 8 : dk % 4 == 0 && dv % 4 == 0 ? 4 : 1;
     return 1;
 }
 
@@ -103,9 +103,9 @@ clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention
             char opts[400];
             snprintf(opts, sizeof opts,
                      "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu "
-                     "-DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu",
+                     "-DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
                      d->head_dim_qk, d->head_dim_v, d->causal, d->key_padding_mask, (int)d->attn_mask,
-                     d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4);
+                     d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
             const char *src[] = {"philox", "flash"};
             cl_program prog = NULL;
             TRY(clattn_program_build(dev, src, 2, opts, &prog));

@@ -11,6 +11,7 @@ typedef enum clattn_flash_kind { CLATTN_FLASH_ROWS = 0, CLATTN_FLASH_TILED = 1 }
 /* The -D tile parameters of cl/flash.cl (0 = unused by the variant). */
 typedef struct clattn_flash_params {
     size_t rows, bk;  /* flash_rows: query rows per work-item; keys per block (also BKT for flash_tiled) */
+    size_t vw;        /* flash_rows: vector width along the head dimension (8, 4 or 1) */
     size_t bq, ns;    /* flash_tiled: query rows per work-group, work-items per row */
 } clattn_flash_params;
 

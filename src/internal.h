@@ -169,6 +169,7 @@ clattn_status clattn_plan_create_device_resident(clattn_device *device, const cl
 /* OpenCL backend (attention_cl.c) */
 clattn_status clattn_cl_plan_init(struct clattn_plan *plan);
 void clattn_cl_plan_release(struct clattn_plan *plan);
+size_t clattn_cl_device_bytes(const struct clattn_plan *plan);
 clattn_status clattn_cl_execute_host(struct clattn_plan *plan, const clattn_attention_args *args);
 clattn_status clattn_cl_execute_buffers(struct clattn_plan *plan, const clattn_attention_buffers *b,
                                         cl_uint nwait, const cl_event *wait, cl_event *event);

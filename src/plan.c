@@ -229,6 +229,8 @@ clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *d
 
 size_t clattn_plan_out_width(const clattn_plan *plan) { return plan ? plan->out_width : 0; }
 
+size_t clattn_plan_device_bytes(const clattn_plan *plan) { return plan ? clattn_cl_device_bytes(plan) : 0; }
+
 clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan)
 {
     return plan ? plan->d.algorithm : CLATTN_ALGORITHM_AUTO;

@@ -378,7 +378,7 @@ static const char *check_common(const run_result *r, const char *device_spec)
     cr_assert(stages && stages[0] == '{', "stages is not an object");
     const char *stages_end = strchr(stages, '}');
     cr_assert(stages_end);
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) {
+    for (int s = 0; s < (int)clattn_stage_count(); s++) {
         char pat[64];
         snprintf(pat, sizeof pat, "\"%s\":", clattn_stage_name((clattn_stage)s));
         const char *at = strstr(stages, pat);
@@ -413,19 +413,25 @@ Test(bench, smoke_ref, .timeout = 120)
     free(r);
 }
 
-Test(bench, smoke_opencl, .timeout = 300)
+static void smoke_opencl(const char *algorithm)
 {
     const char *spec = getenv("CLATTN_TEST_DEVICE");
     if (!spec || !*spec) spec = "opencl";
     const char *args[] = {"clattn-bench", "--json", "--batch", "1", "--seq", "16", "--dim", "32", "--heads", "2",
-                          "--iters", "2", "--warmup", "1", "--device", spec, NULL};
+                          "--iters", "2", "--warmup", "1", "--device", spec, "--algorithm", algorithm, NULL};
     run_result *r = calloc(1, sizeof *r);
     run_bench(args, r);
     const char *json = check_common(r, spec);
     cr_expect(strstr(json, "\"driver\":\"n/a\"") == NULL, "an OpenCL device reports its driver version");
+    const int fused = strcmp(algorithm, "unfused") != 0; /* auto is fused here */
+    char want[64];
+    snprintf(want, sizeof want, "\"algorithm\":\"%s\"", fused ? "fused" : "unfused");
+    cr_expect(strstr(json, want) != NULL, "--algorithm %s: expected %s in\n%s", algorithm, want, json);
     const char *positive[] = {"median_ms", "min_ms", "max_ms", "gemm_share", "sgemm_gflops", "sgemm_fraction",
-                              "softmax_gbps"};
+                              "device_bytes", "core_ms", "core_gflops"};
     for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++) expect_positive(json, positive[i]);
+    if (!fused) expect_positive(json, "softmax_gbps");
+    else cr_expect(json_is_null(json_value(json, "softmax_gbps")), "fused: no softmax pass, softmax_gbps null");
     double lo = 0, med = 0, hi = 0, share = 0;
     json_number(json, "min_ms", &lo);
     json_number(json, "median_ms", &med);
@@ -433,12 +439,20 @@ Test(bench, smoke_opencl, .timeout = 300)
     cr_expect(lo <= med && med <= hi, "min %g <= median %g <= max %g", lo, med, hi);
     json_number(json, "gemm_share", &share);
     cr_expect(share <= 1.0, "gemm_share %g > 1", share);
-    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) {
+    for (int s = 0; s < (int)clattn_stage_count(); s++) {
         const char *name = clattn_stage_name((clattn_stage)s);
-        cr_expect(stage_ms(json, name) > 0, "stage %s has no positive time (H=2: every stage runs)", name);
+        const int core = s == CLATTN_STAGE_HEAD_SPLIT || s == CLATTN_STAGE_SCORES || s == CLATTN_STAGE_SOFTMAX ||
+                         s == CLATTN_STAGE_CONTEXT || s == CLATTN_STAGE_HEAD_MERGE;
+        const int runs = s == CLATTN_STAGE_ATTENTION ? fused : core ? !fused : 1;
+        if (runs) cr_expect(stage_ms(json, name) > 0, "%s: stage %s has no positive time", algorithm, name);
+        else cr_expect(stage_ms(json, name) < 0, "%s: stage %s should be null", algorithm, name);
     }
     free(r);
 }
+
+Test(bench, smoke_opencl, .timeout = 300) { smoke_opencl("auto"); }
+Test(bench, smoke_opencl_unfused, .timeout = 300) { smoke_opencl("unfused"); }
+Test(bench, smoke_opencl_fused, .timeout = 300) { smoke_opencl("fused"); }
 
 /* --encoder: the whole layer, timed as a whole; the stages are null, the FFN is counted */
 static void encoder_smoke(const char *spec)
