@@ -4,7 +4,8 @@
 For each sequence length, the same module (self-attention, Q/K/V + output
 projections with biases, B x T x E input, H heads) is timed
   - by `clattn-bench --json` on every clattn device asked for (--devices,
-    default "opencl,ref"), and
+    default "opencl@fused,opencl@unfused,ref": DEVICE@ALGORITHM passes
+    --algorithm to clattn-bench), and
   - by torch.nn.MultiheadAttention (batch_first=True, eval(), torch.no_grad(),
     need_weights=False) on the CPU with torch.set_num_threads(--threads, 2),
   - and by F.scaled_dot_product_attention between F.linear projections when
@@ -174,8 +175,12 @@ def torch_configs(torch, B, T, E, H, causal, iters, warmup):
 # ---------------------------------------------------------------- clattn-bench
 
 def run_bench(bench, device, B, T, E, H, causal, iters, warmup):
-    cmd = [bench, "--json", "--device", device, "--batch", str(B), "--seq", str(T), "--dim", str(E),
+    """device: a clattn device spec, optionally with @fused / @unfused / @auto for --algorithm."""
+    spec, _, algorithm = device.partition("@")
+    cmd = [bench, "--json", "--device", spec, "--batch", str(B), "--seq", str(T), "--dim", str(E),
            "--heads", str(H), "--iters", str(iters), "--warmup", str(warmup)]
+    if algorithm:
+        cmd += ["--algorithm", algorithm]
     if causal:
         cmd.append("--causal")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -211,7 +216,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--build-dir", default="build", help="where clattn-bench was built (default build)")
-    ap.add_argument("--devices", default="opencl,ref", help="clattn devices, comma-separated (default opencl,ref)")
+    ap.add_argument("--devices", default="opencl@fused,opencl@unfused,ref",
+                    help="clattn devices, comma-separated, each optionally DEVICE@fused|unfused|auto "
+                         "(default opencl@fused,opencl@unfused,ref)")
     ap.add_argument("--ref-iters", type=int, default=3, help="iterations on ref, the slow plain-C reference (default 3)")
     ap.add_argument("--ref-budget", type=float, default=60.0,
                     help="skip a ref configuration projected to take longer, in seconds (default 60)")
@@ -269,7 +276,7 @@ def main():
         rows.append(row)
 
     # ---- table
-    dev_cl = next((d for d in devices if d != "ref"), None)
+    dev_cls = [d for d in devices if d != "ref"]
     print("B=%d E=%d H=%d %s; clattn: median of %d (ref: %d) after %d warm-up; torch: median of %d, %d threads" % (
         B, E, H, "causal" if causal else "non-causal", a.iters, a.ref_iters, a.warmup, a.iters, a.threads))
     for l in blas_lines:
@@ -281,12 +288,12 @@ def main():
                 print("  clattn-%s: %s (driver %s)" % (dev, r0["device"], r0["driver"]))
     print()
     head = ["T", "GFLOP"]
-    if dev_cl:
-        head += ["clattn-%s dev ms" % dev_cl, "clattn-%s host ms" % dev_cl]
+    for dev_cl in dev_cls:
+        head += ["clattn-%s dev ms" % dev_cl, "core ms", "host ms"]
     if "ref" in devices:
         head += ["clattn-ref ms"]
     head += ["torch MHA ms"] + (["torch SDPA ms"] if have_sdpa else [])
-    if dev_cl:
+    for dev_cl in dev_cls:
         head += ["%s/torch (host)" % dev_cl, "%s/torch (dev)" % dev_cl]
     if "ref" in devices:
         head += ["ref/torch"]
@@ -296,14 +303,14 @@ def main():
     for r in rows:
         t = r["torch"]["mha"]["median_ms"]
         cells = [str(r["T"]), "%.3f" % (r["flops"] / 1e9)]
-        if dev_cl:
+        for dev_cl in dev_cls:
             c = r["clattn"].get(dev_cl)
-            cells += [fmt(c and c["median_ms"]), fmt(c and c["host_median_ms"])]
+            cells += [fmt(c and c["median_ms"]), fmt(c and c.get("core_ms")), fmt(c and c["host_median_ms"])]
         if "ref" in devices:
             c = r["clattn"].get("ref")
             cells += [fmt(c and c["host_median_ms"]) if c else "skipped"]
         cells += [fmt(t)] + ([fmt(r["torch"]["sdpa"]["median_ms"])] if have_sdpa else [])
-        if dev_cl:
+        for dev_cl in dev_cls:
             c = r["clattn"].get(dev_cl)
             cells += [fmt(ratio(c and c["host_median_ms"], t)), fmt(ratio(c and c["median_ms"], t))]
         if "ref" in devices:
@@ -316,8 +323,10 @@ def main():
     print()
     # GFLOP/s
     ghead = ["T"]
-    if dev_cl:
-        ghead += ["clattn-%s dev" % dev_cl, "clattn-%s host" % dev_cl, "CLBlast SGEMM (same FLOPs)"]
+    for dev_cl in dev_cls:
+        ghead += ["clattn-%s dev" % dev_cl, "core", "host"]
+    if dev_cls:
+        ghead += ["CLBlast SGEMM (same FLOPs)"]
     if "ref" in devices:
         ghead += ["clattn-ref"]
     ghead += ["torch MHA"] + (["torch SDPA"] if have_sdpa else []) + ["torch matmul (same FLOPs)"]
@@ -327,9 +336,13 @@ def main():
     for r in rows:
         f = r["flops"]
         cells = [str(r["T"])]
-        if dev_cl:
+        for dev_cl in dev_cls:
             c = r["clattn"].get(dev_cl)
-            cells += [fmt(c and c["gflops"]), fmt(c and f / (c["host_median_ms"] * 1e6)), fmt(c and c["sgemm_gflops"])]
+            cells += [fmt(c and c["gflops"]), fmt(c and c.get("core_gflops")),
+                      fmt(c and f / (c["host_median_ms"] * 1e6))]
+        if dev_cls:
+            c = r["clattn"].get(dev_cls[0])
+            cells += [fmt(c and c["sgemm_gflops"])]
         if "ref" in devices:
             c = r["clattn"].get("ref")
             cells += [fmt(c and c["gflops"])]

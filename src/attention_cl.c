@@ -17,6 +17,7 @@
  * Everything stays on the device between the input upload and the output read.
  */
 #include "attention_fused.h"
+#include "backend.h"
 #include "reference.h"
 
 #include <clblast_c.h>
@@ -126,7 +127,7 @@ static clattn_status fused_biases(struct clattn_plan *p)
     return st;
 }
 
-clattn_status clattn_cl_plan_init(struct clattn_plan *p)
+static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
@@ -135,7 +136,7 @@ clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->cl = c;
     clattn_status st;
-    c->fused = d->algorithm == CLATTN_ALGORITHM_FUSED;
+    c->fused = p->ops == &clattn_backend_fused;
 
     /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's
      * max allocation, else in chunks of pairs, else (one pair does not fit) one pair at a time in
@@ -264,7 +265,7 @@ size_t clattn_cl_device_bytes(const struct clattn_plan *p)
     return total;
 }
 
-void clattn_cl_plan_release(struct clattn_plan *p)
+static void clattn_cl_plan_release(struct clattn_plan *p)
 {
     struct clattn_cl_state *c = p->cl;
     if (!c) return;
@@ -571,7 +572,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
+static clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
@@ -615,7 +616,7 @@ clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attenti
     return st;
 }
 
-clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
+static clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
                                         const cl_event *wait, cl_event *event)
 {
     const clattn_attention_desc *d = &p->d;
@@ -639,7 +640,7 @@ clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clattn_atte
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
+static clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
 {
     struct clattn_cl_state *c = p->cl;
     for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = 0.0;
@@ -655,3 +656,25 @@ clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTA
     }
     return CLATTN_STATUS_SUCCESS;
 }
+
+/* ---- the two OpenCL backends: one shell (projections, output projection, staging), two cores */
+
+const clattn_backend_ops clattn_backend_unfused = {
+    .name = "unfused",
+    .produces_weights = 1,
+    .init = clattn_cl_plan_init,
+    .release = clattn_cl_plan_release,
+    .execute_host = clattn_cl_execute_host,
+    .execute_buffers = clattn_cl_execute_buffers,
+    .stage_times = clattn_cl_stage_times,
+};
+
+const clattn_backend_ops clattn_backend_fused = {
+    .name = "fused",
+    .produces_weights = 0,
+    .init = clattn_cl_plan_init,
+    .release = clattn_cl_plan_release,
+    .execute_host = clattn_cl_execute_host,
+    .execute_buffers = clattn_cl_execute_buffers,
+    .stage_times = clattn_cl_stage_times,
+};

@@ -14,6 +14,7 @@
  *
  * Everything stays on the device between the input upload and the output read.
  */
+#include "backend.h"
 #include "reference.h"
 
 #include <clblast_c.h>
@@ -296,7 +297,7 @@ static clattn_status attention(struct clattn_encoder_plan *p, view src, view kpm
 {
     clattn_attention_buffers b = {.x = {src.mem, src.off}, .key_padding_mask = {kpm.mem, kpm.off},
                                   .out = {dst.mem, dst.off}};
-    return clattn_cl_execute_buffers(p->attn, &b, 0, NULL, NULL);
+    return p->attn->ops->execute_buffers(p->attn, &b, 0, NULL, NULL);
 }
 
 /* The whole layer, enqueued on the device queue. */

@@ -147,8 +147,11 @@ struct clattn_cl_state;          /* attention_cl.c */
 
 #define CLATTN_NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage this version knows */
 
+struct clattn_backend_ops;
+
 struct clattn_plan {
     clattn_device *device;
+    const struct clattn_backend_ops *ops; /* ref, unfused or fused (backend.h) */
     clattn_attention_desc d;     /* every default resolved; d.algorithm FUSED or UNFUSED on OpenCL */
     int has_qkv;                 /* Q/K/V projections present */
     int has_out;                 /* output projection present */
@@ -166,14 +169,8 @@ struct clattn_plan {
 clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
                                                  const clattn_attention_weights *weights, clattn_plan **plan);
 
-/* OpenCL backend (attention_cl.c) */
-clattn_status clattn_cl_plan_init(struct clattn_plan *plan);
-void clattn_cl_plan_release(struct clattn_plan *plan);
+/* The OpenCL backends' device memory (attention_cl.c); the backends themselves are in backend.h. */
 size_t clattn_cl_device_bytes(const struct clattn_plan *plan);
-clattn_status clattn_cl_execute_host(struct clattn_plan *plan, const clattn_attention_args *args);
-clattn_status clattn_cl_execute_buffers(struct clattn_plan *plan, const clattn_attention_buffers *b,
-                                        cl_uint nwait, const cl_event *wait, cl_event *event);
-clattn_status clattn_cl_stage_times(struct clattn_plan *plan, double ms[CLATTN_NSTAGES]);
 
 /* ---- the encoder layer (encoder.c: plan, validation, OpenCL path; encoder_ref.c: CPU reference) */
 struct clattn_encoder_cl;        /* encoder.c */

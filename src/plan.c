@@ -1,6 +1,7 @@
 /* plan.c: validate an attention description, copy and normalise the weights,
  * hand the plan to its backend; execution entry points. */
 #include "attention_fused.h"
+#include "backend.h"
 #include "reference.h"
 
 #include <math.h>
@@ -131,7 +132,7 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
 void clattn_plan_free(clattn_plan *plan)
 {
     if (!plan) return;
-    if (plan->cl) clattn_cl_plan_release(plan);
+    if (plan->ops && plan->ops->release) plan->ops->release(plan);
     free(plan->w_query); free(plan->w_key); free(plan->w_value);
     free(plan->b_query); free(plan->b_key); free(plan->b_value);
     free(plan->w_out); free(plan->b_out);
@@ -195,13 +196,18 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
         clattn_plan_free(p);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
     }
+    /* the backend: ref on the reference device, else the algorithm's */
+    p->ops = &clattn_backend_ref;
     if (device->backend == CLATTN_BACKEND_OPENCL) {
-        st = choose_algorithm(p);
-        if (st == CLATTN_STATUS_SUCCESS) st = clattn_cl_plan_init(p);
-        if (st != CLATTN_STATUS_SUCCESS) {
+        if ((st = choose_algorithm(p)) != CLATTN_STATUS_SUCCESS) {
             clattn_plan_free(p);
             return st;
         }
+        p->ops = p->d.algorithm == CLATTN_ALGORITHM_FUSED ? &clattn_backend_fused : &clattn_backend_unfused;
+    }
+    if (p->ops->init && (st = p->ops->init(p)) != CLATTN_STATUS_SUCCESS) {
+        clattn_plan_free(p);
+        return st;
     }
     *plan = p;
     return CLATTN_STATUS_SUCCESS;
@@ -249,9 +255,10 @@ const char *clattn_algorithm_name(clattn_algorithm a)
 /* The attention weights come only from the reference and the unfused path. */
 static clattn_status check_weights_wanted(const clattn_plan *plan)
 {
-    if (plan->cl && plan->d.algorithm == CLATTN_ALGORITHM_FUSED)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs the fused kernel, which does not produce the "
-                           "attention weights: create it with need_weights = 1 (or algorithm UNFUSED)");
+    if (!plan->ops->produces_weights)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs the %s kernel, which does not produce the "
+                           "attention weights: create it with need_weights = 1 (or algorithm UNFUSED)",
+                           plan->ops->name);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -283,8 +290,7 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args
     clattn_status st = check_args(plan, args);
     if (st != CLATTN_STATUS_SUCCESS) return st;
     if (args->attn) TRY(check_weights_wanted(plan));
-    if (plan->cl) return clattn_cl_execute_host(plan, args);
-    return clattn_ref_execute(plan, args, args->out, args->attn);
+    return plan->ops->execute_host(plan, args);
 }
 
 clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
@@ -294,11 +300,13 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
     if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
-    if (!plan->cl) return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan is on ref)");
+    if (!plan->ops->execute_buffers)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan "
+                           "is on %s)", plan->ops->name);
     if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
-    return clattn_cl_execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+    return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
 }
 
 const char *clattn_stage_name(clattn_stage stage)
@@ -314,7 +322,7 @@ clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
 {
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
-    if (enable && plan->cl && !plan->device->queue_profiling)
+    if (enable && plan->device->backend == CLATTN_BACKEND_OPENCL && !plan->device->queue_profiling)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
     plan->profiling = enable != 0;
     for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
@@ -326,9 +334,7 @@ clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, siz
     clattn_clear_error();
     if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
     double all[CLATTN_NSTAGES];
-    if (plan->cl) TRY(clattn_cl_stage_times((clattn_plan *)plan, all));
-    else
-        for (int s = 0; s < CLATTN_NSTAGES; s++) all[s] = plan->profiling ? plan->stage_ms[s] : 0.0;
+    TRY(plan->ops->stage_times((clattn_plan *)plan, all));
     for (size_t s = 0; s < n && s < CLATTN_NSTAGES; s++) ms[s] = all[s];
     return CLATTN_STATUS_SUCCESS;
 }

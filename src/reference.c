@@ -8,6 +8,7 @@
  *   attn (B, H, Tq, Tk), ctx (B, Tq, H*dv), out (B, Tq, Eo or H*dv)
  */
 #include "reference.h"
+#include "backend.h"
 
 #include "philox.cl"
 
@@ -147,3 +148,23 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
     free(Q); free(K); free(V); free(ctx); free(w);
     return CLATTN_STATUS_SUCCESS;
 }
+
+/* ---- the ref backend */
+
+static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    return clattn_ref_execute(p, a, a->out, a->attn);
+}
+
+static clattn_status ref_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
+{
+    for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = p->profiling ? p->stage_ms[s] : 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+const clattn_backend_ops clattn_backend_ref = {
+    .name = "ref",
+    .produces_weights = 1,
+    .execute_host = ref_execute_host,
+    .stage_times = ref_stage_times,
+};
