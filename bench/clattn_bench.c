@@ -34,7 +34,7 @@
 
 #define NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage of this version (clattn_plan_stage_times_n) */
 
-static const size_t sweep_seqs[] = {64, 128, 256, 512, 1024, 2048, 4096};
+static const size_t sweep_seqs[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
 #define NSWEEP (sizeof sweep_seqs / sizeof sweep_seqs[0])
 
 typedef struct options {
@@ -213,8 +213,9 @@ static void usage(FILE *f)
             "              attention + residuals + 2 LayerNorms + feed-forward E -> F -> E, F = --ff\n"
             "              (default 4E), ReLU unless --activation gelu, post-norm unless --norm-first.\n"
             "              Timed as a whole: the encoder plan has no per-stage profiling\n"
-            "  --sweep     sequence lengths 64 128 256 512 1024 2048 4096 (not with --seq); stops before\n"
-            "              a configuration projected to take more than --budget seconds (default 20)\n"
+            "  --sweep     sequence lengths 64 128 ... 65536 (not with --seq); stops before a configuration\n"
+            "              projected to take more than --budget seconds (default 20), or one the device\n"
+            "              refuses for its memory (CLATTN_STATUS_TOO_LARGE_FOR_DEVICE)\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
             "  --settle S  on a shared machine: before each configuration wait up to S seconds for the\n"
@@ -396,6 +397,27 @@ static void runner_create(runner *run, const bench_ctx *b, const clattn_op_data 
                  "clattn_encoder_plan_create");
     else
         check_st(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
+}
+
+/* Does the device take a plan for `op`? 0 with the reason in note when it refuses it for its size. */
+static int fits_device(const bench_ctx *b, const clattn_op *op, char *note, size_t len)
+{
+    clattn_op_data data;
+    char msg[160];
+    if (clattn_op_make(op, 1, &data, msg, sizeof msg)) die("%s", msg);
+    clattn_plan *ap = NULL;
+    clattn_encoder_plan *ep = NULL;
+    clattn_status st = op->encoder ? clattn_encoder_plan_create(b->dev, &data.encoder_desc, &data.encoder_weights, &ep)
+                                   : clattn_plan_create(b->dev, &data.desc, &data.weights, &ap);
+    clattn_plan_free(ap);
+    clattn_encoder_plan_free(ep);
+    clattn_op_data_free(&data);
+    if (st == CLATTN_STATUS_TOO_LARGE_FOR_DEVICE) {
+        snprintf(note, len, "sweep stopped before T=%zu: %s", op->seq, clattn_last_error());
+        return 0;
+    }
+    check_st(st, "clattn_plan_create");
+    return 1;
 }
 
 /* execute from host arrays; `what` names the call in errors (NULL: a timed repeat) */
@@ -866,7 +888,7 @@ int main(int argc, char **argv)
 
     result rs[NSWEEP];
     int n = 0;
-    char note[256] = "";
+    char note[512] = "";
     for (size_t i = 0; i < NSWEEP; i++) {
         clattn_op op = o.op;
         op.seq = sweep_seqs[i];
@@ -883,6 +905,11 @@ int main(int argc, char **argv)
                 fprintf(stderr, "clattn-bench: %s\n", note);
                 break;
             }
+        }
+        /* memory: a plan the device refuses ends the sweep (anything else is an error, as always) */
+        if (!fits_device(&b, &op, note, sizeof note)) {
+            fprintf(stderr, "clattn-bench: %s\n", note);
+            break;
         }
         fprintf(stderr, "clattn-bench: [%zu/%zu] B=%zu T=%zu E=%zu H=%zu ...", i + 1, NSWEEP, op.batch, op.seq, op.dim,
                 op.heads);

@@ -572,46 +572,41 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     return CLATTN_STATUS_SUCCESS;
 }
 
+typedef struct pass_ctx {
+    struct clattn_plan *p;
+    const run_io *io;
+} pass_ctx;
+
+static clattn_status pass(void *ctx)
+{
+    const pass_ctx *pc = ctx;
+    return run(pc->p, pc->io);
+}
+
 static clattn_status clattn_cl_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
-    cl_command_queue q = p->device->queue;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     if (!p->host_staging)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
-    CL_CHECK(clEnqueueWriteBuffer(q, c->x_in, CL_FALSE, 0, B * Tq * d->embed * sizeof(float), a->x, 0, NULL, NULL),
-             "uploading x");
-    if (d->cross)
-        CL_CHECK(clEnqueueWriteBuffer(q, c->kv_in, CL_FALSE, 0, B * Tk * d->kv_embed * sizeof(float), a->kv, 0, NULL,
-                                      NULL), "uploading kv");
-    if (d->key_padding_mask)
-        CL_CHECK(clEnqueueWriteBuffer(q, c->kpm_in, CL_FALSE, 0, B * Tk, a->key_padding_mask, 0, NULL, NULL),
-                 "uploading the key padding mask");
-    if (d->attn_mask)
-        CL_CHECK(clEnqueueWriteBuffer(q, c->mask_in, CL_FALSE, 0,
-                                      Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1), a->attn_mask,
-                                      0, NULL, NULL), "uploading the attention mask");
     /* the weights are read chunk by chunk into a staging array, copied out only on success */
     const size_t n_attn = B * d->heads * Tq * Tk;
     float *attn_host = NULL;
-    if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host))) {
-        clFinish(q);
+    if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
-    }
+    const clattn_transfer in[] = {
+        {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
+        {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
+        {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
+         (void *)a->attn_mask, "the attention mask"}};
+    const clattn_transfer out = {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"};
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host};
-    clattn_status st = run(p, &io);
-    cl_int err = clFinish(q); /* also: the uploads read the caller's arrays, the reads write attn_host */
-    if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
-        st = clattn_fail((clattn_status)err, "running the attention pass failed (%d)", err);
-    /* the output last: a failure before it leaves the caller's arrays untouched */
-    if (st == CLATTN_STATUS_SUCCESS) {
-        err = clEnqueueReadBuffer(q, c->out_buf, CL_TRUE, 0, B * Tq * p->out_width * sizeof(float), a->out, 0, NULL,
-                                  NULL);
-        if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "reading the output failed (%d)", err);
-        else if (a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
-    }
+    pass_ctx pc = {p, &io};
+    clattn_status st = clattn_exec_host(p->device, in, 4, pass, &pc, &out);
+    if (st == CLATTN_STATUS_SUCCESS && a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
     free(attn_host);
     return st;
 }
@@ -629,15 +624,12 @@ static clattn_status clattn_cl_execute_buffers(struct clattn_plan *p, const clat
                                        d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
     TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
     if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
-    cl_command_queue q = p->device->queue;
-    if (nwait) CL_CHECK(clEnqueueBarrierWithWaitList(q, nwait, wait, NULL), "waiting for the wait list");
     run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
                  .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
                  .attn = {b->attn.mem, b->attn.offset}};
-    TRY(run(p, &io));
-    if (event) CL_CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, event), "enqueueing the completion event");
-    return CLATTN_STATUS_SUCCESS;
+    pass_ctx pc = {p, &io};
+    return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
 }
 
 static clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])

@@ -327,27 +327,27 @@ static clattn_status run(struct clattn_encoder_plan *p, view x, view kpm, view o
     return CLATTN_STATUS_SUCCESS;
 }
 
+typedef struct pass_ctx {
+    struct clattn_encoder_plan *p;
+    view x, kpm, out;
+} pass_ctx;
+
+static clattn_status pass(void *ctx)
+{
+    const pass_ctx *pc = ctx;
+    return run(pc->p, pc->x, pc->kpm, pc->out);
+}
+
 static clattn_status cl_execute_host(struct clattn_encoder_plan *p, const clattn_encoder_args *args)
 {
     struct clattn_encoder_cl *c = p->cl;
-    cl_command_queue q = p->device->queue;
     const size_t N = p->rows, E = p->E;
-    clattn_status st = CLATTN_STATUS_SUCCESS;
-    cl_int err = clEnqueueWriteBuffer(q, c->x_in, CL_FALSE, 0, N * E * sizeof(float), args->x, 0, NULL, NULL);
-    if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "uploading x failed (%d)", err);
-    if (!st && p->d.attn.key_padding_mask) {
-        err = clEnqueueWriteBuffer(q, c->kpm_in, CL_FALSE, 0, N, args->key_padding_mask, 0, NULL, NULL);
-        if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "uploading the key padding mask failed (%d)", err);
-    }
-    if (!st) st = run(p, (view){c->x_in, 0}, (view){c->kpm_in, 0}, (view){c->out_buf, 0});
-    err = clFinish(q); /* also: the uploads read the caller's arrays */
-    if (!st && err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "running the encoder layer failed (%d)", err);
-    /* the output last: a failure before it leaves the caller's array untouched */
-    if (!st) {
-        err = clEnqueueReadBuffer(q, c->out_buf, CL_TRUE, 0, N * E * sizeof(float), args->out, 0, NULL, NULL);
-        if (err != CL_SUCCESS) st = clattn_fail((clattn_status)err, "reading the output failed (%d)", err);
-    }
-    return st;
+    const clattn_transfer in[] = {
+        {c->x_in, N * E * sizeof(float), (void *)args->x, "x"},
+        {p->d.attn.key_padding_mask ? c->kpm_in : NULL, N, (void *)args->key_padding_mask, "the key padding mask"}};
+    const clattn_transfer out = {c->out_buf, N * E * sizeof(float), args->out, "the output"};
+    pass_ctx pc = {p, {c->x_in, 0}, {c->kpm_in, 0}, {c->out_buf, 0}};
+    return clattn_exec_host(p->device, in, 2, pass, &pc, &out);
 }
 
 /* ---------------------------------------------------------------- public API */
@@ -444,15 +444,10 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
     if (plan->d.attn.key_padding_mask)
         TRY(clattn_buffer_check(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
     TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
-    cl_command_queue q = plan->device->queue;
-    if (num_events_in_wait_list)
-        CL_CHECK(clEnqueueBarrierWithWaitList(q, num_events_in_wait_list, event_wait_list, NULL),
-                 "waiting for the wait list");
-    TRY(run(plan, (view){buffers->x.mem, buffers->x.offset},
-            (view){buffers->key_padding_mask.mem, buffers->key_padding_mask.offset},
-            (view){buffers->out.mem, buffers->out.offset}));
-    if (event) CL_CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, event), "enqueueing the completion event");
-    return CLATTN_STATUS_SUCCESS;
+    pass_ctx pc = {plan, {buffers->x.mem, buffers->x.offset},
+                   {buffers->key_padding_mask.mem, buffers->key_padding_mask.offset},
+                   {buffers->out.mem, buffers->out.offset}};
+    return clattn_exec_buffers(plan->device, num_events_in_wait_list, event_wait_list, pass, &pc, event);
 }
 
 /* ---------------------------------------------------------------- the LayerNorm kernel alone */

@@ -142,6 +142,23 @@ void clattn_arg_u64(clattn_args *a, cl_ulong v);
 void clattn_arg_f32(clattn_args *a, cl_float v);
 clattn_status clattn_args_end(const clattn_args *a);
 
+/* ---- the OpenCL execution shell (exec.c), shared by the attention and encoder plans */
+typedef clattn_status (*clattn_pass_fn)(void *ctx); /* enqueues a whole pass on the device queue */
+typedef struct clattn_transfer {
+    cl_mem buf;        /* NULL: skipped */
+    size_t bytes;
+    void *host;        /* read from (uploads) or written to (the output) */
+    const char *what;  /* for errors: "x", "the output" */
+} clattn_transfer;
+/* From host arrays: the uploads (non-blocking, in order), the pass, clFinish (always, so the
+ * caller's arrays are free on return), then the output read, last: on any failure the caller's
+ * output is untouched. */
+clattn_status clattn_exec_host(const struct clattn_device *dev, const clattn_transfer *in, int nin,
+                               clattn_pass_fn pass, void *ctx, const clattn_transfer *out);
+/* On the caller's buffers: a barrier on the wait list, the pass, and a completion event. */
+clattn_status clattn_exec_buffers(const struct clattn_device *dev, cl_uint nwait, const cl_event *wait,
+                                  clattn_pass_fn pass, void *ctx, cl_event *event);
+
 /* ---- the plan (plan.c), shared by the two backends */
 struct clattn_cl_state;          /* attention_cl.c */
 
