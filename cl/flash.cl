@@ -25,9 +25,9 @@
  * With CAUSAL, key blocks wholly after the block's last query are never visited; only the
  * blocks that cross the diagonal are masked.
  *
- * Specialised by -D (defaults let the file compile alone; philox.cl goes first):
+ * Specialised by -D (philox.cl and mask.cl go first; defaults let the three compile alone):
  *   DK, DV           head sizes of queries/keys and of values
- *   CAUSAL, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   as in softmax.cl
+ *   CAUSAL, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
  *   ROWS, BK, VW     flash_rows: query rows per work-item, keys per block, vector width (divides DK, DV)
  *   BQ, BKT, NS      flash_tiled: query rows per work-group, keys per tile, work-items per row
  */
@@ -36,18 +36,6 @@
 #endif
 #ifndef DV
 #define DV DK
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef KPM
-#define KPM 0
-#endif
-#ifndef MASK_KIND
-#define MASK_KIND 0
-#endif
-#ifndef DROPOUT
-#define DROPOUT 0
 #endif
 #ifndef ROWS
 #define ROWS 4
@@ -65,34 +53,8 @@
 #define NS 4
 #endif
 
-#if MASK_KIND == 2
-typedef float flash_mask_t;
-#else
-typedef uchar flash_mask_t;
-#endif
-
 #define DVS ((DV + NS - 1) / NS) /* value columns per work-item in flash_tiled */
 #define KVW (DK > DV ? DK : DV)  /* width of a staged K or V row */
-
-/* The scaled, masked score of key j for query i of batch entry b; -INFINITY when hidden. */
-inline float flash_mask(float dot, float scale, uint i, uint j, ulong b, uint Tk, __global const uchar *kpm,
-                        __global const flash_mask_t *mask)
-{
-    float s = dot * scale;
-    int hidden = 0;
-#if CAUSAL
-    hidden |= j > i;
-#endif
-#if KPM
-    hidden |= kpm[b * Tk + j] != 0;
-#endif
-#if MASK_KIND == 1
-    hidden |= mask[(ulong)i * Tk + j] != 0;
-#elif MASK_KIND == 2
-    s += mask[(ulong)i * Tk + j];
-#endif
-    return hidden ? -INFINITY : s;
-}
 
 /* The weight applied to V: p, or after dropout p * keep_scale or 0. */
 inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold,
@@ -142,7 +104,7 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                          __global const float *v, ulong v_off, uint v_ld,
                          __global float *out, ulong out_off, uint out_ld,
                          __global const uchar *kpm, ulong kpm_off,
-                         __global const flash_mask_t *mask, ulong mask_off,
+                         __global const mask_t *mask, ulong mask_off,
                          uint Tq, uint Tk, uint H, float scale, ulong total,
                          uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
 {
@@ -186,7 +148,7 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
                 for (uint r = 0; r < ROWS; r++)
-                    s[r][jj] = flash_mask(hsum(dot[r]), scale, min(i0 + r, Tq - 1), j, b, Tk, kpm, mask);
+                    s[r][jj] = clattn_mask_score(hsum(dot[r]) * scale, min(i0 + r, Tq - 1), j, b, Tk, kpm, mask);
             } else {
                 for (uint r = 0; r < ROWS; r++) s[r][jj] = -INFINITY;
             }
@@ -240,7 +202,7 @@ void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
                  __global const float *v, ulong v_off, uint v_ld,
                  __global float *out, ulong out_off, uint out_ld,
                  __global const uchar *kpm, ulong kpm_off,
-                 __global const flash_mask_t *mask, ulong mask_off,
+                 __global const mask_t *mask, ulong mask_off,
                  uint Tq, uint Tk, uint H, float scale, ulong group0,
                  uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
 {
@@ -286,7 +248,7 @@ void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
             float dot = 0.0f;
             for (uint c = 0; c < DK; c++) dot = fma(qs[r][c], kvs[jj][c], dot);
             const uint j = j0 + jj;
-            ss[r][jj] = j < jend ? flash_mask(dot, scale, min(i, Tq - 1), j, b, Tk, kpm, mask) : -INFINITY;
+            ss[r][jj] = j < jend ? clattn_mask_score(dot * scale, min(i, Tq - 1), j, b, Tk, kpm, mask) : -INFINITY;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         /* V tile over the K tile */

@@ -9,53 +9,18 @@
  * Two passes over the row, nothing else touches the T x T scores.
  * A row whose every key is masked gets weights 0 (PyTorch would give NaN).
  *
- * Specialised by -D (defaults let the file compile alone):
+ * Specialised by -D (philox.cl and mask.cl go first; defaults let the three compile alone):
  *   WG        work-group size, a power of two
- *   CAUSAL    1: key j is masked for query i when j > i
- *   KPM       1: key padding mask (B, Tk) of uchar, nonzero = masked
- *   MASK_KIND 0 none, 1 bool (Tq, Tk) uchar nonzero = masked, 2 float (Tq, Tk) added
- *   DROPOUT   1: training-mode dropout (needs philox.cl prepended)
+ *   CAUSAL, KPM, MASK_KIND, DROPOUT   the masks and dropout (mask.cl)
  */
 #ifndef WG
 #define WG 64
 #endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef KPM
-#define KPM 0
-#endif
-#ifndef MASK_KIND
-#define MASK_KIND 0
-#endif
-#ifndef DROPOUT
-#define DROPOUT 0
-#endif
-
-#if MASK_KIND == 2
-typedef float mask_t;
-#else
-typedef uchar mask_t;
-#endif
-
-/* The masked, scaled score of key j for query i of batch entry b. */
+/* The masked, scaled score of key j for query i of batch entry b (mask.cl). */
 inline float masked_score(__global const float *row, uint j, uint i, ulong b, uint Tk,
                           __global const uchar *kpm, __global const mask_t *mask)
 {
-    float v = row[j];
-    int hidden = 0;
-#if CAUSAL
-    hidden |= j > i;
-#endif
-#if KPM
-    hidden |= kpm[b * Tk + j] != 0;
-#endif
-#if MASK_KIND == 1
-    hidden |= mask[(ulong)i * Tk + j] != 0;
-#elif MASK_KIND == 2
-    v += mask[(ulong)i * Tk + j];
-#endif
-    return hidden ? -INFINITY : v;
+    return clattn_mask_score(row[j], i, j, b, Tk, kpm, mask);
 }
 
 /* (m, l) = running max and sum of exp(v - m); combine two such pairs.

@@ -76,8 +76,8 @@ static clattn_status build_kernels(struct clattn_plan *p)
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", d->causal,
              d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
-    const char *softmax_src[] = {"philox", "softmax"};
-    TRY(clattn_program_build_wg(p->device, softmax_src, 2, opts, "softmax_rows", &wg, &c->softmax_prog,
+    const char *softmax_src[] = {"philox", "mask", "softmax"};
+    TRY(clattn_program_build_wg(p->device, softmax_src, 3, opts, "softmax_rows", &wg, &c->softmax_prog,
                                 &c->k_softmax));
     c->softmax_wg = wg;
     /* CPU devices: one work-item per row (see softmax_rows_item); CLATTN_SOFTMAX=rows|item overrides */

@@ -106,9 +106,9 @@ clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention
                      "-DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
                      d->head_dim_qk, d->head_dim_v, d->causal, d->key_padding_mask, (int)d->attn_mask,
                      d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
-            const char *src[] = {"philox", "flash"};
+            const char *src[] = {"philox", "mask", "flash"};
             cl_program prog = NULL;
-            TRY(clattn_program_build(dev, src, 2, opts, &prog));
+            TRY(clattn_program_build(dev, src, 3, opts, &prog));
             cl_int err;
             cl_kernel k = clCreateKernel(prog, v->kernel, &err);
             size_t allowed = 0;

@@ -15,6 +15,7 @@ static const embedded sources[] = {
     {"philox", clattn_cl_philox, sizeof clattn_cl_philox - 1},
     {"heads", clattn_cl_heads, sizeof clattn_cl_heads - 1},
     {"softmax", clattn_cl_softmax, sizeof clattn_cl_softmax - 1},
+    {"mask", clattn_cl_mask, sizeof clattn_cl_mask - 1},
     {"flash", clattn_cl_flash, sizeof clattn_cl_flash - 1},
     {"layernorm", clattn_cl_layernorm, sizeof clattn_cl_layernorm - 1},
     {"ffn", clattn_cl_ffn, sizeof clattn_cl_ffn - 1},

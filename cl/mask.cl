@@ -1,0 +1,49 @@
+/* mask.cl: the masks of an attention score, shared by softmax.cl and flash.cl (this file goes
+ * before them, after philox.cl). Specialised by -D (defaults let it compile alone):
+ *   CAUSAL    1: key j is hidden from query i when j > i (top-left aligned)
+ *   KPM       1: key padding mask (B, Tk) of uchar, nonzero = hidden
+ *   MASK_KIND 0 none, 1 bool (Tq, Tk) uchar nonzero = hidden, 2 float (Tq, Tk) added
+ *   DROPOUT   1: training-mode dropout (philox.cl) */
+#ifndef CLATTN_MASK_CL
+#define CLATTN_MASK_CL
+
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef KPM
+#define KPM 0
+#endif
+#ifndef MASK_KIND
+#define MASK_KIND 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+
+#if MASK_KIND == 2
+typedef float mask_t;
+#else
+typedef uchar mask_t;
+#endif
+
+/* Score v (already scaled) of key j for query i of batch entry b, after the masks: -INFINITY
+ * when hidden, v + mask[i, j] with a float mask. kpm and mask point at element 0. */
+inline float clattn_mask_score(float v, uint i, uint j, ulong b, uint Tk, __global const uchar *kpm,
+                               __global const mask_t *mask)
+{
+    int hidden = 0;
+#if CAUSAL
+    hidden |= j > i;
+#endif
+#if KPM
+    hidden |= kpm[b * Tk + j] != 0;
+#endif
+#if MASK_KIND == 1
+    hidden |= mask[(ulong)i * Tk + j] != 0;
+#elif MASK_KIND == 2
+    v += mask[(ulong)i * Tk + j];
+#endif
+    return hidden ? -INFINITY : v;
+}
+
+#endif
