@@ -309,56 +309,54 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t col0, cl_mem bias, view dst,
                            size_t T, size_t D)
 {
-    cl_kernel k = p->cl->k_split;
-    cl_ulong src_off = src.off, dst_off = dst.off, total = (cl_ulong)p->d.batch * p->d.heads * T * D;
-    cl_uint ld32 = (cl_uint)ld, col32 = (cl_uint)col0, has_bias = bias != NULL, T32 = (cl_uint)T,
-            H32 = (cl_uint)p->d.heads, D32 = (cl_uint)D;
-    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &src.mem);
-    e |= clSetKernelArg(k, 1, sizeof src_off, &src_off);
-    e |= clSetKernelArg(k, 2, sizeof ld32, &ld32);
-    e |= clSetKernelArg(k, 3, sizeof col32, &col32);
-    e |= clSetKernelArg(k, 4, sizeof(cl_mem), bias ? &bias : NULL);
-    e |= clSetKernelArg(k, 5, sizeof has_bias, &has_bias);
-    e |= clSetKernelArg(k, 6, sizeof(cl_mem), &dst.mem);
-    e |= clSetKernelArg(k, 7, sizeof dst_off, &dst_off);
-    e |= clSetKernelArg(k, 8, sizeof T32, &T32);
-    e |= clSetKernelArg(k, 9, sizeof H32, &H32);
-    e |= clSetKernelArg(k, 10, sizeof D32, &D32);
-    e |= clSetKernelArg(k, 11, sizeof total, &total);
-    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting split_heads arguments failed");
-    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue split_heads");
+    const size_t total = p->d.batch * p->d.heads * T * D;
+    clattn_args a;
+    clattn_args_begin(&a, p->cl->k_split, "split_heads");
+    clattn_arg_mem(&a, src.mem);
+    clattn_arg_u64(&a, src.off);
+    clattn_arg_u32(&a, (cl_uint)ld);
+    clattn_arg_u32(&a, (cl_uint)col0);
+    clattn_arg_mem(&a, bias);
+    clattn_arg_u32(&a, bias != NULL);
+    clattn_arg_mem(&a, dst.mem);
+    clattn_arg_u64(&a, dst.off);
+    clattn_arg_u32(&a, (cl_uint)T);
+    clattn_arg_u32(&a, (cl_uint)p->d.heads);
+    clattn_arg_u32(&a, (cl_uint)D);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(p->device, p->cl->k_split, total, "enqueue split_heads");
 }
 
 static clattn_status merge(struct clattn_plan *p, view src, view dst)
 {
-    cl_kernel k = p->cl->k_merge;
     const clattn_attention_desc *d = &p->d;
-    cl_ulong src_off = src.off, dst_off = dst.off, total = (cl_ulong)d->batch * d->heads * d->seq_q * d->head_dim_v;
-    cl_uint T32 = (cl_uint)d->seq_q, H32 = (cl_uint)d->heads, D32 = (cl_uint)d->head_dim_v;
-    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &src.mem);
-    e |= clSetKernelArg(k, 1, sizeof src_off, &src_off);
-    e |= clSetKernelArg(k, 2, sizeof(cl_mem), &dst.mem);
-    e |= clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
-    e |= clSetKernelArg(k, 4, sizeof T32, &T32);
-    e |= clSetKernelArg(k, 5, sizeof H32, &H32);
-    e |= clSetKernelArg(k, 6, sizeof D32, &D32);
-    e |= clSetKernelArg(k, 7, sizeof total, &total);
-    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting merge_heads arguments failed");
-    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue merge_heads");
+    const size_t total = d->batch * d->heads * d->seq_q * d->head_dim_v;
+    clattn_args a;
+    clattn_args_begin(&a, p->cl->k_merge, "merge_heads");
+    clattn_arg_mem(&a, src.mem);
+    clattn_arg_u64(&a, src.off);
+    clattn_arg_mem(&a, dst.mem);
+    clattn_arg_u64(&a, dst.off);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u32(&a, (cl_uint)d->head_dim_v);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(p->device, p->cl->k_merge, total, "enqueue merge_heads");
 }
 
 static clattn_status fill_bias(struct clattn_plan *p, view dst, cl_mem bias, size_t rows, size_t cols)
 {
-    cl_kernel k = p->cl->k_fill;
-    cl_ulong off = dst.off, total = (cl_ulong)rows * cols;
-    cl_uint cols32 = (cl_uint)cols;
-    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &dst.mem);
-    e |= clSetKernelArg(k, 1, sizeof off, &off);
-    e |= clSetKernelArg(k, 2, sizeof(cl_mem), &bias);
-    e |= clSetKernelArg(k, 3, sizeof cols32, &cols32);
-    e |= clSetKernelArg(k, 4, sizeof total, &total);
-    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting fill_rows arguments failed");
-    return clattn_enqueue_1d(p->device, k, (size_t)total, "enqueue fill_rows");
+    clattn_args a;
+    clattn_args_begin(&a, p->cl->k_fill, "fill_rows");
+    clattn_arg_mem(&a, dst.mem);
+    clattn_arg_u64(&a, dst.off);
+    clattn_arg_mem(&a, bias);
+    clattn_arg_u32(&a, (cl_uint)cols);
+    clattn_arg_u64(&a, rows * cols);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(p->device, p->cl->k_fill, rows * cols, "enqueue fill_rows");
 }
 
 /* Softmax over the rows row0 .. row0 + rows - 1, stored from s on: one launch of at most
@@ -368,29 +366,24 @@ static clattn_status softmax_launch(struct clattn_plan *p, view s, size_t row0, 
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     cl_kernel k = c->k_softmax;
-    cl_ulong s_off = s.off, kpm_off = io->kpm.off, mask_off = io->mask.off, row0_64 = row0;
-    cl_uint Tq = (cl_uint)d->seq_q, Tk = (cl_uint)d->seq_kv, H = (cl_uint)d->heads;
-    cl_uint seed_lo = (cl_uint)d->seed, seed_hi = (cl_uint)(d->seed >> 32);
-    cl_uint threshold = clattn_dropout_threshold(d->dropout);
-    cl_float keep_scale = clattn_dropout_keep_scale(d->dropout);
-    cl_int e = clSetKernelArg(k, 0, sizeof(cl_mem), &s.mem);
-    e |= clSetKernelArg(k, 1, sizeof s_off, &s_off);
-    e |= clSetKernelArg(k, 2, sizeof(cl_mem), io->kpm.mem ? &io->kpm.mem : NULL);
-    e |= clSetKernelArg(k, 3, sizeof kpm_off, &kpm_off);
-    e |= clSetKernelArg(k, 4, sizeof(cl_mem), io->mask.mem ? &io->mask.mem : NULL);
-    e |= clSetKernelArg(k, 5, sizeof mask_off, &mask_off);
-    e |= clSetKernelArg(k, 6, sizeof Tq, &Tq);
-    e |= clSetKernelArg(k, 7, sizeof Tk, &Tk);
-    e |= clSetKernelArg(k, 8, sizeof H, &H);
-    e |= clSetKernelArg(k, 9, sizeof row0_64, &row0_64);
-    cl_uint a = 10;
-    cl_ulong nrows = rows;
-    if (c->softmax_wg == 0) e |= clSetKernelArg(k, a++, sizeof nrows, &nrows);
-    e |= clSetKernelArg(k, a++, sizeof seed_lo, &seed_lo);
-    e |= clSetKernelArg(k, a++, sizeof seed_hi, &seed_hi);
-    e |= clSetKernelArg(k, a++, sizeof threshold, &threshold);
-    e |= clSetKernelArg(k, a++, sizeof keep_scale, &keep_scale);
-    if (e != CL_SUCCESS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "setting softmax_rows arguments failed");
+    clattn_args a;
+    clattn_args_begin(&a, k, c->softmax_wg ? "softmax_rows" : "softmax_rows_item");
+    clattn_arg_mem(&a, s.mem);
+    clattn_arg_u64(&a, s.off);
+    clattn_arg_mem(&a, io->kpm.mem);
+    clattn_arg_u64(&a, io->kpm.off);
+    clattn_arg_mem(&a, io->mask.mem);
+    clattn_arg_u64(&a, io->mask.off);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_u32(&a, (cl_uint)d->seq_kv);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u64(&a, row0);
+    if (c->softmax_wg == 0) clattn_arg_u64(&a, rows);
+    clattn_arg_u32(&a, (cl_uint)d->seed);
+    clattn_arg_u32(&a, (cl_uint)(d->seed >> 32));
+    clattn_arg_u32(&a, clattn_dropout_threshold(d->dropout));
+    clattn_arg_f32(&a, clattn_dropout_keep_scale(d->dropout));
+    TRY(clattn_args_end(&a));
     if (c->softmax_wg == 0) { /* one work-item per row */
         size_t global = rows;
         clattn_note_launch(global);
