@@ -379,10 +379,7 @@ static clattn_status softmax_launch(struct clattn_plan *p, view s, size_t row0, 
     clattn_arg_u32(&a, (cl_uint)d->heads);
     clattn_arg_u64(&a, row0);
     if (c->softmax_wg == 0) clattn_arg_u64(&a, rows);
-    clattn_arg_u32(&a, (cl_uint)d->seed);
-    clattn_arg_u32(&a, (cl_uint)(d->seed >> 32));
-    clattn_arg_u32(&a, clattn_dropout_threshold(d->dropout));
-    clattn_arg_f32(&a, clattn_dropout_keep_scale(d->dropout));
+    clattn_arg_dropout(&a, d);
     TRY(clattn_args_end(&a));
     if (c->softmax_wg == 0) { /* one work-item per row */
         size_t global = rows;

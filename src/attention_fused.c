@@ -148,6 +148,14 @@ void clattn_fused_release(clattn_fused *f)
     memset(f, 0, sizeof *f);
 }
 
+void clattn_arg_dropout(clattn_args *a, const clattn_attention_desc *d)
+{
+    clattn_arg_u32(a, (cl_uint)d->seed);
+    clattn_arg_u32(a, (cl_uint)(d->seed >> 32));
+    clattn_arg_u32(a, clattn_dropout_threshold(d->dropout));
+    clattn_arg_f32(a, clattn_dropout_keep_scale(d->dropout));
+}
+
 /* The common arguments, then the variant's own (total work-items / first group), then dropout. */
 static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, const clattn_fused_io *io,
                               cl_ulong extent)
@@ -176,10 +184,7 @@ static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, c
     clattn_arg_u32(&a, (cl_uint)d->heads);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, extent);
-    clattn_arg_u32(&a, (cl_uint)d->seed);
-    clattn_arg_u32(&a, (cl_uint)(d->seed >> 32));
-    clattn_arg_u32(&a, clattn_dropout_threshold(d->dropout));
-    clattn_arg_f32(&a, clattn_dropout_keep_scale(d->dropout));
+    clattn_arg_dropout(&a, d);
     return clattn_args_end(&a);
 }
 

@@ -29,6 +29,10 @@ typedef struct clattn_fused_io {
     size_t q_ld, k_ld, v_ld, out_ld;
 } clattn_fused_io;
 
+/* The four dropout arguments every attention kernel ends with: seed (low, high word), the drop
+ * threshold and the keep scale (reference.c's definitions). */
+void clattn_arg_dropout(clattn_args *a, const clattn_attention_desc *d);
+
 /* Can the fused core compute this description on this device? If not, why (for the error). */
 int clattn_fused_supports(const clattn_device *dev, const clattn_attention_desc *d, char *why, size_t len);
 /* Build the variant the device class prefers (or CLATTN_FLASH's) for a resolved description. */
