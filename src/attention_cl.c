@@ -127,6 +127,14 @@ static clattn_status fused_biases(struct clattn_plan *p)
     return st;
 }
 
+static clattn_status upload_projections(struct clattn_plan *p);
+static clattn_status unfused_biases(struct clattn_plan *p);
+static clattn_status upload_out_projection(struct clattn_plan *p);
+static clattn_status unfused_workspace(struct clattn_plan *p);
+static clattn_status staging_buffers(struct clattn_plan *p);
+
+/* Validate the plan against the device's memory, build the kernels, upload the weights, make the
+ * workspace: everything before the first execution. */
 static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
@@ -135,7 +143,6 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     struct clattn_cl_state *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->cl = c;
-    clattn_status st;
     c->fused = p->ops == &clattn_backend_fused;
 
     /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's
@@ -169,9 +176,22 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
                            "these dimensions need about %zu bytes of device memory, more than its global memory "
                            "(%zu bytes)", total * sizeof(float), p->device->global_mem);
 
-    if ((st = build_kernels(p))) return st;
+    TRY(build_kernels(p));
+    TRY(upload_projections(p));
+    TRY(c->fused ? fused_biases(p) : unfused_biases(p));
+    TRY(upload_out_projection(p));
+    if (!c->fused) TRY(unfused_workspace(p));
+    return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
+}
 
-    /* weights, uploaded once */
+/* The Q/K/V weights, uploaded once, and the projections' outputs. */
+static clattn_status upload_projections(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    clattn_status st;
     if (p->has_qkv) {
         if (!d->cross) {
             c->n_qkv = H * (2 * dk + dv);
@@ -199,22 +219,47 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
                                   &c->proj_kv)))
                 return st;
         }
-        if (c->fused && (st = fused_biases(p))) return st;
-        if (c->fused) goto out_proj; /* the head split and its biases are not used */
-        if ((p->b_query && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
-            (p->b_key && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
-            (p->b_value && (st = clattn_buffer_new(p->device, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
-            return st;
     }
-out_proj:
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Unfused: the biases the head split adds. */
+static clattn_status unfused_biases(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const size_t H = p->d.heads, dk = p->d.head_dim_qk, dv = p->d.head_dim_v;
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if ((p->b_query && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
+        (p->b_key && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
+        (p->b_value && (st = clattn_buffer_new(p->device, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
+        return st;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The output projection's weights and its input, the merged heads. */
+static clattn_status upload_out_projection(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
+    clattn_status st;
     if (p->has_out) {
         if ((st = clattn_buffer_new(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out)) ||
             (p->b_out && (st = clattn_buffer_new(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out))) ||
             (st = clattn_buffer_new(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged)))
             return st;
     }
-    /* head-major workspace (not needed with one head and no projection: the inputs are the views) */
-    if (c->fused) goto staging;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Unfused: head-major Q, K, V (not needed with one head and no projection: the inputs are the
+ * views), the context and the score buffer. */
+static clattn_status unfused_workspace(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    clattn_status st;
     if (!(one_head_view(p) && !p->has_qkv)) {
         if ((st = clattn_buffer_new(p->device, B * H * Tq * dk, sizeof(float), NULL, "Q", &c->q)) ||
             (st = clattn_buffer_new(p->device, B * H * Tk * dk, sizeof(float), NULL, "K", &c->k)) ||
@@ -226,8 +271,16 @@ out_proj:
     if ((st = clattn_buffer_new(p->device, c->chunk * c->rows_blk * Tk, sizeof(float), NULL, "the attention scores",
                                 &c->s)))
         return st;
-staging:
-    if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* For execution from host arrays: the inputs and the output on the device. */
+static clattn_status staging_buffers(struct clattn_plan *p)
+{
+    struct clattn_cl_state *c = p->cl;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    clattn_status st;
     if ((st = clattn_buffer_new(p->device, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in)) ||
         (d->cross && (st = clattn_buffer_new(p->device, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in))) ||
         (d->key_padding_mask &&
