@@ -423,13 +423,7 @@ static clattn_status softmax_launch(struct clattn_plan *p, view s, size_t row0, 
     clattn_args_begin(&a, k, c->softmax_wg ? "softmax_rows" : "softmax_rows_item");
     clattn_arg_mem(&a, s.mem);
     clattn_arg_u64(&a, s.off);
-    clattn_arg_mem(&a, io->kpm.mem);
-    clattn_arg_u64(&a, io->kpm.off);
-    clattn_arg_mem(&a, io->mask.mem);
-    clattn_arg_u64(&a, io->mask.off);
-    clattn_arg_u32(&a, (cl_uint)d->seq_q);
-    clattn_arg_u32(&a, (cl_uint)d->seq_kv);
-    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_u64(&a, row0);
     if (c->softmax_wg == 0) clattn_arg_u64(&a, rows);
     clattn_arg_dropout(&a, d);
@@ -694,22 +688,9 @@ static clattn_status clattn_cl_stage_times(struct clattn_plan *p, double ms[CLAT
 
 /* ---- the two OpenCL backends: one shell (projections, output projection, staging), two cores */
 
-const clattn_backend_ops clattn_backend_unfused = {
-    .name = "unfused",
-    .produces_weights = 1,
-    .init = clattn_cl_plan_init,
-    .release = clattn_cl_plan_release,
-    .execute_host = clattn_cl_execute_host,
-    .execute_buffers = clattn_cl_execute_buffers,
-    .stage_times = clattn_cl_stage_times,
-};
-
-const clattn_backend_ops clattn_backend_fused = {
-    .name = "fused",
-    .produces_weights = 0,
-    .init = clattn_cl_plan_init,
-    .release = clattn_cl_plan_release,
-    .execute_host = clattn_cl_execute_host,
-    .execute_buffers = clattn_cl_execute_buffers,
-    .stage_times = clattn_cl_stage_times,
-};
+#define CL_BACKEND(NAME, WEIGHTS)                                                                       \
+    {.name = NAME, .produces_weights = WEIGHTS, .init = clattn_cl_plan_init, .release = clattn_cl_plan_release, \
+     .execute_host = clattn_cl_execute_host, .execute_buffers = clattn_cl_execute_buffers,                     \
+     .stage_times = clattn_cl_stage_times}
+const clattn_backend_ops clattn_backend_unfused = CL_BACKEND("unfused", 1);
+const clattn_backend_ops clattn_backend_fused = CL_BACKEND("fused", 0);

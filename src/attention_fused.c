@@ -148,6 +148,17 @@ void clattn_fused_release(clattn_fused *f)
     memset(f, 0, sizeof *f);
 }
 
+void clattn_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d)
+{
+    clattn_arg_mem(a, kpm.mem);
+    clattn_arg_u64(a, kpm.off);
+    clattn_arg_mem(a, mask.mem);
+    clattn_arg_u64(a, mask.off);
+    clattn_arg_u32(a, (cl_uint)d->seq_q);
+    clattn_arg_u32(a, (cl_uint)d->seq_kv);
+    clattn_arg_u32(a, (cl_uint)d->heads);
+}
+
 void clattn_arg_dropout(clattn_args *a, const clattn_attention_desc *d)
 {
     clattn_arg_u32(a, (cl_uint)d->seed);
@@ -175,13 +186,7 @@ static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, c
     clattn_arg_mem(&a, io->out.mem);
     clattn_arg_u64(&a, io->out.off);
     clattn_arg_u32(&a, (cl_uint)io->out_ld);
-    clattn_arg_mem(&a, io->kpm.mem);
-    clattn_arg_u64(&a, io->kpm.off);
-    clattn_arg_mem(&a, io->mask.mem);
-    clattn_arg_u64(&a, io->mask.off);
-    clattn_arg_u32(&a, (cl_uint)d->seq_q);
-    clattn_arg_u32(&a, (cl_uint)d->seq_kv);
-    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, extent);
     clattn_arg_dropout(&a, d);

@@ -29,6 +29,9 @@ typedef struct clattn_fused_io {
     size_t q_ld, k_ld, v_ld, out_ld;
 } clattn_fused_io;
 
+/* The mask arguments every attention kernel takes (mask.cl): key padding mask and offset, attention
+ * mask and offset, then Tq, Tk and H. */
+void clattn_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d);
 /* The four dropout arguments every attention kernel ends with: seed (low, high word), the drop
  * threshold and the keep scale (reference.c's definitions). */
 void clattn_arg_dropout(clattn_args *a, const clattn_attention_desc *d);
