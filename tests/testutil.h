@@ -16,15 +16,23 @@ void tu_fill(tu_rng *r, float *a, size_t n, float lo, float hi);
 float *tu_random(tu_rng *r, size_t n, float lo, float hi);   /* malloc'd */
 float *tu_poisoned(size_t n);                                 /* malloc'd, every element NaN */
 
-/* |got - ref| <= atol + rtol*|ref| for all n; NaN in got or ref (unless both NaN) fails.
+/* |got - ref| <= atol + rtol*|ref| for all n; an infinite ref needs the same infinity. Any NaN, in got
+ * or in ref, fails: an expectation that is NaN is a broken expectation, not a match.
  * Returns the number of failures; describes the first in msg. */
 size_t tu_compare(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg, size_t len);
+/* The same, except that where ref is NaN (and only there) got must be NaN: for the tests whose
+ * expectation is NaN propagation. */
+size_t tu_compare_nan(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg,
+                      size_t len);
 #define TU_ATOL 1e-5
 #define TU_RTOL 1e-4
 
-/* The OpenCL device tests run on: $CLATTN_TEST_DEVICE, else "opencl". Never falls back to ref. */
+/* The OpenCL device tests run on: $CLATTN_TEST_DEVICE, else "opencl". Never returns NULL: a device
+ * that does not open fails the calling test; a spec that names the ref device (CLATTN_TEST_DEVICE=ref)
+ * skips it visibly ([SKIP]), since a test that claims OpenCL would then compare ref with ref.
+ * Call only from a test's body (Criterion's assert/skip). */
 clattn_device *tu_open_opencl(void);
-clattn_device *tu_open_ref(void);
+clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not open */
 
 /* A golden case directory (tests/golden/cases/NAME), loaded. */
 typedef struct tu_case {

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# scripts/mutate.sh: does the test suite catch planted bugs?
+#
+# Copies the repository's tracked files to a scratch directory, builds it once, checks that the
+# tests named in scripts/mutants.txt pass unmutated, then plants each bug of that list alone
+# (an exact text replacement), rebuilds incrementally, runs the tests the list names for it, and
+# reports which test caught it. The working tree is never touched.
+#
+#   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N]
+#
+# Exit status: 0 when every bug was caught; 1 when any survived; 2 when the list is stale (a text
+# that no longer occurs exactly once), a mutant does not build, or the unmutated tests fail.
+# Needs the build dependencies of scripts/setup.sh (cmake, OpenCL, CLBlast, Criterion) and an
+# OpenCL device (PoCL on CI). On the 2-core CI machine it takes about 15 minutes.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+list=$root/scripts/mutants.txt
+only=
+scratch=${TMPDIR:-/tmp}/clattn-mutate
+jobs=$(nproc 2>/dev/null || echo 2)
+while [ $# -gt 0 ]; do
+    case $1 in
+        --list) list=$2; shift 2 ;;
+        --only) only=$2; shift 2 ;;
+        --scratch) scratch=$2; shift 2 ;;
+        --jobs) jobs=$2; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ -f "$list" ] || { echo "mutate.sh: no mutant list at $list" >&2; exit 2; }
+
+# ---- the list: id, file, find, replace, tests (fields separated by " @@ ")
+ids=(); files=(); finds=(); repls=(); regexes=()
+while IFS= read -r line; do
+    case $line in ''|'#'*) continue ;; esac
+    rest=$line
+    fields=()
+    for _ in 1 2 3 4; do
+        fields+=("${rest%% @@ *}")
+        rest=${rest#* @@ }
+    done
+    fields+=("$rest")
+    [ "${#fields[@]}" -eq 5 ] && [ "${fields[4]}" != "$line" ] || { echo "mutate.sh: bad line: $line" >&2; exit 2; }
+    if [ -n "$only" ] && ! [[ ${fields[0]} =~ $only ]]; then continue; fi
+    ids+=("${fields[0]}"); files+=("${fields[1]}"); finds+=("${fields[2]}"); repls+=("${fields[3]}"); regexes+=("${fields[4]}")
+done < "$list"
+[ "${#ids[@]}" -gt 0 ] || { echo "mutate.sh: no mutant selected" >&2; exit 2; }
+
+# ---- a scratch copy of the tracked files, built once
+echo "mutate.sh: ${#ids[@]} mutants; scratch copy in $scratch"
+rm -rf "$scratch/src"
+mkdir -p "$scratch/src"
+# tracked files and new ones not ignored: what the next commit would hold
+(cd "$root" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$scratch/src/")
+cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+build() { cmake --build "$scratch/build" -j "$jobs" >"$scratch/build.log" 2>&1; }
+build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy does not build" >&2; exit 2; }
+
+union=$(printf '%s\n' "${regexes[@]}" | tr '|' '\n' | sort -u | paste -sd'|')
+echo "mutate.sh: unmutated run of: $union"
+if ! (cd "$scratch/build" && ctest -R "$union" --output-on-failure >"$scratch/baseline.log" 2>&1); then
+    grep -E "Failed|\*\*\*" "$scratch/baseline.log" | head -20
+    echo "mutate.sh: the tests fail without any planted bug; fix that first" >&2
+    exit 2
+fi
+
+# ---- one bug at a time
+apply() { # file find replace -> 0, or 3 when the text does not occur exactly once
+    python3 - "$@" <<'PY'
+import sys
+path, find, repl = sys.argv[1:4]
+s = open(path).read()
+n = s.count(find)
+if n != 1:
+    print(f"'{find}' occurs {n} times in {path}", file=sys.stderr)
+    sys.exit(3)
+open(path, "w").write(s.replace(find, repl))
+PY
+}
+
+survived=(); broken=(); report=()
+for k in "${!ids[@]}"; do
+    id=${ids[$k]}; f=$scratch/src/${files[$k]}
+    cp "$f" "$scratch/orig"
+    if ! apply "$f" "${finds[$k]}" "${repls[$k]}"; then
+        broken+=("$id (stale: text not found once)")
+        continue
+    fi
+    t0=$(date +%s)
+    if ! build; then
+        cp "$scratch/orig" "$f"
+        broken+=("$id (does not build)")
+        continue
+    fi
+    log=$scratch/$id.log
+    if (cd "$scratch/build" && ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure >"$log" 2>&1); then
+        survived+=("$id")
+        line=$(printf '%-30s SURVIVED  (ran %s)' "$id" "${regexes[$k]}")
+    elif grep -q "kernel build failed\|CL_BUILD_PROGRAM_FAILURE" "$log"; then
+        broken+=("$id (kernel does not compile)")
+        line=$(printf '%-30s BROKEN    (a kernel does not compile)' "$id")
+    else
+        caught=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log" | paste -sd, -)
+        fails=$(sed -n 's/^\[FAIL\] \([^:]*::[^:]*\):.*/\1/p' "$log")
+        nfail=$(printf '%s\n' "$fails" | grep -c . || true)
+        first=$(printf '%s\n' "$fails" | head -3 | paste -sd' ' -)
+        [ -n "$first" ] || first=$(grep -m1 -iE "fail|error|crash|signal" "$log" | cut -c1-100 || true)
+        line=$(printf '%-30s caught by %s, %s failing: %s' "$id" "${caught:-?}" "$nfail" "$first")
+    fi
+    cp "$scratch/orig" "$f"
+    echo "$line ($(( $(date +%s) - t0 )) s)"
+    report+=("$line")
+done
+build || true   # leave the scratch build unmutated
+
+echo
+echo "mutate.sh: ${#ids[@]} mutants, $(( ${#ids[@]} - ${#survived[@]} - ${#broken[@]} )) caught, ${#survived[@]} survived, ${#broken[@]} broken"
+for s in "${survived[@]}"; do echo "  SURVIVED: $s"; done
+for b in "${broken[@]}"; do echo "  BROKEN:   $b"; done
+[ "${#broken[@]}" -eq 0 ] || exit 2
+[ "${#survived[@]}" -eq 0 ] || exit 1
+exit 0

@@ -1,0 +1,201 @@
+/* oracle.c: see oracle.h. Written from the formulas; shares no code with src/ or cl/. */
+#include "oracle.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* y (rows, n) = a (rows, k) W + b, W given as torch.nn.Linear's [n, k] (LINEAR) or as the
+ * tutorials' raw [k, n] (RAW). a is float or double (one of af/ad is NULL). */
+static void linear(const float *af, const double *ad, size_t rows, size_t k, const float *w, const float *b,
+                   size_t n, clattn_layout layout, double *y)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t o = 0; o < n; o++) {
+            double acc = b ? (double)b[o] : 0.0;
+            for (size_t c = 0; c < k; c++) {
+                double a = af ? (double)af[r * k + c] : ad[r * k + c];
+                double wv = layout == CLATTN_LAYOUT_LINEAR ? w[o * k + c] : w[c * n + o];
+                acc += a * wv;
+            }
+            y[r * n + o] = acc;
+        }
+}
+
+static void copy_to_double(const float *a, size_t n, double *y)
+{
+    for (size_t i = 0; i < n; i++) y[i] = a[i];
+}
+
+int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weights *w,
+                     const clattn_attention_args *args, double *out, double *attn)
+{
+    if (d->dropout != 0.0f) return -1;
+    const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
+    const size_t Tk = d->cross ? d->seq_kv : Tq;
+    const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
+    const int proj = w && w->w_query;
+    const size_t dk = d->head_dim_qk ? d->head_dim_qk : E / H;
+    const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
+    const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
+    const float *src_kv = d->cross ? args->kv : args->x;
+
+    double *q = malloc(B * Tq * H * dk * sizeof *q);
+    double *k = malloc(B * Tk * H * dk * sizeof *k);
+    double *v = malloc(B * Tk * H * dv * sizeof *v);
+    double *ctx = malloc(B * Tq * H * dv * sizeof *ctx);
+    double *p = malloc((Tk ? Tk : 1) * sizeof *p);
+    if (!q || !k || !v || !ctx || !p) {
+        free(q), free(k), free(v), free(ctx), free(p);
+        return -1;
+    }
+    /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
+    if (proj) {
+        linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, H * dk, d->layout, k);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, H * dv, d->layout, v);
+    } else {
+        copy_to_double(args->x, B * Tq * E, q);
+        copy_to_double(src_kv, B * Tk * Ekv, k);
+        copy_to_double(src_kv, B * Tk * Ekv, v);
+    }
+    const uint8_t *bmask = d->attn_mask == CLATTN_MASK_BOOL ? args->attn_mask : NULL;
+    const float *fmask = d->attn_mask == CLATTN_MASK_FLOAT ? args->attn_mask : NULL;
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t i = 0; i < Tq; i++) {
+                /* s_j = scale q_i . k_j + float mask, or hidden */
+                double mx = -INFINITY;
+                for (size_t j = 0; j < Tk; j++) {
+                    int hidden = (d->causal && j > i) ||
+                                 (d->key_padding_mask && args->key_padding_mask[b * Tk + j]) ||
+                                 (bmask && bmask[i * Tk + j]);
+                    if (hidden) {
+                        p[j] = -INFINITY;
+                        continue;
+                    }
+                    double s = 0.0;
+                    for (size_t c = 0; c < dk; c++)
+                        s += q[(b * Tq + i) * H * dk + h * dk + c] * k[(b * Tk + j) * H * dk + h * dk + c];
+                    s *= scale;
+                    if (fmask) s += fmask[i * Tk + j];
+                    p[j] = s;
+                    if (s > mx) mx = s;
+                }
+                double sum = 0.0;
+                for (size_t j = 0; j < Tk; j++) {
+                    p[j] = (mx == -INFINITY || p[j] == -INFINITY) ? 0.0 : exp(p[j] - mx);
+                    sum += p[j];
+                }
+                for (size_t j = 0; j < Tk; j++) {
+                    p[j] = sum > 0.0 ? p[j] / sum : 0.0;
+                    if (attn) attn[((b * H + h) * Tq + i) * Tk + j] = p[j];
+                }
+                for (size_t c = 0; c < dv; c++) {
+                    double acc = 0.0;
+                    for (size_t j = 0; j < Tk; j++) acc += p[j] * v[(b * Tk + j) * H * dv + h * dv + c];
+                    ctx[(b * Tq + i) * H * dv + h * dv + c] = acc;
+                }
+            }
+    if (w && w->w_out)
+        linear(NULL, ctx, B * Tq, H * dv, w->w_out, w->b_out, d->out_dim, d->layout, out);
+    else
+        memcpy(out, ctx, B * Tq * H * dv * sizeof *out);
+    free(q), free(k), free(v), free(ctx), free(p);
+    return 0;
+}
+
+/* LayerNorm over the last dimension, biased variance (divide by E, as torch). */
+static void layer_norm(const double *a, size_t rows, size_t E, const float *g, const float *beta, double eps,
+                       double *y)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const double *v = a + r * E;
+        double mean = 0.0, var = 0.0;
+        for (size_t c = 0; c < E; c++) mean += v[c];
+        mean /= (double)E;
+        for (size_t c = 0; c < E; c++) var += (v[c] - mean) * (v[c] - mean);
+        var /= (double)E;
+        for (size_t c = 0; c < E; c++) y[r * E + c] = (v[c] - mean) / sqrt(var + eps) * g[c] + beta[c];
+    }
+}
+
+/* attention of a double input: rounded to float first, as the layer's input is float */
+static int attention_of(const clattn_encoder_desc *d, const clattn_encoder_weights *w, const double *in,
+                        const uint8_t *kpm, size_t n, double *out)
+{
+    float *xf = malloc(n * sizeof *xf);
+    if (!xf) return -1;
+    for (size_t i = 0; i < n; i++) xf[i] = (float)in[i];
+    clattn_attention_desc ad = d->attn;
+    ad.out_dim = ad.embed;
+    clattn_attention_args a = {.x = xf, .key_padding_mask = kpm};
+    int rc = oracle_attention(&ad, &w->attn, &a, out, NULL);
+    free(xf);
+    return rc;
+}
+
+/* FF(y) = W2 act(W1 y + b1) + b2 */
+static void feed_forward(const clattn_encoder_desc *d, const clattn_encoder_weights *w, const double *y,
+                         size_t rows, double *hid, double *out)
+{
+    const size_t E = d->attn.embed, F = d->ff_dim;
+    linear(NULL, y, rows, E, w->w_ff1, w->b_ff1, F, d->attn.layout, hid);
+    for (size_t i = 0; i < rows * F; i++) {
+        double h = hid[i];
+        hid[i] = d->activation == CLATTN_ACTIVATION_GELU ? 0.5 * h * (1.0 + erf(h / sqrt(2.0))) : (h > 0.0 ? h : 0.0);
+    }
+    linear(NULL, hid, rows, F, w->w_ff2, w->b_ff2, E, d->attn.layout, out);
+}
+
+int oracle_encoder(const clattn_encoder_desc *d, const clattn_encoder_weights *w, const float *x,
+                   const uint8_t *kpm, double *out)
+{
+    const size_t rows = d->attn.batch * d->attn.seq_q, E = d->attn.embed, n = rows * E;
+    const double eps = d->eps != 0.0f ? (double)d->eps : 1e-5;
+    double *xd = malloc(n * sizeof *xd), *t = malloc(n * sizeof *t), *y = malloc(n * sizeof *y);
+    double *f = malloc(n * sizeof *f), *hid = malloc(rows * d->ff_dim * sizeof *hid);
+    int rc = -1;
+    if (!xd || !t || !y || !f || !hid) goto done;
+    copy_to_double(x, n, xd);
+    if (!d->norm_first) {
+        /* y = LN1(x + Attn(x)); out = LN2(y + FF(y)) */
+        if (attention_of(d, w, xd, kpm, n, t)) goto done;
+        for (size_t i = 0; i < n; i++) t[i] += xd[i];
+        layer_norm(t, rows, E, w->ln1_weight, w->ln1_bias, eps, y);
+        feed_forward(d, w, y, rows, hid, f);
+        for (size_t i = 0; i < n; i++) t[i] = y[i] + f[i];
+        layer_norm(t, rows, E, w->ln2_weight, w->ln2_bias, eps, out);
+    } else {
+        /* y = x + Attn(LN1(x)); out = y + FF(LN2(y)) */
+        layer_norm(xd, rows, E, w->ln1_weight, w->ln1_bias, eps, t);
+        if (attention_of(d, w, t, kpm, n, y)) goto done;
+        for (size_t i = 0; i < n; i++) y[i] += xd[i];
+        layer_norm(y, rows, E, w->ln2_weight, w->ln2_bias, eps, t);
+        feed_forward(d, w, t, rows, hid, f);
+        for (size_t i = 0; i < n; i++) out[i] = y[i] + f[i];
+    }
+    rc = 0;
+done:
+    free(xd), free(t), free(y), free(f), free(hid);
+    return rc;
+}
+
+size_t oracle_compare(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
+                      size_t len)
+{
+    size_t bad = 0;
+    if (len) msg[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = want[i];
+        int ok = isfinite(r) && !isnan(g) && fabs(g - r) <= atol + rtol * fabs(r);
+        if (!ok) {
+            if (bad == 0 && len)
+                snprintf(msg, len, "element %zu: got %.9g, float64 oracle %.9g (|diff| %.3g > %.3g)", i, g, r,
+                         fabs(g - r), atol + rtol * fabs(r));
+            bad++;
+        }
+    }
+    return bad;
+}
