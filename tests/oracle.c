@@ -182,6 +182,36 @@ done:
     return rc;
 }
 
+void oracle_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t x[4] = {ctr[0], ctr[1], ctr[2], ctr[3]}, k[2] = {key[0], key[1]};
+    for (int r = 0; r < 10; r++) {
+        uint64_t a = (uint64_t)0xD2511F53u * x[0], b = (uint64_t)0xCD9E8D57u * x[2];
+        uint32_t y0 = (uint32_t)(b >> 32) ^ x[1] ^ k[0], y2 = (uint32_t)(a >> 32) ^ x[3] ^ k[1];
+        x[0] = y0, x[1] = (uint32_t)b, x[2] = y2, x[3] = (uint32_t)a;
+        k[0] += 0x9E3779B9u, k[1] += 0xBB67AE85u;
+    }
+    memcpy(out, x, sizeof x);
+}
+
+uint32_t oracle_dropout_word(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, uint32_t j)
+{
+    const uint32_t c[4] = {j, i, h, b}, k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t r[4];
+    oracle_philox4x32_10(c, k, r);
+    return r[0];
+}
+
+uint64_t oracle_dropout_threshold(float p)
+{
+    return (uint64_t)floor((double)p * 4294967296.0);
+}
+
+int oracle_dropout_keep(uint64_t seed, float p, uint32_t b, uint32_t h, uint32_t i, uint32_t j)
+{
+    return oracle_dropout_word(seed, b, h, i, j) >= oracle_dropout_threshold(p);
+}
+
 size_t oracle_compare(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
                       size_t len)
 {

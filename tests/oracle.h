@@ -2,14 +2,14 @@
  * tutorials and PyTorch's modules. It shares no code with the library (src/reference.c,
  * src/encoder_ref.c, cl/), so a bug there cannot hide by appearing in both sides of a
  * comparison. Deliberately naive: one loop nest per formula, every sum in double.
- * Dropout is not modelled (the dropout tests have their own oracle: an independent
- * Philox in test_reference.c checked against the published known answers). */
+ * oracle_attention does not model dropout; the oracle_dropout_* functions below give the mask. */
 #ifndef CLATTN_TEST_ORACLE_H
 #define CLATTN_TEST_ORACLE_H
 
 #include "clattn.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* softmax(scale * Q K^T + masks) V with the projections of `w`, as the desc says (defaults
  * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E, dk = E/H
@@ -24,6 +24,14 @@ int oracle_attention(const clattn_attention_desc *desc, const clattn_attention_w
  * LayerNorm with the biased variance. out (B, T, E). Returns 0 or -1. */
 int oracle_encoder(const clattn_encoder_desc *desc, const clattn_encoder_weights *w, const float *x,
                    const uint8_t *key_padding_mask, double *out);
+
+/* Dropout, from the documented rule and nothing in src/ or cl/: Philox4x32-10 written here (checked
+ * against Random123's known answers in test_dropout.c); weight (b, h, i, j) is dropped when r0 <
+ * floor(p * 2^32), r0 = the first word for counter (j, i, h, b) and key (seed lo, seed hi). */
+void oracle_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+uint32_t oracle_dropout_word(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, uint32_t j);
+uint64_t oracle_dropout_threshold(float p);  /* floor(p * 2^32), exact for every float p in [0, 1) */
+int oracle_dropout_keep(uint64_t seed, float p, uint32_t b, uint32_t h, uint32_t i, uint32_t j);
 
 /* |got - want| <= atol + rtol |want| for every element, want finite, got not NaN. Returns the
  * number of failures and describes the first in msg. */

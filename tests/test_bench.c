@@ -415,8 +415,7 @@ Test(bench, smoke_ref, .timeout = 120)
 
 static void smoke_opencl(const char *algorithm)
 {
-    const char *spec = getenv("CLATTN_TEST_DEVICE");
-    if (!spec || !*spec) spec = "opencl";
+    const char *spec = tu_opencl_spec();
     const char *args[] = {"clattn-bench", "--json", "--batch", "1", "--seq", "16", "--dim", "32", "--heads", "2",
                           "--iters", "2", "--warmup", "1", "--device", spec, "--algorithm", algorithm, NULL};
     run_result *r = calloc(1, sizeof *r);
@@ -486,8 +485,7 @@ Test(bench, encoder_ref, .timeout = 120) { encoder_smoke("ref"); }
 
 Test(bench, encoder_opencl, .timeout = 300)
 {
-    const char *spec = getenv("CLATTN_TEST_DEVICE");
-    encoder_smoke(spec && *spec ? spec : "opencl");
+    encoder_smoke(tu_opencl_spec());
 }
 
 Test(bench, encoder_options_need_encoder, .timeout = 60)

@@ -3,6 +3,7 @@
  * stderr are checked, and its .npy outputs are compared element by element
  * with the golden expectations, on ref and on the OpenCL device.
  * Every malformed input is written here, byte by byte. */
+#include "oracle.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -171,11 +172,7 @@ static void load(const char *path, clattn_npy *a)
 
 /* ---------------------------------------------------------------- running the binary */
 
-static const char *cl_spec(void)
-{
-    const char *s = getenv("CLATTN_TEST_DEVICE");
-    return s && *s ? s : "opencl";
-}
+static const char *cl_spec(void) { return tu_opencl_spec(); }
 
 #define ENV_UNSET ((const char *)0)
 
@@ -479,26 +476,52 @@ Test(cli, dropout)
     load(path_in(case_dir("mha_basic"), "expect_attn.npy"), &ea);
     const size_t n = ea.count;
     expect_shape(&c1, "attn.npy", 4, ea.shape);
+    expect_shape(&c2, "attn.npy", 4, ea.shape);
+    expect_shape(&c3, "attn.npy", 4, ea.shape);
     expect_shape(&r, "attn.npy", 4, ea.shape);
+    expect_shape(&o2, "out.npy", o1.ndim, o1.shape);
+    expect_shape(&orf, "out.npy", o1.ndim, o1.shape);
     /* same seed, same device: identical bit for bit */
     cr_assert_eq(memcmp(c1.data, c2.data, n * sizeof(float)), 0, "two opencl runs with seed 7 differ (attn)");
     cr_assert_eq(memcmp(o1.data, o2.data, o1.count * sizeof(float)), 0, "two opencl runs with seed 7 differ (out)");
-    /* ref and opencl: the same elements dropped, the same values */
+    /* every weight against the independent dropout oracle (tests/oracle.c): dropped exactly where
+     * Philox(counter (j, i, h, b), key seed) < floor(0.5 * 2^32), else 2 x the PyTorch eval weight */
+    cr_assert(ea.ndim == 4, "expect_attn.npy is (B, H, Tq, Tk)");
+    const size_t B = ea.shape[0], H = ea.shape[1], Tq = ea.shape[2], Tk = ea.shape[3];
     const float *a1 = c1.data, *ar = r.data, *a3 = c3.data, *e = ea.data;
-    size_t zeros = 0, differ = 0;
-    for (size_t i = 0; i < n; i++) {
-        cr_assert_eq(a1[i] == 0.0f, ar[i] == 0.0f, "dropout mask differs between opencl and ref at %zu", i);
-        zeros += a1[i] == 0.0f;
-        differ += (a1[i] == 0.0f) != (a3[i] == 0.0f);
-        /* kept weights are scaled by 1/(1-p) = 2 */
-        float want = a1[i] == 0.0f ? 0.0f : 2.0f * e[i];
-        cr_assert(fabsf(a1[i] - want) <= TU_ATOL + TU_RTOL * fabsf(want), "attn[%zu] = %g, expected 0 or %g", i,
-                  (double)a1[i], (double)(2.0f * e[i]));
-    }
+    size_t zeros = 0, differ = 0, k = 0;
+    for (uint32_t b = 0; b < B; b++)
+        for (uint32_t h = 0; h < H; h++)
+            for (uint32_t i = 0; i < Tq; i++)
+                for (uint32_t j = 0; j < Tk; j++, k++) {
+                    const int keep7 = oracle_dropout_keep(7, 0.5f, b, h, i, j);
+                    const int keep8 = oracle_dropout_keep(8, 0.5f, b, h, i, j);
+                    const float want7 = keep7 ? 2.0f * e[k] : 0.0f, want8 = keep8 ? 2.0f * e[k] : 0.0f;
+                    cr_assert(fabsf(a1[k] - want7) <= TU_ATOL + TU_RTOL * fabsf(want7) && (a1[k] == 0.0f) == !keep7,
+                              "seed 7, weight (%u,%u,%u,%u) = %g, expected %g", b, h, i, j, (double)a1[k],
+                              (double)want7);
+                    cr_assert(fabsf(a3[k] - want8) <= TU_ATOL + TU_RTOL * fabsf(want8) && (a3[k] == 0.0f) == !keep8,
+                              "seed 8, weight (%u,%u,%u,%u) = %g, expected %g", b, h, i, j, (double)a3[k],
+                              (double)want8);
+                    zeros += !keep7;
+                    differ += keep7 != keep8;
+                }
+    cr_assert_eq(k, n);
     compare("attn ref vs opencl", ar, a1, n);
     compare("out ref vs opencl", orf.data, o1.data, o1.count);
-    cr_assert(zeros > n / 4 && zeros < 3 * n / 4, "%zu of %zu weights dropped with p = 0.5", zeros, n);
-    cr_assert(differ > 0, "seeds 7 and 8 gave the same dropout mask");
+    /* the oracle's mask itself: Binomial(n, 1/2) drops, within 5 sd (sd = sqrt(n)/2); two seeds
+     * disagree on each weight with probability 1/2, so also within 5 sd of n/2 */
+    cr_assert(fabs((double)zeros - n / 2.0) <= 5 * sqrt((double)n) / 2, "%zu of %zu weights dropped", zeros, n);
+    cr_assert(fabs((double)differ - n / 2.0) <= 5 * sqrt((double)n) / 2, "seeds 7 and 8 differ on %zu of %zu",
+              differ, n);
+    /* seed 8's output: written everywhere, and not seed 7's */
+    expect_shape(&o3, "out.npy", o1.ndim, o1.shape);
+    int out_differs = 0;
+    for (size_t i = 0; i < o3.count; i++) {
+        cr_assert(isfinite(((const float *)o3.data)[i]), "seed 8: out[%zu] not finite", i);
+        out_differs |= ((const float *)o3.data)[i] != ((const float *)o1.data)[i];
+    }
+    cr_assert(out_differs, "seeds 7 and 8 gave the same output");
     clattn_npy *all[] = {&c1, &c2, &r, &c3, &o1, &o2, &orf, &o3, &ea};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clattn_npy_free(all[i]);
 }

@@ -20,33 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the test's own Philox4x32-10 (Salmon et al., SC'11), not cl/philox.cl */
-
-static void own_philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
-{
-    uint32_t x[4] = {ctr[0], ctr[1], ctr[2], ctr[3]}, k[2] = {key[0], key[1]};
-    for (int r = 0; r < 10; r++) {
-        uint64_t a = (uint64_t)0xD2511F53u * x[0], b = (uint64_t)0xCD9E8D57u * x[2];
-        uint32_t y0 = (uint32_t)(b >> 32) ^ x[1] ^ k[0], y2 = (uint32_t)(a >> 32) ^ x[3] ^ k[1];
-        x[0] = y0, x[1] = (uint32_t)b, x[2] = y2, x[3] = (uint32_t)a;
-        k[0] += 0x9E3779B9u, k[1] += 0xBB67AE85u;
-    }
-    memcpy(out, x, sizeof x);
-}
-
-static uint32_t word0(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, uint32_t j)
-{
-    const uint32_t c[4] = {j, i, h, b}, k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    uint32_t r[4];
-    own_philox(c, k, r);
-    return r[0];
-}
-
-/* floor(p * 2^32) for p in [0, 1), in double: exact for every float p */
-static uint64_t threshold_of(float p)
-{
-    return (uint64_t)floor((double)p * 4294967296.0);
-}
+/* the test's own Philox (tests/oracle.c), not cl/philox.cl */
+#define own_philox oracle_philox4x32_10
+#define word0 oracle_dropout_word
+#define threshold_of oracle_dropout_threshold
 
 Test(dropout_oracle, own_philox_known_answers)
 {

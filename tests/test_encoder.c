@@ -8,6 +8,7 @@
  *   - `clattn encoder` end to end.
  * Every output is poisoned first and checked element by element with |got - ref| <= 1e-5 + 1e-4 |ref|. */
 #include "internal.h"
+#include "oracle.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -284,7 +285,16 @@ static void check_config(const config *cfg, uint64_t seed)
     make_problem(&p, cfg, seed);
     float *ref = run_on(ref_dev, &p), *got = run_on(cl_dev, &p);
     char msg[256];
-    size_t bad = tu_compare(got, ref, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    /* both against the float64 oracle of tests/oracle.c, which shares no code with either */
+    double *o64 = malloc(p.n * sizeof *o64);
+    cr_assert_not_null(o64);
+    cr_assert_eq(oracle_encoder(&p.d, &p.w, p.x, p.kpm, o64), 0);
+    size_t bad = oracle_compare(ref, o64, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "ref vs float64: %zu of %zu differ; %s", bad, p.n, msg);
+    bad = oracle_compare(got, o64, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "OpenCL vs float64: %zu of %zu differ; %s", bad, p.n, msg);
+    free(o64);
+    bad = tu_compare(got, ref, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_expect_eq(bad, 0,
                  "B=%zu T=%zu E=%zu H=%zu F=%zu norm_first=%d causal=%d kpm=%d %s %s: %zu of %zu differ; %s", cfg->B,
                  cfg->T, cfg->E, cfg->H, cfg->F, cfg->norm_first, cfg->causal, cfg->kpm,
@@ -404,6 +414,22 @@ static size_t one_pass_failures(const float *x, size_t rows, size_t E, const flo
     return bad;
 }
 
+/* LayerNorm of the float rows v in float64 (biased variance, as torch), written here. */
+static double *layernorm64(const float *v, size_t rows, size_t E, const float *gamma, const float *beta, double eps)
+{
+    double *y = malloc(rows * E * sizeof *y);
+    cr_assert_not_null(y);
+    for (size_t i = 0; i < rows; i++) {
+        double mean = 0.0, var = 0.0;
+        for (size_t j = 0; j < E; j++) mean += v[i * E + j];
+        mean /= (double)E;
+        for (size_t j = 0; j < E; j++) var += (v[i * E + j] - mean) * (v[i * E + j] - mean);
+        var /= (double)E;
+        for (size_t j = 0; j < E; j++) y[i * E + j] = (v[i * E + j] - mean) / sqrt(var + eps) * gamma[j] + beta[j];
+    }
+    return y;
+}
+
 TestSuite(layernorm, .init = devices_setup, .fini = devices_teardown);
 
 /* rows of 1e4 + N(0, 1e-2): two-pass mean and variance keep full precision, the one-pass formula does not */
@@ -421,6 +447,10 @@ Test(layernorm, large_offset_rows)
         cr_assert_eq(clattn_residual_layernorm_rows(ref_dev, rows, E, x, NULL, NULL, gamma, beta, 1e-5f, -1, NULL, ref),
                      CLATTN_STATUS_SUCCESS);
         for (size_t j = 0; j < E; j++) cr_assert_eq(ref[(rows - 1) * E + j], beta[j]);
+        char msg[256];
+        double *y64 = layernorm64(x, rows, E, gamma, beta, 1e-5);
+        cr_assert_eq(oracle_compare(ref, y64, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                     "E=%zu: ref vs float64: %s", E, msg);
         if (E >= 64)
             cr_assert_gt(one_pass_failures(x, rows, E, gamma, beta, ref), rows * E / 4,
                          "E=%zu: the data should defeat the one-pass formula", E);
@@ -430,12 +460,13 @@ Test(layernorm, large_offset_rows)
                 clattn_residual_layernorm_rows(cl_dev, rows, E, x, NULL, NULL, gamma, beta, 1e-5f, cache, NULL, got);
             cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: %s\n%s", clattn_status_string(st), clattn_last_error(),
                          clattn_last_build_log());
-            char msg[256];
             size_t bad = tu_compare(got, ref, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg);
             cr_expect_eq(bad, 0, "E=%zu row_cache=%d: %zu of %zu differ; %s", E, cache, bad, rows * E, msg);
+            bad = oracle_compare(got, y64, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg);
+            cr_expect_eq(bad, 0, "E=%zu row_cache=%d vs float64: %zu of %zu differ; %s", E, cache, bad, rows * E, msg);
             free(got);
         }
-        free(x); free(gamma); free(beta); free(ref);
+        free(x); free(gamma); free(beta); free(ref); free(y64);
     }
 }
 
@@ -449,7 +480,17 @@ Test(layernorm, residual_bias_sum)
     float *bias = tu_random(&r, E, -0.01f, 0.01f), *gamma = tu_random(&r, E, 0.5f, 1.5f);
     float *beta = tu_random(&r, E, -0.5f, 0.5f);
     float *ref = tu_poisoned(rows * E), *ref_sum = tu_poisoned(rows * E);
-    clattn_residual_layernorm_rows(ref_dev, rows, E, x, res, bias, gamma, beta, 1e-3f, -1, ref_sum, ref);
+    cr_assert_eq(clattn_residual_layernorm_rows(ref_dev, rows, E, x, res, bias, gamma, beta, 1e-3f, -1, ref_sum, ref),
+                 CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    /* the sums are x + res + bias in float; the normalised rows are LayerNorm of those floats */
+    for (size_t i = 0; i < rows * E; i++) {
+        const double want = (double)x[i] + res[i] + bias[i % E];
+        cr_assert(fabs(ref_sum[i] - want) <= 2e-3, "sum %zu: %.9g, float64 %.9g", i, ref_sum[i], want);
+    }
+    double *y64 = layernorm64(ref_sum, rows, E, gamma, beta, 1e-3);
+    char msg64[256];
+    cr_assert_eq(oracle_compare(ref, y64, rows * E, TU_ATOL, TU_RTOL, msg64, sizeof msg64), 0, "ref vs float64: %s",
+                 msg64);
     for (int cache = -1; cache <= 1; cache++) {
         float *got = tu_poisoned(rows * E), *sum = tu_poisoned(rows * E);
         clattn_status st = clattn_residual_layernorm_rows(cl_dev, rows, E, x, res, bias, gamma, beta, 1e-3f, cache, sum, got);
@@ -458,9 +499,12 @@ Test(layernorm, residual_bias_sum)
         char msg[256];
         size_t bad = tu_compare(got, ref, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg);
         cr_expect_eq(bad, 0, "row_cache=%d: %zu of %zu differ; %s", cache, bad, rows * E, msg);
+        bad = oracle_compare(got, y64, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_expect_eq(bad, 0, "row_cache=%d vs float64: %zu of %zu differ; %s", cache, bad, rows * E, msg);
         free(got);
         free(sum);
     }
+    free(y64);
     cr_assert_eq(clattn_residual_layernorm_rows(cl_dev, rows, E, x, res, bias, gamma, beta, NAN, -1, NULL, ref),
                  CLATTN_STATUS_INVALID_ARGUMENT);
     free(x); free(res); free(bias); free(gamma); free(beta); free(ref); free(ref_sum);
@@ -538,6 +582,12 @@ Test(encoder_validation, plan_arguments)
     d.eps = 1e-5f;
     float *o1 = run_on(dev, &(problem){.d = d, .w = p.w, .x = p.x, .kpm = p.kpm, .n = p.n});
     cr_assert_eq(memcmp(o0, o1, p.n * sizeof *o0), 0);
+    double *w64 = malloc(p.n * sizeof *w64);
+    cr_assert_not_null(w64);
+    cr_assert_eq(oracle_encoder(&d, &p.w, p.x, p.kpm, w64), 0);
+    char msg[256];
+    cr_assert_eq(oracle_compare(o0, w64, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "eps 0 vs float64: %s", msg);
+    free(w64);
     free(o0);
     free(o1);
     clattn_device_free(dev);
@@ -612,13 +662,16 @@ Test(encoder_validation, execute_arguments_opencl)
 
 /* Every host allocation (and on OpenCL every buffer) of plan creation and execution made to fail in turn:
  * each failure is reported, *plan stays NULL or the plan is freeable, and out is never written. */
-static void fault_walk(const char *spec, int buffers, int norm_first)
+static void fault_walk(int opencl, int buffers, int norm_first)
 {
-    clattn_device *dev = NULL;
-    cr_assert_eq(clattn_device_open(spec, &dev), CLATTN_STATUS_SUCCESS);
+    clattn_device *dev = opencl ? tu_open_opencl() : tu_open_ref();
     const config cfg = {2, 3, 6, 2, 7, norm_first, 0, 1, CLATTN_ACTIVATION_RELU, CLATTN_LAYOUT_RAW};
     problem p;
     make_problem(&p, &cfg, 12);
+    /* the successful call that ends the walk must give the float64 oracle's output */
+    double *want = malloc(p.n * sizeof *want);
+    cr_assert_not_null(want);
+    cr_assert_eq(oracle_encoder(&p.d, &p.w, p.x, p.kpm, want), 0);
     float *out = malloc(p.n * sizeof *out);
     int failures = 0;
     for (long n = 1;; n++) {
@@ -638,6 +691,9 @@ static void fault_walk(const char *spec, int buffers, int norm_first)
         clattn_encoder_plan_free(plan);
         if (!fired) {
             cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "N=%ld: %s", n, clattn_last_error());
+            char msg[256];
+            cr_assert_eq(oracle_compare(out, want, p.n, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                         "the call after the walk: %s", msg);
             break;
         }
         failures++;
@@ -647,17 +703,18 @@ static void fault_walk(const char *spec, int buffers, int norm_first)
     }
     cr_assert(failures >= 10, "only %d allocations were walked", failures);
     free(out);
+    free(want);
     free_problem(&p);
     clattn_device_free(dev);
 }
 
 Test(encoder_faults, host_allocations_ref)
 {
-    fault_walk("ref", 0, 0);
-    fault_walk("ref", 0, 1);
+    fault_walk(0, 0, 0);
+    fault_walk(0, 0, 1);
 }
-Test(encoder_faults, host_allocations_opencl) { fault_walk("opencl", 0, 0); }
-Test(encoder_faults, device_buffers_opencl) { fault_walk("opencl", 1, 1); }
+Test(encoder_faults, host_allocations_opencl) { fault_walk(1, 0, 0); }
+Test(encoder_faults, device_buffers_opencl) { fault_walk(1, 1, 1); }
 
 /* ---------------------------------------------------------------- the CLI */
 
@@ -775,11 +832,7 @@ static int dir_entries(const char *dir)
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-static const char *cl_spec(void)
-{
-    const char *s = getenv("CLATTN_TEST_DEVICE");
-    return s && *s ? s : "opencl";
-}
+static const char *cl_spec(void) { return tu_opencl_spec(); }
 
 static void check_out(const char *what, const float *expect, size_t count, int ndim, const size_t *shape)
 {
@@ -914,16 +967,16 @@ Test(encoder_cli, bad_inputs)
     /* b_ff1 of the wrong length, ln2_bias not float32 */
     const float z[40] = {0};
     const size_t l36[1] = {36};
-    clattn_npy_save_f32(path_in(in_dir, "b_ff1.npy"), z, 1, l36, err, sizeof err);
+    cr_assert_eq(clattn_npy_save_f32(path_in(in_dir, "b_ff1.npy"), z, 1, l36, err, sizeof err), 0, "%s", err);
     bad("b_ff1 too short", 1, "b_ff1.npy", ARGS("--heads", "3"));
     copy_case("enc_post_relu");
     /* a mask of the wrong shape */
     const size_t m[2] = {2, 6};
-    clattn_npy_save_f32(path_in(in_dir, "key_padding_mask.npy"), z, 2, m, err, sizeof err);
+    cr_assert_eq(clattn_npy_save_f32(path_in(in_dir, "key_padding_mask.npy"), z, 2, m, err, sizeof err), 0, "%s", err);
     bad("float32 key_padding_mask", 1, "key_padding_mask.npy", ARGS("--heads", "3"));
     unlink(path_in(in_dir, "key_padding_mask.npy"));
     /* unsupported extra inputs are named, not ignored */
-    clattn_npy_save_f32(path_in(in_dir, "attn_mask.npy"), z, 1, l36, err, sizeof err);
+    cr_assert_eq(clattn_npy_save_f32(path_in(in_dir, "attn_mask.npy"), z, 1, l36, err, sizeof err), 0, "%s", err);
     bad("attn_mask.npy present", 1, "attn_mask.npy", ARGS("--heads", "3"));
     unlink(path_in(in_dir, "attn_mask.npy"));
     /* directories */

@@ -6,9 +6,11 @@
  *     sub-buffers), nor makes a padded temporary larger than one allocation;
  *   - no kernel launch has more work-items than the device's launch limit.
  * The limits live in the (internal) device struct; the tests lower them so that a few
- * hundred tokens walk every chunking path, compared element by element with ref.
+ * hundred tokens walk every chunking path, compared element by element with ref and, without
+ * dropout, with the float64 oracle of tests/oracle.c (shares no code with either).
  * And every allocation failure (host or device, walked one by one) is reported and leaks
  * nothing. */
+#include "oracle.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -56,7 +58,6 @@ static void chunked_matches_ref(float dropout)
     problem p;
     make(&p, dropout);
     clattn_device *cl = tu_open_opencl(), *ref = tu_open_ref();
-    cr_assert(cl, "%s", clattn_last_error());
     const size_t per_pair = 37 * 37 * sizeof(float);
     cl->max_alloc = 3 * per_pair + 100; /* room for 3 of the 8 (b, h) score matrices at once */
     clattn_plan *pc = NULL, *pr = NULL;
@@ -74,6 +75,16 @@ static void chunked_matches_ref(float dropout)
     cr_assert_eq(bad, 0, "out: %s", msg);
     bad = tu_compare(ac, ar, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_assert_eq(bad, 0, "attn: %s", msg);
+    if (dropout == 0.0f) {
+        double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
+        cr_assert(o64 && a64);
+        cr_assert_eq(oracle_attention(&p.d, &p.w, &p.a, o64, a64), 0);
+        cr_assert_eq(oracle_compare(oc, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "out vs float64: %s", msg);
+        cr_assert_eq(oracle_compare(ac, a64, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "attn vs float64: %s",
+                     msg);
+        free(o64);
+        free(a64);
+    }
     /* and without asking for the weights */
     float *oc2 = tu_poisoned(n_out);
     a.out = oc2, a.attn = NULL;
@@ -160,6 +171,20 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     int nonzero = 0;
     for (size_t i = 0; i < n_out && !nonzero; i++) nonzero = oref[i] != 0.0f && isfinite(oref[i]);
     cr_assert(nonzero, "the reference output is all zero: the test would prove nothing");
+    /* without dropout, the expectation is checked against the float64 oracle first */
+    char msg[256];
+    if (dropout == 0.0f) {
+        double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
+        cr_assert(o64 && a64);
+        clattn_attention_args oa = a;
+        cr_assert_eq(oracle_attention(&d, &w, &oa, o64, a64), 0);
+        cr_assert_eq(oracle_compare(oref, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "ref out vs float64: %s",
+                     msg);
+        cr_assert_eq(oracle_compare(aref, a64, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                     "ref attn vs float64: %s", msg);
+        free(o64);
+        free(a64);
+    }
 
     clattn_device *cl = tu_open_opencl();
     if (lim->max_alloc) cl->max_alloc = lim->max_alloc;
@@ -170,7 +195,6 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     clattn_plan *pc = NULL;
     cr_assert_eq(clattn_plan_create(cl, &d, &w, &pc), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
                  clattn_last_error());
-    char msg[256];
     /* from host arrays, with and without the weights */
     for (int want_attn = 1; want_attn >= 0; want_attn--) {
         float *o = tu_poisoned(n_out), *at = want_attn ? tu_poisoned(n_attn) : NULL;
@@ -190,27 +214,28 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     const size_t off = (lim->blas_elems ? lim->blas_elems : 4096) + 37;
     const size_t nx = B * Tq * E, nkv = B * Tk * Ekv;
     cl_int err;
-    cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + nx) * 4, NULL, &err);
-    cl_mem bkv = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + nkv) * 4, NULL, &err);
-    cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 3 + B * Tk, NULL, &err);
-    cl_mem bmask = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 5 + Tq * Tk, NULL, &err);
-    cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + n_out) * 4, NULL, &err);
-    cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + n_attn) * 4, NULL, &err);
-    cr_assert_eq(err, CL_SUCCESS);
+    cl_mem mems[6];
+    const size_t sizes[6] = {(off + nx) * 4, (off + nkv) * 4, 3 + B * Tk, 5 + Tq * Tk, (off + n_out) * 4,
+                             (off + n_attn) * 4};
+    for (int i = 0; i < 6; i++) {
+        mems[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizes[i], NULL, &err);
+        cr_assert_eq(err, CL_SUCCESS, "buffer %d: %s", i, clattn_status_string(err));
+    }
+    cl_mem bx = mems[0], bkv = mems[1], bkpm = mems[2], bmask = mems[3], bout = mems[4], battn = mems[5];
     float *o = tu_poisoned(n_out), *at = tu_poisoned(n_attn);
-    clEnqueueWriteBuffer(q, bx, CL_TRUE, off * 4, nx * 4, x, 0, NULL, NULL);
-    clEnqueueWriteBuffer(q, bkv, CL_TRUE, off * 4, nkv * 4, kv, 0, NULL, NULL);
-    clEnqueueWriteBuffer(q, bkpm, CL_TRUE, 3, B * Tk, kpm, 0, NULL, NULL);
-    clEnqueueWriteBuffer(q, bmask, CL_TRUE, 5, Tq * Tk, mask, 0, NULL, NULL);
-    clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL);
-    clEnqueueWriteBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL);
+    cr_assert_eq(clEnqueueWriteBuffer(q, bx, CL_TRUE, off * 4, nx * 4, x, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, bkv, CL_TRUE, off * 4, nkv * 4, kv, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, bkpm, CL_TRUE, 3, B * Tk, kpm, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, bmask, CL_TRUE, 5, Tq * Tk, mask, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL), CL_SUCCESS);
     clattn_attention_buffers bufs = {.x = {bx, off}, .kv = {cross ? bkv : NULL, off}, .key_padding_mask = {bkpm, 3},
                                      .attn_mask = {bmask, 5}, .out = {bout, off}, .attn = {battn, off}};
     cr_assert_eq(clattn_plan_execute_buffers(pc, &bufs, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
                  clattn_last_error());
     cr_assert_eq(clFinish(q), CL_SUCCESS);
-    clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL);
-    clEnqueueReadBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL);
+    cr_assert_eq(clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, o, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueReadBuffer(q, battn, CL_TRUE, off * 4, n_attn * 4, at, 0, NULL, NULL), CL_SUCCESS);
     cr_assert_eq(tu_compare(o, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (buffers) out: %s", lim->what,
                  msg);
     cr_assert_eq(tu_compare(at, aref, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (buffers) attn: %s",
@@ -228,13 +253,12 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     cr_assert_eq(clattn_plan_execute(pf, &a), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what, clattn_last_error());
     cr_assert_eq(tu_compare(of, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (fused, host) out: %s",
                  lim->what, msg);
-    float *poison = tu_poisoned(n_out);
-    clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, poison, 0, NULL, NULL);
-    free(poison);
+    for (size_t i = 0; i < n_out; i++) of[i] = NAN; /* the read below must bring every value */
+    cr_assert_eq(clEnqueueWriteBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, of, 0, NULL, NULL), CL_SUCCESS);
     bufs.attn = (clattn_buffer){NULL, 0};
     cr_assert_eq(clattn_plan_execute_buffers(pf, &bufs, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s (fused): %s",
                  lim->what, clattn_last_error());
-    clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, of, 0, NULL, NULL);
+    cr_assert_eq(clEnqueueReadBuffer(q, bout, CL_TRUE, off * 4, n_out * 4, of, 0, NULL, NULL), CL_SUCCESS);
     cr_assert_eq(tu_compare(of, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (fused, buffers) out: %s",
                  lim->what, msg);
     clattn_plan_free(pf);
@@ -243,16 +267,17 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     /* the spies: no CLBlast call reached past the limit, no launch was larger */
     if (lim->blas_elems) {
         const size_t reach = clattn_test_blas_reach(0);
+        cr_assert(reach > 0, "%s: the CLBlast spy saw no call", lim->what);
         cr_assert(reach <= lim->blas_elems, "%s: a CLBlast call touched element %zu, past the limit %zu", lim->what,
                   reach, lim->blas_elems);
     }
     if (lim->launch_items) {
         const size_t reach = clattn_test_launch_reach(0);
+        cr_assert(reach > 0, "%s: the launch spy saw no launch", lim->what);
         cr_assert(reach <= lim->launch_items, "%s: a launch of %zu work-items, past the limit %zu", lim->what,
                   reach, lim->launch_items);
     }
     free(o); free(at);
-    cl_mem mems[] = {bx, bkv, bkpm, bmask, bout, battn};
     for (int i = 0; i < 6; i++) clReleaseMemObject(mems[i]);
     clattn_plan_free(pc);
     clattn_plan_free(pr);
@@ -284,16 +309,27 @@ Test(limits, all_limits_cross) { lowered_matches_ref(&all_limits, 1, 1, 0.0f); }
 
 /* Make the Nth host allocation (or buffer creation) fail, for every N in turn, in plan
  * creation and in execution: the call fails cleanly and leaves outputs untouched. */
-static void walk(const char *spec, int buffers, clattn_algorithm alg)
+static void walk(int opencl, int buffers, clattn_algorithm alg)
 {
     problem p;
     make(&p, 0.1f);
     p.d.algorithm = alg;
     p.d.need_weights = alg != CLATTN_ALGORITHM_FUSED;
     const int weights = p.d.need_weights;
-    clattn_device *dev = NULL;
-    cr_assert_eq(clattn_device_open(spec, &dev), CLATTN_STATUS_SUCCESS);
+    clattn_device *dev = opencl ? tu_open_opencl() : tu_open_ref();
     const size_t n_out = 2 * 37 * 16, n_attn = 2 * 4 * 37 * 37;
+    /* what the successful call at the end of the walk must give: ref's output (same dropout bits) */
+    float *want_out = tu_poisoned(n_out), *want_attn = tu_poisoned(n_attn);
+    {
+        clattn_device *ref = tu_open_ref();
+        clattn_plan *pr = NULL;
+        cr_assert_eq(clattn_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_attention_args a = p.a;
+        a.out = want_out, a.attn = want_attn;
+        cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_plan_free(pr);
+        clattn_device_free(ref);
+    }
     float *out = malloc(n_out * sizeof *out), *attn = malloc(n_attn * sizeof *attn);
     int failures = 0;
     for (long n = 1;; n++) {
@@ -315,6 +351,12 @@ static void walk(const char *spec, int buffers, clattn_algorithm alg)
         clattn_plan_free(plan);
         if (!fired) {
             cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "N=%ld: %s", n, clattn_last_error());
+            char msg[256];
+            cr_assert_eq(tu_compare(out, want_out, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                         "the call after the walk: out: %s", msg);
+            if (weights)
+                cr_assert_eq(tu_compare(attn, want_attn, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0,
+                             "the call after the walk: attn: %s", msg);
             break;
         }
         failures++;
@@ -327,16 +369,14 @@ static void walk(const char *spec, int buffers, clattn_algorithm alg)
     cr_assert(failures >= 3, "only %d allocations were walked", failures);
     free(out);
     free(attn);
+    free(want_out);
+    free(want_attn);
     clattn_device_free(dev);
     unmake(&p);
 }
 
-Test(faults, host_allocations_ref) { walk("ref", 0, CLATTN_ALGORITHM_AUTO); }
-Test(faults, host_allocations_opencl) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl", 0,
-                                             CLATTN_ALGORITHM_UNFUSED); }
-Test(faults, device_buffers_opencl) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl", 1,
-                                           CLATTN_ALGORITHM_UNFUSED); }
-Test(faults, host_allocations_opencl_fused) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl",
-                                                   0, CLATTN_ALGORITHM_FUSED); }
-Test(faults, device_buffers_opencl_fused) { walk(getenv("CLATTN_TEST_DEVICE") ? getenv("CLATTN_TEST_DEVICE") : "opencl",
-                                                 1, CLATTN_ALGORITHM_FUSED); }
+Test(faults, host_allocations_ref) { walk(0, 0, CLATTN_ALGORITHM_AUTO); }
+Test(faults, host_allocations_opencl) { walk(1, 0, CLATTN_ALGORITHM_UNFUSED); }
+Test(faults, device_buffers_opencl) { walk(1, 1, CLATTN_ALGORITHM_UNFUSED); }
+Test(faults, host_allocations_opencl_fused) { walk(1, 0, CLATTN_ALGORITHM_FUSED); }
+Test(faults, device_buffers_opencl_fused) { walk(1, 1, CLATTN_ALGORITHM_FUSED); }

@@ -1,7 +1,9 @@
-/* test_opencl.c: the OpenCL path against the CPU reference on fresh random
- * inputs and odd shapes; every element of out and attn checked (poisoned first).
+/* test_opencl.c: the OpenCL path against the CPU reference and against the float64 oracle
+ * of tests/oracle.c (which shares no code with either) on fresh random inputs and odd shapes;
+ * every element of out and attn checked (poisoned first).
  * Every configuration runs with both algorithms: fused (out) and unfused (out, and attn
  * when the configuration asks for the weights). */
+#include "oracle.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -145,6 +147,24 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
         if (cfg->dropout > 0.0f) /* the same elements dropped, bit for bit */
             for (size_t i = 0; i < n_attn; i++)
                 cr_assert_eq(attn_c[i] == 0.0f, attn_r[i] == 0.0f, "dropout mask differs at %zu", i);
+    }
+    if (cfg->dropout == 0.0f) {
+        /* both against the independent float64 oracle (dropout has its own in test_dropout.c) */
+        double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
+        cr_assert(o64 && a64);
+        cr_assert_eq(oracle_attention(&d, &w, &a, o64, a64), 0);
+        bad = oracle_compare(out_c, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "%s out vs float64: %zu of %zu differ; %s", clattn_algorithm_name(alg), bad, n_out, msg);
+        bad = oracle_compare(out_r, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "ref out vs float64: %zu of %zu differ; %s", bad, n_out, msg);
+        bad = oracle_compare(attn_r, a64, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "ref attn vs float64: %zu of %zu differ; %s", bad, n_attn, msg);
+        if (need_weights) {
+            bad = oracle_compare(attn_c, a64, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
+            cr_assert_eq(bad, 0, "attn vs float64: %zu of %zu differ; %s", bad, n_attn, msg);
+        }
+        free(o64);
+        free(a64);
     }
     clattn_plan_free(pc);
     clattn_plan_free(pr);

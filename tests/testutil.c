@@ -95,6 +95,15 @@ clattn_device *tu_open_opencl(void)
     return dev;
 }
 
+const char *tu_opencl_spec(void)
+{
+    static char spec[256];
+    const char *s = getenv("CLATTN_TEST_DEVICE");
+    snprintf(spec, sizeof spec, "%s", s && *s ? s : "opencl");
+    clattn_device_free(tu_open_opencl()); /* fails or skips the test as tu_open_opencl does */
+    return spec;
+}
+
 clattn_device *tu_open_ref(void)
 {
     clattn_device *dev = NULL;

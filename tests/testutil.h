@@ -32,6 +32,8 @@ size_t tu_compare_nan(const float *got, const float *ref, size_t n, double atol,
  * skips it visibly ([SKIP]), since a test that claims OpenCL would then compare ref with ref.
  * Call only from a test's body (Criterion's assert/skip). */
 clattn_device *tu_open_opencl(void);
+/* The spec of that device, for the CLI and the bench (--device SPEC): fails or skips as above. */
+const char *tu_opencl_spec(void);
 clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not open */
 
 /* A golden case directory (tests/golden/cases/NAME), loaded. */
