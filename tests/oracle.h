@@ -2,7 +2,7 @@
  * tutorials and PyTorch's modules. It shares no code with the library (src/reference.c,
  * src/encoder_ref.c, cl/), so a bug there cannot hide by appearing in both sides of a
  * comparison. Deliberately naive: one loop nest per formula, every sum in double.
- * oracle_attention does not model dropout; the oracle_dropout_* functions below give the mask. */
+ * Dropout follows the documented rule with the oracle's own Philox (oracle_dropout_* below). */
 #ifndef CLATTN_TEST_ORACLE_H
 #define CLATTN_TEST_ORACLE_H
 
@@ -14,9 +14,10 @@
 /* softmax(scale * Q K^T + masks) V with the projections of `w`, as the desc says (defaults
  * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E, dk = E/H
  * without weights, dv = dk, scale = 1/sqrt(dk)). A fully masked row has weights 0 (clattn's
- * documented choice; PyTorch gives NaN). desc.dropout must be 0.
+ * documented choice; PyTorch gives NaN). With desc.dropout = p, weight (b, h, i, j) is kept
+ * as w / (1 - p) or dropped to 0 as oracle_dropout_keep(desc.seed, p, b, h, i, j) says.
  *   out  (B, Tq, Eo or H*dv)    attn (B, H, Tq, Tk), may be NULL
- * Returns 0, or -1 for an unsupported desc (dropout) or out of memory. */
+ * Returns 0, or -1 when out of memory. */
 int oracle_attention(const clattn_attention_desc *desc, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn);
 
@@ -37,5 +38,9 @@ int oracle_dropout_keep(uint64_t seed, float p, uint32_t b, uint32_t h, uint32_t
  * number of failures and describes the first in msg. */
 size_t oracle_compare(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
                       size_t len);
+/* The same where the expectation may be non-finite (NaN and Inf propagation tests): got must be NaN
+ * exactly where want is NaN, the same infinity where want is infinite, and close elsewhere. */
+size_t oracle_compare_nonfinite(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
+                                size_t len);
 
 #endif

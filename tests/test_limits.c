@@ -6,8 +6,8 @@
  *     sub-buffers), nor makes a padded temporary larger than one allocation;
  *   - no kernel launch has more work-items than the device's launch limit.
  * The limits live in the (internal) device struct; the tests lower them so that a few
- * hundred tokens walk every chunking path, compared element by element with ref and, without
- * dropout, with the float64 oracle of tests/oracle.c (shares no code with either).
+ * hundred tokens walk every chunking path, compared element by element with ref and with the
+ * float64 oracle of tests/oracle.c (shares no code with either).
  * And every allocation failure (host or device, walked one by one) is reported and leaks
  * nothing. */
 #include "oracle.h"
@@ -75,7 +75,7 @@ static void chunked_matches_ref(float dropout)
     cr_assert_eq(bad, 0, "out: %s", msg);
     bad = tu_compare(ac, ar, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_assert_eq(bad, 0, "attn: %s", msg);
-    if (dropout == 0.0f) {
+    {
         double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
         cr_assert(o64 && a64);
         cr_assert_eq(oracle_attention(&p.d, &p.w, &p.a, o64, a64), 0);
@@ -171,9 +171,9 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     int nonzero = 0;
     for (size_t i = 0; i < n_out && !nonzero; i++) nonzero = oref[i] != 0.0f && isfinite(oref[i]);
     cr_assert(nonzero, "the reference output is all zero: the test would prove nothing");
-    /* without dropout, the expectation is checked against the float64 oracle first */
+    /* the expectation is checked against the float64 oracle first */
     char msg[256];
-    if (dropout == 0.0f) {
+    {
         double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
         cr_assert(o64 && a64);
         clattn_attention_args oa = a;

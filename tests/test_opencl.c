@@ -148,8 +148,8 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
             for (size_t i = 0; i < n_attn; i++)
                 cr_assert_eq(attn_c[i] == 0.0f, attn_r[i] == 0.0f, "dropout mask differs at %zu", i);
     }
-    if (cfg->dropout == 0.0f) {
-        /* both against the independent float64 oracle (dropout has its own in test_dropout.c) */
+    {
+        /* both against the independent float64 oracle, dropout mask included */
         double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64);
         cr_assert(o64 && a64);
         cr_assert_eq(oracle_attention(&d, &w, &a, o64, a64), 0);

@@ -9,6 +9,7 @@
  *              crash, outputs untouched
  * CLATTN_ROBUST_PLANS overrides the 1000 plans of the leak loop (for quick local runs). */
 #include "internal.h"
+#include "oracle.h"
 #include "testutil.h"
 
 #include <clblast_c.h>
@@ -125,6 +126,25 @@ static clattn_status tcase_run(clattn_device *dev, const tcase *c, float *out, f
     st = clattn_plan_execute(plan, &a);
     clattn_plan_free(plan);
     return st;
+}
+
+/* out (and attn when given) against the float64 oracle of tests/oracle.c; nonfinite: NaN and Inf
+ * are expected where the oracle has them (and nowhere else) */
+static void tcase_oracle_check(const tcase *c, const float *out, const float *attn, int nonfinite, const char *what)
+{
+    double *o64 = malloc(c->n_out * sizeof *o64), *a64 = malloc(c->n_attn * sizeof *a64);
+    cr_assert(o64 && a64);
+    clattn_attention_args a = tcase_args(c, NULL, NULL);
+    cr_assert_eq(oracle_attention(&c->d, &c->w, &a, o64, a64), 0);
+    size_t (*cmp)(const float *, const double *, size_t, double, double, char *, size_t) =
+        nonfinite ? oracle_compare_nonfinite : oracle_compare;
+    char msg[256];
+    cr_assert_eq(cmp(out, o64, c->n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s: out vs float64: %s", what, msg);
+    if (attn)
+        cr_assert_eq(cmp(attn, a64, c->n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s: attn vs float64: %s",
+                     what, msg);
+    free(o64);
+    free(a64);
 }
 
 static clattn_device *open_cl(void)
@@ -549,10 +569,12 @@ static void pair_init(pair *p)
                TC_QKV, 22);
     clattn_device *ref = tu_open_ref();
     for (int k = 0; k < 2; k++) {
-        p->ref_out[k] = malloc(p->c[k].n_out * sizeof(float));
-        p->ref_attn[k] = malloc(p->c[k].n_attn * sizeof(float));
+        p->ref_out[k] = tu_poisoned(p->c[k].n_out);
+        p->ref_attn[k] = tu_poisoned(p->c[k].n_attn);
         cr_assert_eq(tcase_run(ref, &p->c[k], p->ref_out[k], p->ref_attn[k]), CLATTN_STATUS_SUCCESS, "%s",
                      clattn_last_error());
+        /* the threads compare with ref; ref itself with the independent oracle */
+        tcase_oracle_check(&p->c[k], p->ref_out[k], p->ref_attn[k], 0, k ? "problem 1 on ref" : "problem 0 on ref");
     }
     clattn_device_free(ref);
 }
@@ -642,6 +664,11 @@ Test(threads, ref_device_two_plans)
  * made before it touches OpenCL; the race is narrow, hence many trials. */
 Test(threads, cold_start_two_threads, .timeout = 600)
 {
+    /* the parent must not touch OpenCL before forking (a driver's threads do not survive fork), so
+     * the spec is only read here; the ref device would make this a test of nothing: skipped */
+    const char *spec = getenv("CLATTN_TEST_DEVICE");
+    if (!spec || !*spec) spec = "opencl";
+    if (strcmp(spec, "ref") == 0) cr_skip_test("CLATTN_TEST_DEVICE=ref is not an OpenCL device; this test needs one");
     pair p;
     pair_init(&p);
     const int trials = 24;
@@ -651,8 +678,8 @@ Test(threads, cold_start_two_threads, .timeout = 600)
         pid_t pid = fork();
         cr_assert_neq(pid, -1, "fork");
         if (pid == 0) {
-            clattn_device *dev = tu_open_opencl();
-            if (!dev) _exit(3);
+            clattn_device *dev = NULL; /* no Criterion assertions in the child: its handlers belong to the parent */
+            if (clattn_device_open(spec, &dev) != CLATTN_STATUS_SUCCESS) _exit(3);
             char msg[600];
             int failures = two_threads(&p, dev, dev, 2, msg, sizeof msg);
             if (failures) fprintf(stderr, "cold start trial %d: %s\n", t, msg);
@@ -687,7 +714,10 @@ static void nan_score_row(clattn_device *dev, int weights)
     const size_t i0 = 2, j0 = 4;
     m[i0 * c.Tk + j0] = NAN;
     float *out = tu_poisoned(c.n_out), *attn = tu_poisoned(c.n_attn);
+    for (size_t i = 0; i < c.n_out; i++) out[i] = -7.0f; /* finite poison: the NaN rows must be written */
+    for (size_t i = 0; i < c.n_attn; i++) attn[i] = -7.0f;
     cr_assert_eq(tcase_run(dev, &c, out, weights ? attn : NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_oracle_check(&c, out, weights ? attn : NULL, 1, clattn_device_name(dev));
     for (size_t bh = 0; weights && bh < c.B * c.H; bh++)
         for (size_t i = 0; i < c.Tq; i++) {
             double sum = 0.0;
@@ -740,6 +770,8 @@ static void nan_in_v(clattn_device *dev, float *out, float *attn)
                   out[i * 4]);
         cr_assert(isfinite(out[i * 4 + 2]) && isfinite(out[i * 4 + 3]), "query %zu, head 1 is finite", i);
     }
+    /* -7 above is a finite poison: every NaN checked was written; every value vs the oracle */
+    tcase_oracle_check(&c, out, attn, 1, clattn_device_name(dev));
     tcase_free(&c);
 }
 
@@ -756,7 +788,10 @@ static void inf_in_x(clattn_device *dev, int what, uint64_t seed, int causal, fl
     c.x[(4 + 2) * 6 + 4] = -INFINITY;    /* batch 1, token 2 */
     c.x[(4 + 3) * 6 + 0] = INFINITY;     /* batch 1, token 3 */
     c.x[(4 + 3) * 6 + 1] = -INFINITY;
+    for (size_t i = 0; i < c.n_out; i++) out[i] = -7.0f; /* finite poison: the oracle check sees it */
+    for (size_t i = 0; attn && i < c.n_attn; i++) attn[i] = -7.0f;
     cr_assert_eq(tcase_run(dev, &c, out, attn), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_oracle_check(&c, out, attn, 1, clattn_device_name(dev));
     tcase_free(&c);
 }
 
@@ -790,6 +825,7 @@ Test(nonfinite, nan_in_visible_v_fused)
         float *o = dev ? co : ro;
         for (size_t i = 0; i < 20; i++) o[i] = -7.0f;
         cr_assert_eq(tcase_run(dev ? cl : ref, &c, o, NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        tcase_oracle_check(&c, o, NULL, 1, dev ? "fused" : "ref");
         tcase_free(&c);
     }
     for (size_t i = 0; i < 5; i++) {
@@ -1010,7 +1046,10 @@ static void fully_masked(clattn_device *dev, int with_out, int weights)
     memset(c.mask, 0, c.n_mask);
     memset((uint8_t *)c.mask + 1 * c.Tk, 1, c.Tk);  /* query 1: no key allowed */
     float *out = tu_poisoned(c.n_out), *attn = tu_poisoned(c.n_attn);
+    for (size_t i = 0; i < c.n_out; i++) out[i] = -7.0f; /* finite poison: the NaN rows must be written */
+    for (size_t i = 0; i < c.n_attn; i++) attn[i] = -7.0f;
     cr_assert_eq(tcase_run(dev, &c, out, weights ? attn : NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_oracle_check(&c, out, weights ? attn : NULL, 1, clattn_device_name(dev));
     for (size_t b = 0; weights && b < c.B; b++)
         for (size_t h = 0; h < c.H; h++)
             for (size_t i = 0; i < c.Tq; i++) {
