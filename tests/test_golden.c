@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 
 static void run_all(clattn_device *dev, clattn_layout layout, clattn_algorithm alg)
@@ -38,6 +39,24 @@ static void run_all(clattn_device *dev, clattn_layout layout, clattn_algorithm a
         clattn_status st = clattn_plan_create(dev, &c.desc, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s: %s", c.name, clattn_status_string(st),
                      clattn_last_error());
+        if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
+            cr_assert_eq(clattn_plan_algorithm(plan), alg, "%s: asked for %s, the plan runs %s", c.name,
+                         clattn_algorithm_name(alg), clattn_algorithm_name(clattn_plan_algorithm(plan)));
+        /* the fixtures' own shapes: out (B, Tq, Eo or H*dv), attn (B, H, Tq, Tk), every value finite */
+        clattn_attention_desc rd;
+        cr_assert_eq(clattn_plan_desc(plan, &rd), CLATTN_STATUS_SUCCESS);
+        const size_t Tk = rd.cross ? rd.seq_kv : rd.seq_q;
+        cr_assert(c.expect_out.ndim == 3 && c.expect_out.shape[0] == rd.batch && c.expect_out.shape[1] == rd.seq_q &&
+                      c.expect_out.shape[2] == clattn_plan_out_width(plan),
+                  "%s: expect_out.npy has the wrong shape", c.name);
+        cr_assert(c.expect_attn.ndim == 4 && c.expect_attn.shape[0] == rd.batch && c.expect_attn.shape[1] == rd.heads &&
+                      c.expect_attn.shape[2] == rd.seq_q && c.expect_attn.shape[3] == Tk,
+                  "%s: expect_attn.npy is not (B, H, Tq, Tk)", c.name);
+        cr_assert(c.expect_out.dtype == CLATTN_NPY_F32 && c.expect_attn.dtype == CLATTN_NPY_F32, "%s: dtype", c.name);
+        for (size_t e = 0; e < c.out_count; e++)
+            cr_assert(isfinite(((const float *)c.expect_out.data)[e]), "%s: expect_out[%zu] not finite", c.name, e);
+        for (size_t e = 0; e < c.attn_count; e++)
+            cr_assert(isfinite(((const float *)c.expect_attn.data)[e]), "%s: expect_attn[%zu] not finite", c.name, e);
         cr_assert_eq(c.out_count, c.desc.batch * c.desc.seq_q * clattn_plan_out_width(plan), "%s: out size", c.name);
         float *out = tu_poisoned(c.out_count), *attn = tu_poisoned(c.attn_count);
         c.args.out = out;
@@ -78,7 +97,6 @@ Test(golden, ref_raw_layout)
 Test(golden, opencl)
 {
     clattn_device *dev = tu_open_opencl();
-    cr_assert(dev, "no OpenCL device: %s", clattn_last_error());
     run_all(dev, CLATTN_LAYOUT_LINEAR, CLATTN_ALGORITHM_UNFUSED);
     run_all(dev, CLATTN_LAYOUT_LINEAR, CLATTN_ALGORITHM_FUSED);
     clattn_device_free(dev);
@@ -87,7 +105,6 @@ Test(golden, opencl)
 Test(golden, opencl_raw_layout)
 {
     clattn_device *dev = tu_open_opencl();
-    cr_assert(dev, "no OpenCL device: %s", clattn_last_error());
     run_all(dev, CLATTN_LAYOUT_RAW, CLATTN_ALGORITHM_UNFUSED);
     run_all(dev, CLATTN_LAYOUT_RAW, CLATTN_ALGORITHM_FUSED);
     clattn_device_free(dev);

@@ -13,7 +13,11 @@ The script deletes and rewrites everything it generates:
   printed tables that the CLI demo shows side by side.
 
 The output is deterministic: fixed seeds everywhere, single-threaded torch.
-Running it twice gives byte-identical files.
+Running it twice gives byte-identical files on one machine. Another BLAS under
+torch can move the last bit of a float32 value (the mha_* fixtures older than
+mha_causal_kpm were written before libopenblas0-pthread was installed here and
+differ from a fresh run by at most 2.4e-7, far inside the test tolerance);
+commit only the cases you meant to change.
 
 Case directory contract (the same as ``clattn run``'s input contract)
 ----------------------------------------------------------------------
@@ -45,7 +49,10 @@ Semantics: scores = scale * Q_h K_h^T (+ float attn_mask); ``causal`` masks
 key j > query i (top-left aligned, also when Tq != Tk); boolean masks and
 the key padding mask set scores to -inf; softmax over keys; context =
 weights @ V_h; heads concatenated in head order; optional output projection.
-No fixture has a query row whose keys are all masked.
+Fully masked query rows appear only in ``mha_causal_kpm`` and
+``mha_fully_masked``: PyTorch gives NaN there, and those two fixtures hold
+clattn's documented values instead (weights 0, output = out_proj.bias),
+after the script has checked that PyTorch's NaNs fall exactly on those rows.
 
 Where the expectations come from
 --------------------------------
@@ -163,11 +170,11 @@ def reference_attention(arrs, heads, dk, dv, causal, scale):
         masked |= arrs["key_padding_mask"][:, None, None, :]
     s = np.where(masked, -np.inf, s)
     allowed = np.isfinite(s)
-    if not allowed.any(axis=-1).all():
-        raise AssertionError("fixture has a query row with every key masked")
-    mx = s.max(axis=-1, keepdims=True)
-    e = np.where(allowed, np.exp(s - mx), 0.0)
-    a = e / e.sum(axis=-1, keepdims=True)
+    live = allowed.any(axis=-1, keepdims=True)   # rows with at least one key
+    mx = np.where(live, np.where(allowed, s, -np.inf).max(axis=-1, keepdims=True), 0.0)
+    e = np.where(allowed, np.exp(np.where(allowed, s, 0.0) - mx), 0.0)
+    # clattn's documented choice: a row with no visible key has weights 0 (torch: NaN)
+    a = np.where(live, e / np.where(live, e.sum(axis=-1, keepdims=True), 1.0), 0.0)
     ctx = (a @ v).transpose(0, 2, 1, 3).reshape(B, Tq, heads * dv)
     if "w_out" in arrs:
         ctx = ctx @ arrs["w_out"].astype(np.float64).T
@@ -267,7 +274,8 @@ def emit(name, comments, *, x, heads, dk, dv, causal, out, attn, scale=None,
     np.testing.assert_allclose(back["expect_attn"], rattn, rtol=rtol, atol=atol,
                                err_msg="%s: expect_attn vs float64 reference" % name)
     rows = back["expect_attn"].sum(axis=-1)
-    assert np.allclose(rows, 1.0, atol=1e-5), name
+    # every row sums to 1, except the fully masked ones (all weights 0, clattn's choice)
+    assert np.all(np.isclose(rows, 1.0, atol=1e-5) | (np.abs(back["expect_attn"]).max(axis=-1) == 0.0)), name
     SUMMARY.append((name, {k: (tuple(v.shape), str(v.dtype)) for k, v in back.items()},
                     float(np.max(np.abs(back["expect_out"] - rout))),
                     float(np.max(np.abs(back["expect_attn"] - rattn)))))
@@ -945,11 +953,17 @@ def tutorial_cases():
 # --------------------------------------------------------------------------
 
 def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
-             causal=False, kpm=None, attn_mask=None, extra_comment=None):
+             causal=False, kpm=None, attn_mask=None, extra_comment=None,
+             fully_masked=False):
     """Run torch.nn.MultiheadAttention and emit the fixture.
 
     kpm: (B, Tk) bool numpy array or None.  attn_mask: (Tq, Tk) bool or float32
     numpy array or None (the explicit mask; `causal` is added for torch only).
+    fully_masked: the case has query rows that see no key. torch gives NaN
+    there (weights and output); clattn's documented choice is weights 0, so a
+    context of 0 and an output of out_proj.bias (0 without bias). The script
+    checks that torch's NaNs are exactly those rows, then writes clattn's
+    values for them and torch's everywhere else.
     """
     cross = kdim is not None
     Tk = Tq if Tk is None else Tk
@@ -985,6 +999,25 @@ def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
     # fast path.
     out, attn = mha(x, kv, kv, key_padding_mask=tkpm, need_weights=True,
                     attn_mask=tmask, average_attn_weights=False)
+    hidden = np.zeros((B, Tq, Tk), dtype=bool)
+    if causal:
+        hidden |= np.triu(np.ones((Tq, Tk), dtype=bool), k=1)[None]
+    if attn_mask is not None:
+        hidden |= (attn_mask if attn_mask.dtype == np.bool_ else np.isneginf(attn_mask))[None]
+    if kpm is not None:
+        hidden |= kpm[:, None, :]
+    dead = hidden.all(axis=-1)  # (B, Tq): rows that see no key
+    assert bool(dead.any()) == fully_masked, (name, "fully masked rows", dead)
+    if fully_masked:
+        out, attn = out.detach().clone(), attn.detach().clone()
+        tdead = torch.from_numpy(dead)
+        # torch: NaN exactly on the dead rows, finite elsewhere
+        assert torch.isnan(attn).any(dim=-1).eq(tdead[:, None, :]).all(), name
+        assert torch.isnan(attn).all(dim=-1).eq(tdead[:, None, :]).all(), name
+        assert torch.isnan(out).all(dim=-1).eq(tdead).all(), name
+        attn[torch.isnan(attn)] = 0.0
+        ob = mha.out_proj.bias.detach() if bias else torch.zeros(E)
+        out[tdead] = ob
     assert not torch.isnan(out).any() and not torch.isnan(attn).any(), name
 
     dh = E // H
@@ -1077,6 +1110,30 @@ def mha_cases():
              kpm=kpm, attn_mask=bm,
              extra_comment="key_padding_mask + causal + random boolean attn_mask; torch got "
                            "attn_mask | causal; no fully masked row")
+
+    kpm = np.zeros((3, 13), dtype=bool)
+    kpm[0, [4, 9, 10]] = True    # entry 0: scattered keys
+    kpm[1, 0] = True             # entry 1: key 0 padded -> causal query 0 sees nothing
+    kpm[2, 7:] = True            # entry 2: a padded tail
+    mha_case("mha_causal_kpm", 1013, B=3, Tq=13, E=12, H=3, causal=True, kpm=kpm,
+             fully_masked=True,
+             extra_comment="causal + key_padding_mask; entry 1 pads key 0, so its query 0 sees "
+                           "no key: torch gives NaN there, clattn weights 0 and output out_proj.bias")
+
+    rng = np.random.default_rng(2014)
+    bm = rng.random((9, 9)) < 0.3
+    bm[:, 0] = False             # causal keeps key 0 for every row ...
+    bm[5, :] = True              # ... except row 5: fully masked
+    kpm = np.zeros((2, 9), dtype=bool)
+    kpm[1, :] = True             # entry 1: every key padded
+    mha_case("mha_fully_masked", 1014, B=2, Tq=9, E=8, H=2, causal=True, kpm=kpm, attn_mask=bm,
+             fully_masked=True,
+             extra_comment="fully masked rows three ways: bool mask row 5, batch entry 1 all padded, "
+                           "with causal; torch's NaN rows written as clattn's 0 weights and "
+                           "out_proj.bias outputs")
+    mha_case("mha_causal_bool", 1015, B=2, Tq=11, E=16, H=4, causal=True,
+             attn_mask=np.asarray(np.random.default_rng(2015).random((11, 11)) < 0.25) & ~np.eye(11, dtype=bool),
+             extra_comment="causal + random boolean attn_mask (the diagonal kept: no fully masked row)")
 
 
 # --------------------------------------------------------------------------
