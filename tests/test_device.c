@@ -1,5 +1,6 @@
 /* test_device.c: device listing and specs, caller-owned queues, execution on
  * cl_mem buffers with offsets, wait lists and events, profiling. */
+#include "oracle.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -47,7 +48,8 @@ Test(device, specs)
 {
     clattn_device_info info;
     size_t n = 0;
-    clattn_device_list(&info, 1, &n);
+    cr_assert_eq(clattn_device_list(&info, 1, &n), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_gt(n, 0, "no OpenCL device to open by spec (install pocl-opencl-icd)");
     char by_name[160];
     snprintf(by_name, sizeof by_name, "name=%.*s", 6, info.name); /* a prefix of the first device's name */
     for (char *p = by_name + 5; *p; p++) *p = (char)(p[0] >= 'a' && p[0] <= 'z' ? p[0] - 32 : p[0]); /* any case */
@@ -79,7 +81,8 @@ Test(device, default_from_environment)
     unsetenv("CLATTN_DEVICE");
     expect_open(NULL, CLATTN_STATUS_SUCCESS, CLATTN_BACKEND_OPENCL);
     clattn_device *dev = NULL;
-    clattn_device_open(NULL, &dev);
+    cr_assert_eq(clattn_device_open(NULL, &dev), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_not_null(dev);
     cr_assert_null(clattn_device_notice(dev), "no fallback happened, so no notice");
     clattn_device_free(dev);
 }
@@ -88,11 +91,10 @@ Test(device, default_from_environment)
 Test(device, out_of_order_queue_refused)
 {
     clattn_device *own = tu_open_opencl();
-    cr_assert(own);
     cl_device_id id;
-    clGetCommandQueueInfo(clattn_device_queue(own), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+    cr_assert_eq(clGetCommandQueueInfo(clattn_device_queue(own), CL_QUEUE_DEVICE, sizeof id, &id, NULL), CL_SUCCESS);
     cl_command_queue_properties supported = 0;
-    clGetDeviceInfo(id, CL_DEVICE_QUEUE_PROPERTIES, sizeof supported, &supported, NULL);
+    cr_assert_eq(clGetDeviceInfo(id, CL_DEVICE_QUEUE_PROPERTIES, sizeof supported, &supported, NULL), CL_SUCCESS);
     if (!(supported & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
         clattn_device_free(own);
         cr_skip_test("the device has no out-of-order queues");
@@ -106,7 +108,7 @@ Test(device, out_of_order_queue_refused)
     cr_expect_null(dev);
     cr_expect(strstr(clattn_last_error(), "in-order") != NULL, "%s", clattn_last_error());
     cl_uint refs = 0;
-    clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL);
+    cr_assert_eq(clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL), CL_SUCCESS);
     cr_expect_eq(refs, 1, "a refused queue is not retained");
     clReleaseCommandQueue(q);
     clattn_device_free(own);
@@ -116,11 +118,10 @@ Test(device, out_of_order_queue_refused)
 Test(device, caller_owned_queue_and_buffers)
 {
     clattn_device *own = tu_open_opencl();
-    cr_assert(own);
     cl_int err;
     cl_context ctx = clattn_device_context(own);
     cl_device_id id;
-    clGetCommandQueueInfo(clattn_device_queue(own), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+    cr_assert_eq(clGetCommandQueueInfo(clattn_device_queue(own), CL_QUEUE_DEVICE, sizeof id, &id, NULL), CL_SUCCESS);
     cl_command_queue q = clCreateCommandQueue(ctx, id, 0, &err);
     cr_assert_eq(err, CL_SUCCESS);
     clattn_device *dev = NULL;
@@ -144,14 +145,27 @@ Test(device, caller_owned_queue_and_buffers)
     cr_assert_eq(clattn_plan_set_profiling(plan, 1), CLATTN_STATUS_UNSUPPORTED, "queue has no profiling");
     clattn_device *ref = tu_open_ref();
     cr_assert_eq(clattn_plan_create(ref, &d, &w, &ref_plan), CLATTN_STATUS_SUCCESS);
-    float *want_out = malloc(NO * sizeof(float)), *want_attn = malloc(NA * sizeof(float));
+    float *want_out = tu_poisoned(NO), *want_attn = tu_poisoned(NA);
     clattn_attention_args a = {.x = x, .out = want_out, .attn = want_attn};
     cr_assert_eq(clattn_plan_execute(ref_plan, &a), CLATTN_STATUS_SUCCESS);
+    {
+        /* the expectation itself against the independent float64 oracle */
+        double *o64 = malloc(NO * sizeof *o64), *a64 = malloc(NA * sizeof *a64);
+        cr_assert(o64 && a64);
+        cr_assert_eq(oracle_attention(&d, &w, &a, o64, a64), 0);
+        char m64[256];
+        cr_assert_eq(oracle_compare(want_out, o64, NO, TU_ATOL, TU_RTOL, m64, sizeof m64), 0, "ref out: %s", m64);
+        cr_assert_eq(oracle_compare(want_attn, a64, NA, TU_ATOL, TU_RTOL, m64, sizeof m64), 0, "ref attn: %s", m64);
+        free(o64);
+        free(a64);
+    }
 
     float *host_x = tu_poisoned(NX + xo + 4), *host_out = tu_poisoned(NO + oo + 4), *host_attn = tu_poisoned(NA + ao);
     memcpy(host_x + xo, x, NX * sizeof(float));
     cl_mem mx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (NX + xo + 4) * 4, host_x, &err);
+    cr_assert_eq(err, CL_SUCCESS);
     cl_mem mo = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (NO + oo + 4) * 4, host_out, &err);
+    cr_assert_eq(err, CL_SUCCESS);
     cl_mem ma = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (NA + ao) * 4, host_attn, &err);
     cr_assert_eq(err, CL_SUCCESS);
     clattn_attention_buffers bufs = {.x = {mx, xo}, .out = {mo, oo}, .attn = {ma, ao}};
@@ -174,10 +188,12 @@ Test(device, caller_owned_queue_and_buffers)
     cr_assert_eq(clattn_plan_execute_buffers(plan, &bufs, 1, &gate, &done), CLATTN_STATUS_SUCCESS, "%s",
                  clattn_last_error());
     cr_assert_not_null(done);
-    clSetUserEventStatus(gate, CL_COMPLETE);
+    cr_assert_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
     cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS);
-    clEnqueueReadBuffer(clattn_device_queue(dev), mo, CL_TRUE, 0, (NO + oo + 4) * 4, host_out, 0, NULL, NULL);
-    clEnqueueReadBuffer(clattn_device_queue(dev), ma, CL_TRUE, 0, (NA + ao) * 4, host_attn, 0, NULL, NULL);
+    cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(dev), mo, CL_TRUE, 0, (NO + oo + 4) * 4, host_out, 0, NULL,
+                                     NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(dev), ma, CL_TRUE, 0, (NA + ao) * 4, host_attn, 0, NULL,
+                                     NULL), CL_SUCCESS);
     char msg[256];
     size_t bad = tu_compare(host_out + oo, want_out, NO, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_assert_eq(bad, 0, "out: %s", msg);
@@ -205,6 +221,7 @@ Test(device, profiling_stage_times)
     tu_rng r = {9};
     const size_t E = 16;
     float *w = tu_random(&r, E * E, -0.3f, 0.3f), *x = tu_random(&r, 2 * 33 * E, -1, 1), out[2 * 33 * 16];
+    for (size_t i = 0; i < 2 * 33 * 16; i++) out[i] = NAN;
     clattn_attention_desc d = {.batch = 2, .seq_q = 33, .embed = E, .heads = 4, .head_dim_qk = 4, .out_dim = E};
     clattn_attention_weights wt = {.w_query = w, .w_key = w, .w_value = w, .w_out = w};
     clattn_plan *plan = NULL;
@@ -214,6 +231,13 @@ Test(device, profiling_stage_times)
     cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
     double ms[CLATTN_STAGE_COUNT];
     cr_assert_eq(clattn_plan_stage_times(plan, ms), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    {
+        /* profiling changes nothing in the result */
+        double o64[2 * 33 * 16];
+        cr_assert_eq(oracle_attention(&d, &wt, &a, o64, NULL), 0);
+        char m64[256];
+        cr_assert_eq(oracle_compare(out, o64, 2 * 33 * 16, TU_ATOL, TU_RTOL, m64, sizeof m64), 0, "out: %s", m64);
+    }
     double total = 0;
     for (int s = 0; s < CLATTN_STAGE_COUNT; s++) {
         cr_assert(ms[s] >= 0.0, "%s: %g", clattn_stage_name((clattn_stage)s), ms[s]);
