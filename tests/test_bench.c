@@ -4,6 +4,7 @@
  * fork/exec on ref and on the OpenCL device and its --json line is checked for
  * every documented key and for positive figures. No timing is asserted. */
 #include "attention_op.h"
+#include "oracle.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -165,9 +166,13 @@ Test(op, make_fills_desc_and_weights)
     clattn_plan *plan = NULL;
     cr_assert_eq(clattn_plan_create(dev, &a.desc, &a.weights, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float out[2 * 5 * 12];
+    for (size_t i = 0; i < 2 * 5 * 12; i++) out[i] = NAN;
+    cr_assert_eq(a.out_count, 2 * 5 * 12);
     clattn_attention_args args = {.x = a.x, .out = out};
     cr_expect_eq(clattn_plan_execute(plan, &args), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    for (size_t i = 0; i < a.out_count; i++) cr_expect(isfinite(out[i]));
+    double o64[2 * 5 * 12];
+    cr_assert_eq(oracle_attention(&a.desc, &a.weights, &args, o64, NULL), 0);
+    cr_expect_eq(oracle_compare(out, o64, a.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "vs float64: %s", msg);
     clattn_plan_free(plan);
     clattn_device_free(dev);
     clattn_op_data_free(&a);
@@ -232,7 +237,6 @@ static void encoder_op_matches_ref(int norm_first, clattn_activation act, int ca
     for (size_t i = 0; i < 12; i++) cr_expect(w->ln1_weight[i] >= 0.9f && w->ln1_weight[i] <= 1.1f);
 
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
-    cr_assert(ref && cl, "%s", clattn_last_error());
     float *want = tu_poisoned(data.out_count), *got = tu_poisoned(data.out_count);
     clattn_encoder_plan *pr = NULL, *pc = NULL;
     cr_assert_eq(clattn_encoder_plan_create(ref, d, w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -243,6 +247,12 @@ static void encoder_op_matches_ref(int norm_first, clattn_activation act, int ca
     cr_assert_eq(clattn_encoder_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     size_t bad = tu_compare(got, want, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_expect_eq(bad, 0, "T=%zu F=%zu: %zu of %zu elements differ; %s", T, F, bad, data.out_count, msg);
+    double *o64 = malloc(data.out_count * sizeof *o64);
+    cr_assert_not_null(o64);
+    cr_assert_eq(oracle_encoder(d, w, data.x, NULL, o64), 0);
+    bad = oracle_compare(got, o64, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "T=%zu F=%zu vs float64: %zu of %zu differ; %s", T, F, bad, data.out_count, msg);
+    free(o64);
     clattn_encoder_plan_free(pr);
     clattn_encoder_plan_free(pc);
     clattn_device_free(ref);
@@ -432,11 +442,10 @@ static void smoke_opencl(const char *algorithm)
     if (!fused) expect_positive(json, "softmax_gbps");
     else cr_expect(json_is_null(json_value(json, "softmax_gbps")), "fused: no softmax pass, softmax_gbps null");
     double lo = 0, med = 0, hi = 0, share = 0;
-    json_number(json, "min_ms", &lo);
-    json_number(json, "median_ms", &med);
-    json_number(json, "max_ms", &hi);
+    cr_expect(json_number(json, "min_ms", &lo) && json_number(json, "median_ms", &med) &&
+                  json_number(json, "max_ms", &hi), "min/median/max_ms missing:\n%s", json);
     cr_expect(lo <= med && med <= hi, "min %g <= median %g <= max %g", lo, med, hi);
-    json_number(json, "gemm_share", &share);
+    cr_expect(json_number(json, "gemm_share", &share), "gemm_share missing");
     cr_expect(share <= 1.0, "gemm_share %g > 1", share);
     for (int s = 0; s < (int)clattn_stage_count(); s++) {
         const char *name = clattn_stage_name((clattn_stage)s);

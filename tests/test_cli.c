@@ -319,6 +319,8 @@ ROUNDTRIP(manual_cross_dk_dv)
 ROUNDTRIP(manual_noweights_heads)
 ROUNDTRIP(manual_scale)         /* --scale 0.3 */
 ROUNDTRIP(mha_causal)
+ROUNDTRIP(mha_fully_masked)       /* torch NaN rows as clattn zeros */
+ROUNDTRIP(mha_causal_kpm)
 
 /* Batch entry b of a golden case as a 2-D problem: x (Tq, E), kv (Tk, Ekv),
  * key_padding_mask (Tk) or (1, Tk); out.npy must be (Tq, Eo), attn.npy (H, Tq, Tk). */
@@ -332,6 +334,10 @@ static void roundtrip_2d(const char *name, size_t b, int kpm_1d, const char *env
     load(path_in(dir, "x.npy"), &x);
     load(path_in(dir, "expect_out.npy"), &eo);
     load(path_in(dir, "expect_attn.npy"), &ea);
+    cr_assert(x.ndim == 3 && eo.ndim == 3 && ea.ndim == 4, "%s: x (B, Tq, E), expect_out (B, Tq, Eo), expect_attn "
+              "(B, H, Tq, Tk)", name);
+    cr_assert(eo.shape[0] == x.shape[0] && ea.shape[0] == x.shape[0] && eo.shape[1] == x.shape[1] &&
+              ea.shape[2] == x.shape[1], "%s: the expectations' shapes disagree with x", name);
     cr_assert(b < x.shape[0]);
     size_t xs[2] = {x.shape[1], x.shape[2]};
     save_f32(path_in(in_dir, "x.npy"), (float *)x.data + b * xs[0] * xs[1], 2, xs);
@@ -627,7 +633,7 @@ Test(cli, bad_directories)
     cr_assert_neq(access(nope, F_OK), 0, "--out was created");
     unlink(path_in(in_dir, "x.npy"));
     bad("missing x.npy", 1, "x.npy", FLAGS("--heads", "3"));
-    mkdir(path_in(in_dir, "x.npy"), 0700);
+    cr_assert_eq(mkdir(path_in(in_dir, "x.npy"), 0700), 0); /* else this would test "missing x.npy" again */
     bad("x.npy is a directory", 1, "x.npy", FLAGS("--heads", "3"));
 }
 
@@ -768,7 +774,7 @@ Test(cli, bad_out_projection_and_biases)
     bad("b_value sized H*dk, not H*dv", 1, "b_value.npy", FLAGS("--heads", "2"));
     /* weights absent, a bias present */
     rm_rf(in_dir);
-    mkdir(in_dir, 0700);
+    cr_assert_eq(mkdir(in_dir, 0700), 0);
     copy_case("tut001_simple");
     save_f32(path_in(in_dir, "b_key.npy"), z, 1, (size_t[]){3});
     bad("bias without weights", 1, "b_key.npy", FLAGS("--heads", "1"));

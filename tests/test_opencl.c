@@ -261,6 +261,13 @@ Test(opencl, fused_refuses_weights)
     cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED, "AUTO with need_weights");
     cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    {
+        double o64[1 * 9 * 8], a64[2 * 9 * 9];
+        cr_assert_eq(oracle_attention(&d, NULL, &a, o64, a64), 0);
+        char m[256];
+        cr_assert_eq(oracle_compare(out, o64, B * T * E, TU_ATOL, TU_RTOL, m, sizeof m), 0, "out: %s", m);
+        cr_assert_eq(oracle_compare(attn, a64, 2 * T * T, TU_ATOL, TU_RTOL, m, sizeof m), 0, "attn: %s", m);
+    }
     clattn_plan_free(plan);
     d.algorithm = CLATTN_ALGORITHM_FUSED;
     plan = (clattn_plan *)(uintptr_t)1;

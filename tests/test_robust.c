@@ -618,7 +618,9 @@ static void warm_up(clattn_device *dev)
                                            .out_dim = 4},
                TC_QKV | TC_OUT, 23);
     float out[12];
+    for (int i = 0; i < 12; i++) out[i] = NAN;
     cr_assert_eq(tcase_run(dev, &c, out, NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tcase_oracle_check(&c, out, NULL, 0, "warm-up");
     tcase_free(&c);
 }
 

@@ -192,6 +192,51 @@ int tu_case_load(const char *name, tu_case *c, char *msg, size_t len)
     if (has_wo) d->out_dim = c->wo.shape[0];
     d->key_padding_mask = has_kpm;
     if (has_mask) d->attn_mask = c->mask.dtype == CLATTN_NPY_F32 ? CLATTN_MASK_FLOAT : CLATTN_MASK_BOOL;
+    /* every array's shape against the case's dimensions: a fixture that does not match its meta.txt
+     * must fail loudly, not be read past its end */
+    const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
+    const size_t Tk = has_kv ? d->seq_kv : Tq, Ekv = has_kv ? d->kv_embed : E;
+    const size_t dk = has_wq ? d->head_dim_qk : (H ? E / H : 0), dv = has_wq && d->head_dim_v ? d->head_dim_v : dk;
+    struct {
+        int present;
+        const clattn_npy *a;
+        const char *file;
+        int ndim;
+        size_t s0, s1;
+        clattn_npy_dtype dtype;
+    } want[] = {
+        {has_kv, &c->kv, "kv.npy", 3, B, Tk, CLATTN_NPY_F32},
+        {has_wq, &c->wq, "w_query.npy", 2, H * dk, E, CLATTN_NPY_F32},
+        {has_wk, &c->wk, "w_key.npy", 2, H * dk, Ekv, CLATTN_NPY_F32},
+        {has_wv, &c->wv, "w_value.npy", 2, H * dv, Ekv, CLATTN_NPY_F32},
+        {has_bq, &c->bq, "b_query.npy", 1, H * dk, 0, CLATTN_NPY_F32},
+        {has_bk, &c->bk, "b_key.npy", 1, H * dk, 0, CLATTN_NPY_F32},
+        {has_bv, &c->bv, "b_value.npy", 1, H * dv, 0, CLATTN_NPY_F32},
+        {has_wo, &c->wo, "w_out.npy", 2, d->out_dim, H * dv, CLATTN_NPY_F32},
+        {has_bo, &c->bo, "b_out.npy", 1, d->out_dim, 0, CLATTN_NPY_F32},
+        {has_kpm, &c->kpm, "key_padding_mask.npy", 2, B, Tk, CLATTN_NPY_BOOL},
+        {has_mask, &c->mask, "attn_mask.npy", 2, Tq, Tk, c->mask.dtype == CLATTN_NPY_F32 ? CLATTN_NPY_F32 : CLATTN_NPY_BOOL},
+        {1, &c->expect_out, "expect_out.npy", 3, B, Tq, CLATTN_NPY_F32},
+        {1, &c->expect_attn, "expect_attn.npy", 4, B, H, CLATTN_NPY_F32},
+    };
+    if (H == 0 || (has_wq && dk == 0)) {
+        snprintf(msg, len, "%s: meta.txt needs heads (and dk with weights)", dir);
+        return -1;
+    }
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        const clattn_npy *a = want[k].a;
+        if (!want[k].present) continue;
+        if (a->ndim != want[k].ndim || a->shape[0] != want[k].s0 || (want[k].ndim > 1 && a->shape[1] != want[k].s1) ||
+            a->dtype != want[k].dtype) {
+            snprintf(msg, len, "%s/%s: shape or dtype does not match the case (B=%zu Tq=%zu Tk=%zu E=%zu H=%zu dk=%zu "
+                     "dv=%zu)", dir, want[k].file, B, Tq, Tk, E, H, dk, dv);
+            return -1;
+        }
+    }
+    if (c->expect_attn.shape[2] != Tq || c->expect_attn.shape[3] != Tk) {
+        snprintf(msg, len, "%s/expect_attn.npy: not (B, H, Tq, Tk)", dir);
+        return -1;
+    }
     clattn_attention_weights *w = &c->weights;
     w->w_query = has_wq ? c->wq.data : NULL;
     w->w_key = has_wk ? c->wk.data : NULL;
