@@ -34,6 +34,13 @@ uint32_t oracle_dropout_word(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, 
 uint64_t oracle_dropout_threshold(float p);  /* floor(p * 2^32), exact for every float p in [0, 1) */
 int oracle_dropout_keep(uint64_t seed, float p, uint32_t b, uint32_t h, uint32_t i, uint32_t j);
 
+/* Random123's published known-answer vectors for Philox4x32-10: counter[4], key[2], out[4]. */
+extern const uint32_t oracle_philox_kat[3][10];
+
+/* One element: |got - want| <= atol + rtol |want| for finite want; a NaN want matches only a NaN got
+ * and only when nan_ok; an infinite want matches only the same infinity and only when inf_ok. */
+int oracle_close(double got, double want, double atol, double rtol, int nan_ok, int inf_ok);
+
 /* |got - want| <= atol + rtol |want| for every element, want finite, got not NaN. Returns the
  * number of failures and describes the first in msg. */
 size_t oracle_compare(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
