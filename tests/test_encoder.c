@@ -78,6 +78,26 @@ static void case_load(const char *name, enc_case *c)
     d->attn.out_dim = d->attn.embed;
     d->attn.key_padding_mask = c->a[KPM].data != NULL;
     d->ff_dim = c->a[WF1].shape[0];
+    /* every array's shape against the case: x (B, T, E), weights as torch stores them */
+    const size_t B = d->attn.batch, T = d->attn.seq_q, E = d->attn.embed, F = d->ff_dim;
+    cr_assert(d->attn.heads > 0 && E % d->attn.heads == 0, "%s: heads", name);
+    const size_t shapes[N_FILES][3] = {
+        [X] = {B, T, E},   [WQ] = {E, E},      [WK] = {E, E},  [WV] = {E, E},   [BQ] = {E},   [BK] = {E},
+        [BV] = {E},        [WO] = {E, E},      [BO] = {E},     [LN1W] = {E},    [LN1B] = {E}, [WF1] = {F, E},
+        [BF1] = {F},       [WF2] = {E, F},     [BF2] = {E},    [LN2W] = {E},    [LN2B] = {E}, [KPM] = {B, T},
+        [EXPECT] = {B, T, E}};
+    for (int i = 0; i < N_FILES; i++) {
+        const clattn_npy *a = &c->a[i];
+        if (!a->data) continue;
+        const int nd = shapes[i][2] ? 3 : shapes[i][1] ? 2 : 1;
+        cr_assert(a->ndim == nd && a->shape[0] == shapes[i][0] && (nd < 2 || a->shape[1] == shapes[i][1]) &&
+                      (nd < 3 || a->shape[2] == shapes[i][2]),
+                  "%s/%s.npy: shape does not match B=%zu T=%zu E=%zu F=%zu", name, files[i], B, T, E, F);
+        cr_assert(i == KPM ? a->dtype == CLATTN_NPY_BOOL || a->dtype == CLATTN_NPY_U8 : a->dtype == CLATTN_NPY_F32,
+                  "%s/%s.npy: dtype", name, files[i]);
+    }
+    for (size_t k = 0; k < c->a[EXPECT].count; k++)
+        cr_assert(isfinite(((const float *)c->a[EXPECT].data)[k]), "%s: expect_out[%zu] not finite", name, k);
     clattn_encoder_weights *w = &c->w;
     w->attn = (clattn_attention_weights){f32(c, WQ), f32(c, WK), f32(c, WV), f32(c, BQ),
                                          f32(c, BK), f32(c, BV), f32(c, WO), f32(c, BO)};
