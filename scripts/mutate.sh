@@ -8,6 +8,8 @@
 #
 #   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N]
 #
+# A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
+# killed, and a bug that makes a kernel loop forever counts as caught (a hang).
 # Exit status: 0 when every bug was caught; 1 when any survived; 2 when the list is stale (a text
 # that no longer occurs exactly once), a mutant does not build, or the unmutated tests fail.
 # Needs the build dependencies of scripts/setup.sh (cmake, OpenCL, CLBlast, Criterion) and an
@@ -19,13 +21,14 @@ list=$root/scripts/mutants.txt
 only=
 scratch=${TMPDIR:-/tmp}/clattn-mutate
 jobs=$(nproc 2>/dev/null || echo 2)
+test_timeout=${MUTATE_TEST_TIMEOUT:-300}
 while [ $# -gt 0 ]; do
     case $1 in
         --list) list=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
         --scratch) scratch=$2; shift 2 ;;
         --jobs) jobs=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -94,7 +97,14 @@ for k in "${!ids[@]}"; do
         continue
     fi
     log=$scratch/$id.log
-    if (cd "$scratch/build" && ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure >"$log" 2>&1); then
+    rc=0
+    (cd "$scratch/build" &&
+        timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
+        rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        pkill -KILL -f "$scratch/build/" 2>/dev/null || true   # test binaries left behind by ctest
+        line=$(printf '%-30s caught: its tests ran past %s s (a hang)' "$id" "$test_timeout")
+    elif [ "$rc" -eq 0 ]; then
         survived+=("$id")
         line=$(printf '%-30s SURVIVED  (ran %s)' "$id" "${regexes[$k]}")
     elif grep -q "kernel build failed\|CL_BUILD_PROGRAM_FAILURE" "$log"; then
