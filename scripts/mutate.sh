@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
         --only) only=$2; shift 2 ;;
         --scratch) scratch=$2; shift 2 ;;
         --jobs) jobs=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
