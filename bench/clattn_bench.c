@@ -605,7 +605,15 @@ static void json_num(FILE *f, const char *key, double v, int valid)
 static void print_json(const bench_ctx *b, const options *o, const result *r)
 {
     FILE *f = stdout;
-    fprintf(f, "{\"device\":");
+    char stamp[32] = "";
+    const time_t now = time(NULL);
+    struct tm tm_utc;
+    if (gmtime_r(&now, &tm_utc)) strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
+    fprintf(f, "{\"clattn_version\":");
+    json_string(f, clattn_version());
+    fprintf(f, ",\"timestamp\":");
+    json_string(f, stamp);
+    fprintf(f, ",\"device\":");
     json_string(f, b->device_name);
     fprintf(f, ",\"driver\":");
     json_string(f, b->driver);

@@ -41,6 +41,10 @@ extern "C" {
 #define CLATTN_VERSION_MINOR 2
 #define CLATTN_VERSION_PATCH 0
 
+/* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
+ * the CLATTN_VERSION_* macros of the header compiled against. */
+CLATTN_API const char *clattn_version(void);
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum clattn_status {

@@ -372,6 +372,13 @@ static const char *check_common(const run_result *r, const char *device_spec)
     cr_assert(nl[-1] == '}', "the JSON line does not end its object:\n%s", json);
     for (size_t i = 0; i < sizeof all_keys / sizeof all_keys[0]; i++)
         cr_expect(json_value(json, all_keys[i]) != NULL, "key \"%s\" missing from\n%s", all_keys[i], json);
+    char want_version[64];
+    snprintf(want_version, sizeof want_version, "\"%s\"", clattn_version());
+    const char *ver = json_value(json, "clattn_version"), *ts = json_value(json, "timestamp");
+    cr_expect(ver && strncmp(ver, want_version, strlen(want_version)) == 0, "clattn_version is not %s", want_version);
+    /* "YYYY-MM-DDTHH:MM:SSZ" */
+    cr_expect(ts && strlen(ts) > 21 && ts[0] == '"' && ts[5] == '-' && ts[11] == 'T' && ts[20] == 'Z' && ts[21] == '"',
+              "timestamp is not an ISO 8601 UTC time: %.24s", ts ? ts : "(missing)");
     const char *dv = json_value(json, "device"), *dr = json_value(json, "driver");
     cr_expect(dv && dv[0] == '"' && dv[1] != '"', "device is not a non-empty string");
     cr_expect(dr && dr[0] == '"' && dr[1] != '"', "driver is not a non-empty string");

@@ -455,6 +455,22 @@ Test(cli, help)
     free(out);
 }
 
+Test(cli, version)
+{
+    const char *args[] = {"--version", NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0);
+    cr_assert_str_empty(err, "%s", err);
+    free(err);
+    size_t n;
+    char *out = (char *)read_all(stdout_path, &n);
+    char want[64];
+    snprintf(want, sizeof want, "clattn %s", clattn_version());
+    cr_assert(strncmp(out, want, strlen(want)) == 0, "--version: %s", out);
+    cr_assert(strstr(out, "\nCLBlast "), "--version names CLBlast: %s", out);
+    free(out);
+}
+
 /* ---------------------------------------------------------------- dropout */
 
 static void run_dropout(const char *dev, const char *seed, clattn_npy *attn, clattn_npy *out)

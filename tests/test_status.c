@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 Test(status, own_codes_have_distinct_messages)
@@ -39,4 +40,11 @@ Test(status, last_error_is_per_call)
     cr_assert_eq(clattn_device_open("ref", &dev), CLATTN_STATUS_SUCCESS);
     cr_assert_str_eq(clattn_last_error(), "", "a successful call clears the detail");
     clattn_device_free(dev);
+}
+
+Test(version, matches_the_header)
+{
+    char want[64];
+    snprintf(want, sizeof want, "%d.%d.%d", CLATTN_VERSION_MAJOR, CLATTN_VERSION_MINOR, CLATTN_VERSION_PATCH);
+    cr_assert_str_eq(clattn_version(), want);
 }

@@ -1,13 +1,23 @@
 /* main.c: `clattn` — list devices, run the tutorials' demo, run attention on .npy files. */
 #include "cli.h"
+#include "clattn_build_info.h"
 
 #include <stdio.h>
 #include <string.h>
 
+/* clattn --version: the library's version, the git revision it was built from (when known) and CLBlast's */
+static int version(void)
+{
+    printf("clattn %s", clattn_version());
+    if (CLATTN_GIT_REVISION[0]) printf(" (git %s)", CLATTN_GIT_REVISION);
+    printf("\nCLBlast %s\n", CLATTN_CLBLAST_VERSION[0] ? CLATTN_CLBLAST_VERSION : "(version unknown)");
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clattn <command> [options]\n"
+            "usage: clattn <command> [options]      clattn --version\n"
             "  devices                      list every OpenCL device (and ref)\n"
             "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
             "  run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
@@ -29,6 +39,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) return version();
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
