@@ -7,6 +7,7 @@
 # reports which test caught it. The working tree is never touched.
 #
 #   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N]
+# The scratch directory (default: a new one under $TMPDIR) keeps each mutant's test log.
 #
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
@@ -15,11 +16,12 @@
 # Needs the build dependencies of scripts/setup.sh (cmake, OpenCL, CLBlast, Criterion) and an
 # OpenCL device (PoCL on CI). On the 2-core CI machine it takes about 5 minutes.
 set -euo pipefail
+trap 'echo "mutate.sh: internal error at line $LINENO (exit 2, not a verdict on the tests)" >&2; exit 2' ERR
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 list=$root/scripts/mutants.txt
 only=
-scratch=${TMPDIR:-/tmp}/clattn-mutate
+scratch=
 jobs=$(nproc 2>/dev/null || echo 2)
 test_timeout=${MUTATE_TEST_TIMEOUT:-300}
 while [ $# -gt 0 ]; do
@@ -28,16 +30,19 @@ while [ $# -gt 0 ]; do
         --only) only=$2; shift 2 ;;
         --scratch) scratch=$2; shift 2 ;;
         --jobs) jobs=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 [ -f "$list" ] || { echo "mutate.sh: no mutant list at $list" >&2; exit 2; }
+[ -n "$scratch" ] || scratch=$(mktemp -d "${TMPDIR:-/tmp}/clattn-mutate.XXXXXX")
 
 # ---- the list: id, file, find, replace, tests (fields separated by " @@ ")
 ids=(); files=(); finds=(); repls=(); regexes=()
 while IFS= read -r line; do
     case $line in ''|'#'*) continue ;; esac
+    seps=$(printf '%s' "$line" | grep -o ' @@ ' | wc -l)
+    [ "$seps" -eq 4 ] || { echo "mutate.sh: not 5 fields separated by ' @@ ': $line" >&2; exit 2; }
     rest=$line
     fields=()
     for _ in 1 2 3 4; do
@@ -45,8 +50,8 @@ while IFS= read -r line; do
         rest=${rest#* @@ }
     done
     fields+=("$rest")
-    [ "${#fields[@]}" -eq 5 ] && [ "${fields[4]}" != "$line" ] || { echo "mutate.sh: bad line: $line" >&2; exit 2; }
     if [ -n "$only" ] && ! [[ ${fields[0]} =~ $only ]]; then continue; fi
+    [ -f "$root/${fields[1]}" ] || { echo "mutate.sh: ${fields[0]}: no file ${fields[1]}" >&2; exit 2; }
     ids+=("${fields[0]}"); files+=("${fields[1]}"); finds+=("${fields[2]}"); repls+=("${fields[3]}"); regexes+=("${fields[4]}")
 done < "$list"
 [ "${#ids[@]}" -gt 0 ] || { echo "mutate.sh: no mutant selected" >&2; exit 2; }
@@ -61,7 +66,11 @@ cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release >/dev/nul
 build() { cmake --build "$scratch/build" -j "$jobs" >"$scratch/build.log" 2>&1; }
 build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy does not build" >&2; exit 2; }
 
-union=$(printf '%s\n' "${regexes[@]}" | tr '|' '\n' | sort -u | paste -sd'|')
+for k in "${!ids[@]}"; do   # a regex that names no test would make its mutant "survive" for nothing
+    n=$(cd "$scratch/build" && ctest -N -R "${regexes[$k]}" | sed -n 's/^Total Tests: //p')
+    [ "${n:-0}" -gt 0 ] || { echo "mutate.sh: ${ids[$k]}: '${regexes[$k]}' names no ctest entry" >&2; exit 2; }
+done
+union=$(printf '%s\n' "${regexes[@]}" | sort -u | paste -sd'|')
 echo "mutate.sh: unmutated run of: $union"
 if ! (cd "$scratch/build" && ctest -R "$union" --output-on-failure >"$scratch/baseline.log" 2>&1); then
     grep -E "Failed|\*\*\*" "$scratch/baseline.log" | head -20
@@ -107,14 +116,14 @@ for k in "${!ids[@]}"; do
     elif [ "$rc" -eq 0 ]; then
         survived+=("$id")
         line=$(printf '%-30s SURVIVED  (ran %s)' "$id" "${regexes[$k]}")
-    elif grep -q "kernel build failed\|CL_BUILD_PROGRAM_FAILURE" "$log"; then
+    elif grep -qE "kernel build failed|CL_BUILD_PROGRAM_FAILURE|building kernels .* failed" "$log"; then
         broken+=("$id (kernel does not compile)")
         line=$(printf '%-30s BROKEN    (a kernel does not compile)' "$id")
     else
-        caught=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log" | paste -sd, -)
+        caught=$(sed -n 's/^[[:space:]]*[0-9][0-9]* - \([^ ]*\) (.*/\1/p' "$log" | paste -sd, -)
         fails=$(sed -n 's/^\[FAIL\] \([^:]*::[^:]*\):.*/\1/p' "$log")
         nfail=$(printf '%s\n' "$fails" | grep -c . || true)
-        first=$(printf '%s\n' "$fails" | head -3 | paste -sd' ' -)
+        first=$(printf '%s\n' "$fails" | head -3 | paste -sd' ' - || true)
         [ -n "$first" ] || first=$(grep -m1 -iE "fail|error|crash|signal" "$log" | cut -c1-100 || true)
         line=$(printf '%-30s caught by %s, %s failing: %s' "$id" "${caught:-?}" "$nfail" "$first")
     fi

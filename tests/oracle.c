@@ -39,6 +39,10 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
     const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
     const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
     const float *src_kv = d->cross ? args->kv : args->x;
+    /* descriptions the library refuses are not computed here either (no silent garbage) */
+    if (!proj && (E % H != 0 || Ekv != E)) return -1;
+    if (proj && d->head_dim_qk == 0) return -1;
+    if (w && w->w_out && d->out_dim == 0) return -1;
 
     double *q = malloc(B * Tq * H * dk * sizeof *q);
     double *k = malloc(B * Tk * H * dk * sizeof *k);

@@ -15,7 +15,10 @@
  * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E, dk = E/H
  * without weights, dv = dk, scale = 1/sqrt(dk)). A fully masked row has weights 0 (clattn's
  * documented choice; PyTorch gives NaN). With desc.dropout = p, weight (b, h, i, j) is kept
- * as w / (1 - p) or dropped to 0 as oracle_dropout_keep(desc.seed, p, b, h, i, j) says.
+ * as w / (1 - p) or dropped to 0 as oracle_dropout_keep(desc.seed, p, b, h, i, j) says; a dropped
+ * weight is 0 even in a NaN row (clattn's choice, which this oracle encodes rather than derives:
+ * torch's NaN * 0 would stay NaN). A description the library refuses (dk = 0 with weights,
+ * heads not dividing E without weights, w_out without out_dim) gives -1.
  *   out  (B, Tq, Eo or H*dv)    attn (B, H, Tq, Tk), may be NULL
  * Returns 0, or -1 when out of memory. */
 int oracle_attention(const clattn_attention_desc *desc, const clattn_attention_weights *w,

@@ -246,8 +246,8 @@ Test(dropout_oracle, thresholds_on_the_boundary, .timeout = 900)
         uint8_t *keep = oracle_keep(&p, pdrop, seed);
         cr_assert_eq(keep[at], !want_drop, "own oracle at the boundary");
         char what[160];
-        snprintf(what, sizeof what, "seed %llu, p = %.9g, weight %zu %s at threshold %s 1", (unsigned long long)seed,
-                 pdrop, at, want_drop ? "dropped" : "kept", want_drop ? "word +" : "word +0 -");
+        snprintf(what, sizeof what, "seed %llu, p = %.9g, weight %zu %s at threshold = its word%s",
+                 (unsigned long long)seed, pdrop, at, want_drop ? "dropped" : "kept", want_drop ? " + 1" : "");
         check_all(&p, pdrop, seed, keep, what);
         free(keep);
     }
@@ -274,6 +274,7 @@ static void counts(clattn_device *dev, clattn_algorithm alg)
         d.need_weights = 1;
         clattn_plan *plan = NULL;
         cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) cr_assert_eq(clattn_plan_algorithm(plan), alg);
         float *out = tu_poisoned(p.n_out), *attn = tu_poisoned(p.n_attn);
         clattn_attention_args a = {.x = p.x, .out = out, .attn = attn};
         cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());

@@ -247,6 +247,8 @@ static void long_check(size_t T, int causal, int kpm, clattn_algorithm alg)
     clattn_status st = clattn_plan_create(cl, &d, &w, &plan);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "T=%zu %s: %s: %s", T, clattn_algorithm_name(alg),
                  clattn_status_string(st), clattn_last_error());
+    cr_assert_eq(clattn_plan_algorithm(plan), alg, "T=%zu: the plan runs %s", T,
+                 clattn_algorithm_name(clattn_plan_algorithm(plan)));
     float *out = tu_poisoned(T * c.E);
     clattn_attention_args a = {.x = c.x, .key_padding_mask = c.kpm, .out = out};
     st = clattn_plan_execute(plan, &a);

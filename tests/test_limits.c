@@ -195,6 +195,7 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     clattn_plan *pc = NULL;
     cr_assert_eq(clattn_plan_create(cl, &d, &w, &pc), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
                  clattn_last_error());
+    cr_assert_eq(clattn_plan_algorithm(pc), CLATTN_ALGORITHM_UNFUSED, "%s: need_weights runs unfused", lim->what);
     /* from host arrays, with and without the weights */
     for (int want_attn = 1; want_attn >= 0; want_attn--) {
         float *o = tu_poisoned(n_out), *at = want_attn ? tu_poisoned(n_attn) : NULL;
@@ -248,6 +249,7 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     clattn_plan *pf = NULL;
     cr_assert_eq(clattn_plan_create(cl, &df, &w, &pf), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what,
                  clattn_last_error());
+    cr_assert_eq(clattn_plan_algorithm(pf), CLATTN_ALGORITHM_FUSED, "%s: the plan does not run fused", lim->what);
     float *of = tu_poisoned(n_out);
     a.out = of, a.attn = NULL;
     cr_assert_eq(clattn_plan_execute(pf, &a), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what, clattn_last_error());
@@ -340,6 +342,7 @@ static void walk(int opencl, int buffers, clattn_algorithm alg)
         clattn_plan *plan = NULL;
         clattn_status st = clattn_plan_create(dev, &p.d, &p.w, &plan);
         if (st == CLATTN_STATUS_SUCCESS) {
+            if (opencl) cr_assert_eq(clattn_plan_algorithm(plan), alg, "N=%ld: the plan runs another algorithm", n);
             clattn_attention_args a = p.a;
             a.out = out, a.attn = weights ? attn : NULL;
             st = clattn_plan_execute(plan, &a);

@@ -197,6 +197,7 @@ static void fully_masked(clattn_device *dev)
         d.need_weights = 0;
         d.algorithm = CLATTN_ALGORITHM_FUSED;
         cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_FUSED);
         float *of = tu_poisoned(B * T * E);
         a.out = of, a.attn = NULL;
         cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());

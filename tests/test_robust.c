@@ -147,6 +147,15 @@ static void tcase_oracle_check(const tcase *c, const float *out, const float *at
     free(a64);
 }
 
+/* A buffer the test needs: its creation is asserted. */
+static cl_mem test_buffer(cl_context ctx, cl_mem_flags flags, size_t bytes, void *host)
+{
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(ctx, flags, bytes, host, &err);
+    cr_assert_eq(err, CL_SUCCESS, "clCreateBuffer(%zu bytes): %s", bytes, clattn_status_string(err));
+    return m;
+}
+
 static clattn_device *open_cl(void)
 {
     clattn_device *dev = tu_open_opencl();
@@ -283,19 +292,14 @@ static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *at
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && k % 4 == 1) {
         cl_context ctx = clattn_device_context(dev);
         cl_command_queue q = clattn_device_queue(dev);
-        cl_int err;
-        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_x * 4, c->x, &err);
-        cr_assert_eq(err, CL_SUCCESS);
-        cl_mem bkv = c->kv ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_kv * 4, c->kv, &err)
+        cl_mem bx = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_x * 4, c->x);
+        cl_mem bkv = c->kv ? test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->n_kv * 4, c->kv)
                            : NULL;
-        cl_mem bkpm = c->kpm ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->B * c->Tk, c->kpm,
-                                              &err) : NULL;
+        cl_mem bkpm = c->kpm ? test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c->B * c->Tk, c->kpm) : NULL;
         size_t mask_bytes = c->n_mask * (c->d.attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
-        cl_mem bmask = c->mask ? clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c->mask,
-                                                &err) : NULL;
-        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c->n_out * 4, NULL, &err);
-        cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c->n_attn * 4, NULL, &err);
-        cr_assert_eq(err, CL_SUCCESS);
+        cl_mem bmask = c->mask ? test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c->mask) : NULL;
+        cl_mem bout = test_buffer(ctx, CL_MEM_READ_WRITE, c->n_out * 4, NULL);
+        cl_mem battn = test_buffer(ctx, CL_MEM_READ_WRITE, c->n_attn * 4, NULL);
         clattn_attention_buffers b = {.x = {bx, 0}, .kv = {bkv, 0}, .key_padding_mask = {bkpm, 0},
                                       .attn_mask = {bmask, 0}, .out = {bout, 0}, .attn = {battn, 0}};
         cl_event ev = NULL;
@@ -416,7 +420,7 @@ Test(leaks, plan_loop_opencl, .timeout = 1500)
     const size_t heap0 = heap_bytes(), rss0 = rss_bytes();
     loop_cl_open(&l, id);
     run_plans(l.dev, cs, warmup, out, attn);
-    clFinish(l.q);
+    cr_assert_eq(clFinish(l.q), CL_SUCCESS);
     const cl_uint ctx0 = steady(read_ctx, l.ctx), q0 = steady(read_queue, l.q);
     const size_t heap_in0 = heap_bytes();
     run_plans(l.dev, cs, n, out, attn);
@@ -1242,17 +1246,15 @@ static void plan_nulls(clattn_device *dev, clattn_mask_kind mask_kind)
     } else {
         cl_context ctx = clattn_device_context(dev);
         cl_command_queue q = clattn_device_queue(dev);
-        cl_int err;
         size_t mask_bytes = c.n_mask * (mask_kind == CLATTN_MASK_FLOAT ? 4 : 1);
         fill(out, c.n_out, SENTINEL); /* the device copies of out and attn start as sentinels */
         fill(attn, c.n_attn, SENTINEL);
-        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_x * 4, c.x, &err);
-        cl_mem bkv = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_kv * 4, c.kv, &err);
-        cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.B * c.Tk, c.kpm, &err);
-        cl_mem bmask = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c.mask, &err);
-        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_out * 4, out, &err);
-        cl_mem battn = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_attn * 4, attn, &err);
-        cr_assert_eq(err, CL_SUCCESS);
+        cl_mem bx = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_x * 4, c.x);
+        cl_mem bkv = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_kv * 4, c.kv);
+        cl_mem bkpm = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.B * c.Tk, c.kpm);
+        cl_mem bmask = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, mask_bytes, c.mask);
+        cl_mem bout = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_out * 4, out);
+        cl_mem battn = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_attn * 4, attn);
         const clattn_attention_buffers fb = {.x = {bx, 0}, .kv = {bkv, 0}, .key_padding_mask = {bkpm, 0},
                                              .attn_mask = {bmask, 0}, .out = {bout, 0}, .attn = {battn, 0}};
         clattn_attention_buffers b;
@@ -1373,11 +1375,9 @@ static void encoder_nulls(clattn_device *dev)
     } else {
         cl_context ctx = clattn_device_context(dev);
         cl_command_queue q = clattn_device_queue(dev);
-        cl_int err;
-        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, x, &err);
-        cl_mem bkpm = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, B * T, kpm, &err);
-        cl_mem bout = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, out, &err);
-        cr_assert_eq(err, CL_SUCCESS);
+        cl_mem bx = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, x);
+        cl_mem bkpm = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, B * T, kpm);
+        cl_mem bout = test_buffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, N * 4, out);
         const clattn_encoder_buffers fb = {.x = {bx, 0}, .key_padding_mask = {bkpm, 0}, .out = {bout, 0}};
         clattn_encoder_buffers b;
         cr_assert_eq(clattn_encoder_plan_execute_buffers(NULL, &fb, 0, NULL, &ev), CLATTN_STATUS_INVALID_ARGUMENT);

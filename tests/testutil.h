@@ -20,10 +20,7 @@ float *tu_poisoned(size_t n);                                 /* malloc'd, every
  * or in ref, fails: an expectation that is NaN is a broken expectation, not a match.
  * Returns the number of failures; describes the first in msg. */
 size_t tu_compare(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg, size_t len);
-/* The same, except that where ref is NaN (and only there) got must be NaN: for the tests whose
- * expectation is NaN propagation. */
-size_t tu_compare_nan(const float *got, const float *ref, size_t n, double atol, double rtol, char *msg,
-                      size_t len);
+/* (Where NaN is the expectation, tests compare with the float64 oracle: oracle_compare_nonfinite.) */
 #define TU_ATOL 1e-5
 #define TU_RTOL 1e-4
 
