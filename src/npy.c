@@ -298,9 +298,11 @@ static int parse_descr(lexer *L, npy_header *h)
     if (!ok) {
         char shown[48];
         sanitize(shown, sizeof shown, L->s + start, len, 32);
+        /* a float64 array (numpy's default) is the usual mistake: say how to fix it */
+        const int f64 = len == 3 && (memcmp(d, "<f8", 3) == 0 || memcmp(d, ">f8", 3) == 0);
         set_err(L->err, L->errlen,
-                "dtype '%s' not supported (expected float32 '<f4', uint8 '|u1' or bool '|b1')",
-                shown);
+                "dtype '%s' not supported (expected float32 '<f4', uint8 '|u1' or bool '|b1')%s", shown,
+                f64 ? "; save it with a.astype(np.float32)" : "");
         return -1;
     }
     return 0;

@@ -455,6 +455,46 @@ Test(cli, help)
     free(out);
 }
 
+/* clattn help run = clattn run --help; clattn help encoder lists the files encoder reads */
+Test(cli, help_command)
+{
+    const char *args[] = {"help", "run", NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0);
+    cr_assert_str_empty(err, "%s", err);
+    free(err);
+    size_t n;
+    char *out = (char *)read_all(stdout_path, &n);
+    cr_assert(strstr(out, "usage: clattn run --in DIR") && strstr(out, "key_padding_mask.npy"), "help run: %s", out);
+    free(out);
+    const char *enc[] = {"help", "encoder", NULL};
+    cr_assert_eq(run_cli(enc, ENV_UNSET, &err), 0);
+    free(err);
+    out = (char *)read_all(stdout_path, &n);
+    cr_assert(strstr(out, "usage: clattn encoder") && strstr(out, "ln1_weight.npy") && strstr(out, "w_ff2.npy"),
+              "help encoder: %s", out);
+    free(out);
+    const char *bogus[] = {"help", "frobnicate", NULL};
+    cr_assert_eq(run_cli(bogus, ENV_UNSET, &err), 2);
+    cr_assert(strstr(err, "frobnicate"), "%s", err);
+    free(err);
+}
+
+/* clattn run -v says what ran, so that a forgotten --heads shows */
+Test(cli, verbose_run)
+{
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--device", "ref", "-v", NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    const char *want[] = {"clattn run: device ref", "B=2 Tq=7 Tk=7 E=12", "heads=1 dk=12 dv=12", "algorithm reference",
+                          "execute "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(err, want[i]), "-v should say '%s':\n%s", want[i], err);
+    free(err);
+    unlink(path_in(out_dir, "out.npy"));
+}
+
 Test(cli, version)
 {
     const char *args[] = {"--version", NULL};
@@ -598,6 +638,8 @@ Test(cli, bad_flags)
 {
     copy_case("mha_basic");
     bad("unknown flag", 2, "--frobnicate", FLAGS("--heads", "3", "--frobnicate"));
+    bad("unknown flag, worded as encoder words it", 2, "unknown option '--frobnicate' (see clattn run --help)",
+        FLAGS("--heads", "3", "--frobnicate"));
     bad("positional argument", 2, "stray", FLAGS("--heads", "3", "stray"));
     bad("--heads without value", 2, "--heads", FLAGS("--heads"));
     bad("--scale followed by a flag", 2, "--scale", FLAGS("--heads", "3", "--scale", "--causal"));
@@ -713,6 +755,7 @@ Test(cli, bad_x_dtype_order_rank)
     for (int i = 0; i < 168; i++) d[i] = ((float *)xa.data)[i];
     write_npy_raw(x, "<f8", "False", "(2, 7, 12)", d, sizeof d);
     bad("float64 x.npy", 1, "x.npy", FLAGS("--heads", "3"));
+    bad("float64 x.npy: the fix", 1, "astype(np.float32)", FLAGS("--heads", "3"));
     write_npy_raw(x, "<f4", "True", "(2, 7, 12)", xa.data, 168 * 4);
     bad("fortran-order x.npy", 1, "x.npy", FLAGS("--heads", "3"));
     write_npy_raw(x, "|u1", "False", "(2, 7, 12)", d, 168);

@@ -963,7 +963,7 @@ Test(encoder_cli, bad_inputs)
     bad("--eps 1e-50", 2, "--eps", ARGS("--heads", "3", "--eps", "1e-50"));
     bad("--heads 0", 2, "--heads", ARGS("--heads", "0"));
     bad("--heads twice", 2, "--heads", ARGS("--heads", "3", "--heads", "3"));
-    bad("unknown flag", 2, "--scale", ARGS("--heads", "3", "--scale", "1"));
+    bad("unknown flag", 2, "unknown option '--scale' (see clattn encoder --help)", ARGS("--heads", "3", "--scale", "1"));
     bad("--heads without value", 2, "--heads", ARGS("--causal", "--heads"));
     bad("--heads not dividing", 1, "w_query.npy", ARGS("--heads", "5"));
 

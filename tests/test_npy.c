@@ -392,7 +392,7 @@ Test(npy_numpy, float64_rejected)
     cr_assert_neq(clattn_npy_load(fixture("f64_1d.npy"), &a, err, sizeof err), 0);
     cr_assert(is_zeroed(&a));
     cr_assert_str_eq(err, "dtype '<f8' not supported (expected float32 '<f4', uint8 '|u1' or "
-                          "bool '|b1')");
+                          "bool '|b1'); save it with a.astype(np.float32)");
 }
 
 Test(npy_numpy, fortran_order_rejected)

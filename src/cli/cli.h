@@ -27,5 +27,7 @@ const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims
 clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *code);
 /* --algorithm auto|fused|unfused: 0 and *a set, or -1 for anything else. */
 int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a);
+/* Monotonic wall time in milliseconds (for clattn run -v). */
+double clattn_cli_now_ms(void);
 
 #endif

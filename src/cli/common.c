@@ -2,6 +2,8 @@
  * directory checks, shape strings and opening the device a command asks for. */
 #include "cli.h"
 
+#include <time.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,4 +85,11 @@ int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a)
             return 0;
         }
     return -1;
+}
+
+double clattn_cli_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }

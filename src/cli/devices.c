@@ -23,15 +23,25 @@ int clattn_cli_devices(int argc, char **argv)
         return 1;
     }
     clattn_device_list(infos, n, &n);
-    printf("%-12s %-28s %-40s %-6s %4s %10s %10s %-14s %4s %4s\n", "SELECTOR", "PLATFORM", "DEVICE", "TYPE", "CU",
-           "GLOBAL", "MAX_ALLOC", "OPENCL_C", "FP16", "FP64");
-    printf("%-12s %-28s %-40s %-6s %4s %10s %10s %-14s %4s %4s\n", "ref", "-", "CPU reference (plain C)", "cpu", "1",
-           "-", "-", "-", "no", "yes");
+    /* columns as wide as their longest entry: a name is never cut */
+    int wp = (int)strlen("PLATFORM"), wd = (int)strlen("CPU reference (plain C)"), wc = (int)strlen("OPENCL_C");
+    int ws = (int)strlen("SELECTOR");
     for (size_t i = 0; i < n; i++) {
         const clattn_device_info *d = &infos[i];
-        printf("%-12s %-28.28s %-40.40s %-6s %4u %7.1fGiB %7.1fGiB %-14.14s %4s %4s\n", d->selector, d->platform,
+        if ((int)strlen(d->platform) > wp) wp = (int)strlen(d->platform);
+        if ((int)strlen(d->name) > wd) wd = (int)strlen(d->name);
+        if ((int)strlen(d->opencl_c_version) > wc) wc = (int)strlen(d->opencl_c_version);
+        if ((int)strlen(d->selector) > ws) ws = (int)strlen(d->selector);
+    }
+    printf("%-*s %-*s %-*s %-6s %4s %10s %10s %-*s %4s %4s\n", ws, "SELECTOR", wp, "PLATFORM", wd, "DEVICE", "TYPE",
+           "CU", "GLOBAL", "MAX_ALLOC", wc, "OPENCL_C", "FP16", "FP64");
+    printf("%-*s %-*s %-*s %-6s %4s %10s %10s %-*s %4s %4s\n", ws, "ref", wp, "-", wd, "CPU reference (plain C)", "cpu",
+           "1", "-", "-", wc, "-", "no", "yes");
+    for (size_t i = 0; i < n; i++) {
+        const clattn_device_info *d = &infos[i];
+        printf("%-*s %-*s %-*s %-6s %4u %7.1fGiB %7.1fGiB %-*s %4s %4s\n", ws, d->selector, wp, d->platform, wd,
                d->name, d->type, d->compute_units, d->global_mem_bytes / 1073741824.0,
-               d->max_alloc_bytes / 1073741824.0, d->opencl_c_version, d->fp16 ? "yes" : "no",
+               d->max_alloc_bytes / 1073741824.0, wc, d->opencl_c_version, d->fp16 ? "yes" : "no",
                d->fp64 ? "yes" : "no");
     }
     if (n == 0) printf("(no OpenCL device found: only ref is available)\n");

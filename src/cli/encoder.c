@@ -100,8 +100,8 @@ static int parse(int argc, char **argv, options *o)
                                 strcmp(a, "--heads") == 0 || strcmp(a, "--activation") == 0 ||
                                 strcmp(a, "--eps") == 0 || strcmp(a, "--algorithm") == 0;
         if (!takes_value) {
-            if (a[0] == '-') return fail(2, "unknown option '%s' (%s)", a, USAGE);
-            return fail(2, "unexpected argument '%s' (%s)", a, USAGE);
+            if (a[0] == '-') return fail(2, "unknown option '%s' (see clattn encoder --help)", a);
+            return fail(2, "unexpected argument '%s' (see clattn encoder --help)", a);
         }
         if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) return fail(2, "%s needs a value (%s)", a, USAGE);
         const char *v = argv[++i];
@@ -295,7 +295,14 @@ int clattn_cli_encoder(int argc, char **argv)
     options o;
     int rc = parse(argc, argv, &o);
     if (rc < 0) {
-        printf("%s\n", USAGE);
+        printf("%s\n"
+               "inputs in DIR (torch.nn.TransformerEncoderLayer's parameters, nn.Linear [out, in] layout):\n"
+               "  x.npy (B, T, E) or (T, E); w_query.npy, w_key.npy, w_value.npy (E, E); optional b_query.npy,\n"
+               "  b_key.npy, b_value.npy (E); w_out.npy (E, E); optional b_out.npy (E); ln1_weight.npy,\n"
+               "  ln1_bias.npy (E); w_ff1.npy (F, E), b_ff1.npy (F); w_ff2.npy (E, F), b_ff2.npy (E);\n"
+               "  ln2_weight.npy, ln2_bias.npy (E); optional key_padding_mask.npy (B, T) bool\n"
+               "output in DIR: out.npy, the shape of x\n",
+               USAGE);
         return 0;
     }
     if (rc) return rc;

@@ -17,7 +17,7 @@ static int version(void)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clattn <command> [options]      clattn --version\n"
+            "usage: clattn <command> [options]      clattn help <command>      clattn --version\n"
             "  devices                      list every OpenCL device (and ref)\n"
             "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
             "  run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
@@ -40,6 +40,18 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) return version();
+    if (strcmp(cmd, "help") == 0 && argc >= 3) { /* clattn help CMD = clattn CMD --help */
+        char *sub[] = {argv[2], "--help", NULL};
+        if (strcmp(argv[2], "run") == 0) return clattn_cli_run(2, sub);
+        if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
+        if (strcmp(argv[2], "demo") == 0 || strcmp(argv[2], "devices") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        fprintf(stderr, "clattn help: unknown command '%s'\n", argv[2]);
+        usage(stderr);
+        return 2;
+    }
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;

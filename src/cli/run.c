@@ -36,7 +36,8 @@ static void say(const char *fmt, ...)
 static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
-               "                  [--need-weights] [--algorithm auto|fused|unfused] [--device SPEC]\n"
+               "                  [--need-weights] [--algorithm auto|fused|unfused] [--device SPEC] [-v]\n"
+               "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
                "outputs in DIR: out.npy, and attn.npy with --need-weights\n");
@@ -47,7 +48,7 @@ static void usage_line(FILE *f)
 typedef struct run_opts {
     const char *in, *out, *device;
     size_t heads;
-    int causal, need_weights;
+    int causal, need_weights, verbose;
     float scale;        /* 0 = default 1/sqrt(dk) */
     float dropout;
     uint64_t seed;
@@ -89,7 +90,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->heads = 1;
-    int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0;
+    int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0, seen_v = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -108,8 +109,9 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--algorithm") == 0) seen = &o->seen_alg;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
         else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
+        else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) seen = &seen_v, takes_value = 0;
         else {
-            if (a[0] == '-') say("unknown flag '%s' (see clattn run --help)", a);
+            if (a[0] == '-') say("unknown option '%s' (see clattn run --help)", a);
             else say("unexpected argument '%s' (see clattn run --help)", a);
             return EXIT_USAGE;
         }
@@ -120,6 +122,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         *seen = 1;
         if (!takes_value) {
             if (seen == &seen_causal) o->causal = 1;
+            else if (seen == &seen_v) o->verbose = 1;
             else o->need_weights = 1;
             continue;
         }
@@ -533,7 +536,9 @@ int clattn_cli_run(int argc, char **argv)
     if (!dev) goto done;
     code = EXIT_INPUT;
 
+    const double t0 = clattn_cli_now_ms();
     clattn_status st = clattn_plan_create(dev, &desc, &w, &plan);
+    const double t1 = clattn_cli_now_ms();
     if (st != CLATTN_STATUS_SUCCESS) {
         say("creating the attention plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
             clattn_last_error());
@@ -558,11 +563,25 @@ int clattn_cli_run(int argc, char **argv)
     args.attn_mask = in.has[F_MASK] ? in.a[F_MASK].data : NULL;
     args.out = out;
     args.attn = attn;
+    const double t2 = clattn_cli_now_ms();
     st = clattn_plan_execute(plan, &args);
+    const double t3 = clattn_cli_now_ms();
     if (st != CLATTN_STATUS_SUCCESS) {
         say("running attention on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
             clattn_last_error());
         goto done;
+    }
+    if (o.verbose) {
+        clattn_attention_desc r;
+        if (clattn_plan_desc(plan, &r) == CLATTN_STATUS_SUCCESS) {
+            const clattn_algorithm alg = clattn_plan_algorithm(plan);
+            fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
+            fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu dk=%zu dv=%zu out=%zu causal=%s scale=%g\n",
+                    r.batch, r.seq_q, r.cross ? r.seq_kv : r.seq_q, r.embed, r.cross ? " (cross)" : "", r.heads,
+                    r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", (double)r.scale);
+            fprintf(stderr, "clattn run: algorithm %s; plan %.1f ms, execute %.1f ms\n",
+                    alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), t1 - t0, t3 - t2);
+        }
     }
     if (write_outputs(o.out, &d, out_width, out, attn) == 0) code = EXIT_OK;
 
