@@ -239,7 +239,8 @@ size_t clattn_plan_device_bytes(const clattn_plan *plan) { return plan ? clattn_
 
 clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan)
 {
-    return plan ? plan->d.algorithm : CLATTN_ALGORITHM_AUTO;
+    /* the ref device computes one function whatever the description asked for: AUTO, as the header says */
+    return plan && plan->ops != &clattn_backend_ref ? plan->d.algorithm : CLATTN_ALGORITHM_AUTO;
 }
 
 const char *clattn_algorithm_name(clattn_algorithm a)

@@ -333,3 +333,19 @@ Test(validation, null_arguments)
     clattn_device_free(NULL);
     clattn_device_free(dev);
 }
+
+/* On ref the algorithm is not a choice: clattn_plan_algorithm says AUTO whatever the description asked. */
+Test(validation, ref_plans_report_auto)
+{
+    clattn_device *dev = tu_open_ref();
+    const clattn_algorithm asked[] = {CLATTN_ALGORITHM_AUTO, CLATTN_ALGORITHM_FUSED, CLATTN_ALGORITHM_UNFUSED};
+    for (int k = 0; k < 3; k++) {
+        clattn_attention_desc d = {.batch = 1, .seq_q = 2, .embed = 2, .heads = 1, .algorithm = asked[k]};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_AUTO, "asked %s", clattn_algorithm_name(asked[k]));
+        clattn_plan_free(plan);
+    }
+    cr_assert_eq(clattn_plan_algorithm(NULL), CLATTN_ALGORITHM_AUTO);
+    clattn_device_free(dev);
+}
