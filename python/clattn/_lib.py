@@ -1,0 +1,118 @@
+"""ctypes view of libclattn's public C ABI (include/clattn.h). Layouts mirror the header
+field by field; tests/test_python.py checks the sizes against a C compiler's."""
+import ctypes
+import os
+from ctypes import POINTER, Structure, c_char, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint8
+from ctypes import c_uint64, c_void_p
+
+c_float_p = POINTER(c_float)
+c_uint8_p = POINTER(c_uint8)
+
+STATUS_NAMES = {
+    0: "CLATTN_STATUS_SUCCESS",
+    -3001: "CLATTN_STATUS_INVALID_ARGUMENT",
+    -3002: "CLATTN_STATUS_SHAPE_MISMATCH",
+    -3003: "CLATTN_STATUS_SIZE_OVERFLOW",
+    -3004: "CLATTN_STATUS_TOO_LARGE_FOR_DEVICE",
+    -3005: "CLATTN_STATUS_OUT_OF_HOST_MEMORY",
+    -3006: "CLATTN_STATUS_DEVICE_ALLOCATION",
+    -3007: "CLATTN_STATUS_BUILD_FAILURE",
+    -3008: "CLATTN_STATUS_UNSUPPORTED",
+    -3009: "CLATTN_STATUS_NO_DEVICE",
+    -3010: "CLATTN_STATUS_INVALID_DEVICE_SPEC",
+}
+INVALID_ARGUMENT, SHAPE_MISMATCH, BUILD_FAILURE = -3001, -3002, -3007
+
+BACKEND_REF, BACKEND_OPENCL = 0, 1
+MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+LAYOUT_LINEAR, LAYOUT_RAW = 0, 1
+ALGORITHMS = {"auto": 0, "fused": 1, "unfused": 2}
+ACTIVATIONS = {"relu": 0, "gelu": 1}
+
+
+class DeviceInfo(Structure):
+    _fields_ = [("selector", c_char * 32), ("platform", c_char * 128), ("name", c_char * 128),
+                ("type", c_char * 16), ("compute_units", c_uint), ("global_mem_bytes", c_uint64),
+                ("max_alloc_bytes", c_uint64), ("opencl_c_version", c_char * 64), ("fp16", c_int),
+                ("fp64", c_int)]
+
+
+class AttentionDesc(Structure):
+    _fields_ = [("batch", c_size_t), ("seq_q", c_size_t), ("seq_kv", c_size_t), ("embed", c_size_t),
+                ("kv_embed", c_size_t), ("heads", c_size_t), ("head_dim_qk", c_size_t),
+                ("head_dim_v", c_size_t), ("out_dim", c_size_t), ("cross", c_int), ("causal", c_int),
+                ("attn_mask", c_int), ("key_padding_mask", c_int), ("scale", c_float), ("dropout", c_float),
+                ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int)]
+
+
+class AttentionWeights(Structure):
+    _fields_ = [(n, c_float_p) for n in ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
+                                         "b_out")]
+
+
+class AttentionArgs(Structure):
+    _fields_ = [("x", c_float_p), ("kv", c_float_p), ("key_padding_mask", c_uint8_p), ("attn_mask", c_void_p),
+                ("out", c_float_p), ("attn", c_float_p)]
+
+
+class EncoderDesc(Structure):
+    _fields_ = [("attn", AttentionDesc), ("ff_dim", c_size_t), ("activation", c_int), ("norm_first", c_int),
+                ("eps", c_float)]
+
+
+class EncoderWeights(Structure):
+    _fields_ = [("attn", AttentionWeights)] + [
+        (n, c_float_p) for n in ("ln1_weight", "ln1_bias", "w_ff1", "b_ff1", "w_ff2", "b_ff2", "ln2_weight",
+                                 "ln2_bias")]
+
+
+class EncoderArgs(Structure):
+    _fields_ = [("x", c_float_p), ("key_padding_mask", c_uint8_p), ("out", c_float_p)]
+
+
+def _load():
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("CLATTN_LIBRARY"), os.path.join(here, "libclattn.so"),
+                  os.path.join(here, "libclattn.dylib"), os.path.join(here, "clattn.dll")]
+    errors = []
+    for path in candidates:
+        if path and os.path.exists(path):
+            try:
+                return ctypes.CDLL(path)
+            except OSError as e:  # a library that does not load: say why, try the next
+                errors.append(f"{path}: {e}")
+    raise ImportError("clattn: libclattn was not found next to the package (reinstall with "
+                      "`pip install ./python`, or set CLATTN_LIBRARY)" + ("; " + "; ".join(errors) if errors else ""))
+
+
+lib = _load()
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+version = _fn("clattn_version", c_char_p)
+status_string = _fn("clattn_status_string", c_char_p, c_int)
+last_error = _fn("clattn_last_error", c_char_p)
+last_build_log = _fn("clattn_last_build_log", c_char_p)
+device_list = _fn("clattn_device_list", c_int, POINTER(DeviceInfo), c_size_t, POINTER(c_size_t))
+device_open = _fn("clattn_device_open", c_int, c_char_p, POINTER(c_void_p))
+device_free = _fn("clattn_device_free", None, c_void_p)
+device_backend = _fn("clattn_device_backend", c_int, c_void_p)
+device_name = _fn("clattn_device_name", c_char_p, c_void_p)
+plan_create = _fn("clattn_plan_create", c_int, c_void_p, POINTER(AttentionDesc), POINTER(AttentionWeights),
+                  POINTER(c_void_p))
+plan_free = _fn("clattn_plan_free", None, c_void_p)
+plan_execute = _fn("clattn_plan_execute", c_int, c_void_p, POINTER(AttentionArgs))
+plan_algorithm = _fn("clattn_plan_algorithm", c_int, c_void_p)
+plan_out_width = _fn("clattn_plan_out_width", c_size_t, c_void_p)
+plan_desc = _fn("clattn_plan_desc", c_int, c_void_p, POINTER(AttentionDesc))
+plan_set_seed = _fn("clattn_plan_set_seed", c_int, c_void_p, c_uint64)
+encoder_plan_create = _fn("clattn_encoder_plan_create", c_int, c_void_p, POINTER(EncoderDesc),
+                          POINTER(EncoderWeights), POINTER(c_void_p))
+encoder_plan_free = _fn("clattn_encoder_plan_free", None, c_void_p)
+encoder_plan_execute = _fn("clattn_encoder_plan_execute", c_int, c_void_p, POINTER(EncoderArgs))

@@ -1,0 +1,329 @@
+"""pytest for the clattn Python package: parity with a float64 NumPy reference written here, on ref
+and on the OpenCL device (when there is one), from_torch parity (when torch is installed), the
+struct layouts against a C compiler's, and every error path."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import clattn
+from clattn import _lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+HAVE_OPENCL = len(clattn.devices()) > 1
+DEVICES = ["ref"] + (["opencl"] if HAVE_OPENCL else [])
+
+
+# ---------------------------------------------------------------- the float64 reference
+
+def ref_attention(x, heads, wq=None, wk=None, wv=None, bq=None, bk=None, bv=None, wo=None, bo=None, kv=None,
+                  causal=False, kpm=None, mask=None, scale=None):
+    """softmax(scale Q K^T + masks) V per head, nn.Linear weights; a row with no key gives 0."""
+    x = x.astype(np.float64)
+    src = x if kv is None else kv.astype(np.float64)
+    if wq is not None:
+        q, k, v = x @ wq.T, src @ wk.T, src @ wv.T
+        q = q + (0 if bq is None else bq)
+        k = k + (0 if bk is None else bk)
+        v = v + (0 if bv is None else bv)
+    else:
+        q, k, v = x, src, src
+    B, Tq, _ = q.shape
+    Tk = k.shape[1]
+    dk, dv = q.shape[2] // heads, v.shape[2] // heads
+    qh = q.reshape(B, Tq, heads, dk).transpose(0, 2, 1, 3)
+    kh = k.reshape(B, Tk, heads, dk).transpose(0, 2, 1, 3)
+    vh = v.reshape(B, Tk, heads, dv).transpose(0, 2, 1, 3)
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * (1 / np.sqrt(dk) if scale is None else scale)
+    hidden = np.zeros((B, 1, Tq, Tk), bool)
+    if causal:
+        hidden |= np.triu(np.ones((Tq, Tk), bool), 1)
+    if kpm is not None:
+        hidden |= kpm[:, None, None, :].astype(bool)
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            hidden |= mask
+        else:
+            s = s + mask
+    s = np.where(hidden, -np.inf, s)
+    live = np.isfinite(s).any(-1, keepdims=True)
+    m = np.where(live, np.max(np.where(np.isfinite(s), s, -np.inf), -1, keepdims=True), 0)
+    e = np.where(np.isfinite(s), np.exp(np.where(np.isfinite(s), s, 0) - m), 0)
+    w = np.where(live, e / np.where(live, e.sum(-1, keepdims=True), 1), 0)
+    ctx = (w @ vh).transpose(0, 2, 1, 3).reshape(B, Tq, heads * dv)
+    out = ctx if wo is None else ctx @ wo.T + (0 if bo is None else bo)
+    return out, w
+
+
+def ref_encoder(x, p, heads, norm_first, activation, causal=False, kpm=None, eps=1e-5):
+    def ln(v, g, b):
+        mu = v.mean(-1, keepdims=True)
+        var = ((v - mu) ** 2).mean(-1, keepdims=True)
+        return (v - mu) / np.sqrt(var + eps) * g + b
+
+    def attn(v):
+        return ref_attention(v.astype(np.float32), heads, p["w_query"], p["w_key"], p["w_value"], p["b_query"],
+                             p["b_key"], p["b_value"], p["w_out"], p["b_out"], causal=causal, kpm=kpm)[0]
+
+    def ff(v):
+        h = v @ p["w_ff1"].T + p["b_ff1"]
+        h = np.maximum(h, 0) if activation == "relu" else 0.5 * h * (1 + np.vectorize(__import__("math").erf)(h / np.sqrt(2)))
+        return h @ p["w_ff2"].T + p["b_ff2"]
+
+    x = x.astype(np.float64)
+    if norm_first:
+        y = x + attn(ln(x, p["ln1_weight"], p["ln1_bias"]))
+        return y + ff(ln(y, p["ln2_weight"], p["ln2_bias"]))
+    y = ln(x + attn(x), p["ln1_weight"], p["ln1_bias"])
+    return ln(y + ff(y), p["ln2_weight"], p["ln2_bias"])
+
+
+def rnd(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---------------------------------------------------------------- ABI
+
+def test_struct_layouts_match_the_c_compiler(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to check the layouts against")
+    src = tmp_path / "sizes.c"
+    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "clattn.h"\nint main(void) {\n'
+                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
+                   'sizeof(clattn_attention_desc), sizeof(clattn_attention_weights), sizeof(clattn_attention_args), '
+                   'sizeof(clattn_encoder_desc), sizeof(clattn_encoder_weights), sizeof(clattn_encoder_args), '
+                   'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps));\nreturn 0; }\n')
+    exe = tmp_path / "sizes"
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", str(exe)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot compile against clattn.h here: " + r.stderr[:200])
+    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    want = [ctypes.sizeof(_lib.DeviceInfo), ctypes.sizeof(_lib.AttentionDesc), ctypes.sizeof(_lib.AttentionWeights),
+            ctypes.sizeof(_lib.AttentionArgs), ctypes.sizeof(_lib.EncoderDesc), ctypes.sizeof(_lib.EncoderWeights),
+            ctypes.sizeof(_lib.EncoderArgs), _lib.AttentionDesc.seed.offset, _lib.EncoderDesc.eps.offset]
+    assert got == want
+
+
+def test_versions_agree():
+    assert clattn.version() == clattn.__version__
+    header = open(os.path.join(ROOT, "include", "clattn.h")).read()
+    parts = [int(line.split()[2]) for line in header.splitlines()
+             if line.startswith("#define CLATTN_VERSION_") and line.split()[1][-5:] in ("MAJOR", "MINOR", "PATCH")]
+    assert ".".join(map(str, parts)) == clattn.__version__
+
+
+def test_devices():
+    ds = clattn.devices()
+    assert ds[0]["selector"] == "ref"
+    for d in ds[1:]:
+        assert d["selector"].startswith("opencl:") and d["name"]
+
+
+# ---------------------------------------------------------------- attention parity
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algorithm", ["auto", "unfused"])
+def test_self_attention_with_weights(device, algorithm):
+    rng = np.random.default_rng(1)
+    B, T, E, H = 2, 13, 12, 3
+    p = dict(wq=rnd(rng, E, E, scale=0.3), wk=rnd(rng, E, E, scale=0.3), wv=rnd(rng, E, E, scale=0.3),
+             bq=rnd(rng, E), bk=rnd(rng, E), bv=rnd(rng, E), wo=rnd(rng, 10, E, scale=0.3), bo=rnd(rng, 10))
+    x = rnd(rng, B, T, E)
+    kpm = rng.random((B, T)) < 0.2
+    kpm[1, :] = True  # a fully masked batch entry: weights 0, out = b_out
+    a = clattn.Attention(H, w_query=p["wq"], w_key=p["wk"], w_value=p["wv"], b_query=p["bq"], b_key=p["bk"],
+                         b_value=p["bv"], w_out=p["wo"], b_out=p["bo"], causal=True, algorithm=algorithm,
+                         device=device)
+    out, w = a(x, key_padding_mask=kpm, need_weights=True)
+    want_out, want_w = ref_attention(x, H, *p.values(), causal=True, kpm=kpm)
+    np.testing.assert_allclose(out, want_out, **TOL)
+    np.testing.assert_allclose(w, want_w, **TOL)
+    assert a.algorithm_used == ("reference" if device == "ref" else "unfused")
+    out2, none = a(x, key_padding_mask=kpm)  # a second shape key: without the weights
+    assert none is None
+    np.testing.assert_allclose(out2, want_out, **TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cross_attention_masks_and_unbatched(device):
+    rng = np.random.default_rng(2)
+    Tq, Tk, E, Ekv, H = 5, 11, 8, 6, 2
+    wq, wk, wv = rnd(rng, E, E, scale=0.4), rnd(rng, E, Ekv, scale=0.4), rnd(rng, 6, Ekv, scale=0.4)
+    x, kv = rnd(rng, 2, Tq, E), rnd(rng, 2, Tk, Ekv)
+    bmask = rng.random((Tq, Tk)) < 0.3
+    fmask = rnd(rng, Tq, Tk)
+    a = clattn.Attention(H, w_query=wq, w_key=wk, w_value=wv, device=device)
+    for mask in (bmask, fmask):
+        out, w = a(x, kv, attn_mask=mask, need_weights=True)
+        want_out, want_w = ref_attention(x, H, wq, wk, wv, kv=kv, mask=mask)
+        np.testing.assert_allclose(out, want_out, **TOL)
+        np.testing.assert_allclose(w, want_w, **TOL)
+    # one sequence, 2-D: out (Tq, Eo), weights (H, Tq, Tk)
+    out1, w1 = a(x[1], kv[1], attn_mask=bmask, need_weights=True)
+    want_out, want_w = ref_attention(x[1:], H, wq, wk, wv, kv=kv[1:], mask=bmask)
+    assert out1.shape == (Tq, 6) and w1.shape == (H, Tq, Tk)
+    np.testing.assert_allclose(out1, want_out[0], **TOL)
+    np.testing.assert_allclose(w1, want_w[0], **TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_weights_and_conversions(device):
+    rng = np.random.default_rng(3)
+    x64 = rng.standard_normal((1, 7, 8))            # float64: converted
+    xt = np.asfortranarray(rng.standard_normal((7, 8)).astype(np.float32))  # non-contiguous: copied
+    a = clattn.Attention(2, scale=0.5, device=device)
+    out, _ = a(x64)
+    np.testing.assert_allclose(out, ref_attention(x64.astype(np.float32), 2, scale=0.5)[0], **TOL)
+    out, _ = a(xt)
+    np.testing.assert_allclose(out, ref_attention(np.ascontiguousarray(xt)[None], 2, scale=0.5)[0][0], **TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_is_deterministic_and_scaled(device):
+    rng = np.random.default_rng(4)
+    x = rnd(rng, 1, 16, 8)
+    a = clattn.Attention(2, dropout=0.5, seed=7, algorithm="unfused", device=device)
+    _, w1 = a(x, need_weights=True)
+    _, w2 = a(x, need_weights=True)
+    np.testing.assert_array_equal(w1, w2)
+    _, w_eval = clattn.Attention(2, device=device)(x, need_weights=True)
+    kept = w1 != 0
+    assert 0.3 < kept.mean() < 0.7
+    np.testing.assert_allclose(w1[kept], 2 * w_eval[kept], **TOL)
+
+
+# ---------------------------------------------------------------- encoder parity
+
+def encoder_params(rng, E, F):
+    s = 1 / np.sqrt(E)
+    return dict(w_query=rnd(rng, E, E, scale=s), w_key=rnd(rng, E, E, scale=s), w_value=rnd(rng, E, E, scale=s),
+                b_query=rnd(rng, E, scale=0.1), b_key=rnd(rng, E, scale=0.1), b_value=rnd(rng, E, scale=0.1),
+                w_out=rnd(rng, E, E, scale=s), b_out=rnd(rng, E, scale=0.1), ln1_weight=1 + rnd(rng, E, scale=0.1),
+                ln1_bias=rnd(rng, E, scale=0.1), w_ff1=rnd(rng, F, E, scale=s), b_ff1=rnd(rng, F, scale=0.1),
+                w_ff2=rnd(rng, E, F, scale=1 / np.sqrt(F)), b_ff2=rnd(rng, E, scale=0.1),
+                ln2_weight=1 + rnd(rng, E, scale=0.1), ln2_bias=rnd(rng, E, scale=0.1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_encoder_layer(device, norm_first, activation):
+    rng = np.random.default_rng(5)
+    E, F, H, B, T = 12, 20, 3, 2, 9
+    p = encoder_params(rng, E, F)
+    x = rnd(rng, B, T, E)
+    kpm = rng.random((B, T)) < 0.2
+    kpm[:, 0] = False
+    layer = clattn.EncoderLayer(H, **p, norm_first=norm_first, activation=activation, causal=True, device=device)
+    out = layer(x, key_padding_mask=kpm)
+    np.testing.assert_allclose(out, ref_encoder(x, p, H, norm_first, activation, causal=True, kpm=kpm), **TOL)
+    np.testing.assert_allclose(layer(x[0]), ref_encoder(x[:1], p, H, norm_first, activation, causal=True)[0], **TOL)
+
+
+# ---------------------------------------------------------------- from_torch
+
+def test_from_torch_parity():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(12, 3, batch_first=True).eval()
+    with torch.no_grad():
+        for prm in mha.parameters():
+            prm.copy_(torch.randn_like(prm) * 0.3)
+    x = torch.randn(2, 7, 12)
+    want, want_w = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    a = clattn.from_torch(mha, device=DEVICES[-1])
+    out, w = a(x.numpy(), need_weights=True)
+    np.testing.assert_allclose(out, want.detach().numpy(), **TOL)
+    np.testing.assert_allclose(w, want_w.detach().numpy(), **TOL)
+    enc = torch.nn.TransformerEncoderLayer(12, 3, dim_feedforward=20, dropout=0.0, batch_first=True,
+                                           activation="gelu").eval()
+    layer = clattn.from_torch(enc, device=DEVICES[-1])
+    np.testing.assert_allclose(layer(x.numpy()), enc(x).detach().numpy(), rtol=1e-4, atol=2e-5)
+
+
+# ---------------------------------------------------------------- errors
+
+def test_errors_carry_status_and_message():
+    with pytest.raises(clattn.Error) as e:
+        clattn.Attention(2, device="name=NoSuchDeviceAnywhere")
+    assert e.value.status_name == "CLATTN_STATUS_NO_DEVICE" and "NoSuchDeviceAnywhere" in e.value.message
+    with pytest.raises(clattn.Error) as e:
+        clattn.Attention(2, device="bogus")
+    assert e.value.status_name == "CLATTN_STATUS_INVALID_DEVICE_SPEC"
+    a = clattn.Attention(3, device="ref")
+    with pytest.raises(clattn.Error) as e:   # heads must divide E without weights: the library says so
+        a(np.zeros((1, 4, 8), np.float32))
+    assert e.value.status_name == "CLATTN_STATUS_SHAPE_MISMATCH" and e.value.build_log == ""
+
+
+@pytest.mark.parametrize("bad,status,needle", [
+    (np.zeros((1, 4, 6), np.int32), "CLATTN_STATUS_INVALID_ARGUMENT", "floating"),
+    (np.zeros((4,), np.float32), "CLATTN_STATUS_SHAPE_MISMATCH", "1-D"),
+    (np.zeros((1, 1, 4, 6), np.float32), "CLATTN_STATUS_SHAPE_MISMATCH", "4-D"),
+])
+def test_bad_arrays(bad, status, needle):
+    a = clattn.Attention(2, device="ref")
+    with pytest.raises(clattn.Error) as e:
+        a(bad)
+    assert e.value.status_name == status and needle in str(e.value)
+
+
+def test_bad_masks_and_arguments():
+    a = clattn.Attention(2, device="ref")
+    x = np.zeros((2, 4, 6), np.float32)
+    with pytest.raises(clattn.Error, match="key_padding_mask: shape"):
+        a(x, key_padding_mask=np.zeros((2, 5), bool))
+    with pytest.raises(clattn.Error, match="key_padding_mask: dtype"):
+        a(x, key_padding_mask=np.zeros((2, 4), np.float32))
+    with pytest.raises(clattn.Error, match="attn_mask: shape"):
+        a(x, attn_mask=np.zeros((4, 5), bool))
+    with pytest.raises(clattn.Error, match="kv: batch"):
+        a(x, np.zeros((1, 4, 6), np.float32))
+    with pytest.raises(clattn.Error, match="heads"):
+        clattn.Attention(0)
+    with pytest.raises(clattn.Error, match="all three or none"):
+        clattn.Attention(1, w_query=np.eye(4, dtype=np.float32))
+    with pytest.raises(clattn.Error, match="layout"):
+        clattn.Attention(1, layout="columns")
+    with pytest.raises(clattn.Error, match="algorithm"):
+        clattn.Attention(1, algorithm="fast")
+    with pytest.raises(clattn.Error, match="activation"):
+        clattn.EncoderLayer(1, activation="tanh", **encoder_params(np.random.default_rng(0), 4, 4))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    with pytest.raises(clattn.Error, match="not nn.MultiheadAttention"):
+        clattn.from_torch(object())
+
+
+@pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device")
+def test_fused_refuses_weights():
+    a = clattn.Attention(2, algorithm="fused", device="opencl")
+    with pytest.raises(clattn.Error) as e:
+        a(np.zeros((1, 4, 6), np.float32), need_weights=True)
+    assert e.value.status_name == "CLATTN_STATUS_INVALID_ARGUMENT" and "need_weights" in e.value.message
+
+
+# ---------------------------------------------------------------- pictures
+
+def test_plot_attention(tmp_path):
+    pytest.importorskip("matplotlib")
+    rng = np.random.default_rng(6)
+    _, w = clattn.Attention(2, device="ref")(rnd(rng, 6, 4), need_weights=True)
+    path = tmp_path / "heads.png"
+    fig = clattn.plot_attention(w, tokens=["a", "b", "c", "d", "e", "f"], path=str(path))
+    assert path.stat().st_size > 1000 and len(fig.axes) >= 2
+    with pytest.raises(clattn.Error, match="tokens"):
+        clattn.plot_attention(w, tokens=["a"])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
