@@ -12,4 +12,15 @@ venv=${VENV:-$(mktemp -d)/venv}
 "$venv/bin/python" -m pip install -q ./python pytest matplotlib
 # run from outside the source tree: the installed package, not python/clattn, must be what imports
 (cd "$(dirname "$venv")" && "$venv/bin/python" -m pytest -q "$OLDPWD/python/tests")
-echo "ci-python: the package installs and its tests pass"
+# clattn demo --plot: the tutorials' weights as heat maps through the package (and a clear failure without it)
+plots=$(mktemp -d)
+CLATTN_PYTHON="$venv/bin/python" ./build/clattn demo --device ref --plot "$plots" | tail -1
+for f in sa_v1.png sa_v1_causal.png; do
+    [ -s "$plots/$f" ] || { echo "ci-python: demo --plot wrote no $f" >&2; exit 1; }
+done
+if CLATTN_PYTHON=/nonexistent/python ./build/clattn demo --device ref --plot "$plots" >/dev/null 2>"$plots/err"; then
+    echo "ci-python: demo --plot without Python should fail" >&2; exit 1
+fi
+grep -q "pip install" "$plots/err" || { echo "ci-python: the failure does not say how to fix it" >&2; exit 1; }
+rm -rf "$plots"
+echo "ci-python: the package installs, its tests pass, and clattn demo --plot draws through it"

@@ -3,6 +3,7 @@
  * a check against the numbers the tutorials printed (to 4 decimals). */
 #include "cli.h"
 #include "internal.h"
+#include "npy.h"
 #include "tutorial_data.h"
 #include "tutorial_encoder_data.h"
 
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int mismatches;
 
@@ -90,24 +93,65 @@ static int run_once(clattn_device *dev, const clattn_attention_desc *d, const cl
     return 0;
 }
 
+/* --plot DIR: the SelfAttention_v1 weights (plain and causal) as .npy files, then PNG heat maps of
+ * them drawn by the Python package (python -m clattn.plot DIR). */
+static int plot(const char *dir, const float *full, const float *causal)
+{
+    static const char *const tokens = "Your\njourney\nstarts\nwith\none\nstep\n";
+    char path[4096], err[256];
+    const size_t shape[3] = {1, 6, 6};
+    snprintf(path, sizeof path, "%s/sa_v1.npy", dir);
+    int bad = clattn_npy_save_f32(path, full, 3, shape, err, sizeof err);
+    snprintf(path, sizeof path, "%s/sa_v1_causal.npy", dir);
+    bad = bad || clattn_npy_save_f32(path, causal, 3, shape, err, sizeof err);
+    snprintf(path, sizeof path, "%s/tokens.txt", dir);
+    FILE *f = bad ? NULL : fopen(path, "w");
+    if (!f || fputs(tokens, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "clattn demo: --plot %s: cannot write the weights (%s)\n", dir, bad ? err : path);
+        return 1;
+    }
+    const char *py = getenv("CLATTN_PYTHON");
+    if (!py || !*py) py = "python3";
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execlp(py, py, "-m", "clattn.plot", dir, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "clattn demo: --plot: '%s -m clattn.plot %s' failed (exit %d): the pictures need the Python "
+                        "package with matplotlib (pip install './python[plot]'; CLATTN_PYTHON picks the "
+                        "interpreter); the weights are in %s/*.npy\n", py, dir,
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir);
+        return 1;
+    }
+    printf("heat maps of the attention weights in %s (sa_v1.png, sa_v1_causal.png)\n", dir);
+    return 0;
+}
+
 int clattn_cli_demo(int argc, char **argv)
 {
-    const char *spec = NULL;
+    const char *spec = NULL, *plot_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             spec = argv[++i];
+        } else if (strcmp(argv[i], "--plot") == 0 && i + 1 < argc) {
+            plot_dir = argv[++i];
         } else {
-            fprintf(stderr, "clattn demo: unknown argument '%s' (usage: clattn demo [--device SPEC])\n", argv[i]);
+            fprintf(stderr, "clattn demo: unknown argument '%s' (usage: clattn demo [--device SPEC] [--plot DIR])\n",
+                    argv[i]);
             return 2;
         }
     }
+    if (plot_dir && clattn_cli_check_dir("clattn demo", "--plot", plot_dir, 1)) return 1;
     int code = 1;
     clattn_device *dev = clattn_cli_open_device("clattn demo", spec, &code);
     if (!dev) return code;
     printf("clattn demo on: %s\n", clattn_device_name(dev));
     printf("Inputs: \"Your journey starts with one step\" (6 tokens x 3), from tutorials 001/002.\n\n");
     const float *x = &clattn_tut_inputs[0][0];
-    float out[64], attn[3 * 36];
+    float out[64], attn[3 * 36], plot_full[36], plot_causal[36];
     int rc = 1;
 
     /* 1. attention without trainable weights: Q = K = V = x, no scaling */
@@ -137,6 +181,7 @@ int clattn_cli_demo(int argc, char **argv)
                                 .layout = CLATTN_LAYOUT_RAW};
     if (run_once(dev, &d, &w1, x, out, attn)) goto done;
     print_tensor("attn_weights = softmax(queries @ keys.T / sqrt(2))", attn, 6, 6);
+    if (plot_dir) memcpy(plot_full, attn, sizeof plot_full);
     check("attention weights match tutorial 002", attn, &clattn_tut001_sa_v1_attn_printed[0][0], 36, 5.001e-5);
     print_tensor("context_vec = sa_v1(inputs)", out, 6, 2);
     check("context vectors match tutorials 001/002", out, &clattn_tut001_sa_v1_context_printed[0][0], 12, 5.001e-5);
@@ -146,6 +191,7 @@ int clattn_cli_demo(int argc, char **argv)
     d.causal = 1;
     if (run_once(dev, &d, &w1, x, out, attn)) goto done;
     print_tensor("masked attn_weights", attn, 6, 6);
+    if (plot_dir) memcpy(plot_causal, attn, sizeof plot_causal);
     print_tensor("context_vec (causal)", out, 6, 2);
     printf("  (no tutorial prints this table; tests/golden/cases/tut001_sa_v1_causal checks it against PyTorch)\n\n");
 
@@ -238,6 +284,7 @@ int clattn_cli_demo(int argc, char **argv)
     printf("%s on %s\n", mismatches ? "SOME TABLES DIFFER from the tutorials" : "All tables match the tutorials",
            clattn_device_name(dev));
     rc = mismatches ? 1 : 0;
+    if (plot_dir && rc == 0) rc = plot(plot_dir, plot_full, plot_causal);
 done:
     clattn_device_free(dev);
     return rc;
