@@ -455,26 +455,30 @@ Test(cli, help)
     free(out);
 }
 
+/* stdout of a clattn command that must succeed silently on stderr (the caller frees it) */
+static char *stdout_of(const char *const *args)
+{
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "%s: exit %d: %s", args[0], rc, err);
+    cr_assert_str_empty(err, "%s: unexpected stderr: %s", args[0], err);
+    free(err);
+    size_t n;
+    return (char *)read_all(stdout_path, &n);
+}
+
 /* clattn help run = clattn run --help; clattn help encoder lists the files encoder reads */
 Test(cli, help_command)
 {
-    const char *args[] = {"help", "run", NULL};
-    char *err;
-    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0);
-    cr_assert_str_empty(err, "%s", err);
-    free(err);
-    size_t n;
-    char *out = (char *)read_all(stdout_path, &n);
+    char *out = stdout_of((const char *const[]){"help", "run", NULL});
     cr_assert(strstr(out, "usage: clattn run --in DIR") && strstr(out, "key_padding_mask.npy"), "help run: %s", out);
     free(out);
-    const char *enc[] = {"help", "encoder", NULL};
-    cr_assert_eq(run_cli(enc, ENV_UNSET, &err), 0);
-    free(err);
-    out = (char *)read_all(stdout_path, &n);
+    out = stdout_of((const char *const[]){"help", "encoder", NULL});
     cr_assert(strstr(out, "usage: clattn encoder") && strstr(out, "ln1_weight.npy") && strstr(out, "w_ff2.npy"),
               "help encoder: %s", out);
     free(out);
     const char *bogus[] = {"help", "frobnicate", NULL};
+    char *err;
     cr_assert_eq(run_cli(bogus, ENV_UNSET, &err), 2);
     cr_assert(strstr(err, "frobnicate"), "%s", err);
     free(err);
@@ -497,13 +501,7 @@ Test(cli, verbose_run)
 
 Test(cli, version)
 {
-    const char *args[] = {"--version", NULL};
-    char *err;
-    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0);
-    cr_assert_str_empty(err, "%s", err);
-    free(err);
-    size_t n;
-    char *out = (char *)read_all(stdout_path, &n);
+    char *out = stdout_of((const char *const[]){"--version", NULL});
     char want[64];
     snprintf(want, sizeof want, "clattn %s", clattn_version());
     cr_assert(strncmp(out, want, strlen(want)) == 0, "--version: %s", out);
