@@ -70,7 +70,8 @@ for k in "${!ids[@]}"; do   # a regex that names no test would make its mutant "
     n=$(cd "$scratch/build" && ctest -N -R "${regexes[$k]}" | sed -n 's/^Total Tests: //p')
     [ "${n:-0}" -gt 0 ] || { echo "mutate.sh: ${ids[$k]}: '${regexes[$k]}' names no ctest entry" >&2; exit 2; }
 done
-union=$(printf '%s\n' "${regexes[@]}" | sort -u | paste -sd'|')
+# the union of the lists' regexes, alternatives of the form ^name$ listed once
+union=$(printf '%s\n' "${regexes[@]}" | sed 's/\$|\^/$\n^/g' | sort -u | paste -sd'|')
 echo "mutate.sh: unmutated run of: $union"
 if ! (cd "$scratch/build" && ctest -R "$union" --output-on-failure >"$scratch/baseline.log" 2>&1); then
     grep -E "Failed|\*\*\*" "$scratch/baseline.log" | head -20

@@ -167,6 +167,14 @@ void clattn_arg_dropout(clattn_args *a, const clattn_attention_desc *d)
     clattn_arg_f32(a, clattn_dropout_keep_scale(d->dropout));
 }
 
+/* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
+static void arg_rows(clattn_args *a, clattn_view t, size_t ld)
+{
+    clattn_arg_mem(a, t.mem);
+    clattn_arg_u64(a, t.off);
+    clattn_arg_u32(a, (cl_uint)ld);
+}
+
 /* The common arguments, then the variant's own (total work-items / first group), then dropout. */
 static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, const clattn_fused_io *io,
                               cl_ulong extent)
@@ -174,18 +182,10 @@ static clattn_status set_args(const clattn_attention_desc *d, clattn_fused *f, c
     clattn_args a;
     const char *name = f->kind == CLATTN_FLASH_TILED ? "flash_tiled" : "flash_rows";
     clattn_args_begin(&a, f->k, name);
-    clattn_arg_mem(&a, io->q.mem);
-    clattn_arg_u64(&a, io->q.off);
-    clattn_arg_u32(&a, (cl_uint)io->q_ld);
-    clattn_arg_mem(&a, io->k.mem);
-    clattn_arg_u64(&a, io->k.off);
-    clattn_arg_u32(&a, (cl_uint)io->k_ld);
-    clattn_arg_mem(&a, io->v.mem);
-    clattn_arg_u64(&a, io->v.off);
-    clattn_arg_u32(&a, (cl_uint)io->v_ld);
-    clattn_arg_mem(&a, io->out.mem);
-    clattn_arg_u64(&a, io->out.off);
-    clattn_arg_u32(&a, (cl_uint)io->out_ld);
+    arg_rows(&a, io->q, io->q_ld);
+    arg_rows(&a, io->k, io->k_ld);
+    arg_rows(&a, io->v, io->v_ld);
+    arg_rows(&a, io->out, io->out_ld);
     clattn_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, extent);
