@@ -25,9 +25,13 @@
  * With CAUSAL, key blocks wholly after the block's last query are never visited; only the
  * blocks that cross the diagonal are masked.
  *
- * Specialised by -D (philox.cl and mask.cl go first; defaults let the three compile alone):
+ * With a sliding WINDOW, key blocks wholly before the block's first query's window are skipped too.
+ *
+ * Specialised by -D (philox.cl, half.cl and mask.cl go first; defaults let the four compile alone):
  *   DK, DV           head sizes of queries/keys and of values
- *   CAUSAL, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
+ *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
+ *   KV_ROUND         1: K and V rounded to half as they are read (kv_half plans; half.cl)
+ *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
  *   ROWS, BK, VW     flash_rows: query rows per work-item, keys per block, vector width (divides DK, DV)
  *   BQ, BKT, NS      flash_tiled: query rows per work-group, keys per tile, work-items per row
  */
@@ -36,6 +40,17 @@
 #endif
 #ifndef DV
 #define DV DK
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef KV_ROUND
+#define KV_ROUND 0
+#endif
+#if KV_ROUND
+#define KVR(x) clattn_round_half(x)
+#else
+#define KVR(x) (x)
 #endif
 #ifndef ROWS
 #define ROWS 4
@@ -95,6 +110,13 @@ typedef float vw_t;
 #define VSTOREW(v, i, p) ((p)[(i)] = (v))
 inline float hsum(float v) { return v; }
 #endif
+#if KV_ROUND && VW == 8
+inline float8 kvr_w(float8 x) { return (float8)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3), KVR(x.s4), KVR(x.s5), KVR(x.s6), KVR(x.s7)); }
+#elif KV_ROUND && VW == 4
+inline float4 kvr_w(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3)); }
+#else
+#define kvr_w(x) KVR(x)
+#endif
 #define NKW (DK / VW)
 #define NVW (DV / VW)
 
@@ -129,13 +151,16 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
     }
-    uint jend = Tk;
+    uint jbeg = 0, jend = Tk;
 #if CAUSAL
     jend = min(Tk, min(i0 + ROWS, Tq)); /* keys after the block's last query are hidden from all its rows */
 #endif
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)h * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)h * DV;
-    for (uint j0 = 0; j0 < jend; j0 += BK) {
+#if WINDOW
+    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0; /* keys before the first query's window are hidden from all */
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         float s[ROWS][BK];
         for (uint jj = 0; jj < BK; jj++) {
             const uint j = j0 + jj;
@@ -144,7 +169,7 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                 vw_t dot[ROWS];
                 for (uint r = 0; r < ROWS; r++) dot[r] = (vw_t)(0.0f);
                 for (uint c = 0; c < NKW; c++) {
-                    const vw_t kc = VLOADW(c, kp);
+                    const vw_t kc = kvr_w(VLOADW(c, kp));
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
                 for (uint r = 0; r < ROWS; r++)
@@ -179,7 +204,7 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
         for (uint jj = 0; jj < nj; jj++) {
             __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
             for (uint c = 0; c < NVW; c++) {
-                const vw_t vc = VLOADW(c, vp);
+                const vw_t vc = kvr_w(VLOADW(c, vp));
                 for (uint r = 0; r < ROWS; r++) acc[r][c] = fma((vw_t)(s[r][jj]), vc, acc[r][c]);
             }
         }
@@ -229,18 +254,21 @@ void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
     float acc[DVS];
     for (uint t = 0; t < DVS; t++) acc[t] = 0.0f;
     float m = -FLT_MAX, l = 0.0f;
-    uint jend = Tk;
+    uint jbeg = 0, jend = Tk;
 #if CAUSAL
     jend = min(Tk, min(i0 + BQ, Tq));
 #endif
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)h * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)h * DV;
+#if WINDOW
+    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint j0 = 0; j0 < jend; j0 += BKT) {
+    for (uint j0 = jbeg; j0 < jend; j0 += BKT) {
         /* K tile */
         for (uint x = lid; x < BKT * DK; x += BQ * NS) {
             const uint jj = x / DK, c = x % DK;
-            kvs[jj][c] = j0 + jj < jend ? kb[(ulong)(j0 + jj) * k_ld + c] : 0.0f;
+            kvs[jj][c] = j0 + jj < jend ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         /* scores of row r for keys sp, sp+NS, ... */
@@ -254,7 +282,7 @@ void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
         /* V tile over the K tile */
         for (uint x = lid; x < BKT * DV; x += BQ * NS) {
             const uint jj = x / DV, c = x % DV;
-            kvs[jj][c] = j0 + jj < jend ? vb[(ulong)(j0 + jj) * v_ld + c] : 0.0f;
+            kvs[jj][c] = j0 + jj < jend ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
         }
         /* this row's statistics (each of its NS work-items computes the same) */
         float mb = m;

@@ -1,6 +1,7 @@
 /* mask.cl: the masks of an attention score, shared by softmax.cl and flash.cl (this file goes
  * before them, after philox.cl). Specialised by -D (defaults let it compile alone):
  *   CAUSAL    1: key j is hidden from query i when j > i (top-left aligned)
+ *   WINDOW    W > 0 (with CAUSAL): key j is also hidden when i - j >= W (sliding window); 0 = none
  *   KPM       1: key padding mask (B, Tk) of uchar, nonzero = hidden
  *   MASK_KIND 0 none, 1 bool (Tq, Tk) uchar nonzero = hidden, 2 float (Tq, Tk) added
  *   DROPOUT   1: training-mode dropout (philox.cl) */
@@ -9,6 +10,9 @@
 
 #ifndef CAUSAL
 #define CAUSAL 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
 #endif
 #ifndef KPM
 #define KPM 0
@@ -34,6 +38,9 @@ inline float clattn_mask_score(float v, uint i, uint j, ulong b, uint Tk, __glob
     int hidden = 0;
 #if CAUSAL
     hidden |= j > i;
+#endif
+#if WINDOW
+    hidden |= j <= i && i - j >= WINDOW;
 #endif
 #if KPM
     hidden |= kpm[b * Tk + j] != 0;

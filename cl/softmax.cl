@@ -103,7 +103,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
     __global float *r = s + s_off + (ulong)g * Tk;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
-#if !KPM && MASK_KIND == 0 && !DROPOUT
+#if !KPM && MASK_KIND == 0 && !DROPOUT && !WINDOW
     const uint n = CAUSAL ? min(i + 1, Tk) : Tk;   /* visible keys 0 .. n-1 */
     const uint n8 = n & ~7u;
     float8 m8 = (float8)(-INFINITY);

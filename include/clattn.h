@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 2
+#define CLATTN_VERSION_MINOR 3
 #define CLATTN_VERSION_PATCH 0
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
@@ -178,16 +178,25 @@ typedef struct clattn_attention_desc {
     clattn_algorithm algorithm; /* AUTO (default), FUSED or UNFUSED */
     int need_weights;    /* 1: executions may ask for the attention weights (args.attn / buffers.attn);
                             AUTO then picks UNFUSED, and FUSED is refused */
+    /* clattn 0.3: */
+    size_t kv_heads;     /* HK: key/value heads, dividing H (0 = H). Query head h uses key/value head
+                            h / (H / HK) (grouped-query attention; HK = 1: multi-query). Needs Q/K/V weights
+                            when HK != H: w_key (HK*dk, Ekv), w_value (HK*dv, Ekv) */
+    size_t window;       /* W: sliding window, with causal only: query i sees key j when j <= i and
+                            i - j < W; 0 = unlimited */
+    int kv_half;         /* 1: keys and values are rounded to IEEE half (round to nearest even, as
+                            vstore_half_rte) after the projection and its bias, then used in fp32: the values
+                            a half-precision KV cache holds */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
  * module has no Q/K/V projections: Q = x, K = V = kv (or x), split into heads.
  * Biases are optional (NULL = none). w_out NULL = no output projection.
- *   LINEAR layout: w_query (H*dk, E), w_key (H*dk, Ekv), w_value (H*dv, Ekv), w_out (Eo, H*dv)
- *   RAW layout:    the transposes of those. */
+ *   LINEAR layout: w_query (H*dk, E), w_key (HK*dk, Ekv), w_value (HK*dv, Ekv), w_out (Eo, H*dv)
+ *   RAW layout:    the transposes of those. (HK = kv_heads, = H unless grouped-query.) */
 typedef struct clattn_attention_weights {
     const float *w_query, *w_key, *w_value;
-    const float *b_query, *b_key, *b_value;  /* (H*dk), (H*dk), (H*dv) */
+    const float *b_query, *b_key, *b_value;  /* (H*dk), (HK*dk), (HK*dv) */
     const float *w_out, *b_out;              /* b_out (Eo) */
 } clattn_attention_weights;
 
@@ -243,6 +252,82 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
                                                      cl_uint num_events_in_wait_list,
                                                      const cl_event *event_wait_list,
                                                      cl_event *event);
+
+/* ---------------------------------------------------------------- KV cache and decoding */
+
+/* A KV cache on a device: for B sequences, up to `capacity` positions of keys and values of
+ * kv_heads heads, stored as float or as IEEE half (vstore_half_rte / vload_half: no cl_khr_fp16
+ * needed). Each sequence has its own length. Device memory: B*HK*capacity*(dk+dv) elements. */
+typedef enum clattn_kv_type {
+    CLATTN_KV_FLOAT = 0,
+    CLATTN_KV_HALF = 1
+} clattn_kv_type;
+
+typedef struct clattn_kv_cache_desc {
+    size_t batch;        /* B >= 1 sequences */
+    size_t capacity;     /* Tmax >= 1 positions per sequence */
+    size_t kv_heads;     /* HK >= 1 */
+    size_t head_dim_qk;  /* dk >= 1 */
+    size_t head_dim_v;   /* dv (0 = dk) */
+    clattn_kv_type type;
+} clattn_kv_cache_desc;
+
+typedef struct clattn_kv_cache clattn_kv_cache;
+
+CLATTN_API clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc,
+                                                clattn_kv_cache **cache);
+CLATTN_API void clattn_kv_cache_free(clattn_kv_cache *cache);
+/* The description with defaults resolved. */
+CLATTN_API clattn_status clattn_kv_cache_desc_get(const clattn_kv_cache *cache, clattn_kv_cache_desc *desc);
+/* Every sequence's length back to 0. */
+CLATTN_API clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache);
+/* Drop the tail of each sequence: lengths[b] (B entries) at most its current length (speculative
+ * decoding rolls back rejected tokens). A length above the current one is refused, nothing changed. */
+CLATTN_API clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths);
+/* The current lengths, B entries. */
+CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths);
+/* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL);
+ * positions at or past a sequence's length read as 0. */
+CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float *v);
+/* Bytes of device memory the cache holds (0 on ref). */
+CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
+
+/* A decode plan: self-attention with causal = 1 over a KV cache. Each execution takes n new tokens
+ * per sequence, x (B, n, E) with 1 <= n <= desc.seq_q, projects them, appends their keys and values
+ * to the cache at each sequence's length, and lets their queries attend to every cached position up
+ * to their own (causal within the new block, the window honoured). Prefill (n large) and decode
+ * (n = 1) are the same call, with no recompilation between them; the result equals one causal run
+ * over the whole sequence. The description: seq_q = the most new tokens per call; causal = 1;
+ * cross, masks, dropout and need_weights 0; kv_heads, window, kv_half, heads, head sizes as the
+ * attention; the cache must match (batch, kv_heads, dk, dv, and type HALF exactly when kv_half).
+ * On OpenCL, a call with few new tokens splits the cached keys into parts processed by separate
+ * work-items (split-K) and merges them with a second kernel. */
+typedef struct clattn_decode_plan clattn_decode_plan;
+
+CLATTN_API clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                                   const clattn_attention_weights *weights,
+                                                   clattn_decode_plan **plan);
+CLATTN_API void clattn_decode_plan_free(clattn_decode_plan *plan);
+
+typedef struct clattn_decode_args {
+    const float *x;            /* (B, n, E) */
+    size_t new_tokens;         /* n: 1 <= n <= desc.seq_q */
+    const size_t *valid;       /* optional (B): sequence b appends only its first valid[b] <= n tokens
+                                  (prompts of different lengths in one prefill); the output rows of the
+                                  others are 0. NULL: all n */
+    float *out;                /* (B, n, Eo or H*dv) */
+} clattn_decode_args;
+
+/* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its
+ * new tokens would exceed the cache's capacity is refused (CLATTN_STATUS_SHAPE_MISMATCH). */
+CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                               const clattn_decode_args *args);
+
+/* Split-K: 0 = choose from the cache length, kv_heads and the device's compute units (default);
+ * N >= 1 = at most N parts (1 = never split). For tests and benchmarks. */
+CLATTN_API clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max_parts);
+/* The number of parts the last execution used (1 = no split; ref: 1). */
+CLATTN_API size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan);
 
 /* ---------------------------------------------------------------- profiling */
 

@@ -61,8 +61,8 @@ static clattn_status build_kernels(struct clattn_plan *p)
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     cl_int err;
-    const char *heads_src[] = {"heads"};
-    TRY(clattn_program_build(p->device, heads_src, 1, "-cl-std=CL1.2", &c->heads_prog));
+    const char *heads_src[] = {"half", "heads"};
+    TRY(clattn_program_build(p->device, heads_src, 2, "-cl-std=CL1.2", &c->heads_prog));
     c->k_split = clCreateKernel(c->heads_prog, "split_heads", &err);
     if (err == CL_SUCCESS) c->k_merge = clCreateKernel(c->heads_prog, "merge_heads", &err);
     if (err == CL_SUCCESS) c->k_fill = clCreateKernel(c->heads_prog, "fill_rows", &err);
@@ -74,8 +74,8 @@ static clattn_status build_kernels(struct clattn_plan *p)
     while (wg < d->seq_kv && wg < 256) wg *= 2;
     wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
     char opts[256];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", d->causal,
-             d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d",
+             d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
     const char *softmax_src[] = {"philox", "mask", "softmax"};
     TRY(clattn_program_build_wg(p->device, softmax_src, 3, opts, "softmax_rows", &wg, &c->softmax_prog,
                                 &c->k_softmax));
@@ -97,7 +97,7 @@ static clattn_status build_kernels(struct clattn_plan *p)
 
 static int one_head_view(const struct clattn_plan *p)
 {
-    return p->d.heads == 1;
+    return p->d.heads == 1 && !p->d.kv_half; /* kv_half: the head split rounds K and V */
 }
 
 /* Fused: the projection biases as the rows the projection GEMMs start from (zeros where a bias
@@ -106,8 +106,8 @@ static clattn_status fused_biases(struct clattn_plan *p)
 {
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
-    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    const size_t nq = H * dk, nk = H * dk, nv = H * dv;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t nq = H * dk, nk = HK * dk, nv = HK * dv;
     int any_q = p->b_query != NULL, any_kv = p->b_key || p->b_value;
     if (!any_q && !any_kv) return CLATTN_STATUS_SUCCESS;
     float *b = clattn_calloc(nq + nk + nv, sizeof *b);
@@ -139,7 +139,7 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
-    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     struct clattn_cl_state *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->cl = c;
@@ -169,7 +169,7 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
     /* device memory budget, checked before any allocation */
     size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width;
     if (!c->fused) total += c->chunk * c->rows_blk * Tk + B * H * Tq * dk + B * H * Tk * (dk + dv) + B * H * Tq * dv;
-    if (p->has_qkv) total += B * Tq * H * dk + B * Tk * H * (dk + dv) + H * (dk * E + (dk + dv) * Ekv);
+    if (p->has_qkv) total += B * Tq * H * dk + B * Tk * HK * (dk + dv) + H * dk * E + HK * (dk + dv) * Ekv;
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
     if (total > p->device->global_mem / sizeof(float))
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
@@ -190,32 +190,32 @@ static clattn_status upload_projections(struct clattn_plan *p)
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
-    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     clattn_status st;
     if (p->has_qkv) {
         if (!d->cross) {
-            c->n_qkv = H * (2 * dk + dv);
+            c->n_qkv = H * dk + HK * (dk + dv);
             float *w = clattn_malloc(c->n_qkv * E * sizeof *w);
             if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating Q/K/V weights");
             memcpy(w, p->w_query, H * dk * E * sizeof *w);
-            memcpy(w + H * dk * E, p->w_key, H * dk * E * sizeof *w);
-            memcpy(w + 2 * H * dk * E, p->w_value, H * dv * E * sizeof *w);
+            memcpy(w + H * dk * E, p->w_key, HK * dk * E * sizeof *w);
+            memcpy(w + (H + HK) * dk * E, p->w_value, HK * dv * E * sizeof *w);
             st = clattn_buffer_new(p->device, c->n_qkv * E, sizeof(float), w, "the Q|K|V weights", &c->w_proj);
             free(w);
             if (st) return st;
             if ((st = clattn_buffer_new(p->device, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj)))
                 return st;
         } else {
-            float *w = clattn_malloc(H * (dk + dv) * Ekv * sizeof *w);
+            float *w = clattn_malloc(HK * (dk + dv) * Ekv * sizeof *w);
             if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "concatenating K/V weights");
-            memcpy(w, p->w_key, H * dk * Ekv * sizeof *w);
-            memcpy(w + H * dk * Ekv, p->w_value, H * dv * Ekv * sizeof *w);
-            st = clattn_buffer_new(p->device, H * (dk + dv) * Ekv, sizeof(float), w, "the K|V weights", &c->w_kv);
+            memcpy(w, p->w_key, HK * dk * Ekv * sizeof *w);
+            memcpy(w + HK * dk * Ekv, p->w_value, HK * dv * Ekv * sizeof *w);
+            st = clattn_buffer_new(p->device, HK * (dk + dv) * Ekv, sizeof(float), w, "the K|V weights", &c->w_kv);
             free(w);
             if (st) return st;
             if ((st = clattn_buffer_new(p->device, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj)) ||
                 (st = clattn_buffer_new(p->device, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj)) ||
-                (st = clattn_buffer_new(p->device, B * Tk * H * (dk + dv), sizeof(float), NULL, "the K|V projections",
+                (st = clattn_buffer_new(p->device, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V projections",
                                   &c->proj_kv)))
                 return st;
         }
@@ -227,11 +227,11 @@ static clattn_status upload_projections(struct clattn_plan *p)
 static clattn_status unfused_biases(struct clattn_plan *p)
 {
     struct clattn_cl_state *c = p->cl;
-    const size_t H = p->d.heads, dk = p->d.head_dim_qk, dv = p->d.head_dim_v;
+    const size_t H = p->d.heads, HK = p->d.kv_heads, dk = p->d.head_dim_qk, dv = p->d.head_dim_v;
     clattn_status st = CLATTN_STATUS_SUCCESS;
     if ((p->b_query && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_query, "b_query", &c->b_q))) ||
-        (p->b_key && (st = clattn_buffer_new(p->device, H * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
-        (p->b_value && (st = clattn_buffer_new(p->device, H * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
+        (p->b_key && (st = clattn_buffer_new(p->device, HK * dk, sizeof(float), p->b_key, "b_key", &c->b_k))) ||
+        (p->b_value && (st = clattn_buffer_new(p->device, HK * dv, sizeof(float), p->b_value, "b_value", &c->b_v))))
         return st;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -360,7 +360,7 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 
 /* dst (B, H, T, D) from token-major src rows of width ld, columns col0 + h*D + d, plus bias. */
 static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t col0, cl_mem bias, view dst,
-                           size_t T, size_t D)
+                           size_t T, size_t D, size_t G, int round_half)
 {
     const size_t total = p->d.batch * p->d.heads * T * D;
     clattn_args a;
@@ -376,6 +376,8 @@ static clattn_status split(struct clattn_plan *p, view src, size_t ld, size_t co
     clattn_arg_u32(&a, (cl_uint)T);
     clattn_arg_u32(&a, (cl_uint)p->d.heads);
     clattn_arg_u32(&a, (cl_uint)D);
+    clattn_arg_u32(&a, (cl_uint)G);
+    clattn_arg_u32(&a, (cl_uint)round_half);
     clattn_arg_u64(&a, total);
     TRY(clattn_args_end(&a));
     return clattn_enqueue_1d(p->device, p->cl->k_split, total, "enqueue split_heads");
@@ -484,7 +486,7 @@ static clattn_status project(struct clattn_plan *p, const run_io *io, qkv_src *s
     struct clattn_cl_state *c = p->cl;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
-    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     if (!p->has_qkv) {
         src->q = io->x;
         src->k = src->v = d->cross ? io->kv : io->x;
@@ -500,20 +502,20 @@ static clattn_status project(struct clattn_plan *p, const run_io *io, qkv_src *s
                  c->b_proj ? 1.0f : 0.0f, proj, c->n_qkv, "QKV projection"));
         src->q = src->k = src->v = proj;
         src->q_ld = src->kv_ld = c->n_qkv;
-        src->q_col = 0, src->k_col = H * dk, src->v_col = 2 * H * dk;
+        src->q_col = 0, src->k_col = H * dk, src->v_col = (H + HK) * dk;
     } else {
         view proj_kv = {c->proj_kv, 0};
         if (c->b_proj) TRY(fill_bias(p, proj, c->b_proj, B * Tq, H * dk));
         TRY(gemm(p, CLBlastTransposeYes, B * Tq, H * dk, E, 1.0f, io->x, E, (view){c->w_proj, 0}, E,
                  c->b_proj ? 1.0f : 0.0f, proj, H * dk, "Q projection"));
-        if (c->b_proj_kv) TRY(fill_bias(p, proj_kv, c->b_proj_kv, B * Tk, H * (dk + dv)));
-        TRY(gemm(p, CLBlastTransposeYes, B * Tk, H * (dk + dv), Ekv, 1.0f, io->kv, Ekv, (view){c->w_kv, 0}, Ekv,
-                 c->b_proj_kv ? 1.0f : 0.0f, proj_kv, H * (dk + dv), "K|V projection"));
+        if (c->b_proj_kv) TRY(fill_bias(p, proj_kv, c->b_proj_kv, B * Tk, HK * (dk + dv)));
+        TRY(gemm(p, CLBlastTransposeYes, B * Tk, HK * (dk + dv), Ekv, 1.0f, io->kv, Ekv, (view){c->w_kv, 0}, Ekv,
+                 c->b_proj_kv ? 1.0f : 0.0f, proj_kv, HK * (dk + dv), "K|V projection"));
         src->q = proj;
         src->k = src->v = proj_kv;
         src->q_ld = H * dk;
-        src->kv_ld = H * (dk + dv);
-        src->q_col = 0, src->k_col = 0, src->v_col = H * dk;
+        src->kv_ld = HK * (dk + dv);
+        src->q_col = 0, src->k_col = 0, src->v_col = HK * dk;
     }
     return mark(p, CLATTN_STAGE_QKV_PROJECTION);
 }
@@ -533,9 +535,10 @@ static clattn_status core_unfused(struct clattn_plan *p, const run_io *io, const
         Q = src->q, K = src->k, V = src->v; /* (B, T, E) is (B, 1, T, E) already */
     } else {
         Q = (view){c->q, 0}, K = (view){c->k, 0}, V = (view){c->v, 0};
-        TRY(split(p, src->q, src->q_ld, src->q_col, c->b_q, Q, Tq, dk));
-        TRY(split(p, src->k, src->kv_ld, src->k_col, c->b_k, K, Tk, dk));
-        TRY(split(p, src->v, src->kv_ld, src->v_col, c->b_v, V, Tk, dv));
+        const size_t G = H / d->kv_heads; /* K and V expanded to H heads: the batched GEMMs see plain MHA */
+        TRY(split(p, src->q, src->q_ld, src->q_col, c->b_q, Q, Tq, dk, 1, 0));
+        TRY(split(p, src->k, src->kv_ld, src->k_col, c->b_k, K, Tk, dk, G, d->kv_half));
+        TRY(split(p, src->v, src->kv_ld, src->v_col, c->b_v, V, Tk, dv, G, d->kv_half));
         TRY(mark(p, CLATTN_STAGE_HEAD_SPLIT));
     }
     view C = one_head_view(p) ? merged : (view){c->ctx, 0};

@@ -102,13 +102,14 @@ clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention
         for (;;) { /* flash_tiled: rebuilt with fewer rows while the compiled kernel allows less */
             char opts[400];
             snprintf(opts, sizeof opts,
-                     "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu "
-                     "-DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
-                     d->head_dim_qk, d->head_dim_v, d->causal, d->key_padding_mask, (int)d->attn_mask,
+                     "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d "
+                     "-DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu -DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
+                     d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->kv_half, d->causal, d->window,
+                     d->key_padding_mask, (int)d->attn_mask,
                      d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
-            const char *src[] = {"philox", "mask", "flash"};
+            const char *src[] = {"philox", "half", "mask", "flash"};
             cl_program prog = NULL;
-            TRY(clattn_program_build(dev, src, 3, opts, &prog));
+            TRY(clattn_program_build(dev, src, 4, opts, &prog));
             cl_int err;
             cl_kernel k = clCreateKernel(prog, v->kernel, &err);
             size_t allowed = 0;

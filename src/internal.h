@@ -181,6 +181,12 @@ struct clattn_plan {
     struct clattn_cl_state *cl;  /* OpenCL backend state, NULL on ref */
 };
 
+/* Validate the description and copy the weights (normalised to LINEAR): a plan with every field
+ * resolved and ops = the reference backend, nothing on the device yet. plan_create chooses the backend
+ * after it; decode plans (decode.c) keep it as their description and weights. */
+clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
+                                  const clattn_attention_weights *weights, int host_staging, clattn_plan **plan);
+
 /* A plan as clattn_plan_create makes it, but on OpenCL without the staging buffers that execution from
  * host arrays needs: for owners that only run it on device buffers (the encoder layer). */
 clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,

@@ -62,10 +62,17 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (d->algorithm == CLATTN_ALGORITHM_FUSED && d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
                            "produce the attention weights (use AUTO or UNFUSED)");
+    if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
     if (d->batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
     if (d->seq_q == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_q must be >= 1");
     if (d->embed == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "embed must be >= 1");
     if (d->heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "heads must be >= 1");
+    if (d->kv_heads == 0) d->kv_heads = d->heads;
+    if (d->kv_heads > d->heads || d->heads % d->kv_heads)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "kv_heads (%zu) must divide heads (%zu)", d->kv_heads, d->heads);
+    if (d->window && !d->causal)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "window (%zu) needs causal = 1: the sliding window limits "
+                           "how far back a query sees", d->window);
     if (d->cross) {
         if (d->seq_kv == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_kv must be >= 1 for cross-attention");
         if (d->kv_embed == 0) d->kv_embed = d->embed;
@@ -92,6 +99,9 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         if (d->head_dim_qk == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk must be >= 1 with Q/K/V weights");
         if (d->head_dim_v == 0) d->head_dim_v = d->head_dim_qk;
     } else {
+        if (d->kv_heads != d->heads)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads (%zu) != heads (%zu) needs Q/K/V weights "
+                               "(w_key and w_value of kv_heads heads)", d->kv_heads, d->heads);
         if (d->embed % d->heads)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, heads (%zu) must divide embed (%zu)", d->heads, d->embed);
         if (d->kv_embed != d->embed)
@@ -123,7 +133,7 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "the buffers for these dimensions overflow size_t");
     const size_t lim = 0xFFFFFFFFu;
     if (d->batch > lim || d->seq_q > lim || d->seq_kv > lim || d->embed > lim || d->kv_embed > lim ||
-        d->heads > lim || d->head_dim_qk > lim || d->head_dim_v > lim || d->out_dim > lim ||
+        d->heads > lim || d->head_dim_qk > lim || d->head_dim_v > lim || d->out_dim > lim || d->window > lim ||
         d->heads * (2 * d->head_dim_qk + d->head_dim_v) > lim)
         return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "a dimension exceeds 2^32-1");
     return CLATTN_STATUS_SUCCESS;
@@ -157,11 +167,9 @@ static clattn_status choose_algorithm(clattn_plan *p)
     return CLATTN_STATUS_SUCCESS;
 }
 
-static clattn_status plan_create(clattn_device *device, const clattn_attention_desc *desc,
-                                 const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
+clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
+                                  const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
 {
-    clattn_clear_error();
-    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
     *plan = NULL;
     if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
     if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
@@ -178,26 +186,39 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
     p->has_out = has_out;
     p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
     p->host_staging = host_staging;
-    const size_t H = d.heads, dk = d.head_dim_qk, dv = d.head_dim_v;
+    const size_t H = d.heads, HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v;
     int oom = 0;
     if (has_qkv) {
         oom |= !(p->w_query = clattn_weight_copy(weights->w_query, H * dk, d.embed, d.layout));
-        oom |= !(p->w_key = clattn_weight_copy(weights->w_key, H * dk, d.kv_embed, d.layout));
-        oom |= !(p->w_value = clattn_weight_copy(weights->w_value, H * dv, d.kv_embed, d.layout));
+        oom |= !(p->w_key = clattn_weight_copy(weights->w_key, HK * dk, d.kv_embed, d.layout));
+        oom |= !(p->w_value = clattn_weight_copy(weights->w_value, HK * dv, d.kv_embed, d.layout));
         if (weights->b_query) oom |= !(p->b_query = clattn_vector_copy(weights->b_query, H * dk));
-        if (weights->b_key) oom |= !(p->b_key = clattn_vector_copy(weights->b_key, H * dk));
-        if (weights->b_value) oom |= !(p->b_value = clattn_vector_copy(weights->b_value, H * dv));
+        if (weights->b_key) oom |= !(p->b_key = clattn_vector_copy(weights->b_key, HK * dk));
+        if (weights->b_value) oom |= !(p->b_value = clattn_vector_copy(weights->b_value, HK * dv));
     }
     if (has_out) {
         oom |= !(p->w_out = clattn_weight_copy(weights->w_out, d.out_dim, H * dv, d.layout));
         if (weights->b_out) oom |= !(p->b_out = clattn_vector_copy(weights->b_out, d.out_dim));
     }
+    p->ops = &clattn_backend_ref;
     if (oom) {
         clattn_plan_free(p);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
     }
+    *plan = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    *plan = NULL;
+    clattn_plan *p = NULL;
+    clattn_status st = clattn_plan_prepare(device, desc, weights, host_staging, &p);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
     /* the backend: ref on the reference device, else the algorithm's */
-    p->ops = &clattn_backend_ref;
     if (device->backend == CLATTN_BACKEND_OPENCL) {
         if ((st = choose_algorithm(p)) != CLATTN_STATUS_SUCCESS) {
             clattn_plan_free(p);

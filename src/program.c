@@ -19,6 +19,8 @@ static const embedded sources[] = {
     {"flash", clattn_cl_flash, sizeof clattn_cl_flash - 1},
     {"layernorm", clattn_cl_layernorm, sizeof clattn_cl_layernorm - 1},
     {"ffn", clattn_cl_ffn, sizeof clattn_cl_ffn - 1},
+    {"half", clattn_cl_half, sizeof clattn_cl_half - 1},
+    {"decode", clattn_cl_decode, sizeof clattn_cl_decode - 1},
 };
 
 static const embedded *find_source(const char *name)

@@ -4,7 +4,8 @@
  *
  * Shapes (row-major):
  *   x (B, Tq, E), kv (B, Tk, Ekv)
- *   Q (B, Tq, H*dk), K (B, Tk, H*dk), V (B, Tk, H*dv)   token-major, head h at columns h*d..
+ *   Q (B, Tq, H*dk), K (B, Tk, HK*dk), V (B, Tk, HK*dv)   token-major, head h at columns h*d..
+ *   query head h reads key/value head h / (H/HK)
  *   attn (B, H, Tq, Tk), ctx (B, Tq, H*dv), out (B, Tq, Eo or H*dv)
  */
 #include "reference.h"
@@ -40,6 +41,51 @@ float clattn_dropout_keep_scale(float p)
     return (float)(1.0 / (1.0 - (double)p));
 }
 
+/* IEEE half, round to nearest even (what vstore_half_rte stores), from the bits. */
+uint16_t clattn_float_to_half(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); /* NaN stays NaN */
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);   /* >= 65520 (and inf): inf */
+    if (a < 0x38800000u) {                                      /* below 2^-14: subnormal half */
+        /* value = a as float; the half's units are 2^-24: round a / 2^-24 to nearest even */
+        float af;
+        memcpy(&af, &a, 4);
+        const double units = (double)af * 16777216.0;           /* exact */
+        double r = floor(units);
+        const double frac = units - r;
+        if (frac > 0.5 || (frac == 0.5 && fmod(r, 2.0) != 0.0)) r += 1.0;
+        return (uint16_t)(sign | (uint16_t)r);                  /* r = 1024 is the smallest normal: right bits */
+    }
+    /* normal: drop 13 mantissa bits, round to nearest even, re-bias the exponent (127 -> 15) */
+    const uint32_t lsb = (a >> 13) & 1u;
+    const uint32_t r = (a + 0x0FFFu + lsb) >> 13;
+    return (uint16_t)(sign | (uint16_t)(r - ((127u - 15u) << 10)));
+}
+
+float clattn_half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    uint32_t u;
+    if (e == 0x1F) {
+        u = sign | 0x7F800000u | (m << 13);
+    } else if (e == 0) { /* zero or subnormal: m * 2^-24 */
+        const float v = (float)m * 5.9604644775390625e-8f;
+        memcpy(&u, &v, 4);
+        u |= sign;
+    } else {
+        u = sign | ((e + 127u - 15u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float clattn_round_half(float f) { return clattn_half_to_float(clattn_float_to_half(f)); }
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -51,6 +97,7 @@ static double now_ms(void)
 static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a, size_t b, size_t i, size_t j)
 {
     if (d->causal && j > i) return 1;
+    if (d->window && i - j >= d->window) return 1; /* j <= i here: window needs causal */
     if (d->key_padding_mask && a->key_padding_mask[b * d->seq_kv + j]) return 1;
     if (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * d->seq_kv + j]) return 1;
     return 0;
@@ -61,15 +108,15 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
 {
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
-    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t H = d->heads, HK = d->kv_heads, G = H / HK, dk = d->head_dim_qk, dv = d->head_dim_v;
     const float *kv = d->cross ? a->kv : a->x;
     const uint32_t seed_lo = (uint32_t)d->seed, seed_hi = (uint32_t)(d->seed >> 32);
     const uint32_t threshold = clattn_dropout_threshold(d->dropout);
     const float keep_scale = clattn_dropout_keep_scale(d->dropout);
 
     float *Q = clattn_malloc(B * Tq * H * dk * sizeof *Q);
-    float *K = clattn_malloc(B * Tk * H * dk * sizeof *K);
-    float *V = clattn_malloc(B * Tk * H * dv * sizeof *V);
+    float *K = clattn_malloc(B * Tk * HK * dk * sizeof *K);
+    float *V = clattn_malloc(B * Tk * HK * dv * sizeof *V);
     float *ctx = clattn_malloc(B * Tq * H * dv * sizeof *ctx);
     double *w = clattn_malloc(Tk * sizeof *w);
     if (!Q || !K || !V || !ctx || !w) {
@@ -81,12 +128,16 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
     /* 1. projections: Q = x Wq^T + bq, K = kv Wk^T + bk, V = kv Wv^T + bv (or the inputs themselves) */
     if (plan->has_qkv) {
         clattn_ref_linear(a->x, B * Tq, E, plan->w_query, plan->b_query, H * dk, Q);
-        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_key, plan->b_key, H * dk, K);
-        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_value, plan->b_value, H * dv, V);
+        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_key, plan->b_key, HK * dk, K);
+        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_value, plan->b_value, HK * dv, V);
     } else {
         memcpy(Q, a->x, B * Tq * E * sizeof *Q);
         memcpy(K, kv, B * Tk * Ekv * sizeof *K);
         memcpy(V, kv, B * Tk * Ekv * sizeof *V);
+    }
+    if (d->kv_half) { /* the values a half KV cache holds */
+        for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_half(K[n]);
+        for (size_t n = 0; n < B * Tk * HK * dv; n++) V[n] = clattn_round_half(V[n]);
     }
     double t1 = now_ms();
 
@@ -99,7 +150,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                 double max = -INFINITY;
                 int any_nan = 0;
                 for (size_t j = 0; j < Tk; j++) {
-                    const float *k = &K[(b * Tk + j) * H * dk + h * dk];
+                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
                     double s = 0.0;
                     for (size_t c = 0; c < dk; c++) s += (double)q[c] * (double)k[c];
                     s *= d->scale;
@@ -126,7 +177,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                 /* 2d. context = weights . V */
                 for (size_t c = 0; c < dv; c++) {
                     double acc = 0.0;
-                    for (size_t j = 0; j < Tk; j++) acc += w[j] * (double)V[(b * Tk + j) * H * dv + h * dv + c];
+                    for (size_t j = 0; j < Tk; j++) acc += w[j] * (double)V[(b * Tk + j) * HK * dv + (h / G) * dv + c];
                     ctx[(b * Tq + i) * H * dv + h * dv + c] = (float)acc;
                 }
             }

@@ -13,6 +13,11 @@ void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, co
 clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *args, float *out,
                                  float *attn);
 
+/* IEEE half precision, round to nearest even (vstore_half_rte's rounding), in plain C. */
+uint16_t clattn_float_to_half(float f);
+float clattn_half_to_float(uint16_t h);
+float clattn_round_half(float f); /* f rounded to the nearest half */
+
 /* Dropout parameters shared by both backends: drop when the Philox word < threshold. */
 uint32_t clattn_dropout_threshold(float p);
 float clattn_dropout_keep_scale(float p);

@@ -28,10 +28,22 @@ static void copy_to_double(const float *a, size_t n, double *y)
     for (size_t i = 0; i < n; i++) y[i] = a[i];
 }
 
+double oracle_half(double x)
+{
+    if (isnan(x) || isinf(x)) return x;
+    if (fabs(x) >= 65520.0) return copysign(INFINITY, x); /* past the largest half's rounding range */
+    int e;
+    frexp(x, &e);                     /* |x| = m 2^e, m in [0.5, 1): 11 significant bits have unit 2^(e-11) */
+    int q = e - 11;
+    if (q < -24) q = -24;             /* the subnormal halves' spacing */
+    return ldexp(nearbyint(ldexp(x, -q)), q); /* nearbyint: to nearest, ties to even */
+}
+
 int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn)
 {
     const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
+    const size_t HK = d->kv_heads ? d->kv_heads : H;
     const size_t Tk = d->cross ? d->seq_kv : Tq;
     const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
     const int proj = w && w->w_query;
@@ -43,10 +55,12 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
     if (!proj && (E % H != 0 || Ekv != E)) return -1;
     if (proj && d->head_dim_qk == 0) return -1;
     if (w && w->w_out && d->out_dim == 0) return -1;
+    if (HK > H || H % HK || (HK != H && !proj) || (d->window && !d->causal)) return -1;
+    const size_t G = H / HK; /* query head h reads key/value head h / G */
 
     double *q = malloc(B * Tq * H * dk * sizeof *q);
-    double *k = malloc(B * Tk * H * dk * sizeof *k);
-    double *v = malloc(B * Tk * H * dv * sizeof *v);
+    double *k = malloc(B * Tk * HK * dk * sizeof *k);
+    double *v = malloc(B * Tk * HK * dv * sizeof *v);
     double *ctx = malloc(B * Tq * H * dv * sizeof *ctx);
     double *p = malloc((Tk ? Tk : 1) * sizeof *p);
     if (!q || !k || !v || !ctx || !p) {
@@ -56,12 +70,16 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
     /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
     if (proj) {
         linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, H * dk, d->layout, k);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, H * dv, d->layout, v);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, HK * dk, d->layout, k);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, HK * dv, d->layout, v);
     } else {
         copy_to_double(args->x, B * Tq * E, q);
         copy_to_double(src_kv, B * Tk * Ekv, k);
         copy_to_double(src_kv, B * Tk * Ekv, v);
+    }
+    if (d->kv_half) {
+        for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_half(k[n]);
+        for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_half(v[n]);
     }
     const uint8_t *bmask = d->attn_mask == CLATTN_MASK_BOOL ? args->attn_mask : NULL;
     const float *fmask = d->attn_mask == CLATTN_MASK_FLOAT ? args->attn_mask : NULL;
@@ -72,7 +90,7 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
                 double mx = -INFINITY;
                 int nan_row = 0; /* a NaN score makes the whole row NaN, as torch's softmax */
                 for (size_t j = 0; j < Tk; j++) {
-                    int hidden = (d->causal && j > i) ||
+                    int hidden = (d->causal && j > i) || (d->window && j <= i && i - j >= d->window) ||
                                  (d->key_padding_mask && args->key_padding_mask[b * Tk + j]) ||
                                  (bmask && bmask[i * Tk + j]);
                     if (hidden) {
@@ -81,7 +99,7 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
                     }
                     double s = 0.0;
                     for (size_t c = 0; c < dk; c++)
-                        s += q[(b * Tq + i) * H * dk + h * dk + c] * k[(b * Tk + j) * H * dk + h * dk + c];
+                        s += q[(b * Tq + i) * H * dk + h * dk + c] * k[(b * Tk + j) * HK * dk + (h / G) * dk + c];
                     s *= scale;
                     if (fmask) s += fmask[i * Tk + j];
                     p[j] = s;
@@ -104,7 +122,7 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
                 }
                 for (size_t c = 0; c < dv; c++) {
                     double acc = 0.0;
-                    for (size_t j = 0; j < Tk; j++) acc += p[j] * v[(b * Tk + j) * H * dv + h * dv + c];
+                    for (size_t j = 0; j < Tk; j++) acc += p[j] * v[(b * Tk + j) * HK * dv + (h / G) * dv + c];
                     ctx[(b * Tq + i) * H * dv + h * dv + c] = acc;
                 }
             }

@@ -24,6 +24,12 @@
 int oracle_attention(const clattn_attention_desc *desc, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn);
 
+/* Grouped-query attention (desc.kv_heads: query head h reads key/value head h / (H/HK)), the sliding
+ * window (desc.window: key j hidden from query i when i - j >= W) and desc.kv_half (K and V rounded to
+ * the nearest half, ties to even, by oracle_half) are computed from their definitions too.
+ * oracle_half: x rounded to IEEE half precision, in double arithmetic (frexp/ldexp/nearbyint). */
+double oracle_half(double x);
+
 /* torch.nn.TransformerEncoderLayer (batch_first, eval): post-norm or pre-norm, ReLU or erf-GELU,
  * LayerNorm with the biased variance. out (B, T, E). Returns 0 or -1. */
 int oracle_encoder(const clattn_encoder_desc *desc, const clattn_encoder_weights *w, const float *x,

@@ -900,3 +900,108 @@ Test(cli, all_or_nothing_outputs)
     free(err);
     cr_assert_neq(access(path_in(out_dir, "attn.npy"), F_OK), 0, "attn.npy was written");
 }
+
+/* ---------------------------------------------------------------- grouped-query, window, half K/V, decoding */
+
+/* x (2, 19, 16) and GQA weights (H = 4, kv_heads = 2, dk = dv = 4, w_out 16 x 16) in in_dir, dyadic
+ * (x in units of 2^-6, weights of 2^-10) so that every projection is exact in float and --kv-half's
+ * rounding is compared exactly with the oracle's; the oracle's run of the flags into *want. */
+enum { DB = 2, DT = 19, DE = 16, DH = 4, DHK = 2, DD = 4 };
+
+static float dyadic(tu_rng *r, int bits) { return ldexpf(nearbyintf(ldexpf(tu_uniform(r, -1, 1), bits)), -bits); }
+
+static void decode_inputs(float *x, float *wq, float *wk, float *wv, float *bk, float *wo)
+{
+    tu_rng r = {2024};
+    for (size_t i = 0; i < DB * DT * DE; i++) x[i] = dyadic(&r, 6);
+    for (size_t i = 0; i < DH * DD * DE; i++) wq[i] = dyadic(&r, 10);
+    for (size_t i = 0; i < DHK * DD * DE; i++) wk[i] = dyadic(&r, 10), wv[i] = dyadic(&r, 10);
+    for (size_t i = 0; i < DHK * DD; i++) bk[i] = dyadic(&r, 10);
+    for (size_t i = 0; i < DE * DH * DD; i++) wo[i] = tu_uniform(&r, -0.5f, 0.5f);
+    const size_t xs[3] = {DB, DT, DE}, wqs[2] = {DH * DD, DE}, wks[2] = {DHK * DD, DE}, bks[1] = {DHK * DD};
+    const size_t wos[2] = {DE, DH * DD};
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    save_f32(path_in(in_dir, "w_query.npy"), wq, 2, wqs);
+    save_f32(path_in(in_dir, "w_key.npy"), wk, 2, wks);
+    save_f32(path_in(in_dir, "w_value.npy"), wv, 2, wks);
+    save_f32(path_in(in_dir, "b_key.npy"), bk, 1, bks);
+    save_f32(path_in(in_dir, "w_out.npy"), wo, 2, wos);
+}
+
+static void decode_check(const char *dev, size_t window, int half, const char *decode_from)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    const char *args[32];
+    int n = 0;
+    char wbuf[32];
+    snprintf(wbuf, sizeof wbuf, "%zu", window);
+    args[n++] = "run", args[n++] = "--in", args[n++] = in_dir, args[n++] = "--out", args[n++] = out_dir;
+    args[n++] = "--device", args[n++] = dev, args[n++] = "--heads", args[n++] = "4", args[n++] = "--kv-heads";
+    args[n++] = "2", args[n++] = "--causal";
+    if (window) args[n++] = "--window", args[n++] = wbuf;
+    if (half) args[n++] = "--kv-half";
+    if (decode_from) args[n++] = "--decode-from", args[n++] = decode_from;
+    args[n] = NULL;
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_str_empty(err, "a successful run printed: %s", err);
+    free(err);
+    clattn_attention_desc d = {.batch = DB, .seq_q = DT, .embed = DE, .heads = DH, .kv_heads = DHK, .head_dim_qk = DD,
+                               .head_dim_v = DD, .out_dim = DE, .causal = 1, .window = window, .kv_half = half};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_key = bk, .w_out = wo};
+    clattn_attention_args a = {.x = x};
+    double want[DB * DT * DE];
+    cr_assert_eq(oracle_attention(&d, &w, &a, want, NULL), 0);
+    clattn_npy out;
+    load(path_in(out_dir, "out.npy"), &out);
+    const size_t shape[3] = {DB, DT, DE};
+    expect_shape(&out, "out.npy", 3, shape);
+    char msg[256];
+    size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad_n, 0, "%s W=%zu half=%d decode-from %s: %zu elements differ; first: %s", dev, window, half,
+                 decode_from ? decode_from : "-", bad_n, msg);
+    clattn_npy_free(&out);
+}
+
+Test(cli, gqa_window_half_decode)
+{
+    const char *cl = cl_spec();
+    decode_check(cl, 5, 1, NULL);
+    decode_check(cl, 5, 1, "6");
+    decode_check(cl, 0, 0, "1");
+    decode_check(cl, 0, 0, NULL);
+    decode_check(cl, 3, 0, "19");
+    decode_check("ref", 5, 1, "6");
+}
+
+Test(cli, bad_decode_flags)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    bad("kv-heads not dividing heads", 2, "--kv-heads 3", FLAGS("--heads", "4", "--kv-heads", "3"));
+    bad("kv-heads above heads", 2, "--kv-heads 8", FLAGS("--heads", "4", "--kv-heads", "8"));
+    bad("kv-heads 0", 2, "--kv-heads", FLAGS("--heads", "4", "--kv-heads", "0"));
+    bad("window without causal", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--window", "3"));
+    bad("window 0", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--window", "0"));
+    bad("decode without causal", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--decode-from", "3"));
+    bad("decode-from 0", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "0"));
+    bad("decode-from past T", 2, "--decode-from 20",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "20"));
+    bad("decode with weights", 2, "--need-weights",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--need-weights"));
+    bad("decode with dropout", 2, "--dropout",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--dropout", "0.1"));
+    bad("wrong w_key rows for kv-heads", 1, "w_key.npy", FLAGS("--heads", "4", "--causal"));
+    const size_t ks[2] = {DT, DT};
+    float m[DT * DT] = {0};
+    save_f32(path_in(in_dir, "attn_mask.npy"), m, 2, ks);
+    bad("decode with a mask", 2, "attn_mask.npy",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3"));
+    remove(path_in(in_dir, "attn_mask.npy"));
+    const size_t kvs[3] = {DB, 7, DE};
+    save_f32(path_in(in_dir, "kv.npy"), x, 3, kvs);
+    bad("decode with kv.npy", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3"));
+    bad("window with kv.npy", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--window", "3"));
+}

@@ -19,7 +19,7 @@ import numpy as np
 from . import _lib
 
 __all__ = ["Error", "devices", "version", "Attention", "EncoderLayer", "from_torch", "plot_attention"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 class Error(Exception):

@@ -42,7 +42,8 @@ class AttentionDesc(Structure):
                 ("kv_embed", c_size_t), ("heads", c_size_t), ("head_dim_qk", c_size_t),
                 ("head_dim_v", c_size_t), ("out_dim", c_size_t), ("cross", c_int), ("causal", c_int),
                 ("attn_mask", c_int), ("key_padding_mask", c_int), ("scale", c_float), ("dropout", c_float),
-                ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int)]
+                ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
+                ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int)]
 
 
 class AttentionWeights(Structure):

@@ -1,7 +1,7 @@
 /* run.c: `clattn run` — attention on NumPy .npy files.
  *
- *   clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S]
- *              [--dropout P --seed N] [--need-weights] [--device SPEC]
+ *   clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]
+ *              [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P] [--device SPEC]
  *
  * Order of work: parse the flags (usage errors, exit 2), check the two
  * directories, load and check every input file against the others (exit 1),
@@ -35,8 +35,15 @@ static void say(const char *fmt, ...)
 
 static void usage_line(FILE *f)
 {
-    fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
-               "                  [--need-weights] [--algorithm auto|fused|unfused] [--device SPEC] [-v]\n"
+    fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
+               "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
+               "                  [--algorithm auto|fused|unfused] [--device SPEC] [-v]\n"
+               "  --kv-heads N: grouped-query attention, N key/value heads (N divides --heads; default --heads);\n"
+               "               w_key.npy and w_value.npy then have N*dk and N*dv rows\n"
+               "  --window W: sliding window (with --causal, self-attention): query i sees key j when i - j < W\n"
+               "  --kv-half: keys and values stored as IEEE half (rounded to nearest even), computed in fp32\n"
+               "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
+               "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -47,13 +54,13 @@ static void usage_line(FILE *f)
 
 typedef struct run_opts {
     const char *in, *out, *device;
-    size_t heads;
-    int causal, need_weights, verbose;
+    size_t heads, kv_heads, window, decode_from;
+    int causal, need_weights, verbose, kv_half;
     float scale;        /* 0 = default 1/sqrt(dk) */
     float dropout;
     uint64_t seed;
     clattn_algorithm algorithm;
-    int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg;
+    int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
 /* A whole decimal number (digits only, no sign or space) in uint64 range. */
@@ -90,7 +97,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->heads = 1;
-    int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0, seen_v = 0;
+    int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0, seen_v = 0, seen_half = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -107,6 +114,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--dropout") == 0) seen = &o->seen_dropout;
         else if (strcmp(a, "--seed") == 0) seen = &o->seen_seed;
         else if (strcmp(a, "--algorithm") == 0) seen = &o->seen_alg;
+        else if (strcmp(a, "--kv-heads") == 0) seen = &o->seen_kv_heads;
+        else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
+        else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
+        else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
         else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
         else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) seen = &seen_v, takes_value = 0;
@@ -123,6 +134,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         if (!takes_value) {
             if (seen == &seen_causal) o->causal = 1;
             else if (seen == &seen_v) o->verbose = 1;
+            else if (seen == &seen_half) o->kv_half = 1;
             else o->need_weights = 1;
             continue;
         }
@@ -149,6 +161,15 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 return EXIT_USAGE;
             }
             o->heads = (size_t)h;
+        } else if (seen == &o->seen_kv_heads || seen == &o->seen_window || seen == &o->seen_decode) {
+            uint64_t n;
+            if (!parse_u64(v, &n) || n == 0 || n > 0xFFFFFFFFu) {
+                say("%s '%s': must be a whole number from 1 to 4294967295", a, v);
+                return EXIT_USAGE;
+            }
+            if (seen == &o->seen_kv_heads) o->kv_heads = (size_t)n;
+            else if (seen == &o->seen_window) o->window = (size_t)n;
+            else o->decode_from = (size_t)n;
         } else if (seen == &o->seen_scale) {
             if (!parse_float(v, &o->scale) || o->scale == 0.0f) {
                 say("--scale '%s': must be a finite nonzero number (in float32 range)", v);
@@ -177,6 +198,31 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (!seen_out) {
         say("--out DIR is required (an existing directory for out.npy)");
+        return EXIT_USAGE;
+    }
+    if (!o->seen_kv_heads) o->kv_heads = o->heads;
+    if (o->kv_heads > o->heads || o->heads % o->kv_heads) {
+        say("--kv-heads %zu: must divide --heads %zu", o->kv_heads, o->heads);
+        return EXIT_USAGE;
+    }
+    if (o->seen_window && !o->causal) {
+        say("--window needs --causal (the sliding window limits how far back a query sees)");
+        return EXIT_USAGE;
+    }
+    if (o->seen_decode && !o->causal) {
+        say("--decode-from needs --causal (decoding is causal self-attention)");
+        return EXIT_USAGE;
+    }
+    if (o->seen_decode && o->need_weights) {
+        say("--decode-from with --need-weights: decode steps do not return the attention weights");
+        return EXIT_USAGE;
+    }
+    if (o->seen_decode && o->seen_dropout && o->dropout > 0.0f) {
+        say("--decode-from with --dropout: decode steps run without dropout (inference)");
+        return EXIT_USAGE;
+    }
+    if (o->seen_decode && o->algorithm == CLATTN_ALGORITHM_UNFUSED) {
+        say("--decode-from with --algorithm unfused: decoding runs its own fused kernel (use auto or fused)");
         return EXIT_USAGE;
     }
     if (o->need_weights && o->algorithm == CLATTN_ALGORITHM_FUSED) {
@@ -297,11 +343,12 @@ static int expect_matrix(const inputs *in, int f, size_t cols, const char *what,
     return 0;
 }
 
-static int check_shapes(const inputs *in, size_t heads, dims *d)
+static int check_shapes(const inputs *in, size_t heads, size_t kv_heads, dims *d)
 {
     char s[256];
     memset(d, 0, sizeof *d);
     d->H = heads;
+    const size_t HK = kv_heads;
     const clattn_npy *x = &in->a[F_X];
     if (x->ndim != 2 && x->ndim != 3) {
         say("x.npy: shape %s has %d dimension%s but expected (B, Tq, E) or (Tq, E)", shape_str(x, s, sizeof s),
@@ -353,23 +400,25 @@ static int check_shapes(const inputs *in, size_t heads, dims *d)
                 rq, d->H);
             return -1;
         }
-        if (expect_matrix(in, F_WK, d->Ekv, "(H*dk, Ekv)", &rk)) return -1;
-        if (rk != rq) {
-            size_t want[2] = {rq, d->Ekv};
-            return expect(in, F_WK, 2, want, "(H*dk, Ekv)");
+        const int gqa = HK != d->H;
+        const char *kdesc = gqa ? "(kv_heads*dk, Ekv)" : "(H*dk, Ekv)", *vdesc = gqa ? "(kv_heads*dv, Ekv)" : "(H*dv, Ekv)";
+        if (expect_matrix(in, F_WK, d->Ekv, kdesc, &rk)) return -1;
+        if (rk != rq / d->H * HK) {
+            size_t want[2] = {rq / d->H * HK, d->Ekv};
+            return expect(in, F_WK, 2, want, kdesc);
         }
-        if (expect_matrix(in, F_WV, d->Ekv, "(H*dv, Ekv)", &rv)) return -1;
-        if (rv % d->H) {
-            say("w_value.npy: shape %s: its %zu rows (H*dv) are not divisible by --heads %zu", shape_str(&in->a[F_WV], s, sizeof s),
-                rv, d->H);
+        if (expect_matrix(in, F_WV, d->Ekv, vdesc, &rv)) return -1;
+        if (rv % HK) {
+            say("w_value.npy: shape %s: its %zu rows (%s) are not divisible by --%s %zu", shape_str(&in->a[F_WV], s, sizeof s),
+                rv, gqa ? "kv_heads*dv" : "H*dv", gqa ? "kv-heads" : "heads", HK);
             return -1;
         }
         d->dk = rq / d->H;
-        d->dv = rv / d->H;
-        size_t nq[1] = {rq}, nv[1] = {rv};
+        d->dv = rv / HK;
+        size_t nq[1] = {rq}, nk[1] = {rk}, nv[1] = {rv};
         if (in->has[F_BQ] && expect(in, F_BQ, 1, nq, "(H*dk)")) return -1;
-        if (in->has[F_BK] && expect(in, F_BK, 1, nq, "(H*dk)")) return -1;
-        if (in->has[F_BV] && expect(in, F_BV, 1, nv, "(H*dv)")) return -1;
+        if (in->has[F_BK] && expect(in, F_BK, 1, nk, gqa ? "(kv_heads*dk)" : "(H*dk)")) return -1;
+        if (in->has[F_BV] && expect(in, F_BV, 1, nv, gqa ? "(kv_heads*dv)" : "(H*dv)")) return -1;
     } else {
         const int bs[3] = {F_BQ, F_BK, F_BV};
         for (int i = 0; i < 3; i++)
@@ -378,6 +427,11 @@ static int check_shapes(const inputs *in, size_t heads, dims *d)
                     file_names[bs[i]]);
                 return -1;
             }
+        if (HK != d->H) {
+            say("--kv-heads %zu: grouped-query attention needs w_query.npy, w_key.npy and w_value.npy (the key/value "
+                "projections make the kv heads)", HK);
+            return -1;
+        }
         if (d->E % d->H) {
             say("--heads %zu does not divide E = %zu, the last dimension of x.npy %s (without Q/K/V weights the "
                 "heads split x)", d->H, d->E, shape_str(x, s, sizeof s));
@@ -468,6 +522,46 @@ static int mul_ok(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+/* ---------------------------------------------------------------- --decode-from */
+
+/* x (B, T, E): the first P tokens as one prefill into a KV cache of T positions, then each later token
+ * as its own decode step; out (B, T, out_width) gathers every step's rows. Reports like the plan path. */
+static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
+                                const dims *d, size_t P, const float *x, size_t out_width, float *out,
+                                size_t *parts, double *ms)
+{
+    const size_t B = d->B, T = d->Tq, E = d->E;
+    desc.seq_q = P;
+    clattn_decode_plan *plan = NULL;
+    clattn_kv_cache *cache = NULL;
+    float *xs = malloc(B * P * E * sizeof *xs), *os = malloc(B * P * out_width * sizeof *os);
+    clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
+    if (!xs || !os) goto done;
+    if ((st = clattn_decode_plan_create(dev, &desc, w, &plan)) != CLATTN_STATUS_SUCCESS) goto done;
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
+                               .type = desc.kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+    cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
+    if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
+    const double t0 = clattn_cli_now_ms();
+    for (size_t t0k = 0; t0k < T;) {
+        const size_t n = t0k == 0 ? P : 1;
+        for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0k) * E, n * E * sizeof *xs);
+        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
+        if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
+        for (size_t b = 0; b < B; b++)
+            memcpy(out + (b * T + t0k) * out_width, os + b * n * out_width, n * out_width * sizeof *out);
+        if (clattn_decode_plan_last_splits(plan) > *parts) *parts = clattn_decode_plan_last_splits(plan);
+        t0k += n;
+    }
+    *ms = clattn_cli_now_ms() - t0;
+done:
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(plan);
+    free(xs);
+    free(os);
+    return st;
+}
+
 /* ---------------------------------------------------------------- the command */
 
 int clattn_cli_run(int argc, char **argv)
@@ -486,7 +580,23 @@ int clattn_cli_run(int argc, char **argv)
     float *out = NULL, *attn = NULL;
     code = EXIT_INPUT;
 
-    if (load_inputs(o.in, &in) || check_shapes(&in, o.heads, &d)) goto done;
+    if (load_inputs(o.in, &in) || check_shapes(&in, o.heads, o.kv_heads, &d)) goto done;
+    /* the flags that need self-attention, or a length, known only now */
+    if ((o.seen_window || o.seen_decode) && d.cross) {
+        say("%s needs self-attention: kv.npy is given (cross-attention)", o.seen_decode ? "--decode-from" : "--window");
+        code = EXIT_USAGE;
+        goto done;
+    }
+    if (o.seen_decode && o.decode_from > d.Tq) {
+        say("--decode-from %zu: must be from 1 to T = %zu (the tokens of x.npy)", o.decode_from, d.Tq);
+        code = EXIT_USAGE;
+        goto done;
+    }
+    if (o.seen_decode && (in.has[F_KPM] || in.has[F_MASK])) {
+        say("--decode-from with %s: decode steps take no masks", in.has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
+        code = EXIT_USAGE;
+        goto done;
+    }
 
     clattn_attention_desc desc;
     memset(&desc, 0, sizeof desc);
@@ -510,6 +620,9 @@ int clattn_cli_run(int argc, char **argv)
     desc.layout = CLATTN_LAYOUT_LINEAR;
     desc.algorithm = o.algorithm;
     desc.need_weights = o.need_weights;
+    desc.kv_heads = o.kv_heads;
+    desc.window = o.window;
+    desc.kv_half = o.kv_half;
 
     clattn_attention_weights w;
     memset(&w, 0, sizeof w);
@@ -536,6 +649,31 @@ int clattn_cli_run(int argc, char **argv)
     if (!dev) goto done;
     code = EXIT_INPUT;
 
+    if (o.seen_decode) { /* --decode-from: the same description through a decode plan and a KV cache */
+        /* without Q/K/V weights the heads split x, as the plan path does */
+        out = malloc(n_out * sizeof *out);
+        if (!out) {
+            say("out of memory allocating the outputs (%zu floats)", n_out);
+            goto done;
+        }
+        size_t parts = 1;
+        double ms = 0.0;
+        clattn_status st = decode_run(dev, desc, &w, &d, o.decode_from, in.a[F_X].data, out_width, out, &parts, &ms);
+        if (st != CLATTN_STATUS_SUCCESS) {
+            say("decoding on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st), clattn_last_error());
+            goto done;
+        }
+        if (o.verbose) {
+            fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
+            fprintf(stderr, "clattn run: B=%zu T=%zu E=%zu heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu window=%zu "
+                    "kv=%s\n", d.B, d.Tq, d.E, d.H, o.kv_heads, d.dk, d.dv, out_width, o.window,
+                    o.kv_half ? "half" : "float");
+            fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
+                    "parts); %.1f ms\n", o.decode_from, d.Tq - o.decode_from, parts, ms);
+        }
+        if (write_outputs(o.out, &d, out_width, out, NULL) == 0) code = EXIT_OK;
+        goto done;
+    }
     const double t0 = clattn_cli_now_ms();
     clattn_status st = clattn_plan_create(dev, &desc, &w, &plan);
     const double t1 = clattn_cli_now_ms();
@@ -576,9 +714,11 @@ int clattn_cli_run(int argc, char **argv)
         if (clattn_plan_desc(plan, &r) == CLATTN_STATUS_SUCCESS) {
             const clattn_algorithm alg = clattn_plan_algorithm(plan);
             fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
-            fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu dk=%zu dv=%zu out=%zu causal=%s scale=%g\n",
+            fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu "
+                    "causal=%s window=%zu kv=%s scale=%g\n",
                     r.batch, r.seq_q, r.cross ? r.seq_kv : r.seq_q, r.embed, r.cross ? " (cross)" : "", r.heads,
-                    r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", (double)r.scale);
+                    r.kv_heads, r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", r.window,
+                    r.kv_half ? "half" : "float", (double)r.scale);
             fprintf(stderr, "clattn run: algorithm %s; plan %.1f ms, execute %.1f ms\n",
                     alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), t1 - t0, t3 - t2);
         }

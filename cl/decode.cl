@@ -1,0 +1,254 @@
+/* decode.cl: attention over a KV cache, for decode plans (src/decode.c).
+ *
+ * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
+ *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
+ * as float, or with KV_HALF as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
+ * cl_khr_fp16). lens[b] is sequence b's length before this call; the call brings n new tokens
+ * per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0).
+ * New token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with
+ * p - j < WINDOW (when WINDOW > 0).
+ *
+ *   kv_append       writes the new tokens' keys and values (from the projection rows) into the cache.
+ *   decode_attend   one work-item per (b, g, block of R query rows, part). The rows of a block run
+ *                   over (token, head in the group): row q -> token q / GROUP, head g*GROUP + q % GROUP,
+ *                   so one pass over a key serves every query head that shares it. The block's key
+ *                   range is cut into `parts` equal parts (split-K): with parts = 1 the work-item writes
+ *                   the output rows; otherwise each part writes its running max m, sum l and unnormalised
+ *                   acc (online softmax, as flash.cl) and decode_combine merges them.
+ *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
+ *
+ * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, R (rows per work-item),
+ * BK (keys per block), VW (vector width along the head dimension; divides DK and DV).
+ */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV DK
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef KV_HALF
+#define KV_HALF 0
+#endif
+#ifndef R
+#define R 4
+#endif
+#ifndef BK
+#define BK 16
+#endif
+#ifndef VW
+#define VW 1
+#endif
+
+#if KV_HALF
+typedef half kv_t;
+#define KV_STORE(x, i, p) vstore_half_rte((x), (i), (p))
+#else
+typedef float kv_t;
+#define KV_STORE(x, i, p) ((p)[(i)] = (x))
+#endif
+
+#if VW == 8
+typedef float8 vw_t;
+#define QLOADW(i, p) vload8((i), (p))
+#define OSTOREW(v, i, p) vstore8((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half8((i), (p))
+#else
+#define KLOADW(i, p) vload8((i), (p))
+#endif
+inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
+#elif VW == 4
+typedef float4 vw_t;
+#define QLOADW(i, p) vload4((i), (p))
+#define OSTOREW(v, i, p) vstore4((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half4((i), (p))
+#else
+#define KLOADW(i, p) vload4((i), (p))
+#endif
+inline float dhsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
+#else
+typedef float vw_t;
+#define QLOADW(i, p) ((p)[(i)])
+#define OSTOREW(v, i, p) ((p)[(i)] = (v))
+#if KV_HALF
+#define KLOADW(i, p) vload_half((i), (p))
+#else
+#define KLOADW(i, p) ((p)[(i)])
+#endif
+inline float dhsum(float v) { return v; }
+#endif
+#define DNKW (DK / VW)
+#define DNVW (DV / VW)
+#define KVW (DK > DV ? DK : DV)
+
+/* One work-item per (b, t, g, c), c < max(DK, DV): K[b, g, lens[b] + t, c] and V likewise from the
+ * projection row (b*n + t) of src (row stride src_ld; K of head g at column k_col + g*DK, V at v_col + g*DV). */
+__kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, uint k_col, uint v_col,
+                        __global kv_t *kc, __global kv_t *vc, __global const uint *lens, __global const uint *valid,
+                        uint n, uint HK, uint Tmax, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    ulong x = gid;
+    const uint c = (uint)(x % KVW); x /= KVW;
+    const uint g = (uint)(x % HK); x /= HK;
+    const uint t = (uint)(x % n);
+    const ulong b = x / n;
+    if (t >= valid[b]) return;
+    __global const float *row = src + src_off + (b * n + t) * src_ld;
+    const ulong pos = ((b * HK + g) * Tmax + lens[b] + t);
+    if (c < DK) KV_STORE(row[k_col + g * DK + c], pos * DK + c, kc);
+    if (c < DV) KV_STORE(row[v_col + g * DV + c], pos * DV + c, vc);
+}
+
+/* Is key j visible from position p? (j <= p always holds inside the ranges below, except at the
+ * block's upper edge.) */
+inline int dec_visible(uint j, uint p)
+{
+#if WINDOW
+    return j <= p && p - j < WINDOW;
+#else
+    return j <= p;
+#endif
+}
+
+/* q: the queries at column 0 of head 0, rows (b*n + t) of stride q_ld, head h at h*DK.
+ * out: merged rows (b*n + t) of stride out_ld, head h at h*DV (parts = 1).
+ * part_ml (rows*parts, 2) and part_acc (rows*parts, DV), row = (b*n + t)*H + h (parts > 1). */
+__kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
+                            __global const kv_t *kc, __global const kv_t *vc,
+                            __global const uint *lens, __global const uint *valid,
+                            __global float *out, ulong out_off, uint out_ld,
+                            __global float *part_ml, __global float *part_acc,
+                            uint n, uint H, uint HK, uint Tmax, uint parts, float scale, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    const uint nrows = n * GROUP, nblk = (nrows + R - 1) / R;
+    ulong x = gid;
+    const uint part = (uint)(x % parts); x /= parts;
+    const uint blk = (uint)(x % nblk); x /= nblk;
+    const uint g = (uint)(x % HK);
+    const ulong b = x / HK;
+    const uint len = lens[b], nv = valid[b];
+    const uint q0 = blk * R;
+
+    vw_t qr[R][DNKW], acc[R][DNVW];
+    float m[R], l[R];
+    uint pos[R];
+    for (uint r = 0; r < R; r++) {
+        const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
+        const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+        pos[r] = len + t;
+        __global const float *qp = q + q_off + (b * n + t) * q_ld + (ulong)h * DK;
+        for (uint c = 0; c < DNKW; c++) qr[r][c] = QLOADW(c, qp);
+        for (uint c = 0; c < DNVW; c++) acc[r][c] = (vw_t)(0.0f);
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+    }
+    /* keys of the block: up to its last token's position (never past the appended ones), from its
+     * first token's window on; this part's share of them */
+    const uint q_last = min(q0 + R, nrows) - 1;
+    const uint hi = min(len + q_last / GROUP + 1, len + nv);
+    const uint first = len + q0 / GROUP;
+#if WINDOW
+    const uint lo = first >= WINDOW ? first - WINDOW + 1 : 0;
+#else
+    const uint lo = 0;
+#endif
+    const uint span = hi > lo ? hi - lo : 0;
+    const uint per = (span + parts - 1) / parts;
+    const uint js = min(hi, lo + part * per), je = min(hi, js + per);
+
+    __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
+    __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    for (uint j0 = js; j0 < je; j0 += BK) {
+        float s[R][BK];
+        for (uint jj = 0; jj < BK; jj++) {
+            const uint j = j0 + jj;
+            if (j < je) {
+                __global const kv_t *kp = kb + (ulong)j * DK;
+                vw_t dot[R];
+                for (uint r = 0; r < R; r++) dot[r] = (vw_t)(0.0f);
+                for (uint c = 0; c < DNKW; c++) {
+                    const vw_t kv = KLOADW(c, kp);
+                    for (uint r = 0; r < R; r++) dot[r] = fma(qr[r][c], kv, dot[r]);
+                }
+                for (uint r = 0; r < R; r++) s[r][jj] = dec_visible(j, pos[r]) ? dhsum(dot[r]) * scale : -INFINITY;
+            } else {
+                for (uint r = 0; r < R; r++) s[r][jj] = -INFINITY;
+            }
+        }
+        for (uint r = 0; r < R; r++) {
+            float mb = m[r];
+            for (uint jj = 0; jj < BK; jj++) mb = fmax(mb, s[r][jj]); /* fmax skips NaN; exp(NaN) brings it back */
+            const float corr = exp(m[r] - mb);
+            m[r] = mb;
+            float sum = 0.0f;
+            for (uint jj = 0; jj < BK; jj++) {
+                const float p = exp(s[r][jj] - mb);
+                sum += p;
+                s[r][jj] = p;
+            }
+            l[r] = l[r] * corr + sum;
+            for (uint c = 0; c < DNVW; c++) acc[r][c] *= corr;
+        }
+        const uint nj = min((uint)BK, je - j0);
+        for (uint jj = 0; jj < nj; jj++) {
+            __global const kv_t *vp = vb + (ulong)(j0 + jj) * DV;
+            for (uint c = 0; c < DNVW; c++) {
+                const vw_t vv = KLOADW(c, vp);
+                for (uint r = 0; r < R; r++) acc[r][c] = fma((vw_t)(s[r][jj]), vv, acc[r][c]);
+            }
+        }
+    }
+    for (uint r = 0; r < R; r++) {
+        const uint qq = q0 + r;
+        if (qq >= nrows) break;
+        const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+        if (parts == 1) {
+            __global float *op = out + out_off + (b * n + t) * out_ld + (ulong)h * DV;
+            const int zero = t >= nv || l[r] == 0.0f; /* padding token, or no visible key */
+            const float inv = zero ? 0.0f : 1.0f / l[r];
+            for (uint c = 0; c < DNVW; c++) OSTOREW(zero ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
+        } else {
+            const ulong slot = ((b * n + t) * H + h) * parts + part;
+            part_ml[slot * 2] = m[r];
+            part_ml[slot * 2 + 1] = l[r];
+            __global float *ap = part_acc + slot * DV;
+            for (uint c = 0; c < DNVW; c++) OSTOREW(acc[r][c], c, ap);
+        }
+    }
+}
+
+/* One work-item per output element (b, t, h, c). */
+__kernel void decode_combine(__global const float *part_ml, __global const float *part_acc,
+                             __global const uint *valid, __global float *out, ulong out_off, uint out_ld,
+                             uint n, uint H, uint parts, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    const uint c = (uint)(gid % DV);
+    const ulong row = gid / DV; /* (b*n + t)*H + h */
+    const uint h = (uint)(row % H);
+    const ulong bt = row / H;
+    const uint t = (uint)(bt % n);
+    const ulong b = bt / n;
+    float M = -FLT_MAX;
+    for (uint p = 0; p < parts; p++) M = fmax(M, part_ml[(row * parts + p) * 2]);
+    float L = 0.0f, a = 0.0f;
+    for (uint p = 0; p < parts; p++) {
+        const ulong slot = row * parts + p;
+        const float f = exp(part_ml[slot * 2] - M);
+        L += part_ml[slot * 2 + 1] * f;
+        a += part_acc[slot * DV + c] * f;
+    }
+    out[out_off + bt * out_ld + (ulong)h * DV + c] = t >= valid[b] || L == 0.0f ? 0.0f : a / L;
+}

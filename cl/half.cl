@@ -1,0 +1,18 @@
+/* half.cl: rounding to IEEE half precision for plans with kv_half (keys and values used with the
+ * values a half-precision KV cache holds). The KV cache itself stores half with vstore_half_rte and
+ * reads it with vload_half (decode.cl); this is the same rounding for values that stay float, done on
+ * the bits because a private half variable needs cl_khr_fp16. Round to nearest even; above 65504
+ * (from 65520 on) inf; NaN stays NaN; below 2^-14 the half subnormals (units of 2^-24). */
+#ifndef CLATTN_HALF_CL
+#define CLATTN_HALF_CL
+
+inline float clattn_round_half(float f)
+{
+    const uint u = as_uint(f), a = u & 0x7FFFFFFFu, sign = u & 0x80000000u;
+    if (a > 0x7F800000u) return f;
+    if (a >= 0x477FF000u) return as_float(sign | 0x7F800000u);
+    if (a < 0x38800000u) return rint(f * 16777216.0f) * 5.9604644775390625e-8f; /* both scalings exact */
+    return as_float(sign | ((a + 0x0FFFu + ((a >> 13) & 1u)) & ~0x1FFFu));
+}
+
+#endif

@@ -1,0 +1,512 @@
+/* test_decode.c: grouped-query attention, sliding windows, half-precision keys/values and decoding
+ * over a KV cache, on ref and on the OpenCL device, against the float64 oracle (tests/oracle.c),
+ * which computes a plain causal run over the whole sequence from the definitions.
+ *   attention    ordinary plans with kv_heads, window, kv_half: both algorithms
+ *   decode       prefill + one decode step per token = one causal run; appends in uneven chunks;
+ *                sequences of different lengths in one batch; truncation; split-K forced to 1..64
+ *                parts (empty parts included); the cache read back; every validation error
+ * kv_half cases use dyadic inputs (x in units of 2^-6, weights of 2^-10, E = 16) so that every
+ * projection is exact in float: the half rounding of the library and the oracle's then see the same
+ * value, and the comparison is of the rounding itself, not of float summation order. */
+#include "oracle.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct model {
+    size_t E, H, HK, dk, dv, Eo;
+    float *wq, *wk, *wv, *bq, *bk, *bv, *wo, *bo;
+    clattn_attention_weights w;
+} model;
+
+/* A value in [-1, 1]: uniform, or a multiple of 2^-bits (dyadic). */
+static float val(tu_rng *r, int dyadic, int bits, float scale)
+{
+    const float u = tu_uniform(r, -1.0f, 1.0f);
+    if (!dyadic) return u * scale;
+    return ldexpf(nearbyintf(ldexpf(u, bits)), -bits);
+}
+
+static float *vals(tu_rng *r, size_t n, int dyadic, int bits, float scale)
+{
+    float *a = malloc(n * sizeof *a);
+    for (size_t i = 0; i < n; i++) a[i] = val(r, dyadic, bits, scale);
+    return a;
+}
+
+static void model_make(model *m, tu_rng *r, size_t E, size_t H, size_t HK, size_t dk, size_t dv, int dyadic)
+{
+    memset(m, 0, sizeof *m);
+    m->E = E, m->H = H, m->HK = HK, m->dk = dk, m->dv = dv, m->Eo = 13;
+    const float s = 1.5f / sqrtf((float)E);
+    m->wq = vals(r, H * dk * E, dyadic, 10, s);
+    m->wk = vals(r, HK * dk * E, dyadic, 10, s);
+    m->wv = vals(r, HK * dv * E, dyadic, 10, s);
+    m->bq = vals(r, H * dk, dyadic, 10, 0.3f);
+    m->bk = vals(r, HK * dk, dyadic, 10, 0.3f);
+    m->bv = vals(r, HK * dv, dyadic, 10, 0.3f);
+    m->wo = vals(r, m->Eo * H * dv, 0, 0, 0.4f);
+    m->bo = vals(r, m->Eo, 0, 0, 0.2f);
+    m->w = (clattn_attention_weights){.w_query = m->wq, .w_key = m->wk, .w_value = m->wv, .b_query = m->bq,
+                                      .b_key = m->bk, .b_value = m->bv, .w_out = m->wo, .b_out = m->bo};
+}
+
+static void model_free(model *m)
+{
+    free(m->wq), free(m->wk), free(m->wv), free(m->bq), free(m->bk), free(m->bv), free(m->wo), free(m->bo);
+}
+
+static clattn_attention_desc model_desc(const model *m, size_t B, size_t T, size_t window, int half)
+{
+    return (clattn_attention_desc){.batch = B, .seq_q = T, .embed = m->E, .heads = m->H, .kv_heads = m->HK,
+                                   .head_dim_qk = m->dk, .head_dim_v = m->dv, .out_dim = m->Eo, .causal = 1,
+                                   .window = window, .kv_half = half};
+}
+
+/* The oracle's causal run over x (B, T, E). */
+static double *expect(const model *m, size_t B, size_t T, size_t window, int half, const float *x)
+{
+    clattn_attention_desc d = model_desc(m, B, T, window, half);
+    double *want = malloc(B * T * m->Eo * sizeof *want);
+    clattn_attention_args a = {.x = x};
+    cr_assert_eq(oracle_attention(&d, &m->w, &a, want, NULL), 0);
+    return want;
+}
+
+static void check(const float *got, const double *want, size_t n, const char *what)
+{
+    char msg[300];
+    size_t bad = oracle_compare(got, want, n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s: %zu of %zu elements differ; first: %s", what, bad, n, msg);
+}
+
+/* ---------------------------------------------------------------- ordinary plans */
+
+static void plan_case(clattn_device *dev, clattn_algorithm alg, size_t B, size_t T, size_t H, size_t HK,
+                      size_t dk, size_t dv, size_t window, int half, uint64_t seed)
+{
+    tu_rng r = {seed};
+    model m;
+    const size_t E = half ? 16 : 24;
+    model_make(&m, &r, E, H, HK, dk, dv, half);
+    float *x = vals(&r, B * T * E, half, 6, 1.0f);
+    clattn_attention_desc d = model_desc(&m, B, T, window, half);
+    d.algorithm = alg;
+    clattn_plan *p = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) cr_assert_eq(clattn_plan_algorithm(p), alg);
+    float *out = tu_poisoned(B * T * m.Eo);
+    clattn_attention_args a = {.x = x, .out = out};
+    cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    double *want = expect(&m, B, T, window, half, x);
+    char what[160];
+    snprintf(what, sizeof what, "%s B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d",
+             clattn_algorithm_name(alg), B, T, H, HK, dk, dv, window, half);
+    check(out, want, B * T * m.Eo, what);
+    clattn_plan_free(p);
+    free(x), free(out), free(want);
+    model_free(&m);
+}
+
+static void plan_cases(clattn_device *dev, clattn_algorithm alg)
+{
+    uint64_t seed = 100;
+    plan_case(dev, alg, 2, 61, 4, 2, 8, 8, 0, 0, seed++);     /* GQA */
+    plan_case(dev, alg, 1, 130, 6, 1, 16, 8, 0, 0, seed++);   /* multi-query, dk != dv */
+    plan_case(dev, alg, 2, 61, 4, 4, 8, 8, 7, 0, seed++);     /* window */
+    plan_case(dev, alg, 1, 130, 8, 2, 16, 16, 33, 0, seed++); /* GQA + window across blocks */
+    plan_case(dev, alg, 2, 37, 4, 2, 8, 8, 0, 1, seed++);     /* half K/V */
+    plan_case(dev, alg, 1, 61, 4, 1, 8, 4, 5, 1, seed++);     /* all three */
+    plan_case(dev, alg, 3, 1, 2, 1, 4, 4, 1, 0, seed++);      /* T = 1, W = 1 */
+}
+
+Test(attention, gqa_window_half_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    plan_cases(dev, CLATTN_ALGORITHM_AUTO);
+    clattn_device_free(dev);
+}
+
+Test(attention, gqa_window_half_fused)
+{
+    clattn_device *dev = tu_open_opencl();
+    plan_cases(dev, CLATTN_ALGORITHM_FUSED);
+    clattn_device_free(dev);
+}
+
+Test(attention, gqa_window_half_unfused)
+{
+    clattn_device *dev = tu_open_opencl();
+    plan_cases(dev, CLATTN_ALGORITHM_UNFUSED);
+    clattn_device_free(dev);
+}
+
+/* ---------------------------------------------------------------- decoding */
+
+typedef struct dcase {
+    size_t B, T, H, HK, dk, dv, window;
+    int half;
+    size_t splits;          /* clattn_decode_plan_set_splits */
+    const size_t *chunks;   /* new tokens per call, until T; NULL = prefill P then one by one */
+    size_t P;
+} dcase;
+
+static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B, size_t cap, int half)
+{
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = m->HK, .head_dim_qk = m->dk,
+                               .head_dim_v = m->dv, .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    return c;
+}
+
+/* Run x (B, T, E) through a decode plan in the calls the case says; every output row into out. */
+static void decode_all(clattn_device *dev, const model *m, const dcase *c, const float *x, float *out)
+{
+    const size_t B = c->B, T = c->T, E = m->E;
+    const size_t maxn = c->chunks ? T : c->P;
+    clattn_attention_desc d = model_desc(m, B, maxn, c->window, c->half);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(clattn_decode_plan_create(dev, &d, &m->w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache *cache = make_cache(dev, m, B, T + 3, c->half);
+    float *xs = malloc(B * maxn * E * sizeof *xs), *os = malloc(B * maxn * m->Eo * sizeof *os);
+    size_t t0 = 0;
+    for (size_t call = 0; t0 < T; call++) {
+        size_t n = c->chunks ? c->chunks[call] : call == 0 ? c->P : 1;
+        if (n > T - t0) n = T - t0;
+        for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0) * E, n * E * sizeof *xs);
+        for (size_t i = 0; i < B * n * m->Eo; i++) os[i] = NAN;
+        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
+        cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call,
+                     clattn_last_error());
+        if (c->splits > 1 && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && n == 1)
+            cr_assert_eq(clattn_decode_plan_last_splits(p), c->splits, "split-K did not run with %zu parts", c->splits);
+        for (size_t b = 0; b < B; b++)
+            memcpy(out + (b * T + t0) * m->Eo, os + b * n * m->Eo, n * m->Eo * sizeof *out);
+        t0 += n;
+    }
+    size_t lens[8];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, lens), CLATTN_STATUS_SUCCESS);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lens[b], T);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    free(xs), free(os);
+}
+
+static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
+{
+    tu_rng r = {seed};
+    model m;
+    const size_t E = c->half ? 16 : 24;
+    model_make(&m, &r, E, c->H, c->HK, c->dk, c->dv, c->half);
+    float *x = vals(&r, c->B * c->T * E, c->half, 6, 1.0f);
+    float *out = tu_poisoned(c->B * c->T * m.Eo);
+    decode_all(dev, &m, c, x, out);
+    double *want = expect(&m, c->B, c->T, c->window, c->half, x);
+    char what[200];
+    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu%s", c->B, c->T,
+             c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->chunks ? " chunked" : "");
+    check(out, want, c->B * c->T * m.Eo, what);
+    free(x), free(out), free(want);
+    model_free(&m);
+}
+
+static void decode_cases(clattn_device *dev)
+{
+    static const size_t uneven[] = {5, 1, 1, 13, 2, 1, 7, 40, 3, 1, 1, 64};
+    const dcase cases[] = {
+        {.B = 2, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .P = 11},                 /* GQA */
+        {.B = 1, .T = 61, .H = 4, .HK = 4, .dk = 16, .dv = 8, .P = 1},                 /* MHA, from 1 token */
+        {.B = 2, .T = 33, .H = 6, .HK = 1, .dk = 8, .dv = 12, .P = 20},                /* multi-query */
+        {.B = 2, .T = 50, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 9, .P = 17},    /* window */
+        {.B = 1, .T = 45, .H = 32, .HK = 2, .dk = 4, .dv = 4, .P = 30},                /* group of 16 rows */
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 1, .P = 9},       /* half cache */
+        {.B = 1, .T = 41, .H = 4, .HK = 1, .dk = 8, .dv = 4, .window = 6, .half = 1, .P = 3},
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven},       /* appends in chunks */
+        {.B = 1, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 20, .chunks = uneven},
+        {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 30},    /* split-K */
+        {.B = 1, .T = 90, .H = 8, .HK = 2, .dk = 16, .dv = 16, .splits = 7, .window = 25, .P = 50},
+        {.B = 2, .T = 20, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 64, .P = 5},    /* parts without keys */
+        {.B = 1, .T = 60, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 5, .half = 1, .P = 31},
+        {.B = 1, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 1, .P = 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
+}
+
+Test(decode, equals_causal_run_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    decode_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, equals_causal_run_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    decode_cases(dev);
+    clattn_device_free(dev);
+}
+
+/* Sequences of different lengths in one batch (args.valid), decode steps after, then truncation and
+ * new tokens: each sequence equals the oracle's run over its own tokens. */
+static void ragged(clattn_device *dev, int half, size_t splits)
+{
+    enum { B = 3, P = 20, STEPS = 6, TRUNC = 4, MORE = 5 };
+    const size_t valid[B] = {20, 7, 13};
+    tu_rng r = {77 + (uint64_t)half};
+    model m;
+    const size_t E = half ? 16 : 24;
+    model_make(&m, &r, E, 4, 2, 8, 8, half);
+    const size_t Eo = m.Eo, cap = P + STEPS + MORE;
+    clattn_attention_desc d = model_desc(&m, B, P, 0, half);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(clattn_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache *cache = make_cache(dev, &m, B, cap, half);
+
+    /* seq[b]: the tokens sequence b has seen, in order; got[b]: the outputs for them */
+    float *seq = calloc(B * cap * E, sizeof *seq), *got = calloc(B * cap * Eo, sizeof *got);
+    size_t len[B] = {0};
+    float *xp = vals(&r, B * P * E, half, 6, 1.0f), *op = tu_poisoned(B * P * Eo);
+    clattn_decode_args a = {.x = xp, .new_tokens = P, .valid = valid, .out = op};
+    cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++) {
+        memcpy(seq + b * cap * E, xp + b * P * E, valid[b] * E * sizeof *seq);
+        memcpy(got + b * cap * Eo, op + b * P * Eo, valid[b] * Eo * sizeof *got);
+        len[b] = valid[b];
+        for (size_t t = valid[b]; t < P; t++) /* padding rows: the output projection of a zero context */
+            for (size_t o = 0; o < Eo; o++)
+                cr_assert_float_eq(op[(b * P + t) * Eo + o], m.bo[o], 1e-6, "padding row b=%zu t=%zu", b, t);
+    }
+    size_t lens[B];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, lens), CLATTN_STATUS_SUCCESS);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lens[b], valid[b]);
+    float x1[B * 24], o1[B * 13];
+    for (int phase = 0; phase < 2; phase++) {
+        if (phase == 1) { /* drop the last TRUNC tokens of sequences 0 and 2 */
+            size_t keep[B] = {len[0] - TRUNC, len[1], len[2] - TRUNC};
+            size_t too_many[B] = {len[0], len[1] + 1, len[2]};
+            cr_assert_eq(clattn_kv_cache_truncate(cache, too_many), CLATTN_STATUS_INVALID_ARGUMENT);
+            cr_assert_eq(clattn_kv_cache_truncate(cache, keep), CLATTN_STATUS_SUCCESS);
+            for (size_t b = 0; b < B; b++) len[b] = keep[b];
+        }
+        for (int s = 0; s < (phase ? MORE : STEPS); s++) {
+            for (size_t i = 0; i < B * E; i++) x1[i] = val(&r, half, 6, 1.0f);
+            for (size_t i = 0; i < B * Eo; i++) o1[i] = NAN;
+            clattn_decode_args a1 = {.x = x1, .new_tokens = 1, .out = o1};
+            cr_assert_eq(clattn_decode_execute(p, cache, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            for (size_t b = 0; b < B; b++) {
+                memcpy(seq + (b * cap + len[b]) * E, x1 + b * E, E * sizeof *seq);
+                memcpy(got + (b * cap + len[b]) * Eo, o1 + b * Eo, Eo * sizeof *got);
+                len[b]++;
+            }
+        }
+    }
+    for (size_t b = 0; b < B; b++) {
+        double *want = expect(&m, 1, len[b], 0, half, seq + b * cap * E);
+        char what[100];
+        snprintf(what, sizeof what, "sequence %zu (%zu tokens, half=%d, splits=%zu)", b, len[b], half, splits);
+        check(got + b * cap * Eo, want, len[b] * Eo, what);
+        free(want);
+    }
+    /* the cache read back holds the projected (and rounded) keys and values of each sequence's tokens */
+    const size_t HK = m.HK, dk = m.dk, dv = m.dv;
+    float *kc = tu_poisoned(B * HK * cap * dk), *vc = tu_poisoned(B * HK * cap * dv);
+    cr_assert_eq(clattn_kv_cache_read(cache, kc, vc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < cap; t++)
+            for (size_t g = 0; g < HK; g++)
+                for (size_t c = 0; c < dk + dv; c++) {
+                    const int isk = c < dk;
+                    const size_t cc = isk ? c : c - dk, D = isk ? dk : dv;
+                    const float *wr = (isk ? m.wk : m.wv) + (g * D + cc) * E;
+                    double want = 0.0;
+                    if (t < len[b]) {
+                        want = (isk ? m.bk : m.bv)[g * D + cc];
+                        for (size_t e = 0; e < E; e++) want += (double)seq[(b * cap + t) * E + e] * wr[e];
+                        if (half) want = oracle_half(want);
+                    }
+                    const float gotv = (isk ? kc : vc)[((b * HK + g) * cap + t) * D + cc];
+                    cr_assert(oracle_close(gotv, want, half ? 0.0 : 1e-5, half ? 0.0 : 1e-5, 0, 0),
+                              "cache %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", isk ? 'K' : 'V', b, g, t, cc,
+                              gotv, want);
+                }
+    free(kc), free(vc), free(seq), free(got), free(xp), free(op);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+Test(decode, ragged_truncate_read_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    ragged(dev, 0, 0);
+    ragged(dev, 1, 0);
+    clattn_device_free(dev);
+}
+
+Test(decode, ragged_truncate_read_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    ragged(dev, 0, 0);
+    ragged(dev, 1, 0);
+    ragged(dev, 0, 4);
+    clattn_device_free(dev);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static void errors(clattn_device *dev)
+{
+    tu_rng r = {9};
+    model m;
+    model_make(&m, &r, 24, 4, 2, 8, 8, 0);
+    clattn_attention_desc good = model_desc(&m, 2, 4, 0, 0);
+    clattn_decode_plan *p = NULL;
+    /* descriptions a decode plan refuses */
+    struct { clattn_attention_desc d; clattn_status st; const char *needle; } bad[8];
+    for (int i = 0; i < 8; i++) bad[i].d = good;
+    bad[0].d.causal = 0, bad[0].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[0].needle = "causal";
+    bad[1].d.cross = 1, bad[1].d.seq_kv = 4, bad[1].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[1].needle = "cross";
+    bad[2].d.attn_mask = CLATTN_MASK_BOOL, bad[2].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[2].needle = "attn_mask";
+    bad[3].d.dropout = 0.1f, bad[3].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[3].needle = "dropout";
+    bad[4].d.need_weights = 1, bad[4].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[4].needle = "weights";
+    bad[5].d.algorithm = CLATTN_ALGORITHM_UNFUSED, bad[5].st = CLATTN_STATUS_INVALID_ARGUMENT, bad[5].needle = "UNFUSED";
+    bad[6].d.kv_heads = 3, bad[6].st = CLATTN_STATUS_SHAPE_MISMATCH, bad[6].needle = "kv_heads (3) must divide heads (4)";
+    bad[7].d.head_dim_qk = 300, bad[7].st = CLATTN_STATUS_UNSUPPORTED, bad[7].needle = "256";
+    for (int i = 0; i < 8; i++) {
+        clattn_attention_weights w = m.w;
+        if (i == 7) { /* a valid description with large heads: weights of that size */
+            w.w_query = w.w_key = w.w_value = w.b_query = w.b_key = w.b_value = w.w_out = NULL;
+            w.b_out = NULL;
+            bad[i].d.out_dim = 0;
+            bad[i].d.embed = 1200, bad[i].d.heads = 4, bad[i].d.kv_heads = 4, bad[i].d.head_dim_qk = 0;
+            bad[i].d.head_dim_v = 0;
+        }
+        p = (clattn_decode_plan *)&m;
+        cr_assert_eq(clattn_decode_plan_create(dev, &bad[i].d, &w, &p), bad[i].st, "case %d: %s", i, clattn_last_error());
+        cr_assert_null(p, "case %d: the plan pointer must be NULL after a failure", i);
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "case %d: '%s' lacks '%s'", i, clattn_last_error(),
+                  bad[i].needle);
+    }
+    /* the window needs causal (ordinary plans too) */
+    clattn_attention_desc wd = good;
+    wd.causal = 0, wd.window = 3;
+    clattn_plan *ap = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &wd, &m.w, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "window"));
+    /* GQA without projections */
+    clattn_attention_desc nw = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .kv_heads = 2, .causal = 1};
+    cr_assert_eq(clattn_plan_create(dev, &nw, NULL, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "Q/K/V weights"));
+
+    /* caches */
+    clattn_kv_cache *c = NULL;
+    clattn_kv_cache_desc cd = {.batch = 2, .capacity = 6, .kv_heads = 2, .head_dim_qk = 8, .head_dim_v = 8};
+    clattn_kv_cache_desc cbad = cd;
+    cbad.capacity = 0;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cbad, &c), CLATTN_STATUS_INVALID_ARGUMENT);
+    cbad = cd, cbad.type = (clattn_kv_type)7;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cbad, &c), CLATTN_STATUS_INVALID_ARGUMENT);
+    cbad = cd, cbad.capacity = (size_t)1 << 40;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cbad, &c), CLATTN_STATUS_SIZE_OVERFLOW);
+    cr_assert_null(c);
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_decode_plan_create(dev, &good, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, 65), CLATTN_STATUS_INVALID_ARGUMENT);
+
+    float x[2 * 4 * 24], out[2 * 4 * 13];
+    tu_fill(&r, x, 2 * 4 * 24, -1, 1);
+    for (size_t i = 0; i < 2 * 4 * 13; i++) out[i] = 12345.0f;
+    clattn_decode_args a = {.x = x, .new_tokens = 4, .out = out};
+    const size_t too_many[2] = {5, 1};
+    struct { clattn_decode_args a; clattn_status st; const char *needle; } ba[] = {
+        {{.x = NULL, .new_tokens = 4, .out = out}, CLATTN_STATUS_INVALID_ARGUMENT, "args.x"},
+        {{.x = x, .new_tokens = 4, .out = NULL}, CLATTN_STATUS_INVALID_ARGUMENT, "args.out"},
+        {{.x = x, .new_tokens = 0, .out = out}, CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = 0"},
+        {{.x = x, .new_tokens = 5, .out = out}, CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = 5"},
+        {{.x = x, .new_tokens = 4, .valid = too_many, .out = out}, CLATTN_STATUS_INVALID_ARGUMENT, "valid[0] = 5"},
+    };
+    for (size_t i = 0; i < sizeof ba / sizeof ba[0]; i++) {
+        cr_assert_eq(clattn_decode_execute(p, c, &ba[i].a), ba[i].st, "args case %zu", i);
+        cr_assert(strstr(clattn_last_error(), ba[i].needle), "args case %zu: '%s'", i, clattn_last_error());
+    }
+    /* overflow of the capacity: the second call of 4 would reach 8 > 6; nothing changes */
+    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float before[2 * 4 * 13];
+    memcpy(before, out, sizeof before);
+    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_SHAPE_MISMATCH);
+    cr_assert(strstr(clattn_last_error(), "capacity (6)"), "%s", clattn_last_error());
+    cr_assert_eq(memcmp(before, out, sizeof before), 0, "a refused call wrote the output");
+    size_t lens[2];
+    clattn_kv_cache_lengths(c, lens);
+    cr_assert(lens[0] == 4 && lens[1] == 4, "a refused call changed the lengths");
+    cr_assert_eq(clattn_kv_cache_reset(c), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache_lengths(c, lens);
+    cr_assert(lens[0] == 0 && lens[1] == 0);
+    /* caches that do not match the plan */
+    const clattn_kv_cache_desc mism[] = {
+        {.batch = 3, .capacity = 6, .kv_heads = 2, .head_dim_qk = 8, .head_dim_v = 8},
+        {.batch = 2, .capacity = 6, .kv_heads = 4, .head_dim_qk = 8, .head_dim_v = 8},
+        {.batch = 2, .capacity = 6, .kv_heads = 2, .head_dim_qk = 4, .head_dim_v = 8},
+        {.batch = 2, .capacity = 6, .kv_heads = 2, .head_dim_qk = 8, .head_dim_v = 4},
+        {.batch = 2, .capacity = 6, .kv_heads = 2, .head_dim_qk = 8, .head_dim_v = 8, .type = CLATTN_KV_HALF},
+    };
+    for (size_t i = 0; i < sizeof mism / sizeof mism[0]; i++) {
+        clattn_kv_cache *c2 = NULL;
+        cr_assert_eq(clattn_kv_cache_create(dev, &mism[i], &c2), CLATTN_STATUS_SUCCESS);
+        clattn_status st = clattn_decode_execute(p, c2, &a);
+        cr_assert(st == CLATTN_STATUS_SHAPE_MISMATCH || st == CLATTN_STATUS_INVALID_ARGUMENT, "mismatch %zu: %d", i, st);
+        cr_assert(strstr(clattn_last_error(), i == 4 ? "kv_half" : "does not match"), "%s", clattn_last_error());
+        clattn_kv_cache_free(c2);
+    }
+    cr_assert_eq(clattn_decode_execute(NULL, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_kv_cache_truncate(c, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_kv_cache_read(NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    clattn_kv_cache_free(NULL);
+    clattn_decode_plan_free(NULL);
+    model_free(&m);
+}
+
+Test(decode, errors_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    errors(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, errors_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    errors(dev);
+    clattn_device_free(dev);
+}
+
+/* A cache on one device, a plan on another. */
+Test(decode, cache_on_other_device)
+{
+    clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
+    tu_rng r = {3};
+    model m;
+    model_make(&m, &r, 24, 4, 2, 8, 8, 0);
+    clattn_attention_desc d = model_desc(&m, 1, 2, 0, 0);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(clattn_decode_plan_create(cl, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache *c = make_cache(ref, &m, 1, 4, 0);
+    float x[2 * 24] = {0}, out[2 * 13];
+    clattn_decode_args a = {.x = x, .new_tokens = 2, .out = out};
+    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "different devices"));
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+}
