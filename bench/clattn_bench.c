@@ -19,6 +19,7 @@
  * The program prints; errors go to stderr with a nonzero exit.
  */
 #include "attention_op.h"
+#include "decode_bench.h"
 
 #include <clblast_c.h>
 #include <errno.h>
@@ -223,7 +224,8 @@ static void usage(FILE *f)
             "              other processes used while it was measured (\"interference\")\n"
             "FLOPs: projections 2*M*N*K each, attention core 4*B*H*T^2*d (halved when causal),\n"
             "encoder feed-forward 4*B*T*F*E.\n"
-            "Softmax bytes: B*H*T^2 floats read twice and written once (+ masks).\n");
+            "Softmax bytes: B*H*T^2 floats read twice and written once (+ masks).\n"
+            "--decode: a decode step against a KV cache instead (clattn-bench --decode --help).\n");
 }
 
 static size_t parse_size(const char *opt, const char *s)
@@ -862,6 +864,8 @@ static void print_sweep_table(const bench_ctx *b, const options *o, const result
 
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--decode")) return clattn_bench_decode(argc, argv);
     options o;
     parse_options(argc, argv, &o);
 

@@ -192,11 +192,19 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
             const float corr = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
+#if BK == 16 /* one vector exp for the block: on a CPU, the vector units do it */
+            const float16 p = exp(vload16(0, s[r]) - mb);
+            const float8 p8 = p.lo + p.hi;
+            const float4 p4 = p8.lo + p8.hi;
+            sum = (p4.x + p4.y) + (p4.z + p4.w);
+            vstore16(p, 0, s[r]);
+#else
             for (uint jj = 0; jj < BK; jj++) {
                 const float p = exp(s[r][jj] - mb);
                 sum += p;
                 s[r][jj] = p;
             }
+#endif
             l[r] = l[r] * corr + sum;
             for (uint c = 0; c < DNVW; c++) acc[r][c] *= corr;
         }

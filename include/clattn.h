@@ -289,6 +289,12 @@ CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, s
 /* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL);
  * positions at or past a sequence's length read as 0. */
 CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float *v);
+/* Write the cache from float arrays in the layout clattn_kv_cache_read uses, k (B, HK, Tmax, dk) and
+ * v (B, HK, Tmax, dv), and set the lengths to lengths[b] <= Tmax (B entries): a cache computed
+ * elsewhere (another framework's prefill), or a benchmark's. Positions at or past a length are not
+ * used. HALF caches round to nearest even. On error the lengths do not change. */
+CLATTN_API clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v,
+                                               const size_t *lengths);
 /* Bytes of device memory the cache holds (0 on ref). */
 CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
 
@@ -324,7 +330,8 @@ CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_
                                                const clattn_decode_args *args);
 
 /* Split-K: 0 = choose from the cache length, kv_heads and the device's compute units (default);
- * N >= 1 = at most N parts (1 = never split). For tests and benchmarks. */
+ * N = 1 .. 64: N parts (fewer only for calls with more new tokens than the partial buffers hold;
+ * 1 = never split). For tests and benchmarks. */
 CLATTN_API clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max_parts);
 /* The number of parts the last execution used (1 = no split; ref: 1). */
 CLATTN_API size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan);

@@ -177,6 +177,45 @@ clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v, const size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !k || !v || !lengths)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache, k, v or lengths is NULL");
+    const clattn_kv_cache_desc *d = &cache->d;
+    for (size_t b = 0; b < d->batch; b++)
+        if (lengths[b] > d->capacity)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "lengths[%zu] = %zu exceeds the capacity (%zu)", b,
+                               lengths[b], d->capacity);
+    const size_t rows = d->batch * d->kv_heads * d->capacity;
+    const size_t nk = rows * d->head_dim_qk, nv = rows * d->head_dim_v;
+    if (cache->k_host) {
+        for (size_t i = 0; i < nk; i++) cache->k_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(k[i]) : k[i];
+        for (size_t i = 0; i < nv; i++) cache->v_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(v[i]) : v[i];
+    } else {
+        const size_t es = kv_elem_size(d);
+        const float *src[2] = {k, v};
+        const size_t n[2] = {nk, nv};
+        cl_mem dst[2] = {cache->k, cache->v};
+        for (int t = 0; t < 2; t++) {
+            void *raw = (void *)src[t];
+            if (es == 2) {
+                uint16_t *h = clattn_malloc(n[t] * sizeof *h);
+                if (!h) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "converting the cache to half");
+                for (size_t i = 0; i < n[t]; i++) h[i] = clattn_float_to_half(src[t][i]);
+                raw = h;
+            }
+            cl_int err = clEnqueueWriteBuffer(cache->device->queue, dst[t], CL_TRUE, 0, n[t] * es, raw, 0, NULL, NULL);
+            if (es == 2) free(raw);
+            if (err != CL_SUCCESS)
+                return clattn_fail((clattn_status)err, "writing the %s cache failed (%d: %s)", t ? "value" : "key", err,
+                                   clattn_status_string(err));
+        }
+    }
+    memcpy(cache->len, lengths, d->batch * sizeof *cache->len);
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* ---------------------------------------------------------------- the decode plan */
 
 typedef struct decode_attend_kernel {
@@ -191,8 +230,8 @@ struct clattn_decode_plan {
     size_t last_parts;
     /* OpenCL */
     decode_attend_kernel dec, pre; /* few rows per work-item (decode) and many (prefill); both built at creation */
-    cl_kernel k_append, k_combine, k_fill;
-    cl_program heads_prog;
+    cl_kernel k_append, k_combine, k_fill, k_linear;
+    cl_program heads_prog, linear_prog;
     size_t vw;
     size_t n_qkv;                /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
@@ -227,7 +266,9 @@ void clattn_decode_plan_free(clattn_decode_plan *plan)
     if (plan->k_append) clReleaseKernel(plan->k_append);
     if (plan->k_combine) clReleaseKernel(plan->k_combine);
     if (plan->k_fill) clReleaseKernel(plan->k_fill);
+    if (plan->k_linear) clReleaseKernel(plan->k_linear);
     if (plan->heads_prog) clReleaseProgram(plan->heads_prog);
+    if (plan->linear_prog) clReleaseProgram(plan->linear_prog);
     cl_mem *mems[] = {&plan->w_proj, &plan->b_proj, &plan->w_out, &plan->b_out, &plan->x_in, &plan->proj,
                       &plan->merged, &plan->out_buf, &plan->lens_buf, &plan->valid_buf, &plan->part_ml,
                       &plan->part_acc};
@@ -255,6 +296,17 @@ static clattn_status build_attend(clattn_decode_plan *dp, size_t rows, decode_at
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* One execution's pass (decode_pass_run), or the warm-up at plan creation. */
+typedef struct decode_pass {
+    clattn_decode_plan *dp;
+    cl_mem cache_k, cache_v;
+    size_t Tmax, n, parts;
+    const decode_attend_kernel *k;
+    int warm;        /* plan creation: every launch with no work (totals 0), to compile the kernels */
+} decode_pass;
+
+static clattn_status decode_pass_run(void *ctx);
+
 static clattn_status decode_cl_init(clattn_decode_plan *dp)
 {
     clattn_plan *p = dp->base;
@@ -272,6 +324,10 @@ static clattn_status decode_cl_init(clattn_decode_plan *dp)
     cl_int err;
     dp->k_fill = clCreateKernel(dp->heads_prog, "fill_rows", &err);
     CL_CHECK(err, "clCreateKernel (fill_rows)");
+    const char *linear_src[] = {"linear"};
+    TRY(clattn_program_build(dev, linear_src, 1, "-cl-std=CL1.2 -DVW=8 -DMB=8", &dp->linear_prog));
+    dp->k_linear = clCreateKernel(dp->linear_prog, "linear_small", &err);
+    CL_CHECK(err, "clCreateKernel (linear_small)");
 
     /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */
     if (p->has_qkv) {
@@ -310,6 +366,10 @@ static clattn_status decode_cl_init(clattn_decode_plan *dp)
     dp->part_slots = rows * DECODE_MAX_PARTS;
     TRY(clattn_buffer_new(dev, dp->part_slots * 2, 4, NULL, "the split-K partial sums", &dp->part_ml));
     TRY(clattn_buffer_new(dev, dp->part_slots * dv, 4, NULL, "the split-K partial outputs", &dp->part_acc));
+    /* every kernel launched once with no work: compiled now, not in the first decode step */
+    decode_pass warm = {dp, dp->part_acc, dp->part_acc, 1, 1, 2, &dp->dec, 1};
+    TRY(decode_pass_run(&warm));
+    CL_CHECK(clFinish(dev->queue), "warming the decode kernels");
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -436,12 +496,28 @@ static clattn_status decode_ref(clattn_decode_plan *dp, clattn_kv_cache *c, cons
 
 /* ---- OpenCL */
 
-typedef struct decode_pass {
-    clattn_decode_plan *dp;
-    clattn_kv_cache *cache;
-    size_t n, parts, max_len;
-    const decode_attend_kernel *k;
-} decode_pass;
+
+/* Launch `total` work-items of k: one per work-group on a CPU for the attention kernel (per_item: its few
+ * long work-items spread over the cores), else in work-groups of 64. total = 0 launches one work-group
+ * that does nothing (the kernels check their bound): drivers that compile a kernel for its work-group
+ * size at the first launch (PoCL) do it then, at plan creation, not in the first decode step. */
+static clattn_status run_1d(const clattn_device *dev, cl_kernel k, size_t total, int per_item, const char *what)
+{
+    const int one = per_item && dev->dclass == CLATTN_CLASS_CPU;
+    if (total == 0) {
+        size_t local = one ? 1 : dev->max_work_group < 64 ? dev->max_work_group : 64, global = local;
+        CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    if (!one) return clattn_enqueue_1d(dev, k, total, what);
+    const size_t step = dev->max_launch_items;
+    for (size_t start = 0; start < total; start += step) {
+        size_t global = total - start < step ? total - start : step, local = 1, offset = start;
+        clattn_note_launch(global);
+        CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, &offset, &global, &local, 0, NULL, NULL), what);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
 
 static clattn_status fill_rows(const clattn_decode_plan *dp, cl_mem dst, cl_mem bias, size_t rows, size_t cols)
 {
@@ -456,18 +532,38 @@ static clattn_status fill_rows(const clattn_decode_plan *dp, cl_mem dst, cl_mem 
     return clattn_enqueue_1d(dp->base->device, dp->k_fill, rows * cols, "enqueue fill_rows");
 }
 
-/* A launch of `total` work-items of the decode kernels: on a CPU one work-item per work-group, so that
- * the few long work-items of a decode step spread over the cores. */
-static clattn_status launch(const clattn_device *dev, cl_kernel k, size_t total, const char *what)
+#define DECODE_SMALL_ROWS 16 /* up to this many rows, projections run linear_small instead of a CLBlast GEMM */
+
+static clattn_status linear_small(const clattn_decode_plan *dp, size_t m, size_t n, size_t k, cl_mem x, cl_mem w,
+                                  cl_mem bias, cl_mem y, int warm)
 {
-    if (dev->dclass != CLATTN_CLASS_CPU) return clattn_enqueue_1d(dev, k, total, what);
-    size_t step = dev->max_launch_items;
-    for (size_t start = 0; start < total; start += step) {
-        size_t global = total - start < step ? total - start : step, local = 1, offset = start;
-        clattn_note_launch(global);
-        CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, &offset, &global, &local, 0, NULL, NULL), what);
-    }
-    return CLATTN_STATUS_SUCCESS;
+    if (warm) n = 0;
+    clattn_args a;
+    clattn_args_begin(&a, dp->k_linear, "linear_small");
+    clattn_arg_mem(&a, x);
+    clattn_arg_u64(&a, 0);
+    clattn_arg_u32(&a, (cl_uint)k);
+    clattn_arg_mem(&a, w);
+    clattn_arg_mem(&a, bias);
+    clattn_arg_u32(&a, bias != NULL);
+    clattn_arg_mem(&a, y);
+    clattn_arg_u64(&a, 0);
+    clattn_arg_u32(&a, (cl_uint)n);
+    clattn_arg_u32(&a, (cl_uint)m);
+    clattn_arg_u32(&a, (cl_uint)n);
+    clattn_arg_u32(&a, (cl_uint)k);
+    TRY(clattn_args_end(&a));
+    return run_1d(dp->base->device, dp->k_linear, n, 0, "enqueue linear_small");
+}
+
+/* y (m, n) = x (m, k) W^T + bias: linear_small for a decode step's few rows, else CLBlast (bias rows first). */
+static clattn_status project(const clattn_decode_plan *dp, size_t m, size_t n, size_t k, cl_mem x, cl_mem w,
+                             cl_mem bias, cl_mem y, const char *what, int warm)
+{
+    if (m <= DECODE_SMALL_ROWS || warm) return linear_small(dp, m, n, k, x, w, bias, y, warm);
+    if (bias) TRY(fill_rows(dp, y, bias, m, n));
+    return clattn_blas_sgemm(dp->base->device, CLBlastTransposeYes, m, n, k, 1.0f, x, 0, k, w, 0, k,
+                             bias ? 1.0f : 0.0f, y, 0, n, what);
 }
 
 static clattn_status decode_pass_run(void *ctx)
@@ -478,18 +574,17 @@ static clattn_status decode_pass_run(void *ctx)
     const clattn_device *dev = p->device;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, n = dpass->n, E = d->embed, H = d->heads, HK = d->kv_heads;
-    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Tmax = dpass->cache->d.capacity;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Tmax = dpass->Tmax;
+    const int warm = dpass->warm;
     /* 1. projections */
     cl_mem src = dp->x_in;
     size_t ld = E, k_col = 0, v_col = 0;
     if (p->has_qkv) {
-        if (dp->b_proj) TRY(fill_rows(dp, dp->proj, dp->b_proj, B * n, dp->n_qkv));
-        TRY(clattn_blas_sgemm(dev, CLBlastTransposeYes, B * n, dp->n_qkv, E, 1.0f, dp->x_in, 0, E, dp->w_proj, 0, E,
-                              dp->b_proj ? 1.0f : 0.0f, dp->proj, 0, dp->n_qkv, "QKV projection"));
+        TRY(project(dp, B * n, dp->n_qkv, E, dp->x_in, dp->w_proj, dp->b_proj, dp->proj, "QKV projection", warm));
         src = dp->proj, ld = dp->n_qkv, k_col = H * dk, v_col = (H + HK) * dk;
     }
     /* 2. append */
-    const size_t kvw = dk > dv ? dk : dv, n_app = B * n * HK * kvw;
+    const size_t kvw = dk > dv ? dk : dv, n_app = warm ? 0 : B * n * HK * kvw;
     clattn_args a;
     clattn_args_begin(&a, dp->k_append, "kv_append");
     clattn_arg_mem(&a, src);
@@ -497,8 +592,8 @@ static clattn_status decode_pass_run(void *ctx)
     clattn_arg_u32(&a, (cl_uint)ld);
     clattn_arg_u32(&a, (cl_uint)k_col);
     clattn_arg_u32(&a, (cl_uint)v_col);
-    clattn_arg_mem(&a, dpass->cache->k);
-    clattn_arg_mem(&a, dpass->cache->v);
+    clattn_arg_mem(&a, dpass->cache_k);
+    clattn_arg_mem(&a, dpass->cache_v);
     clattn_arg_mem(&a, dp->lens_buf);
     clattn_arg_mem(&a, dp->valid_buf);
     clattn_arg_u32(&a, (cl_uint)n);
@@ -506,18 +601,21 @@ static clattn_status decode_pass_run(void *ctx)
     clattn_arg_u32(&a, (cl_uint)Tmax);
     clattn_arg_u64(&a, n_app);
     TRY(clattn_args_end(&a));
-    TRY(clattn_enqueue_1d(dev, dp->k_append, n_app, "enqueue kv_append"));
+    TRY(run_1d(dev, dp->k_append, n_app, 0, "enqueue kv_append"));
     /* 3. attend (+ combine) */
     cl_mem merged = p->has_out ? dp->merged : dp->out_buf;
-    const decode_attend_kernel *k = dpass->k;
-    const size_t nblk = (n * (H / HK) + k->rows - 1) / k->rows, parts = dpass->parts;
-    const size_t n_att = B * HK * nblk * parts;
+    const decode_attend_kernel *ks[2] = {dpass->k, warm ? &dp->pre : NULL}; /* warm: both variants */
+    const size_t parts = dpass->parts;
+    for (int v = 0; v < 2 && ks[v]; v++) {
+    const decode_attend_kernel *k = ks[v];
+    const size_t nblk = (n * (H / HK) + k->rows - 1) / k->rows;
+    const size_t n_att = warm ? 0 : B * HK * nblk * parts;
     clattn_args_begin(&a, k->attend, "decode_attend");
     clattn_arg_mem(&a, src);
     clattn_arg_u64(&a, 0);
     clattn_arg_u32(&a, (cl_uint)ld);
-    clattn_arg_mem(&a, dpass->cache->k);
-    clattn_arg_mem(&a, dpass->cache->v);
+    clattn_arg_mem(&a, dpass->cache_k);
+    clattn_arg_mem(&a, dpass->cache_v);
     clattn_arg_mem(&a, dp->lens_buf);
     clattn_arg_mem(&a, dp->valid_buf);
     clattn_arg_mem(&a, merged);
@@ -533,9 +631,10 @@ static clattn_status decode_pass_run(void *ctx)
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, n_att);
     TRY(clattn_args_end(&a));
-    TRY(launch(dev, k->attend, n_att, "enqueue decode_attend"));
+    TRY(run_1d(dev, k->attend, n_att, 1, "enqueue decode_attend"));
+    }
     if (parts > 1) {
-        const size_t n_comb = B * n * H * dv;
+        const size_t n_comb = warm ? 0 : B * n * H * dv;
         clattn_args_begin(&a, dp->k_combine, "decode_combine");
         clattn_arg_mem(&a, dp->part_ml);
         clattn_arg_mem(&a, dp->part_acc);
@@ -548,15 +647,12 @@ static clattn_status decode_pass_run(void *ctx)
         clattn_arg_u32(&a, (cl_uint)parts);
         clattn_arg_u64(&a, n_comb);
         TRY(clattn_args_end(&a));
-        TRY(clattn_enqueue_1d(dev, dp->k_combine, n_comb, "enqueue decode_combine"));
+        TRY(run_1d(dev, dp->k_combine, n_comb, 0, "enqueue decode_combine"));
     }
     /* 4. output projection */
-    if (p->has_out) {
-        if (dp->b_out) TRY(fill_rows(dp, dp->out_buf, dp->b_out, B * n, d->out_dim));
-        TRY(clattn_blas_sgemm(dev, CLBlastTransposeYes, B * n, d->out_dim, H * dv, 1.0f, dp->merged, 0, H * dv,
-                              dp->w_out, 0, H * dv, dp->b_out ? 1.0f : 0.0f, dp->out_buf, 0, d->out_dim,
-                              "output projection"));
-    }
+    if (p->has_out)
+        TRY(project(dp, B * n, d->out_dim, H * dv, dp->merged, dp->w_out, dp->b_out, dp->out_buf, "output projection",
+                    warm));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -636,7 +732,7 @@ clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *c
             return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
         }
         for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
-        decode_pass dpass = {plan, cache, n, 1, max_len, NULL};
+        decode_pass dpass = {plan, cache->k, cache->v, cache->d.capacity, n, 1, NULL, 0};
         dpass.k = n * (d->heads / d->kv_heads) <= plan->dec.rows ? &plan->dec : &plan->pre;
         dpass.parts = choose_parts(plan, n, dpass.k->rows, max_len);
         const clattn_transfer in[] = {{plan->x_in, B * n * d->embed * sizeof(float), (void *)args->x, "x"},

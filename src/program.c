@@ -21,6 +21,7 @@ static const embedded sources[] = {
     {"ffn", clattn_cl_ffn, sizeof clattn_cl_ffn - 1},
     {"half", clattn_cl_half, sizeof clattn_cl_half - 1},
     {"decode", clattn_cl_decode, sizeof clattn_cl_decode - 1},
+    {"linear", clattn_cl_linear, sizeof clattn_cl_linear - 1},
 };
 
 static const embedded *find_source(const char *name)

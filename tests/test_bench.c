@@ -575,3 +575,64 @@ Test(bench, errors_exit_nonzero_with_a_message, .timeout = 60)
     cr_expect_neq(r->status, 0);
     free(r);
 }
+
+/* ---------------------------------------------------------------- clattn-bench --decode */
+
+static void decode_smoke(const char *spec, const char *half, const char *window)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *args[32] = {"clattn-bench", "--decode", "--device", spec, "--context", "100", "--heads", "4",
+                            "--kv-heads", "2", "--head-dim", "8", "--dim", "16", "--iters", "3", "--warmup", "1",
+                            "--json"};
+    int n = 19;
+    if (half) args[n++] = half;
+    if (window) args[n++] = "--window", args[n++] = window;
+    args[n] = NULL;
+    run_bench(args, r);
+    cr_assert_eq(r->status, 0, "exit %d; stderr: %s", r->status, r->err);
+    const char *j = r->out;
+    cr_assert(strchr(j, '\n') == j + strlen(j) - 1, "not one JSON line: %s", j);
+    const char *keys[] = {"step_ms", "step_min_ms", "step_max_ms", "first_step_ms", "tokens_per_s", "kv_bytes",
+                          "weight_bytes", "kv_gbps", "copy_gbps", "kv_bandwidth_fraction"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) expect_positive(j, keys[i]);
+    double ctx = 0, kvb = 0, step = 0, gbps = 0, tps = 0, copy = 0, frac = 0;
+    cr_assert(json_number(j, "context", &ctx) && ctx == 100);
+    json_number(j, "kv_bytes", &kvb), json_number(j, "step_ms", &step), json_number(j, "kv_gbps", &gbps);
+    json_number(j, "tokens_per_s", &tps), json_number(j, "copy_gbps", &copy);
+    json_number(j, "kv_bandwidth_fraction", &frac);
+    /* B * HK * visible positions * (dk + dv) * element size: 101 positions (the cache and the new token),
+     * or the window */
+    const double visible = window ? atof(window) : 101.0;
+    cr_expect(fabs(kvb - 1 * 2 * visible * 16 * (half ? 2.0 : 4.0)) < 0.5, "kv_bytes = %g", kvb);
+    cr_expect(fabs(gbps - kvb / (step * 1e6)) <= 1e-3 * gbps, "kv_gbps %g is not kv_bytes / step", gbps);
+    cr_expect(fabs(tps - 1e3 / step) <= 1e-3 * tps, "tokens_per_s %g is not 1 / step", tps);
+    cr_expect(fabs(frac - gbps / copy) <= 1e-3 * frac, "kv_bandwidth_fraction %g is not kv_gbps / copy_gbps", frac);
+    const char *v = json_value(j, "kv_type");
+    cr_expect(v && strncmp(v, half ? "\"half\"" : "\"float\"", half ? 6 : 7) == 0, "kv_type: %s", j);
+    cr_expect(json_value(j, "clattn_version") && json_value(j, "timestamp") && json_value(j, "device"), "%s", j);
+    free(r);
+}
+
+Test(bench, decode_ref, .timeout = 120) { decode_smoke("ref", NULL, NULL); }
+Test(bench, decode_opencl, .timeout = 300)
+{
+    decode_smoke(tu_opencl_spec(), NULL, NULL);
+    decode_smoke(tu_opencl_spec(), "--kv-half", "37");
+}
+
+Test(bench, decode_errors, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *bad_kv[] = {"clattn-bench", "--decode", "--device", "ref", "--heads", "4", "--kv-heads", "3", NULL};
+    run_bench(bad_kv, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--kv-heads") != NULL, "stderr: %s", r->err);
+    const char *sweep_ctx[] = {"clattn-bench", "--decode", "--sweep", "--context", "64", NULL};
+    run_bench(sweep_ctx, r);
+    cr_expect_neq(r->status, 0);
+    const char *unknown[] = {"clattn-bench", "--decode", "--causal", NULL};
+    run_bench(unknown, r);
+    cr_expect_eq(r->status, 2);
+    cr_expect(strstr(r->err, "--causal") != NULL, "stderr: %s", r->err);
+    free(r);
+}

@@ -148,7 +148,7 @@ Test(attention, gqa_window_half_unfused)
 /* ---------------------------------------------------------------- decoding */
 
 typedef struct dcase {
-    size_t B, T, H, HK, dk, dv, window;
+    size_t B, T, H, HK, dk, dv, window, E; /* E = 0: 24 (16 with half) */
     int half;
     size_t splits;          /* clattn_decode_plan_set_splits */
     const size_t *chunks;   /* new tokens per call, until T; NULL = prefill P then one by one */
@@ -190,7 +190,7 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
             memcpy(out + (b * T + t0) * m->Eo, os + b * n * m->Eo, n * m->Eo * sizeof *out);
         t0 += n;
     }
-    size_t lens[8];
+    size_t lens[32];
     cr_assert_eq(clattn_kv_cache_lengths(cache, lens), CLATTN_STATUS_SUCCESS);
     for (size_t b = 0; b < B; b++) cr_assert_eq(lens[b], T);
     clattn_kv_cache_free(cache);
@@ -202,7 +202,7 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
 {
     tu_rng r = {seed};
     model m;
-    const size_t E = c->half ? 16 : 24;
+    const size_t E = c->E ? c->E : c->half ? 16 : 24;
     model_make(&m, &r, E, c->H, c->HK, c->dk, c->dv, c->half);
     float *x = vals(&r, c->B * c->T * E, c->half, 6, 1.0f);
     float *out = tu_poisoned(c->B * c->T * m.Eo);
@@ -234,6 +234,8 @@ static void decode_cases(clattn_device *dev)
         {.B = 2, .T = 20, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 64, .P = 5},    /* parts without keys */
         {.B = 1, .T = 60, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 5, .half = 1, .P = 31},
         {.B = 1, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 1, .P = 1},
+        {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .P = 7},         /* odd widths everywhere */
+        {.B = 17, .T = 5, .H = 2, .HK = 1, .dk = 4, .dv = 4, .P = 2},                  /* steps of 17 rows: CLBlast */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
@@ -336,6 +338,20 @@ static void ragged(clattn_device *dev, int half, size_t splits)
                               "cache %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", isk ? 'K' : 'V', b, g, t, cc,
                               gotv, want);
                 }
+    /* written into a second cache, it reads back the same, lengths included */
+    clattn_kv_cache *copy = make_cache(dev, &m, B, cap, half);
+    float *kc2 = tu_poisoned(B * HK * cap * dk), *vc2 = tu_poisoned(B * HK * cap * dv);
+    size_t too_long[B] = {len[0], cap + 1, len[2]};
+    cr_assert_eq(clattn_kv_cache_write(copy, kc, vc, too_long), CLATTN_STATUS_SHAPE_MISMATCH);
+    cr_assert_eq(clattn_kv_cache_write(copy, kc, vc, len), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_read(copy, kc2, vc2), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(memcmp(kc, kc2, B * HK * cap * dk * sizeof *kc), 0, "K written and read back differs");
+    cr_assert_eq(memcmp(vc, vc2, B * HK * cap * dv * sizeof *vc), 0, "V written and read back differs");
+    size_t lens2[B];
+    clattn_kv_cache_lengths(copy, lens2);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lens2[b], len[b]);
+    clattn_kv_cache_free(copy);
+    free(kc2), free(vc2);
     free(kc), free(vc), free(seq), free(got), free(xp), free(op);
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(p);

@@ -1,0 +1,337 @@
+/* decode_bench.c: `clattn-bench --decode`, timing one decode step against a KV cache.
+ *
+ * For each context length C: a decode plan (Tn = 1) and a cache of C tokens per sequence, filled with
+ * random keys and values through clattn_kv_cache_write (a prefill of 32768 tokens would take minutes
+ * on a CPU and is not what is timed). Then:
+ *   first step   the first decode step after the plan's creation and a short prefill: what a user waits
+ *                for after prompt processing (no kernel may be compiled here)
+ *   step         clattn_decode_execute for one new token per sequence, from host arrays (upload x, the
+ *                step, read back the output), the cache truncated back to C between steps (host only);
+ *                median, min, max over --iters steps after --warmup
+ * and from those: tokens per second (B / step), the KV bytes one step reads (every visible cached key
+ * and value of every sequence and KV head: B * HK * min(C + 1, W) * (dk + dv) * element size) per second
+ * (kv_gbps), next to the device's own bandwidth measured in the same run by a plain copy kernel
+ * (copy_gbps: 2 * bytes / time, read + write, median of 7 over 256 MiB or the device's max allocation),
+ * and their ratio kv_bandwidth_fraction. The step also reads the projection weights (weight_bytes,
+ * reported): keep --dim small (default 128) to time the cache, or give a real model's width.
+ */
+#include "decode_bench.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const size_t sweep_ctx[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
+#define NSWEEP (sizeof sweep_ctx / sizeof sweep_ctx[0])
+
+typedef struct dopts {
+    const char *device;
+    size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
+    int kv_half, iters, warmup, sweep, json;
+} dopts;
+
+typedef struct dres {
+    size_t context, parts;
+    double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes;
+} dres;
+
+static void ddie(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void ddie(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "clattn-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static void dcheck(clattn_status st, const char *what)
+{
+    if (st != CLATTN_STATUS_SUCCESS) ddie("%s: %s: %s", what, clattn_status_string(st), clattn_last_error());
+}
+
+static double dnow_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static size_t dsize(const char *opt, const char *s, size_t min)
+{
+    if (!s) ddie("%s needs a value", opt);
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v < min || v > 0xFFFFFFFFull)
+        ddie("%s: '%s' is not an integer >= %zu", opt, s, min);
+    return (size_t)v;
+}
+
+void clattn_bench_decode_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B] [--heads H]\n"
+            "                    [--kv-heads N] [--head-dim D] [--dim E] [--kv-half] [--window W] [--splits N]\n"
+            "                    [--iters N] [--warmup W] [--json]\n"
+            "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
+            "  Defaults: --context 8192 --batch 1 --heads 32 --kv-heads 8 --head-dim 128 --dim 128 --iters 20\n"
+            "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
+            "  step; small by default so that the step is the cache read). --sweep: C = 512 ... 32768.\n"
+            "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
+            "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
+            "  kv_bandwidth_fraction; --json: one object per context.\n");
+}
+
+static void parse(int argc, char **argv, dopts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->batch = 1, o->context = 8192, o->heads = 32, o->kv_heads = 8, o->head_dim = 128, o->dim = 128;
+    o->iters = 20, o->warmup = 3;
+    int ctx_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--decode")) continue;
+        else if (!strcmp(a, "--device")) { if (!v) ddie("--device needs a value"); o->device = v; i++; }
+        else if (!strcmp(a, "--context")) { o->context = dsize(a, v, 1); ctx_given = 1; i++; }
+        else if (!strcmp(a, "--batch")) { o->batch = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--heads")) { o->heads = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--kv-heads")) { o->kv_heads = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--head-dim")) { o->head_dim = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--dim")) { o->dim = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--window")) { o->window = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--splits")) { o->splits = dsize(a, v, 0); i++; }
+        else if (!strcmp(a, "--iters")) { o->iters = (int)dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--warmup")) { o->warmup = (int)dsize(a, v, 0); i++; }
+        else if (!strcmp(a, "--kv-half")) o->kv_half = 1;
+        else if (!strcmp(a, "--sweep")) o->sweep = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { clattn_bench_decode_usage(stdout); exit(0); }
+        else {
+            fprintf(stderr, "clattn-bench: --decode: unknown option '%s'\n", a);
+            clattn_bench_decode_usage(stderr);
+            exit(2);
+        }
+    }
+    if (o->sweep && ctx_given) ddie("--context and --sweep do not go together (the sweep sets the context)");
+    if (o->heads % o->kv_heads) ddie("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
+    if (o->splits > 64) ddie("--splits: at most 64");
+}
+
+static float *rnd(size_t n, float scale, uint64_t *s)
+{
+    float *a = malloc(n * sizeof *a);
+    if (!a) ddie("out of memory (%zu floats)", n);
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        a[i] = scale * ((float)(*s >> 40) / (float)(1ull << 24) * 2.0f - 1.0f);
+    }
+    return a;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The device's copy bandwidth in GB/s (read + write), from a plain copy kernel; ref: memcpy. */
+static double copy_bandwidth(clattn_device *dev)
+{
+    size_t bytes = (size_t)256 << 20;
+    double t[7];
+    if (clattn_device_backend(dev) != CLATTN_BACKEND_OPENCL) {
+        char *a = malloc(bytes), *b = malloc(bytes);
+        if (!a || !b) ddie("out of memory for the copy measurement");
+        memset(a, 1, bytes), memset(b, 0, bytes);
+        for (int i = 0; i < 7; i++) {
+            const double t0 = dnow_ms();
+            memcpy(b, a, bytes);
+            t[i] = dnow_ms() - t0;
+        }
+        free(a), free(b);
+    } else {
+        cl_context ctx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        cl_device_id id;
+        clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+        cl_ulong max_alloc = 0;
+        clGetDeviceInfo(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+        if (bytes > max_alloc) bytes = (size_t)max_alloc / 16 * 16;
+        const char *src = "__kernel void copy4(__global const float4 *a, __global float4 *b) {"
+                          " size_t i = get_global_id(0); b[i] = a[i]; }";
+        cl_int err;
+        cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+        if (err == CL_SUCCESS) err = clBuildProgram(p, 1, &id, "", NULL, NULL);
+        cl_kernel k = err == CL_SUCCESS ? clCreateKernel(p, "copy4", &err) : NULL;
+        cl_mem a = err == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err) : NULL;
+        cl_mem b = err == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err) : NULL;
+        if (err != CL_SUCCESS) ddie("the copy kernel failed to set up (%d)", err);
+        const float zero = 0.0f;
+        clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
+        clSetKernelArg(k, 0, sizeof a, &a);
+        clSetKernelArg(k, 1, sizeof b, &b);
+        size_t global = bytes / 16;
+        clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL); /* warm-up */
+        clFinish(q);
+        for (int i = 0; i < 7; i++) {
+            const double t0 = dnow_ms();
+            err = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+            if (err == CL_SUCCESS) err = clFinish(q);
+            if (err != CL_SUCCESS) ddie("the copy kernel failed (%d)", err);
+            t[i] = dnow_ms() - t0;
+        }
+        clReleaseMemObject(a), clReleaseMemObject(b), clReleaseKernel(k), clReleaseProgram(p);
+    }
+    qsort(t, 7, sizeof t[0], cmpd);
+    return 2.0 * (double)bytes / (t[3] * 1e6);
+}
+
+static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
+{
+    const size_t B = o->batch, H = o->heads, HK = o->kv_heads, D = o->head_dim, E = o->dim;
+    uint64_t seed = 12345;
+    float *wq = rnd(H * D * E, 1.0f / sqrtf((float)E), &seed), *wk = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed);
+    float *wv = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed), *wo = rnd(E * H * D, 1.0f / sqrtf((float)(H * D)), &seed);
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .w_out = wo};
+    const size_t P = 16; /* a short prefill first: its GEMMs and kernels are what a real prompt would warm */
+    clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
+                               .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_half};
+    clattn_decode_plan *plan = NULL;
+    dcheck(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
+    dcheck(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + 1, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
+                               .type = o->kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+    clattn_kv_cache *cache = NULL;
+    dcheck(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
+    float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
+    if (!op) ddie("out of memory");
+    clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op};
+    dcheck(clattn_decode_execute(plan, cache, &pa), "the prefill");
+    /* the cache at C tokens, random */
+    const size_t nkv = B * HK * cd.capacity * D;
+    float *k = rnd(nkv, 1.0f, &seed), *v = rnd(nkv, 1.0f, &seed);
+    size_t *lens = malloc(B * sizeof *lens);
+    if (!lens) ddie("out of memory");
+    for (size_t b = 0; b < B; b++) lens[b] = C;
+    dcheck(clattn_kv_cache_write(cache, k, v, lens), "filling the cache");
+    free(k), free(v);
+    float *x = rnd(B * E, 1.0f, &seed), *out = malloc(B * E * sizeof *out);
+    if (!out) ddie("out of memory");
+    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out};
+    double t0 = dnow_ms();
+    dcheck(clattn_decode_execute(plan, cache, &a), "the first decode step");
+    r->first_ms = dnow_ms() - t0;
+    const int n = o->warmup + o->iters;
+    double *t = malloc((size_t)n * sizeof *t);
+    if (!t) ddie("out of memory");
+    for (int i = 0; i < n; i++) {
+        dcheck(clattn_kv_cache_truncate(cache, lens), "truncating");
+        t0 = dnow_ms();
+        dcheck(clattn_decode_execute(plan, cache, &a), "a decode step");
+        t[i] = dnow_ms() - t0;
+    }
+    qsort(t + o->warmup, (size_t)o->iters, sizeof *t, cmpd);
+    r->context = C;
+    r->step_ms = t[o->warmup + o->iters / 2];
+    r->step_min = t[o->warmup];
+    r->step_max = t[n - 1];
+    r->parts = clattn_decode_plan_last_splits(plan);
+    const size_t visible = o->window && o->window < C + 1 ? o->window : C + 1;
+    r->kv_bytes = (double)B * (double)HK * (double)visible * 2.0 * (double)D * (o->kv_half ? 2.0 : 4.0);
+    r->weight_bytes = 4.0 * ((double)(H * D + 2 * HK * D) * (double)E + (double)E * (double)(H * D));
+    r->tokens_per_s = (double)B / (r->step_ms / 1e3);
+    r->kv_gbps = r->kv_bytes / (r->step_ms * 1e6);
+    free(t), free(x), free(out), free(xp), free(op), free(lens);
+    free(wq), free(wk), free(wv), free(wo);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(plan);
+}
+
+static void jstr(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+static void print_json(const char *device, const char *driver, const dopts *o, const dres *r, double copy_gbps)
+{
+    char stamp[32] = "";
+    const time_t now = time(NULL);
+    struct tm tm_utc;
+    if (gmtime_r(&now, &tm_utc)) strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
+    printf("{\"mode\":\"decode\",\"clattn_version\":");
+    jstr(clattn_version());
+    printf(",\"timestamp\":");
+    jstr(stamp);
+    printf(",\"device\":");
+    jstr(device);
+    printf(",\"driver\":");
+    jstr(driver);
+    printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
+           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
+           o->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",
+           o->window, r->parts, o->iters, o->warmup);
+    printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
+           r->step_min, r->step_max, r->first_ms);
+    printf(",\"tokens_per_s\":%.6g,\"kv_bytes\":%.6g,\"weight_bytes\":%.6g,\"kv_gbps\":%.6g,\"copy_gbps\":%.6g,"
+           "\"kv_bandwidth_fraction\":%.6g}\n",
+           r->tokens_per_s, r->kv_bytes, r->weight_bytes, r->kv_gbps, copy_gbps, r->kv_gbps / copy_gbps);
+    fflush(stdout);
+}
+
+int clattn_bench_decode(int argc, char **argv)
+{
+    dopts o;
+    parse(argc, argv, &o);
+    clattn_device *dev = NULL;
+    dcheck(clattn_device_open(o.device, &dev), "--device");
+    const char *notice = clattn_device_notice(dev);
+    if (notice) fprintf(stderr, "clattn-bench: notice: %s\n", notice);
+    char driver[128] = "n/a";
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+        cl_device_id id;
+        clGetCommandQueueInfo(clattn_device_queue(dev), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+        clGetDeviceInfo(id, CL_DRIVER_VERSION, sizeof driver - 1, driver, NULL);
+        driver[sizeof driver - 1] = '\0';
+    }
+    const char *name = clattn_device_name(dev);
+    fprintf(stderr, "clattn-bench: decode on %s (driver %s): B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s "
+            "window=%zu splits=%s\n", name, driver, o.batch, o.heads, o.kv_heads, o.head_dim, o.dim,
+            o.kv_half ? "half" : "float", o.window, o.splits ? "forced" : "auto");
+    const double copy_gbps = copy_bandwidth(dev);
+    fprintf(stderr, "clattn-bench: copy bandwidth %.2f GB/s\n", copy_gbps);
+    const size_t *ctxs = o.sweep ? sweep_ctx : &o.context;
+    const size_t nctx = o.sweep ? NSWEEP : 1;
+    dres rs[NSWEEP];
+    for (size_t i = 0; i < nctx; i++) {
+        if (o.sweep) fprintf(stderr, "clattn-bench: [%zu/%zu] C=%zu ...", i + 1, nctx, ctxs[i]), fflush(stderr);
+        measure(dev, &o, ctxs[i], &rs[i]);
+        if (o.sweep) fprintf(stderr, " %.3f ms\n", rs[i].step_ms);
+        if (o.json) print_json(name, driver, &o, &rs[i], copy_gbps);
+    }
+    if (!o.json) {
+        printf("decode step on %s: B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s window=%zu\n", name,
+               o.batch, o.heads, o.kv_heads, o.head_dim, o.dim, o.kv_half ? "half" : "float", o.window);
+        printf("copy kernel: %.2f GB/s\n", copy_gbps);
+        printf("%8s %6s %10s %10s %12s %10s %9s %12s\n", "context", "parts", "step ms", "first ms", "tokens/s",
+               "KV MB", "KV GB/s", "of copy BW");
+        for (size_t i = 0; i < nctx; i++)
+            printf("%8zu %6zu %10.3f %10.3f %12.1f %10.2f %9.2f %12.2f\n", rs[i].context, rs[i].parts, rs[i].step_ms,
+                   rs[i].first_ms, rs[i].tokens_per_s, rs[i].kv_bytes / 1e6, rs[i].kv_gbps,
+                   rs[i].kv_gbps / copy_gbps);
+    }
+    clattn_device_free(dev);
+    return 0;
+}
