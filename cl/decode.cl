@@ -175,13 +175,23 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
             const uint j = j0 + jj;
             if (j < je) {
                 __global const kv_t *kp = kb + (ulong)j * DK;
-                vw_t dot[R];
-                for (uint r = 0; r < R; r++) dot[r] = (vw_t)(0.0f);
-                for (uint c = 0; c < DNKW; c++) {
+                /* two accumulators per row: twice the independent FMA chains */
+                vw_t dot[R], dot2[R];
+                for (uint r = 0; r < R; r++) dot[r] = dot2[r] = (vw_t)(0.0f);
+                uint c = 0;
+                for (; c + 1 < DNKW; c += 2) {
+                    const vw_t kv = KLOADW(c, kp), kv2 = KLOADW(c + 1, kp);
+                    for (uint r = 0; r < R; r++) {
+                        dot[r] = fma(qr[r][c], kv, dot[r]);
+                        dot2[r] = fma(qr[r][c + 1], kv2, dot2[r]);
+                    }
+                }
+                if (c < DNKW) {
                     const vw_t kv = KLOADW(c, kp);
                     for (uint r = 0; r < R; r++) dot[r] = fma(qr[r][c], kv, dot[r]);
                 }
-                for (uint r = 0; r < R; r++) s[r][jj] = dec_visible(j, pos[r]) ? dhsum(dot[r]) * scale : -INFINITY;
+                for (uint r = 0; r < R; r++)
+                    s[r][jj] = dec_visible(j, pos[r]) ? dhsum(dot[r] + dot2[r]) * scale : -INFINITY;
             } else {
                 for (uint r = 0; r < R; r++) s[r][jj] = -INFINITY;
             }
