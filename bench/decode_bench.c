@@ -11,8 +11,9 @@
  * and from those: tokens per second (B / step), the KV bytes one step reads (every visible cached key
  * and value of every sequence and KV head: B * HK * min(C + 1, W) * (dk + dv) * element size) per second
  * (kv_gbps), next to the device's own bandwidth measured in the same run by a plain copy kernel
- * (copy_gbps: 2 * bytes / time, read + write, median of 7 over 256 MiB or the device's max allocation),
- * and their ratio kv_bandwidth_fraction. The step also reads the projection weights (weight_bytes,
+ * (copy_gbps: 2 * bytes / time, read + write, median of 7 over 256 MiB or the device's max allocation,
+ * measured right before each context's steps, since a shared machine's bandwidth drifts), and their
+ * ratio kv_bandwidth_fraction. The step also reads the projection weights (weight_bytes,
  * reported): keep --dim small (default 128) to time the cache, or give a real model's width.
  */
 #include "decode_bench.h"
@@ -36,6 +37,7 @@ typedef struct dopts {
 
 typedef struct dres {
     size_t context, parts;
+    double copy_gbps; /* measured just before this context's steps: the machine's state then */
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes;
 } dres;
 
@@ -265,8 +267,9 @@ static void jstr(const char *s)
     putchar('"');
 }
 
-static void print_json(const char *device, const char *driver, const dopts *o, const dres *r, double copy_gbps)
+static void print_json(const char *device, const char *driver, const dopts *o, const dres *r)
 {
+    const double copy_gbps = r->copy_gbps;
     char stamp[32] = "";
     const time_t now = time(NULL);
     struct tm tm_utc;
@@ -310,27 +313,25 @@ int clattn_bench_decode(int argc, char **argv)
     fprintf(stderr, "clattn-bench: decode on %s (driver %s): B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s "
             "window=%zu splits=%s\n", name, driver, o.batch, o.heads, o.kv_heads, o.head_dim, o.dim,
             o.kv_half ? "half" : "float", o.window, o.splits ? "forced" : "auto");
-    const double copy_gbps = copy_bandwidth(dev);
-    fprintf(stderr, "clattn-bench: copy bandwidth %.2f GB/s\n", copy_gbps);
     const size_t *ctxs = o.sweep ? sweep_ctx : &o.context;
     const size_t nctx = o.sweep ? NSWEEP : 1;
     dres rs[NSWEEP];
     for (size_t i = 0; i < nctx; i++) {
         if (o.sweep) fprintf(stderr, "clattn-bench: [%zu/%zu] C=%zu ...", i + 1, nctx, ctxs[i]), fflush(stderr);
+        rs[i].copy_gbps = copy_bandwidth(dev);
         measure(dev, &o, ctxs[i], &rs[i]);
-        if (o.sweep) fprintf(stderr, " %.3f ms\n", rs[i].step_ms);
-        if (o.json) print_json(name, driver, &o, &rs[i], copy_gbps);
+        if (o.sweep) fprintf(stderr, " %.3f ms (copy %.1f GB/s)\n", rs[i].step_ms, rs[i].copy_gbps);
+        if (o.json) print_json(name, driver, &o, &rs[i]);
     }
     if (!o.json) {
         printf("decode step on %s: B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s window=%zu\n", name,
                o.batch, o.heads, o.kv_heads, o.head_dim, o.dim, o.kv_half ? "half" : "float", o.window);
-        printf("copy kernel: %.2f GB/s\n", copy_gbps);
-        printf("%8s %6s %10s %10s %12s %10s %9s %12s\n", "context", "parts", "step ms", "first ms", "tokens/s",
-               "KV MB", "KV GB/s", "of copy BW");
+        printf("%8s %6s %10s %10s %12s %10s %9s %10s %9s\n", "context", "parts", "step ms", "first ms", "tokens/s",
+               "KV MB", "KV GB/s", "copy GB/s", "fraction");
         for (size_t i = 0; i < nctx; i++)
-            printf("%8zu %6zu %10.3f %10.3f %12.1f %10.2f %9.2f %12.2f\n", rs[i].context, rs[i].parts, rs[i].step_ms,
-                   rs[i].first_ms, rs[i].tokens_per_s, rs[i].kv_bytes / 1e6, rs[i].kv_gbps,
-                   rs[i].kv_gbps / copy_gbps);
+            printf("%8zu %6zu %10.3f %10.3f %12.1f %10.2f %9.2f %10.2f %9.2f\n", rs[i].context, rs[i].parts,
+                   rs[i].step_ms, rs[i].first_ms, rs[i].tokens_per_s, rs[i].kv_bytes / 1e6, rs[i].kv_gbps,
+                   rs[i].copy_gbps, rs[i].kv_gbps / rs[i].copy_gbps);
     }
     clattn_device_free(dev);
     return 0;

@@ -6,6 +6,8 @@
     out, weights = attn(x, need_weights=True)          # x (B, T, E) or (T, E), float32
     layer = clattn.EncoderLayer(heads=2, ...)          # torch.nn.TransformerEncoderLayer, eval mode
     clattn.from_torch(torch_module)                    # nn.MultiheadAttention / nn.TransformerEncoderLayer
+    dec = clattn.Decoder(heads=32, kv_heads=8, w_query=..., ..., batch=1, capacity=4096, max_new_tokens=512)
+    out = dec(prompt)                                  # prefill (B, n, E); then dec(x_next) per token
 
 Bindings are ctypes over the public C ABI of the libclattn this package carries; the C
 library's plans are made per input shape on first use and kept. Every failure raises
@@ -18,7 +20,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["Error", "devices", "version", "Attention", "EncoderLayer", "from_torch", "plot_attention"]
+__all__ = ["Error", "devices", "version", "Attention", "Decoder", "EncoderLayer", "from_torch", "plot_attention"]
 __version__ = "0.3.0"
 
 
@@ -123,9 +125,15 @@ class Attention:
 
     def __init__(self, heads, *, w_query=None, w_key=None, w_value=None, b_query=None, b_key=None, b_value=None,
                  w_out=None, b_out=None, head_dim_qk=None, head_dim_v=None, causal=False, scale=0.0, dropout=0.0,
-                 seed=0, layout="linear", algorithm="auto", device=None):
+                 seed=0, layout="linear", algorithm="auto", device=None, kv_heads=None, window=0, kv_half=False):
         if not isinstance(heads, (int, np.integer)) or heads < 1:
             _fail(_lib.INVALID_ARGUMENT, f"heads: {heads!r}, expected a positive integer")
+        kv_heads = heads if kv_heads is None else kv_heads
+        if not isinstance(kv_heads, (int, np.integer)) or kv_heads < 1 or heads % kv_heads:
+            _fail(_lib.SHAPE_MISMATCH, f"kv_heads: {kv_heads!r}, expected a positive integer dividing heads ({heads})")
+        if not isinstance(window, (int, np.integer)) or window < 0:
+            _fail(_lib.INVALID_ARGUMENT, f"window: {window!r}, expected an integer >= 0 (0 = none)")
+        self.kv_heads, self.window, self.kv_half = int(kv_heads), int(window), bool(kv_half)
         if layout not in ("linear", "raw"):
             _fail(_lib.INVALID_ARGUMENT, f"layout: {layout!r}, expected 'linear' or 'raw'")
         if algorithm not in _lib.ALGORITHMS:
@@ -143,11 +151,11 @@ class Attention:
         if wq is not None:
             rows_q = wq.shape[0] if lin else wq.shape[1]
             rows_v = self._w["w_value"].shape[0] if lin else self._w["w_value"].shape[1]
-            if rows_q % self.heads or rows_v % self.heads:
+            if rows_q % self.heads or rows_v % self.kv_heads:
                 _fail(_lib.SHAPE_MISMATCH, f"w_query/w_value: {rows_q}/{rows_v} output rows do not split into "
-                                           f"{self.heads} heads")
+                                           f"{self.heads}/{self.kv_heads} heads")
             self.head_dim_qk = head_dim_qk or rows_q // self.heads
-            self.head_dim_v = head_dim_v or rows_v // self.heads
+            self.head_dim_v = head_dim_v or rows_v // self.kv_heads
         else:
             self.head_dim_qk = self.head_dim_v = 0
         wo = self._w["w_out"]
@@ -168,7 +176,8 @@ class Attention:
                                key_padding_mask=int(kpm), scale=float(self.scale), dropout=float(self.dropout),
                                seed=int(self.seed),
                                layout=_lib.LAYOUT_LINEAR if self.layout == "linear" else _lib.LAYOUT_RAW,
-                               algorithm=_lib.ALGORITHMS[self.algorithm], need_weights=int(need_weights))
+                               algorithm=_lib.ALGORITHMS[self.algorithm], need_weights=int(need_weights),
+                               kv_heads=self.kv_heads, window=self.window, kv_half=int(self.kv_half))
         w = _lib.AttentionWeights(**{k: _fp(v) for k, v in {**self._w, **self._b}.items()})
         handle = ctypes.c_void_p()
         _check(_lib.plan_create(self._device.handle, ctypes.byref(d), ctypes.byref(w), ctypes.byref(handle)),
@@ -226,6 +235,89 @@ class Attention:
             return None
         a = _lib.plan_algorithm(list(self._plans.values())[-1].handle)
         return {0: "reference", 1: "fused", 2: "unfused"}[a]
+
+
+class Decoder(Attention):
+    """Causal self-attention over a KV cache on the device (clattn_decode_plan + clattn_kv_cache).
+
+    The keyword arguments of Attention (causal is implied; no masks, dropout or weights out), plus
+    batch (B sequences), capacity (positions each sequence's cache holds) and max_new_tokens (the
+    most tokens one call appends). Calling it with x (B, n, E), 1 <= n <= max_new_tokens, appends
+    the tokens' keys and values at each sequence's length and returns their outputs (B, n, Eo or
+    H*dv): a prefill and the decode steps after it equal one causal run over the whole sequence.
+    valid (B ints) lets sequence b append only its first valid[b] tokens (ragged prompts).
+    """
+
+    def __init__(self, heads, *, batch=1, capacity, max_new_tokens, **kw):
+        if kw.pop("causal", True) is not True:
+            _fail(_lib.INVALID_ARGUMENT, "Decoder: decoding is causal (leave causal out)")
+        super().__init__(heads, causal=True, **kw)
+        for name, v in (("batch", batch), ("capacity", capacity), ("max_new_tokens", max_new_tokens)):
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                _fail(_lib.INVALID_ARGUMENT, f"{name}: {v!r}, expected a positive integer")
+        self.batch, self.capacity, self.max_new_tokens = int(batch), int(capacity), int(max_new_tokens)
+        wq = self._w["w_query"]
+        if wq is None:
+            _fail(_lib.INVALID_ARGUMENT, "Decoder: w_query, w_key and w_value are required")
+        self.embed = wq.shape[1] if self.layout == "linear" else wq.shape[0]
+        d = _lib.AttentionDesc(batch=self.batch, seq_q=self.max_new_tokens, embed=self.embed, heads=self.heads,
+                               head_dim_qk=self.head_dim_qk, head_dim_v=self.head_dim_v, out_dim=self.out_dim,
+                               causal=1, scale=float(self.scale), dropout=float(self.dropout),
+                               layout=_lib.LAYOUT_LINEAR if self.layout == "linear" else _lib.LAYOUT_RAW,
+                               algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=self.kv_heads,
+                               window=self.window, kv_half=int(self.kv_half))
+        w = _lib.AttentionWeights(**{k: _fp(v) for k, v in {**self._w, **self._b}.items()})
+        handle = ctypes.c_void_p()
+        _check(_lib.decode_plan_create(self._device.handle, ctypes.byref(d), ctypes.byref(w), ctypes.byref(handle)),
+               "creating the decode plan")
+        self._dplan = _Plan(handle, _lib.decode_plan_free)
+        cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=self.kv_heads,
+                              head_dim_qk=self.head_dim_qk, head_dim_v=self.head_dim_v, type=int(self.kv_half))
+        ch = ctypes.c_void_p()
+        _check(_lib.kv_cache_create(self._device.handle, ctypes.byref(cd), ctypes.byref(ch)), "creating the KV cache")
+        self._cache = _Plan(ch, _lib.kv_cache_free)
+        self.out_width = self.out_dim or self.heads * self.head_dim_v
+
+    def __call__(self, x, valid=None):
+        x = _floats("x", x, ndim=3)
+        B, n, E = x.shape
+        if B != self.batch or E != self.embed:
+            _fail(_lib.SHAPE_MISMATCH, f"x: shape {x.shape}, expected ({self.batch}, n, {self.embed})")
+        v = None
+        if valid is not None:
+            v = np.ascontiguousarray(np.asarray(valid), dtype=np.uintp)
+            if v.shape != (B,):
+                _fail(_lib.SHAPE_MISMATCH, f"valid: shape {v.shape}, expected ({B},)")
+        out = np.full((B, n, self.out_width), np.nan, dtype=np.float32)
+        args = _lib.DecodeArgs(x=_fp(x), new_tokens=n, valid=None if v is None else v.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_size_t)), out=_fp(out))
+        with self._lock:
+            _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
+        return out
+
+    @property
+    def lengths(self):
+        """Each sequence's cached length."""
+        n = (ctypes.c_size_t * self.batch)()
+        _check(_lib.kv_cache_lengths(self._cache.handle, n), "reading the cache lengths")
+        return list(n)
+
+    def reset(self):
+        _check(_lib.kv_cache_reset(self._cache.handle), "resetting the cache")
+
+    def truncate(self, lengths):
+        """Drop each sequence's tail down to lengths[b] (at most its length): speculative decoding's rollback."""
+        n = (ctypes.c_size_t * self.batch)(*[int(v) for v in lengths])
+        if len(lengths) != self.batch:
+            _fail(_lib.SHAPE_MISMATCH, f"lengths: {len(lengths)} values, expected {self.batch}")
+        _check(_lib.kv_cache_truncate(self._cache.handle, n), "truncating the cache")
+
+    def read_cache(self):
+        """The cache as float: k (B, kv_heads, capacity, dk), v (B, kv_heads, capacity, dv); 0 past each length."""
+        k = np.zeros((self.batch, self.kv_heads, self.capacity, self.head_dim_qk), np.float32)
+        v = np.zeros((self.batch, self.kv_heads, self.capacity, self.head_dim_v), np.float32)
+        _check(_lib.kv_cache_read(self._cache.handle, _fp(k), _fp(v)), "reading the cache")
+        return k, v
 
 
 class _Plan:

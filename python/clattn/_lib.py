@@ -71,6 +71,15 @@ class EncoderArgs(Structure):
     _fields_ = [("x", c_float_p), ("key_padding_mask", c_uint8_p), ("out", c_float_p)]
 
 
+class KVCacheDesc(Structure):
+    _fields_ = [("batch", c_size_t), ("capacity", c_size_t), ("kv_heads", c_size_t), ("head_dim_qk", c_size_t),
+                ("head_dim_v", c_size_t), ("type", c_int)]
+
+
+class DecodeArgs(Structure):
+    _fields_ = [("x", c_float_p), ("new_tokens", c_size_t), ("valid", POINTER(c_size_t)), ("out", c_float_p)]
+
+
 def _load():
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.environ.get("CLATTN_LIBRARY"), os.path.join(here, "libclattn.so"),
@@ -117,3 +126,15 @@ encoder_plan_create = _fn("clattn_encoder_plan_create", c_int, c_void_p, POINTER
                           POINTER(EncoderWeights), POINTER(c_void_p))
 encoder_plan_free = _fn("clattn_encoder_plan_free", None, c_void_p)
 encoder_plan_execute = _fn("clattn_encoder_plan_execute", c_int, c_void_p, POINTER(EncoderArgs))
+kv_cache_create = _fn("clattn_kv_cache_create", c_int, c_void_p, POINTER(KVCacheDesc), POINTER(c_void_p))
+kv_cache_free = _fn("clattn_kv_cache_free", None, c_void_p)
+kv_cache_reset = _fn("clattn_kv_cache_reset", c_int, c_void_p)
+kv_cache_truncate = _fn("clattn_kv_cache_truncate", c_int, c_void_p, POINTER(c_size_t))
+kv_cache_lengths = _fn("clattn_kv_cache_lengths", c_int, c_void_p, POINTER(c_size_t))
+kv_cache_read = _fn("clattn_kv_cache_read", c_int, c_void_p, c_float_p, c_float_p)
+kv_cache_write = _fn("clattn_kv_cache_write", c_int, c_void_p, c_float_p, c_float_p, POINTER(c_size_t))
+decode_plan_create = _fn("clattn_decode_plan_create", c_int, c_void_p, POINTER(AttentionDesc),
+                         POINTER(AttentionWeights), POINTER(c_void_p))
+decode_plan_free = _fn("clattn_decode_plan_free", None, c_void_p)
+decode_execute = _fn("clattn_decode_execute", c_int, c_void_p, c_void_p, POINTER(DecodeArgs))
+decode_plan_set_splits = _fn("clattn_decode_plan_set_splits", c_int, c_void_p, c_size_t)

@@ -96,10 +96,12 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
         pytest.skip("no C compiler to check the layouts against")
     src = tmp_path / "sizes.c"
     src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "clattn.h"\nint main(void) {\n'
-                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
+                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
                    'sizeof(clattn_attention_desc), sizeof(clattn_attention_weights), sizeof(clattn_attention_args), '
                    'sizeof(clattn_encoder_desc), sizeof(clattn_encoder_weights), sizeof(clattn_encoder_args), '
-                   'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps));\nreturn 0; }\n')
+                   'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps), '
+                   'sizeof(clattn_kv_cache_desc), sizeof(clattn_decode_args), offsetof(clattn_attention_desc, kv_half));'
+                   '\nreturn 0; }\n')
     exe = tmp_path / "sizes"
     r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", str(exe)],
                        capture_output=True, text=True)
@@ -108,7 +110,8 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
     got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     want = [ctypes.sizeof(_lib.DeviceInfo), ctypes.sizeof(_lib.AttentionDesc), ctypes.sizeof(_lib.AttentionWeights),
             ctypes.sizeof(_lib.AttentionArgs), ctypes.sizeof(_lib.EncoderDesc), ctypes.sizeof(_lib.EncoderWeights),
-            ctypes.sizeof(_lib.EncoderArgs), _lib.AttentionDesc.seed.offset, _lib.EncoderDesc.eps.offset]
+            ctypes.sizeof(_lib.EncoderArgs), _lib.AttentionDesc.seed.offset, _lib.EncoderDesc.eps.offset,
+            ctypes.sizeof(_lib.KVCacheDesc), ctypes.sizeof(_lib.DecodeArgs), _lib.AttentionDesc.kv_half.offset]
     assert got == want
 
 
@@ -327,3 +330,53 @@ def test_plot_attention(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ---------------------------------------------------------------- grouped-query attention and decoding
+
+def ref_gqa(x, heads, kv_heads, wq, wk, wv, wo, window=0):
+    """Causal grouped-query attention in float64: query head h reads key/value head h // (heads // kv_heads)."""
+    x = x.astype(np.float64)
+    q, k, v = x @ wq.T, x @ wk.T, x @ wv.T
+    B, T, _ = q.shape
+    dk, dv, g = q.shape[2] // heads, v.shape[2] // kv_heads, heads // kv_heads
+    qh = q.reshape(B, T, heads, dk).transpose(0, 2, 1, 3)
+    kh = np.repeat(k.reshape(B, T, kv_heads, dk).transpose(0, 2, 1, 3), g, axis=1)
+    vh = np.repeat(v.reshape(B, T, kv_heads, dv).transpose(0, 2, 1, 3), g, axis=1)
+    s = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(dk)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    hidden = (j > i) | ((i - j >= window) if window else False)
+    s = np.where(hidden, -np.inf, s)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return ((w @ vh).transpose(0, 2, 1, 3).reshape(B, T, heads * dv)) @ wo.T
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_window_attention_and_decoder(device):
+    rng = np.random.default_rng(7)
+    B, T, E, H, HK, d = 2, 19, 16, 4, 2, 4
+    wq, wk, wv = rnd(rng, H * d, E, scale=0.4), rnd(rng, HK * d, E, scale=0.4), rnd(rng, HK * d, E, scale=0.4)
+    wo, x = rnd(rng, E, H * d, scale=0.4), rnd(rng, B, T, E)
+    want = ref_gqa(x, H, HK, wq, wk, wv, wo, window=5)
+    a = clattn.Attention(H, kv_heads=HK, window=5, w_query=wq, w_key=wk, w_value=wv, w_out=wo, causal=True,
+                         device=device)
+    np.testing.assert_allclose(a(x)[0], want, **TOL)
+    dec = clattn.Decoder(H, kv_heads=HK, window=5, w_query=wq, w_key=wk, w_value=wv, w_out=wo, batch=B,
+                         capacity=T, max_new_tokens=8, device=device)
+    outs = [dec(x[:, :8])] + [dec(x[:, t:t + 1]) for t in range(8, T)]
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), want, **TOL)
+    assert dec.lengths == [T, T]
+    k, v = dec.read_cache()
+    np.testing.assert_allclose(k[:, :, :T].transpose(0, 2, 1, 3).reshape(B, T, HK * d), x @ wk.T, **TOL)
+    dec.truncate([T - 3, T - 1])
+    assert dec.lengths == [T - 3, T - 1]
+    with pytest.raises(clattn.Error) as e:
+        dec(x[:, :4])  # 16 + 4 > 19 for the second sequence
+    assert e.value.status_name == "CLATTN_STATUS_SHAPE_MISMATCH" and "capacity" in e.value.message
+    dec.reset()
+    assert dec.lengths == [0, 0]
+    with pytest.raises(clattn.Error):
+        dec(x[:, :9])  # more than max_new_tokens
+    with pytest.raises(clattn.Error):
+        clattn.Attention(H, kv_heads=3, w_query=wq, w_key=wk, w_value=wv)
