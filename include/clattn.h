@@ -72,6 +72,22 @@ CLATTN_API const char *clattn_last_error(void);
 /* OpenCL build log of the last failed kernel build in the calling thread ("" if none). */
 CLATTN_API const char *clattn_last_build_log(void);
 
+/* ---------------------------------------------------------------- compiled kernels */
+
+/* clattn compiles its OpenCL kernels at plan creation (seconds on some drivers, the first time) and keeps
+ * the compiled programs on disk, keyed by clattn's version, the device, its vendor and driver, the build
+ * options and the sources: in $CLATTN_CACHE_DIR, else $XDG_CACHE_HOME/clattn/kernels, else
+ * ~/.cache/clattn/kernels. CLATTN_PROGRAM_CACHE=0 turns it off. A missing, truncated, corrupted or foreign
+ * file is ignored (the kernels are compiled again and the file rewritten); an unwritable directory only
+ * means no cache. CLBlast's GEMM kernels are CLBlast's own (compiled at first use in a process).
+ *
+ * A notice for programs that are about to be compiled from source (not loaded from that cache): the
+ * library itself never prints; a program can, e.g. "compiling kernels; later runs use the cache".
+ * `fn` is called with the device's name, from the thread creating the plan; NULL turns it off.
+ * Process-wide; set it before creating plans. */
+typedef void (*clattn_build_notice_fn)(const char *device_name, void *user);
+CLATTN_API void clattn_set_build_notice(clattn_build_notice_fn fn, void *user);
+
 /* ---------------------------------------------------------------- devices */
 
 typedef struct clattn_device clattn_device;

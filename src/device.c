@@ -168,6 +168,8 @@ static void fill_limits(clattn_device *dev)
         clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof plat, plat, NULL);
     plat[sizeof plat - 1] = '\0';
     snprintf(dev->name, sizeof dev->name, "%s [%s]", name, plat);
+    get_string(dev->device, CL_DRIVER_VERSION, dev->driver, sizeof dev->driver);
+    snprintf(dev->vendor, sizeof dev->vendor, "%s", vendor);
     if (t & CL_DEVICE_TYPE_CPU) dev->dclass = CLATTN_CLASS_CPU;
     else if (contains_ci(vendor, "nvidia")) dev->dclass = CLATTN_CLASS_NVIDIA;
     else if (contains_ci(vendor, "advanced micro") || contains_ci(vendor, "amd")) dev->dclass = CLATTN_CLASS_AMD;

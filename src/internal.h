@@ -108,7 +108,24 @@ struct clattn_device {
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
     int queue_profiling;        /* the queue has CL_QUEUE_PROFILING_ENABLE */
+    char driver[128];           /* CL_DRIVER_VERSION: part of the compiled-program cache's key */
+    char vendor[96];            /* CL_DEVICE_VENDOR */
 };
+
+/* ---- compiled programs on disk (program_cache.c) */
+/* The cache key of a program: clattn's version, the device, its vendor and driver, the options and the
+ * sources (names and a hash of their text). "" (and 0) when the cache is off or has no directory. */
+int clattn_program_cache_key(const clattn_device *dev, const char *const *names, const char *const *texts,
+                             const size_t *lens, int count, const char *options, char *key, size_t len);
+/* A program built from the cached binary for `key`, or NULL (no file, or one that is not a valid entry
+ * for this key: truncated, corrupted, another key, a binary the driver refuses). Never fails otherwise. */
+cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, const char *options);
+/* Save a built program's binary for `key` (atomically: a temporary file renamed); errors are ignored. */
+void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_program program);
+/* Test-only: programs loaded from the cache and built from source since the last reset (reset = 1). */
+void clattn_test_program_counts(int reset, long *loaded, long *built);
+/* Called (when set) before the library compiles kernels from source (clattn_set_build_notice). */
+void clattn_notify_build(const clattn_device *dev);
 
 /* ---- programs (program.c) */
 /* Build a program from the embedded sources named (e.g. {"philox", "softmax"})

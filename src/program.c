@@ -43,6 +43,14 @@ clattn_status clattn_program_build(const clattn_device *dev, const char *const *
         texts[i] = (const char *)e->text;
         lens[i] = e->len;
     }
+    char key[2048];
+    clattn_program_cache_key(dev, names, texts, lens, count, options, key, sizeof key);
+    cl_program cached = clattn_program_cache_load(dev, key, options);
+    if (cached) {
+        *program = cached;
+        return CLATTN_STATUS_SUCCESS;
+    }
+    clattn_notify_build(dev);
     cl_int err;
     cl_program p = clCreateProgramWithSource(dev->context, (cl_uint)count, texts, lens, &err);
     if (err != CL_SUCCESS) return clattn_fail((clattn_status)err, "clCreateProgramWithSource failed (%d)", err);
@@ -63,6 +71,7 @@ clattn_status clattn_program_build(const clattn_device *dev, const char *const *
                            "building kernels '%s'%s with options \"%s\" failed (%d); see clattn_last_build_log()",
                            names[0], count > 1 ? " and others" : "", options ? options : "", err);
     }
+    clattn_program_cache_store(dev, key, p);
     *program = p;
     return CLATTN_STATUS_SUCCESS;
 }

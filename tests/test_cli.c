@@ -1005,3 +1005,34 @@ Test(cli, bad_decode_flags)
     bad("decode with kv.npy", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3"));
     bad("window with kv.npy", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--window", "3"));
 }
+
+/* A long first run is not silent: the notice before kernels are compiled, once; none when they load from
+ * the kernel cache, none with CLATTN_BUILD_NOTICE=0 (and none when stderr is not a terminal, which the
+ * other tests here rely on). */
+Test(cli, build_notice)
+{
+    copy_case("mha_basic");
+    char cache[160];
+    snprintf(cache, sizeof cache, "%s/kernels", root);
+    setenv("CLATTN_CACHE_DIR", cache, 1);
+    setenv("CLATTN_BUILD_NOTICE", "1", 1);
+    const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "2", "--device", cl_spec(), NULL};
+    char *err;
+    int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert(strncmp(err, "clattn: compiling OpenCL kernels for ", 37) == 0, "no notice first: [%s]", err);
+    cr_assert(strstr(err, "later runs load them from the kernel cache"), "%s", err);
+    cr_assert(strchr(err, '\n') == err + strlen(err) - 1, "the notice is not one line: [%s]", err);
+    free(err);
+    rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_str_empty(err, "the second run compiled again or printed: [%s]", err);
+    free(err);
+    snprintf(cache, sizeof cache, "%s/kernels2", root);
+    setenv("CLATTN_CACHE_DIR", cache, 1);
+    setenv("CLATTN_BUILD_NOTICE", "0", 1);
+    rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_str_empty(err, "CLATTN_BUILD_NOTICE=0 printed: [%s]", err);
+    free(err);
+}

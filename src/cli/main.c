@@ -3,7 +3,9 @@
 #include "clattn_build_info.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* clattn --version: the library's version, the git revision it was built from (when known) and CLBlast's */
 static int version(void)
@@ -14,14 +16,36 @@ static int version(void)
     return 0;
 }
 
+/* A long first run is not silent: before the first kernels are compiled from source (not loaded from
+ * clattn's kernel cache), one line on stderr. Shown when stderr is a terminal, or with CLATTN_BUILD_NOTICE=1;
+ * CLATTN_BUILD_NOTICE=0 silences it. */
+static void build_notice(const char *device, void *user)
+{
+    int *shown = user;
+    if (*shown) return;
+    *shown = 1;
+    fprintf(stderr, "clattn: compiling OpenCL kernels for %s (a while the first time; later runs load them from "
+            "the kernel cache)\n", device);
+    fflush(stderr);
+}
+
+static void install_build_notice(void)
+{
+    static int shown;
+    const char *env = getenv("CLATTN_BUILD_NOTICE");
+    const int on = env && *env ? strcmp(env, "0") != 0 : isatty(2);
+    if (on) clattn_set_build_notice(build_notice, &shown);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn <command> [options]      clattn help <command>      clattn --version\n"
             "  devices                      list every OpenCL device (and ref)\n"
             "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
-            "  run --in DIR --out DIR [--heads H] [--causal] [--scale S] [--dropout P --seed N]\n"
-            "      [--need-weights] [--device SPEC]   attention on .npy files (see README)\n"
+            "  run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
+            "      [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P] [--device SPEC]\n"
+            "                               attention on .npy files (see README)\n"
             "  encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu]\n"
             "      [--eps E] [--device SPEC]   a transformer encoder layer on .npy files\n"
             "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
@@ -35,6 +59,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    install_build_notice();
     if (strcmp(cmd, "devices") == 0) return clattn_cli_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
