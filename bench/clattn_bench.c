@@ -42,7 +42,7 @@ typedef struct options {
     const char *device;
     clattn_op op;
     int iters, warmup;
-    int sweep, json, seq_given, ff_given, activation_given, norm_first_given;
+    int sweep, json, seq_given, ff_given, activation_given, norm_first_given, progress;
     const char *csv;
     double budget_s;   /* --sweep: stop before a configuration projected to take longer */
     double settle_s;   /* wait up to this long for idle CPUs before each configuration (0: no wait) */
@@ -196,6 +196,23 @@ static double stage_flops(const result *r, int s)
     }
 }
 
+/* --progress: a phase line on stderr at its start, then at most one a second within it */
+static double progress_last;
+static void progress(const options *o, int force, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void progress(const options *o, int force, const char *fmt, ...)
+{
+    if (!o->progress) return;
+    const double t = now_ms();
+    if (!force && t - progress_last < 1000.0) return;
+    progress_last = t;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "clattn-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
 /* ------------------------------------------------------------------ options */
 
 static void usage(FILE *f)
@@ -204,7 +221,7 @@ static void usage(FILE *f)
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
             "                    [--algorithm auto|fused|unfused]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
-            "                    [--csv FILE] [--settle S]\n"
+            "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
             "  Times self-attention (Q/K/V + output projections with biases, LINEAR layout, random\n"
             "  weights) on one device. Defaults: --batch 4 --seq 512 --dim 512 --heads 8 --iters 10\n"
@@ -219,6 +236,8 @@ static void usage(FILE *f)
             "              refuses for its memory (CLATTN_STATUS_TOO_LARGE_FOR_DEVICE)\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
+            "  --progress  say on stderr which phase a configuration is in (first call, device runs i/N,\n"
+            "              stages, host runs, SGEMM), at most once a second within a phase\n"
             "  --settle S  on a shared machine: before each configuration wait up to S seconds for the\n"
             "              CPUs to be idle (Linux /proc/stat); every result reports how much of the CPUs\n"
             "              other processes used while it was measured (\"interference\")\n"
@@ -310,6 +329,7 @@ static void parse_options(int argc, char **argv, options *o)
             i++;
         }
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
+        else if (!strcmp(a, "--progress")) o->progress = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--csv")) { if (!v) die("--csv needs a file name"); o->csv = v; i++; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
@@ -484,10 +504,12 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
 
     /* first call: plan creation (kernel builds, weight upload) + first execute */
     if (b->opencl) CLBlastClearCache();
+    progress(o, 1, "T=%zu: first call (plan creation, kernel builds, first execute) ...", op->seq);
     double t0 = now_ms();
     runner_create(&run, b, &data);
     runner_host(&run, "first call");
     r->first_call_ms = now_ms() - t0;
+    progress(o, 1, "T=%zu: first call took %.0f ms", op->seq, r->first_call_ms);
     r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
     r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
@@ -495,6 +517,8 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         cl_mem xb = make_buffer(b, data.x_count, data.x, "x"), ob = make_buffer(b, data.out_count, NULL, "out");
         /* device-resident, profiling off */
         for (int i = -o->warmup; i < o->iters; i++) {
+            progress(o, i == -o->warmup, "T=%zu: device runs %d/%d (after %d warm-up)", op->seq, i < 0 ? 0 : i,
+                     o->iters, o->warmup);
             double t1 = now_ms();
             runner_buffers(&run, xb, ob);
             check_cl(clFinish(b->queue), "clFinish");
@@ -505,6 +529,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         if (run.attn) {
             check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
             for (int i = 0; i < o->iters; i++) {
+                progress(o, i == 0, "T=%zu: profiled runs %d/%d", op->seq, i, o->iters);
                 runner_buffers(&run, xb, ob);
                 check_cl(clFinish(b->queue), "clFinish");
                 check_st(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
@@ -515,6 +540,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         clReleaseMemObject(ob);
         /* host-to-host */
         for (int i = -o->warmup; i < o->iters; i++) {
+            progress(o, i == -o->warmup, "T=%zu: host runs %d/%d", op->seq, i < 0 ? 0 : i, o->iters);
             double t1 = now_ms();
             runner_host(&run, NULL);
             if (i >= 0) t[i] = now_ms() - t1;
@@ -524,6 +550,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         /* ref: host-to-host only; its attention profiling is host wall time per stage, at no cost */
         if (run.attn) check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
         for (int i = -o->warmup; i < o->iters; i++) {
+            progress(o, i == -o->warmup, "T=%zu: host runs %d/%d", op->seq, i < 0 ? 0 : i, o->iters);
             double t1 = now_ms();
             runner_host(&run, NULL);
             if (i >= 0) {
@@ -572,6 +599,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->host_gflops = r->flops.total / (r->host.median * 1e6);
     r->gflops = r->dev.valid ? r->flops.total / (r->dev.median * 1e6) : r->host_gflops;
     if (b->opencl) {
+        progress(o, 1, "T=%zu: the SGEMM of the same FLOPs, for comparison", op->seq);
         measure_sgemm(b, o, r);
         r->sgemm_fraction = r->gflops / r->sgemm_gflops;
     }
@@ -888,6 +916,15 @@ int main(int argc, char **argv)
         snprintf(b.driver, sizeof b.driver, "%s", drv);
     }
 
+    /* what is about to be measured, before anything long starts */
+    char tdesc[64];
+    if (o.sweep) snprintf(tdesc, sizeof tdesc, "%zu..%zu (sweep)", sweep_seqs[0], sweep_seqs[NSWEEP - 1]);
+    else snprintf(tdesc, sizeof tdesc, "%zu", o.op.seq);
+    fprintf(stderr, "clattn-bench: device %s (driver %s)\n", b.device_name, b.driver);
+    fprintf(stderr, "clattn-bench: %s B=%zu T=%s E=%zu H=%zu %s, algorithm %s, dropout %g; %d iterations after %d "
+            "warm-up\n", o.op.encoder ? "encoder layer" : "self-attention", o.op.batch, tdesc, o.op.dim, o.op.heads,
+            o.op.causal ? "causal" : "non-causal", clattn_algorithm_name(o.op.algorithm), (double)o.op.dropout,
+            o.iters, o.warmup);
     if (!o.sweep) {
         result r;
         measure(&b, &o, &o.op, &r);

@@ -32,7 +32,7 @@ static const size_t sweep_ctx[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
 typedef struct dopts {
     const char *device;
     size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
-    int kv_half, iters, warmup, sweep, json;
+    int kv_half, iters, warmup, sweep, json, progress;
 } dopts;
 
 typedef struct dres {
@@ -81,7 +81,7 @@ void clattn_bench_decode_usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B] [--heads H]\n"
             "                    [--kv-heads N] [--head-dim D] [--dim E] [--kv-half] [--window W] [--splits N]\n"
-            "                    [--iters N] [--warmup W] [--json]\n"
+            "                    [--iters N] [--warmup W] [--json] [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
             "  Defaults: --context 8192 --batch 1 --heads 32 --kv-heads 8 --head-dim 128 --dim 128 --iters 20\n"
             "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
@@ -114,6 +114,7 @@ static void parse(int argc, char **argv, dopts *o)
         else if (!strcmp(a, "--kv-half")) o->kv_half = 1;
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--progress")) o->progress = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { clattn_bench_decode_usage(stdout); exit(0); }
         else {
             fprintf(stderr, "clattn-bench: --decode: unknown option '%s'\n", a);
@@ -215,6 +216,8 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
     if (!op) ddie("out of memory");
     clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op};
+    if (o->progress) fprintf(stderr, "clattn-bench: C=%zu: plan and cache made; a prefill of %zu tokens, then the "
+                             "cache filled ...\n", C, P);
     dcheck(clattn_decode_execute(plan, cache, &pa), "the prefill");
     /* the cache at C tokens, random */
     const size_t nkv = B * HK * cd.capacity * D;
@@ -233,6 +236,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     const int n = o->warmup + o->iters;
     double *t = malloc((size_t)n * sizeof *t);
     if (!t) ddie("out of memory");
+    if (o->progress) fprintf(stderr, "clattn-bench: C=%zu: first step %.1f ms; %d steps ...\n", C, r->first_ms, n);
     for (int i = 0; i < n; i++) {
         dcheck(clattn_kv_cache_truncate(cache, lens), "truncating");
         t0 = dnow_ms();

@@ -636,3 +636,27 @@ Test(bench, decode_errors, .timeout = 60)
     cr_expect(strstr(r->err, "--causal") != NULL, "stderr: %s", r->err);
     free(r);
 }
+
+/* The device and configuration lines come first on stderr; --progress names each phase. */
+Test(bench, start_lines_and_progress, .timeout = 120)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *args[] = {"clattn-bench", "--device", "ref", "--batch", "1", "--seq", "8", "--dim", "8", "--heads", "2",
+                          "--iters", "2", "--warmup", "1", "--progress", NULL};
+    run_bench(args, r);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strncmp(r->err, "clattn-bench: device ref", 24) == 0, "the first line is not the device: %s", r->err);
+    const char *cfg = strstr(r->err, "clattn-bench: self-attention B=1 T=8 E=8 H=2 non-causal");
+    const char *first = strstr(r->err, "T=8: first call (plan creation");
+    const char *took = strstr(r->err, "T=8: first call took");
+    const char *host = strstr(r->err, "T=8: host runs 0/2");
+    cr_assert(cfg && first && took && host, "stderr: %s", r->err);
+    cr_assert(cfg < first && first < took && took < host, "phases out of order: %s", r->err);
+    const char *quiet[] = {"clattn-bench", "--device", "ref", "--batch", "1", "--seq", "8", "--dim", "8", "--heads",
+                           "2", "--iters", "2", "--warmup", "1", NULL};
+    run_bench(quiet, r);
+    cr_assert_eq(r->status, 0);
+    cr_assert(strstr(r->err, "clattn-bench: device ref") && !strstr(r->err, "first call"),
+              "without --progress: the start lines only: %s", r->err);
+    free(r);
+}
