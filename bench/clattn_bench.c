@@ -64,6 +64,7 @@ typedef struct result {
     size_t sgemm_m, sgemm_n, sgemm_k;
     double stage_sum_ms;  /* sum of the stage medians */
     clattn_algorithm algorithm; /* the attention plan's (resolved); AUTO for ref and the encoder */
+    int tuned;            /* the attention plan uses the device's tuning file (-1: the encoder, not known) */
     size_t device_bytes;  /* device memory the attention plan holds (0: ref or the encoder) */
     double core_ms;       /* the attention core's stages (fused: attention; unfused: scores + softmax + context) */
     int core_valid;
@@ -511,6 +512,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->first_call_ms = now_ms() - t0;
     progress(o, 1, "T=%zu: first call took %.0f ms", op->seq, r->first_call_ms);
     r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
+    r->tuned = run.attn ? clattn_plan_tuned(run.attn) : -1;
     r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
     if (b->opencl) {
@@ -663,6 +665,7 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     if (r->algorithm == CLATTN_ALGORITHM_AUTO) fprintf(f, ",\"algorithm\":null");
     else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
     json_num(f, "device_bytes", (double)r->device_bytes, r->device_bytes > 0);
+    fprintf(f, ",\"tuned\":%s", r->tuned < 0 ? "null" : r->tuned ? "true" : "false");
     json_num(f, "core_ms", r->core_ms, r->core_valid);
     json_num(f, "core_gflops", r->core_valid ? r->flops.core / (r->core_ms * 1e6) : 0.0, r->core_valid);
     fprintf(f, ",\"encoder\":%s", r->op.encoder ? "true" : "false");

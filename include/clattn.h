@@ -269,6 +269,39 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
                                                      const cl_event *event_wait_list,
                                                      cl_event *event);
 
+/* ---------------------------------------------------------------- tuning */
+
+/* Tile sizes and kernel variants differ between a CPU running PoCL, an integrated GPU and an H100.
+ * clattn_tune searches, for one device, the fused kernel's parameters per head-size class (max(dk, dv)
+ * up to 32, 64, 128, 256) and the unfused path's softmax variant, on the shapes given. It checks each
+ * candidate's output against the defaults' before timing it, and keeps a candidate only when it beats
+ * the defaults by `margin` in each of three repeated comparisons. It writes what it kept to the device's
+ * tuning file. Plans read that file (at device open) and use its entries: clattn_plan_tuned says whether
+ * a plan does.
+ * The file: $CLATTN_TUNE_FILE, else $XDG_CACHE_HOME/clattn/tune-<key hash>.txt (default ~/.cache/clattn/),
+ * a small text file keyed by the device's name, vendor and driver version and clattn's version.
+ * CLATTN_TUNE=0 ignores it. A missing, truncated, corrupted, stale (another driver or version) or hostile
+ * file (huge numbers, values a kernel cannot take, parameters that fail to compile) is ignored for the
+ * entries it affects, with a notice (clattn_device_tune_notice); the defaults are used instead.
+ * Do not use the device from other threads while clattn_tune runs. */
+typedef void (*clattn_tune_progress_fn)(const char *line, void *user);
+typedef struct clattn_tune_options {
+    double budget_s;              /* wall-clock budget in seconds (0 = 120) */
+    const size_t *shapes;         /* n_shapes quadruples (B, T, E, H) of self-attention to tune on;
+                                     NULL = {4, 512, 512, 8} */
+    size_t n_shapes;
+    double margin;                /* required gain over the defaults, as a fraction (0 = 0.03) */
+    clattn_tune_progress_fn progress; /* optional: one line per step of the search */
+    void *user;
+} clattn_tune_options;
+CLATTN_API clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options);
+/* The device's tuning file path ("" on ref). */
+CLATTN_API const char *clattn_device_tune_file(const clattn_device *device);
+/* What the tuning file had that was ignored, and why; NULL when nothing was (or there is no file). */
+CLATTN_API const char *clattn_device_tune_notice(const clattn_device *device);
+/* Does the plan use tuned parameters (from the device's tuning file)? */
+CLATTN_API int clattn_plan_tuned(const clattn_plan *plan);
+
 /* ---------------------------------------------------------------- KV cache and decoding */
 
 /* A KV cache on a device: for B sequences, up to `capacity` positions of keys and values of

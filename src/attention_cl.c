@@ -67,7 +67,11 @@ static clattn_status build_kernels(struct clattn_plan *p)
     if (err == CL_SUCCESS) c->k_merge = clCreateKernel(c->heads_prog, "merge_heads", &err);
     if (err == CL_SUCCESS) c->k_fill = clCreateKernel(c->heads_prog, "fill_rows", &err);
     CL_CHECK(err, "clCreateKernel (heads)");
-    if (c->fused) return clattn_fused_init(p->device, d, &c->flash);
+    if (c->fused) {
+        TRY(clattn_fused_init(p->device, d, &c->flash));
+        p->tuned = c->flash.tuned;
+        return CLATTN_STATUS_SUCCESS;
+    }
 
     /* softmax work-group: a power of two covering the row, from 16 to 256 (and the device's limit) */
     size_t wg = 1;
@@ -84,7 +88,10 @@ static clattn_status build_kernels(struct clattn_plan *p)
     cl_device_type type = 0;
     clGetDeviceInfo(p->device->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     const char *pick = getenv("CLATTN_SOFTMAX");
-    int per_item = pick && *pick ? strcmp(pick, "item") == 0 : (type & CL_DEVICE_TYPE_CPU) != 0;
+    const clattn_tune_table *tn = clattn_tune_active(p->device);
+    int per_item = (type & CL_DEVICE_TYPE_CPU) != 0;
+    if (pick && *pick) per_item = strcmp(pick, "item") == 0;
+    else if (tn && tn->softmax >= 0) per_item = tn->softmax, p->tuned = 1; /* the device's tuning file */
     if (per_item) {
         cl_kernel k = clCreateKernel(c->softmax_prog, "softmax_rows_item", &err);
         CL_CHECK(err, "clCreateKernel (softmax_rows_item)");

@@ -80,6 +80,70 @@ int clattn_fused_supports(const clattn_device *dev, const clattn_attention_desc 
     return 1;
 }
 
+/* Build variant `kind` with tiles t (flash_tiled: rebuilt with fewer rows while the compiled kernel allows
+ * less) into f. */
+static clattn_status build_variant(const clattn_device *dev, const clattn_attention_desc *d, clattn_flash_kind kind,
+                                   clattn_flash_params t, clattn_fused *f)
+{
+    const flash_variant *v = &variants[kind];
+    for (;;) {
+        char opts[400];
+        snprintf(opts, sizeof opts,
+                 "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d "
+                 "-DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu -DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
+                 d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->kv_half, d->causal, d->window,
+                 d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk,
+                 t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
+        const char *src[] = {"philox", "half", "mask", "flash"};
+        cl_program prog = NULL;
+        TRY(clattn_program_build(dev, src, 4, opts, &prog));
+        cl_int err;
+        cl_kernel k = clCreateKernel(prog, v->kernel, &err);
+        size_t allowed = 0;
+        if (err == CL_SUCCESS)
+            err = clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed, NULL);
+        if (err != CL_SUCCESS) {
+            if (k) clReleaseKernel(k);
+            clReleaseProgram(prog);
+            return clattn_fail((clattn_status)err, "creating kernel %s failed (%d: %s)", v->kernel, err,
+                               clattn_status_string(err));
+        }
+        const size_t wg = kind == CLATTN_FLASH_TILED ? t.bq * t.ns : 0;
+        if (wg == 0 || wg <= allowed) {
+            f->prog = prog;
+            f->k = k;
+            f->kind = kind;
+            f->t = t;
+            f->wg = wg;
+            return CLATTN_STATUS_SUCCESS;
+        }
+        clReleaseKernel(k);
+        clReleaseProgram(prog);
+        if (t.bq <= 1) return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s does not fit this device", v->kernel);
+        t.bq /= 2;
+    }
+}
+
+/* The tuning file's entry for this plan's head-size class, when it fits the plan and the device. */
+static int tuned_params(const clattn_device *dev, const clattn_attention_desc *d, clattn_flash_kind *kind,
+                        clattn_flash_params *t)
+{
+    const clattn_tune_table *tn = clattn_tune_active(dev);
+    const int cls = clattn_tune_class(d->head_dim_qk, d->head_dim_v);
+    if (!tn || cls < 0 || !tn->flash[cls].set) return 0;
+    const clattn_tune_flash *e = &tn->flash[cls];
+    memset(t, 0, sizeof *t);
+    *kind = (clattn_flash_kind)e->kind;
+    if (e->kind == CLATTN_FLASH_ROWS) {
+        t->rows = e->a, t->bk = e->b, t->vw = e->c;
+        return d->head_dim_qk % t->vw == 0 && d->head_dim_v % t->vw == 0;
+    }
+    t->bq = e->a, t->bk = e->b, t->ns = e->c;
+    const size_t kvw = d->head_dim_qk > d->head_dim_v ? d->head_dim_qk : d->head_dim_v;
+    const size_t bytes = sizeof(float) * (t->bq * d->head_dim_qk + t->bk * (kvw + 1) + t->bq * (t->bk + 1));
+    return t->bq * t->ns <= dev->max_work_group && bytes + 256 <= dev->local_mem;
+}
+
 clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention_desc *d, clattn_fused *f)
 {
     memset(f, 0, sizeof *f);
@@ -90,56 +154,29 @@ clattn_status clattn_fused_init(const clattn_device *dev, const clattn_attention
         else if (strcmp(pick, "tiled") == 0) forced = CLATTN_FLASH_TILED;
         else return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_FLASH='%s': expected rows or tiled", pick);
     }
-    const clattn_status last = CLATTN_STATUS_UNSUPPORTED;
-    for (int n = 0; n < 2; n++) {
-        const clattn_flash_kind kind = forced >= 0 ? (clattn_flash_kind)forced : preference[dev->dclass][n];
-        const flash_variant *v = &variants[kind];
-        clattn_flash_params t = {0};
-        if (!v->params(dev, d->head_dim_qk, d->head_dim_v, &t)) {
-            if (forced >= 0) break;
-            continue;
+    /* the device's tuning file first (not when CLATTN_FLASH forces a variant); a tuned build that fails
+     * falls back to the defaults below */
+    clattn_flash_kind kind;
+    clattn_flash_params t = {0};
+    if (forced < 0 && tuned_params(dev, d, &kind, &t)) {
+        if (build_variant(dev, d, kind, t, f) == CLATTN_STATUS_SUCCESS) {
+            f->tuned = 1;
+            return CLATTN_STATUS_SUCCESS;
         }
-        for (;;) { /* flash_tiled: rebuilt with fewer rows while the compiled kernel allows less */
-            char opts[400];
-            snprintf(opts, sizeof opts,
-                     "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d "
-                     "-DMASK_KIND=%d -DDROPOUT=%d -DROWS=%zu -DBK=%zu -DBQ=%zu -DBKT=%zu -DNS=%zu -DVW=%zu",
-                     d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->kv_half, d->causal, d->window,
-                     d->key_padding_mask, (int)d->attn_mask,
-                     d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk, t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
-            const char *src[] = {"philox", "half", "mask", "flash"};
-            cl_program prog = NULL;
-            TRY(clattn_program_build(dev, src, 4, opts, &prog));
-            cl_int err;
-            cl_kernel k = clCreateKernel(prog, v->kernel, &err);
-            size_t allowed = 0;
-            if (err == CL_SUCCESS)
-                err = clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed,
-                                               NULL);
-            if (err != CL_SUCCESS) {
-                if (k) clReleaseKernel(k);
-                clReleaseProgram(prog);
-                return clattn_fail((clattn_status)err, "creating kernel %s failed (%d: %s)", v->kernel, err,
-                                   clattn_status_string(err));
-            }
-            const size_t wg = kind == CLATTN_FLASH_TILED ? t.bq * t.ns : 0;
-            if (wg == 0 || wg <= allowed) {
-                f->prog = prog;
-                f->k = k;
-                f->kind = kind;
-                f->t = t;
-                f->wg = wg;
-                return CLATTN_STATUS_SUCCESS;
-            }
-            clReleaseKernel(k);
-            clReleaseProgram(prog);
-            if (t.bq <= 1) break;
-            t.bq /= 2;
+        clattn_clear_error();
+    }
+    for (int n = 0; n < 2; n++) {
+        kind = forced >= 0 ? (clattn_flash_kind)forced : preference[dev->dclass][n];
+        memset(&t, 0, sizeof t);
+        if (variants[kind].params(dev, d->head_dim_qk, d->head_dim_v, &t)) {
+            const clattn_status st = build_variant(dev, d, kind, t, f);
+            if (st != CLATTN_STATUS_UNSUPPORTED) return st; /* built, or a real error */
         }
         if (forced >= 0) break;
     }
-    return clattn_fail(last, "no fused kernel variant fits this device (local memory %zu bytes, max work-group %zu)%s",
-                       dev->local_mem, dev->max_work_group, forced >= 0 ? " (CLATTN_FLASH forces one)" : "");
+    return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "no fused kernel variant fits this device (local memory %zu bytes, "
+                       "max work-group %zu)%s", dev->local_mem, dev->max_work_group,
+                       forced >= 0 ? " (CLATTN_FLASH forces one)" : "");
 }
 
 void clattn_fused_release(clattn_fused *f)

@@ -21,6 +21,7 @@ typedef struct clattn_fused {
     clattn_flash_kind kind;
     clattn_flash_params t;
     size_t wg;        /* flash_tiled's work-group size (BQ*NS); 0 for flash_rows */
+    int tuned;        /* built with the device's tuning file's parameters */
 } clattn_fused;
 
 /* Where the core reads and writes: token-major rows (ld = row stride), head h at column h*d. */

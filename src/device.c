@@ -202,6 +202,7 @@ static clattn_status open_opencl(cl_device_id id, clattn_device **out)
         return clattn_fail((clattn_status)err, "clCreateCommandQueue failed (%d)", err);
     }
     fill_limits(dev);
+    clattn_tune_load(dev);
     *out = dev;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -327,6 +328,7 @@ clattn_status clattn_device_from_queue(cl_command_queue queue, clattn_device **d
     dev->queue = queue;
     dev->queue_profiling = (props & CL_QUEUE_PROFILING_ENABLE) != 0;
     fill_limits(dev);
+    clattn_tune_load(dev);
     *device = dev;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -334,6 +336,7 @@ clattn_status clattn_device_from_queue(cl_command_queue queue, clattn_device **d
 void clattn_device_free(clattn_device *device)
 {
     if (!device) return;
+    free(device->tune);
     if (device->queue) clReleaseCommandQueue(device->queue);
     if (device->context) clReleaseContext(device->context);
     free(device);

@@ -110,7 +110,28 @@ struct clattn_device {
     int queue_profiling;        /* the queue has CL_QUEUE_PROFILING_ENABLE */
     char driver[128];           /* CL_DRIVER_VERSION: part of the compiled-program cache's key */
     char vendor[96];            /* CL_DEVICE_VENDOR */
+    struct clattn_tune_table *tune;   /* the device's tuning file, read at open (tune.c); NULL on ref */
+    const struct clattn_tune_table *tune_try; /* clattn_tune's candidate while it searches (else NULL) */
 };
+
+/* ---- tuning (tune.c) */
+#define CLATTN_TUNE_CLASSES 4 /* head-size classes: max(dk, dv) <= 32, 64, 128, 256 */
+typedef struct clattn_tune_flash {
+    int set;            /* the file has an entry for this class */
+    int kind;           /* 0 flash_rows, 1 flash_tiled (clattn_flash_kind) */
+    size_t a, b, c;     /* rows: ROWS, BK, VW; tiled: BQ, BKT, NS */
+} clattn_tune_flash;
+typedef struct clattn_tune_table {
+    clattn_tune_flash flash[CLATTN_TUNE_CLASSES];
+    int softmax;        /* -1 not set, 0 softmax_rows (a work-group per row), 1 softmax_rows_item */
+    char path[1024];    /* where it was read from ("" = none) */
+    char notice[1024];  /* what was ignored and why ("" = nothing) */
+} clattn_tune_table;
+int clattn_tune_class(size_t dk, size_t dv); /* -1: no class (head sizes above 256) */
+/* Read the device's tuning file (at device open); never fails: a bad file is ignored, with a notice. */
+void clattn_tune_load(struct clattn_device *dev);
+/* The entries that apply now: clattn_tune's candidate while it searches, else the file's (NULL: none). */
+const clattn_tune_table *clattn_tune_active(const struct clattn_device *dev);
 
 /* ---- compiled programs on disk (program_cache.c) */
 /* The cache key of a program: clattn's version, the device, its vendor and driver, the options and the
@@ -194,6 +215,7 @@ struct clattn_plan {
     /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
     float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
     int profiling;
+    int tuned;                   /* it uses parameters from the device's tuning file */
     double stage_ms[CLATTN_NSTAGES];
     struct clattn_cl_state *cl;  /* OpenCL backend state, NULL on ref */
 };

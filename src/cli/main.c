@@ -48,6 +48,7 @@ static void usage(FILE *f)
             "                               attention on .npy files (see README)\n"
             "  encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu]\n"
             "      [--eps E] [--device SPEC]   a transformer encoder layer on .npy files\n"
+            "  tune [--device SPEC] [--budget S] [--shapes preset|B,T,E,H;...]   tune kernels for the device\n"
             "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
             "             (default: $CLATTN_DEVICE, else opencl, else ref)\n");
 }
@@ -64,11 +65,13 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
+    if (strcmp(cmd, "tune") == 0) return clattn_cli_tune(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) return version();
     if (strcmp(cmd, "help") == 0 && argc >= 3) { /* clattn help CMD = clattn CMD --help */
         char *sub[] = {argv[2], "--help", NULL};
         if (strcmp(argv[2], "run") == 0) return clattn_cli_run(2, sub);
         if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
+        if (strcmp(argv[2], "tune") == 0) return clattn_cli_tune(2, sub);
         if (strcmp(argv[2], "demo") == 0 || strcmp(argv[2], "devices") == 0) {
             usage(stdout);
             return 0;

@@ -721,6 +721,10 @@ int clattn_cli_run(int argc, char **argv)
                     r.kv_half ? "half" : "float", (double)r.scale);
             fprintf(stderr, "clattn run: algorithm %s; plan %.1f ms, execute %.1f ms\n",
                     alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), t1 - t0, t3 - t2);
+            const char *tf = clattn_device_tune_file(dev), *tn = clattn_device_tune_notice(dev);
+            fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
+                    clattn_plan_tuned(plan) ? tf : "");
+            if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
         }
     }
     if (write_outputs(o.out, &d, out_width, out, attn) == 0) code = EXIT_OK;

@@ -1,0 +1,219 @@
+/* test_tune.c: the device's tuning file and clattn_tune (src/tune.c).
+ *   files   every kind of file a plan may meet (valid rows/tiled/softmax entries, stale, truncated, not a
+ *           tuning file, huge or mistyped values, values a plan cannot use, oversized, binary, empty,
+ *           CLATTN_TUNE=0): never a crash, a notice for what was ignored, and the right answer (against the
+ *           float64 oracle) whether the plan ended up tuned or not
+ *   search  clattn_tune on a small shape writes a file the device reads back without a notice, and the
+ *           plans then use it; its errors */
+#include "oracle.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char path[64];
+
+static void setup(void)
+{
+    snprintf(path, sizeof path, "/tmp/clattn_test_tune_XXXXXX");
+    const int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    setenv("CLATTN_TUNE_FILE", path, 1);
+    unsetenv("CLATTN_TUNE");
+    unsetenv("CLATTN_FLASH");
+    unsetenv("CLATTN_SOFTMAX");
+}
+
+static void teardown(void) { unlink(path); }
+
+TestSuite(tune, .init = setup, .fini = teardown, .timeout = 300);
+
+/* The header this device and this clattn expect (from a device opened without a file). */
+static void header(char *buf, size_t len)
+{
+    clattn_device *dev = tu_open_opencl();
+    char name[400] = "", vendor[200] = "", driver[200] = "";
+    cl_device_id id;
+    clGetCommandQueueInfo(clattn_device_queue(dev), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+    clGetDeviceInfo(id, CL_DEVICE_VENDOR, sizeof vendor, vendor, NULL);
+    clGetDeviceInfo(id, CL_DRIVER_VERSION, sizeof driver, driver, NULL);
+    snprintf(name, sizeof name, "%s", clattn_device_name(dev));
+    snprintf(buf, len, "clattn-tune 1\nclattn %s\ndevice %s\nvendor %s\ndriver %s\n", clattn_version(), name, vendor,
+             driver);
+    clattn_device_free(dev);
+}
+
+static void write_file(const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A plan (head size 8, class 0, or 32 with d32) on a fresh device reading the file; checked against the
+ * oracle; returns whether it was tuned and the device's notice (copied into notice). */
+static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t len)
+{
+    clattn_device *dev = tu_open_opencl();
+    const char *n = clattn_device_tune_notice(dev);
+    snprintf(notice, len, "%s", n ? n : "");
+    tu_rng r = {5};
+    const size_t B = 2, T = 37, H = 4, E = H * d;
+    float *wq = tu_random(&r, E * E, -0.3f, 0.3f), *wk = tu_random(&r, E * E, -0.3f, 0.3f);
+    float *wv = tu_random(&r, E * E, -0.3f, 0.3f), *x = tu_random(&r, B * T * E, -1, 1);
+    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = d, .causal = 1,
+                                  .algorithm = alg};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    clattn_plan *p = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *out = tu_poisoned(B * T * E);
+    clattn_attention_args a = {.x = x, .out = out};
+    cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    double *want = malloc(B * T * E * sizeof *want);
+    cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
+    char msg[256];
+    cr_assert_eq(oracle_compare(out, want, B * T * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    const int tuned = clattn_plan_tuned(p);
+    clattn_plan_free(p);
+    clattn_device_free(dev);
+    free(wq), free(wk), free(wv), free(x), free(out), free(want);
+    return tuned;
+}
+
+typedef struct file_case {
+    const char *what, *body;   /* body goes after the header (or replaces it: raw) */
+    int raw, tuned;
+    clattn_algorithm alg;
+    const char *needle;        /* in the notice; NULL = no notice */
+} file_case;
+
+Test(tune, files)
+{
+    char head[1200], text[4096], notice[1100];
+    header(head, sizeof head);
+    const file_case cases[] = {
+        {"fused rows entry", "flash 0 rows 8 16 4\n", 0, 1, CLATTN_ALGORITHM_FUSED, NULL},
+        {"fused tiled entry", "flash 0 tiled 8 16 2\n", 0, 1, CLATTN_ALGORITHM_FUSED, NULL},
+        {"comments, CRLF and blank lines", "# a comment\r\n\r\nflash 0 rows 4 8 8\r\n", 0, 1, CLATTN_ALGORITHM_FUSED,
+         NULL},
+        {"softmax item", "softmax item\n", 0, 1, CLATTN_ALGORITHM_UNFUSED, NULL},
+        {"softmax rows", "softmax rows\n", 0, 1, CLATTN_ALGORITHM_UNFUSED, NULL},
+        {"an entry for another class only", "flash 2 rows 8 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, NULL},
+        {"a vector width the head size does not take", "flash 0 rows 8 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, NULL},
+        {"huge numbers", "flash 0 rows 99999999999999999999 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
+        {"not a power of two", "flash 0 rows 3 16 4\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
+        {"too many work-items", "flash 0 tiled 64 16 16\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
+        {"wrong types", "flash 0 rows eight 16 4\nflash x rows 8 16 4\nsoftmax fast\nflash 0 rows -8 16 4\n", 0, 0,
+         CLATTN_ALGORITHM_FUSED, "line"},
+        {"an unknown entry", "frobnicate 1 2 3\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not an entry"},
+        {"stale driver", "clattn-tune 1\nclattn 0.3.0\ndevice D\nvendor V\ndriver 0.0-other\nflash 0 rows 8 16 4\n", 1,
+         0, CLATTN_ALGORITHM_FUSED, "stale"},
+        {"no magic", "flash 0 rows 8 16 4\n", 1, 0, CLATTN_ALGORITHM_FUSED, "not a clattn tuning file"},
+        {"truncated", "clattn-tune 1\n", 1, 0, CLATTN_ALGORITHM_FUSED, "truncated"},
+        {"empty", "", 1, 0, CLATTN_ALGORITHM_FUSED, "empty"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const file_case *c = &cases[i];
+        if (c->raw) snprintf(text, sizeof text, "%s", c->body);
+        else snprintf(text, sizeof text, "%s%s", head, c->body);
+        write_file(text);
+        const size_t d = strstr(c->what, "vector width") ? 4 : 8;
+        const int tuned = plan_with_file(c->alg, d, notice, sizeof notice);
+        cr_assert_eq(tuned, c->tuned, "%s: tuned = %d; notice: %s", c->what, tuned, notice);
+        if (c->needle) cr_assert(strstr(notice, c->needle), "%s: notice '%s' lacks '%s'", c->what, notice, c->needle);
+        else cr_assert_str_empty(notice, "%s: unexpected notice '%s'", c->what, notice);
+    }
+    /* another clattn version: stale, by the version line */
+    snprintf(text, sizeof text, "clattn-tune 1\nclattn 0.0.1\n%sflash 0 rows 8 16 4\n", strchr(head + 14, '\n') + 1);
+    write_file(text);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "stale"), "%s", notice);
+    /* larger than 64 KiB, and binary */
+    char *big = malloc(70000);
+    memset(big, '#', 69999);
+    big[69999] = '\0';
+    write_file(big);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "larger than"), "%s", notice);
+    FILE *f = fopen(path, "wb");
+    for (int k = 0; k < 300; k++) fputc(k * 7 % 256, f);
+    fclose(f);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert(notice[0], "a binary file gave no notice");
+    free(big);
+    /* CLATTN_TUNE=0: a valid file is not read */
+    snprintf(text, sizeof text, "%sflash 0 rows 8 16 4\n", head);
+    write_file(text);
+    setenv("CLATTN_TUNE", "0", 1);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_str_empty(notice);
+    unsetenv("CLATTN_TUNE");
+    /* CLATTN_FLASH forces a variant over the file; CLATTN_SOFTMAX the softmax */
+    setenv("CLATTN_FLASH", "tiled", 1);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    unsetenv("CLATTN_FLASH");
+    /* no file at all: nothing to say */
+    unlink(path);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_str_empty(notice);
+}
+
+static void count_lines(const char *line, void *user)
+{
+    (void)line;
+    (*(int *)user)++;
+}
+
+Test(tune, search_writes_a_file_the_plans_use, .timeout = 600)
+{
+    unlink(path);
+    clattn_device *dev = tu_open_opencl();
+    int lines = 0;
+    const size_t shape[4] = {2, 64, 32, 4}; /* head size 8: class 0 */
+    clattn_tune_options o = {.budget_s = 25, .shapes = shape, .n_shapes = 1, .margin = 0.001, .progress = count_lines,
+                             .user = &lines};
+    cr_assert_eq(clattn_tune(dev, &o), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert(lines > 3, "the search reported %d lines", lines);
+    cr_assert_str_eq(clattn_device_tune_file(dev), path);
+    cr_assert_null(clattn_device_tune_notice(dev), "its own file has a notice: %s", clattn_device_tune_notice(dev));
+    clattn_device_free(dev);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no tuning file written");
+    char text[4096];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cr_assert(strncmp(text, "clattn-tune 1\n", 14) == 0, "%s", text);
+    char notice[1100];
+    const int has_flash = strstr(text, "\nflash 0 ") != NULL, has_softmax = strstr(text, "\nsoftmax ") != NULL;
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), has_flash, "%s", text);
+    cr_assert_str_empty(notice);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_UNFUSED, 8, notice, sizeof notice), has_softmax, "%s", text);
+}
+
+Test(tune, errors)
+{
+    clattn_device *ref = tu_open_ref();
+    cr_assert_eq(clattn_tune(ref, NULL), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert_str_eq(clattn_device_tune_file(ref), "");
+    clattn_device_free(ref);
+    cr_assert_eq(clattn_tune(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_device *dev = tu_open_opencl();
+    const size_t bad[4] = {1, 8, 10, 3};
+    clattn_tune_options o = {.shapes = bad, .n_shapes = 1};
+    cr_assert_eq(clattn_tune(dev, &o), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "H dividing E"), "%s", clattn_last_error());
+    clattn_tune_options m = {.margin = 1.5};
+    cr_assert_eq(clattn_tune(dev, &m), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_tune_options z = {.shapes = bad, .n_shapes = 0};
+    cr_assert_eq(clattn_tune(dev, &z), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_tuned(NULL), 0);
+    cr_assert_null(clattn_device_tune_notice(NULL));
+    clattn_device_free(dev);
+}
