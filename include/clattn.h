@@ -368,8 +368,8 @@ typedef struct clattn_decode_args {
     const float *x;            /* (B, n, E) */
     size_t new_tokens;         /* n: 1 <= n <= desc.seq_q */
     const size_t *valid;       /* optional (B): sequence b appends only its first valid[b] <= n tokens
-                                  (prompts of different lengths in one prefill); the output rows of the
-                                  others are 0. NULL: all n */
+                                  (prompts of different lengths in one prefill); the other rows get a zero
+                                  attention output (so b_out, or 0, after the output projection). NULL: all n */
     float *out;                /* (B, n, Eo or H*dv) */
 } clattn_decode_args;
 
