@@ -19,6 +19,7 @@
  * The program prints; errors go to stderr with a nonzero exit.
  */
 #include "attention_op.h"
+#include "bench_util.h"
 #include "decode_bench.h"
 
 #include <clblast_c.h>
@@ -74,35 +75,11 @@ typedef struct result {
 
 /* ------------------------------------------------------------------ helpers */
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "clattn-bench: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(1);
-}
-
-static void check_st(clattn_status st, const char *what)
-{
-    if (st != CLATTN_STATUS_SUCCESS)
-        die("%s: %s (%d): %s", what, clattn_status_string(st), (int)st, clattn_last_error());
-}
-
 static void check_cl(cl_int err, const char *what)
 {
-    if (err != CL_SUCCESS) die("%s failed: %s (%d)", what, clattn_status_string(err), (int)err);
+    if (err != CL_SUCCESS) bench_die("%s failed: %s (%d)", what, clattn_status_string(err), (int)err);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* Busy time of all CPUs (seconds, from /proc/stat) and this process's own CPU time, to tell how much
  * of the machine other processes took while we measured: on a shared machine that skews every figure. */
@@ -110,7 +87,7 @@ typedef struct cpu_sample { double all_busy_s, own_s, wall_ms; int ok; } cpu_sam
 
 static cpu_sample cpu_now(void)
 {
-    cpu_sample c = {0, 0, now_ms(), 0};
+    cpu_sample c = {0, 0, bench_now_ms(), 0};
     FILE *f = fopen("/proc/stat", "r");
     unsigned long long v[8] = {0};
     if (f) {
@@ -142,11 +119,11 @@ static double interference(cpu_sample a, cpu_sample b)
  * Returns 1 when they did, 0 on timeout or without /proc/stat. */
 static int settle(double max_s)
 {
-    const double t_end = now_ms() + max_s * 1e3;
+    const double t_end = bench_now_ms() + max_s * 1e3;
     int quiet = 0;
     cpu_sample a = cpu_now();
     if (!a.ok) return 0;
-    while (now_ms() < t_end) {
+    while (bench_now_ms() < t_end) {
         struct timespec one = {1, 0};
         nanosleep(&one, NULL);
         cpu_sample b = cpu_now();
@@ -168,7 +145,7 @@ static stats summarize(const double *v, int n)
     stats s = {0, 0, 0, 0};
     if (n <= 0) return s;
     double *c = malloc((size_t)n * sizeof *c);
-    if (!c) die("out of memory");
+    if (!c) bench_die("out of memory");
     memcpy(c, v, (size_t)n * sizeof *c);
     qsort(c, (size_t)n, sizeof *c, cmp_double);
     s.median = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
@@ -203,14 +180,12 @@ static void progress(const options *o, int force, const char *fmt, ...) __attrib
 static void progress(const options *o, int force, const char *fmt, ...)
 {
     if (!o->progress) return;
-    const double t = now_ms();
+    const double t = bench_now_ms();
     if (!force && t - progress_last < 1000.0) return;
     progress_last = t;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "clattn-bench: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    bench_vsay(fmt, ap);
     va_end(ap);
 }
 
@@ -250,32 +225,32 @@ static void usage(FILE *f)
 
 static size_t parse_size(const char *opt, const char *s)
 {
-    if (!s) die("%s needs a value", opt);
+    if (!s) bench_die("%s needs a value", opt);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || v == 0 || v > 0xFFFFFFFFull)
-        die("%s: '%s' is not a positive integer", opt, s);
+        bench_die("%s: '%s' is not a positive integer", opt, s);
     return (size_t)v;
 }
 
 static int parse_int(const char *opt, const char *s, int min)
 {
-    if (!s) die("%s needs a value", opt);
+    if (!s) bench_die("%s needs a value", opt);
     errno = 0;
     char *end;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > 1000000) die("%s: '%s' is not an integer >= %d", opt, s, min);
+    if (errno || end == s || *end || v < min || v > 1000000) bench_die("%s: '%s' is not an integer >= %d", opt, s, min);
     return (int)v;
 }
 
 static double parse_double(const char *opt, const char *s)
 {
-    if (!s) die("%s needs a value", opt);
+    if (!s) bench_die("%s needs a value", opt);
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) die("%s: '%s' is not a number", opt, s);
+    if (errno || end == s || *end || !isfinite(v)) bench_die("%s: '%s' is not a number", opt, s);
     return v;
 }
 
@@ -291,28 +266,28 @@ static void parse_options(int argc, char **argv, options *o)
     o->budget_s = 20.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--device")) { if (!v) die("--device needs a value"); o->device = v; i++; }
+        if (!strcmp(a, "--device")) { if (!v) bench_die("--device needs a value"); o->device = v; i++; }
         else if (!strcmp(a, "--batch")) { o->op.batch = parse_size(a, v); i++; }
         else if (!strcmp(a, "--seq")) { o->op.seq = parse_size(a, v); o->seq_given = 1; i++; }
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
         else if (!strcmp(a, "--algorithm")) {
-            if (!v) die("--algorithm needs a value");
+            if (!v) bench_die("--algorithm needs a value");
             if (!strcmp(v, "auto")) o->op.algorithm = CLATTN_ALGORITHM_AUTO;
             else if (!strcmp(v, "fused")) o->op.algorithm = CLATTN_ALGORITHM_FUSED;
             else if (!strcmp(v, "unfused")) o->op.algorithm = CLATTN_ALGORITHM_UNFUSED;
-            else die("--algorithm '%s': must be auto, fused or unfused", v);
+            else bench_die("--algorithm '%s': must be auto, fused or unfused", v);
             i++;
         }
         else if (!strcmp(a, "--dropout")) { o->op.dropout = (float)parse_double(a, v); i++; }
         else if (!strcmp(a, "--encoder")) o->op.encoder = 1;
         else if (!strcmp(a, "--ff")) { o->op.ff_dim = parse_size(a, v); o->ff_given = 1; i++; }
         else if (!strcmp(a, "--activation")) {
-            if (!v) die("--activation needs a value");
+            if (!v) bench_die("--activation needs a value");
             if (!strcmp(v, "relu")) o->op.activation = CLATTN_ACTIVATION_RELU;
             else if (!strcmp(v, "gelu")) o->op.activation = CLATTN_ACTIVATION_GELU;
-            else die("--activation: '%s' is not relu or gelu", v);
+            else bench_die("--activation: '%s' is not relu or gelu", v);
             o->activation_given = 1;
             i++;
         }
@@ -321,18 +296,18 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--warmup")) { o->warmup = parse_int(a, v, 0); i++; }
         else if (!strcmp(a, "--budget")) {
             o->budget_s = parse_double(a, v);
-            if (o->budget_s <= 0) die("--budget must be > 0 seconds");
+            if (o->budget_s <= 0) bench_die("--budget must be > 0 seconds");
             i++;
         }
         else if (!strcmp(a, "--settle")) {
             o->settle_s = parse_double(a, v);
-            if (o->settle_s < 0) die("--settle must be >= 0 seconds");
+            if (o->settle_s < 0) bench_die("--settle must be >= 0 seconds");
             i++;
         }
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
         else if (!strcmp(a, "--progress")) o->progress = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--csv")) { if (!v) die("--csv needs a file name"); o->csv = v; i++; }
+        else if (!strcmp(a, "--csv")) { if (!v) bench_die("--csv needs a file name"); o->csv = v; i++; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
@@ -340,12 +315,12 @@ static void parse_options(int argc, char **argv, options *o)
             exit(2);
         }
     }
-    if (o->sweep && o->seq_given) die("--seq and --sweep do not go together (the sweep sets the sequence length)");
+    if (o->sweep && o->seq_given) bench_die("--seq and --sweep do not go together (the sweep sets the sequence length)");
     if (!o->op.encoder && (o->ff_given || o->activation_given || o->norm_first_given))
-        die("--ff, --activation and --norm-first describe the encoder layer: add --encoder");
-    if (o->op.encoder && o->op.dropout != 0.0f) die("--dropout: the encoder layer is timed in eval mode (no dropout)");
+        bench_die("--ff, --activation and --norm-first describe the encoder layer: add --encoder");
+    if (o->op.encoder && o->op.dropout != 0.0f) bench_die("--dropout: the encoder layer is timed in eval mode (no dropout)");
     char msg[128];
-    if (clattn_op_check(&o->op, msg, sizeof msg)) die("%s", msg);
+    if (clattn_op_check(&o->op, msg, sizeof msg)) bench_die("%s", msg);
 }
 
 /* ------------------------------------------------------------------ measuring */
@@ -364,7 +339,7 @@ static cl_mem make_buffer(const bench_ctx *b, size_t floats, const float *init, 
     cl_int err;
     cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0), floats * sizeof(float),
                               (void *)init, &err);
-    if (err != CL_SUCCESS) die("clCreateBuffer for %s (%zu bytes) failed: %s (%d)", what, floats * sizeof(float),
+    if (err != CL_SUCCESS) bench_die("clCreateBuffer for %s (%zu bytes) failed: %s (%d)", what, floats * sizeof(float),
                                clattn_status_string(err), (int)err);
     return m;
 }
@@ -380,21 +355,21 @@ static void measure_sgemm(const bench_ctx *b, const options *o, result *r)
     r->sgemm_m = r->sgemm_n = n;
     r->sgemm_k = k;
     float *host = malloc((n > k ? n : k) * k * sizeof *host);
-    if (!host) die("out of memory (SGEMM operands)");
+    if (!host) bench_die("out of memory (SGEMM operands)");
     for (size_t i = 0; i < (n > k ? n : k) * k; i++) host[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     cl_mem A = make_buffer(b, n * k, host, "SGEMM A"), B = make_buffer(b, k * n, host, "SGEMM B");
     cl_mem C = make_buffer(b, n * n, NULL, "SGEMM C");
     free(host);
     cl_command_queue q = b->queue;
     double *t = malloc((size_t)o->iters * sizeof *t);
-    if (!t) die("out of memory");
+    if (!t) bench_die("out of memory");
     for (int i = -1 - o->warmup; i < o->iters; i++) { /* one extra untimed call: CLBlast compiles on the first */
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         CLBlastStatusCode s = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, k, 1.0f,
                                            A, 0, k, B, 0, n, 0.0f, C, 0, n, &q, NULL);
-        if (s != CLBlastSuccess) die("CLBlastSgemm %zux%zux%zu failed: %s (%d)", n, n, k, clattn_status_string(s), (int)s);
+        if (s != CLBlastSuccess) bench_die("CLBlastSgemm %zux%zux%zu failed: %s (%d)", n, n, k, clattn_status_string(s), (int)s);
         check_cl(clFinish(q), "clFinish after SGEMM");
-        if (i >= 0) t[i] = now_ms() - t0;
+        if (i >= 0) t[i] = bench_now_ms() - t0;
     }
     r->sgemm = summarize(t, o->iters);
     r->sgemm_gflops = 2.0 * (double)n * (double)n * (double)k / (r->sgemm.median * 1e6);
@@ -416,10 +391,10 @@ typedef struct runner {
 static void runner_create(runner *run, const bench_ctx *b, const clattn_op_data *data)
 {
     if (run->encoder)
-        check_st(clattn_encoder_plan_create(b->dev, &data->encoder_desc, &data->encoder_weights, &run->enc),
+        bench_check(clattn_encoder_plan_create(b->dev, &data->encoder_desc, &data->encoder_weights, &run->enc),
                  "clattn_encoder_plan_create");
     else
-        check_st(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
+        bench_check(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
 }
 
 /* Does the device take a plan for `op`? 0 with the reason in note when it refuses it for its size. */
@@ -427,7 +402,7 @@ static int fits_device(const bench_ctx *b, const clattn_op *op, char *note, size
 {
     clattn_op_data data;
     char msg[160];
-    if (clattn_op_make(op, 1, &data, msg, sizeof msg)) die("%s", msg);
+    if (clattn_op_make(op, 1, &data, msg, sizeof msg)) bench_die("%s", msg);
     clattn_plan *ap = NULL;
     clattn_encoder_plan *ep = NULL;
     clattn_status st = op->encoder ? clattn_encoder_plan_create(b->dev, &data.encoder_desc, &data.encoder_weights, &ep)
@@ -439,7 +414,7 @@ static int fits_device(const bench_ctx *b, const clattn_op *op, char *note, size
         snprintf(note, len, "sweep stopped before T=%zu: %s", op->seq, clattn_last_error());
         return 0;
     }
-    check_st(st, "clattn_plan_create");
+    bench_check(st, "clattn_plan_create");
     return 1;
 }
 
@@ -451,10 +426,10 @@ static void runner_host(runner *run, const char *what)
              what ? " (" : "", what ? what : "", what ? ")" : "");
     if (run->encoder) {
         clattn_encoder_args args = {.x = run->x, .out = run->out};
-        check_st(clattn_encoder_plan_execute(run->enc, &args), name);
+        bench_check(clattn_encoder_plan_execute(run->enc, &args), name);
     } else {
         clattn_attention_args args = {.x = run->x, .out = run->out};
-        check_st(clattn_plan_execute(run->attn, &args), name);
+        bench_check(clattn_plan_execute(run->attn, &args), name);
     }
 }
 
@@ -465,13 +440,13 @@ static void runner_buffers(runner *run, cl_mem x, cl_mem out)
         clattn_encoder_buffers bufs = {0};
         bufs.x.mem = x;
         bufs.out.mem = out;
-        check_st(clattn_encoder_plan_execute_buffers(run->enc, &bufs, 0, NULL, NULL),
+        bench_check(clattn_encoder_plan_execute_buffers(run->enc, &bufs, 0, NULL, NULL),
                  "clattn_encoder_plan_execute_buffers");
     } else {
         clattn_attention_buffers bufs = {0};
         bufs.x.mem = x;
         bufs.out.mem = out;
-        check_st(clattn_plan_execute_buffers(run->attn, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers");
+        bench_check(clattn_plan_execute_buffers(run->attn, &bufs, 0, NULL, NULL), "clattn_plan_execute_buffers");
     }
 }
 
@@ -496,20 +471,20 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
 
     clattn_op_data data;
     char msg[160];
-    if (clattn_op_make(op, 0x0C1A77E5EEDull + op->seq, &data, msg, sizeof msg)) die("%s", msg);
+    if (clattn_op_make(op, 0x0C1A77E5EEDull + op->seq, &data, msg, sizeof msg)) bench_die("%s", msg);
     float *out = malloc(data.out_count * sizeof *out);
     double *t = malloc((size_t)o->iters * sizeof *t);
     double *st = malloc((size_t)o->iters * NSTAGES * sizeof *st);
-    if (!out || !t || !st) die("out of memory (output of %zu floats)", data.out_count);
+    if (!out || !t || !st) bench_die("out of memory (output of %zu floats)", data.out_count);
     runner run = {.encoder = op->encoder, .x = data.x, .out = out};
 
     /* first call: plan creation (kernel builds, weight upload) + first execute */
     if (b->opencl) CLBlastClearCache();
     progress(o, 1, "T=%zu: first call (plan creation, kernel builds, first execute) ...", op->seq);
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     runner_create(&run, b, &data);
     runner_host(&run, "first call");
-    r->first_call_ms = now_ms() - t0;
+    r->first_call_ms = bench_now_ms() - t0;
     progress(o, 1, "T=%zu: first call took %.0f ms", op->seq, r->first_call_ms);
     r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
     r->tuned = run.attn ? clattn_plan_tuned(run.attn) : -1;
@@ -521,44 +496,44 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         for (int i = -o->warmup; i < o->iters; i++) {
             progress(o, i == -o->warmup, "T=%zu: device runs %d/%d (after %d warm-up)", op->seq, i < 0 ? 0 : i,
                      o->iters, o->warmup);
-            double t1 = now_ms();
+            double t1 = bench_now_ms();
             runner_buffers(&run, xb, ob);
             check_cl(clFinish(b->queue), "clFinish");
-            if (i >= 0) t[i] = now_ms() - t1;
+            if (i >= 0) t[i] = bench_now_ms() - t1;
         }
         r->dev = summarize(t, o->iters);
         /* stages: the same with marker events between the stages (the attention plan only) */
         if (run.attn) {
-            check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
+            bench_check(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
             for (int i = 0; i < o->iters; i++) {
                 progress(o, i == 0, "T=%zu: profiled runs %d/%d", op->seq, i, o->iters);
                 runner_buffers(&run, xb, ob);
                 check_cl(clFinish(b->queue), "clFinish");
-                check_st(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
+                bench_check(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
             }
-            check_st(clattn_plan_set_profiling(run.attn, 0), "clattn_plan_set_profiling");
+            bench_check(clattn_plan_set_profiling(run.attn, 0), "clattn_plan_set_profiling");
         }
         clReleaseMemObject(xb);
         clReleaseMemObject(ob);
         /* host-to-host */
         for (int i = -o->warmup; i < o->iters; i++) {
             progress(o, i == -o->warmup, "T=%zu: host runs %d/%d", op->seq, i < 0 ? 0 : i, o->iters);
-            double t1 = now_ms();
+            double t1 = bench_now_ms();
             runner_host(&run, NULL);
-            if (i >= 0) t[i] = now_ms() - t1;
+            if (i >= 0) t[i] = bench_now_ms() - t1;
         }
         r->host = summarize(t, o->iters);
     } else {
         /* ref: host-to-host only; its attention profiling is host wall time per stage, at no cost */
-        if (run.attn) check_st(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
+        if (run.attn) bench_check(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
         for (int i = -o->warmup; i < o->iters; i++) {
             progress(o, i == -o->warmup, "T=%zu: host runs %d/%d", op->seq, i < 0 ? 0 : i, o->iters);
-            double t1 = now_ms();
+            double t1 = bench_now_ms();
             runner_host(&run, NULL);
             if (i >= 0) {
-                t[i] = now_ms() - t1;
+                t[i] = bench_now_ms() - t1;
                 if (run.attn)
-                    check_st(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
+                    bench_check(clattn_plan_stage_times_n(run.attn, st + (size_t)i * NSTAGES, NSTAGES), "clattn_plan_stage_times_n");
             }
         }
         r->host = summarize(t, o->iters);
@@ -567,7 +542,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
 
     /* per stage: median over the iterations; a stage that never ran (0 ms) is "not timed" */
     double *v = malloc((size_t)o->iters * sizeof *v);
-    if (!v) die("out of memory");
+    if (!v) bench_die("out of memory");
     double gemm = 0.0, all = 0.0;
     for (int s = 0; s < NSTAGES && !op->encoder; s++) {
         int any = 0;
@@ -616,17 +591,6 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
 
 /* ------------------------------------------------------------------ output */
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
 
 static void json_num(FILE *f, const char *key, double v, int valid)
 {
@@ -642,13 +606,13 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     struct tm tm_utc;
     if (gmtime_r(&now, &tm_utc)) strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
     fprintf(f, "{\"clattn_version\":");
-    json_string(f, clattn_version());
+    bench_json_string(f, clattn_version());
     fprintf(f, ",\"timestamp\":");
-    json_string(f, stamp);
+    bench_json_string(f, stamp);
     fprintf(f, ",\"device\":");
-    json_string(f, b->device_name);
+    bench_json_string(f, b->device_name);
     fprintf(f, ",\"driver\":");
-    json_string(f, b->driver);
+    bench_json_string(f, b->driver);
     fprintf(f, ",\"batch\":%zu,\"seq\":%zu,\"dim\":%zu,\"heads\":%zu,\"causal\":%s,\"dropout\":%g", r->op.batch,
             r->op.seq, r->op.dim, r->op.heads, r->op.causal ? "true" : "false", (double)r->op.dropout);
     fprintf(f, ",\"iters\":%d,\"warmup\":%d", o->iters, o->warmup);
@@ -724,7 +688,7 @@ static void append_csv(const bench_ctx *b, const options *o, const result *r)
     struct stat sb;
     int fresh = stat(o->csv, &sb) != 0 || sb.st_size == 0;
     FILE *f = fopen(o->csv, "a");
-    if (!f) die("--csv %s: cannot open for appending: %s", o->csv, strerror(errno));
+    if (!f) bench_die("--csv %s: cannot open for appending: %s", o->csv, strerror(errno));
     if (fresh) {
         fprintf(f, "device,driver,batch,seq,dim,heads,causal,dropout,iters,warmup,first_call_ms,median_ms,min_ms,"
                    "max_ms,host_median_ms,host_min_ms,host_max_ms,flops,gflops,host_gflops,gemm_share,"
@@ -761,7 +725,7 @@ static void append_csv(const bench_ctx *b, const options *o, const result *r)
                 r->op.activation == CLATTN_ACTIVATION_GELU ? "gelu" : "relu", r->op.norm_first, r->flops.ffn);
     else
         fprintf(f, ",0,,,,\n");
-    if (fclose(f) != 0) die("--csv %s: write failed: %s", o->csv, strerror(errno));
+    if (fclose(f) != 0) bench_die("--csv %s: write failed: %s", o->csv, strerror(errno));
 }
 
 static void print_header(const bench_ctx *b, const options *o)
@@ -902,7 +866,7 @@ int main(int argc, char **argv)
 
     bench_ctx b;
     memset(&b, 0, sizeof b);
-    check_st(clattn_device_open(o.device, &b.dev), "--device");
+    bench_check(clattn_device_open(o.device, &b.dev), "--device");
     const char *notice = clattn_device_notice(b.dev);
     if (notice) fprintf(stderr, "clattn-bench: notice: %s\n", notice);
     b.opencl = clattn_device_backend(b.dev) == CLATTN_BACKEND_OPENCL;

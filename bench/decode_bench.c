@@ -16,6 +16,7 @@
  * ratio kv_bandwidth_fraction. The step also reads the projection weights (weight_bytes,
  * reported): keep --dim small (default 128) to time the cache, or give a real model's width.
  */
+#include "bench_util.h"
 #include "decode_bench.h"
 
 #include <errno.h>
@@ -41,38 +42,14 @@ typedef struct dres {
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes;
 } dres;
 
-static void ddie(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void ddie(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "clattn-bench: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(1);
-}
-
-static void dcheck(clattn_status st, const char *what)
-{
-    if (st != CLATTN_STATUS_SUCCESS) ddie("%s: %s: %s", what, clattn_status_string(st), clattn_last_error());
-}
-
-static double dnow_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static size_t dsize(const char *opt, const char *s, size_t min)
 {
-    if (!s) ddie("%s needs a value", opt);
+    if (!s) bench_die("%s needs a value", opt);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || v < min || v > 0xFFFFFFFFull)
-        ddie("%s: '%s' is not an integer >= %zu", opt, s, min);
+        bench_die("%s: '%s' is not an integer >= %zu", opt, s, min);
     return (size_t)v;
 }
 
@@ -100,7 +77,7 @@ static void parse(int argc, char **argv, dopts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--decode")) continue;
-        else if (!strcmp(a, "--device")) { if (!v) ddie("--device needs a value"); o->device = v; i++; }
+        else if (!strcmp(a, "--device")) { if (!v) bench_die("--device needs a value"); o->device = v; i++; }
         else if (!strcmp(a, "--context")) { o->context = dsize(a, v, 1); ctx_given = 1; i++; }
         else if (!strcmp(a, "--batch")) { o->batch = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--heads")) { o->heads = dsize(a, v, 1); i++; }
@@ -122,15 +99,15 @@ static void parse(int argc, char **argv, dopts *o)
             exit(2);
         }
     }
-    if (o->sweep && ctx_given) ddie("--context and --sweep do not go together (the sweep sets the context)");
-    if (o->heads % o->kv_heads) ddie("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
-    if (o->splits > 64) ddie("--splits: at most 64");
+    if (o->sweep && ctx_given) bench_die("--context and --sweep do not go together (the sweep sets the context)");
+    if (o->heads % o->kv_heads) bench_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
+    if (o->splits > 64) bench_die("--splits: at most 64");
 }
 
 static float *rnd(size_t n, float scale, uint64_t *s)
 {
     float *a = malloc(n * sizeof *a);
-    if (!a) ddie("out of memory (%zu floats)", n);
+    if (!a) bench_die("out of memory (%zu floats)", n);
     for (size_t i = 0; i < n; i++) {
         *s = *s * 6364136223846793005ull + 1442695040888963407ull;
         a[i] = scale * ((float)(*s >> 40) / (float)(1ull << 24) * 2.0f - 1.0f);
@@ -151,12 +128,12 @@ static double copy_bandwidth(clattn_device *dev)
     double t[7];
     if (clattn_device_backend(dev) != CLATTN_BACKEND_OPENCL) {
         char *a = malloc(bytes), *b = malloc(bytes);
-        if (!a || !b) ddie("out of memory for the copy measurement");
+        if (!a || !b) bench_die("out of memory for the copy measurement");
         memset(a, 1, bytes), memset(b, 0, bytes);
         for (int i = 0; i < 7; i++) {
-            const double t0 = dnow_ms();
+            const double t0 = bench_now_ms();
             memcpy(b, a, bytes);
-            t[i] = dnow_ms() - t0;
+            t[i] = bench_now_ms() - t0;
         }
         free(a), free(b);
     } else {
@@ -175,7 +152,7 @@ static double copy_bandwidth(clattn_device *dev)
         cl_kernel k = err == CL_SUCCESS ? clCreateKernel(p, "copy4", &err) : NULL;
         cl_mem a = err == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err) : NULL;
         cl_mem b = err == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err) : NULL;
-        if (err != CL_SUCCESS) ddie("the copy kernel failed to set up (%d)", err);
+        if (err != CL_SUCCESS) bench_die("the copy kernel failed to set up (%d)", err);
         const float zero = 0.0f;
         clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
         clSetKernelArg(k, 0, sizeof a, &a);
@@ -184,11 +161,11 @@ static double copy_bandwidth(clattn_device *dev)
         clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL); /* warm-up */
         clFinish(q);
         for (int i = 0; i < 7; i++) {
-            const double t0 = dnow_ms();
+            const double t0 = bench_now_ms();
             err = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
             if (err == CL_SUCCESS) err = clFinish(q);
-            if (err != CL_SUCCESS) ddie("the copy kernel failed (%d)", err);
-            t[i] = dnow_ms() - t0;
+            if (err != CL_SUCCESS) bench_die("the copy kernel failed (%d)", err);
+            t[i] = bench_now_ms() - t0;
         }
         clReleaseMemObject(a), clReleaseMemObject(b), clReleaseKernel(k), clReleaseProgram(p);
     }
@@ -207,41 +184,41 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
                                .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_half};
     clattn_decode_plan *plan = NULL;
-    dcheck(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
-    dcheck(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
+    bench_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
+    bench_check(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
     clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + 1, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
                                .type = o->kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
     clattn_kv_cache *cache = NULL;
-    dcheck(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
+    bench_check(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
     float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
-    if (!op) ddie("out of memory");
+    if (!op) bench_die("out of memory");
     clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op};
     if (o->progress) fprintf(stderr, "clattn-bench: C=%zu: plan and cache made; a prefill of %zu tokens, then the "
                              "cache filled ...\n", C, P);
-    dcheck(clattn_decode_execute(plan, cache, &pa), "the prefill");
+    bench_check(clattn_decode_execute(plan, cache, &pa), "the prefill");
     /* the cache at C tokens, random */
     const size_t nkv = B * HK * cd.capacity * D;
     float *k = rnd(nkv, 1.0f, &seed), *v = rnd(nkv, 1.0f, &seed);
     size_t *lens = malloc(B * sizeof *lens);
-    if (!lens) ddie("out of memory");
+    if (!lens) bench_die("out of memory");
     for (size_t b = 0; b < B; b++) lens[b] = C;
-    dcheck(clattn_kv_cache_write(cache, k, v, lens), "filling the cache");
+    bench_check(clattn_kv_cache_write(cache, k, v, lens), "filling the cache");
     free(k), free(v);
     float *x = rnd(B * E, 1.0f, &seed), *out = malloc(B * E * sizeof *out);
-    if (!out) ddie("out of memory");
+    if (!out) bench_die("out of memory");
     clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out};
-    double t0 = dnow_ms();
-    dcheck(clattn_decode_execute(plan, cache, &a), "the first decode step");
-    r->first_ms = dnow_ms() - t0;
+    double t0 = bench_now_ms();
+    bench_check(clattn_decode_execute(plan, cache, &a), "the first decode step");
+    r->first_ms = bench_now_ms() - t0;
     const int n = o->warmup + o->iters;
     double *t = malloc((size_t)n * sizeof *t);
-    if (!t) ddie("out of memory");
+    if (!t) bench_die("out of memory");
     if (o->progress) fprintf(stderr, "clattn-bench: C=%zu: first step %.1f ms; %d steps ...\n", C, r->first_ms, n);
     for (int i = 0; i < n; i++) {
-        dcheck(clattn_kv_cache_truncate(cache, lens), "truncating");
-        t0 = dnow_ms();
-        dcheck(clattn_decode_execute(plan, cache, &a), "a decode step");
-        t[i] = dnow_ms() - t0;
+        bench_check(clattn_kv_cache_truncate(cache, lens), "truncating");
+        t0 = bench_now_ms();
+        bench_check(clattn_decode_execute(plan, cache, &a), "a decode step");
+        t[i] = bench_now_ms() - t0;
     }
     qsort(t + o->warmup, (size_t)o->iters, sizeof *t, cmpd);
     r->context = C;
@@ -260,16 +237,6 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     clattn_decode_plan_free(plan);
 }
 
-static void jstr(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
 
 static void print_json(const char *device, const char *driver, const dopts *o, const dres *r)
 {
@@ -279,13 +246,13 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     struct tm tm_utc;
     if (gmtime_r(&now, &tm_utc)) strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
     printf("{\"mode\":\"decode\",\"clattn_version\":");
-    jstr(clattn_version());
+    bench_json_string(stdout, clattn_version());
     printf(",\"timestamp\":");
-    jstr(stamp);
+    bench_json_string(stdout, stamp);
     printf(",\"device\":");
-    jstr(device);
+    bench_json_string(stdout, device);
     printf(",\"driver\":");
-    jstr(driver);
+    bench_json_string(stdout, driver);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
            "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
            o->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",
@@ -303,7 +270,7 @@ int clattn_bench_decode(int argc, char **argv)
     dopts o;
     parse(argc, argv, &o);
     clattn_device *dev = NULL;
-    dcheck(clattn_device_open(o.device, &dev), "--device");
+    bench_check(clattn_device_open(o.device, &dev), "--device");
     const char *notice = clattn_device_notice(dev);
     if (notice) fprintf(stderr, "clattn-bench: notice: %s\n", notice);
     char driver[128] = "n/a";

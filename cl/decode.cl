@@ -17,7 +17,7 @@
  *                   acc (online softmax, as flash.cl) and decode_combine merges them.
  *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
  *
- * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, R (rows per work-item),
+ * online.cl goes first. Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, R (rows per work-item),
  * BK (keys per block), VW (vector width along the head dimension; divides DK and DV).
  */
 #ifndef DK
@@ -197,17 +197,12 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
             }
         }
         for (uint r = 0; r < R; r++) {
-            float mb = m[r];
-            for (uint jj = 0; jj < BK; jj++) mb = fmax(mb, s[r][jj]); /* fmax skips NaN; exp(NaN) brings it back */
+            const float mb = clattn_block_max(s[r], BK, m[r]);
             const float corr = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
-#if BK == 16 /* one vector exp for the block: on a CPU, the vector units do it */
-            const float16 p = exp(vload16(0, s[r]) - mb);
-            const float8 p8 = p.lo + p.hi;
-            const float4 p4 = p8.lo + p8.hi;
-            sum = (p4.x + p4.y) + (p4.z + p4.w);
-            vstore16(p, 0, s[r]);
+#if BK == 16
+            sum = clattn_exp16_sum(s[r], mb);
 #else
             for (uint jj = 0; jj < BK; jj++) {
                 const float p = exp(s[r][jj] - mb);

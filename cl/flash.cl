@@ -27,7 +27,7 @@
  *
  * With a sliding WINDOW, key blocks wholly before the block's first query's window are skipped too.
  *
- * Specialised by -D (philox.cl, half.cl and mask.cl go first; defaults let the four compile alone):
+ * Specialised by -D (philox.cl, half.cl, mask.cl and online.cl go first; defaults let each compile alone):
  *   DK, DV           head sizes of queries/keys and of values
  *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
  *   KV_ROUND         1: K and V rounded to half as they are read (kv_half plans; half.cl)
@@ -179,17 +179,12 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
             }
         }
         for (uint r = 0; r < ROWS; r++) {
-            float mb = m[r];
-            for (uint jj = 0; jj < BK; jj++) mb = fmax(mb, s[r][jj]); /* fmax skips NaN; exp(NaN) brings it back */
+            const float mb = clattn_block_max(s[r], BK, m[r]);
             const float corr = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
 #if BK == 16 && !DROPOUT
-            const float16 p = exp(vload16(0, s[r]) - mb);
-            const float8 p8 = p.lo + p.hi;
-            const float4 p4 = p8.lo + p8.hi;
-            sum = (p4.x + p4.y) + (p4.z + p4.w);
-            vstore16(p, 0, s[r]);
+            sum = clattn_exp16_sum(s[r], mb);
 #else
             for (uint jj = 0; jj < BK; jj++) {
                 const float p = exp(s[r][jj] - mb);

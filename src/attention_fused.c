@@ -94,9 +94,9 @@ static clattn_status build_variant(const clattn_device *dev, const clattn_attent
                  d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->kv_half, d->causal, d->window,
                  d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f, t.rows ? t.rows : 4, t.bk,
                  t.bq ? t.bq : 16, t.bk, t.ns ? t.ns : 4, t.vw ? t.vw : 1);
-        const char *src[] = {"philox", "half", "mask", "flash"};
+        const char *src[] = {"philox", "half", "mask", "online", "flash"};
         cl_program prog = NULL;
-        TRY(clattn_program_build(dev, src, 4, opts, &prog));
+        TRY(clattn_program_build(dev, src, 5, opts, &prog));
         cl_int err;
         cl_kernel k = clCreateKernel(prog, v->kernel, &err);
         size_t allowed = 0;

@@ -285,8 +285,8 @@ static clattn_status build_attend(clattn_decode_plan *dp, size_t rows, decode_at
     char opts[300];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DWINDOW=%zu -DKV_HALF=%d -DR=%zu -DBK=16 "
              "-DVW=%zu", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->window, d->kv_half, rows, dp->vw);
-    const char *src[] = {"decode"};
-    TRY(clattn_program_build(dev, src, 1, opts, &k->prog));
+    const char *src[] = {"online", "decode"};
+    TRY(clattn_program_build(dev, src, 2, opts, &k->prog));
     k->rows = rows;
     cl_int err;
     k->attend = clCreateKernel(k->prog, "decode_attend", &err);

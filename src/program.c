@@ -22,6 +22,7 @@ static const embedded sources[] = {
     {"half", clattn_cl_half, sizeof clattn_cl_half - 1},
     {"decode", clattn_cl_decode, sizeof clattn_cl_decode - 1},
     {"linear", clattn_cl_linear, sizeof clattn_cl_linear - 1},
+    {"online", clattn_cl_online, sizeof clattn_cl_online - 1},
 };
 
 static const embedded *find_source(const char *name)
