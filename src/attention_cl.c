@@ -184,6 +184,9 @@ static clattn_status clattn_cl_plan_init(struct clattn_plan *p)
                            "(%zu bytes)", total * sizeof(float), p->device->global_mem);
 
     TRY(build_kernels(p));
+    /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run the projections */
+    const clattn_tune_table *tn = clattn_tune_active(p->device);
+    if (tn && tn->xgemm >= 0 && (p->has_qkv || p->has_out)) p->tuned = 1;
     TRY(upload_projections(p));
     TRY(c->fused ? fused_biases(p) : unfused_biases(p));
     TRY(upload_out_projection(p));

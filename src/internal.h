@@ -70,6 +70,13 @@ clattn_status clattn_blas_sgemm_strided_batched(const struct clattn_device *dev,
                                                 float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
                                                 size_t count, const char *what);
 
+/* CLBlast's single-precision Xgemm parameters, from a fixed table of complete sets taken from CLBlast's own
+ * database (tuning): how many sets there are, and make set `i` CLBlast's for this device, process-wide (it
+ * applies to every CLBlast call on the device, the caller's own included), clearing CLBlast's kernel cache.
+ * Set 0 is CLBlast's default for devices it does not know. */
+size_t clattn_blas_xgemm_sets(void);
+clattn_status clattn_blas_use_xgemm_set(const struct clattn_device *dev, size_t set);
+
 /* Test-only (not exported from the shared library): the largest element index that any CLBlast
  * call has touched in any buffer, counting CLBlast's padded temporaries, since the last reset;
  * reset = 1 returns it and starts again from 0. */
@@ -124,6 +131,8 @@ typedef struct clattn_tune_flash {
 typedef struct clattn_tune_table {
     clattn_tune_flash flash[CLATTN_TUNE_CLASSES];
     int softmax;        /* -1 not set, 0 softmax_rows (a work-group per row), 1 softmax_rows_item */
+    int xgemm;          /* -1 not set, else the index of CLBlast's Xgemm parameter set (blas.c) */
+    int xgemm_applied;  /* the device made it CLBlast's at open */
     char path[1024];    /* where it was read from ("" = none) */
     char notice[1024];  /* what was ignored and why ("" = nothing) */
 } clattn_tune_table;

@@ -118,6 +118,7 @@ static void parse(const clattn_device *dev, const char *text, clattn_tune_table 
     clattn_tune_table parsed;
     memset(&parsed, 0, sizeof parsed);
     parsed.softmax = -1;
+    parsed.xgemm = -1;
     const char *p = text;
     while (*p) {
         const char *end = strchr(p, '\n');
@@ -161,6 +162,14 @@ static void parse(const clattn_device *dev, const char *text, clattn_tune_table 
         for (char *tok = strtok_r(line, " \t", &save); tok && nw < 7; tok = strtok_r(NULL, " \t", &save)) w[nw++] = tok;
         if (nw == 2 && strcmp(w[0], "softmax") == 0 && (!strcmp(w[1], "rows") || !strcmp(w[1], "item"))) {
             parsed.softmax = strcmp(w[1], "item") == 0;
+        } else if (nw == 3 && strcmp(w[0], "clblast") == 0 && strcmp(w[1], "xgemm") == 0) {
+            char *e;
+            const unsigned long v = strtoul(w[2], &e, 10);
+            if (w[2][0] < '0' || w[2][0] > '9' || *e || v >= clattn_blas_xgemm_sets() || strlen(w[2]) > 4)
+                note(t, "line %d: clblast xgemm '%s' is not one of the %zu parameter sets: ignored", line_no, w[2],
+                     clattn_blas_xgemm_sets());
+            else
+                parsed.xgemm = (int)v;
         } else if (nw == 6 && strcmp(w[0], "flash") == 0 && (!strcmp(w[2], "rows") || !strcmp(w[2], "tiled")) &&
                    strlen(w[1]) == 1 && w[1][0] >= '0' && w[1][0] < '0' + CLATTN_TUNE_CLASSES) {
             const int kind = strcmp(w[2], "tiled") == 0 ? CLATTN_FLASH_TILED : CLATTN_FLASH_ROWS;
@@ -187,6 +196,7 @@ static void parse(const clattn_device *dev, const char *text, clattn_tune_table 
         }
     memcpy(t->flash, parsed.flash, sizeof t->flash);
     t->softmax = parsed.softmax;
+    t->xgemm = parsed.xgemm;
 }
 
 void clattn_tune_load(clattn_device *dev)
@@ -194,6 +204,7 @@ void clattn_tune_load(clattn_device *dev)
     clattn_tune_table *t = clattn_calloc(1, sizeof *t);
     if (!t) return; /* no memory for a tuning file: the defaults */
     t->softmax = -1;
+    t->xgemm = -1;
     dev->tune = t;
     const char *off = getenv("CLATTN_TUNE");
     if (off && strcmp(off, "0") == 0) return;
@@ -216,6 +227,16 @@ void clattn_tune_load(clattn_device *dev)
         parse(dev, text, t);
     }
     free(text);
+    /* CLBlast's Xgemm parameters are CLBlast's, per device and process: set them now, for every plan */
+    if (t->xgemm >= 0) {
+        if (clattn_blas_use_xgemm_set(dev, (size_t)t->xgemm) == CLATTN_STATUS_SUCCESS) {
+            t->xgemm_applied = 1;
+        } else {
+            note(t, "CLBlast refused Xgemm parameter set %d: ignored", t->xgemm);
+            t->xgemm = -1;
+        }
+        clattn_clear_error();
+    }
 }
 
 const char *clattn_device_tune_file(const clattn_device *dev)
@@ -318,21 +339,13 @@ static int over_budget(const search *s) { return now_ms() > s->deadline || now_m
 /* Keep `best` over the defaults only if it wins by the margin in three alternating comparisons. */
 static int confirm(search *s, const clattn_tune_table *best, clattn_algorithm alg, const char *what)
 {
-    const clattn_tune_table none = {.softmax = -1};
+    const clattn_tune_table none = {.softmax = -1, .xgemm = -1};
     for (int round = 0; round < 3; round++) {
         const double d = run_candidate(s, &none, alg, 0, 0, s->out), b = run_candidate(s, best, alg, 1, 1, s->out);
         say(s, "  confirm %s, round %d: default %.2f ms, tuned %.2f ms", what, round + 1, d, b);
         if (d <= 0 || b <= 0 || b > d * (1.0 - s->margin)) return 0;
     }
     return 1;
-}
-
-static void fill(float *a, size_t n, float scale, uint64_t *st)
-{
-    for (size_t i = 0; i < n; i++) {
-        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
-        a[i] = scale * ((float)(*st >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
-    }
 }
 
 static clattn_status write_file(const clattn_device *dev, const clattn_tune_table *t, char *path, size_t len)
@@ -356,6 +369,7 @@ static clattn_status write_file(const clattn_device *dev, const clattn_tune_tabl
                     e->c);
     }
     if (t->softmax >= 0) fprintf(f, "softmax %s\n", t->softmax ? "item" : "rows");
+    if (t->xgemm >= 0) fprintf(f, "clblast xgemm %d\n", t->xgemm);
     const int ok = fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -372,7 +386,7 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     const double start = now_ms();
     s->deadline = start + 0.6 * shape_ms;
     const int cls = clattn_tune_class(d->head_dim_qk, d->head_dim_v);
-    const clattn_tune_table none = {.softmax = -1};
+    const clattn_tune_table none = {.softmax = -1, .xgemm = -1};
     /* the fused kernel: every candidate against the defaults */
     const double base = run_candidate(s, &none, CLATTN_ALGORITHM_FUSED, 0, 0, s->ref);
     say(s, "B=%zu T=%zu E=%zu H=%zu: fused, defaults: %.2f ms", d->batch, d->seq_q, d->embed, d->heads, base);
@@ -441,6 +455,93 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     }
 }
 
+static void fill(float *a, size_t n, float scale, uint64_t *st)
+{
+    for (size_t i = 0; i < n; i++) {
+        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+        a[i] = scale * ((float)(*st >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+    }
+}
+
+/* The data of shape q = (B, T, E, H): x, the weights, and the output buffers. */
+static clattn_status make_shape(search *s, const size_t *q, uint64_t seed)
+{
+    const size_t B = q[0], T = q[1], E = q[2], H = q[3];
+    s->d = (clattn_attention_desc){.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = E / H, .out_dim = E};
+    const float ws = 1.0f / sqrtf((float)E);
+    s->x = malloc(B * T * E * sizeof(float)), s->wq = malloc(E * E * sizeof(float));
+    s->wk = malloc(E * E * sizeof(float)), s->wv = malloc(E * E * sizeof(float));
+    s->wo = malloc(E * E * sizeof(float)), s->bq = malloc(E * sizeof(float)), s->bo = malloc(E * sizeof(float));
+    s->ref = malloc(B * T * E * sizeof(float)), s->out = malloc(B * T * E * sizeof(float));
+    if (!s->x || !s->wq || !s->wk || !s->wv || !s->wo || !s->bq || !s->bo || !s->ref || !s->out)
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the shape's arrays");
+    fill(s->x, B * T * E, 1.0f, &seed), fill(s->wq, E * E, ws, &seed), fill(s->wk, E * E, ws, &seed);
+    fill(s->wv, E * E, ws, &seed), fill(s->wo, E * E, ws, &seed), fill(s->bq, E, 0.1f, &seed);
+    fill(s->bo, E, 0.1f, &seed);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static void free_shape(search *s)
+{
+    free(s->x), free(s->wq), free(s->wk), free(s->wv), free(s->wo), free(s->bq), free(s->bo), free(s->ref);
+    free(s->out);
+    s->x = s->wq = s->wk = s->wv = s->wo = s->bq = s->bo = s->ref = s->out = NULL;
+}
+
+/* CLBlast's Xgemm parameter sets (blas.c) on the shape in `s`, the whole attention call timed, within
+ * `phase_ms`. The defaults are measured first (CLBlast cannot be set back to them afterwards: a set kept
+ * must beat both them and set 0, CLBlast's generic default, in every confirmation round). The process is
+ * left with the kept set, or set 0. */
+static void search_xgemm(search *s, clattn_tune_table *keep, double phase_ms)
+{
+    const clattn_tune_table none = {.softmax = -1, .xgemm = -1};
+    const double start = now_ms();
+    s->deadline = start + 0.75 * phase_ms;
+    const double base = run_candidate(s, &none, CLATTN_ALGORITHM_FUSED, 0, 0, s->ref);
+    say(s, "CLBlast Xgemm parameters, B=%zu T=%zu E=%zu H=%zu: CLBlast's own: %.2f ms", s->d.batch, s->d.seq_q,
+        s->d.embed, s->d.heads, base);
+    if (base <= 0) return;
+    int best = -1;
+    double best_ms = base;
+    clattn_tune_table cand = none;
+    for (size_t i = 0; i < clattn_blas_xgemm_sets() && !over_budget(s); i++) {
+        if (clattn_blas_use_xgemm_set(s->dev, i) != CLATTN_STATUS_SUCCESS) {
+            say(s, "  set %zu: refused by CLBlast", i);
+            continue;
+        }
+        cand.xgemm = (int)i;
+        const double ms = run_candidate(s, &cand, CLATTN_ALGORITHM_FUSED, 1, 1, s->out);
+        say(s, "  set %zu: %s%.2f ms", i, ms == -2 ? "WRONG OUTPUT, rejected " : ms < 0 ? "failed " : "",
+            ms < 0 ? 0.0 : ms);
+        if (ms > 0 && ms < best_ms) best_ms = ms, best = (int)i;
+    }
+    s->deadline = start + phase_ms;
+    int kept = 0;
+    if (best >= 0 && !over_budget(s)) {
+        kept = 1;
+        clattn_tune_table b = none, zero = none;
+        b.xgemm = best, zero.xgemm = 0;
+        for (int round = 0; round < 3 && kept; round++) {
+            clattn_blas_use_xgemm_set(s->dev, 0);
+            const double z = run_candidate(s, &zero, CLATTN_ALGORITHM_FUSED, 0, 1, s->out);
+            clattn_blas_use_xgemm_set(s->dev, (size_t)best);
+            const double t = run_candidate(s, &b, CLATTN_ALGORITHM_FUSED, 1, 1, s->out);
+            say(s, "  confirm set %d, round %d: CLBlast's own %.2f ms (once), set 0 %.2f ms, set %d %.2f ms", best,
+                round + 1, base, z, best, t);
+            kept = t > 0 && z > 0 && t <= base * (1.0 - s->margin) && t <= z * (1.0 - s->margin);
+        }
+    }
+    clattn_clear_error();
+    if (kept) {
+        keep->xgemm = best;
+        say(s, "  kept set %d", best);
+    } else {
+        clattn_blas_use_xgemm_set(s->dev, 0);
+        keep->xgemm = -1;
+        say(s, "  CLBlast keeps its own parameters");
+    }
+}
+
 clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options)
 {
     clattn_clear_error();
@@ -466,27 +567,16 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     clattn_tune_table keep = *device->tune; /* the file's other entries stay */
     keep.notice[0] = '\0';
     clattn_status st = CLATTN_STATUS_SUCCESS;
-    for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < s.budget_ms && st == CLATTN_STATUS_SUCCESS; i++) {
-        const double shape_ms = (s.budget_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
-        const size_t B = shapes[4 * i], T = shapes[4 * i + 1], E = shapes[4 * i + 2], H = shapes[4 * i + 3];
-        s.d = (clattn_attention_desc){.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = E / H,
-                                      .out_dim = E};
-        uint64_t seed = 42 + i;
-        const float ws = 1.0f / sqrtf((float)E);
-        s.x = malloc(B * T * E * sizeof(float)), s.wq = malloc(E * E * sizeof(float));
-        s.wk = malloc(E * E * sizeof(float)), s.wv = malloc(E * E * sizeof(float));
-        s.wo = malloc(E * E * sizeof(float)), s.bq = malloc(E * sizeof(float)), s.bo = malloc(E * sizeof(float));
-        s.ref = malloc(B * T * E * sizeof(float)), s.out = malloc(B * T * E * sizeof(float));
-        if (!s.x || !s.wq || !s.wk || !s.wv || !s.wo || !s.bq || !s.bo || !s.ref || !s.out) {
-            st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the shape's arrays");
-        } else {
-            fill(s.x, B * T * E, 1.0f, &seed), fill(s.wq, E * E, ws, &seed), fill(s.wk, E * E, ws, &seed);
-            fill(s.wv, E * E, ws, &seed), fill(s.wo, E * E, ws, &seed), fill(s.bq, E, 0.1f, &seed);
-            fill(s.bo, E, 0.1f, &seed);
-            search_shape(&s, &keep, shape_ms);
-        }
-        free(s.x), free(s.wq), free(s.wk), free(s.wv), free(s.wo), free(s.bq), free(s.bo), free(s.ref), free(s.out);
+    /* the shapes' own kernels share 60% of the budget; CLBlast's parameters, on the first shape, the rest */
+    const double kernels_ms = 0.6 * s.budget_ms;
+    for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
+        const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
+        if ((st = make_shape(&s, shapes + 4 * i, 42 + i)) == CLATTN_STATUS_SUCCESS) search_shape(&s, &keep, shape_ms);
+        free_shape(&s);
     }
+    if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
+        search_xgemm(&s, &keep, s.budget_ms - (now_ms() - s.t0));
+    free_shape(&s);
     if (st != CLATTN_STATUS_SUCCESS) return st;
     char path[1024];
     TRY(write_file(device, &keep, path, sizeof path));

@@ -1,5 +1,5 @@
 /* test_tune.c: the device's tuning file and clattn_tune (src/tune.c).
- *   files   every kind of file a plan may meet (valid rows/tiled/softmax entries, stale, truncated, not a
+ *   files   every kind of file a plan may meet (valid rows/tiled/softmax/CLBlast entries, stale, truncated, not a
  *           tuning file, huge or mistyped values, values a plan cannot use, oversized, binary, empty,
  *           CLATTN_TUNE=0): never a crash, a notice for what was ignored, and the right answer (against the
  *           float64 oracle) whether the plan ended up tuned or not
@@ -158,6 +158,19 @@ Test(tune, files)
     setenv("CLATTN_FLASH", "tiled", 1);
     cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
     unsetenv("CLATTN_FLASH");
+    /* CLBlast's Xgemm parameter sets: one of the table's (set process-wide at open: last here), or not */
+    snprintf(text, sizeof text, "%sclblast xgemm 99\nclblast xgemm x1\nclblast xgemm -1\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "not one of the"), "%s", notice);
+    static const int sets[] = {0, 3, 8}; /* CLBlast's generic default, a GEMMK = 1 set, a 128-wide one */
+    for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned */
+        const int set = sets[i];
+        snprintf(text, sizeof text, "%sclblast xgemm %d\n", head, set);
+        write_file(text);
+        cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 1, "set %d", set);
+        cr_assert_str_empty(notice);
+    }
     /* no file at all: nothing to say */
     unlink(path);
     cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
