@@ -383,11 +383,11 @@ clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_atte
     TRY(validate_decode(desc));
     clattn_plan *base = NULL;
     TRY(clattn_plan_prepare(device, desc, weights, 0, &base));
-    const clattn_attention_desc *d = &base->d;
-    if (d->head_dim_qk > DECODE_MAX_HEAD || d->head_dim_v > DECODE_MAX_HEAD) {
+    const size_t dk = base->d.head_dim_qk, dv = base->d.head_dim_v;
+    if (dk > DECODE_MAX_HEAD || dv > DECODE_MAX_HEAD) {
         clattn_plan_free(base);
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the decode kernel takes head sizes up to %d (dk = %zu, dv = %zu)",
-                           DECODE_MAX_HEAD, d->head_dim_qk, d->head_dim_v);
+                           DECODE_MAX_HEAD, dk, dv);
     }
     clattn_decode_plan *dp = clattn_calloc(1, sizeof *dp);
     if (!dp) {
