@@ -714,10 +714,10 @@ clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *c
                                args->valid[b], n);
         }
         if (cache->len[b] + valid[b] > cd->capacity) {
-            const size_t l = cache->len[b];
+            const size_t l = cache->len[b], v = valid[b];
             free(valid);
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
-                               "cache's capacity (%zu)", b, l, valid[b], cd->capacity);
+                               "cache's capacity (%zu)", b, l, v, cd->capacity);
         }
         if (cache->len[b] + n > max_len) max_len = cache->len[b] + n;
     }
