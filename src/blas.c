@@ -227,23 +227,20 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
  * devices it does not know), in its order GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC NWG SA SB STRM
  * STRN VWM VWN. Only these whole sets are ever applied: each is a combination CLBlast was tuned with, so
  * a tuning file can choose one (by index) but never invent parameters. Entry 0 is CLBlast's default for
- * unknown devices. */
+ * unknown devices. The database's GEMMK = 1 sets (the 2-D register-tiled kernel) are left out: on PoCL 3.1
+ * one of them (KREG 16) crashed the process inside the GEMM, and a tuning file must never be able to. */
 static const size_t xgemm_sets[][16] = {
     {0, 1, 32, 2, 8, 8, 32, 8, 8, 32, 1, 1, 0, 0, 4, 4},
     {0, 1, 32, 2, 8, 8, 16, 8, 8, 32, 1, 1, 0, 0, 2, 4},
     {0, 1, 16, 2, 8, 8, 128, 16, 8, 128, 0, 1, 1, 1, 1, 8},
-    {1, 4, 1, 1, 32, 32, 128, 4, 4, 128, 0, 0, 0, 0, 1, 1},
     {0, 1, 32, 2, 32, 16, 64, 32, 8, 64, 0, 1, 1, 0, 1, 1},
-    {1, 16, 1, 1, 2, 2, 64, 2, 2, 128, 0, 0, 0, 0, 8, 2},
     {0, 1, 32, 8, 32, 32, 64, 32, 16, 64, 1, 1, 1, 0, 2, 2},
     {0, 1, 32, 2, 16, 8, 128, 16, 8, 64, 0, 0, 1, 0, 1, 2},
     {0, 1, 32, 2, 32, 8, 128, 8, 8, 128, 1, 1, 1, 1, 2, 8},
     {0, 1, 16, 2, 8, 8, 128, 8, 8, 128, 1, 1, 1, 0, 1, 8},
     {0, 1, 32, 8, 16, 16, 64, 32, 32, 64, 0, 1, 1, 0, 1, 2},
     {0, 1, 32, 2, 16, 32, 32, 8, 8, 64, 0, 1, 0, 0, 1, 8},
-    {1, 2, 1, 1, 16, 16, 64, 4, 4, 64, 0, 0, 0, 0, 1, 1},
     {0, 1, 32, 2, 16, 8, 32, 8, 32, 128, 1, 1, 1, 1, 1, 4},
-    {1, 1, 1, 1, 16, 16, 16, 8, 8, 64, 0, 0, 0, 0, 1, 1},
     {0, 1, 32, 2, 8, 8, 64, 8, 8, 64, 1, 1, 0, 0, 4, 2},
 };
 

@@ -163,7 +163,7 @@ Test(tune, files)
     write_file(text);
     cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "not one of the"), "%s", notice);
-    static const int sets[] = {0, 3, 8}; /* CLBlast's generic default, a GEMMK = 1 set, a 128-wide one */
+    static const int sets[] = {0, 3, 8}; /* CLBlast's generic default and two others */
     for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned */
         const int set = sets[i];
         snprintf(text, sizeof text, "%sclblast xgemm %d\n", head, set);
