@@ -1016,6 +1016,7 @@ Test(cli, build_notice)
     snprintf(cache, sizeof cache, "%s/kernels", root);
     setenv("CLATTN_CACHE_DIR", cache, 1);
     setenv("CLATTN_BUILD_NOTICE", "1", 1);
+    unsetenv("CLATTN_PROGRAM_CACHE"); /* the cache on, whatever the environment (the sanitizer stage turns it off) */
     const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "2", "--device", cl_spec(), NULL};
     char *err;
     int rc = run_cli(args, ENV_UNSET, &err);
