@@ -87,6 +87,14 @@ inline float dhsum(float v) { return v; }
 #define DNKW (DK / VW)
 #define DNVW (DV / VW)
 #define KVW (DK > DV ? DK : DV)
+/* rows per pass over a block's values: RV*DNVW accumulators in registers */
+#ifndef RV
+#if R % 2 == 0 && DNVW <= 8
+#define RV 2
+#else
+#define RV 1
+#endif
+#endif
 
 /* One work-item per (b, t, g, c), c < max(DK, DV): K[b, g, lens[b] + t, c] and V likewise from the
  * projection row (b*n + t) of src (row stride src_ld; K of head g at column k_col + g*DK, V at v_col + g*DV). */
@@ -181,6 +189,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 uint c = 0;
                 for (; c + 1 < DNKW; c += 2) {
                     const vw_t kv = KLOADW(c, kp), kv2 = KLOADW(c + 1, kp);
+                    #pragma unroll
                     for (uint r = 0; r < R; r++) {
                         dot[r] = fma(qr[r][c], kv, dot[r]);
                         dot2[r] = fma(qr[r][c + 1], kv2, dot2[r]);
@@ -196,9 +205,10 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 for (uint r = 0; r < R; r++) s[r][jj] = -INFINITY;
             }
         }
+        float corr[R];
         for (uint r = 0; r < R; r++) {
             const float mb = clattn_block_max(s[r], BK, m[r]);
-            const float corr = exp(m[r] - mb);
+            corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
 #if BK == 16
@@ -210,15 +220,31 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 s[r][jj] = p;
             }
 #endif
-            l[r] = l[r] * corr + sum;
-            for (uint c = 0; c < DNVW; c++) acc[r][c] *= corr;
+            l[r] = l[r] * corr[r] + sum;
         }
+        /* acc = acc*corr + p V, RV rows at a time: their RV*DNVW accumulators stay in registers
+         * while the block's values stream through in memory order */
         const uint nj = min((uint)BK, je - j0);
-        for (uint jj = 0; jj < nj; jj++) {
-            __global const kv_t *vp = vb + (ulong)(j0 + jj) * DV;
-            for (uint c = 0; c < DNVW; c++) {
-                const vw_t vv = KLOADW(c, vp);
-                for (uint r = 0; r < R; r++) acc[r][c] = fma((vw_t)(s[r][jj]), vv, acc[r][c]);
+        __global const kv_t *vp0 = vb + (ulong)j0 * DV;
+        for (uint r0 = 0; r0 < R; r0 += RV) {
+            vw_t a[RV][DNVW];
+            #pragma unroll
+            for (uint rr = 0; rr < RV; rr++) {
+                #pragma unroll
+                for (uint c = 0; c < DNVW; c++) a[rr][c] = acc[r0 + rr][c] * corr[r0 + rr];
+            }
+            for (uint jj = 0; jj < nj; jj++) {
+                #pragma unroll
+                for (uint c = 0; c < DNVW; c++) {
+                    const vw_t vv = KLOADW(c, vp0 + jj * DV);
+                    #pragma unroll
+                    for (uint rr = 0; rr < RV; rr++) a[rr][c] = fma((vw_t)(s[r0 + rr][jj]), vv, a[rr][c]);
+                }
+            }
+            #pragma unroll
+            for (uint rr = 0; rr < RV; rr++) {
+                #pragma unroll
+                for (uint c = 0; c < DNVW; c++) acc[r0 + rr][c] = a[rr][c];
             }
         }
     }
