@@ -63,6 +63,13 @@ typedef float8 vw_t;
 #define KLOADW(i, p) vload8((i), (p))
 #endif
 inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
+/* the four sums (dhsum(a), .., dhsum(d)) by a transposing reduction */
+inline float4 dhsum4(float8 a, float8 b, float8 c, float8 d)
+{
+    const float8 ab = (float8)(a.lo + a.hi, b.lo + b.hi), cd = (float8)(c.lo + c.hi, d.lo + d.hi);
+    const float8 x = (float8)(ab.even + ab.odd, cd.even + cd.odd);
+    return x.even + x.odd;
+}
 #elif VW == 4
 typedef float4 vw_t;
 #define QLOADW(i, p) vload4((i), (p))
@@ -177,37 +184,65 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 
     __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    /* a block of keys that every row sees whole needs no mask: all its keys precede the first row's
+     * position (and, with a window, lie within the last row's window) */
+    const uint p_first = len + q0 / GROUP, p_last = len + q_last / GROUP;
     for (uint j0 = js; j0 < je; j0 += BK) {
+#if WINDOW
+        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first && p_last - j0 < WINDOW;
+#else
+        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first;
+#endif
         float s[R][BK];
         for (uint jj = 0; jj < BK; jj++) {
-            const uint j = j0 + jj;
-            if (j < je) {
-                __global const kv_t *kp = kb + (ulong)j * DK;
-                /* two accumulators per row: twice the independent FMA chains */
-                vw_t dot[R], dot2[R];
-                for (uint r = 0; r < R; r++) dot[r] = dot2[r] = (vw_t)(0.0f);
-                uint c = 0;
-                for (; c + 1 < DNKW; c += 2) {
-                    const vw_t kv = KLOADW(c, kp), kv2 = KLOADW(c + 1, kp);
-                    #pragma unroll
-                    for (uint r = 0; r < R; r++) {
-                        dot[r] = fma(qr[r][c], kv, dot[r]);
-                        dot2[r] = fma(qr[r][c + 1], kv2, dot2[r]);
-                    }
+            const uint j = min(j0 + jj, je - 1); /* keys past je: computed on a valid key, masked below */
+            __global const kv_t *kp = kb + (ulong)j * DK;
+            /* two accumulators per row: twice the independent FMA chains */
+            vw_t dot[R], dot2[R];
+            #pragma unroll
+            for (uint r = 0; r < R; r++) dot[r] = dot2[r] = (vw_t)(0.0f);
+            uint c = 0;
+            for (; c + 1 < DNKW; c += 2) {
+                const vw_t kv = KLOADW(c, kp), kv2 = KLOADW(c + 1, kp);
+                #pragma unroll
+                for (uint r = 0; r < R; r++) {
+                    dot[r] = fma(qr[r][c], kv, dot[r]);
+                    dot2[r] = fma(qr[r][c + 1], kv2, dot2[r]);
                 }
-                if (c < DNKW) {
-                    const vw_t kv = KLOADW(c, kp);
-                    for (uint r = 0; r < R; r++) dot[r] = fma(qr[r][c], kv, dot[r]);
-                }
-                for (uint r = 0; r < R; r++)
-                    s[r][jj] = dec_visible(j, pos[r]) ? dhsum(dot[r] + dot2[r]) * scale : -INFINITY;
+            }
+            if (c < DNKW) {
+                const vw_t kv = KLOADW(c, kp);
+                #pragma unroll
+                for (uint r = 0; r < R; r++) dot[r] = fma(qr[r][c], kv, dot[r]);
+            }
+            float hs[R];
+#if VW == 8 && R % 4 == 0
+            #pragma unroll
+            for (uint r = 0; r < R; r += 4) {
+                const float4 h4 = dhsum4(dot[r] + dot2[r], dot[r + 1] + dot2[r + 1], dot[r + 2] + dot2[r + 2],
+                                         dot[r + 3] + dot2[r + 3]);
+                hs[r] = h4.x, hs[r + 1] = h4.y, hs[r + 2] = h4.z, hs[r + 3] = h4.w;
+            }
+#else
+            #pragma unroll
+            for (uint r = 0; r < R; r++) hs[r] = dhsum(dot[r] + dot2[r]);
+#endif
+            if (whole) {
+                #pragma unroll
+                for (uint r = 0; r < R; r++) s[r][jj] = hs[r] * scale;
             } else {
-                for (uint r = 0; r < R; r++) s[r][jj] = -INFINITY;
+                #pragma unroll
+                for (uint r = 0; r < R; r++)
+                    s[r][jj] = j0 + jj < je && dec_visible(j0 + jj, pos[r]) ? hs[r] * scale : -INFINITY;
             }
         }
         float corr[R];
         for (uint r = 0; r < R; r++) {
+#if BK == 16
+            const float mb = clattn_block_max16(s[r], m[r]);
+#else
             const float mb = clattn_block_max(s[r], BK, m[r]);
+#endif
             corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;

@@ -10,6 +10,16 @@ inline float clattn_block_max(const float *s, uint n, float m)
     return m;
 }
 
+/* The same for a block of 16 scores, as one float16 reduction. */
+inline float clattn_block_max16(const float *s, float m)
+{
+    const float16 v = vload16(0, s);
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    const float2 c = fmax(b.lo, b.hi);
+    return fmax(m, fmax(c.x, c.y));
+}
+
 /* s[j] = exp(s[j] - mb) for a block of 16 scores, as one float16 (one vector exp on a CPU); their sum. */
 inline float clattn_exp16_sum(float *s, float mb)
 {

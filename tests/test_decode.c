@@ -19,6 +19,7 @@
 
 typedef struct model {
     size_t E, H, HK, dk, dv, Eo;
+    float scale; /* 0: 1/sqrt(dk) */
     float *wq, *wk, *wv, *bq, *bk, *bv, *wo, *bo;
     clattn_attention_weights w;
 } model;
@@ -64,7 +65,7 @@ static clattn_attention_desc model_desc(const model *m, size_t B, size_t T, size
 {
     return (clattn_attention_desc){.batch = B, .seq_q = T, .embed = m->E, .heads = m->H, .kv_heads = m->HK,
                                    .head_dim_qk = m->dk, .head_dim_v = m->dv, .out_dim = m->Eo, .causal = 1,
-                                   .window = window, .kv_half = half};
+                                   .window = window, .kv_half = half, .scale = m->scale};
 }
 
 /* The oracle's causal run over x (B, T, E). */
@@ -150,6 +151,7 @@ Test(attention, gqa_window_half_unfused)
 typedef struct dcase {
     size_t B, T, H, HK, dk, dv, window, E; /* E = 0: 24 (16 with half) */
     int half;
+    int coarse;             /* large scores, computed exactly: see decode_case */
     size_t splits;          /* clattn_decode_plan_set_splits */
     const size_t *chunks;   /* new tokens per call, until T; NULL = prefill P then one by one */
     size_t P;
@@ -202,15 +204,34 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
 {
     tu_rng r = {seed};
     model m;
-    const size_t E = c->E ? c->E : c->half ? 16 : 24;
-    model_make(&m, &r, E, c->H, c->HK, c->dk, c->dv, c->half);
-    float *x = vals(&r, c->B * c->T * E, c->half, 6, 1.0f);
+    const size_t E = c->E ? c->E : c->coarse ? 8 : c->half ? 16 : 24;
+    model_make(&m, &r, E, c->H, c->HK, c->dk, c->dv, c->half || c->coarse);
+    float *x = NULL;
+    if (c->coarse) {
+        /* Scores in the thousands, which only a softmax that subtracts the true running maximum keeps
+         * finite: x in halves, projections in quarters, scale 32. Every product and sum is exact in
+         * float (and in half for the cache), so the float64 oracle's tolerance still applies. */
+        float **w[] = {&m.wq, &m.wk, &m.wv, &m.bq, &m.bk, &m.bv};
+        const size_t n[] = {c->H * c->dk * E, c->HK * c->dk * E, c->HK * c->dv * E, c->H * c->dk, c->HK * c->dk,
+                            c->HK * c->dv};
+        for (size_t i = 0; i < 6; i++) {
+            free(*w[i]);
+            *w[i] = vals(&r, n[i], 1, 2, 1.0f);
+        }
+        m.w.w_query = m.wq, m.w.w_key = m.wk, m.w.w_value = m.wv, m.w.b_query = m.bq, m.w.b_key = m.bk,
+        m.w.b_value = m.bv;
+        m.scale = 32.0f;
+        x = vals(&r, c->B * c->T * E, 1, 1, 1.0f);
+    } else {
+        x = vals(&r, c->B * c->T * E, c->half, 6, 1.0f);
+    }
     float *out = tu_poisoned(c->B * c->T * m.Eo);
     decode_all(dev, &m, c, x, out);
     double *want = expect(&m, c->B, c->T, c->window, c->half, x);
     char what[200];
-    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu%s", c->B, c->T,
-             c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->chunks ? " chunked" : "");
+    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu%s%s", c->B,
+             c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->chunks ? " chunked" : "",
+             c->coarse ? " coarse" : "");
     check(out, want, c->B * c->T * m.Eo, what);
     free(x), free(out), free(want);
     model_free(&m);
@@ -236,6 +257,10 @@ static void decode_cases(clattn_device *dev)
         {.B = 1, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 1, .P = 1},
         {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .P = 7},         /* odd widths everywhere */
         {.B = 17, .T = 5, .H = 2, .HK = 1, .dk = 4, .dv = 4, .P = 2},                  /* steps of 17 rows: CLBlast */
+        {.B = 1, .T = 70, .H = 8, .HK = 2, .dk = 128, .dv = 128, .P = 37},             /* a real model's heads */
+        {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 1, .splits = 2, .P = 20},
+        {.B = 2, .T = 90, .H = 8, .HK = 2, .dk = 16, .dv = 16, .coarse = 1, .P = 41},  /* scores in the thousands */
+        {.B = 1, .T = 70, .H = 4, .HK = 1, .dk = 8, .dv = 8, .coarse = 1, .half = 1, .splits = 3, .P = 20},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
