@@ -17,8 +17,9 @@
  *                   acc (online softmax, as flash.cl) and decode_combine merges them.
  *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
  *
- * online.cl goes first. Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, R (rows per work-item),
- * BK (keys per block), VW (vector width along the head dimension; divides DK and DV).
+ * online.cl goes first. Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF,
+ * R (rows per work-item), BK (keys per block), VW (vector width along the head dimension; divides DK
+ * and DV); KP and RV (below) have defaults from these.
  */
 #ifndef DK
 #define DK 64
@@ -277,7 +278,8 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                     for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * scale;
                 } else {
                     #pragma unroll
-                    for (uint r = 0; r < R; r++) s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * scale : -INFINITY;
+                    for (uint r = 0; r < R; r++)
+                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * scale : -INFINITY;
                 }
             }
         }

@@ -325,7 +325,7 @@ static clattn_status decode_cl_init(clattn_decode_plan *dp)
     dp->k_fill = clCreateKernel(dp->heads_prog, "fill_rows", &err);
     CL_CHECK(err, "clCreateKernel (fill_rows)");
     const char *linear_src[] = {"linear"};
-    TRY(clattn_program_build(dev, linear_src, 1, "-cl-std=CL1.2 -DVW=8 -DMB=8", &dp->linear_prog));
+    TRY(clattn_program_build(dev, linear_src, 1, "-cl-std=CL1.2 -DVW=8", &dp->linear_prog));
     dp->k_linear = clCreateKernel(dp->linear_prog, "linear_small", &err);
     CL_CHECK(err, "clCreateKernel (linear_small)");
 
