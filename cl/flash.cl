@@ -119,6 +119,12 @@ inline float4 kvr_w(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2),
 #endif
 #define NKW (DK / VW)
 #define NVW (DV / VW)
+/* flash_rows applies the values RROWS rows at a time, their RROWS*NVW accumulators in registers */
+#if ROWS % 2 == 0 && NVW <= 8
+#define RROWS 2
+#else
+#define RROWS 1
+#endif
 
 /* One work-item: query rows i0 .. i0+ROWS-1 of (b, h); global id = ((b*H + h) * nblk + block). */
 __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
@@ -166,10 +172,12 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
             const uint j = j0 + jj;
             if (j < jend) {
                 __global const float *kp = kb + (ulong)j * k_ld;
-                vw_t dot[ROWS];
+                vw_t dot[ROWS]; /* unrolled row loops: the accumulators stay in registers */
+                #pragma unroll
                 for (uint r = 0; r < ROWS; r++) dot[r] = (vw_t)(0.0f);
                 for (uint c = 0; c < NKW; c++) {
                     const vw_t kc = kvr_w(VLOADW(c, kp));
+                    #pragma unroll
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
                 for (uint r = 0; r < ROWS; r++)
@@ -178,9 +186,10 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                 for (uint r = 0; r < ROWS; r++) s[r][jj] = -INFINITY;
             }
         }
+        float corr[ROWS];
         for (uint r = 0; r < ROWS; r++) {
             const float mb = clattn_block_max(s[r], BK, m[r]);
-            const float corr = exp(m[r] - mb);
+            corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
 #if BK == 16 && !DROPOUT
@@ -192,15 +201,31 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                 s[r][jj] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + r, j0 + jj, threshold, keep_scale);
             }
 #endif
-            l[r] = l[r] * corr + sum;
-            for (uint c = 0; c < NVW; c++) acc[r][c] *= corr;
+            l[r] = l[r] * corr[r] + sum;
         }
+        /* acc = acc*corr + p V, RROWS rows at a time: their RROWS*NVW accumulators stay in registers
+         * while the block's values stream through in memory order */
         const uint nj = min((uint)BK, jend - j0);
-        for (uint jj = 0; jj < nj; jj++) {
-            __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
-            for (uint c = 0; c < NVW; c++) {
-                const vw_t vc = kvr_w(VLOADW(c, vp));
-                for (uint r = 0; r < ROWS; r++) acc[r][c] = fma((vw_t)(s[r][jj]), vc, acc[r][c]);
+        for (uint r0 = 0; r0 < ROWS; r0 += RROWS) {
+            vw_t a[RROWS][NVW];
+            #pragma unroll
+            for (uint rr = 0; rr < RROWS; rr++) {
+                #pragma unroll
+                for (uint c = 0; c < NVW; c++) a[rr][c] = acc[r0 + rr][c] * corr[r0 + rr];
+            }
+            for (uint jj = 0; jj < nj; jj++) {
+                __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
+                #pragma unroll
+                for (uint c = 0; c < NVW; c++) {
+                    const vw_t vc = kvr_w(VLOADW(c, vp));
+                    #pragma unroll
+                    for (uint rr = 0; rr < RROWS; rr++) a[rr][c] = fma((vw_t)(s[r0 + rr][jj]), vc, a[rr][c]);
+                }
+            }
+            #pragma unroll
+            for (uint rr = 0; rr < RROWS; rr++) {
+                #pragma unroll
+                for (uint c = 0; c < NVW; c++) acc[r0 + rr][c] = a[rr][c];
             }
         }
     }
