@@ -304,31 +304,11 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #endif
             l[r] = l[r] * corr[r] + sum;
         }
-        /* acc = acc*corr + p V, RV rows at a time: their RV*DNVW accumulators stay in registers
-         * while the block's values stream through in memory order */
         const uint nj = min((uint)BK, je - j0);
         __global const kv_t *vp0 = vb + (ulong)j0 * DV;
-        for (uint r0 = 0; r0 < R; r0 += RV) {
-            vw_t a[RV][DNVW];
-            #pragma unroll
-            for (uint rr = 0; rr < RV; rr++) {
-                #pragma unroll
-                for (uint c = 0; c < DNVW; c++) a[rr][c] = acc[r0 + rr][c] * corr[r0 + rr];
-            }
-            for (uint jj = 0; jj < nj; jj++) {
-                #pragma unroll
-                for (uint c = 0; c < DNVW; c++) {
-                    const vw_t vv = KLOADW(c, vp0 + jj * DV);
-                    #pragma unroll
-                    for (uint rr = 0; rr < RV; rr++) a[rr][c] = fma((vw_t)(s[r0 + rr][jj]), vv, a[rr][c]);
-                }
-            }
-            #pragma unroll
-            for (uint rr = 0; rr < RV; rr++) {
-                #pragma unroll
-                for (uint c = 0; c < DNVW; c++) acc[r0 + rr][c] = a[rr][c];
-            }
-        }
+#define DEC_VAL(jj, c) KLOADW((c), vp0 + (jj) * DV)
+        CLATTN_VALUE_PASS(vw_t, R, RV, DNVW, acc, corr, s, nj, DEC_VAL)
+#undef DEC_VAL
     }
     for (uint r = 0; r < R; r++) {
         const uint qq = q0 + r;

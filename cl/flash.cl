@@ -203,31 +203,10 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
 #endif
             l[r] = l[r] * corr[r] + sum;
         }
-        /* acc = acc*corr + p V, RROWS rows at a time: their RROWS*NVW accumulators stay in registers
-         * while the block's values stream through in memory order */
         const uint nj = min((uint)BK, jend - j0);
-        for (uint r0 = 0; r0 < ROWS; r0 += RROWS) {
-            vw_t a[RROWS][NVW];
-            #pragma unroll
-            for (uint rr = 0; rr < RROWS; rr++) {
-                #pragma unroll
-                for (uint c = 0; c < NVW; c++) a[rr][c] = acc[r0 + rr][c] * corr[r0 + rr];
-            }
-            for (uint jj = 0; jj < nj; jj++) {
-                __global const float *vp = vb + (ulong)(j0 + jj) * v_ld;
-                #pragma unroll
-                for (uint c = 0; c < NVW; c++) {
-                    const vw_t vc = kvr_w(VLOADW(c, vp));
-                    #pragma unroll
-                    for (uint rr = 0; rr < RROWS; rr++) a[rr][c] = fma((vw_t)(s[r0 + rr][jj]), vc, a[rr][c]);
-                }
-            }
-            #pragma unroll
-            for (uint rr = 0; rr < RROWS; rr++) {
-                #pragma unroll
-                for (uint c = 0; c < NVW; c++) acc[r0 + rr][c] = a[rr][c];
-            }
-        }
+#define FLASH_VAL(jj, c) kvr_w(VLOADW((c), vb + (ulong)(j0 + (jj)) * v_ld))
+        CLATTN_VALUE_PASS(vw_t, ROWS, RROWS, NVW, acc, corr, s, nj, FLASH_VAL)
+#undef FLASH_VAL
     }
     for (uint r = 0; r < ROWS; r++) {
         if (i0 + r >= Tq) break;

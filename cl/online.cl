@@ -30,4 +30,28 @@ inline float clattn_exp16_sum(float *s, float mb)
     return (p4.x + p4.y) + (p4.z + p4.w);
 }
 
+/* The value pass of a block (flash.cl's flash_rows, decode.cl): for rows r < NROWS and value vectors
+ * c < NV of type VT, acc[r][c] = acc[r][c] * corr[r] + sum_{jj < nj} p[r][jj] VAL(jj, c), where
+ * VAL(jj, c) loads vector c of the block's key jj. RVP rows at a time (RVP divides NROWS), so that
+ * their RVP*NV accumulators stay in registers while the values stream through in memory order
+ * (loops with compile-time counts, unrolled: PoCL otherwise keeps the accumulators on the stack). */
+#define CLATTN_VALUE_PASS(VT, NROWS, RVP, NV, acc, corr, p, nj, VAL)                                       \
+    for (uint r0_ = 0; r0_ < (NROWS); r0_ += (RVP)) {                                                  \
+        VT a_[RVP][NV];                                                                               \
+        _Pragma("unroll") for (uint rr_ = 0; rr_ < (RVP); rr_++) {                                    \
+            _Pragma("unroll") for (uint c_ = 0; c_ < (NV); c_++)                                      \
+                a_[rr_][c_] = (acc)[r0_ + rr_][c_] * (corr)[r0_ + rr_];                               \
+        }                                                                                             \
+        for (uint jj_ = 0; jj_ < (nj); jj_++) {                                                       \
+            _Pragma("unroll") for (uint c_ = 0; c_ < (NV); c_++) {                                    \
+                const VT v_ = VAL(jj_, c_);                                                           \
+                _Pragma("unroll") for (uint rr_ = 0; rr_ < (RVP); rr_++)                              \
+                    a_[rr_][c_] = fma((VT)((p)[r0_ + rr_][jj_]), v_, a_[rr_][c_]);                    \
+            }                                                                                         \
+        }                                                                                             \
+        _Pragma("unroll") for (uint rr_ = 0; rr_ < (RVP); rr_++) {                                    \
+            _Pragma("unroll") for (uint c_ = 0; c_ < (NV); c_++) (acc)[r0_ + rr_][c_] = a_[rr_][c_];  \
+        }                                                                                             \
+    }
+
 #endif
