@@ -64,13 +64,6 @@ typedef float8 vw_t;
 #define KLOADW(i, p) vload8((i), (p))
 #endif
 inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
-/* the four sums (dhsum(a), .., dhsum(d)) by a transposing reduction */
-inline float4 dhsum4(float8 a, float8 b, float8 c, float8 d)
-{
-    const float8 ab = (float8)(a.lo + a.hi, b.lo + b.hi), cd = (float8)(c.lo + c.hi, d.lo + d.hi);
-    const float8 x = (float8)(ab.even + ab.odd, cd.even + cd.odd);
-    return x.even + x.odd;
-}
 #elif VW == 4
 typedef float4 vw_t;
 #define QLOADW(i, p) vload4((i), (p))
@@ -265,7 +258,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #if VW == 8 && R % 4 == 0
                 #pragma unroll
                 for (uint r = 0; r < R; r += 4) {
-                    const float4 h4 = dhsum4(dot[kk][r], dot[kk][r + 1], dot[kk][r + 2], dot[kk][r + 3]);
+                    const float4 h4 = clattn_hsum4_8(dot[kk][r], dot[kk][r + 1], dot[kk][r + 2], dot[kk][r + 3]);
                     hs[r] = h4.x, hs[r + 1] = h4.y, hs[r + 2] = h4.z, hs[r + 3] = h4.w;
                 }
 #else

@@ -180,15 +180,30 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
                     #pragma unroll
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
+                float hs[ROWS];
+#if VW == 8 && ROWS % 4 == 0
+                #pragma unroll
+                for (uint r = 0; r < ROWS; r += 4) {
+                    const float4 h4 = clattn_hsum4_8(dot[r], dot[r + 1], dot[r + 2], dot[r + 3]);
+                    hs[r] = h4.x, hs[r + 1] = h4.y, hs[r + 2] = h4.z, hs[r + 3] = h4.w;
+                }
+#else
+                #pragma unroll
+                for (uint r = 0; r < ROWS; r++) hs[r] = hsum(dot[r]);
+#endif
                 for (uint r = 0; r < ROWS; r++)
-                    s[r][jj] = clattn_mask_score(hsum(dot[r]) * scale, min(i0 + r, Tq - 1), j, b, Tk, kpm, mask);
+                    s[r][jj] = clattn_mask_score(hs[r] * scale, min(i0 + r, Tq - 1), j, b, Tk, kpm, mask);
             } else {
                 for (uint r = 0; r < ROWS; r++) s[r][jj] = -INFINITY;
             }
         }
         float corr[ROWS];
         for (uint r = 0; r < ROWS; r++) {
+#if BK == 16
+            const float mb = clattn_block_max16(s[r], m[r]);
+#else
             const float mb = clattn_block_max(s[r], BK, m[r]);
+#endif
             corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;
