@@ -278,11 +278,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
         }
         float corr[R];
         for (uint r = 0; r < R; r++) {
-#if BK == 16
-            const float mb = clattn_block_max16(s[r], m[r]);
-#else
             const float mb = clattn_block_max(s[r], BK, m[r]);
-#endif
             corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;

@@ -199,11 +199,7 @@ __kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
         }
         float corr[ROWS];
         for (uint r = 0; r < ROWS; r++) {
-#if BK == 16
-            const float mb = clattn_block_max16(s[r], m[r]);
-#else
             const float mb = clattn_block_max(s[r], BK, m[r]);
-#endif
             corr[r] = exp(m[r] - mb);
             m[r] = mb;
             float sum = 0.0f;

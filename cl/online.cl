@@ -3,14 +3,7 @@
 #ifndef CLATTN_ONLINE_CL
 #define CLATTN_ONLINE_CL
 
-/* max(m, s[0..n-1]); fmax skips NaN, and exp(NaN) brings it back into the sum. */
-inline float clattn_block_max(const float *s, uint n, float m)
-{
-    for (uint j = 0; j < n; j++) m = fmax(m, s[j]);
-    return m;
-}
-
-/* The same for a block of 16 scores, as one float16 reduction. */
+/* max(m, s[0..15]) as one float16 reduction. */
 inline float clattn_block_max16(const float *s, float m)
 {
     const float16 v = vload16(0, s);
@@ -18,6 +11,15 @@ inline float clattn_block_max16(const float *s, float m)
     const float4 b = fmax(a.lo, a.hi);
     const float2 c = fmax(b.lo, b.hi);
     return fmax(m, fmax(c.x, c.y));
+}
+
+/* max(m, s[0..n-1]); fmax skips NaN, and exp(NaN) brings it back into the sum. A block of 16 (n is
+ * the kernel's constant BK) takes the vector form. */
+inline float clattn_block_max(const float *s, uint n, float m)
+{
+    if (n == 16) return clattn_block_max16(s, m);
+    for (uint j = 0; j < n; j++) m = fmax(m, s[j]);
+    return m;
 }
 
 /* The lane sums of four float8 (a, b, c, d) as one float4, by a transposing reduction: cheaper than
