@@ -157,14 +157,14 @@ typedef enum clattn_mask_kind {
     CLATTN_MASK_FLOAT = 2     /* float (Tq, Tk): added to the scaled scores */
 } clattn_mask_kind;
 
-/* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V):
- *   FUSED    one kernel (cl/flash.cl) streams K and V per block of queries with an online
- *            softmax: no Tq x Tk matrix in memory, causal work halved; no attention weights.
- *   UNFUSED  CLBlast GEMMs for Q K^T and weights V around a softmax kernel, through a
- *            Tq x Tk score matrix (in chunks); the path that can return the weights.
- *   AUTO     FUSED, unless need_weights is set or the fused kernel cannot take the plan
- *            (head sizes above 256). CLATTN_ATTENTION=fused|unfused in the environment
- *            overrides AUTO for plans that do not need the weights.
+/* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V). Each algorithm has
+ * one or more cores (kernel families; see "cores" below and `clattn cores`):
+ *   FUSED    streams K and V per block of queries with an online softmax: no Tq x Tk matrix in memory,
+ *            causal work halved; no attention weights. Cores flash_rows (CPUs) and flash_tiled (GPUs).
+ *   UNFUSED  CLBlast GEMMs for Q K^T and weights V around a softmax kernel, through a Tq x Tk score
+ *            matrix (in chunks); the path that can return the weights. Core unfused.
+ *   AUTO     the device's preferred core that can take the plan: a fused one, unless need_weights is
+ *            set or none takes the plan (head sizes above 256); the device's tuning file may name another.
  * The ref device computes the same function whatever the algorithm says. */
 typedef enum clattn_algorithm {
     CLATTN_ALGORITHM_AUTO = 0,
@@ -272,11 +272,11 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
 /* ---------------------------------------------------------------- tuning */
 
 /* Tile sizes and kernel variants differ between a CPU running PoCL, an integrated GPU and an H100.
- * clattn_tune searches, for one device, the fused kernel's parameters per head-size class (max(dk, dv)
- * up to 32, 64, 128, 256) and the unfused path's softmax variant, on the shapes given. It checks each
- * candidate's output against the defaults' before timing it, and keeps a candidate only when it beats
- * the defaults by `margin` in each of three repeated comparisons. It writes what it kept to the device's
- * tuning file. Plans read that file (at device open) and use its entries: clattn_plan_tuned says whether
+ * clattn_tune searches, for one device, each prefill core's parameters per head-size class (max(dk, dv)
+ * up to 32, 64, 128, 256, above; `clattn cores` lists the parameters) on the shapes given, then which core
+ * AUTO should give each class, and CLBlast's GEMM parameters. It checks each candidate's output against
+ * the defaults' before timing it, and keeps a candidate only when it beats the defaults by `margin` in
+ * each of three repeated comparisons. It writes what it kept to the device's tuning file. Plans read that file (at device open) and use its entries: clattn_plan_tuned says whether
  * a plan does.
  * The file: $CLATTN_TUNE_FILE, else $XDG_CACHE_HOME/clattn/tune-<key hash>.txt (default ~/.cache/clattn/),
  * a small text file keyed by the device's name, vendor and driver version and clattn's version.
@@ -301,6 +301,42 @@ CLATTN_API const char *clattn_device_tune_file(const clattn_device *device);
 CLATTN_API const char *clattn_device_tune_notice(const clattn_device *device);
 /* Does the plan use tuned parameters (from the device's tuning file)? */
 CLATTN_API int clattn_plan_tuned(const clattn_plan *plan);
+
+/* ---------------------------------------------------------------- cores */
+
+/* A core is one kernel family that computes the attention core of OpenCL plans. Prefill cores run
+ * clattn_plan_create's plans; decode cores run clattn_decode_plan_create's. A plan picks its core when it
+ * is created: CLATTN_CORE=NAME[:P=V,...] in the environment first (for the plans that can use that core;
+ * a plan it cannot serve is refused with the core's reason), then the device's tuning file, then the
+ * device's order of preference. */
+typedef enum clattn_core_kind {
+    CLATTN_CORE_PREFILL = 0,
+    CLATTN_CORE_DECODE = 1
+} clattn_core_kind;
+
+/* Head-size classes, by max(dk, dv): <= 32, <= 64, <= 128, <= 256, above. Bit c of default_for. */
+#define CLATTN_HEAD_CLASS_COUNT 5
+
+typedef struct clattn_core_info {
+    char name[32];                /* "unfused", "flash_rows", "flash_tiled", "decode_attend", ... */
+    clattn_core_kind kind;
+    clattn_algorithm algorithm;   /* FUSED or UNFUSED: what clattn_plan_algorithm reports for its plans */
+    int produces_weights;         /* can return the attention weights */
+    int supported;                /* the device can run it (for some plans) */
+    char reason[256];             /* why not ("" when supported) */
+    unsigned default_for;         /* bit c set: AUTO gives plans of head-size class c this core here */
+    char params[128];             /* its tuning parameters, space-separated ("" = none) */
+    char test_configs[128];       /* parameter sets the test suite runs it with, space-separated */
+} clattn_core_info;
+
+/* How many cores this library has registered (of both kinds). */
+CLATTN_API size_t clattn_core_count(void);
+/* Core `index` (0 .. clattn_core_count() - 1) as seen from `device` (NULL: no device; supported = 0). */
+CLATTN_API clattn_status clattn_core_describe(const clattn_device *device, size_t index, clattn_core_info *info);
+/* "<=32", "<=64", "<=128", "<=256", ">256" for class 0 .. 4 ("?" otherwise). */
+CLATTN_API const char *clattn_head_class_label(int head_class);
+/* The core a plan runs ("ref" on the ref device). */
+CLATTN_API const char *clattn_plan_core(const clattn_plan *plan);
 
 /* ---------------------------------------------------------------- KV cache and decoding */
 
@@ -384,6 +420,8 @@ CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_
 CLATTN_API clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max_parts);
 /* The number of parts the last execution used (1 = no split; ref: 1). */
 CLATTN_API size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan);
+/* The decode core the plan runs ("ref" on the ref device). */
+CLATTN_API const char *clattn_decode_plan_core(const clattn_decode_plan *plan);
 
 /* ---------------------------------------------------------------- profiling */
 
@@ -467,6 +505,8 @@ CLATTN_API clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan
                                                              const clattn_encoder_buffers *buffers,
                                                              cl_uint num_events_in_wait_list,
                                                              const cl_event *event_wait_list, cl_event *event);
+/* The core the layer's self-attention runs ("ref" on the ref device). */
+CLATTN_API const char *clattn_encoder_plan_core(const clattn_encoder_plan *plan);
 
 #ifdef __cplusplus
 }

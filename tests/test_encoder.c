@@ -7,7 +7,7 @@
  *   - validation, argument errors, allocation failures;
  *   - `clattn encoder` end to end.
  * Every output is poisoned first and checked element by element with |got - ref| <= 1e-5 + 1e-4 |ref|. */
-#include "internal.h"
+#include "encoder/encoder.h"
 #include "oracle.h"
 #include "testutil.h"
 

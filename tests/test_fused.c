@@ -6,7 +6,7 @@
  *   long     T = 8192 and 32768 (B = 1, E = 128, H = 2, nn.Linear weights with biases and an output
  *            projection) on sampled rows against a float64 row-by-row computation written here,
  *            independent of ref.c and of the library
- * CLATTN_FLASH=tiled (a ctest entry) runs the same on the fused kernel's GPU variant. */
+ * The ctest entries test_fused_core_<core> run the shapes on each core (CLATTN_CORE); long/* runs once. */
 #include "oracle.h"
 #include "testutil.h"
 
@@ -26,6 +26,7 @@ typedef struct shape {
 
 static void against_ref(const shape *s, uint64_t seed, clattn_algorithm alg)
 {
+    if (!tu_core_applies(alg, 0)) return;
     tu_rng r = {seed};
     const int cross = s->Tk != 0;
     const size_t B = s->B, Tq = s->Tq, Tk = cross ? s->Tk : s->Tq, H = s->H, dk = s->dk, dv = s->dv;

@@ -4,7 +4,7 @@
  * Every configuration runs with both algorithms: fused (out) and unfused (out, and attn
  * when the configuration asks for the weights). */
 #include "oracle.h"
-#include "reference.h"
+#include "attention/attention.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -64,6 +64,7 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
     d.layout = cfg->layout;
     d.algorithm = alg;
     const int need_weights = cfg->need_weights && alg != CLATTN_ALGORITHM_FUSED;
+    if (!tu_core_applies(alg, need_weights)) return;
     d.need_weights = need_weights;
     const size_t B = cfg->B, Tq = cfg->Tq, Tk = cfg->cross ? cfg->Tk : cfg->Tq, E = cfg->E;
     const size_t Ekv = cfg->cross ? cfg->Ekv : cfg->E, H = cfg->H;
@@ -237,7 +238,8 @@ Test(opencl, dropout)
 
 /* A fused plan makes no attention weights: asking for them is refused, naming the fix, and
  * nothing is written; FUSED with need_weights is refused at plan creation; AUTO picks FUSED
- * without need_weights and UNFUSED with it. */
+ * without need_weights and UNFUSED with it (a core CLATTN_CORE forces: its algorithm, and a plan it
+ * cannot serve is refused naming its limit). */
 Test(opencl, fused_refuses_weights)
 {
     tu_rng r = {8};
@@ -246,8 +248,10 @@ Test(opencl, fused_refuses_weights)
     clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 2};
     clattn_plan *plan = NULL;
     cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    if (!getenv("CLATTN_ATTENTION") || strcmp(getenv("CLATTN_ATTENTION"), "unfused") != 0)
-        cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_FUSED, "AUTO without need_weights");
+    const clattn_core_info *forced = tu_forced_core();
+    cr_assert_eq(clattn_plan_algorithm(plan), forced ? forced->algorithm : CLATTN_ALGORITHM_FUSED,
+                 "AUTO without need_weights");
+    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
     float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(2 * T * T);
     clattn_attention_args a = {.x = x, .out = out, .attn = attn};
     if (clattn_plan_algorithm(plan) == CLATTN_ALGORITHM_FUSED) {
@@ -282,8 +286,14 @@ Test(opencl, fused_refuses_weights)
     cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
     big.algorithm = CLATTN_ALGORITHM_AUTO;
-    cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED);
-    clattn_plan_free(plan);
+    if (forced && forced->algorithm == CLATTN_ALGORITHM_FUSED) { /* forced: refused, never another core */
+        cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "256") && strstr(clattn_last_error(), forced->name), "%s",
+                  clattn_last_error());
+    } else {
+        cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED);
+        clattn_plan_free(plan);
+    }
     free(x); free(xb); free(out); free(attn);
 }

@@ -3,7 +3,7 @@
  * absurd length, a binary the driver refuses, an empty file, a directory in its place, an unwritable or
  * absent cache directory, the cache turned off) falls back to compiling, computes the right answer
  * (against the float64 oracle), and, where it can, rewrites the file. Each test has its own directory. */
-#include "internal.h"
+#include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
 

@@ -1,7 +1,7 @@
 /* test_reference.c: Philox known answers, dropout statistics and determinism,
  * fully masked rows, NaN propagation, and plan validation (on ref and OpenCL). */
-#include "philox.cl"
-#include "reference.h"
+#include "common/philox.cl"
+#include "attention/attention.h"
 #include "oracle.h"
 #include "testutil.h"
 

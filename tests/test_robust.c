@@ -8,7 +8,7 @@
  *   nulls      NULL for every pointer argument of every public function: a status, never a
  *              crash, outputs untouched
  * CLATTN_ROBUST_PLANS overrides the 1000 plans of the leak loop (for quick local runs). */
-#include "internal.h"
+#include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
 
@@ -316,12 +316,12 @@ static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *at
     /* failure paths release what they made: a score matrix beyond the device's max
      * allocation (OpenCL: fails after the plan state exists) and a validation failure */
     clattn_attention_desc big = {.batch = 1, .seq_q = 2000, .embed = 1, .heads = 1};
-    const size_t saved_alloc = dev->max_alloc;
+    const size_t saved_alloc = dev->caps.max_alloc;
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
-        dev->max_alloc = 1000 * sizeof(float); /* below one row of scores: refused, whatever the device */
+        dev->caps.max_alloc = 1000 * sizeof(float); /* below one row of scores: refused, whatever the device */
     plan = (clattn_plan *)(uintptr_t)1;
     clattn_status st = clattn_plan_create(dev, &big, NULL, &plan);
-    dev->max_alloc = saved_alloc;
+    dev->caps.max_alloc = saved_alloc;
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
         cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s: %s", clattn_status_string(st), clattn_last_error());
     if (st == CLATTN_STATUS_SUCCESS) clattn_plan_free(plan);

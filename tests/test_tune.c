@@ -1,8 +1,9 @@
-/* test_tune.c: the device's tuning file and clattn_tune (src/tune.c).
- *   files   every kind of file a plan may meet (valid rows/tiled/softmax/CLBlast entries, stale, truncated, not a
- *           tuning file, huge or mistyped values, values a plan cannot use, oversized, binary, empty,
- *           CLATTN_TUNE=0): never a crash, a notice for what was ignored, and the right answer (against the
- *           float64 oracle) whether the plan ended up tuned or not
+/* test_tune.c: the device's tuning file (src/device/tune_file.c) and clattn_tune (src/tune/search.c).
+ *   files   every kind of file a plan may meet (valid entries for each core, AUTO's core, CLBlast's parameters,
+ *           stale, another format, truncated, not a tuning file, huge, mistyped, missing or unknown values,
+ *           values a plan cannot use, oversized, binary, empty, CLATTN_TUNE=0, CLATTN_CORE over the file):
+ *           never a crash, a notice for what was ignored, and the right answer (against the float64 oracle)
+ *           whether the plan ended up tuned or not
  *   search  clattn_tune on a small shape writes a file the device reads back without a notice, and the
  *           plans then use it; its errors */
 #include "oracle.h"
@@ -25,7 +26,9 @@ static void setup(void)
     close(fd);
     setenv("CLATTN_TUNE_FILE", path, 1);
     unsetenv("CLATTN_TUNE");
+    unsetenv("CLATTN_CORE");
     unsetenv("CLATTN_FLASH");
+    unsetenv("CLATTN_ATTENTION");
     unsetenv("CLATTN_SOFTMAX");
 }
 
@@ -43,7 +46,7 @@ static void header(char *buf, size_t len)
     clGetDeviceInfo(id, CL_DEVICE_VENDOR, sizeof vendor, vendor, NULL);
     clGetDeviceInfo(id, CL_DRIVER_VERSION, sizeof driver, driver, NULL);
     snprintf(name, sizeof name, "%s", clattn_device_name(dev));
-    snprintf(buf, len, "clattn-tune 1\nclattn %s\ndevice %s\nvendor %s\ndriver %s\n", clattn_version(), name, vendor,
+    snprintf(buf, len, "clattn-tune 2\nclattn %s\ndevice %s\nvendor %s\ndriver %s\n", clattn_version(), name, vendor,
              driver);
     clattn_device_free(dev);
 }
@@ -56,8 +59,10 @@ static void write_file(const char *text)
     fclose(f);
 }
 
-/* A plan (head size 8, class 0, or 32 with d32) on a fresh device reading the file; checked against the
- * oracle; returns whether it was tuned and the device's notice (copied into notice). */
+static char last_core[32]; /* the core of plan_with_file's last plan */
+
+/* A plan (head size d: class 0 for 8 and 4) on a fresh device reading the file; checked against the
+ * oracle; returns whether it was tuned, the device's notice (copied into notice) and its core (last_core). */
 static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t len)
 {
     clattn_device *dev = tu_open_opencl();
@@ -80,6 +85,7 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
     char msg[256];
     cr_assert_eq(oracle_compare(out, want, B * T * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
     const int tuned = clattn_plan_tuned(p);
+    snprintf(last_core, sizeof last_core, "%s", clattn_plan_core(p));
     clattn_plan_free(p);
     clattn_device_free(dev);
     free(wq), free(wk), free(wv), free(x), free(out), free(want);
@@ -91,32 +97,45 @@ typedef struct file_case {
     int raw, tuned;
     clattn_algorithm alg;
     const char *needle;        /* in the notice; NULL = no notice */
+    const char *core;          /* the core the plan must run (NULL: any) */
 } file_case;
 
 Test(tune, files)
 {
     char head[1200], text[4096], notice[1100];
     header(head, sizeof head);
+    const clattn_algorithm F = CLATTN_ALGORITHM_FUSED, U = CLATTN_ALGORITHM_UNFUSED, A = CLATTN_ALGORITHM_AUTO;
     const file_case cases[] = {
-        {"fused rows entry", "flash 0 rows 8 16 4\n", 0, 1, CLATTN_ALGORITHM_FUSED, NULL},
-        {"fused tiled entry", "flash 0 tiled 8 16 2\n", 0, 1, CLATTN_ALGORITHM_FUSED, NULL},
-        {"comments, CRLF and blank lines", "# a comment\r\n\r\nflash 0 rows 4 8 8\r\n", 0, 1, CLATTN_ALGORITHM_FUSED,
+        {"flash_rows entry", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 0, 1, F, NULL, "flash_rows"},
+        {"flash_tiled entry and AUTO's core", "core flash_tiled 0 BQ=8,BKT=16,NS=2\nauto 0 flash_tiled\n", 0, 1, F,
+         NULL, "flash_tiled"},
+        {"AUTO's core alone", "auto 0 unfused\n", 0, 1, A, NULL, "unfused"},
+        {"AUTO's core for a plan that cannot use it", "auto 0 unfused\n", 0, 0, F, NULL, NULL},
+        {"parameters in any order", "core flash_rows 0 VW=4,ROWS=2,BK=32\n", 0, 1, F, NULL, "flash_rows"},
+        {"comments, CRLF and blank lines", "# a comment\r\n\r\ncore flash_rows 0 ROWS=4,BK=8,VW=8\r\n", 0, 1, F, NULL,
          NULL},
-        {"softmax item", "softmax item\n", 0, 1, CLATTN_ALGORITHM_UNFUSED, NULL},
-        {"softmax rows", "softmax rows\n", 0, 1, CLATTN_ALGORITHM_UNFUSED, NULL},
-        {"an entry for another class only", "flash 2 rows 8 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, NULL},
-        {"a vector width the head size does not take", "flash 0 rows 8 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, NULL},
-        {"huge numbers", "flash 0 rows 99999999999999999999 16 8\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
-        {"not a power of two", "flash 0 rows 3 16 4\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
-        {"too many work-items", "flash 0 tiled 64 16 16\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not values"},
-        {"wrong types", "flash 0 rows eight 16 4\nflash x rows 8 16 4\nsoftmax fast\nflash 0 rows -8 16 4\n", 0, 0,
-         CLATTN_ALGORITHM_FUSED, "line"},
-        {"an unknown entry", "frobnicate 1 2 3\n", 0, 0, CLATTN_ALGORITHM_FUSED, "not an entry"},
-        {"stale driver", "clattn-tune 1\nclattn 0.3.0\ndevice D\nvendor V\ndriver 0.0-other\nflash 0 rows 8 16 4\n", 1,
-         0, CLATTN_ALGORITHM_FUSED, "stale"},
-        {"no magic", "flash 0 rows 8 16 4\n", 1, 0, CLATTN_ALGORITHM_FUSED, "not a clattn tuning file"},
-        {"truncated", "clattn-tune 1\n", 1, 0, CLATTN_ALGORITHM_FUSED, "truncated"},
-        {"empty", "", 1, 0, CLATTN_ALGORITHM_FUSED, "empty"},
+        {"softmax item", "core unfused 0 SOFTMAX=item\n", 0, 1, U, NULL, "unfused"},
+        {"softmax rows", "core unfused 0 SOFTMAX=rows\n", 0, 1, U, NULL, "unfused"},
+        {"an entry for another class only", "core flash_rows 2 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL},
+        {"a vector width the head size does not take", "core flash_rows 0 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL},
+        {"huge numbers", "core flash_rows 0 ROWS=99999999999999999999,BK=16,VW=8\n", 0, 0, F, "the values are", NULL},
+        {"not a power of two", "core flash_rows 0 ROWS=3,BK=16,VW=4\n", 0, 0, F, "the values are", NULL},
+        {"too many work-items", "core flash_tiled 0 BQ=64,BKT=16,NS=16\n", 0, 0, F, "not values", NULL},
+        {"a missing parameter", "core flash_rows 0 ROWS=8,BK=16\n", 0, 0, F, "no value for VW", NULL},
+        {"an unknown parameter", "core flash_rows 0 ROWS=8,BK=16,VW=4,XX=1\n", 0, 0, F, "has no parameter", NULL},
+        {"wrong types", "core flash_rows 0 ROWS=eight,BK=16,VW=4\ncore flash_rows x ROWS=8,BK=16,VW=4\n"
+         "core unfused 0 SOFTMAX=fast\ncore flash_rows 0 ROWS=-8,BK=16,VW=4\ncore flash_rows 0 ROWS\n", 0, 0, F, "line",
+         NULL},
+        {"an unknown core", "core flash_magic 0 X=1\n", 0, 0, F, "not a 'core NAME", NULL},
+        {"bad AUTO entries", "auto 9 unfused\nauto 0 nothing\nauto 0\n", 0, 0, A, "not an 'auto", NULL},
+        {"an unknown entry", "frobnicate 1 2 3\n", 0, 0, F, "not an entry", NULL},
+        {"stale driver", "clattn-tune 2\nclattn 0.3.0\ndevice D\nvendor V\ndriver 0.0-other\ncore flash_rows 0 "
+         "ROWS=8,BK=16,VW=4\n", 1, 0, F, "stale", NULL},
+        {"the format of clattn 0.3", "clattn-tune 1\nclattn 0.3.0\ndevice D\nvendor V\ndriver V\nflash 0 rows 8 16 4\n",
+         1, 0, F, "another format", NULL},
+        {"no magic", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 1, 0, F, "not a clattn tuning file", NULL},
+        {"truncated", "clattn-tune 2\n", 1, 0, F, "truncated", NULL},
+        {"empty", "", 1, 0, F, "empty", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const file_case *c = &cases[i];
@@ -128,52 +147,63 @@ Test(tune, files)
         cr_assert_eq(tuned, c->tuned, "%s: tuned = %d; notice: %s", c->what, tuned, notice);
         if (c->needle) cr_assert(strstr(notice, c->needle), "%s: notice '%s' lacks '%s'", c->what, notice, c->needle);
         else cr_assert_str_empty(notice, "%s: unexpected notice '%s'", c->what, notice);
+        if (c->core) cr_assert_str_eq(last_core, c->core, "%s: the plan runs %s", c->what, last_core);
     }
     /* another clattn version: stale, by the version line */
-    snprintf(text, sizeof text, "clattn-tune 1\nclattn 0.0.1\n%sflash 0 rows 8 16 4\n", strchr(head + 14, '\n') + 1);
+    snprintf(text, sizeof text, "clattn-tune 2\nclattn 0.0.1\n%score flash_rows 0 ROWS=8,BK=16,VW=4\n",
+             strchr(head + 14, '\n') + 1);
     write_file(text);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "stale"), "%s", notice);
     /* larger than 64 KiB, and binary */
     char *big = malloc(70000);
     memset(big, '#', 69999);
     big[69999] = '\0';
     write_file(big);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "larger than"), "%s", notice);
     FILE *f = fopen(path, "wb");
     for (int k = 0; k < 300; k++) fputc(k * 7 % 256, f);
     fclose(f);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(notice[0], "a binary file gave no notice");
     free(big);
     /* CLATTN_TUNE=0: a valid file is not read */
-    snprintf(text, sizeof text, "%sflash 0 rows 8 16 4\n", head);
+    snprintf(text, sizeof text, "%score flash_rows 0 ROWS=8,BK=16,VW=4\n", head);
     write_file(text);
     setenv("CLATTN_TUNE", "0", 1);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert_str_empty(notice);
     unsetenv("CLATTN_TUNE");
-    /* CLATTN_FLASH forces a variant over the file; CLATTN_SOFTMAX the softmax */
+    /* the environment over the file: CLATTN_CORE's parameters, another core, CLATTN_FLASH's core */
+    setenv("CLATTN_CORE", "flash_rows:ROWS=4", 1);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    setenv("CLATTN_CORE", "flash_tiled", 1);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    cr_assert_str_eq(last_core, "flash_tiled");
+    unsetenv("CLATTN_CORE");
+    setenv("CLATTN_CORE", "flash_rows", 1); /* the core alone: the file's parameters for it */
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1);
+    unsetenv("CLATTN_CORE");
     setenv("CLATTN_FLASH", "tiled", 1);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     unsetenv("CLATTN_FLASH");
     /* CLBlast's Xgemm parameter sets: one of the table's (set process-wide at open: last here), or not */
     snprintf(text, sizeof text, "%sclblast xgemm 99\nclblast xgemm x1\nclblast xgemm -1\n", head);
     write_file(text);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "not one of the"), "%s", notice);
     static const int sets[] = {0, 3, 8}; /* CLBlast's generic default and two others */
     for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned */
         const int set = sets[i];
         snprintf(text, sizeof text, "%sclblast xgemm %d\n", head, set);
         write_file(text);
-        cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 1, "set %d", set);
+        cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1, "set %d", set);
         cr_assert_str_empty(notice);
     }
     /* no file at all: nothing to say */
     unlink(path);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert_str_empty(notice);
 }
 
@@ -202,12 +232,20 @@ Test(tune, search_writes_a_file_the_plans_use, .timeout = 600)
     const size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = '\0';
-    cr_assert(strncmp(text, "clattn-tune 1\n", 14) == 0, "%s", text);
+    cr_assert(strncmp(text, "clattn-tune 2\n", 14) == 0, "%s", text);
+    /* a plan counts as tuned when an entry of the file applies to it: its core's parameters for class 0, the
+     * file's core for class 0 when the plan can use it, or CLBlast's parameters (the projections) */
     char notice[1100];
-    const int has_flash = strstr(text, "\nflash 0 ") != NULL, has_softmax = strstr(text, "\nsoftmax ") != NULL;
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), has_flash, "%s", text);
+    const int xgemm = strstr(text, "\nclblast xgemm ") != NULL;
+    const int fused_tuned = plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice);
+    char entry[64];
+    snprintf(entry, sizeof entry, "\ncore %s 0 ", last_core);
+    cr_assert_eq(fused_tuned, xgemm || strstr(text, "\nauto 0 flash_") || strstr(text, entry), "%s (core %s)", text,
+                 last_core);
     cr_assert_str_empty(notice);
-    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_UNFUSED, 8, notice, sizeof notice), has_softmax, "%s", text);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_UNFUSED, 8, notice, sizeof notice),
+                 xgemm || strstr(text, "\ncore unfused 0 ") || strstr(text, "\nauto 0 unfused"), "%s", text);
+    cr_assert_str_empty(notice);
 }
 
 Test(tune, errors)
@@ -227,6 +265,10 @@ Test(tune, errors)
     clattn_tune_options z = {.shapes = bad, .n_shapes = 0};
     cr_assert_eq(clattn_tune(dev, &z), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_plan_tuned(NULL), 0);
+    setenv("CLATTN_CORE", "flash_rows", 1); /* the search refuses what would override its candidates */
+    cr_assert_eq(clattn_tune(dev, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "CLATTN_CORE"), "%s", clattn_last_error());
+    unsetenv("CLATTN_CORE");
     cr_assert_null(clattn_device_tune_notice(NULL));
     clattn_device_free(dev);
 }

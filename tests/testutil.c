@@ -74,7 +74,38 @@ clattn_device *tu_open_opencl(void)
         /* a test that claims OpenCL would compare ref with ref: say so instead of passing */
         cr_skip_test("CLATTN_TEST_DEVICE=%s is not an OpenCL device; this test needs one", spec);
     }
+    const clattn_core_info *forced = tu_forced_core();
+    for (size_t i = 0; forced && i < clattn_core_count(); i++) {
+        clattn_core_info c;
+        if (clattn_core_describe(dev, i, &c) == CLATTN_STATUS_SUCCESS && strcmp(c.name, forced->name) == 0 &&
+            !c.supported) {
+            clattn_device_free(dev);
+            cr_skip_test("core %s is not supported by the test device: %s", c.name, c.reason);
+        }
+    }
     return dev;
+}
+
+const clattn_core_info *tu_forced_core(void)
+{
+    static clattn_core_info info;
+    const char *v = getenv("CLATTN_CORE");
+    if (!v || !*v) return NULL;
+    const size_t n = strcspn(v, ":");
+    for (size_t i = 0; i < clattn_core_count(); i++)
+        if (clattn_core_describe(NULL, i, &info) == CLATTN_STATUS_SUCCESS && strlen(info.name) == n &&
+            strncmp(info.name, v, n) == 0)
+            return &info;
+    cr_assert_fail("CLATTN_CORE=%s names no registered core", v);
+    return NULL;
+}
+
+int tu_core_applies(clattn_algorithm alg, int need_weights)
+{
+    const clattn_core_info *c = tu_forced_core();
+    if (!c) return 1;
+    if (c->kind != CLATTN_CORE_PREFILL || (need_weights && !c->produces_weights)) return 0;
+    return alg == CLATTN_ALGORITHM_AUTO || alg == c->algorithm;
 }
 
 const char *tu_opencl_spec(void)

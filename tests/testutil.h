@@ -33,6 +33,13 @@ clattn_device *tu_open_opencl(void);
 const char *tu_opencl_spec(void);
 clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not open */
 
+/* The core CLATTN_CORE=NAME[:P=V,...] forces (the ctest entries <family>_core_<name>..., generated from the
+ * registry), or NULL. tu_open_opencl skips the test visibly when the test device does not run that core. */
+const clattn_core_info *tu_forced_core(void);
+/* Would an OpenCL plan of this algorithm (with need_weights) run the forced core? 1 when none is forced.
+ * Helpers that go over both algorithms return early for the cases another entry runs. */
+int tu_core_applies(clattn_algorithm alg, int need_weights);
+
 /* A golden case directory (tests/golden/cases/NAME), loaded. */
 typedef struct tu_case {
     char name[256];

@@ -9,6 +9,7 @@
 
 /* Each returns the process exit status: 0 success, 1 runtime failure, 2 usage error. */
 int clattn_cli_devices(int argc, char **argv);
+int clattn_cli_cores(int argc, char **argv);
 int clattn_cli_demo(int argc, char **argv);
 int clattn_cli_run(int argc, char **argv);
 int clattn_cli_encoder(int argc, char **argv);

@@ -2,7 +2,7 @@
  * and prints their tables the way the tutorials (PyTorch) print them, next to
  * a check against the numbers the tutorials printed (to 4 decimals). */
 #include "cli.h"
-#include "internal.h"
+#include "encoder/encoder.h"
 #include "npy.h"
 #include "tutorial_data.h"
 #include "tutorial_encoder_data.h"

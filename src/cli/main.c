@@ -42,6 +42,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: clattn <command> [options]      clattn help <command>      clattn --version\n"
             "  devices                      list every OpenCL device (and ref)\n"
+            "  cores [--device SPEC] [--json]   list the attention cores and what the device runs\n"
             "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
             "  run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
             "      [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P] [--device SPEC]\n"
@@ -62,6 +63,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     install_build_notice();
     if (strcmp(cmd, "devices") == 0) return clattn_cli_devices(argc - 1, argv + 1);
+    if (strcmp(cmd, "cores") == 0) return clattn_cli_cores(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return clattn_cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
         if (strcmp(argv[2], "run") == 0) return clattn_cli_run(2, sub);
         if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
         if (strcmp(argv[2], "tune") == 0) return clattn_cli_tune(2, sub);
+        if (strcmp(argv[2], "cores") == 0) return clattn_cli_cores(2, sub);
         if (strcmp(argv[2], "demo") == 0 || strcmp(argv[2], "devices") == 0) {
             usage(stdout);
             return 0;

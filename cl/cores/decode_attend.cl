@@ -1,0 +1,321 @@
+/* decode_attend.cl: the decode core (src/cores/decode_attend.c): attention over a KV cache for decode
+ * plans (src/decode/).
+ *
+ * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
+ *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
+ * as float, or with KV_HALF as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
+ * cl_khr_fp16). lens[b] is sequence b's length before this call; the call brings n new tokens
+ * per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0).
+ * New token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with
+ * p - j < WINDOW (when WINDOW > 0). The decode plan appends the new tokens first (decode/kv_append.cl).
+ *
+ *   decode_attend   one work-item per (b, g, block of R query rows, part). The rows of a block run
+ *                   over (token, head in the group): row q -> token q / GROUP, head g*GROUP + q % GROUP,
+ *                   so one pass over a key serves every query head that shares it. The block's key
+ *                   range is cut into `parts` equal parts (split-K): with parts = 1 the work-item writes
+ *                   the output rows; otherwise each part writes its running max m, sum l and unnormalised
+ *                   acc (online softmax, as flash.cl) and decode_combine merges them.
+ *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
+ *
+ * online.cl goes first. Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF,
+ * R (rows per work-item), BK (keys per block), VW (vector width along the head dimension; divides DK
+ * and DV); KP and RV (below) have defaults from these.
+ */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV DK
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef KV_HALF
+#define KV_HALF 0
+#endif
+#ifndef R
+#define R 4
+#endif
+#ifndef BK
+#define BK 16
+#endif
+#ifndef VW
+#define VW 1
+#endif
+
+#if KV_HALF
+typedef half kv_t;
+#else
+typedef float kv_t;
+#endif
+
+#if VW == 8
+typedef float8 vw_t;
+#define QLOADW(i, p) vload8((i), (p))
+#define OSTOREW(v, i, p) vstore8((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half8((i), (p))
+#else
+#define KLOADW(i, p) vload8((i), (p))
+#endif
+inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
+#elif VW == 4
+typedef float4 vw_t;
+#define QLOADW(i, p) vload4((i), (p))
+#define OSTOREW(v, i, p) vstore4((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half4((i), (p))
+#else
+#define KLOADW(i, p) vload4((i), (p))
+#endif
+inline float dhsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
+#else
+typedef float vw_t;
+#define QLOADW(i, p) ((p)[(i)])
+#define OSTOREW(v, i, p) ((p)[(i)] = (v))
+#if KV_HALF
+#define KLOADW(i, p) vload_half((i), (p))
+#else
+#define KLOADW(i, p) ((p)[(i)])
+#endif
+inline float dhsum(float v) { return v; }
+#endif
+#define DNKW (DK / VW)
+#define DNVW (DV / VW)
+/* keys per step of the score loop (divides BK). Two keys share each query vector loaded: measured
+ * on PoCL (Zen 4), about 10 % faster for a half cache, which is compute-bound there, but 30 % slower
+ * for a float cache, which is bound by memory bandwidth. */
+#ifndef KP
+#if R <= 4 && KV_HALF
+#define KP 2
+#else
+#define KP 1
+#endif
+#endif
+#define NCH (KP * R >= 8 ? 1 : 2) /* FMA chains per key and row */
+/* rows per pass over a block's values: RV*DNVW accumulators in registers */
+#ifndef RV
+#if R % 2 == 0 && DNVW <= 8
+#define RV 2
+#else
+#define RV 1
+#endif
+#endif
+
+/* Is key j visible from position p? (j <= p always holds inside the ranges below, except at the
+ * block's upper edge.) */
+inline int dec_visible(uint j, uint p)
+{
+#if WINDOW
+    return j <= p && p - j < WINDOW;
+#else
+    return j <= p;
+#endif
+}
+
+/* q: the queries at column 0 of head 0, rows (b*n + t) of stride q_ld, head h at h*DK.
+ * out: merged rows (b*n + t) of stride out_ld, head h at h*DV (parts = 1).
+ * part_ml (rows*parts, 2) and part_acc (rows*parts, DV), row = (b*n + t)*H + h (parts > 1). */
+__kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
+                            __global const kv_t *kc, __global const kv_t *vc,
+                            __global const uint *lens, __global const uint *valid,
+                            __global float *out, ulong out_off, uint out_ld,
+                            __global float *part_ml, __global float *part_acc,
+                            uint n, uint H, uint HK, uint Tmax, uint parts, float scale, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    const uint nrows = n * GROUP, nblk = (nrows + R - 1) / R;
+    ulong x = gid;
+    const uint part = (uint)(x % parts); x /= parts;
+    const uint blk = (uint)(x % nblk); x /= nblk;
+    const uint g = (uint)(x % HK);
+    const ulong b = x / HK;
+    const uint len = lens[b], nv = valid[b];
+    const uint q0 = blk * R;
+
+    vw_t qr[R][DNKW], acc[R][DNVW];
+    float m[R], l[R];
+    uint pos[R];
+    for (uint r = 0; r < R; r++) {
+        const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
+        const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+        pos[r] = len + t;
+        __global const float *qp = q + q_off + (b * n + t) * q_ld + (ulong)h * DK;
+        for (uint c = 0; c < DNKW; c++) qr[r][c] = QLOADW(c, qp);
+        for (uint c = 0; c < DNVW; c++) acc[r][c] = (vw_t)(0.0f);
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+    }
+    /* keys of the block: up to its last token's position (never past the appended ones), from its
+     * first token's window on; this part's share of them */
+    const uint q_last = min(q0 + R, nrows) - 1;
+    const uint hi = min(len + q_last / GROUP + 1, len + nv);
+    const uint first = len + q0 / GROUP;
+#if WINDOW
+    const uint lo = first >= WINDOW ? first - WINDOW + 1 : 0;
+#else
+    const uint lo = 0;
+#endif
+    const uint span = hi > lo ? hi - lo : 0;
+    const uint per = (span + parts - 1) / parts;
+    const uint js = min(hi, lo + part * per), je = min(hi, js + per);
+
+    __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
+    __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    /* a block of keys that every row sees whole needs no mask: all its keys precede the first row's
+     * position (and, with a window, lie within the last row's window) */
+    const uint p_first = len + q0 / GROUP, p_last = len + q_last / GROUP;
+    for (uint j0 = js; j0 < je; j0 += BK) {
+#if WINDOW
+        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first && p_last - j0 < WINDOW;
+#else
+        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first;
+#endif
+        float s[R][BK];
+        for (uint jj = 0; jj < BK; jj += KP) {
+            /* KP keys at a time: each query vector loaded serves KP keys. KP*R accumulators are as
+             * many independent FMA chains; with fewer than 8, each key gets a second one (odd c). */
+            __global const kv_t *kp[KP];
+            vw_t dot[KP][R];
+#if NCH == 2
+            vw_t dot2[KP][R];
+#endif
+            #pragma unroll
+            for (uint kk = 0; kk < KP; kk++) {
+                kp[kk] = kb + (ulong)min(j0 + jj + kk, je - 1) * DK; /* keys past je: a valid key, masked below */
+                #pragma unroll
+                for (uint r = 0; r < R; r++) dot[kk][r] = (vw_t)(0.0f);
+#if NCH == 2
+                #pragma unroll
+                for (uint r = 0; r < R; r++) dot2[kk][r] = (vw_t)(0.0f);
+#endif
+            }
+            uint c = 0;
+            for (; c + NCH <= DNKW; c += NCH) {
+                vw_t kv[KP];
+                #pragma unroll
+                for (uint kk = 0; kk < KP; kk++) kv[kk] = KLOADW(c, kp[kk]);
+                #pragma unroll
+                for (uint r = 0; r < R; r++) {
+                    #pragma unroll
+                    for (uint kk = 0; kk < KP; kk++) dot[kk][r] = fma(qr[r][c], kv[kk], dot[kk][r]);
+                }
+#if NCH == 2
+                #pragma unroll
+                for (uint kk = 0; kk < KP; kk++) kv[kk] = KLOADW(c + 1, kp[kk]);
+                #pragma unroll
+                for (uint r = 0; r < R; r++) {
+                    #pragma unroll
+                    for (uint kk = 0; kk < KP; kk++) dot2[kk][r] = fma(qr[r][c + 1], kv[kk], dot2[kk][r]);
+                }
+#endif
+            }
+#if NCH == 2
+            if (c < DNKW) {
+                #pragma unroll
+                for (uint kk = 0; kk < KP; kk++) {
+                    const vw_t kv = KLOADW(c, kp[kk]);
+                    #pragma unroll
+                    for (uint r = 0; r < R; r++) dot[kk][r] = fma(qr[r][c], kv, dot[kk][r]);
+                }
+            }
+            #pragma unroll
+            for (uint kk = 0; kk < KP; kk++) {
+                #pragma unroll
+                for (uint r = 0; r < R; r++) dot[kk][r] += dot2[kk][r];
+            }
+#endif
+            #pragma unroll
+            for (uint kk = 0; kk < KP; kk++) {
+                float hs[R];
+#if VW == 8 && R % 4 == 0
+                #pragma unroll
+                for (uint r = 0; r < R; r += 4) {
+                    const float4 h4 = clattn_hsum4_8(dot[kk][r], dot[kk][r + 1], dot[kk][r + 2], dot[kk][r + 3]);
+                    hs[r] = h4.x, hs[r + 1] = h4.y, hs[r + 2] = h4.z, hs[r + 3] = h4.w;
+                }
+#else
+                #pragma unroll
+                for (uint r = 0; r < R; r++) hs[r] = dhsum(dot[kk][r]);
+#endif
+                const uint j = j0 + jj + kk;
+                if (whole) {
+                    #pragma unroll
+                    for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * scale;
+                } else {
+                    #pragma unroll
+                    for (uint r = 0; r < R; r++)
+                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * scale : -INFINITY;
+                }
+            }
+        }
+        float corr[R];
+        for (uint r = 0; r < R; r++) {
+            const float mb = clattn_block_max(s[r], BK, m[r]);
+            corr[r] = exp(m[r] - mb);
+            m[r] = mb;
+            float sum = 0.0f;
+#if BK == 16
+            sum = clattn_exp16_sum(s[r], mb);
+#else
+            for (uint jj = 0; jj < BK; jj++) {
+                const float p = exp(s[r][jj] - mb);
+                sum += p;
+                s[r][jj] = p;
+            }
+#endif
+            l[r] = l[r] * corr[r] + sum;
+        }
+        const uint nj = min((uint)BK, je - j0);
+        __global const kv_t *vp0 = vb + (ulong)j0 * DV;
+#define DEC_VAL(jj, c) KLOADW((c), vp0 + (jj) * DV)
+        CLATTN_VALUE_PASS(vw_t, R, RV, DNVW, acc, corr, s, nj, DEC_VAL)
+#undef DEC_VAL
+    }
+    for (uint r = 0; r < R; r++) {
+        const uint qq = q0 + r;
+        if (qq >= nrows) break;
+        const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+        if (parts == 1) {
+            __global float *op = out + out_off + (b * n + t) * out_ld + (ulong)h * DV;
+            const int zero = t >= nv || l[r] == 0.0f; /* padding token, or no visible key */
+            const float inv = zero ? 0.0f : 1.0f / l[r];
+            for (uint c = 0; c < DNVW; c++) OSTOREW(zero ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
+        } else {
+            const ulong slot = ((b * n + t) * H + h) * parts + part;
+            part_ml[slot * 2] = m[r];
+            part_ml[slot * 2 + 1] = l[r];
+            __global float *ap = part_acc + slot * DV;
+            for (uint c = 0; c < DNVW; c++) OSTOREW(acc[r][c], c, ap);
+        }
+    }
+}
+
+/* One work-item per output element (b, t, h, c). */
+__kernel void decode_combine(__global const float *part_ml, __global const float *part_acc,
+                             __global const uint *valid, __global float *out, ulong out_off, uint out_ld,
+                             uint n, uint H, uint parts, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    const uint c = (uint)(gid % DV);
+    const ulong row = gid / DV; /* (b*n + t)*H + h */
+    const uint h = (uint)(row % H);
+    const ulong bt = row / H;
+    const uint t = (uint)(bt % n);
+    const ulong b = bt / n;
+    float M = -FLT_MAX;
+    for (uint p = 0; p < parts; p++) M = fmax(M, part_ml[(row * parts + p) * 2]);
+    float L = 0.0f, a = 0.0f;
+    for (uint p = 0; p < parts; p++) {
+        const ulong slot = row * parts + p;
+        const float f = exp(part_ml[slot * 2] - M);
+        L += part_ml[slot * 2 + 1] * f;
+        a += part_acc[slot * DV + c] * f;
+    }
+    out[out_off + bt * out_ld + (ulong)h * DV + c] = t >= valid[b] || L == 0.0f ? 0.0f : a / L;
+}

@@ -1,0 +1,61 @@
+/* flash_common.cl: what the flash family's kernels share (src/cores/flash.c builds each member after it).
+ * For each (batch, head) and block of queries, a flash kernel streams the keys and values once, keeping per
+ * query row a running max m, a running sum l of exp(score - m) and an unnormalised output acc in fp32
+ * (online softmax: when m grows, l and acc are rescaled by exp(m_old - m_new)); it writes acc / l once.
+ * No score matrix in global memory.
+ *
+ * Layout: Q, K and V are read where the projections left them, token-major rows with a row stride (ld)
+ * and head h at columns h*DK (Q, K) or h*DV (V):
+ *   Q[b, t, h, c] = q[q_off + (b*Tq + t)*q_ld + h*DK + c]      (K, V likewise over Tk)
+ * and the output goes to the merged layout out[out_off + (b*Tq + i)*out_ld + h*DV + c].
+ * Every member takes the same arguments (src/cores/flash.c lists them).
+ *
+ * Semantics (those of the reference, src/attention/ref.c): score = (q . k) * scale (+ float mask); hidden
+ * keys (causal j > i, sliding window, key padding, bool mask) get weight 0; a row with no visible key (or
+ * only -inf scores) gives output 0; a NaN score or a +inf score makes the row NaN; dropout keeps weight
+ * (b, h, i, j) by clattn_dropout_keep (philox.cl) and scales it. The running max starts at -FLT_MAX, a
+ * finite value, so a fully hidden block computes exp(-inf - m) = 0 and never inf - inf. With CAUSAL, key
+ * blocks wholly after the block's last query are never visited, and with a sliding WINDOW those wholly
+ * before the block's first query's window; only the blocks that cross an edge are masked.
+ *
+ * Specialised by -D (philox.cl, half.cl, mask.cl and online.cl go first; defaults let each compile alone):
+ *   DK, DV           head sizes of queries/keys and of values
+ *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
+ *   KV_ROUND         1: K and V rounded to half as they are read (kv_half plans; half.cl)
+ *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
+ * and by each member's own tuning parameters (src/cores/<member>.c).
+ */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV DK
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef KV_ROUND
+#define KV_ROUND 0
+#endif
+#if KV_ROUND
+#define KVR(x) clattn_round_half(x)
+#else
+#define KVR(x) (x)
+#endif
+
+/* The weight applied to V: p, or after dropout p * keep_scale or 0. */
+inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold,
+                        float keep_scale)
+{
+#if DROPOUT
+    return clattn_dropout_keep(seed_lo, seed_hi, b, h, i, j, threshold) ? p * keep_scale : 0.0f;
+#else
+    return p;
+#endif
+}
+
+/* acc / l, with 0 for a row that saw no visible key (l = 0); NaN stays NaN. */
+inline float flash_out(float acc, float l)
+{
+    return l == 0.0f ? 0.0f : acc / l;
+}

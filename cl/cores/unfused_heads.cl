@@ -1,0 +1,38 @@
+/* unfused_heads.cl: the unfused core's reshuffles (src/cores/unfused.c): moving activations between the token-major layout the projections
+ * produce, (B, T, H*D) rows of width `ld`, and the head-major layout the
+ * batched GEMMs use, (B, H, T, D). Offsets count elements; 64-bit indices. */
+
+/* dst (B, H, T, D) = src[b, t, col0 + (h/G)*D + d] (+ bias[(h/G)*D + d]), rounded to half when
+ * round_half (half.cl). G > 1: grouped-query keys/values, source head h/G repeated for G heads.
+ * One work-item per dst element. */
+__kernel void split_heads(__global const float *src, ulong src_off, uint src_ld, uint col0,
+                          __global const float *bias, uint has_bias,
+                          __global float *dst, ulong dst_off,
+                          uint T, uint H, uint D, uint G, uint round_half, ulong total)
+{
+    ulong g = get_global_id(0);
+    if (g >= total) return;
+    ulong n = g;
+    uint d = (uint)(n % D); n /= D;
+    uint t = (uint)(n % T); n /= T;
+    uint hs = (uint)(n % H) / G;
+    ulong b = n / H;
+    float v = src[src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)hs * D + d];
+    if (has_bias) v += bias[hs * D + d];
+    dst[dst_off + g] = round_half ? clattn_round_half(v) : v;
+}
+
+/* dst[b, t, h*D + d] (rows of width H*D) = src (B, H, T, D). One work-item per dst element. */
+__kernel void merge_heads(__global const float *src, ulong src_off,
+                          __global float *dst, ulong dst_off,
+                          uint T, uint H, uint D, ulong total)
+{
+    ulong g = get_global_id(0);
+    if (g >= total) return;
+    ulong n = g;
+    uint d = (uint)(n % D); n /= D;
+    uint h = (uint)(n % H); n /= H;
+    uint t = (uint)(n % T);
+    ulong b = n / T;
+    dst[dst_off + g] = src[src_off + ((b * H + h) * T + t) * (ulong)D + d];
+}

@@ -1,0 +1,114 @@
+/* attention.h: the attention layer (src/attention/): the plan (plan.c), its two backends (ref.c, the CPU
+ * reference; shell.c, the OpenCL shell around a core), the choice of a core (select.c) and the helpers
+ * that the decode and encoder plans share with it (linear.c). docs/ARCHITECTURE.md draws the layers. */
+#ifndef CLATTN_ATTENTION_H
+#define CLATTN_ATTENTION_H
+
+#include "device/device.h"
+
+#define CLATTN_NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage this version knows */
+
+/* ---- choosing and building a core (select.c) */
+typedef struct clattn_core_instance {
+    const clattn_core *core;
+    void *state;
+    clattn_core_params params; /* the parameters it was built with */
+    int tuned;                 /* the device's tuning file chose the core or its parameters */
+} clattn_core_instance;
+
+/* Pick the core of `kind` for the resolved description d on dev, and build it for the layout: the
+ * environment's CLATTN_CORE first (for a plan that can use that core; refused with the core's reason when
+ * it cannot serve d), else the tuning file's AUTO entry for d's head-size class, else the registry's order
+ * of preference; the parameters from CLATTN_CORE, else the tuning file, else the core's defaults.
+ * d->algorithm (FUSED or UNFUSED) and d->need_weights limit the choice. `other_floats`: the plan's own
+ * device memory, checked with the core's workspace against the device's global memory before anything is
+ * built. */
+clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind, const clattn_attention_desc *d,
+                                 const clattn_core_layout *lay, size_t other_floats, clattn_core_instance *out);
+void clattn_core_destroy(clattn_core_instance *inst);
+
+/* ---- the plan (plan.c) */
+struct clattn_backend_ops;
+
+struct clattn_plan {
+    clattn_device *device;
+    const struct clattn_backend_ops *ops; /* the device's backend: ref or OpenCL */
+    clattn_attention_desc d;     /* every default resolved; on OpenCL d.algorithm is the core's */
+    int has_qkv;                 /* Q/K/V projections present */
+    int has_out;                 /* output projection present */
+    size_t out_width;            /* Eo or H*dv */
+    int host_staging;            /* OpenCL: staging buffers for execution from host arrays */
+    /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
+    float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
+    int profiling;
+    int tuned;                   /* it uses entries of the device's tuning file */
+    double stage_ms[CLATTN_NSTAGES];
+    const clattn_core *core;     /* the core it runs (NULL on ref) */
+    clattn_core_params core_params; /* the parameters it was built with */
+    void *backend_state;         /* the backend's own (shell.c), NULL on ref */
+};
+
+/* The seam between a plan and its device: one table per backend, chosen once at plan creation. */
+typedef struct clattn_backend_ops {
+    const char *name;
+    /* device state (buffers, the core) for a validated plan; NULL: none needed */
+    clattn_status (*init)(struct clattn_plan *p);
+    void (*release)(struct clattn_plan *p);
+    int (*produces_weights)(const struct clattn_plan *p); /* can an execution return the weights? */
+    clattn_status (*execute_host)(struct clattn_plan *p, const clattn_attention_args *a);
+    /* NULL: the backend has no device buffers (ref) */
+    clattn_status (*execute_buffers)(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
+                                     const cl_event *wait, cl_event *event);
+    clattn_status (*stage_times)(struct clattn_plan *p, double ms[CLATTN_NSTAGES]);
+    size_t (*device_bytes)(const struct clattn_plan *p); /* NULL: none */
+} clattn_backend_ops;
+
+extern const clattn_backend_ops clattn_backend_ref;    /* ref.c */
+extern const clattn_backend_ops clattn_backend_opencl; /* shell.c */
+/* The backend of a device (the table of backends, plan.c): decode and encoder plans choose theirs the same way. */
+const clattn_backend_ops *clattn_backend_of(const clattn_device *dev);
+
+/* Validate the description and copy the weights (normalised to LINEAR): a plan with every field resolved
+ * and no backend state yet. plan_create chooses the backend after it; decode plans keep it as their
+ * description and weights. */
+clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
+                                  const clattn_attention_weights *weights, int host_staging, clattn_plan **plan);
+/* A plan as clattn_plan_create makes it, but on OpenCL without the staging buffers that execution from
+ * host arrays needs: for owners that only run it on device buffers (the encoder layer). */
+clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
+                                                 const clattn_attention_weights *weights, clattn_plan **plan);
+/* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`; NULL if out of memory. */
+float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
+float *clattn_vector_copy(const float *src, size_t n);
+
+/* ---- projections on the device (linear.c), for the attention, decode and encoder plans */
+typedef struct clattn_linear {
+    const clattn_device *dev;
+    cl_program prog;
+    cl_kernel fill, small; /* fill_rows, linear_small (cl/attention/linear.cl) */
+} clattn_linear;
+clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l);
+void clattn_linear_release(clattn_linear *l);
+/* Every row of dst (rows, cols) = bias. */
+clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem bias, size_t rows, size_t cols);
+/* y (m, n) = x (m, k) W^T (+ bias), W (n, k) in nn.Linear layout: the bias as rows first and a CLBlast GEMM
+ * with beta = 1, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, linear_small (a GEMM library pads m
+ * to its tile and does dozens of times the work). warm: linear_small launched with no work. */
+#define CLATTN_LINEAR_SMALL_ROWS 16
+clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
+                                cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);
+/* One device buffer holding blocks of rows one after another: block i has rows[i] rows of cols floats from
+ * parts[i], or zeros where parts[i] is NULL (a bias that is absent). */
+clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,
+                                   size_t cols, const char *what, cl_mem *out);
+
+/* ---- the CPU reference (ref.c) */
+/* y (rows, n) = a (rows, k) w^T + bias; w (n, k) in nn.Linear layout, bias (n) or NULL. */
+void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n,
+                       float *y);
+/* Run a validated plan's attention on the CPU. out (B, Tq, out_width), attn (B, H, Tq, Tk) or NULL.
+ * Inputs come from args (x, kv, masks); out/attn are separate so callers can stage them. */
+clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *args, float *out,
+                                 float *attn);
+
+#endif

@@ -1,0 +1,354 @@
+/* plan.c: validate an attention description, copy and normalise the weights, hand the plan to its
+ * device's backend (ref.c or shell.c, through clattn_backend_ops); execution entry points. */
+#include "attention.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* *out = a*b*c*d (pass 1 for unused factors); 1 on overflow. */
+static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *out)
+{
+    size_t t;
+    return clattn_mul_overflows(a, b, &t) || clattn_mul_overflows(t, c, &t) || clattn_mul_overflows(t, d, out);
+}
+
+/* Copy a weight (rows_out, cols_in) given in `layout` into a new LINEAR [out, in] array. */
+float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout)
+{
+    float *w = clattn_malloc(rows_out * cols_in * sizeof *w);
+    if (!w) return NULL;
+    if (layout == CLATTN_LAYOUT_LINEAR) {
+        memcpy(w, src, rows_out * cols_in * sizeof *w);
+    } else { /* RAW is [in, out]: transpose */
+        for (size_t o = 0; o < rows_out; o++)
+            for (size_t i = 0; i < cols_in; i++) w[o * cols_in + i] = src[i * rows_out + o];
+    }
+    return w;
+}
+
+float *clattn_vector_copy(const float *src, size_t n)
+{
+    float *v = clattn_malloc(n * sizeof *v);
+    if (v) memcpy(v, src, n * sizeof *v);
+    return v;
+}
+
+/* Resolve defaults and check every field, in a fixed order, before any allocation. */
+static clattn_status validate(const clattn_attention_desc *in, const clattn_attention_weights *w,
+                              clattn_attention_desc *d, int *has_qkv, int *has_out)
+{
+    *d = *in;
+    if (d->layout != CLATTN_LAYOUT_LINEAR && d->layout != CLATTN_LAYOUT_RAW)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "layout %d is not CLATTN_LAYOUT_LINEAR or _RAW", (int)d->layout);
+    if (d->attn_mask != CLATTN_MASK_NONE && d->attn_mask != CLATTN_MASK_BOOL && d->attn_mask != CLATTN_MASK_FLOAT)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask kind %d is not NONE, BOOL or FLOAT", (int)d->attn_mask);
+    if ((unsigned)d->cross > 1 || (unsigned)d->causal > 1 || (unsigned)d->key_padding_mask > 1 ||
+        (unsigned)d->need_weights > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cross, causal, key_padding_mask and need_weights must be 0 or 1");
+    if (d->algorithm != CLATTN_ALGORITHM_AUTO && d->algorithm != CLATTN_ALGORITHM_FUSED &&
+        d->algorithm != CLATTN_ALGORITHM_UNFUSED)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "algorithm %d is not CLATTN_ALGORITHM_AUTO, _FUSED or _UNFUSED",
+                           (int)d->algorithm);
+    if (d->algorithm == CLATTN_ALGORITHM_FUSED && d->need_weights)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
+                           "produce the attention weights (use AUTO or UNFUSED)");
+    if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
+    if (d->batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
+    if (d->seq_q == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_q must be >= 1");
+    if (d->embed == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "embed must be >= 1");
+    if (d->heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "heads must be >= 1");
+    if (d->kv_heads == 0) d->kv_heads = d->heads;
+    if (d->kv_heads > d->heads || d->heads % d->kv_heads)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "kv_heads (%zu) must divide heads (%zu)", d->kv_heads, d->heads);
+    if (d->window && !d->causal)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "window (%zu) needs causal = 1: the sliding window limits "
+                           "how far back a query sees", d->window);
+    if (d->cross) {
+        if (d->seq_kv == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_kv must be >= 1 for cross-attention");
+        if (d->kv_embed == 0) d->kv_embed = d->embed;
+    } else {
+        if (d->seq_kv != 0 && d->seq_kv != d->seq_q)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "self-attention: seq_kv (%zu) must be 0 or seq_q (%zu)", d->seq_kv, d->seq_q);
+        if (d->kv_embed != 0 && d->kv_embed != d->embed)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "self-attention: kv_embed (%zu) must be 0 or embed (%zu)", d->kv_embed, d->embed);
+        d->seq_kv = d->seq_q;
+        d->kv_embed = d->embed;
+    }
+
+    /* weights present? */
+    const clattn_attention_weights none = {0};
+    if (!w) w = &none;
+    int nqkv = (w->w_query != NULL) + (w->w_key != NULL) + (w->w_value != NULL);
+    if (nqkv != 0 && nqkv != 3)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "w_query, w_key and w_value must be given together (missing %s)",
+                           !w->w_query ? "w_query" : !w->w_key ? "w_key" : "w_value");
+    *has_qkv = nqkv == 3;
+    if (!*has_qkv && (w->b_query || w->b_key || w->b_value))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "Q/K/V biases given without Q/K/V weights");
+    if (*has_qkv) {
+        if (d->head_dim_qk == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk must be >= 1 with Q/K/V weights");
+        if (d->head_dim_v == 0) d->head_dim_v = d->head_dim_qk;
+    } else {
+        if (d->kv_heads != d->heads)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads (%zu) != heads (%zu) needs Q/K/V weights "
+                               "(w_key and w_value of kv_heads heads)", d->kv_heads, d->heads);
+        if (d->embed % d->heads)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, heads (%zu) must divide embed (%zu)", d->heads, d->embed);
+        if (d->kv_embed != d->embed)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, kv_embed (%zu) must equal embed (%zu)", d->kv_embed, d->embed);
+        size_t hd = d->embed / d->heads;
+        if ((d->head_dim_qk && d->head_dim_qk != hd) || (d->head_dim_v && d->head_dim_v != hd))
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights the head size is embed/heads = %zu", hd);
+        d->head_dim_qk = d->head_dim_v = hd;
+    }
+    *has_out = w->w_out != NULL;
+    if (!*has_out && w->b_out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "b_out given without w_out");
+    if (*has_out && d->out_dim == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim must be >= 1 with w_out");
+    if (!*has_out && d->out_dim != 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim given without w_out");
+
+    if (isnan(d->scale) || isinf(d->scale))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "scale must be finite (0 = 1/sqrt(head_dim_qk))");
+    if (d->scale == 0.0f) d->scale = (float)(1.0 / sqrt((double)d->head_dim_qk));
+    if (!(d->dropout >= 0.0f && d->dropout < 1.0f))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dropout p must be in [0, 1), got %g", (double)d->dropout);
+
+    /* sizes: every product in size_t, every kernel-side dimension in 32 bits */
+    size_t n;
+    if (mul4(d->batch, d->heads, d->seq_q, d->seq_kv, &n) || clattn_mul_overflows(n, 4 * 256, &n) ||
+        mul4(d->batch, d->seq_q, d->embed, 4, &n) || mul4(d->batch, d->seq_kv, d->kv_embed, 4, &n) ||
+        mul4(d->batch, d->seq_kv, d->heads, d->head_dim_qk + d->head_dim_v, &n) || clattn_mul_overflows(n, 8, &n) ||
+        mul4(d->batch, d->seq_q, d->heads, d->head_dim_qk + d->head_dim_v, &n) || clattn_mul_overflows(n, 8, &n) ||
+        mul4(d->heads, d->head_dim_qk + d->head_dim_v, d->embed + d->kv_embed, 8, &n) ||
+        mul4(d->batch, d->seq_q, d->out_dim + 1, 4, &n) || mul4(d->out_dim + 1, d->heads, d->head_dim_v, 4, &n))
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "the buffers for these dimensions overflow size_t");
+    const size_t lim = 0xFFFFFFFFu;
+    if (d->batch > lim || d->seq_q > lim || d->seq_kv > lim || d->embed > lim || d->kv_embed > lim ||
+        d->heads > lim || d->head_dim_qk > lim || d->head_dim_v > lim || d->out_dim > lim || d->window > lim ||
+        d->heads * (2 * d->head_dim_qk + d->head_dim_v) > lim)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "a dimension exceeds 2^32-1");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_plan_free(clattn_plan *plan)
+{
+    if (!plan) return;
+    if (plan->ops && plan->ops->release) plan->ops->release(plan);
+    free(plan->w_query); free(plan->w_key); free(plan->w_value);
+    free(plan->b_query); free(plan->b_key); free(plan->b_value);
+    free(plan->w_out); free(plan->b_out);
+    free(plan);
+}
+
+/* The backend of each kind of device: the one place a plan's device decides how it runs. */
+static const clattn_backend_ops *const backends[] = {
+    [CLATTN_BACKEND_REF] = &clattn_backend_ref,
+    [CLATTN_BACKEND_OPENCL] = &clattn_backend_opencl,
+};
+
+const clattn_backend_ops *clattn_backend_of(const clattn_device *dev)
+{
+    return (unsigned)dev->backend < sizeof backends / sizeof backends[0] && backends[dev->backend]
+               ? backends[dev->backend] : &clattn_backend_ref;
+}
+
+clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
+                                  const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
+{
+    *plan = NULL;
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
+    clattn_attention_desc d;
+    int has_qkv = 0, has_out = 0;
+    clattn_status st = validate(desc, weights, &d, &has_qkv, &has_out);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+
+    clattn_plan *p = clattn_calloc(1, sizeof *p);
+    if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the plan");
+    p->device = device;
+    p->d = d;
+    p->has_qkv = has_qkv;
+    p->has_out = has_out;
+    p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
+    p->host_staging = host_staging;
+    const size_t H = d.heads, HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v;
+    int oom = 0;
+    if (has_qkv) {
+        oom |= !(p->w_query = clattn_weight_copy(weights->w_query, H * dk, d.embed, d.layout));
+        oom |= !(p->w_key = clattn_weight_copy(weights->w_key, HK * dk, d.kv_embed, d.layout));
+        oom |= !(p->w_value = clattn_weight_copy(weights->w_value, HK * dv, d.kv_embed, d.layout));
+        if (weights->b_query) oom |= !(p->b_query = clattn_vector_copy(weights->b_query, H * dk));
+        if (weights->b_key) oom |= !(p->b_key = clattn_vector_copy(weights->b_key, HK * dk));
+        if (weights->b_value) oom |= !(p->b_value = clattn_vector_copy(weights->b_value, HK * dv));
+    }
+    if (has_out) {
+        oom |= !(p->w_out = clattn_weight_copy(weights->w_out, d.out_dim, H * dv, d.layout));
+        if (weights->b_out) oom |= !(p->b_out = clattn_vector_copy(weights->b_out, d.out_dim));
+    }
+    if (oom) {
+        clattn_plan_free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
+    }
+    *plan = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    *plan = NULL;
+    clattn_plan *p = NULL;
+    clattn_status st = clattn_plan_prepare(device, desc, weights, host_staging, &p);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+    p->ops = clattn_backend_of(device);
+    if (p->ops->init && (st = p->ops->init(p)) != CLATTN_STATUS_SUCCESS) {
+        clattn_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                 const clattn_attention_weights *weights, clattn_plan **plan)
+{
+    return plan_create(device, desc, weights, 1, plan);
+}
+
+clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
+                                                 const clattn_attention_weights *weights, clattn_plan **plan)
+{
+    return plan_create(device, desc, weights, 0, plan);
+}
+
+clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc)
+{
+    clattn_clear_error();
+    if (!plan || !desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or desc is NULL");
+    *desc = plan->d;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_plan_out_width(const clattn_plan *plan) { return plan ? plan->out_width : 0; }
+
+size_t clattn_plan_device_bytes(const clattn_plan *plan)
+{
+    return plan && plan->ops && plan->ops->device_bytes ? plan->ops->device_bytes(plan) : 0;
+}
+
+clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan)
+{
+    /* the ref device computes one function whatever the description asked for: AUTO, as the header says */
+    return plan && plan->core ? plan->d.algorithm : CLATTN_ALGORITHM_AUTO;
+}
+
+const char *clattn_plan_core(const clattn_plan *plan)
+{
+    return !plan ? "" : plan->core ? plan->core->name : "ref";
+}
+
+int clattn_plan_tuned(const clattn_plan *plan) { return plan ? plan->tuned : 0; }
+
+const char *clattn_algorithm_name(clattn_algorithm a)
+{
+    switch (a) {
+    case CLATTN_ALGORITHM_AUTO: return "auto";
+    case CLATTN_ALGORITHM_FUSED: return "fused";
+    case CLATTN_ALGORITHM_UNFUSED: return "unfused";
+    }
+    return "unknown";
+}
+
+/* The attention weights come only from the reference and the cores that make them (unfused). */
+static clattn_status check_weights_wanted(const clattn_plan *plan)
+{
+    if (!plan->ops->produces_weights(plan))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs core %s, which does not produce the "
+                           "attention weights: create it with need_weights = 1 (or algorithm UNFUSED)",
+                           clattn_plan_core(plan));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    plan->d.seed = seed;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
+{
+    if (!a) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
+    if (!a->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (!a->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    if (plan->d.cross && !a->kv) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is NULL (cross-attention plan)");
+    if (plan->d.key_padding_mask && !a->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
+    if (plan->d.attn_mask != CLATTN_MASK_NONE && !a->attn_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is NULL (the plan expects one)");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    clattn_status st = check_args(plan, args);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+    if (args->attn) TRY(check_weights_wanted(plan));
+    return plan->ops->execute_host(plan, args);
+}
+
+clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
+                                          cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                          cl_event *event)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
+    if (!plan->ops->execute_buffers)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan "
+                           "is on %s)", plan->device->name);
+    if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    if (buffers->attn.mem) TRY(check_weights_wanted(plan));
+    return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+}
+
+const char *clattn_stage_name(clattn_stage stage)
+{
+    static const char *names[CLATTN_NSTAGES] = {"qkv_projection", "head_split", "scores", "softmax",
+                                                "context", "head_merge", "out_projection", "attention"};
+    return (unsigned)stage < CLATTN_NSTAGES ? names[stage] : "unknown";
+}
+
+size_t clattn_stage_count(void) { return CLATTN_NSTAGES; }
+
+clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (enable && plan->core && !plan->device->queue_profiling)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    plan->profiling = enable != 0;
+    for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, size_t n)
+{
+    clattn_clear_error();
+    if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
+    double all[CLATTN_NSTAGES];
+    TRY(plan->ops->stage_times((clattn_plan *)plan, all));
+    for (size_t s = 0; s < n && s < CLATTN_NSTAGES; s++) ms[s] = all[s];
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT])
+{
+    return clattn_plan_stage_times_n(plan, ms, CLATTN_STAGE_COUNT);
+}

@@ -1,0 +1,170 @@
+/* ref.c: the plain-C CPU reference. It is the `ref` device and the
+ * oracle of every test, so it is written to be read, not to be fast:
+ * float storage, double accumulation, one numbered pass per step.
+ *
+ * Shapes (row-major):
+ *   x (B, Tq, E), kv (B, Tk, Ekv)
+ *   Q (B, Tq, H*dk), K (B, Tk, HK*dk), V (B, Tk, HK*dv)   token-major, head h at columns h*d..
+ *   query head h reads key/value head h / (H/HK)
+ *   attn (B, H, Tq, Tk), ctx (B, Tq, H*dv), out (B, Tq, Eo or H*dv)
+ */
+#include "attention.h"
+
+#include "common/philox.cl"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* y (rows, n) = a (rows, k) * w^T + bias, with w (n, k) in nn.Linear layout. */
+void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n,
+                       float *y)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t o = 0; o < n; o++) {
+            double acc = bias ? bias[o] : 0.0;
+            for (size_t c = 0; c < k; c++) acc += (double)a[r * k + c] * (double)w[o * k + c];
+            y[r * n + o] = (float)acc;
+        }
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Is key j hidden from query i of batch entry b? */
+static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a, size_t b, size_t i, size_t j)
+{
+    if (d->causal && j > i) return 1;
+    if (d->window && i - j >= d->window) return 1; /* j <= i here: window needs causal */
+    if (d->key_padding_mask && a->key_padding_mask[b * d->seq_kv + j]) return 1;
+    if (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * d->seq_kv + j]) return 1;
+    return 0;
+}
+
+clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *a, float *out,
+                                 float *attn)
+{
+    const clattn_attention_desc *d = &plan->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, G = H / HK, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const float *kv = d->cross ? a->kv : a->x;
+    const uint32_t seed_lo = (uint32_t)d->seed, seed_hi = (uint32_t)(d->seed >> 32);
+    const uint32_t threshold = clattn_dropout_threshold(d->dropout);
+    const float keep_scale = clattn_dropout_keep_scale(d->dropout);
+
+    float *Q = clattn_malloc(B * Tq * H * dk * sizeof *Q);
+    float *K = clattn_malloc(B * Tk * HK * dk * sizeof *K);
+    float *V = clattn_malloc(B * Tk * HK * dv * sizeof *V);
+    float *ctx = clattn_malloc(B * Tq * H * dv * sizeof *ctx);
+    double *w = clattn_malloc(Tk * sizeof *w);
+    if (!Q || !K || !V || !ctx || !w) {
+        free(Q); free(K); free(V); free(ctx); free(w);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference: allocating Q/K/V");
+    }
+    double t0 = now_ms();
+
+    /* 1. projections: Q = x Wq^T + bq, K = kv Wk^T + bk, V = kv Wv^T + bv (or the inputs themselves) */
+    if (plan->has_qkv) {
+        clattn_ref_linear(a->x, B * Tq, E, plan->w_query, plan->b_query, H * dk, Q);
+        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_key, plan->b_key, HK * dk, K);
+        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_value, plan->b_value, HK * dv, V);
+    } else {
+        memcpy(Q, a->x, B * Tq * E * sizeof *Q);
+        memcpy(K, kv, B * Tk * Ekv * sizeof *K);
+        memcpy(V, kv, B * Tk * Ekv * sizeof *V);
+    }
+    if (d->kv_half) { /* the values a half KV cache holds */
+        for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_half(K[n]);
+        for (size_t n = 0; n < B * Tk * HK * dv; n++) V[n] = clattn_round_half(V[n]);
+    }
+    double t1 = now_ms();
+
+    /* 2. per (b, h, i): scores, masks, softmax, dropout, context */
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t i = 0; i < Tq; i++) {
+                const float *q = &Q[(b * Tq + i) * H * dk + h * dk];
+                /* 2a. scaled scores, masked entries -inf */
+                double max = -INFINITY;
+                int any_nan = 0;
+                for (size_t j = 0; j < Tk; j++) {
+                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
+                    double s = 0.0;
+                    for (size_t c = 0; c < dk; c++) s += (double)q[c] * (double)k[c];
+                    s *= d->scale;
+                    if (d->attn_mask == CLATTN_MASK_FLOAT) s += ((const float *)a->attn_mask)[i * Tk + j];
+                    w[j] = hidden(d, a, b, i, j) ? -INFINITY : s;
+                    if (isnan(w[j])) any_nan = 1;
+                    else if (w[j] > max) max = w[j];
+                }
+                /* 2b. softmax; a row with no visible key gets weights 0, a NaN score makes the row NaN */
+                double sum = 0.0;
+                for (size_t j = 0; j < Tk; j++) {
+                    w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max);
+                    sum += w[j];
+                }
+                for (size_t j = 0; j < Tk; j++) {
+                    float p = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(w[j] / sum);
+                    /* 2c. dropout, keyed by the logical position (b, h, i, j) */
+                    if (d->dropout > 0.0f)
+                        p = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)b, (uint32_t)h, (uint32_t)i,
+                                                (uint32_t)j, threshold) ? p * keep_scale : 0.0f;
+                    w[j] = p;
+                    if (attn) attn[((b * H + h) * Tq + i) * Tk + j] = p;
+                }
+                /* 2d. context = weights . V */
+                for (size_t c = 0; c < dv; c++) {
+                    double acc = 0.0;
+                    for (size_t j = 0; j < Tk; j++) acc += w[j] * (double)V[(b * Tk + j) * HK * dv + (h / G) * dv + c];
+                    ctx[(b * Tq + i) * H * dv + h * dv + c] = (float)acc;
+                }
+            }
+    double t2 = now_ms();
+
+    /* 3. output projection, or the merged heads themselves */
+    if (plan->has_out)
+        clattn_ref_linear(ctx, B * Tq, H * dv, plan->w_out, plan->b_out, d->out_dim, out);
+    else
+        memcpy(out, ctx, B * Tq * H * dv * sizeof *out);
+    double t3 = now_ms();
+
+    if (plan->profiling) {
+        for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
+        plan->stage_ms[CLATTN_STAGE_QKV_PROJECTION] = t1 - t0;
+        plan->stage_ms[CLATTN_STAGE_SOFTMAX] = t2 - t1; /* scores, softmax and context in one loop */
+        plan->stage_ms[CLATTN_STAGE_OUT_PROJECTION] = t3 - t2;
+    }
+    free(Q); free(K); free(V); free(ctx); free(w);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* ---- the ref backend */
+
+static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    return clattn_ref_execute(p, a, a->out, a->attn);
+}
+
+static clattn_status ref_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
+{
+    for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = p->profiling ? p->stage_ms[s] : 0.0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static int ref_produces_weights(const struct clattn_plan *p)
+{
+    (void)p;
+    return 1;
+}
+
+const clattn_backend_ops clattn_backend_ref = {
+    .name = "ref",
+    .produces_weights = ref_produces_weights,
+    .execute_host = ref_execute_host,
+    .stage_times = ref_stage_times,
+};

@@ -1,0 +1,285 @@
+/* select.c: which core computes a plan, with which parameters: the one place where the registry's order of
+ * preference, the device's tuning file and the environment meet (clattn_core_create), and the list of
+ * cores the public API and `clattn cores` show (clattn_core_describe).
+ *
+ * The environment, read at every plan creation:
+ *   CLATTN_CORE=NAME[:P=V,...]   forces core NAME, with these parameters, on the plans that can use it
+ *                                (its kind; AUTO or its algorithm; the weights only if it makes them); one it
+ *                                cannot serve is refused with its reason, never given another core.
+ *   older names, read only when CLATTN_CORE is not set, which keep their old meaning: a preference tried
+ *   first, with the usual choice after it when the core cannot serve the plan
+ *   CLATTN_FLASH=rows|tiled      flash_rows or flash_tiled first
+ *   CLATTN_ATTENTION=unfused     unfused first for AUTO plans (fused, auto: no override)
+ *   CLATTN_SOFTMAX=rows|item     the unfused core's SOFTMAX parameter */
+#include "attention.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What the environment asks for one plan. */
+typedef struct env_request {
+    const clattn_core *force;      /* the core forced (NULL: none) */
+    int strict;                    /* CLATTN_CORE: that core or a refusal; else only tried first */
+    int auto_only;                 /* force AUTO plans only (CLATTN_ATTENTION) */
+    const char *var;               /* the variable that forces it */
+    const clattn_core *param_core; /* the core `params` are for (the forced one, or unfused: CLATTN_SOFTMAX) */
+    char params[200];              /* "P=V,..." ("" = none) */
+    const char *param_var;
+} env_request;
+
+static clattn_status read_env(env_request *r)
+{
+    memset(r, 0, sizeof *r);
+    const char *v = getenv("CLATTN_CORE");
+    if (v && *v) {
+        char name[64];
+        const char *colon = strchr(v, ':');
+        const size_t n = colon ? (size_t)(colon - v) : strlen(v);
+        if (n >= sizeof name || (colon && strlen(colon + 1) >= sizeof r->params))
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%.60s': too long", v);
+        memcpy(name, v, n);
+        name[n] = '\0';
+        if (!(r->force = clattn_core_find(name))) {
+            char names[256] = "";
+            for (size_t i = 0; i < clattn_core_total(); i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                         clattn_core_at(i)->name);
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%s': no core '%s' (the cores: %s)", v,
+                               name, names);
+        }
+        r->var = r->param_var = "CLATTN_CORE";
+        r->strict = 1;
+        r->param_core = r->force;
+        if (colon) snprintf(r->params, sizeof r->params, "%s", colon + 1);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    const char *flash = getenv("CLATTN_FLASH"), *alg = getenv("CLATTN_ATTENTION"), *sm = getenv("CLATTN_SOFTMAX");
+    if (flash && *flash) {
+        if (strcmp(flash, "rows") != 0 && strcmp(flash, "tiled") != 0)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_FLASH='%s': expected rows or tiled", flash);
+        r->force = flash[0] == 'r' ? &clattn_core_flash_rows : &clattn_core_flash_tiled;
+        r->var = "CLATTN_FLASH";
+    } else if (alg && *alg) {
+        if (strcmp(alg, "fused") != 0 && strcmp(alg, "unfused") != 0 && strcmp(alg, "auto") != 0)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_ATTENTION='%s': expected fused, unfused or "
+                               "auto", alg);
+        if (strcmp(alg, "unfused") == 0) r->force = &clattn_core_unfused, r->auto_only = 1, r->var = "CLATTN_ATTENTION";
+    }
+    if (sm && *sm) {
+        if (strcmp(sm, "rows") != 0 && strcmp(sm, "item") != 0)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_SOFTMAX='%s': expected rows or item", sm);
+        r->param_core = &clattn_core_unfused;
+        r->param_var = "CLATTN_SOFTMAX";
+        snprintf(r->params, sizeof r->params, "SOFTMAX=%s", sm);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Can a plan of this kind and description use the core at all (before the core's own limits)? */
+static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_attention_desc *d)
+{
+    return c->kind == kind && (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
+           (!d->need_weights || c->produces_weights);
+}
+
+/* The layout as this core sees it: the biases stay the shell's unless the core adds them. */
+static clattn_core_layout layout_for(const clattn_core *c, const clattn_core_layout *lay)
+{
+    clattn_core_layout l = *lay;
+    if (!c->adds_biases) l.bias_q = l.bias_k = l.bias_v = 0;
+    return l;
+}
+
+static clattn_status check_memory(const clattn_device *dev, const clattn_core *c, const clattn_attention_desc *d,
+                                  const clattn_core_layout *lay, size_t other_floats)
+{
+    const size_t total = other_floats + (c->workspace ? c->workspace(c, &dev->caps, d, lay) : 0);
+    if (total > dev->caps.global_mem / sizeof(float))
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "these dimensions need about %zu bytes of device memory, more than its global memory "
+                           "(%zu bytes)", total * sizeof(float), dev->caps.global_mem);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Parameters for core c on plan d: the environment's over the defaults (refused when they do not parse or
+ * do not fit), else the tuning file's when they fit (*tuned = 1), else the defaults. UNSUPPORTED (why in
+ * the error) when no parameters of c fit. */
+static clattn_status params_for(const clattn_device *dev, const env_request *r, const clattn_core *c,
+                                const clattn_attention_desc *d, clattn_core_params *p, int *tuned)
+{
+    *tuned = 0;
+    memset(p, 0, sizeof *p);
+    if (!c->defaults(c, &dev->caps, d, p))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "no parameters of %s fit this plan on this device", c->name);
+    if (r->param_core == c && r->params[0]) {
+        char why[300];
+        if (!clattn_core_params_parse(c, r->params, p, why, sizeof why))
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s", r->param_var, why);
+        if (c->fits && !c->fits(c, &dev->caps, d, p))
+            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s: core %s with %s does not fit this plan on this device",
+                               r->param_var, c->name, r->params);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
+    const clattn_core_params *t = clattn_tune_params(clattn_tune_active(dev), c, cls);
+    if (t && (!c->fits || c->fits(c, &dev->caps, d, t))) {
+        *p = *t;
+        *tuned = 1;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Build core c for plan d. *refused = 1 when the failure is c's own (it does not take d, no parameters of
+ * it fit, or it does not build for this device: the next core may), 0 when it is the plan's. forced
+ * (CLATTN_CORE): no other core will be tried, so the error names the variable. A build with the tuning
+ * file's parameters that fails is tried again with the defaults. */
+static clattn_status try_core(const clattn_device *dev, const env_request *r, const clattn_core *c, int forced,
+                              const clattn_attention_desc *d, const clattn_core_layout *lay0, size_t other_floats,
+                              clattn_core_instance *out, int *refused)
+{
+    const clattn_core_layout lay = layout_for(c, lay0);
+    char why[300] = "";
+    *refused = 1;
+    const clattn_status sup = c->supports(c, &dev->caps, d, why, sizeof why);
+    if (sup != CLATTN_STATUS_SUCCESS)
+        return forced ? clattn_fail(sup, "%s forces core %s: %s", r->var, c->name, why) : clattn_fail(sup, "%s", why);
+    clattn_core_params p;
+    int tuned;
+    const clattn_status pst = params_for(dev, r, c, d, &p, &tuned);
+    if (pst != CLATTN_STATUS_SUCCESS) {
+        *refused = pst == CLATTN_STATUS_UNSUPPORTED;
+        return pst;
+    }
+    *refused = 0;
+    TRY(check_memory(dev, c, d, &lay, other_floats));
+    out->core = c;
+    out->params = p;
+    out->tuned = tuned;
+    clattn_status st = c->build(c, dev, d, &lay, &p, &out->state);
+    if (st != CLATTN_STATUS_SUCCESS && tuned && !forced) {
+        clattn_clear_error(); /* the file's parameters did not build here: the defaults */
+        c->defaults(c, &dev->caps, d, &p);
+        out->params = p;
+        out->tuned = 0;
+        st = c->build(c, dev, d, &lay, &p, &out->state);
+    }
+    if (st != CLATTN_STATUS_SUCCESS) out->core = NULL, out->state = NULL;
+    *refused = st == CLATTN_STATUS_UNSUPPORTED;
+    return st;
+}
+
+clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind, const clattn_attention_desc *d,
+                                 const clattn_core_layout *lay, size_t other_floats, clattn_core_instance *out)
+{
+    memset(out, 0, sizeof *out);
+    env_request r;
+    TRY(read_env(&r));
+    int refused;
+    const int forced = r.force && eligible(r.force, kind, d) && !(r.auto_only && d->algorithm != CLATTN_ALGORITHM_AUTO);
+    if (forced && r.strict) return try_core(dev, &r, r.force, 1, d, lay, other_floats, out, &refused);
+    /* AUTO's order: an older variable's core, the tuning file's core for the head-size class, then the
+     * registry's preference */
+    const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
+    const clattn_tune_table *tn = clattn_tune_active(dev);
+    const clattn_core *tried[16];
+    size_t ntried = 0;
+    char reasons[900] = "";
+    clattn_status refusal = CLATTN_STATUS_SUCCESS; /* the refusals' status, when they all agree */
+    for (size_t i = 0;; i++) {
+        const clattn_core *c = NULL;
+        if (i == 0) {
+            if (!forced) continue;
+            c = r.force;
+        } else if (i == 1) {
+            if (forced || !tn || !(c = tn->auto_core[kind][cls])) continue;
+        } else if (!(c = clattn_core_preferred(kind, dev->caps.dclass, cls, i - 2))) {
+            break;
+        }
+        int seen = 0;
+        for (size_t k = 0; k < ntried; k++) seen |= tried[k] == c;
+        if (seen || !eligible(c, kind, d) || ntried >= sizeof tried / sizeof tried[0]) continue;
+        tried[ntried++] = c;
+        const clattn_status st = try_core(dev, &r, c, 0, d, lay, other_floats, out, &refused);
+        if (st == CLATTN_STATUS_SUCCESS) {
+            out->tuned |= i == 1;
+            return st;
+        }
+        if (!refused) return st;
+        refusal = refusal == CLATTN_STATUS_SUCCESS || refusal == st ? st : CLATTN_STATUS_UNSUPPORTED;
+        snprintf(reasons + strlen(reasons), sizeof reasons - strlen(reasons), "%s%s", reasons[0] ? "; " : "",
+                 clattn_last_error());
+    }
+    return clattn_fail(refusal == CLATTN_STATUS_SUCCESS ? CLATTN_STATUS_UNSUPPORTED : refusal,
+                       "%sno core can compute this plan on this device%s%s",
+                       d->algorithm == CLATTN_ALGORITHM_FUSED ? "algorithm FUSED: " : "", reasons[0] ? ": " : "",
+                       reasons);
+}
+
+void clattn_core_destroy(clattn_core_instance *inst)
+{
+    if (inst->core && inst->state) inst->core->release(inst->state);
+    memset(inst, 0, sizeof *inst);
+}
+
+/* ---- the public list (clattn.h, "cores") */
+
+size_t clattn_core_count(void) { return clattn_core_total(); }
+
+/* AUTO's core for a plan of head-size class cls and kind on dev, without building it: the tuning file's,
+ * else the first in the order of preference that supports a representative plan (head sizes at the
+ * class's top, one head, 1024 tokens). */
+static const clattn_core *auto_choice(const clattn_device *dev, clattn_core_kind kind, int cls)
+{
+    static const size_t top[CLATTN_HEAD_CLASSES] = {32, 64, 128, 256, 512};
+    const size_t hd = top[cls];
+    const clattn_attention_desc d = {.batch = 1, .seq_q = 1024, .seq_kv = 1024, .embed = hd, .kv_embed = hd,
+                                     .heads = 1, .kv_heads = 1, .head_dim_qk = hd, .head_dim_v = hd,
+                                     .causal = kind == CLATTN_CORE_DECODE};
+    const clattn_tune_table *tn = clattn_tune_active(dev);
+    char why[300];
+    const clattn_core *c = tn ? tn->auto_core[kind][cls] : NULL;
+    if (c && c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS) return c;
+    clattn_core_params p;
+    for (size_t i = 0; (c = clattn_core_preferred(kind, dev->caps.dclass, cls, i)); i++)
+        if (c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS &&
+            c->defaults(c, &dev->caps, &d, &p))
+            return c;
+    return NULL;
+}
+
+clattn_status clattn_core_describe(const clattn_device *device, size_t index, clattn_core_info *info)
+{
+    clattn_clear_error();
+    if (!info) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "info is NULL");
+    const clattn_core *c = clattn_core_at(index);
+    if (!c) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "core index %zu: there are %zu cores", index,
+                               clattn_core_total());
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", c->name);
+    info->kind = c->kind;
+    info->algorithm = c->algorithm;
+    info->produces_weights = c->produces_weights;
+    for (int i = 0; i < c->nparams; i++)
+        snprintf(info->params + strlen(info->params), sizeof info->params - strlen(info->params), "%s%s", i ? " " : "",
+                 c->params[i].name);
+    for (int i = 0; c->test_configs && c->test_configs[i]; i++)
+        snprintf(info->test_configs + strlen(info->test_configs), sizeof info->test_configs - strlen(info->test_configs),
+                 "%s%s", i ? " " : "", c->test_configs[i]);
+    if (!device) {
+        snprintf(info->reason, sizeof info->reason, "no device given");
+        return CLATTN_STATUS_SUCCESS;
+    }
+    if (device->backend != CLATTN_BACKEND_OPENCL) {
+        snprintf(info->reason, sizeof info->reason, "the ref device computes every plan with the CPU reference "
+                 "(cores run on OpenCL devices)");
+        return CLATTN_STATUS_SUCCESS;
+    }
+    info->supported = c->supports(c, &device->caps, NULL, info->reason, sizeof info->reason) == CLATTN_STATUS_SUCCESS;
+    if (info->supported) info->reason[0] = '\0';
+    for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++)
+        if (auto_choice(device, c->kind, cls) == c) info->default_for |= 1u << cls;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+const char *clattn_head_class_label(int cls) { return clattn_head_class_name(cls); }

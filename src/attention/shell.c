@@ -1,0 +1,356 @@
+/* shell.c: the OpenCL backend of attention plans: the shell around a core.
+ *
+ *   1. projections     CLBlast SGEMM: self-attention one GEMM against [Wq|Wk|Wv], cross-attention
+ *                      Q = x Wq^T and [K|V] = kv [Wk|Wv]^T; the biases as rows the GEMMs add to
+ *                      (beta = 1), unless the core adds them itself
+ *   2. the core        softmax(Q K^T * scale + masks) V from the projections' rows to merged rows
+ *                      (B, Tq, H*dv): whichever core select.c chose (src/cores/)
+ *   3. out projection  fill_rows(bias) + CLBlast SGEMM with beta = 1
+ * Everything stays on the device between the input upload and the output read. Without projections the
+ * core reads x (and kv) where they are.
+ */
+#include "attention.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef clattn_view view;
+
+typedef struct shell {
+    clattn_linear lin;            /* fill_rows for the bias rows */
+    clattn_core_instance core;
+    clattn_core_layout lay;
+    size_t n_qkv;                 /* self: H*dk + HK*(dk+dv) columns of the fused projection */
+    /* weights (LINEAR layout) */
+    cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
+    cl_mem w_kv;                  /* cross: [Wk;Wv] (HK*(dk+dv), Ekv) */
+    cl_mem b_proj, b_proj_kv;     /* the biases as projection rows ([bq|bk|bv]; cross [bq], [bk|bv]) */
+    cl_mem b_q, b_k, b_v;         /* the biases for a core that adds them */
+    cl_mem w_out, b_out;
+    /* workspace */
+    cl_mem proj, proj_kv;         /* projection outputs, token-major */
+    cl_mem merged;                /* the core's output when an output projection follows: (B, Tq, H*dv) */
+    /* staging for execution from host arrays */
+    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
+    /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
+    cl_event marks[16];
+    int mark_stage[16];
+    int nmarks;
+} shell;
+
+static shell *state(const struct clattn_plan *p) { return p->backend_state; }
+
+/* ---- plan creation */
+
+/* The plan's own device memory in floats (inputs, projections, output and staging), before the core's. */
+static size_t shell_floats(const struct clattn_plan *p)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width;
+    if (p->has_qkv) total += B * Tq * H * dk + B * Tk * HK * (dk + dv) + H * dk * E + HK * (dk + dv) * Ekv;
+    if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
+    return total;
+}
+
+/* Where the core finds Q, K and V: the inputs themselves, or the projections' rows. */
+static clattn_core_layout layout(const struct clattn_plan *p)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    clattn_core_layout l = {.out_ld = H * dv, .bias_q = p->b_query != NULL, .bias_k = p->b_key != NULL,
+                            .bias_v = p->b_value != NULL};
+    if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = l.v_ld = d->kv_embed;
+    else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
+    else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
+    return l;
+}
+
+/* The Q/K/V weights, uploaded once, their biases, and the projections' outputs. */
+static clattn_status upload_projections(struct clattn_plan *p)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const clattn_device *dev = p->device;
+    if (!p->has_qkv) return CLATTN_STATUS_SUCCESS;
+    const size_t rows[3] = {H * dk, HK * dk, HK * dv};
+    const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
+    if (c->core.core->adds_biases) {
+        if (b[0]) TRY(clattn_buffer_new(dev, rows[0], sizeof(float), b[0], "b_query", &c->b_q));
+        if (b[1]) TRY(clattn_buffer_new(dev, rows[1], sizeof(float), b[1], "b_key", &c->b_k));
+        if (b[2]) TRY(clattn_buffer_new(dev, rows[2], sizeof(float), b[2], "b_value", &c->b_v));
+    }
+    const int biased = !c->core.core->adds_biases;
+    if (!d->cross) {
+        c->n_qkv = rows[0] + rows[1] + rows[2];
+        TRY(clattn_upload_blocks(dev, w, rows, 3, E, "the Q|K|V weights", &c->w_proj));
+        if (biased && (b[0] || b[1] || b[2])) TRY(clattn_upload_blocks(dev, b, rows, 3, 1, "the Q|K|V biases", &c->b_proj));
+        return clattn_buffer_new(dev, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj);
+    }
+    TRY(clattn_buffer_new(dev, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj));
+    TRY(clattn_upload_blocks(dev, w + 1, rows + 1, 2, Ekv, "the K|V weights", &c->w_kv));
+    if (biased && b[0]) TRY(clattn_buffer_new(dev, rows[0], sizeof(float), b[0], "the Q bias", &c->b_proj));
+    if (biased && (b[1] || b[2])) TRY(clattn_upload_blocks(dev, b + 1, rows + 1, 2, 1, "the K|V biases", &c->b_proj_kv));
+    TRY(clattn_buffer_new(dev, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj));
+    return clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V projections", &c->proj_kv);
+}
+
+/* The output projection's weights and its input, the merged heads. */
+static clattn_status upload_out_projection(struct clattn_plan *p)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
+    if (!p->has_out) return CLATTN_STATUS_SUCCESS;
+    TRY(clattn_buffer_new(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out));
+    if (p->b_out) TRY(clattn_buffer_new(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out));
+    return clattn_buffer_new(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged);
+}
+
+/* For execution from host arrays: the inputs and the output on the device. */
+static clattn_status staging_buffers(struct clattn_plan *p)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const clattn_device *dev = p->device;
+    TRY(clattn_buffer_new(dev, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in));
+    if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in));
+    if (d->key_padding_mask)
+        TRY(clattn_buffer_new(dev, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in));
+    if (d->attn_mask)
+        TRY(clattn_buffer_new(dev, Tq * Tk, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
+                              "the attention mask staging buffer", &c->mask_in));
+    return clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf);
+}
+
+/* Build the linear kernels and the core (the device memory checked first), upload the weights, make the
+ * workspace: everything before the first execution. */
+static clattn_status shell_init(struct clattn_plan *p)
+{
+    shell *c = clattn_calloc(1, sizeof *c);
+    if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
+    p->backend_state = c;
+    c->lay = layout(p);
+    TRY(clattn_core_create(p->device, CLATTN_CORE_PREFILL, &p->d, &c->lay, shell_floats(p), &c->core));
+    p->core = c->core.core;
+    p->core_params = c->core.params;
+    p->d.algorithm = p->core->algorithm;
+    p->tuned = c->core.tuned;
+    /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run the projections */
+    const clattn_tune_table *tn = clattn_tune_active(p->device);
+    if (tn && tn->xgemm >= 0 && (p->has_qkv || p->has_out)) p->tuned = 1;
+    TRY(clattn_linear_build(p->device, &c->lin));
+    TRY(upload_projections(p));
+    TRY(upload_out_projection(p));
+    return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
+}
+
+static void release_marks(shell *c)
+{
+    for (int i = 0; i < c->nmarks; i++)
+        if (c->marks[i]) clReleaseEvent(c->marks[i]);
+    c->nmarks = 0;
+}
+
+#define SHELL_MEMS(c)                                                                                         \
+    {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
+     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf}
+
+static size_t shell_device_bytes(const struct clattn_plan *p)
+{
+    shell *c = state(p);
+    if (!c) return 0;
+    cl_mem *mems[] = SHELL_MEMS(c);
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) total += clattn_mem_bytes(*mems[i]);
+    const clattn_core *core = c->core.core;
+    if (core && core->device_bytes) total += core->device_bytes(c->core.state);
+    return total;
+}
+
+static void shell_release(struct clattn_plan *p)
+{
+    shell *c = state(p);
+    if (!c) return;
+    release_marks(c);
+    clattn_core_destroy(&c->core);
+    cl_mem *mems[] = SHELL_MEMS(c);
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
+    clattn_linear_release(&c->lin);
+    free(c);
+    p->backend_state = NULL;
+}
+
+/* ---- execution */
+
+typedef struct run_io {
+    view x, kv, kpm, mask, out, attn; /* attn.mem NULL: not wanted (or read to attn_host) */
+    float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
+} run_io;
+
+/* A profiling marker at the end of `stage` (-1: the start of the pass, which drops the last
+ * pass's markers). Stage s's time is its marker's minus the marker before it. */
+static clattn_status mark(struct clattn_plan *p, int stage)
+{
+    if (!p->profiling) return CLATTN_STATUS_SUCCESS;
+    shell *c = state(p);
+    if (stage < 0) release_marks(c);
+    if (c->nmarks >= (int)(sizeof c->marks / sizeof c->marks[0]))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
+    CL_CHECK(clEnqueueMarkerWithWaitList(p->device->queue, 0, NULL, &c->marks[c->nmarks]),
+             "clEnqueueMarkerWithWaitList");
+    c->mark_stage[c->nmarks++] = stage;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
+
+/* 1. projections (or the inputs themselves): the views the core reads Q, K and V from. */
+static clattn_status project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk;
+    if (!p->has_qkv) {
+        cio->q = io->x;
+        cio->k = cio->v = d->cross ? io->kv : io->x;
+        return CLATTN_STATUS_SUCCESS;
+    }
+    view proj = {c->proj, 0};
+    if (!d->cross) {
+        TRY(clattn_linear_run(&c->lin, B * Tq, c->n_qkv, E, io->x, c->w_proj, c->b_proj, proj, 0, 0,
+                              "QKV projection"));
+        cio->q = proj;
+        cio->k = (view){c->proj, H * dk};
+        cio->v = (view){c->proj, (H + HK) * dk};
+    } else {
+        view proj_kv = {c->proj_kv, 0};
+        TRY(clattn_linear_run(&c->lin, B * Tq, H * dk, E, io->x, c->w_proj, c->b_proj, proj, 0, 0, "Q projection"));
+        TRY(clattn_linear_run(&c->lin, B * Tk, c->lay.k_ld, Ekv, io->kv, c->w_kv, c->b_proj_kv, proj_kv, 0, 0,
+                              "K|V projection"));
+        cio->q = proj;
+        cio->k = proj_kv;
+        cio->v = (view){c->proj_kv, HK * dk};
+    }
+    return mark(p, CLATTN_STAGE_QKV_PROJECTION);
+}
+
+/* The whole forward pass, enqueued on the device queue. */
+static clattn_status run(struct clattn_plan *p, const run_io *io)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
+    TRY(mark(p, -1));
+    clattn_core_io cio = {.b_q = c->b_q, .b_k = c->b_k, .b_v = c->b_v, .kpm = io->kpm, .mask = io->mask,
+                          .attn = io->attn, .attn_host = io->attn_host};
+    if (p->profiling) cio.mark = core_mark, cio.mark_ctx = p;
+    TRY(project(p, io, &cio));
+    cio.out = p->has_out ? (view){c->merged, 0} : io->out;
+    /* 2. the core */
+    TRY(c->core.core->run(c->core.state, &cio));
+    /* 3. output projection: out = merged Wo^T + bo */
+    if (p->has_out) {
+        TRY(clattn_linear_run(&c->lin, B * Tq, d->out_dim, H * dv, cio.out, c->w_out, c->b_out, io->out, 0, 0,
+                              "output projection"));
+        TRY(mark(p, CLATTN_STAGE_OUT_PROJECTION));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+typedef struct pass_ctx {
+    struct clattn_plan *p;
+    const run_io *io;
+} pass_ctx;
+
+static clattn_status pass(void *ctx)
+{
+    const pass_ctx *pc = ctx;
+    return run(pc->p, pc->io);
+}
+
+static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    if (!p->host_staging)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
+    /* the weights are read block by block into a staging array, copied out only on success */
+    const size_t n_attn = B * d->heads * Tq * Tk;
+    float *attn_host = NULL;
+    if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host)))
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
+    const clattn_transfer in[] = {
+        {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
+        {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
+        {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
+         (void *)a->attn_mask, "the attention mask"}};
+    const clattn_transfer out = {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"};
+    run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
+                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host};
+    pass_ctx pc = {p, &io};
+    clattn_status st = clattn_exec_host(p->device, in, 4, pass, &pc, &out);
+    if (st == CLATTN_STATUS_SUCCESS && a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
+    free(attn_host);
+    return st;
+}
+
+static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_attention_buffers *b, cl_uint nwait,
+                                           const cl_event *wait, cl_event *event)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    TRY(clattn_buffer_check(b->x.mem, b->x.offset, B * Tq * d->embed, 4, "x"));
+    if (d->cross) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, 4, "kv"));
+    if (d->key_padding_mask)
+        TRY(clattn_buffer_check(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1, "key_padding_mask"));
+    if (d->attn_mask)
+        TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, Tq * Tk,
+                                d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
+    TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
+    if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
+    run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
+                 .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
+                 .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
+                 .attn = {b->attn.mem, b->attn.offset}};
+    pass_ctx pc = {p, &io};
+    return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
+}
+
+static clattn_status shell_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
+{
+    shell *c = state(p);
+    for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = 0.0;
+    if (!p->profiling || c->nmarks == 0) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clWaitForEvents((cl_uint)c->nmarks, c->marks), "waiting for the profiled pass");
+    cl_ulong prev = 0;
+    for (int k = 0; k < c->nmarks; k++) {
+        cl_ulong t = 0;
+        CL_CHECK(clGetEventProfilingInfo(c->marks[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
+                 "reading profiling timestamps");
+        if (k > 0 && t > prev) ms[c->mark_stage[k]] += (double)(t - prev) * 1e-6;
+        prev = t;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static int shell_produces_weights(const struct clattn_plan *p) { return p->core && p->core->produces_weights; }
+
+const clattn_backend_ops clattn_backend_opencl = {
+    .name = "opencl",
+    .init = shell_init,
+    .release = shell_release,
+    .produces_weights = shell_produces_weights,
+    .execute_host = shell_execute_host,
+    .execute_buffers = shell_execute_buffers,
+    .stage_times = shell_stage_times,
+    .device_bytes = shell_device_bytes,
+};

@@ -1,0 +1,173 @@
+/* core.h: the attention core interface (the cores layer, src/cores/; docs/ARCHITECTURE.md).
+ *
+ * A core is one kernel family behind one interface: the attention core of a plan,
+ * softmax(Q K^T * scale + masks) V, from Q/K/V rows in device memory to the merged output rows.
+ *   prefill cores   run a whole attention plan's core (unfused, flash_rows, flash_tiled)
+ *   decode cores    run a decode step against a KV cache (decode_attend)
+ * Each is one const clattn_core, listed in registry.c's table of its kind. A plan never names a core:
+ * select.c (attention layer) picks one from the table, the tuning file and the environment, builds it with
+ * its parameters, and runs it on buffer views. A core knows the device only through its capabilities and
+ * the runtime layer's helpers; it never reads the environment or the tuning file. */
+#ifndef CLATTN_CORE_H
+#define CLATTN_CORE_H
+
+#include "runtime/runtime.h"
+
+#define CLATTN_CORE_MAX_PARAMS 4
+#define CLATTN_DECODE_MAX_PARTS 64 /* split-K parts per decode query row */
+
+/* Head-size classes, max(dk, dv) <= 32, 64, 128, 256 and above: the unit of defaults and tuning. */
+#define CLATTN_HEAD_CLASSES 5
+int clattn_head_class(size_t dk, size_t dv);
+const char *clattn_head_class_name(int cls); /* "<=32", ..., ">256" */
+
+/* One tuning parameter: its name (the -D macro its kernel takes, and the word of CLATTN_CORE=NAME:P=V and
+ * of the tuning file), the values a plan may take (a file or the environment naming another is refused),
+ * the values clattn_tune tries, and words for the values (NULL: they are written as numbers). */
+typedef struct clattn_core_param {
+    const char *name;
+    const size_t *values;
+    size_t nvalues;
+    const size_t *tried;
+    size_t ntried;
+    const char *const *labels; /* labels[i] names values[i] */
+} clattn_core_param;
+
+/* Values of a core's parameters, in the order of its params[]. */
+typedef struct clattn_core_params { size_t v[CLATTN_CORE_MAX_PARAMS]; } clattn_core_params;
+
+/* How the plan's shell lays out what a prefill core reads and writes; fixed when the core is built.
+ * Q, K and V are token-major rows with a row stride: head h of row t at column h*dk (Q, K) or h*dv (V) of
+ * the view; the output goes to merged rows (B, Tq, H*dv). */
+typedef struct clattn_core_layout {
+    size_t q_ld, k_ld, v_ld, out_ld;
+    int bias_q, bias_k, bias_v; /* biases left to the core to add (cores with adds_biases only) */
+} clattn_core_layout;
+
+/* One execution of a prefill core. */
+typedef struct clattn_core_io {
+    clattn_view q, k, v, out;
+    cl_mem b_q, b_k, b_v;        /* the biases the layout leaves to the core (else NULL) */
+    clattn_view kpm, mask;       /* as the caller gave them (mem NULL: none) */
+    clattn_view attn;            /* the weights (B, H, Tq, Tk) into a caller's buffer (mem NULL: none) */
+    float *attn_host;            /* or read to this host array, block by block (NULL: none) */
+    /* profiling: a marker at the end of a stage (NULL: profiling off) */
+    clattn_status (*mark)(void *ctx, clattn_stage stage);
+    void *mark_ctx;
+} clattn_core_io;
+clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage);
+
+/* One step of a decode core: query rows (B*n rows of q_ld, the layout's), the cache, and the merged
+ * output rows (B*n, H*dv). */
+typedef struct clattn_decode_io {
+    clattn_view q, out;
+    cl_mem cache_k, cache_v;     /* (B, HK, capacity, dk | dv), half when the plan's kv_half */
+    size_t capacity;
+    cl_mem lens, valid;          /* (B) uint: tokens cached before this step, real new tokens of this step */
+    size_t n;                    /* new tokens per sequence (valid <= n) */
+    size_t max_len;              /* the longest sequence after this step */
+    size_t max_parts;            /* split-K parts: 0 = the core chooses, else at most this many */
+    int warm;                    /* plan creation: every launch with no work, so that the driver compiles */
+    size_t parts;                /* out: the parts this step used */
+} clattn_decode_io;
+
+typedef struct clattn_core clattn_core;
+
+struct clattn_core {
+    const char *name;            /* what CLATTN_CORE, the tuning file and `clattn cores` call it */
+    clattn_core_kind kind;       /* CLATTN_CORE_PREFILL or CLATTN_CORE_DECODE */
+    clattn_algorithm algorithm;  /* what its plans report: FUSED (no score matrix) or UNFUSED */
+    int produces_weights;        /* can return the attention weights */
+    int saves_row_stats;         /* keeps each row's max and sum (for a backward pass) */
+    int adds_biases;             /* adds the Q/K/V biases itself (else the projections do) */
+    const clattn_core_param *params; /* its tuning space */
+    int nparams;
+    const char *const *test_configs; /* NULL-terminated "P=V,..." sets the test suite runs, each as a ctest
+                                        entry of its own (NULL: one entry, the defaults) */
+    const void *spec;            /* the family's own description (flash.c reads a clattn_flash_spec) */
+
+    /* Can it compute d on a device with these capabilities? d NULL: any plan at all (the device alone).
+     * CLATTN_STATUS_SUCCESS, or the status that says why not (UNSUPPORTED; TOO_LARGE_FOR_DEVICE for a size
+     * limit) with a sentence in why. */
+    clattn_status (*supports)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                              char *why, size_t len);
+    /* Its default parameters for d on this device class (0: none fit). */
+    int (*defaults)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p);
+    /* Do parameters from a file or the environment fit d and the device? (NULL: any valid values do) */
+    int (*fits)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                const clattn_core_params *p);
+    /* Floats of device memory it allocates for d (the plan's memory check; NULL: none). */
+    size_t (*workspace)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                        const clattn_core_layout *lay);
+    /* Build its kernels and workspace for d (kept in *state). CLATTN_STATUS_UNSUPPORTED: it does not fit
+     * the device after all (the compiled kernel allows too few work-items, say). */
+    clattn_status (*build)(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                           const clattn_core_layout *lay, const clattn_core_params *p, void **state);
+    clattn_status (*run)(void *state, const clattn_core_io *io);          /* prefill: enqueue the core */
+    clattn_status (*run_decode)(void *state, clattn_decode_io *io);       /* decode: enqueue one step */
+    size_t (*device_bytes)(const void *state);                            /* its buffers (NULL: none) */
+    void (*release)(void *state);
+};
+
+/* ---- the registry (registry.c): every core, in one table per kind */
+size_t clattn_core_total(void);                  /* cores of both kinds */
+const clattn_core *clattn_core_at(size_t i);     /* the i-th (prefill first), NULL past the end */
+const clattn_core *clattn_core_find(const char *name);
+/* AUTO's i-th choice of `kind` on this device class for head-size class cls (NULL past the last): the
+ * first that supports a plan and builds serves it. */
+const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i);
+
+/* Parameters as text, "P=V,P=V" (every parameter of the core, in order; a label where it has one). */
+void clattn_core_params_format(const clattn_core *core, const clattn_core_params *p, char *buf, size_t len);
+/* Parse "P=V,..." (any order, any subset; values as numbers or labels, checked against the core's values)
+ * over *p; 0 and a sentence in why on anything else. */
+int clattn_core_params_parse(const clattn_core *core, const char *text, clattn_core_params *p, char *why,
+                             size_t len);
+int clattn_core_param_index(const clattn_core *core, const char *name); /* -1: no such parameter */
+int clattn_core_param_valid(const clattn_core_param *param, size_t v);  /* one of its values? */
+
+/* ---- helpers the cores share (core_args.c) */
+/* The mask arguments every attention kernel takes (common/mask.cl): key padding mask and offset,
+ * attention mask and offset, then Tq, Tk and H. */
+void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d);
+/* The four dropout arguments every attention kernel ends with: seed (low, high word), the drop threshold
+ * and the keep scale (runtime/numeric.c). */
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d);
+/* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
+void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
+/* The -D options every attention kernel is specialised by: head sizes, grouping, half K/V, masks,
+ * dropout. Appends to opts; returns the length written (or more, when it does not fit). */
+int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len);
+/* The vector width along the head dimension that divides both head sizes: 8, 4 or 1. */
+size_t clattn_core_head_vector(size_t dk, size_t dv);
+
+/* ---- the flash family (flash.c): fused kernels with one signature, each one .cl file and one entry.
+ * The kernel reads Q, K, V rows and writes merged rows (cores/flash_common.cl); a spec says how it is
+ * launched: one work-item per `rows` query rows (PER_ITEM), or one work-group of `group` work-items per
+ * `rows` query rows (PER_GROUP, the kernel's reqd_work_group_size). */
+typedef enum clattn_flash_launch { CLATTN_FLASH_PER_ITEM = 0, CLATTN_FLASH_PER_GROUP = 1 } clattn_flash_launch;
+typedef struct clattn_flash_spec {
+    const char *source;          /* its file under cl/, built after the common sources */
+    const char *kernel;          /* its kernel's name */
+    clattn_flash_launch launch;
+    size_t (*rows)(const clattn_core_params *p);  /* query rows per work-item or per work-group */
+    size_t (*group)(const clattn_core_params *p); /* PER_GROUP: work-items per work-group */
+    int shrink;                  /* PER_GROUP: the parameter halved while the compiled kernel takes fewer
+                                    work-items than `group` (-1: none) */
+} clattn_flash_spec;
+clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                 const clattn_core_layout *lay, const clattn_core_params *p, void **state);
+clattn_status clattn_flash_run(void *state, const clattn_core_io *io);
+void clattn_flash_release(void *state);
+#define CLATTN_FLASH_MAX_HEAD 256 /* dk and dv the flash kernels take */
+clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
+                                    const clattn_attention_desc *d, char *why, size_t len);
+
+/* ---- the registered cores */
+extern const clattn_core clattn_core_unfused;
+extern const clattn_core clattn_core_flash_rows;
+extern const clattn_core clattn_core_flash_tiled;
+extern const clattn_core clattn_core_decode_attend;
+
+#endif

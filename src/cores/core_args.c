@@ -1,0 +1,45 @@
+/* core_args.c: what every attention kernel is specialised by (-D) and takes as arguments, shared by the
+ * cores: the masks, dropout, row-major tensors. */
+#include "core.h"
+
+#include <stdio.h>
+
+void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d)
+{
+    clattn_arg_view(a, kpm);
+    clattn_arg_view(a, mask);
+    clattn_arg_u32(a, (cl_uint)d->seq_q);
+    clattn_arg_u32(a, (cl_uint)d->seq_kv);
+    clattn_arg_u32(a, (cl_uint)d->heads);
+}
+
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d)
+{
+    clattn_arg_u32(a, (cl_uint)d->seed);
+    clattn_arg_u32(a, (cl_uint)(d->seed >> 32));
+    clattn_arg_u32(a, clattn_dropout_threshold(d->dropout));
+    clattn_arg_f32(a, clattn_dropout_keep_scale(d->dropout));
+}
+
+void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld)
+{
+    clattn_arg_view(a, t);
+    clattn_arg_u32(a, (cl_uint)ld);
+}
+
+int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len)
+{
+    return snprintf(opts, len, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu "
+                    "-DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads,
+                    d->kv_half, d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+}
+
+size_t clattn_core_head_vector(size_t dk, size_t dv)
+{
+    return dk % 8 == 0 && dv % 8 == 0 ? 8 : dk % 4 == 0 && dv % 4 == 0 ? 4 : 1;
+}
+
+clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage)
+{
+    return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;
+}

@@ -1,0 +1,129 @@
+/* flash.c: the flash family of prefill cores: fused kernels (cores/flash_common.cl) that stream K and V
+ * per block of queries with an online softmax, read Q/K/V where the projections left them and write the
+ * merged rows. They share one kernel signature, so one build and one launch serve them all; a member is its
+ * .cl file and its descriptor (flash_rows.c, flash_tiled.c), whose clattn_flash_spec says how it launches.
+ *
+ * Kernel arguments, in order:
+ *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, out, out_off, out_ld   (rows: clattn_core_arg_rows)
+ *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                (clattn_core_arg_masks)
+ *   scale, extent                  (PER_ITEM: the work-items in all; PER_GROUP: the launch's first group)
+ *   seed_lo, seed_hi, threshold, keep_scale                                (clattn_core_arg_dropout) */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ARG_EXTENT 20 /* the index of `extent` above */
+
+typedef struct flash_state {
+    const clattn_core *core;
+    const clattn_flash_spec *spec;
+    const clattn_device *dev;
+    clattn_attention_desc d;
+    clattn_core_layout lay;
+    clattn_core_params p;
+    cl_program prog;
+    cl_kernel k;
+    size_t rows, wg;  /* query rows per work-item (PER_ITEM) or work-group; work-group size (PER_GROUP) */
+} flash_state;
+
+clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
+                                    const clattn_attention_desc *d, char *why, size_t len)
+{
+    (void)caps;
+    if (d && (d->head_dim_qk > CLATTN_FLASH_MAX_HEAD || d->head_dim_v > CLATTN_FLASH_MAX_HEAD)) {
+        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, CLATTN_FLASH_MAX_HEAD,
+                 d->head_dim_qk, d->head_dim_v);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_flash_release(void *state)
+{
+    flash_state *s = state;
+    if (!s) return;
+    clattn_kernel_release(&s->k);
+    clattn_program_release(&s->prog);
+    free(s);
+}
+
+/* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved while
+ * the compiled kernel takes fewer work-items than its group. */
+clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                 const clattn_core_layout *lay, const clattn_core_params *p, void **state)
+{
+    const clattn_flash_spec *spec = core->spec;
+    flash_state *s = clattn_calloc(1, sizeof *s);
+    if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
+    s->core = core, s->spec = spec, s->dev = dev, s->d = *d, s->lay = *lay, s->p = *p;
+    for (;;) {
+        char opts[512];
+        int n = clattn_core_attention_defines(d, opts, sizeof opts);
+        for (int i = 0; i < core->nparams && n > 0 && (size_t)n < sizeof opts; i++)
+            n += snprintf(opts + n, sizeof opts - (size_t)n, " -D%s=%zu", core->params[i].name, s->p.v[i]);
+        const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "cores/flash_common",
+                             spec->source};
+        clattn_status st = clattn_program_build(dev, src, 6, opts, &s->prog);
+        if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, spec->kernel, &s->k);
+        size_t allowed = 0;
+        cl_int err = CL_SUCCESS;
+        if (st == CLATTN_STATUS_SUCCESS)
+            err = clGetKernelWorkGroupInfo(s->k, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed,
+                                           NULL);
+        if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
+            st = clattn_fail((clattn_status)err, "querying %s's work-group size failed (%d: %s)", spec->kernel, err,
+                             clattn_status_string(err));
+        if (st != CLATTN_STATUS_SUCCESS) {
+            clattn_flash_release(s);
+            return st;
+        }
+        s->rows = spec->rows(&s->p);
+        s->wg = spec->launch == CLATTN_FLASH_PER_GROUP ? spec->group(&s->p) : 0;
+        if (s->wg == 0 || s->wg <= allowed) break;
+        clattn_kernel_release(&s->k);
+        clattn_program_release(&s->prog);
+        if (spec->shrink < 0 || s->p.v[spec->shrink] <= 1) {
+            clattn_flash_release(s);
+            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s does not fit this device (its kernel takes %zu "
+                               "work-items per work-group)", core->name, allowed);
+        }
+        s->p.v[spec->shrink] /= 2;
+    }
+    *state = s;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
+{
+    (void)ctx;
+    const cl_ulong g0 = first;
+    CL_CHECK(clSetKernelArg(k, ARG_EXTENT, sizeof g0, &g0), "setting a flash kernel's first group");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
+{
+    flash_state *s = state;
+    const clattn_attention_desc *d = &s->d;
+    const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows);
+    clattn_args a;
+    clattn_args_begin(&a, s->k, s->spec->kernel);
+    clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
+    clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
+    clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
+    clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
+    clattn_core_arg_masks(&a, io->kpm, io->mask, d);
+    clattn_arg_f32(&a, d->scale);
+    clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
+    clattn_core_arg_dropout(&a, d);
+    TRY(clattn_args_end(&a));
+    char what[64];
+    snprintf(what, sizeof what, "enqueue %s", s->spec->kernel);
+    if (s->spec->launch == CLATTN_FLASH_PER_ITEM)
+        TRY(clattn_enqueue_1d(s->dev, s->k, blocks, what));
+    else
+        TRY(clattn_enqueue_groups(s->dev, s->k, blocks, s->wg, set_first_group, NULL, what));
+    return clattn_core_mark(io, CLATTN_STAGE_ATTENTION);
+}

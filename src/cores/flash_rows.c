@@ -1,0 +1,58 @@
+/* flash_rows.c: the flash core for CPU devices (cl/cores/flash_rows.cl): one work-item per ROWS query rows,
+ * no local memory and no barriers; K and V rows come through the cache, BK keys per block, VW-wide vectors
+ * along the head dimension. On PoCL a work-group runs as a loop and private arrays are cheap. */
+#include "core.h"
+
+#include <stddef.h>
+
+enum { ROWS, BK, VW };
+static const size_t rows_v[] = {1, 2, 4, 8, 16, 32}, rows_tried[] = {4, 8, 16, 32};
+static const size_t bk_v[] = {8, 16, 32};
+static const size_t vw_v[] = {1, 4, 8}, vw_tried[] = {4, 8}; /* VW = 1 only where neither divides: a default */
+static const clattn_core_param params[] = {
+    [ROWS] = {"ROWS", rows_v, 6, rows_tried, 4, NULL},
+    [BK] = {"BK", bk_v, 3, bk_v, 3, NULL},
+    [VW] = {"VW", vw_v, 3, vw_tried, 2, NULL},
+};
+
+/* Defaults on every device class (PoCL measurements, bench/results/pocl-2core-fused-registers.jsonl):
+ * 16 rows per work-item (8 for value heads above 128, whose accumulators would not stay in registers),
+ * blocks of 16 keys (one float16 exp), the widest vector that divides both head sizes. */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    p->v[ROWS] = d->head_dim_v > 128 ? 8 : 16;
+    p->v[BK] = 16;
+    p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
+    return 1;
+}
+
+/* The vector width must divide both head sizes. */
+static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return !d || (d->head_dim_qk % p->v[VW] == 0 && d->head_dim_v % p->v[VW] == 0);
+}
+
+static size_t rows(const clattn_core_params *p) { return p->v[ROWS]; }
+
+static const clattn_flash_spec spec = {
+    .source = "cores/flash_rows", .kernel = "flash_rows", .launch = CLATTN_FLASH_PER_ITEM, .rows = rows, .shrink = -1,
+};
+
+const clattn_core clattn_core_flash_rows = {
+    .name = "flash_rows",
+    .kind = CLATTN_CORE_PREFILL,
+    .algorithm = CLATTN_ALGORITHM_FUSED,
+    .params = params,
+    .nparams = 3,
+    .spec = &spec,
+    .supports = clattn_flash_supports,
+    .defaults = defaults,
+    .fits = fits,
+    .build = clattn_flash_build,
+    .run = clattn_flash_run,
+    .release = clattn_flash_release,
+};

@@ -1,0 +1,182 @@
+/* registry.c: every attention core, one table per kind, and AUTO's order of preference among them.
+ * Adding a core: its descriptor (a const clattn_core) in a file of its own, one line in its kind's table,
+ * and a place in the order below where AUTO should consider it (docs/ARCHITECTURE.md). */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const clattn_core *const prefill[] = {
+    &clattn_core_unfused,
+    &clattn_core_flash_rows,
+    &clattn_core_flash_tiled,
+};
+
+static const clattn_core *const decode[] = {
+    &clattn_core_decode_attend,
+};
+
+#define COUNT(a) (sizeof (a) / sizeof (a)[0])
+#define MAX_ORDER 8
+
+/* AUTO's order of preference: the first rule whose device class matches (-1: any) and whose head-size
+ * classes include the plan's gives the order; the first core in it that supports the plan and builds
+ * serves it. Cores that cannot return the attention weights are passed over for plans that need them.
+ *   CPU devices (PoCL): flash_rows, one work-item per 16 query rows with its accumulators in registers:
+ *     0.50-0.65 of the unfused path's core time at B=4 T=512/1024 E=512 H=8 (bench/results/pocl-2core.md).
+ *   GPUs: flash_tiled, its K/V tiles in local memory (flash_rows keeps whole rows per work-item). */
+typedef struct order_rule {
+    int dclass;            /* clattn_device_class, or -1 for any */
+    int cls_lo, cls_hi;    /* head-size classes it covers */
+    const char *cores[MAX_ORDER];
+} order_rule;
+
+static const order_rule prefill_order[] = {
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"flash_rows", "flash_tiled", "unfused"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_tiled", "flash_rows", "unfused"}},
+};
+
+static const order_rule decode_order[] = {
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_attend"}},
+};
+
+int clattn_head_class(size_t dk, size_t dv)
+{
+    const size_t d = dk > dv ? dk : dv;
+    return d <= 32 ? 0 : d <= 64 ? 1 : d <= 128 ? 2 : d <= 256 ? 3 : 4;
+}
+
+const char *clattn_head_class_name(int cls)
+{
+    static const char *names[CLATTN_HEAD_CLASSES] = {"<=32", "<=64", "<=128", "<=256", ">256"};
+    return cls >= 0 && cls < CLATTN_HEAD_CLASSES ? names[cls] : "?";
+}
+
+size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode); }
+
+const clattn_core *clattn_core_at(size_t i)
+{
+    if (i < COUNT(prefill)) return prefill[i];
+    i -= COUNT(prefill);
+    return i < COUNT(decode) ? decode[i] : NULL;
+}
+
+const clattn_core *clattn_core_find(const char *name)
+{
+    for (size_t i = 0; i < clattn_core_total(); i++)
+        if (strcmp(clattn_core_at(i)->name, name) == 0) return clattn_core_at(i);
+    return NULL;
+}
+
+const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i)
+{
+    const order_rule *rules = kind == CLATTN_CORE_DECODE ? decode_order : prefill_order;
+    const size_t n = kind == CLATTN_CORE_DECODE ? COUNT(decode_order) : COUNT(prefill_order);
+    for (size_t r = 0; r < n; r++) {
+        if ((rules[r].dclass >= 0 && rules[r].dclass != (int)dclass) || cls < rules[r].cls_lo ||
+            cls > rules[r].cls_hi)
+            continue;
+        if (i >= MAX_ORDER || !rules[r].cores[i]) return NULL;
+        return clattn_core_find(rules[r].cores[i]);
+    }
+    return NULL;
+}
+
+/* ---- parameters as text */
+
+int clattn_core_param_index(const clattn_core *core, const char *name)
+{
+    for (int i = 0; i < core->nparams; i++)
+        if (strcmp(core->params[i].name, name) == 0) return i;
+    return -1;
+}
+
+int clattn_core_param_valid(const clattn_core_param *param, size_t v)
+{
+    for (size_t i = 0; i < param->nvalues; i++)
+        if (param->values[i] == v) return 1;
+    return 0;
+}
+
+void clattn_core_params_format(const clattn_core *core, const clattn_core_params *p, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < core->nparams && used < len; i++) {
+        const clattn_core_param *q = &core->params[i];
+        const char *label = NULL;
+        for (size_t k = 0; q->labels && k < q->nvalues; k++)
+            if (q->values[k] == p->v[i]) label = q->labels[k];
+        int n = label ? snprintf(buf + used, len - used, "%s%s=%s", i ? "," : "", q->name, label)
+                      : snprintf(buf + used, len - used, "%s%s=%zu", i ? "," : "", q->name, p->v[i]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+/* One value: a label of the parameter, or a decimal number (at most 9 digits) among its values. */
+static int parse_value(const clattn_core_param *q, const char *s, size_t *v)
+{
+    for (size_t k = 0; q->labels && k < q->nvalues; k++)
+        if (strcmp(q->labels[k], s) == 0) {
+            *v = q->values[k];
+            return 1;
+        }
+    if (!*s || strlen(s) > 9) return 0;
+    for (const char *c = s; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    *v = (size_t)strtoul(s, NULL, 10);
+    return clattn_core_param_valid(q, *v);
+}
+
+/* The values a parameter takes, for an error message. */
+static void value_list(const clattn_core_param *q, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; k < q->nvalues && used < len; k++) {
+        int n = q->labels ? snprintf(buf + used, len - used, "%s%s", k ? ", " : "", q->labels[k])
+                          : snprintf(buf + used, len - used, "%s%zu", k ? ", " : "", q->values[k]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+int clattn_core_params_parse(const clattn_core *core, const char *text, clattn_core_params *p, char *why,
+                             size_t len)
+{
+    char buf[256];
+    if (strlen(text) >= sizeof buf) {
+        snprintf(why, len, "parameters '%.40s...' are too long", text);
+        return 0;
+    }
+    snprintf(buf, sizeof buf, "%s", text);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq) {
+            snprintf(why, len, "'%s' is not PARAMETER=VALUE", item);
+            return 0;
+        }
+        *eq = '\0';
+        const int i = clattn_core_param_index(core, item);
+        if (i < 0) {
+            char names[128] = "";
+            for (int k = 0; k < core->nparams; k++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
+                         core->params[k].name);
+            snprintf(why, len, "%s has no parameter '%s' (%s)", core->name, item, core->nparams ? names : "it has none");
+            return 0;
+        }
+        size_t v;
+        if (!parse_value(&core->params[i], eq + 1, &v)) {
+            char values[160];
+            value_list(&core->params[i], values, sizeof values);
+            snprintf(why, len, "%s %s=%s: the values are %s", core->name, item, eq + 1, values);
+            return 0;
+        }
+        p->v[i] = v;
+    }
+    return 1;
+}

@@ -1,0 +1,328 @@
+/* unfused.c: the unfused prefill core, the one that can return the attention weights. Through a score
+ * matrix, in chunks that fit the device's max allocation:
+ *   head split   split_heads (cl/cores/unfused_heads.cl): (B, T, H*d) rows -> (B, H, T, d), + bias
+ *   scores       CLBlast strided-batched SGEMM over B*H: S = scale * Q K^T
+ *   softmax      softmax_rows (a work-group per row) or softmax_rows_item (a work-item per row):
+ *                masks, softmax, dropout, in place (cl/cores/unfused_softmax.cl)
+ *   context      CLBlast strided-batched SGEMM: C = W V
+ *   head merge   merge_heads: (B, H, Tq, dv) -> (B, Tq, H*dv)
+ * With one head, inputs that already are head-major (no projection) skip the split, and the context goes
+ * straight to the merged rows.
+ * Parameter SOFTMAX: rows (a work-group per row, for GPUs) or item (a work-item per row, for CPUs). */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef clattn_view view;
+
+enum { SOFTMAX };
+enum { SOFTMAX_ROWS = 0, SOFTMAX_ITEM = 1 };
+static const size_t softmax_v[] = {SOFTMAX_ROWS, SOFTMAX_ITEM};
+static const char *const softmax_labels[] = {"rows", "item"};
+static const clattn_core_param params[] = {
+    [SOFTMAX] = {"SOFTMAX", softmax_v, 2, softmax_v, 2, softmax_labels},
+};
+static const char *const test_configs[] = {"SOFTMAX=rows", "SOFTMAX=item", NULL};
+
+typedef struct unfused_state {
+    const clattn_device *dev;
+    clattn_attention_desc d;
+    clattn_core_layout lay;
+    cl_program heads_prog, softmax_prog;
+    cl_kernel k_split, k_merge, k_softmax;
+    size_t softmax_wg;   /* 0: k_softmax is softmax_rows_item, one work-item per row */
+    int direct;          /* Q, K, V are read where they are: (B, T, d) is (B, 1, T, d) already */
+    int context_merged;  /* one head: the context GEMM writes the merged rows */
+    size_t chunk;        /* (b, h) pairs whose scores fit the score buffer at once */
+    size_t rows_blk;     /* query rows per block: Tq, or fewer when one pair does not fit (chunk 1) */
+    cl_mem q, k, v;      /* head-major (B, H, T, d) */
+    cl_mem s;            /* scores (chunk * rows_blk, Tk) */
+    cl_mem ctx;          /* (B, H, Tq, dv) */
+} unfused_state;
+
+/* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's max
+ * allocation, else in chunks of pairs, else (one pair does not fit) one pair at a time in blocks of query
+ * rows. The GEMMs on them are split further to CLBlast's index range (runtime/blas.c). */
+static void blocking(const clattn_caps *caps, const clattn_attention_desc *d, size_t *chunk, size_t *rows_blk)
+{
+    const size_t BH = d->batch * d->heads, Tq = d->seq_q;
+    const size_t rows_fit = caps->max_alloc / (d->seq_kv * sizeof(float));
+    if (rows_fit >= Tq) {
+        *rows_blk = Tq;
+        *chunk = rows_fit / Tq < BH ? rows_fit / Tq : BH;
+    } else {
+        *rows_blk = rows_fit;
+        *chunk = 1;
+    }
+}
+
+static int direct_layout(const clattn_attention_desc *d, const clattn_core_layout *lay)
+{
+    return d->heads == 1 && !d->kv_half && lay->q_ld == d->head_dim_qk && lay->k_ld == d->head_dim_qk &&
+           lay->v_ld == d->head_dim_v && !lay->bias_q && !lay->bias_k && !lay->bias_v;
+}
+
+static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                              char *why, size_t len)
+{
+    (void)core;
+    const size_t row_bytes = d ? d->seq_kv * sizeof(float) : 0;
+    if (d && row_bytes > caps->max_alloc) {
+        snprintf(why, len, "one query's row of scores (Tk = %zu floats, %zu bytes) exceeds the device's max "
+                 "allocation (%zu bytes)", d->seq_kv, row_bytes, caps->max_alloc);
+        return CLATTN_STATUS_TOO_LARGE_FOR_DEVICE;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a
+ * work-group per row elsewhere. */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    (void)core, (void)d;
+    p->v[SOFTMAX] = caps->dclass == CLATTN_CLASS_CPU ? SOFTMAX_ITEM : SOFTMAX_ROWS;
+    return 1;
+}
+
+static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                        const clattn_core_layout *lay)
+{
+    (void)core, (void)lay;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads;
+    size_t chunk, rows_blk;
+    blocking(caps, d, &chunk, &rows_blk);
+    return chunk * rows_blk * Tk + B * H * Tq * d->head_dim_qk + B * H * Tk * (d->head_dim_qk + d->head_dim_v) +
+           B * H * Tq * d->head_dim_v;
+}
+
+static void release(void *state)
+{
+    unfused_state *s = state;
+    if (!s) return;
+    cl_mem *mems[] = {&s->q, &s->k, &s->v, &s->s, &s->ctx};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
+    clattn_kernel_release(&s->k_split);
+    clattn_kernel_release(&s->k_merge);
+    clattn_kernel_release(&s->k_softmax);
+    clattn_program_release(&s->heads_prog);
+    clattn_program_release(&s->softmax_prog);
+    free(s);
+}
+
+static size_t device_bytes(const void *state)
+{
+    const unfused_state *s = state;
+    return clattn_mem_bytes(s->q) + clattn_mem_bytes(s->k) + clattn_mem_bytes(s->v) + clattn_mem_bytes(s->s) +
+           clattn_mem_bytes(s->ctx);
+}
+
+static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p)
+{
+    const clattn_attention_desc *d = &s->d;
+    const char *heads_src[] = {"common/half", "cores/unfused_heads"};
+    TRY(clattn_program_build(s->dev, heads_src, 2, "-cl-std=CL1.2", &s->heads_prog));
+    TRY(clattn_kernel_create(s->heads_prog, "split_heads", &s->k_split));
+    TRY(clattn_kernel_create(s->heads_prog, "merge_heads", &s->k_merge));
+    /* softmax work-group: a power of two covering the row, from 16 to 256 (and the device's limit) */
+    size_t wg = 1;
+    while (wg < d->seq_kv && wg < 256) wg *= 2;
+    wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
+    char opts[256];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d",
+             d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+    const char *softmax_src[] = {"common/philox", "common/mask", "cores/unfused_softmax"};
+    TRY(clattn_program_build_wg(s->dev, softmax_src, 3, opts, "softmax_rows", &wg, &s->softmax_prog,
+                                &s->k_softmax));
+    s->softmax_wg = wg;
+    if (p->v[SOFTMAX] == SOFTMAX_ITEM) {
+        clattn_kernel_release(&s->k_softmax);
+        TRY(clattn_kernel_create(s->softmax_prog, "softmax_rows_item", &s->k_softmax));
+        s->softmax_wg = 0;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                           const clattn_core_layout *lay, const clattn_core_params *p, void **state)
+{
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    unfused_state *s = clattn_calloc(1, sizeof *s);
+    if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
+    s->dev = dev, s->d = *d, s->lay = *lay;
+    s->direct = direct_layout(d, lay);
+    s->context_merged = H == 1 && !d->kv_half;
+    blocking(&dev->caps, d, &s->chunk, &s->rows_blk);
+    clattn_status st = build_kernels(s, p);
+    if (!st && !s->direct && !(st = clattn_buffer_new(dev, B * H * Tq * dk, sizeof(float), NULL, "Q", &s->q)) &&
+        !(st = clattn_buffer_new(dev, B * H * Tk * dk, sizeof(float), NULL, "K", &s->k)))
+        st = clattn_buffer_new(dev, B * H * Tk * dv, sizeof(float), NULL, "V", &s->v);
+    if (!st && !s->context_merged)
+        st = clattn_buffer_new(dev, B * H * Tq * dv, sizeof(float), NULL, "the context", &s->ctx);
+    if (!st)
+        st = clattn_buffer_new(dev, s->chunk * s->rows_blk * Tk, sizeof(float), NULL, "the attention scores", &s->s);
+    if (st) {
+        release(s);
+        return st;
+    }
+    *state = s;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* dst (B, H, T, D) from token-major src rows of width ld, head h at column h*D, plus bias; G > 1 repeats
+ * key/value head h/G for G query heads. */
+static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem bias, cl_mem dst, size_t T,
+                           size_t D, size_t G, int round_half)
+{
+    const size_t total = s->d.batch * s->d.heads * T * D;
+    clattn_args a;
+    clattn_args_begin(&a, s->k_split, "split_heads");
+    clattn_arg_view(&a, src);
+    clattn_arg_u32(&a, (cl_uint)ld);
+    clattn_arg_u32(&a, 0);
+    clattn_arg_mem(&a, bias);
+    clattn_arg_u32(&a, bias != NULL);
+    clattn_arg_view(&a, (view){dst, 0});
+    clattn_arg_u32(&a, (cl_uint)T);
+    clattn_arg_u32(&a, (cl_uint)s->d.heads);
+    clattn_arg_u32(&a, (cl_uint)D);
+    clattn_arg_u32(&a, (cl_uint)G);
+    clattn_arg_u32(&a, (cl_uint)round_half);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(s->dev, s->k_split, total, "enqueue split_heads");
+}
+
+static clattn_status merge(const unfused_state *s, view src, view dst)
+{
+    const clattn_attention_desc *d = &s->d;
+    const size_t total = d->batch * d->heads * d->seq_q * d->head_dim_v;
+    clattn_args a;
+    clattn_args_begin(&a, s->k_merge, "merge_heads");
+    clattn_arg_view(&a, src);
+    clattn_arg_view(&a, dst);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u32(&a, (cl_uint)d->head_dim_v);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(s->dev, s->k_merge, total, "enqueue merge_heads");
+}
+
+/* Softmax over the rows row0 .. row0 + rows - 1, stored from sc on: one launch of at most
+ * max_launch_items work-items (the kernels take their first row as an argument). */
+static clattn_status softmax_launch(const unfused_state *s, view sc, size_t row0, size_t rows,
+                                    const clattn_core_io *io)
+{
+    const clattn_attention_desc *d = &s->d;
+    clattn_args a;
+    clattn_args_begin(&a, s->k_softmax, s->softmax_wg ? "softmax_rows" : "softmax_rows_item");
+    clattn_arg_view(&a, sc);
+    clattn_core_arg_masks(&a, io->kpm, io->mask, d);
+    clattn_arg_u64(&a, row0);
+    if (s->softmax_wg == 0) clattn_arg_u64(&a, rows);
+    clattn_core_arg_dropout(&a, d);
+    TRY(clattn_args_end(&a));
+    size_t global = s->softmax_wg ? rows * s->softmax_wg : rows;
+    clattn_note_launch(global);
+    if (s->softmax_wg == 0) { /* one work-item per row */
+        CL_CHECK(clEnqueueNDRangeKernel(s->dev->queue, s->k_softmax, 1, NULL, &global, NULL, 0, NULL, NULL),
+                 "enqueue softmax_rows_item");
+        return CLATTN_STATUS_SUCCESS;
+    }
+    size_t local = s->softmax_wg;
+    CL_CHECK(clEnqueueNDRangeKernel(s->dev->queue, s->k_softmax, 1, NULL, &global, &local, 0, NULL, NULL),
+             "enqueue softmax_rows");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status softmax(const unfused_state *s, view sc, size_t row0, size_t rows, const clattn_core_io *io)
+{
+    const size_t per_row = s->softmax_wg ? s->softmax_wg : 1;
+    size_t step = s->dev->caps.max_launch_items / per_row;
+    if (step == 0) step = 1;
+    for (size_t r = 0; r < rows; r += step) {
+        const size_t n = rows - r < step ? rows - r : step;
+        TRY(softmax_launch(s, (view){sc.mem, sc.off + r * s->d.seq_kv}, row0 + r, n, io));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status gemm_batched(const unfused_state *s, CLBlastTranspose tb, size_t m, size_t n, size_t k,
+                                  float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
+                                  view c, size_t ldc, size_t sc, size_t count, const char *what)
+{
+    return clattn_blas_sgemm_strided_batched(s->dev, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem, b.off, ldb,
+                                             sb, 0.0f, c.mem, c.off, ldc, sc, count, what);
+}
+
+/* The head split, then per chunk of (b, h) pairs whose scores fit the score buffer (all of them,
+ * usually), or per block of query rows of one pair: scores, softmax in place, context (one head: straight
+ * into the merged rows); then the head merge. With a caller's attn buffer the blocks are computed in place
+ * there. */
+static clattn_status run(void *state, const clattn_core_io *io)
+{
+    const unfused_state *s = state;
+    const clattn_attention_desc *d = &s->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    view Q = io->q, K = io->k, V = io->v;
+    if (!s->direct) {
+        const size_t G = H / d->kv_heads; /* K and V expanded to H heads: the batched GEMMs see plain MHA */
+        TRY(split(s, io->q, s->lay.q_ld, io->b_q, s->q, Tq, dk, 1, 0));
+        TRY(split(s, io->k, s->lay.k_ld, io->b_k, s->k, Tk, dk, G, d->kv_half));
+        TRY(split(s, io->v, s->lay.v_ld, io->b_v, s->v, Tk, dv, G, d->kv_half));
+        TRY(clattn_core_mark(io, CLATTN_STAGE_HEAD_SPLIT));
+        Q = (view){s->q, 0}, K = (view){s->k, 0}, V = (view){s->v, 0};
+    }
+    view C = s->context_merged ? io->out : (view){s->ctx, 0};
+    const size_t BH = B * H, chunk = s->chunk, rb = s->rows_blk;
+    int first = 1;
+    for (size_t g0 = 0; g0 < BH; g0 += chunk) {
+        const size_t n = BH - g0 < chunk ? BH - g0 : chunk;
+        for (size_t i0 = 0; i0 < Tq; i0 += rb) { /* one block when rb = Tq (then n pairs are contiguous) */
+            const size_t r = Tq - i0 < rb ? Tq - i0 : rb, row0 = g0 * Tq + i0;
+            view S = io->attn.mem ? (view){io->attn.mem, io->attn.off + row0 * Tk} : (view){s->s, 0};
+            view Qg = {Q.mem, Q.off + row0 * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
+            view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + row0 * dv};
+            TRY(gemm_batched(s, CLBlastTransposeYes, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
+                             r * Tk, n, "scores GEMM"));
+            if (first) TRY(clattn_core_mark(io, CLATTN_STAGE_SCORES));
+            TRY(softmax(s, S, row0, n * r, io));
+            if (first) TRY(clattn_core_mark(io, CLATTN_STAGE_SOFTMAX));
+            first = 0;
+            if (io->attn_host)
+                CL_CHECK(clEnqueueReadBuffer(s->dev->queue, S.mem, CL_FALSE, S.off * sizeof(float),
+                                             n * r * Tk * sizeof(float), io->attn_host + row0 * Tk, 0, NULL, NULL),
+                         "reading the attention weights");
+            TRY(gemm_batched(s, CLBlastTransposeNo, r, dv, Tk, 1.0f, S, Tk, r * Tk, Vg, dv, Tk * dv, Cg, dv,
+                             Tq * dv, n, "context GEMM"));
+        }
+    }
+    TRY(clattn_core_mark(io, CLATTN_STAGE_CONTEXT));
+    if (!s->context_merged) {
+        TRY(merge(s, C, io->out));
+        TRY(clattn_core_mark(io, CLATTN_STAGE_HEAD_MERGE));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+const clattn_core clattn_core_unfused = {
+    .name = "unfused",
+    .kind = CLATTN_CORE_PREFILL,
+    .algorithm = CLATTN_ALGORITHM_UNFUSED,
+    .produces_weights = 1,
+    .adds_biases = 1,
+    .params = params,
+    .nparams = 1,
+    .test_configs = test_configs,
+    .supports = supports,
+    .defaults = defaults,
+    .workspace = workspace,
+    .build = build,
+    .run = run,
+    .device_bytes = device_bytes,
+    .release = release,
+};

@@ -1,0 +1,192 @@
+/* cache.c: the KV cache (clattn.h, "KV cache and decoding"): per sequence b and key/value head g,
+ * positions 0 .. capacity-1 of keys and values, (B, HK, capacity, dk | dv), in host memory on ref and in
+ * device buffers (float or half) on OpenCL; each sequence's length lives on the host. */
+#include "decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d) { return d->type == CLATTN_KV_HALF ? 2 : 4; }
+
+clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc, clattn_kv_cache **cache)
+{
+    clattn_clear_error();
+    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    *cache = NULL;
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
+    clattn_kv_cache_desc d = *desc;
+    if (d.type != CLATTN_KV_FLOAT && d.type != CLATTN_KV_HALF)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "type %d is not CLATTN_KV_FLOAT or CLATTN_KV_HALF", (int)d.type);
+    if (d.batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
+    if (d.capacity == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "capacity must be >= 1");
+    if (d.kv_heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads must be >= 1");
+    if (d.head_dim_qk == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk must be >= 1");
+    if (d.head_dim_v == 0) d.head_dim_v = d.head_dim_qk;
+    if (d.capacity > 0xFFFFFFFFu || d.batch > 0xFFFFFFFFu || d.kv_heads > 0xFFFFFFFFu)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "capacity, batch and kv_heads must fit 32 bits");
+    size_t nk, nv, t;
+    if (clattn_mul_overflows(d.batch, d.kv_heads, &t) || clattn_mul_overflows(t, d.capacity, &t) ||
+        clattn_mul_overflows(t, d.head_dim_qk, &nk) || clattn_mul_overflows(t, d.head_dim_v, &nv) ||
+        clattn_mul_overflows(nk + nv, 4, &t) || nk + nv < nk)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "the cache's size overflows size_t");
+
+    clattn_kv_cache *c = clattn_calloc(1, sizeof *c);
+    if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache");
+    c->device = device;
+    c->d = d;
+    c->len = clattn_calloc(d.batch, sizeof *c->len);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (!c->len) {
+        st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache lengths");
+    } else if (device->backend == CLATTN_BACKEND_REF) {
+        c->k_host = clattn_calloc(nk, sizeof(float));
+        c->v_host = clattn_calloc(nv, sizeof(float));
+        if (!c->k_host || !c->v_host)
+            st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache (%zu floats)", nk + nv);
+    } else {
+        const size_t es = clattn_kv_elem_size(&d);
+        if ((nk + nv) * es > device->caps.global_mem)
+            st = clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "the cache needs %zu bytes, more than the device's "
+                             "global memory (%zu bytes)", (nk + nv) * es, device->caps.global_mem);
+        else if ((st = clattn_buffer_new(device, nk, es, NULL, "the key cache", &c->k)) == CLATTN_STATUS_SUCCESS)
+            st = clattn_buffer_new(device, nv, es, NULL, "the value cache", &c->v);
+    }
+    if (st != CLATTN_STATUS_SUCCESS) {
+        clattn_kv_cache_free(c);
+        return st;
+    }
+    *cache = c;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_kv_cache_free(clattn_kv_cache *cache)
+{
+    if (!cache) return;
+    clattn_mem_release(&cache->k);
+    clattn_mem_release(&cache->v);
+    free(cache->k_host);
+    free(cache->v_host);
+    free(cache->len);
+    free(cache);
+}
+
+clattn_status clattn_kv_cache_desc_get(const clattn_kv_cache *cache, clattn_kv_cache_desc *desc)
+{
+    clattn_clear_error();
+    if (!cache || !desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or desc is NULL");
+    *desc = cache->d;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache)
+{
+    clattn_clear_error();
+    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    for (size_t b = 0; b < cache->d.batch; b++) cache->len[b] = 0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !lengths) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or lengths is NULL");
+    for (size_t b = 0; b < cache->d.batch; b++)
+        if (lengths[b] > cache->len[b])
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "truncate: lengths[%zu] = %zu is more than the "
+                               "sequence's length %zu (truncation only drops the tail)", b, lengths[b], cache->len[b]);
+    for (size_t b = 0; b < cache->d.batch; b++) cache->len[b] = lengths[b];
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !lengths) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or lengths is NULL");
+    memcpy(lengths, cache->len, cache->d.batch * sizeof *lengths);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache)
+{
+    if (!cache || !cache->k) return 0;
+    const size_t rows = cache->d.batch * cache->d.kv_heads * cache->d.capacity;
+    return rows * (cache->d.head_dim_qk + cache->d.head_dim_v) * clattn_kv_elem_size(&cache->d);
+}
+
+/* One of the two tensors (B, HK, Tmax, D) as float into dst, zero past each sequence's length. */
+static clattn_status cache_read_one(const clattn_kv_cache *c, cl_mem m, const float *host, size_t D, float *dst,
+                                    const char *what)
+{
+    const clattn_kv_cache_desc *d = &c->d;
+    const size_t rows = d->batch * d->kv_heads * d->capacity, n = rows * D;
+    if (host) {
+        memcpy(dst, host, n * sizeof *dst);
+    } else {
+        const size_t es = clattn_kv_elem_size(d);
+        void *raw = clattn_malloc(n * es);
+        if (!raw) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reading the %s (%zu bytes)", what, n * es);
+        cl_int err = clEnqueueReadBuffer(c->device->queue, m, CL_TRUE, 0, n * es, raw, 0, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            free(raw);
+            return clattn_fail((clattn_status)err, "reading the %s failed (%d: %s)", what, err, clattn_status_string(err));
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[i] = es == 2 ? clattn_half_to_float(((const uint16_t *)raw)[i]) : ((const float *)raw)[i];
+        free(raw);
+    }
+    for (size_t b = 0; b < d->batch; b++)
+        for (size_t g = 0; g < d->kv_heads; g++) {
+            float *p = dst + ((b * d->kv_heads + g) * d->capacity + c->len[b]) * D;
+            memset(p, 0, (d->capacity - c->len[b]) * D * sizeof *p);
+        }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float *v)
+{
+    clattn_clear_error();
+    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    if (k) TRY(cache_read_one(cache, cache->k, cache->k_host, cache->d.head_dim_qk, k, "key cache"));
+    if (v) TRY(cache_read_one(cache, cache->v, cache->v_host, cache->d.head_dim_v, v, "value cache"));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v, const size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !k || !v || !lengths)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache, k, v or lengths is NULL");
+    const clattn_kv_cache_desc *d = &cache->d;
+    for (size_t b = 0; b < d->batch; b++)
+        if (lengths[b] > d->capacity)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "lengths[%zu] = %zu exceeds the capacity (%zu)", b,
+                               lengths[b], d->capacity);
+    const size_t rows = d->batch * d->kv_heads * d->capacity;
+    const size_t nk = rows * d->head_dim_qk, nv = rows * d->head_dim_v;
+    if (cache->k_host) {
+        for (size_t i = 0; i < nk; i++) cache->k_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(k[i]) : k[i];
+        for (size_t i = 0; i < nv; i++) cache->v_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(v[i]) : v[i];
+    } else {
+        const size_t es = clattn_kv_elem_size(d);
+        const float *src[2] = {k, v};
+        const size_t n[2] = {nk, nv};
+        cl_mem dst[2] = {cache->k, cache->v};
+        for (int t = 0; t < 2; t++) {
+            void *raw = (void *)src[t];
+            if (es == 2) {
+                uint16_t *h = clattn_malloc(n[t] * sizeof *h);
+                if (!h) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "converting the cache to half");
+                for (size_t i = 0; i < n[t]; i++) h[i] = clattn_float_to_half(src[t][i]);
+                raw = h;
+            }
+            cl_int err = clEnqueueWriteBuffer(cache->device->queue, dst[t], CL_TRUE, 0, n[t] * es, raw, 0, NULL, NULL);
+            if (es == 2) free(raw);
+            if (err != CL_SUCCESS)
+                return clattn_fail((clattn_status)err, "writing the %s cache failed (%d: %s)", t ? "value" : "key", err,
+                                   clattn_status_string(err));
+        }
+    }
+    memcpy(cache->len, lengths, d->batch * sizeof *cache->len);
+    return CLATTN_STATUS_SUCCESS;
+}

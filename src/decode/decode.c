@@ -1,0 +1,147 @@
+/* decode.c: decode plans (clattn.h, "KV cache and decoding"). A decode execution with n new tokens per
+ * sequence: the Q/K/V projections, the new keys and values appended to the cache at lens[b] + t, attention
+ * of each new token over its sequence's keys (a decode core: src/cores/), the output projection. The plan
+ * validates and checks the call here and runs on its device's backend (decode_ref.c, decode_cl.c). Cache
+ * lengths live on the host (the caller knows them anyway) and change only when a call succeeds. */
+#include "decode.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The backend of each kind of device. */
+static const clattn_decode_ops *const backends[] = {
+    [CLATTN_BACKEND_REF] = &clattn_decode_ref,
+    [CLATTN_BACKEND_OPENCL] = &clattn_decode_opencl,
+};
+
+static clattn_status validate_decode(const clattn_attention_desc *d)
+{
+    if (d->cross) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan is self-attention (cross = 0)");
+    if (!d->causal) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan needs causal = 1");
+    if (d->attn_mask != CLATTN_MASK_NONE || d->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no attn_mask or key_padding_mask (the "
+                           "cache lengths and args.valid say which positions exist)");
+    if (d->dropout != 0.0f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no dropout");
+    if (d->need_weights)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not return the attention weights");
+    if (d->algorithm == CLATTN_ALGORITHM_UNFUSED)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan runs its own fused kernel: algorithm "
+                           "UNFUSED is not available (use AUTO)");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A decode plan is one a registered decode core can compute, on every device (ref answers the plans the
+ * OpenCL devices answer). */
+static clattn_status check_cores(const clattn_device *dev, const clattn_attention_desc *d)
+{
+    char reasons[600] = "";
+    for (size_t i = 0; i < clattn_core_total(); i++) {
+        const clattn_core *c = clattn_core_at(i);
+        char why[300] = "";
+        if (c->kind != CLATTN_CORE_DECODE) continue;
+        if (c->supports(c, &dev->caps, d, why, sizeof why) == CLATTN_STATUS_SUCCESS) return CLATTN_STATUS_SUCCESS;
+        snprintf(reasons + strlen(reasons), sizeof reasons - strlen(reasons), "%s%s", reasons[0] ? "; " : "", why);
+    }
+    return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "no decode core takes this plan: %s", reasons);
+}
+
+void clattn_decode_plan_free(clattn_decode_plan *plan)
+{
+    if (!plan) return;
+    if (plan->ops && plan->ops->release) plan->ops->release(plan);
+    clattn_plan_free(plan->base);
+    free(plan);
+}
+
+clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_attention_desc *desc,
+                                        const clattn_attention_weights *weights, clattn_decode_plan **plan)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    *plan = NULL;
+    if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
+    TRY(validate_decode(desc));
+    clattn_plan *base = NULL;
+    TRY(clattn_plan_prepare(device, desc, weights, 0, &base));
+    clattn_status st = check_cores(device, &base->d);
+    clattn_decode_plan *dp = NULL;
+    if (st == CLATTN_STATUS_SUCCESS && !(dp = clattn_calloc(1, sizeof *dp)))
+        st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the decode plan");
+    if (st != CLATTN_STATUS_SUCCESS) {
+        clattn_plan_free(base);
+        return st;
+    }
+    dp->base = base;
+    dp->last_parts = 1;
+    dp->ops = (unsigned)device->backend < sizeof backends / sizeof backends[0] && backends[device->backend]
+                  ? backends[device->backend] : &clattn_decode_ref;
+    if (dp->ops->init && (st = dp->ops->init(dp)) != CLATTN_STATUS_SUCCESS) {
+        clattn_decode_plan_free(dp);
+        return st;
+    }
+    *plan = dp;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max_parts)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (max_parts > CLATTN_DECODE_MAX_PARTS)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "max_parts %zu: at most %d", max_parts,
+                           CLATTN_DECODE_MAX_PARTS);
+    plan->max_parts = max_parts;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan) { return plan ? plan->last_parts : 0; }
+
+const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return plan ? plan->ops->core(plan) : ""; }
+
+clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+{
+    clattn_clear_error();
+    if (!plan || !cache || !args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan, cache or args is NULL");
+    if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    clattn_plan *p = plan->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, n = args->new_tokens;
+    if (cache->device != p->device)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache and the plan are on different devices");
+    const clattn_kv_cache_desc *cd = &cache->d;
+    if (cd->batch != B || cd->kv_heads != d->kv_heads || cd->head_dim_qk != d->head_dim_qk ||
+        cd->head_dim_v != d->head_dim_v)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "the cache (batch %zu, kv_heads %zu, dk %zu, dv %zu) does not "
+                           "match the plan (batch %zu, kv_heads %zu, dk %zu, dv %zu)", cd->batch, cd->kv_heads,
+                           cd->head_dim_qk, cd->head_dim_v, B, d->kv_heads, d->head_dim_qk, d->head_dim_v);
+    if ((cd->type == CLATTN_KV_HALF) != (d->kv_half != 0))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache stores %s but the plan has kv_half = %d",
+                           cd->type == CLATTN_KV_HALF ? "half" : "float", d->kv_half);
+    if (n == 0 || n > d->seq_q)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
+    size_t *valid = clattn_malloc(B * sizeof *valid);
+    if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
+    size_t max_len = 0;
+    for (size_t b = 0; b < B; b++) {
+        valid[b] = args->valid ? args->valid[b] : n;
+        if (valid[b] > n) {
+            free(valid);
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.valid[%zu] = %zu is more than new_tokens (%zu)", b,
+                               args->valid[b], n);
+        }
+        if (cache->len[b] + valid[b] > cd->capacity) {
+            const size_t l = cache->len[b], v = valid[b];
+            free(valid);
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
+                               "cache's capacity (%zu)", b, l, v, cd->capacity);
+        }
+        if (cache->len[b] + n > max_len) max_len = cache->len[b] + n;
+    }
+    const clattn_status st = plan->ops->execute(plan, cache, args->x, n, valid, max_len, args->out);
+    if (st == CLATTN_STATUS_SUCCESS)
+        for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
+    free(valid);
+    return st;
+}

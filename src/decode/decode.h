@@ -1,0 +1,42 @@
+/* decode.h: the decode layer (src/decode/): the KV cache (cache.c) and decode plans (decode.c), which run
+ * on the device's backend: the CPU reference (decode_ref.c) or OpenCL (decode_cl.c, around a decode core). */
+#ifndef CLATTN_DECODE_H
+#define CLATTN_DECODE_H
+
+#include "attention/attention.h"
+
+struct clattn_kv_cache {
+    clattn_device *device;
+    clattn_kv_cache_desc d;
+    size_t *len;               /* (B) current lengths */
+    float *k_host, *v_host;    /* ref: (B, HK, capacity, dk|dv), already rounded when HALF */
+    cl_mem k, v;               /* OpenCL: the same layout, float or half */
+};
+size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d); /* bytes of one stored element */
+
+struct clattn_decode_cl;       /* decode_cl.c */
+struct clattn_decode_ops;
+
+struct clattn_decode_plan {
+    clattn_plan *base;         /* the description (resolved) and the weights, LINEAR */
+    const struct clattn_decode_ops *ops; /* the device's backend, chosen once at creation */
+    size_t max_parts;          /* 0 = automatic */
+    size_t last_parts;
+    struct clattn_decode_cl *cl; /* OpenCL state (NULL on ref) */
+};
+
+/* One decode step of `n` new tokens per sequence, valid[b] of them real, checked against the cache; the
+ * longest sequence reaches max_len. The backend writes out (B, n, out_width) and the new keys and values
+ * into the cache; the caller advances the lengths after success. */
+typedef struct clattn_decode_ops {
+    clattn_status (*init)(clattn_decode_plan *plan);        /* NULL: nothing to build */
+    void (*release)(clattn_decode_plan *plan);
+    clattn_status (*execute)(clattn_decode_plan *plan, clattn_kv_cache *cache, const float *x, size_t n,
+                             const size_t *valid, size_t max_len, float *out);
+    const char *(*core)(const clattn_decode_plan *plan);
+} clattn_decode_ops;
+
+extern const clattn_decode_ops clattn_decode_ref;    /* decode_ref.c */
+extern const clattn_decode_ops clattn_decode_opencl; /* decode_cl.c */
+
+#endif

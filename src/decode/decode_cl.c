@@ -1,0 +1,178 @@
+/* decode_cl.c: a decode step on an OpenCL device:
+ *   1. projections      x (B*n, E) -> [Q | K | V] rows, one GEMM (biases as prefilled rows), or for a
+ *                       step's few rows linear_small (attention/linear.c)
+ *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
+ *                       lens[b] + t (float or half)
+ *   3. attend           the decode core select.c chose (src/cores/decode_attend.c)
+ *   4. out projection   as 1.
+ * Everything is launched once with no work at plan creation, so that the driver compiles it then and not
+ * in the first step. */
+#include "decode.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef clattn_view view;
+
+struct clattn_decode_cl {
+    clattn_linear lin;
+    clattn_core_instance core;
+    clattn_core_layout lay;
+    cl_program append_prog;
+    cl_kernel k_append;
+    size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
+    cl_mem w_proj, b_proj, w_out, b_out;
+    cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
+};
+
+/* One step's pass (or the warm-up at plan creation: every launch with no work). */
+typedef struct decode_pass {
+    clattn_decode_plan *dp;
+    clattn_decode_io io;       /* the core's: cache, lengths, n, ... */
+    int warm;
+} decode_pass;
+
+static clattn_status pass_run(void *ctx)
+{
+    decode_pass *dpass = ctx;
+    struct clattn_decode_cl *c = dpass->dp->cl;
+    const clattn_plan *p = dpass->dp->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, n = dpass->io.n, E = d->embed, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
+    const int warm = dpass->warm;
+    /* 1. projections */
+    view src = {c->x_in, 0};
+    size_t k_col = 0, v_col = 0;
+    if (p->has_qkv) {
+        TRY(clattn_linear_run(&c->lin, B * n, c->n_qkv, E, src, c->w_proj, c->b_proj, (view){c->proj, 0}, 1, warm,
+                              "QKV projection"));
+        src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
+    }
+    /* 2. append */
+    const size_t kvw = dk > dv ? dk : dv, n_app = warm ? 0 : B * n * HK * kvw;
+    clattn_args a;
+    clattn_args_begin(&a, c->k_append, "kv_append");
+    clattn_core_arg_rows(&a, src, c->lay.q_ld);
+    clattn_arg_u32(&a, (cl_uint)k_col);
+    clattn_arg_u32(&a, (cl_uint)v_col);
+    clattn_arg_mem(&a, dpass->io.cache_k);
+    clattn_arg_mem(&a, dpass->io.cache_v);
+    clattn_arg_mem(&a, c->lens_buf);
+    clattn_arg_mem(&a, c->valid_buf);
+    clattn_arg_u32(&a, (cl_uint)n);
+    clattn_arg_u32(&a, (cl_uint)HK);
+    clattn_arg_u32(&a, (cl_uint)dpass->io.capacity);
+    clattn_arg_u64(&a, n_app);
+    TRY(clattn_args_end(&a));
+    TRY(clattn_enqueue_1d(p->device, c->k_append, n_app, "enqueue kv_append"));
+    /* 3. attend */
+    dpass->io.q = src;
+    dpass->io.out = (view){p->has_out ? c->merged : c->out_buf, 0};
+    TRY(c->core.core->run_decode(c->core.state, &dpass->io));
+    /* 4. output projection */
+    if (p->has_out)
+        TRY(clattn_linear_run(&c->lin, B * n, d->out_dim, H * dv, (view){c->merged, 0}, c->w_out, c->b_out,
+                              (view){c->out_buf, 0}, 1, warm, "output projection"));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static void cl_release(clattn_decode_plan *dp)
+{
+    struct clattn_decode_cl *c = dp->cl;
+    if (!c) return;
+    clattn_core_destroy(&c->core);
+    clattn_linear_release(&c->lin);
+    clattn_kernel_release(&c->k_append);
+    clattn_program_release(&c->append_prog);
+    cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
+                      &c->lens_buf, &c->valid_buf};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
+    free(c);
+    dp->cl = NULL;
+}
+
+static clattn_status cl_init(clattn_decode_plan *dp)
+{
+    clattn_plan *p = dp->base;
+    const clattn_device *dev = p->device;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tn = d->seq_q, E = d->embed, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
+    struct clattn_decode_cl *c = clattn_calloc(1, sizeof *c);
+    if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the decode plan's OpenCL state");
+    dp->cl = c;
+    c->n_qkv = p->has_qkv ? H * dk + HK * (dk + dv) : 0;
+    const size_t ld = p->has_qkv ? c->n_qkv : E;
+    c->lay = (clattn_core_layout){.q_ld = ld, .k_ld = ld, .v_ld = ld, .out_ld = H * dv};
+    const size_t own = c->n_qkv * (E + 1 + B * Tn) + (p->has_out ? d->out_dim * (H * dv + 1) + B * Tn * H * dv : 0) +
+                       B * Tn * (E + p->out_width) + 2 * B;
+    TRY(clattn_core_create(dev, CLATTN_CORE_DECODE, &p->d, &c->lay, own, &c->core));
+    p->core = c->core.core;
+    p->core_params = c->core.params;
+    p->d.algorithm = p->core->algorithm;
+    TRY(clattn_linear_build(dev, &c->lin));
+    char opts[160];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DKV_HALF=%d", dk, dv, d->kv_half);
+    const char *src[] = {"decode/kv_append"};
+    TRY(clattn_program_build(dev, src, 1, opts, &c->append_prog));
+    TRY(clattn_kernel_create(c->append_prog, "kv_append", &c->k_append));
+
+    /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */
+    if (p->has_qkv) {
+        const size_t rows[3] = {H * dk, HK * dk, HK * dv};
+        const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
+        TRY(clattn_upload_blocks(dev, w, rows, 3, E, "the Q|K|V weights", &c->w_proj));
+        if (b[0] || b[1] || b[2]) TRY(clattn_upload_blocks(dev, b, rows, 3, 1, "the Q|K|V biases", &c->b_proj));
+        TRY(clattn_buffer_new(dev, B * Tn * c->n_qkv, 4, NULL, "the Q|K|V projections", &c->proj));
+    }
+    if (p->has_out) {
+        TRY(clattn_buffer_new(dev, d->out_dim * H * dv, 4, p->w_out, "w_out", &c->w_out));
+        if (p->b_out) TRY(clattn_buffer_new(dev, d->out_dim, 4, p->b_out, "b_out", &c->b_out));
+        TRY(clattn_buffer_new(dev, B * Tn * H * dv, 4, NULL, "the attention output", &c->merged));
+    }
+    TRY(clattn_buffer_new(dev, B * Tn * E, 4, NULL, "the x staging buffer", &c->x_in));
+    TRY(clattn_buffer_new(dev, B * Tn * p->out_width, 4, NULL, "the output staging buffer", &c->out_buf));
+    TRY(clattn_buffer_new(dev, B, 4, NULL, "the cache lengths", &c->lens_buf));
+    TRY(clattn_buffer_new(dev, B, 4, NULL, "the valid token counts", &c->valid_buf));
+    /* every kernel launched once with no work: compiled now, not in the first decode step */
+    decode_pass warm = {.dp = dp, .warm = 1,
+                        .io = {.cache_k = c->out_buf, .cache_v = c->out_buf, .capacity = 1, .lens = c->lens_buf,
+                               .valid = c->valid_buf, .n = 1, .max_len = 1, .warm = 1}};
+    TRY(pass_run(&warm));
+    CL_CHECK(clFinish(dev->queue), "warming the decode kernels");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, size_t n,
+                                const size_t *valid, size_t max_len, float *out)
+{
+    struct clattn_decode_cl *c = dp->cl;
+    const clattn_plan *p = dp->base;
+    const size_t B = p->d.batch;
+    cl_uint *lens32 = clattn_malloc(2 * B * sizeof *lens32);
+    if (!lens32) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
+    for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
+    decode_pass dpass = {.dp = dp,
+                         .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
+                                .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
+                                .max_parts = dp->max_parts}};
+    const clattn_transfer in[] = {{c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
+                                  {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
+                                  {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"}};
+    const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
+    const clattn_status st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o);
+    free(lens32);
+    if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
+    return st;
+}
+
+static const char *cl_core(const clattn_decode_plan *dp) { return dp->base->core ? dp->base->core->name : ""; }
+
+const clattn_decode_ops clattn_decode_opencl = {
+    .init = cl_init,
+    .release = cl_release,
+    .execute = cl_execute,
+    .core = cl_core,
+};

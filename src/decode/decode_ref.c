@@ -1,0 +1,93 @@
+/* decode_ref.c: a decode step on the CPU reference, in double, from the same description: the projections,
+ * the append (K and V rounded as a half cache stores them), attention of each new token over its
+ * sequence's cached and new keys (causal, sliding window), the output projection. */
+#include "decode.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* out (B, n, out_width); the cache is written only after everything else succeeded. */
+static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, const float *x, size_t n,
+                                 const size_t *valid, size_t max_len, float *out)
+{
+    (void)max_len;
+    const clattn_plan *p = dp->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, E = d->embed, H = d->heads, HK = d->kv_heads, G = H / HK;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Tmax = c->d.capacity;
+    float *Q = clattn_malloc(B * n * H * dk * sizeof *Q);
+    float *K = clattn_malloc(B * n * HK * dk * sizeof *K);
+    float *V = clattn_malloc(B * n * HK * dv * sizeof *V);
+    float *ctx = clattn_calloc(B * n * H * dv, sizeof *ctx);
+    double *w = clattn_malloc((Tmax ? Tmax : 1) * sizeof *w);
+    if (!Q || !K || !V || !ctx || !w) {
+        free(Q); free(K); free(V); free(ctx); free(w);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference decode: allocating Q/K/V");
+    }
+    /* 1. projections (or x itself), K and V rounded as the cache stores them */
+    if (p->has_qkv) {
+        clattn_ref_linear(x, B * n, E, p->w_query, p->b_query, H * dk, Q);
+        clattn_ref_linear(x, B * n, E, p->w_key, p->b_key, HK * dk, K);
+        clattn_ref_linear(x, B * n, E, p->w_value, p->b_value, HK * dv, V);
+    } else {
+        memcpy(Q, x, B * n * E * sizeof *Q);
+        memcpy(K, x, B * n * E * sizeof *K);
+        memcpy(V, x, B * n * E * sizeof *V);
+    }
+    if (d->kv_half) {
+        for (size_t i = 0; i < B * n * HK * dk; i++) K[i] = clattn_round_half(K[i]);
+        for (size_t i = 0; i < B * n * HK * dv; i++) V[i] = clattn_round_half(V[i]);
+    }
+    /* 2. append: cache (b, g, len + t) = K (b, t, g) for the real tokens */
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < valid[b]; t++)
+            for (size_t g = 0; g < HK; g++) {
+                const size_t pos = (b * HK + g) * Tmax + c->len[b] + t;
+                memcpy(c->k_host + pos * dk, K + (b * n + t) * HK * dk + g * dk, dk * sizeof(float));
+                memcpy(c->v_host + pos * dv, V + (b * n + t) * HK * dv + g * dv, dv * sizeof(float));
+            }
+    /* 3. token t of sequence b at position P = len + t sees the keys j <= P with P - j < window */
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < valid[b]; t++)
+            for (size_t h = 0; h < H; h++) {
+                const size_t P = c->len[b] + t, g = h / G;
+                const size_t lo = d->window && P + 1 > d->window ? P + 1 - d->window : 0;
+                const float *q = Q + (b * n + t) * H * dk + h * dk;
+                const float *kb = c->k_host + (b * HK + g) * Tmax * dk, *vb = c->v_host + (b * HK + g) * Tmax * dv;
+                double max = -INFINITY;
+                int any_nan = 0;
+                for (size_t j = lo; j <= P; j++) {
+                    double s = 0.0;
+                    for (size_t e = 0; e < dk; e++) s += (double)q[e] * (double)kb[j * dk + e];
+                    w[j] = s * d->scale;
+                    if (isnan(w[j])) any_nan = 1;
+                    else if (w[j] > max) max = w[j];
+                }
+                double sum = 0.0;
+                for (size_t j = lo; j <= P; j++) sum += (w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max));
+                float *o = ctx + (b * n + t) * H * dv + h * dv;
+                for (size_t e = 0; e < dv; e++) {
+                    double acc = 0.0;
+                    for (size_t j = lo; j <= P; j++) acc += w[j] * (double)vb[j * dv + e];
+                    o[e] = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(acc / sum);
+                }
+            }
+    /* 4. output projection */
+    if (p->has_out) clattn_ref_linear(ctx, B * n, H * dv, p->w_out, p->b_out, d->out_dim, out);
+    else memcpy(out, ctx, B * n * H * dv * sizeof *out);
+    free(Q); free(K); free(V); free(ctx); free(w);
+    dp->last_parts = 1;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static const char *ref_core(const clattn_decode_plan *plan)
+{
+    (void)plan;
+    return "ref";
+}
+
+const clattn_decode_ops clattn_decode_ref = {
+    .execute = ref_execute,
+    .core = ref_core,
+};

@@ -1,0 +1,207 @@
+/* encoder.c: the transformer encoder layer (torch.nn.TransformerEncoderLayer, batch_first, eval mode):
+ * validation and the plan; it runs on the device's backend (encoder_ref.c, encoder_cl.c).
+ *
+ * The plan holds an attention plan (the self-attention with its output projection) and the rest of the
+ * layer. On an OpenCL device (N = B*T rows):
+ *
+ *   post-norm                                   pre-norm
+ *   1. a = SA(x)         attention plan         1. n = LN1(x)        residual_layernorm
+ *   2. y = LN1(x + a)    residual_layernorm     2. a = SA(n)         attention plan
+ *   3. h = y W1^T        CLBlast SGEMM          3. y = x + a, n = LN2(y)   residual_layernorm
+ *      h = act(h + b1)   bias_act               4. h = act(n W1^T + b1)    SGEMM + bias_act
+ *   4. a = h W2^T        CLBlast SGEMM          5. a = h W2^T        SGEMM
+ *   5. out = LN2(y + a + b2)  residual_layernorm 6. out = y + a + b2  residual_bias
+ *
+ * Everything stays on the device between the input upload and the output read.
+ */
+#include "encoder.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The backend of each kind of device. */
+static const clattn_encoder_ops *const backends[] = {
+    [CLATTN_BACKEND_REF] = &clattn_encoder_ref,
+    [CLATTN_BACKEND_OPENCL] = &clattn_encoder_opencl,
+};
+
+static const clattn_encoder_ops *backend_of(const clattn_device *dev)
+{
+    return (unsigned)dev->backend < sizeof backends / sizeof backends[0] && backends[dev->backend]
+               ? backends[dev->backend] : &clattn_encoder_ref;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static clattn_status validate(const clattn_encoder_desc *in, const clattn_encoder_weights *w, clattn_encoder_desc *d)
+{
+    *d = *in;
+    const clattn_attention_desc *a = &d->attn;
+    if (a->cross != 0)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.attn.cross must be 0: the encoder layer is self-attention");
+    if (isnan(a->dropout))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.attn.dropout is NaN (it must be 0)");
+    if (a->dropout != 0.0f)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED,
+                           "desc.attn.dropout is %g: the encoder layer runs in eval mode only (dropout must be 0)",
+                           (double)a->dropout);
+    if (a->attn_mask != CLATTN_MASK_NONE)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
+                           "desc.attn.attn_mask must be CLATTN_MASK_NONE: the encoder layer takes causal and "
+                           "key_padding_mask only");
+    if (d->ff_dim == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.ff_dim must be >= 1");
+    if (d->activation != CLATTN_ACTIVATION_RELU && d->activation != CLATTN_ACTIVATION_GELU)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
+                           "desc.activation %d is not CLATTN_ACTIVATION_RELU or CLATTN_ACTIVATION_GELU",
+                           (int)d->activation);
+    if ((unsigned)d->norm_first > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.norm_first must be 0 or 1, got %d", d->norm_first);
+    if (!(isfinite(d->eps) && d->eps >= 0.0f))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.eps must be finite and > 0 (0 = 1e-5), got %g",
+                           (double)d->eps);
+    if (d->eps == 0.0f) d->eps = 1e-5f;
+    if (!w->attn.w_out)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
+                           "weights.attn.w_out is NULL: the encoder layer needs the attention's output projection");
+    if (a->out_dim != a->embed)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "desc.attn.out_dim (%zu) must equal desc.attn.embed (%zu)",
+                           a->out_dim, a->embed);
+    const struct { const float *p; const char *name; } need[] = {
+        {w->ln1_weight, "ln1_weight"}, {w->ln1_bias, "ln1_bias"}, {w->w_ff1, "w_ff1"}, {w->b_ff1, "b_ff1"},
+        {w->w_ff2, "w_ff2"},           {w->b_ff2, "b_ff2"},       {w->ln2_weight, "ln2_weight"},
+        {w->ln2_bias, "ln2_bias"}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!need[i].p) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.%s is NULL", need[i].name);
+
+    /* sizes of the encoder's own buffers (the attention plan checks its own) */
+    size_t n, rows;
+    const size_t E = a->embed, F = d->ff_dim;
+    if (clattn_mul_overflows(a->batch, a->seq_q, &rows) || clattn_mul_overflows(rows, E, &n) ||
+        clattn_mul_overflows(n, 4 * sizeof(float), &n) || clattn_mul_overflows(rows, F, &n) ||
+        clattn_mul_overflows(n, sizeof(float), &n) || clattn_mul_overflows(F, E, &n) ||
+        clattn_mul_overflows(n, 2 * sizeof(float), &n))
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "the encoder's buffers for these dimensions overflow size_t");
+    if (F > 0xFFFFFFFFu || E > 0xFFFFFFFFu)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "ff_dim or embed exceeds 2^32-1");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- public API */
+
+void clattn_encoder_plan_free(clattn_encoder_plan *plan)
+{
+    if (!plan) return;
+    if (plan->ops && plan->ops->release) plan->ops->release(plan);
+    clattn_plan_free(plan->attn);
+    free(plan->ln1_w); free(plan->ln1_b); free(plan->w_ff1); free(plan->b_ff1);
+    free(plan->w_ff2); free(plan->b_ff2); free(plan->ln2_w); free(plan->ln2_b);
+    free(plan);
+}
+
+clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_encoder_desc *desc,
+                                         const clattn_encoder_weights *weights, clattn_encoder_plan **plan)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    *plan = NULL;
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
+    if (!weights) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights is NULL");
+    clattn_encoder_desc d;
+    clattn_status st = validate(desc, weights, &d);
+    if (st) return st;
+    const clattn_encoder_ops *ops = backend_of(device);
+    if (ops->check && (st = ops->check(device, &d))) return st;
+
+    clattn_encoder_plan *p = clattn_calloc(1, sizeof *p);
+    if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the encoder plan");
+    p->device = device;
+    p->ops = ops;
+    p->d = d;
+    p->rows = d.attn.batch * d.attn.seq_q;
+    p->E = d.attn.embed;
+    p->F = d.ff_dim;
+    /* the self-attention, run on the encoder's buffers only: validates desc.attn and weights.attn
+     * before its own device work */
+    st = clattn_plan_create_device_resident(device, &d.attn, &weights->attn, &p->attn);
+    if (st) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", clattn_last_error());
+        clattn_encoder_plan_free(p);
+        return clattn_fail(st, "self-attention: %s", why);
+    }
+    const size_t E = p->E, F = p->F;
+    const clattn_layout layout = d.attn.layout;
+    int oom = !(p->ln1_w = clattn_vector_copy(weights->ln1_weight, E));
+    oom |= !(p->ln1_b = clattn_vector_copy(weights->ln1_bias, E));
+    oom |= !(p->w_ff1 = clattn_weight_copy(weights->w_ff1, F, E, layout));
+    oom |= !(p->b_ff1 = clattn_vector_copy(weights->b_ff1, F));
+    oom |= !(p->w_ff2 = clattn_weight_copy(weights->w_ff2, E, F, layout));
+    oom |= !(p->b_ff2 = clattn_vector_copy(weights->b_ff2, E));
+    oom |= !(p->ln2_w = clattn_vector_copy(weights->ln2_weight, E));
+    oom |= !(p->ln2_b = clattn_vector_copy(weights->ln2_bias, E));
+    if (oom) {
+        clattn_encoder_plan_free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the encoder weights");
+    }
+    if (ops->init && (st = ops->init(p))) {
+        clattn_encoder_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *args)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
+    if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    if (plan->d.attn.key_padding_mask && !args->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
+    return plan->ops->execute_host(plan, args);
+}
+
+clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, const clattn_encoder_buffers *buffers,
+                                                  cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                  cl_event *event)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
+    if (!plan->ops->execute_buffers)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED,
+                           "execution on cl_mem buffers needs an OpenCL device (this plan is on %s)", plan->device->name);
+    if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    const size_t N = plan->rows, E = plan->E;
+    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, N * E, sizeof(float), "x"));
+    if (plan->d.attn.key_padding_mask)
+        TRY(clattn_buffer_check(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
+    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
+    return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+}
+
+
+const char *clattn_encoder_plan_core(const clattn_encoder_plan *plan) { return plan ? clattn_plan_core(plan->attn) : ""; }
+
+clattn_status clattn_residual_layernorm_rows(clattn_device *dev, size_t rows, size_t E, const float *x,
+                                             const float *r, const float *bias, const float *gamma,
+                                             const float *beta, float eps, int row_cache, float *sum_out,
+                                             float *out)
+{
+    clattn_clear_error();
+    if (!dev || !x || !gamma || !beta || !out)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dev, x, gamma, beta and out must not be NULL");
+    if (rows == 0 || E == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "rows and E must be >= 1");
+    if (!(isfinite(eps) && eps > 0.0f)) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "eps must be finite and > 0");
+    if (row_cache < -1 || row_cache > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "row_cache must be -1, 0 or 1");
+    size_t n;
+    if (clattn_mul_overflows(rows, E, &n) || clattn_mul_overflows(n, sizeof(float), &n) || E > 0xFFFFFFFFu)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "rows x E overflows");
+    return backend_of(dev)->layernorm_rows(dev, rows, E, x, r, bias, gamma, beta, eps, row_cache, sum_out, out);
+}

@@ -1,0 +1,164 @@
+/* caps.c: a device's capabilities, read once when it opens (clattn_caps, runtime.h). The cores choose and
+ * shape their kernels from these alone; nothing else asks the driver about the device again. */
+#include "runtime.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* vendor extensions' queries (cl_ext.h of newer headers; the values are the registry's) */
+#define CLATTN_DEVICE_SUB_GROUP_SIZES_INTEL 0x4108 /* cl_intel_required_subgroup_size: size_t[] */
+#define CLATTN_DEVICE_WARP_SIZE_NV 0x4003          /* cl_nv_device_attribute_query: cl_uint */
+#define CLATTN_DEVICE_WAVEFRONT_WIDTH_AMD 0x4043   /* cl_amd_device_attribute_query: cl_uint */
+
+void clattn_device_string(cl_device_id dev, cl_device_info what, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (clGetDeviceInfo(dev, what, len, buf, NULL) != CL_SUCCESS) buf[0] = '\0';
+    buf[len - 1] = '\0';
+}
+
+/* Does the space-separated list name ext? */
+static int in_list(const char *list, const char *ext)
+{
+    const size_t el = strlen(ext);
+    for (const char *q = strstr(list, ext); q; q = strstr(q + 1, ext))
+        if ((q == list || q[-1] == ' ') && (q[el] == '\0' || q[el] == ' ')) return 1;
+    return 0;
+}
+
+int clattn_contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n == 0) return 1;
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+        if (i == n) return 1;
+    }
+    return 0;
+}
+
+/* CL_DEVICE_EXTENSIONS (malloc'ed; NULL when unknown) */
+static char *extensions(cl_device_id d)
+{
+    size_t size = 0;
+    char *ext = NULL;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &size) != CL_SUCCESS || !(ext = malloc(size + 1)))
+        return NULL;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, size, ext, NULL) != CL_SUCCESS) size = 0;
+    ext[size] = '\0';
+    return ext;
+}
+
+int clattn_device_has_extension(cl_device_id d, const char *name)
+{
+    char *ext = extensions(d);
+    const int found = ext && in_list(ext, name);
+    free(ext);
+    return found;
+}
+
+const char *clattn_device_class_name(clattn_device_class c)
+{
+    static const char *names[CLATTN_CLASS_COUNT] = {"cpu", "nvidia", "amd", "intel", "other"};
+    return (unsigned)c < CLATTN_CLASS_COUNT ? names[c] : "unknown";
+}
+
+static cl_ulong info_ulong(cl_device_id d, cl_device_info what)
+{
+    cl_ulong v = 0;
+    return clGetDeviceInfo(d, what, sizeof v, &v, NULL) == CL_SUCCESS ? v : 0;
+}
+
+static cl_uint info_uint(cl_device_id d, cl_device_info what)
+{
+    cl_uint v = 0;
+    return clGetDeviceInfo(d, what, sizeof v, &v, NULL) == CL_SUCCESS ? v : 0;
+}
+
+/* The SIMD widths the driver names (Intel's sub-group sizes, NVIDIA's warp, AMD's wavefront). */
+static void subgroup_sizes(cl_device_id d, const char *ext, clattn_caps *c)
+{
+    size_t n = 0;
+    if (in_list(ext, "cl_intel_required_subgroup_size")) {
+        size_t sizes[CLATTN_MAX_SUBGROUP_SIZES] = {0}, bytes = 0;
+        if (clGetDeviceInfo(d, CLATTN_DEVICE_SUB_GROUP_SIZES_INTEL, sizeof sizes, sizes, &bytes) == CL_SUCCESS)
+            for (size_t i = 0; i < bytes / sizeof sizes[0] && n + 1 < CLATTN_MAX_SUBGROUP_SIZES; i++)
+                if (sizes[i]) c->subgroup_sizes[n++] = (unsigned)sizes[i];
+    }
+    if (n == 0 && in_list(ext, "cl_nv_device_attribute_query")) {
+        const cl_uint w = info_uint(d, CLATTN_DEVICE_WARP_SIZE_NV);
+        if (w) c->subgroup_sizes[n++] = w;
+    }
+    if (n == 0 && in_list(ext, "cl_amd_device_attribute_query")) {
+        const cl_uint w = info_uint(d, CLATTN_DEVICE_WAVEFRONT_WIDTH_AMD);
+        if (w) c->subgroup_sizes[n++] = w;
+    }
+    c->subgroup_sizes[n] = 0;
+}
+
+void clattn_caps_read(clattn_device *dev)
+{
+    clattn_caps *c = &dev->caps;
+    cl_device_id d = dev->device;
+    memset(c, 0, sizeof *c);
+    c->max_alloc = (size_t)info_ulong(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+    c->global_mem = (size_t)info_ulong(d, CL_DEVICE_GLOBAL_MEM_SIZE);
+    c->local_mem = (size_t)info_ulong(d, CL_DEVICE_LOCAL_MEM_SIZE);
+    size_t wg = 1;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS) wg = 1;
+    c->max_work_group = wg ? wg : 1;
+    const cl_uint cu = info_uint(d, CL_DEVICE_MAX_COMPUTE_UNITS);
+    c->compute_units = cu ? cu : 1;
+    const cl_uint align = info_uint(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN);
+    c->base_align = align >= 32 ? align / 8 : 4096; /* bits; unknown: a page, surely a multiple */
+    cl_device_type t = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof t, &t, NULL) != CL_SUCCESS) t = 0;
+    c->type = t;
+    c->vec_float = info_uint(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT);
+    c->vec_half = info_uint(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_HALF);
+    c->native_vec_float = info_uint(d, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT);
+    clattn_device_string(d, CL_DEVICE_OPENCL_C_VERSION, c->cl_c_version, sizeof c->cl_c_version);
+
+    char *ext = extensions(d);
+    if (ext) {
+        c->fp16 = in_list(ext, "cl_khr_fp16");
+        c->fp64 = in_list(ext, "cl_khr_fp64");
+        c->subgroups = in_list(ext, "cl_khr_subgroups") || in_list(ext, "cl_intel_subgroups");
+        subgroup_sizes(d, ext, c);
+        free(ext);
+    }
+
+    char name[200], plat[96];
+    clattn_device_string(d, CL_DEVICE_NAME, name, sizeof name);
+    clattn_device_string(d, CL_DEVICE_VENDOR, c->vendor, sizeof c->vendor);
+    clattn_device_string(d, CL_DRIVER_VERSION, c->driver, sizeof c->driver);
+    cl_platform_id p = NULL;
+    plat[0] = '\0';
+    if (clGetDeviceInfo(d, CL_DEVICE_PLATFORM, sizeof p, &p, NULL) == CL_SUCCESS)
+        clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof plat, plat, NULL);
+    plat[sizeof plat - 1] = '\0';
+    snprintf(dev->name, sizeof dev->name, "%s [%s]", name, plat);
+    if (t & CL_DEVICE_TYPE_CPU) c->dclass = CLATTN_CLASS_CPU;
+    else if (clattn_contains_ci(c->vendor, "nvidia")) c->dclass = CLATTN_CLASS_NVIDIA;
+    else if (clattn_contains_ci(c->vendor, "advanced micro") || clattn_contains_ci(c->vendor, "amd")) c->dclass = CLATTN_CLASS_AMD;
+    else if (clattn_contains_ci(c->vendor, "intel")) c->dclass = CLATTN_CLASS_INTEL;
+    else c->dclass = CLATTN_CLASS_OTHER;
+    c->blas_max_elems = CLATTN_BLAS_MAX_ELEMS;
+    c->max_launch_items = CLATTN_MAX_LAUNCH_ITEMS;
+
+    /* inline PTX: only NVIDIA's compiler can take it, so only NVIDIA devices are asked */
+    if (c->dclass == CLATTN_CLASS_NVIDIA) c->nv_inline_ptx = clattn_test_probe_ptx(dev);
+}
+
+/* A tiny kernel with inline PTX, built quietly (kept by the compiled-program cache like any other). */
+int clattn_test_probe_ptx(const clattn_device *dev)
+{
+    const char *src[] = {"runtime/probe_ptx"};
+    cl_program prog = clattn_program_try_build(dev, src, 1, "-cl-std=CL1.2");
+    const int ok = prog != NULL;
+    clattn_program_release(&prog);
+    return ok;
+}

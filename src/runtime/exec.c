@@ -1,0 +1,39 @@
+/* exec.c: the OpenCL execution shell shared by the attention and encoder plans: the host
+ * path (uploads, the pass, completion, the output read last) and the buffer path (the
+ * caller's wait list, the pass, a completion event). The passes only enqueue. */
+#include "runtime.h"
+
+clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *in, int nin, clattn_pass_fn pass,
+                               void *ctx, const clattn_transfer *out)
+{
+    cl_command_queue q = dev->queue;
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    for (int i = 0; i < nin && st == CLATTN_STATUS_SUCCESS; i++) {
+        if (!in[i].buf) continue;
+        cl_int err = clEnqueueWriteBuffer(q, in[i].buf, CL_FALSE, 0, in[i].bytes, in[i].host, 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            st = clattn_fail((clattn_status)err, "uploading %s failed (%d: %s)", in[i].what, err,
+                             clattn_status_string(err));
+    }
+    if (st == CLATTN_STATUS_SUCCESS) st = pass(ctx);
+    /* always: the uploads read the caller's arrays until they are done, whatever failed */
+    cl_int err = clFinish(q);
+    if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
+        st = clattn_fail((clattn_status)err, "running the pass failed (%d: %s)", err, clattn_status_string(err));
+    /* the output last: a failure before it leaves the caller's array untouched */
+    if (st == CLATTN_STATUS_SUCCESS) {
+        err = clEnqueueReadBuffer(q, out->buf, CL_TRUE, 0, out->bytes, out->host, 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            st = clattn_fail((clattn_status)err, "reading %s failed (%d: %s)", out->what, err, clattn_status_string(err));
+    }
+    return st;
+}
+
+clattn_status clattn_exec_buffers(const clattn_device *dev, cl_uint nwait, const cl_event *wait, clattn_pass_fn pass,
+                                  void *ctx, cl_event *event)
+{
+    if (nwait) CL_CHECK(clEnqueueBarrierWithWaitList(dev->queue, nwait, wait, NULL), "waiting for the wait list");
+    TRY(pass(ctx));
+    if (event) CL_CHECK(clEnqueueMarkerWithWaitList(dev->queue, 0, NULL, event), "enqueueing the completion event");
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -1,0 +1,63 @@
+/* numeric.c: the numeric conventions that the kernels and the CPU reference share: IEEE half rounding
+ * (what vstore_half_rte stores, and what half.cl's clattn_round_half computes) and dropout's threshold and
+ * keep scale (philox.cl draws the words they are compared with). */
+#include "runtime.h"
+
+#include <math.h>
+#include <string.h>
+
+uint32_t clattn_dropout_threshold(float p)
+{
+    double t = floor((double)p * 4294967296.0);
+    return t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+}
+
+float clattn_dropout_keep_scale(float p)
+{
+    return (float)(1.0 / (1.0 - (double)p));
+}
+
+/* IEEE half, round to nearest even (what vstore_half_rte stores), from the bits. */
+uint16_t clattn_float_to_half(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); /* NaN stays NaN */
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);   /* >= 65520 (and inf): inf */
+    if (a < 0x38800000u) {                                      /* below 2^-14: subnormal half */
+        /* value = a as float; the half's units are 2^-24: round a / 2^-24 to nearest even */
+        float af;
+        memcpy(&af, &a, 4);
+        const double units = (double)af * 16777216.0;           /* exact */
+        double r = floor(units);
+        const double frac = units - r;
+        if (frac > 0.5 || (frac == 0.5 && fmod(r, 2.0) != 0.0)) r += 1.0;
+        return (uint16_t)(sign | (uint16_t)r);                  /* r = 1024 is the smallest normal: right bits */
+    }
+    /* normal: drop 13 mantissa bits, round to nearest even, re-bias the exponent (127 -> 15) */
+    const uint32_t lsb = (a >> 13) & 1u;
+    const uint32_t r = (a + 0x0FFFu + lsb) >> 13;
+    return (uint16_t)(sign | (uint16_t)(r - ((127u - 15u) << 10)));
+}
+
+float clattn_half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    uint32_t u;
+    if (e == 0x1F) {
+        u = sign | 0x7F800000u | (m << 13);
+    } else if (e == 0) { /* zero or subnormal: m * 2^-24 */
+        const float v = (float)m * 5.9604644775390625e-8f;
+        memcpy(&u, &v, 4);
+        u |= sign;
+    } else {
+        u = sign | ((e + 127u - 15u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float clattn_round_half(float f) { return clattn_half_to_float(clattn_float_to_half(f)); }

@@ -1,0 +1,239 @@
+/* runtime.h: the runtime layer (src/runtime/): OpenCL mechanics that know nothing of attention.
+ * Errors, allocation, the device object and its capabilities, programs built from the embedded
+ * kernels, kernel arguments and launches, the execution shell, CLBlast, and the numeric conventions
+ * that the kernels and the CPU reference share. Every layer above includes it (docs/ARCHITECTURE.md). */
+#ifndef CLATTN_RUNTIME_H
+#define CLATTN_RUNTIME_H
+
+#include "clattn.h"
+#include <clblast_c.h>
+#include <stdarg.h>
+
+/* ---- errors (status.c) */
+/* Record a detail message for clattn_last_error() and return `status`. */
+clattn_status clattn_fail(clattn_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void clattn_clear_error(void);
+void clattn_set_build_log(const char *log);
+
+/* return the status of `expr` when it is not success */
+#define TRY(expr)                                   \
+    do {                                            \
+        clattn_status s_ = (expr);                  \
+        if (s_ != CLATTN_STATUS_SUCCESS) return s_; \
+    } while (0)
+
+/* return an OpenCL failure of `call` as its status, with `what` in the detail */
+#define CL_CHECK(call, what)                                                                              \
+    do {                                                                                                  \
+        cl_int e_ = (call);                                                                               \
+        if (e_ != CL_SUCCESS)                                                                             \
+            return clattn_fail((clattn_status)e_, "%s failed (%d: %s)", what, e_, clattn_status_string(e_)); \
+    } while (0)
+
+typedef struct clattn_view { cl_mem mem; size_t off; } clattn_view; /* a tensor: buffer + element offset */
+
+/* ---- allocation (alloc.c): all host allocations and OpenCL buffers go through these */
+void *clattn_malloc(size_t size);
+void *clattn_calloc(size_t n, size_t size);
+cl_mem clattn_create_buffer(cl_context ctx, cl_mem_flags flags, size_t bytes, void *host, cl_int *err);
+/* Test-only fault injection: make the host_n-th host allocation and the buffer_n-th
+ * buffer creation from now fail (0 = never). Not exported from the shared library. */
+void clattn_test_fail_nth_alloc(long host_n, long buffer_n);
+int clattn_test_alloc_fault_fired(void); /* did the armed failure happen? */
+/* A device buffer checked against the device's max allocation, named `what` in errors. */
+struct clattn_device;
+clattn_status clattn_buffer_new(const struct clattn_device *dev, size_t elems, size_t elem_size, const void *host,
+                                const char *what, cl_mem *out);
+void clattn_mem_release(cl_mem *m); /* release and NULL (NULL is fine) */
+size_t clattn_mem_bytes(cl_mem m);  /* CL_MEM_SIZE (0 for NULL) */
+/* A caller's buffer (buffers.`what`) must hold `elems` elements of `size` bytes from element `offset`:
+ * INVALID_ARGUMENT when m is NULL, its OpenCL code when m is not a buffer, SHAPE_MISMATCH when too small. */
+clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t size, const char *what);
+/* size arithmetic that cannot wrap: *out = a * b, or 1 on overflow */
+int clattn_mul_overflows(size_t a, size_t b, size_t *out);
+
+/* ---- the device and its capabilities (caps.c fills them once, when the device opens) */
+typedef enum clattn_device_class {
+    CLATTN_CLASS_CPU = 0, CLATTN_CLASS_NVIDIA, CLATTN_CLASS_AMD, CLATTN_CLASS_INTEL, CLATTN_CLASS_OTHER,
+    CLATTN_CLASS_COUNT
+} clattn_device_class;
+const char *clattn_device_class_name(clattn_device_class c); /* "cpu", "nvidia", ... */
+
+#define CLATTN_BLAS_MAX_ELEMS ((size_t)0x7FFFFFFF) /* CLBlast 1.5 indexes its buffers with 32-bit ints */
+#define CLATTN_MAX_LAUNCH_ITEMS ((size_t)1 << 30)  /* work-items of one 1-D launch (bigger: several, offset) */
+#define CLATTN_MAX_SUBGROUP_SIZES 8
+
+/* What the cores and the plans may ask of a device. The limits are the ones every plan computes within;
+ * the tests lower them (the struct is internal) so that a few hundred tokens exercise every chunking path. */
+typedef struct clattn_caps {
+    cl_device_type type;        /* CL_DEVICE_TYPE */
+    clattn_device_class dclass; /* CPU, or the GPU vendor: picks cores and their default parameters */
+    char vendor[96];            /* CL_DEVICE_VENDOR */
+    char driver[128];           /* CL_DRIVER_VERSION: part of the compiled-program cache's key */
+    char cl_c_version[64];      /* CL_DEVICE_OPENCL_C_VERSION */
+    unsigned compute_units;     /* CL_DEVICE_MAX_COMPUTE_UNITS */
+    size_t local_mem;           /* CL_DEVICE_LOCAL_MEM_SIZE, bytes */
+    size_t max_alloc;           /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    size_t global_mem;          /* CL_DEVICE_GLOBAL_MEM_SIZE */
+    size_t max_work_group;      /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    size_t base_align;          /* CL_DEVICE_MEM_BASE_ADDR_ALIGN in bytes: sub-buffer origins */
+    int fp16, fp64;             /* cl_khr_fp16, cl_khr_fp64 */
+    int subgroups;              /* cl_khr_subgroups or cl_intel_subgroups: sub-group functions in kernels */
+    /* the widths the device runs its SIMD groups at, 0-terminated: Intel's sub-group sizes, NVIDIA's warp,
+     * AMD's wavefront (empty when the driver does not say) */
+    unsigned subgroup_sizes[CLATTN_MAX_SUBGROUP_SIZES];
+    unsigned vec_float, vec_half;       /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT / _HALF */
+    unsigned native_vec_float;          /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT */
+    int nv_inline_ptx;          /* the compiler takes NVIDIA inline PTX (asm): a tiny kernel built at open */
+    size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
+    size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
+} clattn_caps;
+
+struct clattn_tune_table;       /* the device's tuning file (device/tune_file.c) */
+
+struct clattn_device {
+    clattn_backend backend;
+    char name[300];
+    char notice[400];           /* why the default fell back to ref ("" = none) */
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    int queue_profiling;        /* the queue has CL_QUEUE_PROFILING_ENABLE */
+    clattn_caps caps;           /* read once at open (caps.c); zero on ref */
+    struct clattn_tune_table *tune;           /* the device's tuning file, read at open; NULL on ref */
+    const struct clattn_tune_table *tune_try; /* clattn_tune's candidate while it searches (else NULL) */
+};
+
+/* Small queries (caps.c): a string property ("" when unknown), whether CL_DEVICE_EXTENSIONS names `name`,
+ * and a case-insensitive substring test. */
+void clattn_device_string(cl_device_id d, cl_device_info what, char *buf, size_t len);
+int clattn_device_has_extension(cl_device_id d, const char *name);
+int clattn_contains_ci(const char *hay, const char *needle);
+/* Fill dev->caps and dev->name from dev->device (after the context and queue exist: the PTX probe builds
+ * a kernel). Never fails: what a driver does not say stays 0. */
+void clattn_caps_read(clattn_device *dev);
+/* Test-only: build the inline-PTX probe on any device (caps.c asks NVIDIA devices only): 1 if it built. */
+int clattn_test_probe_ptx(const clattn_device *dev);
+
+/* ---- CLBlast (blas.c): every call is serialised by one process-wide lock, because
+ * CLBlast's first-use initialisation is not thread-safe. Row-major, A not transposed:
+ * C (m, n) = alpha * A (m, k) * op(B) + beta * C; `what` names the GEMM in errors.
+ * A GEMM too large for one CLBlast call (32-bit indices, its padded temporaries within one
+ * allocation) is split into calls over row blocks (and batch groups), each addressing its
+ * buffers through a sub-buffer when the element offset alone would exceed the limit. */
+clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k,
+                                float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b, size_t b_off, size_t ldb,
+                                float beta, cl_mem c, size_t c_off, size_t ldc, const char *what);
+clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n,
+                                                size_t k, float alpha, cl_mem a, size_t a_off, size_t lda,
+                                                size_t a_stride, cl_mem b, size_t b_off, size_t ldb, size_t b_stride,
+                                                float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
+                                                size_t count, const char *what);
+/* CLBlast's single-precision Xgemm parameters, from a fixed table of complete sets taken from CLBlast's own
+ * database (tuning): how many sets there are, and make set `i` CLBlast's for this device, process-wide (it
+ * applies to every CLBlast call on the device, the caller's own included), clearing CLBlast's kernel cache.
+ * Set 0 is CLBlast's default for devices it does not know. */
+size_t clattn_blas_xgemm_sets(void);
+clattn_status clattn_blas_use_xgemm_set(const clattn_device *dev, size_t set);
+/* Test-only (not exported from the shared library): the largest element index that any CLBlast
+ * call has touched in any buffer, counting CLBlast's padded temporaries, since the last reset;
+ * reset = 1 returns it and starts again from 0. */
+size_t clattn_test_blas_reach(int reset);
+
+/* ---- compiled programs on disk (program_cache.c) */
+/* The cache key of a program: clattn's version, the device, its vendor and driver, the options and the
+ * sources (names and a hash of their text). "" (and 0) when the cache is off or has no directory. */
+int clattn_program_cache_key(const clattn_device *dev, const char *const *names, const char *const *texts,
+                             const size_t *lens, int count, const char *options, char *key, size_t len);
+/* A program built from the cached binary for `key`, or NULL (no file, or one that is not a valid entry
+ * for this key: truncated, corrupted, another key, a binary the driver refuses). Never fails otherwise. */
+cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, const char *options);
+/* Save a built program's binary for `key` (atomically: a temporary file renamed); errors are ignored. */
+void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_program program);
+/* Test-only: programs loaded from the cache and built from source since the last reset (reset = 1). */
+void clattn_test_program_counts(int reset, long *loaded, long *built);
+/* Called (when set) before the library compiles kernels from source (clattn_set_build_notice). */
+void clattn_notify_build(const clattn_device *dev);
+
+/* ---- programs (program.c): built from the kernels of cl/, embedded at build time. A source is named by
+ * its path under cl/ without ".cl" ("common/philox", "cores/flash_rows"). */
+/* Build a program from the embedded sources named, in order, with the given options. On failure returns
+ * CLATTN_STATUS_BUILD_FAILURE (or an OpenCL code) and keeps the build log for clattn_last_build_log(). */
+clattn_status clattn_program_build(const clattn_device *dev, const char *const *names, int count,
+                                   const char *options, cl_program *program);
+/* The same, quietly: NULL when the build fails, with no error or build log recorded (capability probes). */
+cl_program clattn_program_try_build(const clattn_device *dev, const char *const *names, int count,
+                                    const char *options);
+/* The same for a kernel that takes its work-group size as -DWG: builds `options` plus -DWG=*wg, with *wg
+ * (a power of two) first lowered to the device's limit, then rebuilt smaller while the compiled kernel
+ * `kernel` allows less (CL_KERNEL_WORK_GROUP_SIZE). On success *wg is the size built for. */
+clattn_status clattn_program_build_wg(const clattn_device *dev, const char *const *names, int count,
+                                      const char *options, const char *kernel, size_t *wg, cl_program *program,
+                                      cl_kernel *k);
+/* clCreateKernel with the failure named. */
+clattn_status clattn_kernel_create(cl_program prog, const char *name, cl_kernel *k);
+void clattn_kernel_release(cl_kernel *k);   /* release and NULL (NULL is fine) */
+void clattn_program_release(cl_program *p); /* release and NULL (NULL is fine) */
+size_t clattn_pow2_at_most(size_t n);       /* the largest power of two <= n (1 for n = 0) */
+
+/* ---- launches (launch.c) */
+/* Enqueue a 1-D kernel over `total` work-items (rounded up to the work-group size; kernels check the
+ * bound), in launches of at most max_launch_items, each at its global offset. */
+clattn_status clattn_enqueue_1d(const clattn_device *dev, cl_kernel k, size_t total, const char *what);
+/* The same with one work-item per work-group: for kernels whose few long work-items should spread over
+ * a CPU's cores (each work-group runs on one core). */
+clattn_status clattn_enqueue_items(const clattn_device *dev, cl_kernel k, size_t total, const char *what);
+/* Enqueue `groups` work-groups of `wg` work-items, in launches of at most max_launch_items work-items;
+ * set_first(k, first group of the launch, ctx) sets the kernel's group-offset argument before each. */
+clattn_status clattn_enqueue_groups(const clattn_device *dev, cl_kernel k, size_t groups, size_t wg,
+                                    clattn_status (*set_first)(cl_kernel k, size_t first, void *ctx), void *ctx,
+                                    const char *what);
+/* Test-only: the most work-items any one kernel launch had since the last reset (reset = 1). */
+size_t clattn_test_launch_reach(int reset);
+void clattn_note_launch(size_t items);
+
+/* Kernel arguments pushed in order, typed; the first failure is kept and named (kernel, index):
+ *   clattn_args a; clattn_args_begin(&a, k, "flash_rows"); clattn_arg_mem(&a, buf); ...
+ *   TRY(clattn_args_end(&a)); */
+typedef struct clattn_args {
+    cl_kernel k;
+    const char *kernel;
+    cl_uint n, bad;
+    cl_int err;
+} clattn_args;
+void clattn_args_begin(clattn_args *a, cl_kernel k, const char *kernel);
+void clattn_arg_mem(clattn_args *a, cl_mem m); /* NULL: an unused buffer argument */
+void clattn_arg_u32(clattn_args *a, cl_uint v);
+void clattn_arg_u64(clattn_args *a, cl_ulong v);
+void clattn_arg_f32(clattn_args *a, cl_float v);
+void clattn_arg_view(clattn_args *a, clattn_view v); /* the buffer, then its element offset (ulong) */
+void clattn_arg_local(clattn_args *a, size_t bytes); /* a __local array */
+clattn_status clattn_args_end(const clattn_args *a);
+
+/* ---- the OpenCL execution shell (exec.c), shared by every plan */
+typedef clattn_status (*clattn_pass_fn)(void *ctx); /* enqueues a whole pass on the device queue */
+typedef struct clattn_transfer {
+    cl_mem buf;        /* NULL: skipped */
+    size_t bytes;
+    void *host;        /* read from (uploads) or written to (the output) */
+    const char *what;  /* for errors: "x", "the output" */
+} clattn_transfer;
+/* From host arrays: the uploads (non-blocking, in order), the pass, clFinish (always, so the
+ * caller's arrays are free on return), then the output read, last: on any failure the caller's
+ * output is untouched. */
+clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *in, int nin, clattn_pass_fn pass,
+                               void *ctx, const clattn_transfer *out);
+/* On the caller's buffers: a barrier on the wait list, the pass, and a completion event. */
+clattn_status clattn_exec_buffers(const clattn_device *dev, cl_uint nwait, const cl_event *wait,
+                                  clattn_pass_fn pass, void *ctx, cl_event *event);
+
+/* ---- numeric conventions shared by the kernels and the CPU reference (numeric.c) */
+/* IEEE half precision, round to nearest even (vstore_half_rte's rounding), in plain C. */
+uint16_t clattn_float_to_half(float f);
+float clattn_half_to_float(uint16_t h);
+float clattn_round_half(float f); /* f rounded to the nearest half */
+/* Dropout: drop when the Philox word < threshold; kept weights are scaled by keep_scale. */
+uint32_t clattn_dropout_threshold(float p);
+float clattn_dropout_keep_scale(float p);
+
+#endif

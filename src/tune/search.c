@@ -1,0 +1,369 @@
+/* search.c: clattn_tune (clattn.h, "tuning"): measures, on one device, what the tuning file
+ * (device/tune_file.c) then holds for it:
+ *   1. per shape (its head-size class), each prefill core that can take it, in the device's order of
+ *      preference: its defaults, then every combination of its parameters' `tried` values that fits,
+ *      the best kept when it beats the defaults by the margin in three alternating comparisons;
+ *   2. then the core AUTO should give that class: the fastest of them, kept only when it beats AUTO's
+ *      default choice the same way;
+ *   3. CLBlast's Xgemm parameter sets, on the first shape (the projections).
+ * Each candidate is a plan made with a candidate table (dev->tune_try) that names its core and parameters;
+ * its output is checked against the defaults' before it is timed, and one that differs is rejected. */
+#include "attention/attention.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct search {
+    clattn_device *dev;
+    const clattn_tune_options *o;
+    double t0, budget_ms, margin;
+    double deadline;     /* the current phase's end (ms, now_ms clock) */
+    float *x, *wq, *wk, *wv, *wo, *bq, *bo, *ref, *out;
+    clattn_attention_desc d;
+    int cls;             /* the shape's head-size class */
+} search;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void say(const search *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const search *s, const char *fmt, ...)
+{
+    if (!s->o->progress) return;
+    char line[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->o->progress(line, s->o->user);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A candidate: AUTO's core for the class (NULL: AUTO's own choice) and its parameters (NULL: defaults). */
+typedef struct candidate {
+    const clattn_core *core;
+    const clattn_core_params *params;
+    int xgemm;           /* -1: none */
+} candidate;
+
+static void candidate_table(const search *s, const candidate *c, clattn_tune_table *t)
+{
+    clattn_tune_table_init(t);
+    if (c->core) t->auto_core[CLATTN_CORE_PREFILL][s->cls] = c->core;
+    if (c->core && c->params) clattn_tune_set_params(t, c->core, s->cls, c->params);
+    t->xgemm = c->xgemm;
+}
+
+/* Plan the shape with candidate c, check its output against s->ref (when check), and time it: the median
+ * of at least 3 runs and 0.3 s. Returns the median in ms, -1 when the plan failed, -2 when its output
+ * differed, -3 when the candidate did not apply (another core or other parameters ran). */
+static double run_candidate(search *s, const candidate *c, int check, float *out)
+{
+    clattn_tune_table try;
+    candidate_table(s, c, &try);
+    s->dev->tune_try = &try;
+    clattn_attention_weights w = {.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
+                                  .w_out = s->wo, .b_out = s->bo};
+    clattn_plan *p = NULL;
+    clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
+    s->dev->tune_try = NULL;
+    if (st != CLATTN_STATUS_SUCCESS) return -1;
+    if ((c->core && p->core != c->core) ||
+        (c->params && memcmp(&p->core_params, c->params, sizeof *c->params) != 0)) {
+        clattn_plan_free(p);
+        return -3;
+    }
+    const size_t n = s->d.batch * s->d.seq_q * s->d.out_dim;
+    clattn_attention_args a = {.x = s->x, .out = out};
+    if (clattn_plan_execute(p, &a) != CLATTN_STATUS_SUCCESS) {
+        clattn_plan_free(p);
+        return -1;
+    }
+    if (check)
+        for (size_t i = 0; i < n; i++)
+            if (!(fabs((double)out[i] - (double)s->ref[i]) <= 1e-5 + 1e-4 * fabs((double)s->ref[i]))) {
+                clattn_plan_free(p);
+                return -2;
+            }
+    double t[64];
+    int k = 0;
+    const double start = now_ms();
+    while (k < 64 && (k < 3 || now_ms() - start < 300.0)) {
+        const double t1 = now_ms();
+        if (clattn_plan_execute(p, &a) != CLATTN_STATUS_SUCCESS) {
+            clattn_plan_free(p);
+            return -1;
+        }
+        t[k++] = now_ms() - t1;
+    }
+    clattn_plan_free(p);
+    qsort(t, (size_t)k, sizeof t[0], cmp_d);
+    return t[k / 2];
+}
+
+static int over_budget(const search *s) { return now_ms() > s->deadline || now_ms() - s->t0 > s->budget_ms; }
+
+/* Keep `best` over `base` only if it wins by the margin in three alternating comparisons. */
+static int confirm(search *s, const candidate *base, const candidate *best, const char *what)
+{
+    for (int round = 0; round < 3; round++) {
+        const double d = run_candidate(s, base, 1, s->out), b = run_candidate(s, best, 1, s->out);
+        say(s, "  confirm %s, round %d: default %.2f ms, candidate %.2f ms", what, round + 1, d, b);
+        if (d <= 0 || b <= 0 || b > d * (1.0 - s->margin)) return 0;
+    }
+    return 1;
+}
+
+static const char *verdict(double ms) { return ms == -2 ? "WRONG OUTPUT, rejected " : ms < 0 ? "not applicable " : ""; }
+
+/* Core c's parameters on the shape within the time until `end`: its defaults, then the combinations of its
+ * tried values (odometer order) that fit. Keeps the best in `keep` when confirmed; returns the time of
+ * what c runs with afterwards (tuned or default; <= 0: c did not run). */
+static double search_core(search *s, const clattn_core *c, clattn_tune_table *keep, double end)
+{
+    const candidate base = {c, NULL, -1};
+    const double base_ms = run_candidate(s, &base, 1, s->out);
+    say(s, "  %s, defaults: %s%.2f ms", c->name, verdict(base_ms), base_ms < 0 ? 0.0 : base_ms);
+    if (base_ms <= 0) return base_ms;
+    size_t idx[CLATTN_CORE_MAX_PARAMS] = {0};
+    int searchable = c->nparams > 0;
+    for (int i = 0; i < c->nparams; i++) searchable &= c->params[i].ntried > 0;
+    if (!searchable) return base_ms;
+    clattn_core_params best_p = {{0}};
+    double best_ms = base_ms;
+    int tried = 0, wrong = 0, have = 0;
+    s->deadline = end;
+    for (int done = 0; !done && !over_budget(s);) {
+        clattn_core_params p = {{0}};
+        for (int i = 0; i < c->nparams; i++) p.v[i] = c->params[i].tried[idx[i]];
+        if (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p)) {
+            const candidate cand = {c, &p, -1};
+            const double ms = run_candidate(s, &cand, 1, s->out);
+            char text[160];
+            clattn_core_params_format(c, &p, text, sizeof text);
+            say(s, "  %s %s: %s%.2f ms", c->name, text, verdict(ms), ms < 0 ? 0.0 : ms);
+            tried++;
+            wrong += ms == -2;
+            if (ms > 0 && ms < best_ms) best_ms = ms, best_p = p, have = 1;
+        }
+        int i = 0; /* next combination */
+        while (i < c->nparams && ++idx[i] == c->params[i].ntried) idx[i++] = 0;
+        done = i == c->nparams;
+    }
+    say(s, "  %s: %d candidates, %d rejected for their output; best %.2f ms against %.2f ms", c->name, tried, wrong,
+        best_ms, base_ms);
+    const candidate best = {c, &best_p, -1};
+    if (have && confirm(s, &base, &best, c->name)) {
+        clattn_tune_set_params(keep, c, s->cls, &best_p);
+        say(s, "  kept for head-size class %d", s->cls);
+        return best_ms;
+    }
+    say(s, "  %s keeps its defaults for head-size class %d", c->name, s->cls);
+    return base_ms;
+}
+
+/* One shape's head-size class within shape_ms: each core's parameters, then AUTO's core. */
+static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
+{
+    const clattn_attention_desc *d = &s->d;
+    const double start = now_ms();
+    s->deadline = start + shape_ms;
+    const candidate automatic = {NULL, NULL, -1};
+    const double auto_ms = run_candidate(s, &automatic, 0, s->ref); /* the reference output */
+    say(s, "B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch, d->seq_q, d->embed,
+        d->heads, s->cls, auto_ms);
+    if (auto_ms <= 0) return;
+    const clattn_core *cores[8];
+    size_t n = 0;
+    for (const clattn_core *c; n < 8 && (c = clattn_core_preferred(CLATTN_CORE_PREFILL, s->dev->caps.dclass, s->cls,
+                                                                     n));)
+        cores[n++] = c;
+    const clattn_core *fastest = NULL;
+    double fastest_ms = 0;
+    for (size_t i = 0; i < n && !over_budget(s); i++) {
+        const double end = now_ms() + 0.8 * (start + shape_ms - now_ms()) / (double)(n - i);
+        const double ms = search_core(s, cores[i], keep, end);
+        s->deadline = start + shape_ms;
+        if (ms > 0 && (!fastest || ms < fastest_ms)) fastest = cores[i], fastest_ms = ms;
+    }
+    keep->auto_core[CLATTN_CORE_PREFILL][s->cls] = NULL;
+    if (!fastest || over_budget(s)) return;
+    /* AUTO: the fastest core, when it is not AUTO's own choice already and beats it */
+    clattn_tune_table with_keep = *keep;
+    with_keep.auto_core[CLATTN_CORE_PREFILL][s->cls] = NULL;
+    const clattn_core_params *kp = clattn_tune_params(keep, fastest, s->cls);
+    const candidate fast = {fastest, kp, -1};
+    clattn_plan *probe = NULL;
+    clattn_attention_weights w = {.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
+                                  .w_out = s->wo, .b_out = s->bo};
+    s->dev->tune_try = &with_keep;
+    const clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &probe);
+    s->dev->tune_try = NULL;
+    const clattn_core *own = st == CLATTN_STATUS_SUCCESS ? probe->core : NULL;
+    clattn_plan_free(probe);
+    clattn_clear_error();
+    if (own == fastest || !own) {
+        say(s, "  AUTO keeps %s for head-size class %d", own ? own->name : "its choice", s->cls);
+        return;
+    }
+    const candidate theirs = {own, clattn_tune_params(keep, own, s->cls), -1};
+    if (confirm(s, &theirs, &fast, "AUTO's core")) {
+        keep->auto_core[CLATTN_CORE_PREFILL][s->cls] = fastest;
+        say(s, "  AUTO gives head-size class %d %s instead of %s", s->cls, fastest->name, own->name);
+    } else {
+        say(s, "  AUTO keeps %s for head-size class %d", own->name, s->cls);
+    }
+}
+
+static void fill(float *a, size_t n, float scale, uint64_t *st)
+{
+    for (size_t i = 0; i < n; i++) {
+        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+        a[i] = scale * ((float)(*st >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+    }
+}
+
+/* The data of shape q = (B, T, E, H): x, the weights, and the output buffers. */
+static clattn_status make_shape(search *s, const size_t *q, uint64_t seed)
+{
+    const size_t B = q[0], T = q[1], E = q[2], H = q[3];
+    s->d = (clattn_attention_desc){.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = E / H, .out_dim = E};
+    s->cls = clattn_head_class(E / H, E / H);
+    const float ws = 1.0f / sqrtf((float)E);
+    s->x = malloc(B * T * E * sizeof(float)), s->wq = malloc(E * E * sizeof(float));
+    s->wk = malloc(E * E * sizeof(float)), s->wv = malloc(E * E * sizeof(float));
+    s->wo = malloc(E * E * sizeof(float)), s->bq = malloc(E * sizeof(float)), s->bo = malloc(E * sizeof(float));
+    s->ref = malloc(B * T * E * sizeof(float)), s->out = malloc(B * T * E * sizeof(float));
+    if (!s->x || !s->wq || !s->wk || !s->wv || !s->wo || !s->bq || !s->bo || !s->ref || !s->out)
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the shape's arrays");
+    fill(s->x, B * T * E, 1.0f, &seed), fill(s->wq, E * E, ws, &seed), fill(s->wk, E * E, ws, &seed);
+    fill(s->wv, E * E, ws, &seed), fill(s->wo, E * E, ws, &seed), fill(s->bq, E, 0.1f, &seed);
+    fill(s->bo, E, 0.1f, &seed);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static void free_shape(search *s)
+{
+    free(s->x), free(s->wq), free(s->wk), free(s->wv), free(s->wo), free(s->bq), free(s->bo), free(s->ref);
+    free(s->out);
+    s->x = s->wq = s->wk = s->wv = s->wo = s->bq = s->bo = s->ref = s->out = NULL;
+}
+
+/* CLBlast's Xgemm parameter sets (runtime/blas.c) on the shape in `s`, the whole attention call timed,
+ * within `phase_ms`. The defaults are measured first (CLBlast cannot be set back to them afterwards: a set
+ * kept must beat both them and set 0, CLBlast's generic default, in every confirmation round). The process
+ * is left with the kept set, or set 0. The plans run what `keep` says for the cores. */
+static void search_xgemm(search *s, clattn_tune_table *keep, double phase_ms)
+{
+    const double start = now_ms();
+    s->deadline = start + 0.75 * phase_ms;
+    const candidate none = {NULL, NULL, -1};
+    const double base = run_candidate(s, &none, 0, s->ref);
+    say(s, "CLBlast Xgemm parameters, B=%zu T=%zu E=%zu H=%zu: CLBlast's own: %.2f ms", s->d.batch, s->d.seq_q,
+        s->d.embed, s->d.heads, base);
+    if (base <= 0) return;
+    int best = -1;
+    double best_ms = base;
+    for (size_t i = 0; i < clattn_blas_xgemm_sets() && !over_budget(s); i++) {
+        if (clattn_blas_use_xgemm_set(s->dev, i) != CLATTN_STATUS_SUCCESS) {
+            say(s, "  set %zu: refused by CLBlast", i);
+            continue;
+        }
+        const candidate cand = {NULL, NULL, (int)i};
+        const double ms = run_candidate(s, &cand, 1, s->out);
+        say(s, "  set %zu: %s%.2f ms", i, ms == -2 ? "WRONG OUTPUT, rejected " : ms < 0 ? "failed " : "",
+            ms < 0 ? 0.0 : ms);
+        if (ms > 0 && ms < best_ms) best_ms = ms, best = (int)i;
+    }
+    s->deadline = start + phase_ms;
+    int kept = 0;
+    if (best >= 0 && !over_budget(s)) {
+        kept = 1;
+        const candidate b = {NULL, NULL, best}, zero = {NULL, NULL, 0};
+        for (int round = 0; round < 3 && kept; round++) {
+            clattn_blas_use_xgemm_set(s->dev, 0);
+            const double z = run_candidate(s, &zero, 0, s->out);
+            clattn_blas_use_xgemm_set(s->dev, (size_t)best);
+            const double t = run_candidate(s, &b, 1, s->out);
+            say(s, "  confirm set %d, round %d: CLBlast's own %.2f ms (once), set 0 %.2f ms, set %d %.2f ms", best,
+                round + 1, base, z, best, t);
+            kept = t > 0 && z > 0 && t <= base * (1.0 - s->margin) && t <= z * (1.0 - s->margin);
+        }
+    }
+    clattn_clear_error();
+    if (kept) {
+        keep->xgemm = best;
+        say(s, "  kept set %d", best);
+    } else {
+        clattn_blas_use_xgemm_set(s->dev, 0);
+        keep->xgemm = -1;
+        say(s, "  CLBlast keeps its own parameters");
+    }
+}
+
+clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options)
+{
+    clattn_clear_error();
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (device->backend != CLATTN_BACKEND_OPENCL || !device->tune)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "tuning needs an OpenCL device (this is %s)", device->name);
+    const clattn_tune_options defaults = {0};
+    const clattn_tune_options *o = options ? options : &defaults;
+    if (o->budget_s < 0 || isnan(o->budget_s) || o->margin < 0 || o->margin >= 1 || isnan(o->margin))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "budget_s must be >= 0 and margin in [0, 1)");
+    static const size_t preset[4] = {4, 512, 512, 8};
+    const size_t *shapes = o->shapes ? o->shapes : preset;
+    const size_t n_shapes = o->shapes ? o->n_shapes : 1;
+    if (n_shapes == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "n_shapes is 0");
+    for (size_t i = 0; i < n_shapes; i++) {
+        const size_t *q = shapes + 4 * i;
+        if (!q[0] || !q[1] || !q[2] || !q[3] || q[2] % q[3] || q[0] > 4096 || q[1] > 65536 || q[2] > 65536)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "shape %zu (B=%zu, T=%zu, E=%zu, H=%zu): every value "
+                               ">= 1 and H dividing E", i, q[0], q[1], q[2], q[3]);
+    }
+    static const char *const forcing[] = {"CLATTN_CORE", "CLATTN_FLASH", "CLATTN_ATTENTION", "CLATTN_SOFTMAX"};
+    for (size_t i = 0; i < sizeof forcing / sizeof forcing[0]; i++) {
+        const char *v = getenv(forcing[i]);
+        if (v && *v)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s=%s forces a core or its parameters over what the "
+                               "search tries: unset it to tune", forcing[i], v);
+    }
+    search s = {.dev = device, .o = o, .t0 = now_ms(), .budget_ms = 1e3 * (o->budget_s > 0 ? o->budget_s : 120.0),
+                .margin = o->margin > 0 ? o->margin : 0.03};
+    clattn_tune_table keep = *device->tune; /* the file's other entries stay */
+    keep.notice[0] = '\0';
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    /* the shapes' cores share 60% of the budget; CLBlast's parameters, on the first shape, the rest */
+    const double kernels_ms = 0.6 * s.budget_ms;
+    for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
+        const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
+        if ((st = make_shape(&s, shapes + 4 * i, 42 + i)) == CLATTN_STATUS_SUCCESS) search_shape(&s, &keep, shape_ms);
+        free_shape(&s);
+    }
+    if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
+        search_xgemm(&s, &keep, s.budget_ms - (now_ms() - s.t0));
+    free_shape(&s);
+    if (st != CLATTN_STATUS_SUCCESS) return st;
+    char path[1024];
+    TRY(clattn_tune_write(device, &keep, path, sizeof path));
+    say(&s, "wrote %s (%.0f s)", path, (now_ms() - s.t0) / 1e3);
+    /* the device uses it from now on, as a new process would */
+    clattn_tune_table *old = device->tune;
+    device->tune = NULL;
+    clattn_tune_load(device);
+    if (!device->tune) device->tune = old;
+    else free(old);
+    return CLATTN_STATUS_SUCCESS;
+}
