@@ -65,6 +65,8 @@ typedef struct result {
     size_t sgemm_m, sgemm_n, sgemm_k;
     double stage_sum_ms;  /* sum of the stage medians */
     clattn_algorithm algorithm; /* the attention plan's (resolved); AUTO for ref and the encoder */
+    char core[32];        /* the core that ran ("ref" on ref): the attention plan's, or the encoder's attention's */
+    char core_params[128];/* its parameters ("" on ref and for the encoder) */
     int tuned;            /* the attention plan uses the device's tuning file (-1: the encoder, not known) */
     size_t device_bytes;  /* device memory the attention plan holds (0: ref or the encoder) */
     double core_ms;       /* the attention core's stages (fused: attention; unfused: scores + softmax + context) */
@@ -195,7 +197,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
-            "                    [--algorithm auto|fused|unfused]\n"
+            "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -210,6 +212,8 @@ static void usage(FILE *f)
             "  --sweep     sequence lengths 64 128 ... 65536 (not with --seq); stops before a configuration\n"
             "              projected to take more than --budget seconds (default 20), or one the device\n"
             "              refuses for its memory (CLATTN_STATUS_TOO_LARGE_FOR_DEVICE)\n"
+            "  --core      run this core (`clattn cores`), as CLATTN_CORE=NAME[:P=V,...] does; the JSON's\n"
+            "              \"core\" and \"core_params\" name what ran\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
             "  --progress  say on stderr which phase a configuration is in (first call, device runs i/N,\n"
@@ -272,6 +276,11 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
+        else if (!strcmp(a, "--core")) {
+            if (!v || !*v) bench_die("--core needs a value (a core `clattn cores` lists)");
+            if (setenv("CLATTN_CORE", v, 1) != 0) bench_die("--core: cannot set CLATTN_CORE");
+            i++;
+        }
         else if (!strcmp(a, "--algorithm")) {
             if (!v) bench_die("--algorithm needs a value");
             if (!strcmp(v, "auto")) o->op.algorithm = CLATTN_ALGORITHM_AUTO;
@@ -487,6 +496,8 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->first_call_ms = bench_now_ms() - t0;
     progress(o, 1, "T=%zu: first call took %.0f ms", op->seq, r->first_call_ms);
     r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
+    snprintf(r->core, sizeof r->core, "%s", run.attn ? clattn_plan_core(run.attn) : clattn_encoder_plan_core(run.enc));
+    snprintf(r->core_params, sizeof r->core_params, "%s", run.attn ? clattn_plan_core_params(run.attn) : "");
     r->tuned = run.attn ? clattn_plan_tuned(run.attn) : -1;
     r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
@@ -628,6 +639,11 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     json_num(f, "core_flops", r->flops.core, 1);
     if (r->algorithm == CLATTN_ALGORITHM_AUTO) fprintf(f, ",\"algorithm\":null");
     else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
+    fprintf(f, ",\"core\":");
+    bench_json_string(f, r->core);
+    fprintf(f, ",\"core_params\":");
+    if (r->core_params[0]) bench_json_string(f, r->core_params);
+    else fprintf(f, "null");
     json_num(f, "device_bytes", (double)r->device_bytes, r->device_bytes > 0);
     fprintf(f, ",\"tuned\":%s", r->tuned < 0 ? "null" : r->tuned ? "true" : "false");
     json_num(f, "core_ms", r->core_ms, r->core_valid);
@@ -804,8 +820,8 @@ static void print_text(const bench_ctx *b, const options *o, const result *r)
     if (op->encoder) printf(" + feed-forward %.4g", r->flops.ffn / 1e9);
     printf("\n\n");
     if (r->algorithm != CLATTN_ALGORITHM_AUTO)
-        printf("algorithm: %s; the plan holds %.1f MiB of device memory\n", clattn_algorithm_name(r->algorithm),
-               (double)r->device_bytes / 1048576.0);
+        printf("algorithm: %s, core %s (%s); the plan holds %.1f MiB of device memory\n",
+               clattn_algorithm_name(r->algorithm), r->core, r->core_params, (double)r->device_bytes / 1048576.0);
     if (r->core_valid)
         printf("attention core: %.3f ms, %.2f GFLOP/s\n", r->core_ms, r->flops.core / (r->core_ms * 1e6));
     printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);

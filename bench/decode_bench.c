@@ -37,6 +37,7 @@ typedef struct dopts {
 } dopts;
 
 typedef struct dres {
+    char core[32];          /* the decode core that ran ("ref" on ref) */
     size_t context, parts;
     double copy_gbps; /* measured just before this context's steps: the machine's state then */
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes;
@@ -226,6 +227,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     r->step_min = t[o->warmup];
     r->step_max = t[n - 1];
     r->parts = clattn_decode_plan_last_splits(plan);
+    snprintf(r->core, sizeof r->core, "%s", clattn_decode_plan_core(plan));
     const size_t visible = o->window && o->window < C + 1 ? o->window : C + 1;
     r->kv_bytes = (double)B * (double)HK * (double)visible * 2.0 * (double)D * (o->kv_half ? 2.0 : 4.0);
     r->weight_bytes = 4.0 * ((double)(H * D + 2 * HK * D) * (double)E + (double)E * (double)(H * D));
@@ -253,6 +255,8 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     bench_json_string(stdout, device);
     printf(",\"driver\":");
     bench_json_string(stdout, driver);
+    printf(",\"core\":");
+    bench_json_string(stdout, r->core);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
            "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
            o->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",

@@ -335,8 +335,10 @@ CLATTN_API size_t clattn_core_count(void);
 CLATTN_API clattn_status clattn_core_describe(const clattn_device *device, size_t index, clattn_core_info *info);
 /* "<=32", "<=64", "<=128", "<=256", ">256" for class 0 .. 4 ("?" otherwise). */
 CLATTN_API const char *clattn_head_class_label(int head_class);
-/* The core a plan runs ("ref" on the ref device). */
+/* The core a plan runs ("ref" on the ref device), and the parameters it was built with, as CLATTN_CORE and
+ * the tuning file write them ("ROWS=16,BK=16,VW=8"; "" on ref). */
 CLATTN_API const char *clattn_plan_core(const clattn_plan *plan);
+CLATTN_API const char *clattn_plan_core_params(const clattn_plan *plan);
 
 /* ---------------------------------------------------------------- KV cache and decoding */
 

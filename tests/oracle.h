@@ -1,6 +1,6 @@
 /* oracle.h: float64 attention and encoder written in the tests, from the formulas of the
- * tutorials and PyTorch's modules. It shares no code with the library (src/reference.c,
- * src/encoder_ref.c, cl/), so a bug there cannot hide by appearing in both sides of a
+ * tutorials and PyTorch's modules. It shares no code with the library (src/attention/ref.c,
+ * src/encoder/encoder_ref.c, cl/), so a bug there cannot hide by appearing in both sides of a
  * comparison. Deliberately naive: one loop nest per formula, every sum in double.
  * Dropout follows the documented rule with the oracle's own Philox (oracle_dropout_* below). */
 #ifndef CLATTN_TEST_ORACLE_H

@@ -1,6 +1,7 @@
 /* test_device.c: device listing and specs, caller-owned queues, execution on
  * cl_mem buffers with offsets, wait lists and events, profiling. */
 #include "oracle.h"
+#include "runtime/runtime.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -249,4 +250,31 @@ Test(device, profiling_stage_times)
     clattn_plan_free(plan);
     clattn_device_free(dev);
     free(w); free(x);
+}
+
+/* The capabilities read once at open (runtime/caps.c): what the cores choose from. On this device the
+ * inline-PTX probe builds only where the compiler is NVIDIA's, and a failed probe leaves no error and no
+ * build log behind. */
+Test(device, capabilities)
+{
+    clattn_device *dev = tu_open_opencl();
+    const clattn_caps *c = &dev->caps;
+    cr_assert(c->vendor[0] && c->driver[0] && c->cl_c_version[0], "vendor '%s', driver '%s', OpenCL C '%s'",
+              c->vendor, c->driver, c->cl_c_version);
+    cr_assert(c->compute_units >= 1 && c->max_work_group >= 1 && c->local_mem > 0 && c->max_alloc > 0 &&
+              c->global_mem >= c->max_alloc);
+    cr_assert(c->vec_float >= 1 && c->native_vec_float >= 1, "vector widths %u %u", c->vec_float, c->native_vec_float);
+    cr_assert(c->dclass < CLATTN_CLASS_COUNT);
+    cr_assert_eq(c->dclass == CLATTN_CLASS_CPU, (c->type & CL_DEVICE_TYPE_CPU) != 0);
+    for (int i = 0; i < CLATTN_MAX_SUBGROUP_SIZES && c->subgroup_sizes[i]; i++)
+        cr_assert(c->subgroup_sizes[i] <= 1024, "sub-group size %u", c->subgroup_sizes[i]);
+    const int nvidia = c->dclass == CLATTN_CLASS_NVIDIA;
+    if (!nvidia) cr_assert_eq(c->nv_inline_ptx, 0, "inline PTX outside NVIDIA's compiler");
+    clattn_set_build_log("an earlier log");
+    clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "an earlier error");
+    const int probe = clattn_test_probe_ptx(dev);
+    cr_assert_eq(probe, c->nv_inline_ptx, "the probe now (%d) and at open (%d)", probe, c->nv_inline_ptx);
+    cr_assert_str_eq(clattn_last_error(), "an earlier error", "the probe recorded an error");
+    cr_assert_str_eq(clattn_last_build_log(), "an earlier log", "the probe recorded a build log");
+    clattn_device_free(dev);
 }

@@ -1,6 +1,6 @@
 /* test_dropout.c: dropout against oracles that share no code with the library.
  *
- * ref and the OpenCL kernels all compile cl/philox.cl and share clattn_dropout_threshold, so
+ * ref and the OpenCL kernels all compile cl/common/philox.cl and share clattn_dropout_threshold, so
  * comparing them with each other proves nothing about the mask. Here the expectation comes from:
  *   - a Philox4x32-10 written in this file, checked against Random123's published known answers;
  *   - the documented rule: weight (b, h, i, j) is dropped when r0 < floor(p * 2^32), r0 the first
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the test's own Philox (tests/oracle.c), not cl/philox.cl */
+/* the test's own Philox (tests/oracle.c), not cl/common/philox.cl */
 #define own_philox oracle_philox4x32_10
 #define word0 oracle_dropout_word
 #define threshold_of oracle_dropout_threshold

@@ -6,7 +6,8 @@
  *   long     T = 8192 and 32768 (B = 1, E = 128, H = 2, nn.Linear weights with biases and an output
  *            projection) on sampled rows against a float64 row-by-row computation written here,
  *            independent of ref.c and of the library
- * The ctest entries test_fused_core_<core> run the shapes on each core (CLATTN_CORE); long/* runs once. */
+ * The ctest entries test_fused_core_<core> run the shapes on each core (CLATTN_CORE); the long suite runs
+ * once, in the plain entry. */
 #include "oracle.h"
 #include "testutil.h"
 

@@ -114,6 +114,12 @@ Test(limits, refused_with_the_limit_named)
     cr_assert_eq(clattn_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE);
     cr_assert_null(plan);
     cr_assert(strstr(clattn_last_error(), "max allocation"), "%s", clattn_last_error());
+    /* the weights wanted: only the unfused core makes them, and it refuses a row of scores beyond one
+     * allocation (before any buffer is made), with that status whatever core AUTO tried first */
+    d.need_weights = 1;
+    cr_assert_eq(clattn_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
+    cr_assert(strstr(clattn_last_error(), "row of scores"), "%s", clattn_last_error());
+    d.need_weights = 0;
     cl->caps.max_alloc = saved;
     /* every score matrix fits (in chunks), but the activations exceed the device's global memory */
     d = (clattn_attention_desc){.batch = 1, .seq_q = 1000, .embed = 256, .heads = 1};

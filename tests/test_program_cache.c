@@ -1,4 +1,4 @@
-/* test_program_cache.c: the compiled-kernel cache on disk (src/program_cache.c). A second plan loads
+/* test_program_cache.c: the compiled-kernel cache on disk (src/runtime/program_cache.c). A second plan loads
  * its programs instead of compiling them; every kind of bad file (truncated, corrupted, another key, an
  * absurd length, a binary the driver refuses, an empty file, a directory in its place, an unwritable or
  * absent cache directory, the cache turned off) falls back to compiling, computes the right answer

@@ -59,7 +59,7 @@ static void write_file(const char *text)
     fclose(f);
 }
 
-static char last_core[32]; /* the core of plan_with_file's last plan */
+static char last_core[32], last_params[128]; /* the core of plan_with_file's last plan, and its parameters */
 
 /* A plan (head size d: class 0 for 8 and 4) on a fresh device reading the file; checked against the
  * oracle; returns whether it was tuned, the device's notice (copied into notice) and its core (last_core). */
@@ -86,6 +86,7 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
     cr_assert_eq(oracle_compare(out, want, B * T * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
     const int tuned = clattn_plan_tuned(p);
     snprintf(last_core, sizeof last_core, "%s", clattn_plan_core(p));
+    snprintf(last_params, sizeof last_params, "%s", clattn_plan_core_params(p));
     clattn_plan_free(p);
     clattn_device_free(dev);
     free(wq), free(wk), free(wv), free(x), free(out), free(want);
@@ -98,6 +99,7 @@ typedef struct file_case {
     clattn_algorithm alg;
     const char *needle;        /* in the notice; NULL = no notice */
     const char *core;          /* the core the plan must run (NULL: any) */
+    const char *params;        /* and its parameters (NULL: any) */
 } file_case;
 
 Test(tune, files)
@@ -106,36 +108,37 @@ Test(tune, files)
     header(head, sizeof head);
     const clattn_algorithm F = CLATTN_ALGORITHM_FUSED, U = CLATTN_ALGORITHM_UNFUSED, A = CLATTN_ALGORITHM_AUTO;
     const file_case cases[] = {
-        {"flash_rows entry", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 0, 1, F, NULL, "flash_rows"},
+        {"flash_rows entry", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 0, 1, F, NULL, "flash_rows", "ROWS=8,BK=16,VW=4"},
         {"flash_tiled entry and AUTO's core", "core flash_tiled 0 BQ=8,BKT=16,NS=2\nauto 0 flash_tiled\n", 0, 1, F,
-         NULL, "flash_tiled"},
-        {"AUTO's core alone", "auto 0 unfused\n", 0, 1, A, NULL, "unfused"},
-        {"AUTO's core for a plan that cannot use it", "auto 0 unfused\n", 0, 0, F, NULL, NULL},
-        {"parameters in any order", "core flash_rows 0 VW=4,ROWS=2,BK=32\n", 0, 1, F, NULL, "flash_rows"},
+         NULL, "flash_tiled", "BQ=8,BKT=16,NS=2"},
+        {"AUTO's core alone", "auto 0 unfused\n", 0, 1, A, NULL, "unfused", NULL},
+        {"AUTO's core for a plan that cannot use it", "auto 0 unfused\n", 0, 0, F, NULL, NULL, NULL},
+        {"parameters in any order", "core flash_rows 0 VW=4,ROWS=2,BK=32\n", 0, 1, F, NULL, "flash_rows",
+         "ROWS=2,BK=32,VW=4"},
         {"comments, CRLF and blank lines", "# a comment\r\n\r\ncore flash_rows 0 ROWS=4,BK=8,VW=8\r\n", 0, 1, F, NULL,
-         NULL},
-        {"softmax item", "core unfused 0 SOFTMAX=item\n", 0, 1, U, NULL, "unfused"},
-        {"softmax rows", "core unfused 0 SOFTMAX=rows\n", 0, 1, U, NULL, "unfused"},
-        {"an entry for another class only", "core flash_rows 2 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL},
-        {"a vector width the head size does not take", "core flash_rows 0 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL},
-        {"huge numbers", "core flash_rows 0 ROWS=99999999999999999999,BK=16,VW=8\n", 0, 0, F, "the values are", NULL},
-        {"not a power of two", "core flash_rows 0 ROWS=3,BK=16,VW=4\n", 0, 0, F, "the values are", NULL},
-        {"too many work-items", "core flash_tiled 0 BQ=64,BKT=16,NS=16\n", 0, 0, F, "not values", NULL},
-        {"a missing parameter", "core flash_rows 0 ROWS=8,BK=16\n", 0, 0, F, "no value for VW", NULL},
-        {"an unknown parameter", "core flash_rows 0 ROWS=8,BK=16,VW=4,XX=1\n", 0, 0, F, "has no parameter", NULL},
+         NULL, NULL},
+        {"softmax item", "core unfused 0 SOFTMAX=item\n", 0, 1, U, NULL, "unfused", "SOFTMAX=item"},
+        {"softmax rows", "core unfused 0 SOFTMAX=rows\n", 0, 1, U, NULL, "unfused", "SOFTMAX=rows"},
+        {"an entry for another class only", "core flash_rows 2 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL, NULL},
+        {"a vector width the head size does not take", "core flash_rows 0 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL, NULL},
+        {"huge numbers", "core flash_rows 0 ROWS=99999999999999999999,BK=16,VW=8\n", 0, 0, F, "the values are", NULL, NULL},
+        {"not a power of two", "core flash_rows 0 ROWS=3,BK=16,VW=4\n", 0, 0, F, "the values are", NULL, NULL},
+        {"too many work-items", "core flash_tiled 0 BQ=64,BKT=16,NS=16\n", 0, 0, F, "not values", NULL, NULL},
+        {"a missing parameter", "core flash_rows 0 ROWS=8,BK=16\n", 0, 0, F, "no value for VW", NULL, NULL},
+        {"an unknown parameter", "core flash_rows 0 ROWS=8,BK=16,VW=4,XX=1\n", 0, 0, F, "has no parameter", NULL, NULL},
         {"wrong types", "core flash_rows 0 ROWS=eight,BK=16,VW=4\ncore flash_rows x ROWS=8,BK=16,VW=4\n"
          "core unfused 0 SOFTMAX=fast\ncore flash_rows 0 ROWS=-8,BK=16,VW=4\ncore flash_rows 0 ROWS\n", 0, 0, F, "line",
-         NULL},
-        {"an unknown core", "core flash_magic 0 X=1\n", 0, 0, F, "not a 'core NAME", NULL},
-        {"bad AUTO entries", "auto 9 unfused\nauto 0 nothing\nauto 0\n", 0, 0, A, "not an 'auto", NULL},
-        {"an unknown entry", "frobnicate 1 2 3\n", 0, 0, F, "not an entry", NULL},
+         NULL, NULL},
+        {"an unknown core", "core flash_magic 0 X=1\n", 0, 0, F, "not a 'core NAME", NULL, NULL},
+        {"bad AUTO entries", "auto 9 unfused\nauto 0 nothing\nauto 0\n", 0, 0, A, "not an 'auto", NULL, NULL},
+        {"an unknown entry", "frobnicate 1 2 3\n", 0, 0, F, "not an entry", NULL, NULL},
         {"stale driver", "clattn-tune 2\nclattn 0.3.0\ndevice D\nvendor V\ndriver 0.0-other\ncore flash_rows 0 "
-         "ROWS=8,BK=16,VW=4\n", 1, 0, F, "stale", NULL},
+         "ROWS=8,BK=16,VW=4\n", 1, 0, F, "stale", NULL, NULL},
         {"the format of clattn 0.3", "clattn-tune 1\nclattn 0.3.0\ndevice D\nvendor V\ndriver V\nflash 0 rows 8 16 4\n",
-         1, 0, F, "another format", NULL},
-        {"no magic", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 1, 0, F, "not a clattn tuning file", NULL},
-        {"truncated", "clattn-tune 2\n", 1, 0, F, "truncated", NULL},
-        {"empty", "", 1, 0, F, "empty", NULL},
+         1, 0, F, "another format", NULL, NULL},
+        {"no magic", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 1, 0, F, "not a clattn tuning file", NULL, NULL},
+        {"truncated", "clattn-tune 2\n", 1, 0, F, "truncated", NULL, NULL},
+        {"empty", "", 1, 0, F, "empty", NULL, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const file_case *c = &cases[i];
@@ -148,6 +151,7 @@ Test(tune, files)
         if (c->needle) cr_assert(strstr(notice, c->needle), "%s: notice '%s' lacks '%s'", c->what, notice, c->needle);
         else cr_assert_str_empty(notice, "%s: unexpected notice '%s'", c->what, notice);
         if (c->core) cr_assert_str_eq(last_core, c->core, "%s: the plan runs %s", c->what, last_core);
+        if (c->params) cr_assert_str_eq(last_params, c->params, "%s: the plan runs %s", c->what, last_params);
     }
     /* another clattn version: stale, by the version line */
     snprintf(text, sizeof text, "clattn-tune 2\nclattn 0.0.1\n%score flash_rows 0 ROWS=8,BK=16,VW=4\n",
@@ -178,12 +182,14 @@ Test(tune, files)
     /* the environment over the file: CLATTN_CORE's parameters, another core, CLATTN_FLASH's core */
     setenv("CLATTN_CORE", "flash_rows:ROWS=4", 1);
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    cr_assert_str_eq(last_params, "ROWS=4,BK=16,VW=8", "CLATTN_CORE's parameters over the defaults");
     setenv("CLATTN_CORE", "flash_tiled", 1);
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert_str_eq(last_core, "flash_tiled");
     unsetenv("CLATTN_CORE");
     setenv("CLATTN_CORE", "flash_rows", 1); /* the core alone: the file's parameters for it */
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1);
+    cr_assert_str_eq(last_params, "ROWS=8,BK=16,VW=4");
     unsetenv("CLATTN_CORE");
     setenv("CLATTN_FLASH", "tiled", 1);
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);

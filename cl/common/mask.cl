@@ -1,4 +1,4 @@
-/* mask.cl: the masks of an attention score, shared by softmax.cl and flash.cl (this file goes
+/* mask.cl: the masks of an attention score, shared by the unfused softmax and the flash kernels (this file goes
  * before them, after philox.cl). Specialised by -D (defaults let it compile alone):
  *   CAUSAL    1: key j is hidden from query i when j > i (top-left aligned)
  *   WINDOW    W > 0 (with CAUSAL): key j is also hidden when i - j >= W (sliding window); 0 = none

@@ -1,4 +1,4 @@
-/* online.cl: pieces of the online softmax shared by flash.cl (flash_rows) and decode.cl, which both keep
+/* online.cl: pieces of the online softmax shared by cores/flash_rows.cl and cores/decode_attend.cl, which both keep
  * per query row a running max m and sum l over blocks of BK scores (private arrays). */
 #ifndef CLATTN_ONLINE_CL
 #define CLATTN_ONLINE_CL
@@ -41,7 +41,7 @@ inline float clattn_exp16_sum(float *s, float mb)
     return (p4.x + p4.y) + (p4.z + p4.w);
 }
 
-/* The value pass of a block (flash.cl's flash_rows, decode.cl): for rows r < NROWS and value vectors
+/* The value pass of a block (flash_rows.cl, decode_attend.cl): for rows r < NROWS and value vectors
  * c < NV of type VT, acc[r][c] = acc[r][c] * corr[r] + sum_{jj < nj} p[r][jj] VAL(jj, c), where
  * VAL(jj, c) loads vector c of the block's key jj. RVP rows at a time (RVP divides NROWS), so that
  * their RVP*NV accumulators stay in registers while the values stream through in memory order

@@ -1,7 +1,7 @@
 /* philox.cl: the Philox4x32-10 counter-based generator (Salmon, Moraes, Dror
  * and Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11).
  *
- * This one file is compiled both as OpenCL C (prepended to softmax.cl) and as
+ * This one file is compiled both as OpenCL C (prepended to the attention kernels) and as
  * C (#included by the CPU reference), so that one seed gives the same dropout
  * mask on every device, bit for bit. */
 #ifndef CLATTN_PHILOX_CL

@@ -14,7 +14,7 @@
  *                   so one pass over a key serves every query head that shares it. The block's key
  *                   range is cut into `parts` equal parts (split-K): with parts = 1 the work-item writes
  *                   the output rows; otherwise each part writes its running max m, sum l and unnormalised
- *                   acc (online softmax, as flash.cl) and decode_combine merges them.
+ *                   acc (online softmax, as the flash kernels) and decode_combine merges them.
  *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
  *
  * online.cl goes first. Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF,

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["Error", "devices", "version", "Attention", "Decoder", "EncoderLayer", "from_torch", "plot_attention"]
+__all__ = ["Error", "devices", "cores", "version", "Attention", "Decoder", "EncoderLayer", "from_torch", "plot_attention"]
 __version__ = "0.3.0"
 
 
@@ -64,6 +64,26 @@ def devices():
                         type=d.type.decode(), compute_units=d.compute_units, global_mem_bytes=d.global_mem_bytes,
                         max_alloc_bytes=d.max_alloc_bytes, opencl_c_version=d.opencl_c_version.decode(),
                         fp16=bool(d.fp16), fp64=bool(d.fp64)))
+    return out
+
+
+def cores(device=None):
+    """Every attention core clattn has, as `clattn cores --json` lists them on `device` (a spec as for
+    devices(); None: the default device): dicts with name, kind ("prefill" or "decode"), supported, reason
+    (why not, "" when supported), default_for (the head-size classes, "<=32" ... ">256", whose plans AUTO gives
+    it there), algorithm, weights, params and test_configs. CLATTN_CORE=NAME[:P=V,...] in the environment
+    forces a core on the plans that can use it."""
+    dev = _Device(device)
+    out = []
+    for i in range(_lib.core_count()):
+        c = _lib.CoreInfo()
+        _check(_lib.core_describe(dev.handle, i, ctypes.byref(c)), "describing the cores")
+        out.append(dict(name=c.name.decode(), kind=_lib.CORE_KINDS[c.kind], supported=bool(c.supported),
+                        reason=c.reason.decode(),
+                        default_for=[_lib.head_class_label(k).decode() for k in range(_lib.HEAD_CLASS_COUNT)
+                                     if c.default_for & (1 << k)],
+                        algorithm={1: "fused", 2: "unfused"}.get(c.algorithm, "auto"), weights=bool(c.produces_weights),
+                        params=c.params.decode().split(), test_configs=c.test_configs.decode().split()))
     return out
 
 
@@ -235,6 +255,13 @@ class Attention:
             return None
         a = _lib.plan_algorithm(list(self._plans.values())[-1].handle)
         return {0: "reference", 1: "fused", 2: "unfused"}[a]
+
+    @property
+    def core_used(self):
+        """The core of the last plan made ("flash_rows", "unfused", ..., "ref" on ref; `clattn.cores()`)."""
+        if not self._plans:
+            return None
+        return _lib.plan_core(list(self._plans.values())[-1].handle).decode()
 
 
 class Decoder(Attention):

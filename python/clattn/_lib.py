@@ -37,6 +37,16 @@ class DeviceInfo(Structure):
                 ("fp64", c_int)]
 
 
+class CoreInfo(Structure):
+    _fields_ = [("name", c_char * 32), ("kind", c_int), ("algorithm", c_int), ("produces_weights", c_int),
+                ("supported", c_int), ("reason", c_char * 256), ("default_for", c_uint), ("params", c_char * 128),
+                ("test_configs", c_char * 128)]
+
+
+CORE_KINDS = {0: "prefill", 1: "decode"}
+HEAD_CLASS_COUNT = 5
+
+
 class AttentionDesc(Structure):
     _fields_ = [("batch", c_size_t), ("seq_q", c_size_t), ("seq_kv", c_size_t), ("embed", c_size_t),
                 ("kv_embed", c_size_t), ("heads", c_size_t), ("head_dim_qk", c_size_t),
@@ -114,6 +124,12 @@ device_open = _fn("clattn_device_open", c_int, c_char_p, POINTER(c_void_p))
 device_free = _fn("clattn_device_free", None, c_void_p)
 device_backend = _fn("clattn_device_backend", c_int, c_void_p)
 device_name = _fn("clattn_device_name", c_char_p, c_void_p)
+core_count = _fn("clattn_core_count", c_size_t)
+core_describe = _fn("clattn_core_describe", c_int, c_void_p, c_size_t, POINTER(CoreInfo))
+head_class_label = _fn("clattn_head_class_label", c_char_p, c_int)
+plan_core = _fn("clattn_plan_core", c_char_p, c_void_p)
+plan_core_params = _fn("clattn_plan_core_params", c_char_p, c_void_p)
+decode_plan_core = _fn("clattn_decode_plan_core", c_char_p, c_void_p)
 plan_create = _fn("clattn_plan_create", c_int, c_void_p, POINTER(AttentionDesc), POINTER(AttentionWeights),
                   POINTER(c_void_p))
 plan_free = _fn("clattn_plan_free", None, c_void_p)

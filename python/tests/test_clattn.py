@@ -2,6 +2,7 @@
 and on the OpenCL device (when there is one), from_torch parity (when torch is installed), the
 struct layouts against a C compiler's, and every error path."""
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -96,11 +97,12 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
         pytest.skip("no C compiler to check the layouts against")
     src = tmp_path / "sizes.c"
     src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "clattn.h"\nint main(void) {\n'
-                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
+                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
                    'sizeof(clattn_attention_desc), sizeof(clattn_attention_weights), sizeof(clattn_attention_args), '
                    'sizeof(clattn_encoder_desc), sizeof(clattn_encoder_weights), sizeof(clattn_encoder_args), '
                    'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps), '
-                   'sizeof(clattn_kv_cache_desc), sizeof(clattn_decode_args), offsetof(clattn_attention_desc, kv_half));'
+                   'sizeof(clattn_kv_cache_desc), sizeof(clattn_decode_args), offsetof(clattn_attention_desc, kv_half),'
+                   ' sizeof(clattn_core_info), offsetof(clattn_core_info, default_for));'
                    '\nreturn 0; }\n')
     exe = tmp_path / "sizes"
     r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", str(exe)],
@@ -111,7 +113,8 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
     want = [ctypes.sizeof(_lib.DeviceInfo), ctypes.sizeof(_lib.AttentionDesc), ctypes.sizeof(_lib.AttentionWeights),
             ctypes.sizeof(_lib.AttentionArgs), ctypes.sizeof(_lib.EncoderDesc), ctypes.sizeof(_lib.EncoderWeights),
             ctypes.sizeof(_lib.EncoderArgs), _lib.AttentionDesc.seed.offset, _lib.EncoderDesc.eps.offset,
-            ctypes.sizeof(_lib.KVCacheDesc), ctypes.sizeof(_lib.DecodeArgs), _lib.AttentionDesc.kv_half.offset]
+            ctypes.sizeof(_lib.KVCacheDesc), ctypes.sizeof(_lib.DecodeArgs), _lib.AttentionDesc.kv_half.offset,
+            ctypes.sizeof(_lib.CoreInfo), _lib.CoreInfo.default_for.offset]
     assert got == want
 
 
@@ -128,6 +131,29 @@ def test_devices():
     assert ds[0]["selector"] == "ref"
     for d in ds[1:]:
         assert d["selector"].startswith("opencl:") and d["name"]
+
+
+def test_cores_match_the_cli():
+    keys = ["name", "kind", "supported", "reason", "default_for", "algorithm", "weights", "params", "test_configs"]
+    for device in DEVICES:
+        listed = clattn.cores(device)
+        assert [sorted(c) for c in listed] == [sorted(keys)] * len(listed)
+        cli = os.path.join(ROOT, "build", "clattn")
+        if os.path.exists(cli):  # the same list as `clattn cores --json`
+            out = subprocess.run([cli, "cores", "--json", "--device", device], capture_output=True, text=True,
+                                 check=True).stdout
+            assert [json.loads(line) for line in out.splitlines()] == listed
+        names = [c["name"] for c in listed]
+        assert {"unfused", "flash_rows", "flash_tiled", "decode_attend"} <= set(names)
+        if device == "ref":
+            assert not any(c["supported"] for c in listed)
+        else:
+            prefill = [cls for c in listed if c["kind"] == "prefill" for cls in c["default_for"]]
+            assert sorted(prefill) == sorted(["<=32", "<=64", "<=128", "<=256", ">256"])
+    a = clattn.Attention(2, device=DEVICES[-1])
+    assert a.core_used is None
+    a(np.zeros((1, 3, 16), np.float32))
+    assert a.core_used in names + ["ref"]
 
 
 # ---------------------------------------------------------------- attention parity

@@ -45,6 +45,7 @@ struct clattn_plan {
     double stage_ms[CLATTN_NSTAGES];
     const clattn_core *core;     /* the core it runs (NULL on ref) */
     clattn_core_params core_params; /* the parameters it was built with */
+    char core_params_text[128];  /* the same as text ("" on ref) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */
 };
 
@@ -67,6 +68,10 @@ extern const clattn_backend_ops clattn_backend_ref;    /* ref.c */
 extern const clattn_backend_ops clattn_backend_opencl; /* shell.c */
 /* The backend of a device (the table of backends, plan.c): decode and encoder plans choose theirs the same way. */
 const clattn_backend_ops *clattn_backend_of(const clattn_device *dev);
+/* The checks every execute_buffers entry point makes first: plan and buffers given, a backend with device
+ * buffers (on_buffers), a wait list whose count and pointer agree. */
+clattn_status clattn_buffers_call_check(const void *plan, const void *buffers, int on_buffers, const clattn_device *dev,
+                                        cl_uint nwait, const cl_event *wait);
 
 /* Validate the description and copy the weights (normalised to LINEAR): a plan with every field resolved
  * and no backend state yet. plan_create chooses the backend after it; decode plans keep it as their

@@ -146,10 +146,19 @@ static const clattn_backend_ops *const backends[] = {
     [CLATTN_BACKEND_OPENCL] = &clattn_backend_opencl,
 };
 
-const clattn_backend_ops *clattn_backend_of(const clattn_device *dev)
+const clattn_backend_ops *clattn_backend_of(const clattn_device *dev) { return backends[dev->backend]; }
+
+clattn_status clattn_buffers_call_check(const void *plan, const void *buffers, int on_buffers, const clattn_device *dev,
+                                        cl_uint nwait, const cl_event *wait)
 {
-    return (unsigned)dev->backend < sizeof backends / sizeof backends[0] && backends[dev->backend]
-               ? backends[dev->backend] : &clattn_backend_ref;
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
+    if (!on_buffers)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan "
+                           "is on %s)", dev->name);
+    if ((nwait == 0) != (wait == NULL))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    return CLATTN_STATUS_SUCCESS;
 }
 
 clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
@@ -249,6 +258,8 @@ const char *clattn_plan_core(const clattn_plan *plan)
     return !plan ? "" : plan->core ? plan->core->name : "ref";
 }
 
+const char *clattn_plan_core_params(const clattn_plan *plan) { return plan ? plan->core_params_text : ""; }
+
 int clattn_plan_tuned(const clattn_plan *plan) { return plan ? plan->tuned : 0; }
 
 const char *clattn_algorithm_name(clattn_algorithm a)
@@ -307,13 +318,8 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
                                           cl_event *event)
 {
     clattn_clear_error();
-    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
-    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
-    if (!plan->ops->execute_buffers)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "execution on cl_mem buffers needs an OpenCL device (this plan "
-                           "is on %s)", plan->device->name);
-    if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers, plan ? plan->device : NULL,
+                                  num_events_in_wait_list, event_wait_list));
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
     return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
 }

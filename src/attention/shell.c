@@ -139,6 +139,7 @@ static clattn_status shell_init(struct clattn_plan *p)
     TRY(clattn_core_create(p->device, CLATTN_CORE_PREFILL, &p->d, &c->lay, shell_floats(p), &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
+    clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
     p->tuned = c->core.tuned;
     /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run the projections */

@@ -44,7 +44,7 @@ static void usage_line(FILE *f)
                "  --kv-half: keys and values stored as IEEE half (rounded to nearest even), computed in fp32\n"
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
                "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
-               "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, time)\n"
+               "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
                "outputs in DIR: out.npy, and attn.npy with --need-weights\n");
@@ -528,7 +528,7 @@ static int mul_ok(size_t a, size_t b, size_t *out)
  * as its own decode step; out (B, T, out_width) gathers every step's rows. Reports like the plan path. */
 static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
                                 const dims *d, size_t P, const float *x, size_t out_width, float *out,
-                                size_t *parts, double *ms)
+                                size_t *parts, double *ms, char *core, size_t core_len)
 {
     const size_t B = d->B, T = d->Tq, E = d->E;
     desc.seq_q = P;
@@ -538,6 +538,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
     if (!xs || !os) goto done;
     if ((st = clattn_decode_plan_create(dev, &desc, w, &plan)) != CLATTN_STATUS_SUCCESS) goto done;
+    snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
     clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
                                .type = desc.kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
     cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
@@ -658,7 +659,9 @@ int clattn_cli_run(int argc, char **argv)
         }
         size_t parts = 1;
         double ms = 0.0;
-        clattn_status st = decode_run(dev, desc, &w, &d, o.decode_from, in.a[F_X].data, out_width, out, &parts, &ms);
+        char core[32] = "";
+        clattn_status st = decode_run(dev, desc, &w, &d, o.decode_from, in.a[F_X].data, out_width, out, &parts, &ms,
+                                      core, sizeof core);
         if (st != CLATTN_STATUS_SUCCESS) {
             say("decoding on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st), clattn_last_error());
             goto done;
@@ -670,6 +673,7 @@ int clattn_cli_run(int argc, char **argv)
                     o.kv_half ? "half" : "float");
             fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
                     "parts); %.1f ms\n", o.decode_from, d.Tq - o.decode_from, parts, ms);
+            fprintf(stderr, "clattn run: core %s\n", core);
         }
         if (write_outputs(o.out, &d, out_width, out, NULL) == 0) code = EXIT_OK;
         goto done;
@@ -719,8 +723,10 @@ int clattn_cli_run(int argc, char **argv)
                     r.batch, r.seq_q, r.cross ? r.seq_kv : r.seq_q, r.embed, r.cross ? " (cross)" : "", r.heads,
                     r.kv_heads, r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", r.window,
                     r.kv_half ? "half" : "float", (double)r.scale);
-            fprintf(stderr, "clattn run: algorithm %s; plan %.1f ms, execute %.1f ms\n",
-                    alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), t1 - t0, t3 - t2);
+            fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",
+                    alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(plan),
+                    clattn_plan_core_params(plan)[0] ? " (" : "", clattn_plan_core_params(plan),
+                    clattn_plan_core_params(plan)[0] ? ")" : "", t1 - t0, t3 - t2);
             const char *tf = clattn_device_tune_file(dev), *tn = clattn_device_tune_notice(dev);
             fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
                     clattn_plan_tuned(plan) ? tf : "");

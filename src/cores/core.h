@@ -164,10 +164,4 @@ void clattn_flash_release(void *state);
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len);
 
-/* ---- the registered cores */
-extern const clattn_core clattn_core_unfused;
-extern const clattn_core clattn_core_flash_rows;
-extern const clattn_core clattn_core_flash_tiled;
-extern const clattn_core clattn_core_decode_attend;
-
 #endif

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled;
+extern const clattn_core clattn_core_decode_attend;
+
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
     &clattn_core_flash_rows,

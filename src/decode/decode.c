@@ -74,8 +74,7 @@ clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_atte
     }
     dp->base = base;
     dp->last_parts = 1;
-    dp->ops = (unsigned)device->backend < sizeof backends / sizeof backends[0] && backends[device->backend]
-                  ? backends[device->backend] : &clattn_decode_ref;
+    dp->ops = backends[device->backend];
     if (dp->ops->init && (st = dp->ops->init(dp)) != CLATTN_STATUS_SUCCESS) {
         clattn_decode_plan_free(dp);
         return st;

@@ -111,6 +111,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     TRY(clattn_core_create(dev, CLATTN_CORE_DECODE, &p->d, &c->lay, own, &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
+    clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
     TRY(clattn_linear_build(dev, &c->lin));
     char opts[160];

@@ -27,11 +27,7 @@ static const clattn_encoder_ops *const backends[] = {
     [CLATTN_BACKEND_OPENCL] = &clattn_encoder_opencl,
 };
 
-static const clattn_encoder_ops *backend_of(const clattn_device *dev)
-{
-    return (unsigned)dev->backend < sizeof backends / sizeof backends[0] && backends[dev->backend]
-               ? backends[dev->backend] : &clattn_encoder_ref;
-}
+static const clattn_encoder_ops *backend_of(const clattn_device *dev) { return backends[dev->backend]; }
 
 /* ---------------------------------------------------------------- validation */
 
@@ -171,13 +167,8 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
                                                   cl_event *event)
 {
     clattn_clear_error();
-    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
-    if (!buffers) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers is NULL");
-    if (!plan->ops->execute_buffers)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED,
-                           "execution on cl_mem buffers needs an OpenCL device (this plan is on %s)", plan->device->name);
-    if ((num_events_in_wait_list == 0) != (event_wait_list == NULL))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "num_events_in_wait_list and event_wait_list disagree");
+    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers, plan ? plan->device : NULL,
+                                  num_events_in_wait_list, event_wait_list));
     const size_t N = plan->rows, E = plan->E;
     TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, N * E, sizeof(float), "x"));
     if (plan->d.attn.key_padding_mask)

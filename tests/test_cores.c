@@ -1,0 +1,311 @@
+/* test_cores.c: the attention cores as registered units (src/cores/registry.c, src/attention/select.c).
+ *   list     clattn_core_count / clattn_core_describe on no device, ref and the OpenCL device: every core
+ *            once, its kind, supported or why not, and exactly one AUTO default per head-size class and
+ *            kind (flash_rows, then unfused above 256, on a CPU device)
+ *   choice   what AUTO, FUSED, UNFUSED and need_weights plans run, and clattn_plan_core /
+ *            clattn_decode_plan_core / clattn_encoder_plan_core naming it
+ *   forced   CLATTN_CORE=NAME[:P=V,...]: the core on the plans that can use it, computing the oracle's
+ *            numbers with its parameters; a plan it cannot serve refused with its reason, never given
+ *            another core; unknown cores, parameters and values refused naming what exists; the older
+ *            names' meaning kept (a preference)
+ *   cli      `clattn cores` and `clattn cores --json` (the keys the ctest generator reads) on ref and OpenCL */
+#include "oracle.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static void clean_env(void)
+{
+    unsetenv("CLATTN_CORE");
+    unsetenv("CLATTN_FLASH");
+    unsetenv("CLATTN_ATTENTION");
+    unsetenv("CLATTN_SOFTMAX");
+    setenv("CLATTN_TUNE", "0", 1); /* the defaults, whatever tuning file this machine has */
+}
+
+TestSuite(cores, .init = clean_env, .timeout = 600);
+
+static int is_cpu(clattn_device *dev)
+{
+    cl_device_id id;
+    cl_device_type t = 0;
+    clGetCommandQueueInfo(clattn_device_queue(dev), CL_QUEUE_DEVICE, sizeof id, &id, NULL);
+    clGetDeviceInfo(id, CL_DEVICE_TYPE, sizeof t, &t, NULL);
+    return (t & CL_DEVICE_TYPE_CPU) != 0;
+}
+
+static clattn_core_info info_of(const clattn_device *dev, const char *name)
+{
+    clattn_core_info c;
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        cr_assert_eq(clattn_core_describe(dev, i, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (strcmp(c.name, name) == 0) return c;
+    }
+    cr_assert_fail("no core %s", name);
+    return c;
+}
+
+Test(cores, list)
+{
+    const size_t n = clattn_core_count();
+    cr_assert_geq(n, 4);
+    clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
+    unsigned defaults[2] = {0, 0}; /* per kind: the classes some core is AUTO's default for */
+    for (size_t i = 0; i < n; i++) {
+        clattn_core_info none, onref, c;
+        cr_assert_eq(clattn_core_describe(NULL, i, &none), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_core_describe(ref, i, &onref), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_core_describe(cl, i, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_str_eq(none.name, c.name);
+        cr_assert(!none.supported && !onref.supported && none.default_for == 0 && onref.default_for == 0);
+        cr_assert(strstr(onref.reason, "ref"), "%s: %s", onref.name, onref.reason);
+        cr_assert(c.kind == CLATTN_CORE_PREFILL || c.kind == CLATTN_CORE_DECODE);
+        cr_assert(c.algorithm == CLATTN_ALGORITHM_FUSED || c.algorithm == CLATTN_ALGORITHM_UNFUSED);
+        cr_assert(c.supported == (c.reason[0] == '\0'), "%s: supported %d, reason '%s'", c.name, c.supported, c.reason);
+        cr_assert_eq(c.default_for & defaults[c.kind], 0u, "%s: a second default for a class", c.name);
+        defaults[c.kind] |= c.default_for;
+        for (size_t k = 0; k < i; k++) {
+            clattn_core_info o;
+            clattn_core_describe(NULL, k, &o);
+            cr_assert_str_neq(o.name, c.name, "core %s registered twice", c.name);
+        }
+    }
+    cr_assert_eq(defaults[CLATTN_CORE_PREFILL], 0x1Fu, "every head-size class has a prefill default");
+    cr_assert_eq(defaults[CLATTN_CORE_DECODE], 0x0Fu, "head sizes up to 256 have a decode default");
+    const clattn_core_info rows = info_of(cl, "flash_rows"), tiled = info_of(cl, "flash_tiled");
+    const clattn_core_info unfused = info_of(cl, "unfused"), dec = info_of(cl, "decode_attend");
+    cr_assert(rows.supported && tiled.supported && unfused.supported && dec.supported);
+    cr_assert(unfused.produces_weights && !rows.produces_weights && !tiled.produces_weights);
+    cr_assert_eq(unfused.algorithm, CLATTN_ALGORITHM_UNFUSED);
+    cr_assert_eq(dec.kind, CLATTN_CORE_DECODE);
+    cr_assert_str_eq(rows.params, "ROWS BK VW");
+    cr_assert_str_eq(unfused.test_configs, "SOFTMAX=rows SOFTMAX=item");
+    cr_assert(unfused.default_for & 0x10u, "above 256 only the unfused core takes a plan");
+    if (is_cpu(cl)) cr_assert_eq(rows.default_for, 0x0Fu, "a CPU device's fused core is flash_rows");
+    else cr_assert_eq(tiled.default_for, 0x0Fu, "a GPU's fused core is flash_tiled");
+    clattn_core_info c;
+    cr_assert_eq(clattn_core_describe(cl, n, &c), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_core_describe(cl, 0, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_str_eq(clattn_head_class_label(0), "<=32");
+    cr_assert_str_eq(clattn_head_class_label(4), ">256");
+    cr_assert_str_eq(clattn_head_class_label(5), "?");
+    clattn_device_free(ref);
+    clattn_device_free(cl);
+}
+
+/* A self-attention plan of head size d (E = 2d, 2 heads) on dev: created (or its status), run against the
+ * float64 oracle; the core it ran into core. */
+static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg, int need_weights, char *core,
+                              size_t len)
+{
+    tu_rng r = {d * 7 + (size_t)alg};
+    const size_t B = 2, T = 19, H = 2, E = H * d;
+    const float ws = 1.0f / sqrtf((float)E); /* nn.Linear's initialisation: activations of order 1 */
+    float *w[4], *x = tu_random(&r, B * T * E, -1, 1), *b = tu_random(&r, E, -0.5f, 0.5f);
+    for (int i = 0; i < 4; i++) w[i] = tu_random(&r, E * E, -ws, ws);
+    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = d, .out_dim = E,
+                                  .causal = 1, .algorithm = alg, .need_weights = need_weights};
+    clattn_attention_weights wt = {.w_query = w[0], .w_key = w[1], .w_value = w[2], .w_out = w[3], .b_query = b,
+                                   .b_value = b};
+    clattn_plan *p = NULL;
+    const clattn_status st = clattn_plan_create(dev, &desc, &wt, &p);
+    if (st == CLATTN_STATUS_SUCCESS) {
+        snprintf(core, len, "%s", clattn_plan_core(p));
+        float *out = tu_poisoned(B * T * E);
+        clattn_attention_args a = {.x = x, .out = out};
+        cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        double *want = malloc(B * T * E * sizeof *want);
+        cr_assert_eq(oracle_attention(&desc, &wt, &a, want, NULL), 0);
+        char msg[256];
+        cr_assert_eq(oracle_compare(out, want, B * T * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s: %s", core, msg);
+        clattn_plan_free(p);
+        free(out), free(want);
+    } else {
+        cr_assert_null(p);
+        core[0] = '\0';
+    }
+    for (int i = 0; i < 4; i++) free(w[i]);
+    free(x), free(b);
+    return st;
+}
+
+Test(cores, choice)
+{
+    clattn_device *cl = tu_open_opencl(), *ref = tu_open_ref();
+    char core[32];
+    static const size_t heads[] = {8, 64, 96, 256, 300};
+    for (int k = 0; k < 5; k++) {
+        const int cls = k == 2 ? 2 : k == 4 ? 4 : k;
+        clattn_core_info def;
+        for (size_t i = 0; i < clattn_core_count(); i++) {
+            clattn_core_describe(cl, i, &def);
+            if (def.kind == CLATTN_CORE_PREFILL && (def.default_for & (1u << cls))) break;
+        }
+        cr_assert_eq(plan_run(cl, heads[k], CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS,
+                     "%s", clattn_last_error());
+        cr_assert_str_eq(core, def.name, "AUTO at head size %zu runs %s, the listed default is %s", heads[k], core,
+                         def.name);
+    }
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 1, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "unfused", "need_weights: the core that makes them");
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_UNFUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "unfused");
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert(strncmp(core, "flash_", 6) == 0, "FUSED runs %s", core);
+    cr_assert_eq(plan_run(cl, 300, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "FUSED") && strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
+    cr_assert_eq(plan_run(ref, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "ref");
+    cr_assert_str_eq(clattn_plan_core(NULL), "");
+    /* decode and encoder plans name theirs */
+    clattn_attention_desc dd = {.batch = 1, .seq_q = 2, .embed = 16, .heads = 2, .causal = 1};
+    clattn_decode_plan *dp = NULL;
+    cr_assert_eq(clattn_decode_plan_create(cl, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_decode_plan_core(dp), "decode_attend");
+    clattn_decode_plan_free(dp);
+    cr_assert_eq(clattn_decode_plan_create(ref, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(clattn_decode_plan_core(dp), "ref");
+    clattn_decode_plan_free(dp);
+    clattn_device_free(cl);
+    clattn_device_free(ref);
+}
+
+Test(cores, forced)
+{
+    clattn_device *cl = tu_open_opencl();
+    char core[32];
+    /* every prefill core, forced, runs the plans that can use it and computes the oracle's numbers */
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_info c;
+        clattn_core_describe(cl, i, &c);
+        if (c.kind != CLATTN_CORE_PREFILL || !c.supported) continue;
+        setenv("CLATTN_CORE", c.name, 1);
+        cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s: %s",
+                     c.name, clattn_last_error());
+        cr_assert_str_eq(core, c.name);
+        cr_assert_eq(plan_run(cl, 8, c.algorithm, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+        cr_assert_str_eq(core, c.name);
+        /* a plan whose description excludes it keeps its own core */
+        const clattn_algorithm other = c.algorithm == CLATTN_ALGORITHM_FUSED ? CLATTN_ALGORITHM_UNFUSED
+                                                                             : CLATTN_ALGORITHM_FUSED;
+        cr_assert_eq(plan_run(cl, 8, other, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+        cr_assert_str_neq(core, c.name);
+        if (!c.produces_weights) {
+            cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 1, core, sizeof core), CLATTN_STATUS_SUCCESS);
+            cr_assert_str_eq(core, "unfused");
+            /* a plan it cannot serve: refused with its reason and the variable, never another core */
+            cr_assert_eq(plan_run(cl, 300, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
+            cr_assert(strstr(clattn_last_error(), "CLATTN_CORE") && strstr(clattn_last_error(), c.name) &&
+                      strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
+        }
+    }
+    /* parameters: valid ones run; unknown names, values not in the space and values that do not fit are refused */
+    setenv("CLATTN_CORE", "flash_rows:ROWS=4,BK=8", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    cr_assert_str_eq(core, "flash_rows");
+    setenv("CLATTN_CORE", "flash_tiled:BQ=4,BKT=8,NS=2", 1);
+    cr_assert_eq(plan_run(cl, 16, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    setenv("CLATTN_CORE", "unfused:SOFTMAX=rows", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 1, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "unfused");
+    const struct { const char *env; clattn_status st; const char *needle; } bad[] = {
+        {"flash_magic", CLATTN_STATUS_INVALID_ARGUMENT, "flash_rows"},
+        {"flash_rows:ROWS=3", CLATTN_STATUS_INVALID_ARGUMENT, "the values are"},
+        {"flash_rows:ROWS", CLATTN_STATUS_INVALID_ARGUMENT, "PARAMETER=VALUE"},
+        {"flash_rows:TILE=4", CLATTN_STATUS_INVALID_ARGUMENT, "has no parameter"},
+        {"unfused:SOFTMAX=fast", CLATTN_STATUS_INVALID_ARGUMENT, "rows, item"},
+        {"flash_tiled:BQ=64,NS=16", CLATTN_STATUS_UNSUPPORTED, "does not fit"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("CLATTN_CORE", bad[i].env, 1);
+        cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), bad[i].st, "%s: %s", bad[i].env,
+                     clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: '%s' lacks '%s'", bad[i].env, clattn_last_error(),
+                  bad[i].needle);
+    }
+    setenv("CLATTN_CORE", "flash_rows:VW=8", 1); /* head size 4: the vector width does not divide it */
+    cr_assert_eq(plan_run(cl, 4, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "does not fit"), "%s", clattn_last_error());
+    /* a decode core forced: prefill plans keep theirs, decode plans run it */
+    setenv("CLATTN_CORE", "decode_attend", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_neq(core, "decode_attend");
+    unsetenv("CLATTN_CORE");
+    /* the older names keep their meaning: a core tried first, the usual choice when it cannot serve */
+    setenv("CLATTN_FLASH", "tiled", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "flash_tiled");
+    cr_assert_eq(plan_run(cl, 300, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "unfused");
+    setenv("CLATTN_FLASH", "wide", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_INVALID_ARGUMENT);
+    unsetenv("CLATTN_FLASH");
+    setenv("CLATTN_ATTENTION", "unfused", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(core, "unfused");
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_neq(core, "unfused");
+    unsetenv("CLATTN_ATTENTION");
+    clattn_device_free(cl);
+}
+
+/* stdout of `clattn ARGS` (stderr appended), its exit status in *rc. */
+static char *cli(const char *args, int *rc)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CLATTN_CLI_PATH, args);
+    FILE *f = popen(cmd, "r");
+    cr_assert(f, "popen %s", cmd);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (n + 1 < cap && fgets(buf + n, (int)(cap - n), f)) n += strlen(buf + n);
+    buf[n] = '\0';
+    const int st = pclose(f);
+    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+Test(cores, cli)
+{
+    char args[300];
+    int rc;
+    snprintf(args, sizeof args, "cores --json --device %s", tu_opencl_spec());
+    char *out = cli(args, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    size_t lines = 0;
+    for (char *l = out; *l; l = strchr(l, '\n') + 1, lines++) {
+        cr_assert(l[0] == '{' && strchr(l, '\n') && strchr(l, '\n')[-1] == '}', "not one JSON object a line: %s", l);
+        static const char *keys[] = {"\"name\":\"", "\"kind\":\"", "\"supported\":", "\"reason\":\"",
+                                     "\"default_for\":[", "\"test_configs\":["};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            cr_assert(strstr(l, keys[k]) && strstr(l, keys[k]) < strchr(l, '\n'), "no %s in %s", keys[k], l);
+    }
+    cr_assert_eq(lines, clattn_core_count());
+    cr_assert(strstr(out, "{\"name\":\"unfused\",\"kind\":\"prefill\",\"supported\":true,\"reason\":\"\""), "%s", out);
+    cr_assert(strstr(out, "\"name\":\"decode_attend\",\"kind\":\"decode\""), "%s", out);
+    free(out);
+    out = cli("cores --device ref --json", &rc);
+    cr_assert_eq(rc, 0);
+    cr_assert(strstr(out, "\"name\":\"flash_rows\",\"kind\":\"prefill\",\"supported\":false,\"reason\":\"the ref"),
+              "%s", out);
+    cr_assert(strstr(out, "\"default_for\":[]"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "cores --device %s", tu_opencl_spec());
+    out = cli(args, &rc);
+    cr_assert_eq(rc, 0);
+    cr_assert(strstr(out, "CORE") && strstr(out, "flash_tiled    prefill  yes"), "%s", out);
+    free(out);
+    out = cli("cores --bogus", &rc);
+    cr_assert_eq(rc, 2, "%s", out);
+    free(out);
+    out = cli("cores --device nosuchthing", &rc);
+    cr_assert_neq(rc, 0, "%s", out);
+    free(out);
+}
