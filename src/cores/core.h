@@ -141,6 +141,9 @@ void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
 int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len);
 /* The vector width along the head dimension that divides both head sizes: 8, 4 or 1. */
 size_t clattn_core_head_vector(size_t dk, size_t dv);
+/* Query rows a work-item keeps in registers (flash_rows, decode_attend): 16, or 8 for value heads above
+ * 128, whose accumulators would not stay in registers (PoCL measurements, bench/results/pocl-2core.md). */
+size_t clattn_core_register_rows(size_t dv);
 
 /* ---- the flash family (flash.c): fused kernels with one signature, each one .cl file and one entry.
  * The kernel reads Q, K, V rows and writes merged rows (cores/flash_common.cl); a spec says how it is

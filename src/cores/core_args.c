@@ -39,6 +39,8 @@ size_t clattn_core_head_vector(size_t dk, size_t dv)
     return dk % 8 == 0 && dv % 8 == 0 ? 8 : dk % 4 == 0 && dv % 4 == 0 ? 4 : 1;
 }
 
+size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
+
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage)
 {
     return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;

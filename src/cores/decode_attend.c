@@ -56,7 +56,7 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
 {
     (void)core, (void)caps;
     p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
-    p->v[R] = d->head_dim_v > 128 ? 8 : 16;
+    p->v[R] = clattn_core_register_rows(d->head_dim_v);
     return 1;
 }
 

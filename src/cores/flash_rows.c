@@ -16,13 +16,13 @@ static const clattn_core_param params[] = {
 };
 
 /* Defaults on every device class (PoCL measurements, bench/results/pocl-2core-fused-registers.jsonl):
- * 16 rows per work-item (8 for value heads above 128, whose accumulators would not stay in registers),
- * blocks of 16 keys (one float16 exp), the widest vector that divides both head sizes. */
+ * the register rows (16, 8 above 128), blocks of 16 keys (one float16 exp), the widest vector that
+ * divides both head sizes. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
     (void)core, (void)caps;
-    p->v[ROWS] = d->head_dim_v > 128 ? 8 : 16;
+    p->v[ROWS] = clattn_core_register_rows(d->head_dim_v);
     p->v[BK] = 16;
     p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
     return 1;
