@@ -79,7 +79,10 @@ CLATTN_API const char *clattn_last_build_log(void);
  * options and the sources: in $CLATTN_CACHE_DIR, else $XDG_CACHE_HOME/clattn/kernels, else
  * ~/.cache/clattn/kernels. CLATTN_PROGRAM_CACHE=0 turns it off. A missing, truncated, corrupted or foreign
  * file is ignored (the kernels are compiled again and the file rewritten); an unwritable directory only
- * means no cache. CLBlast's GEMM kernels are CLBlast's own (compiled at first use in a process).
+ * means no cache. The cache holds native code, so it is trusted only when it is private: a directory or a
+ * file that is not the user's, or that group or others may write, a symbolic link or anything but a
+ * regular file in an entry's place, is not used, and clattn_kernel_cache_notice says why. CLBlast's GEMM
+ * kernels are CLBlast's own (compiled at first use in a process).
  *
  * A notice for programs that are about to be compiled from source (not loaded from that cache): the
  * library itself never prints; a program can, e.g. "compiling kernels; later runs use the cache".
@@ -87,6 +90,9 @@ CLATTN_API const char *clattn_last_build_log(void);
  * Process-wide; set it before creating plans. */
 typedef void (*clattn_build_notice_fn)(const char *device_name, void *user);
 CLATTN_API void clattn_set_build_notice(clattn_build_notice_fn fn, void *user);
+/* The last thing the kernel cache refused to use in this process, and why ("" = nothing): a directory or
+ * file not private to the user, a link or a special file in an entry's place. */
+CLATTN_API const char *clattn_kernel_cache_notice(void);
 
 /* ---------------------------------------------------------------- devices */
 

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -176,6 +178,8 @@ static const char *cl_spec(void) { return tu_opencl_spec(); }
 
 #define ENV_UNSET ((const char *)0)
 
+static rlim_t fsize_limit; /* run_cli's child may write files of at most this many bytes (0: no limit) */
+
 /* Run CLATTN_CLI_PATH with args (NULL-terminated, without argv[0]) and
  * CLATTN_DEVICE = env_device (ENV_UNSET: removed). stdout and stderr go to
  * files in root; *err gets stderr (malloc'd). Returns the exit status. */
@@ -196,6 +200,11 @@ static int run_cli(const char *const *args, const char *env_device, char **err)
         close(fe), close(fo);
         if (env_device) setenv("CLATTN_DEVICE", env_device, 1);
         else unsetenv("CLATTN_DEVICE");
+        if (fsize_limit) { /* a full disk, as far as the process can tell: writes past it fail with EFBIG */
+            struct rlimit rl = {fsize_limit, fsize_limit};
+            signal(SIGXFSZ, SIG_IGN);
+            if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(125);
+        }
         execv(CLATTN_CLI_PATH, (char *const *)argv);
         _exit(127);
     }
@@ -899,6 +908,82 @@ Test(cli, all_or_nothing_outputs)
     cr_assert(strncmp(err, "clattn run: out.npy", 19) == 0, "stderr: %s", err);
     free(err);
     cr_assert_neq(access(path_in(out_dir, "attn.npy"), F_OK), 0, "attn.npy was written");
+}
+
+/* Outputs are never half-written: each goes to a temporary file in --out, renamed into place when all are
+ * written. A full disk on the second file leaves the first run's files as they were and no temporary file;
+ * a link at out.npy is replaced, its target untouched; a FIFO at out.npy is replaced, without a hang; a FIFO
+ * as an input is refused, without a hang. */
+static void spill_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(cli, outputs_never_half_written, .timeout = 120)
+{
+    const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--device", "ref",
+                          "--need-weights", NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
+    free(err);
+    struct stat so, sa;
+    cr_assert(stat(path_in(out_dir, "out.npy"), &so) == 0 && stat(path_in(out_dir, "attn.npy"), &sa) == 0);
+    cr_assert_gt(sa.st_size, so.st_size + 64, "the case's weights are not larger than its output");
+    /* the files of an earlier run, then a disk that fills up during attn.npy */
+    spill_text(path_in(out_dir, "out.npy"), "an earlier out.npy");
+    spill_text(path_in(out_dir, "attn.npy"), "an earlier attn.npy");
+    fsize_limit = (rlim_t)so.st_size + 64;
+    const int rc = run_cli(args, ENV_UNSET, &err);
+    fsize_limit = 0;
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "attn.npy"), "stderr: %s", err);
+    free(err);
+    size_t n;
+    char *text = (char *)read_all(path_in(out_dir, "out.npy"), &n);
+    cr_assert(n == 18 && memcmp(text, "an earlier out.npy", 18) == 0, "out.npy changed by a failed run");
+    free(text);
+    text = (char *)read_all(path_in(out_dir, "attn.npy"), &n);
+    cr_assert(n == 19 && memcmp(text, "an earlier attn.npy", 19) == 0, "attn.npy changed by a failed run");
+    free(text);
+    cr_assert_eq(dir_entries(out_dir), 2, "a temporary file was left in --out");
+    /* a link at out.npy: replaced by the output, its target untouched */
+    char victim[300];
+    snprintf(victim, sizeof victim, "%s/victim.txt", root);
+    spill_text(victim, "not an output");
+    cr_assert_eq(remove(path_in(out_dir, "out.npy")), 0);
+    cr_assert_eq(symlink(victim, path_in(out_dir, "out.npy")), 0);
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
+    free(err);
+    text = (char *)read_all(victim, &n);
+    cr_assert(n == 13 && memcmp(text, "not an output", 13) == 0, "the link's target was written");
+    free(text);
+    struct stat sl;
+    cr_assert(lstat(path_in(out_dir, "out.npy"), &sl) == 0 && S_ISREG(sl.st_mode), "out.npy is not a file now");
+    clattn_npy a;
+    load(path_in(out_dir, "out.npy"), &a);
+    clattn_npy_free(&a);
+    /* a FIFO at out.npy: replaced, no hang */
+    cr_assert_eq(remove(path_in(out_dir, "out.npy")), 0);
+    cr_assert_eq(mkfifo(path_in(out_dir, "out.npy"), 0600), 0);
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
+    free(err);
+    cr_assert(lstat(path_in(out_dir, "out.npy"), &sl) == 0 && S_ISREG(sl.st_mode), "out.npy is not a file now");
+    /* a FIFO as an input: refused by name, no hang */
+    const size_t xs[3] = {1, 3, 4};
+    const float x[12] = {0};
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    const char *args2[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "2", "--device", "ref", NULL};
+    cr_assert_eq(run_cli(args2, ENV_UNSET, &err), 0, "%s", err);
+    free(err);
+    cr_assert_eq(remove(path_in(in_dir, "x.npy")), 0);
+    cr_assert_eq(mkfifo(path_in(in_dir, "x.npy"), 0600), 0);
+    cr_assert_eq(run_cli(args2, ENV_UNSET, &err), 1, "%s", err);
+    cr_assert(strstr(err, "not a regular file"), "stderr: %s", err);
+    free(err);
+    remove(victim);
 }
 
 /* ---------------------------------------------------------------- grouped-query, window, half K/V, decoding */

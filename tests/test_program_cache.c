@@ -2,7 +2,10 @@
  * its programs instead of compiling them; every kind of bad file (truncated, corrupted, another key, an
  * absurd length, a binary the driver refuses, an empty file, a directory in its place, an unwritable or
  * absent cache directory, the cache turned off) falls back to compiling, computes the right answer
- * (against the float64 oracle), and, where it can, rewrites the file. Each test has its own directory. */
+ * (against the float64 oracle), and, where it can, rewrites the file. The cache is trusted only when it is
+ * private: a directory or entry others can write or that is not the user's, a link, a FIFO, a file moved
+ * under another key with its checksum recomputed, is never loaded, and the notice says why. Each test has
+ * its own directory. */
 #include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -127,20 +131,23 @@ static void spill(const char *path, const void *b, size_t n)
     fclose(f);
 }
 
-static uint64_t fnv(const unsigned char *p, size_t n)
+/* fnv64 of a then b, as the file's checksum runs over the key, then the binary */
+static uint64_t fnv2(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < na; i++) h = (h ^ a[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < nb; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
 /* Apply the damage to one cache file, by its documented layout:
- * "CLATTN-PROGRAM 1\n", u64 key length, key, u64 binary length, binary, u64 fnv64(binary). */
+ * "CLATTN-PROGRAM 2\n", u64 key length, key, u64 binary length, binary, u64 fnv64(key, binary). */
 static void hurt(const char *path, damage how)
 {
     size_t n;
     unsigned char *b = slurp(path, &n);
-    const size_t m = 17; /* strlen("CLATTN-PROGRAM 1\n") */
+    const size_t m = 17; /* strlen("CLATTN-PROGRAM 2\n") */
+    cr_assert(memcmp(b, "CLATTN-PROGRAM 2\n", m) == 0, "not the documented magic");
     uint64_t klen, blen;
     memcpy(&klen, b + m, 8);
     memcpy(&blen, b + m + 8 + klen, 8);
@@ -162,7 +169,7 @@ static void hurt(const char *path, damage how)
         const uint64_t len = 1000;
         memcpy(g + m + 8 + klen, &len, 8);
         for (size_t i = 0; i < 1000; i++) g[bin_at + i] = (unsigned char)(i * 37 + 11);
-        const uint64_t sum = fnv(g + bin_at, 1000);
+        const uint64_t sum = fnv2(b + m + 8, klen, g + bin_at, 1000);
         memcpy(g + bin_at + 1000, &sum, 8);
         spill(path, g, bin_at + 1000 + 8);
         free(g);
@@ -238,4 +245,104 @@ Test(cache, off_absent_or_unusable_directory)
     rmdir(sub);
     snprintf(p, sizeof p, "%s/a", dir);
     rmdir(p);
+}
+
+/* The trust rules: a cache others can write, or that is not the user's, is not used; a link or a FIFO in an
+ * entry's place is never opened as one (and a FIFO cannot hang the plan); the notice names the reason.
+ * After each case the plan is right (the oracle, in plan_once), and a private cache works again. */
+static void expect_refused(clattn_device *dev, const char *needle, const char *what, int whole)
+{
+    long loaded, built;
+    plan_once(dev, &loaded, &built);
+    if (whole) cr_assert(built > 0 && loaded == 0, "%s: %ld built, %ld loaded", what, built, loaded);
+    else cr_assert(built == 1, "%s: %ld built, %ld loaded", what, built, loaded);
+    cr_assert(strstr(clattn_kernel_cache_notice(), needle), "%s: notice '%s' lacks '%s'", what,
+              clattn_kernel_cache_notice(), needle);
+}
+
+Test(cache, trusted_only_when_private)
+{
+    clattn_device *dev = tu_open_opencl();
+    long loaded, built;
+    plan_once(dev, &loaded, &built); /* the files */
+    char paths[16][512];
+    const size_t n = bins(paths, 16);
+    cr_assert(n > 0);
+    /* the directory: writable by others (a sticky /tmp-like 1777), by the group */
+    cr_assert_eq(chmod(dir, 01777), 0);
+    expect_refused(dev, "written by others", "a directory mode 1777", 1);
+    cr_assert_eq(chmod(dir, 0770), 0);
+    expect_refused(dev, "written by its group", "a directory mode 0770", 1);
+    cr_assert_eq(chmod(dir, 0700), 0);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 0 && loaded > 0, "a private directory again: %ld built", built);
+    /* an entry others can write: not loaded, then rewritten private */
+    cr_assert_eq(chmod(paths[0], 0666), 0);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 1, "an entry mode 0666: %ld built", built);
+    cr_assert(strstr(clattn_kernel_cache_notice(), "entry"), "%s", clattn_kernel_cache_notice());
+    struct stat st;
+    cr_assert(stat(paths[0], &st) == 0 && (st.st_mode & 0077) == 0, "the entry was not rewritten private");
+    /* a symbolic link in an entry's place, to a good copy: never followed */
+    char copy[600];
+    snprintf(copy, sizeof copy, "%s.copy", paths[0]);
+    cr_assert_eq(rename(paths[0], copy), 0);
+    cr_assert_eq(symlink(copy, paths[0]), 0);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 1, "a link: %ld built", built);
+    cr_assert(strstr(clattn_kernel_cache_notice(), "symbolic link"), "%s", clattn_kernel_cache_notice());
+    cr_assert(lstat(paths[0], &st) == 0 && S_ISREG(st.st_mode), "the link was not replaced by a file");
+    cr_assert_eq(remove(copy), 0);
+    /* a FIFO: not opened for reading as an entry, no hang */
+    cr_assert_eq(remove(paths[0]), 0);
+    cr_assert_eq(mkfifo(paths[0], 0600), 0);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 1, "a FIFO: %ld built", built);
+    cr_assert(strstr(clattn_kernel_cache_notice(), "not a regular file"), "%s", clattn_kernel_cache_notice());
+    /* another user's entry and directory (only root can make them) */
+    if (geteuid() == 0) {
+        cr_assert_eq(chown(paths[0], 4242, 4242), 0);
+        expect_refused(dev, "belongs to uid 4242", "an entry of another user", 0);
+        plan_once(dev, &loaded, &built); /* rewritten as ours */
+        cr_assert_eq(chown(dir, 4242, 4242), 0);
+        expect_refused(dev, "belongs to uid 4242", "a directory of another user", 1);
+        cr_assert_eq(chown(dir, 0, 0), 0);
+    } else {
+        cr_log_info("not root: the foreign-owner cases need chown");
+    }
+    clattn_device_free(dev);
+}
+
+/* A file moved under another key, its key rewritten to that key and its checksum recomputed over the binary
+ * (the old format's checksum): the checksum covers the key, so it is never loaded. */
+Test(cache, moved_entry_with_recomputed_checksum)
+{
+    clattn_device *dev = tu_open_opencl();
+    long loaded, built;
+    plan_once(dev, &loaded, &built);
+    char paths[16][512];
+    const size_t n = bins(paths, 16);
+    cr_assert(n >= 2, "the plan builds several programs");
+    size_t na, nb;
+    unsigned char *a = slurp(paths[0], &na), *b = slurp(paths[1], &nb);
+    const size_t m = 17;
+    uint64_t ka, kb, blen;
+    memcpy(&ka, a + m, 8);
+    memcpy(&kb, b + m, 8);
+    memcpy(&blen, a + m + 8 + ka, 8);
+    /* B's header and key, A's binary, a checksum over the binary alone */
+    const size_t total = m + 8 + kb + 8 + blen + 8;
+    unsigned char *forged = malloc(total);
+    memcpy(forged, b, m + 8 + kb);
+    memcpy(forged + m + 8 + kb, &blen, 8);
+    memcpy(forged + m + 8 + kb + 8, a + m + 8 + ka + 8, blen);
+    uint64_t sum = fnv2(NULL, 0, a + m + 8 + ka + 8, blen);
+    memcpy(forged + total - 8, &sum, 8);
+    spill(paths[1], forged, total);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 1 && loaded == (long)n - 1, "the forged entry: %ld built, %ld loaded", built, loaded);
+    /* the same with the checksum over B's key and A's binary, as clattn writes it: a valid entry of B's
+     * (the check that remains is the driver's; the binary of another program may still load) */
+    free(a), free(b), free(forged);
+    clattn_device_free(dev);
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char path[64];
@@ -172,6 +173,12 @@ Test(tune, files)
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(notice[0], "a binary file gave no notice");
     free(big);
+    /* a FIFO in the file's place: no hang, a notice */
+    unlink(path);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "not a regular file"), "%s", notice);
+    unlink(path);
     /* CLATTN_TUNE=0: a valid file is not read */
     snprintf(text, sizeof text, "%score flash_rows 0 ROWS=8,BK=16,VW=4\n", head);
     write_file(text);

@@ -348,10 +348,21 @@ int clattn_cli_encoder(int argc, char **argv)
                   clattn_last_error());
         goto done;
     }
-    char path[4096], err[512];
+    /* a temporary file renamed into place: a failure leaves --out as it was, a link is never followed */
+    char path[4096], tmp[4200], err[512];
     snprintf(path, sizeof path, "%s/out.npy", o.out);
-    if (clattn_npy_save_f32(path, out, in.a[X].ndim, in.a[X].shape, err, sizeof err) != 0) {
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        rc = fail(1, "out.npy: '%s' is a directory", path);
+        goto done;
+    }
+    if (clattn_npy_save_f32_temp(path, out, in.a[X].ndim, in.a[X].shape, tmp, sizeof tmp, err, sizeof err) != 0) {
         rc = fail(1, "out.npy: %s", err);
+        goto done;
+    }
+    if (rename(tmp, path) != 0) {
+        rc = fail(1, "out.npy: cannot rename %s into place: %s", tmp, strerror(errno));
+        unlink(tmp);
         goto done;
     }
     rc = 0;

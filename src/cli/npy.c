@@ -22,6 +22,9 @@
 #include <sys/types.h>
 #ifdef _WIN32
 #include <io.h>
+#else
+#include <fcntl.h>
+#include <unistd.h>
 #endif
 
 /* ---------------------------------------------------------------- helpers */
@@ -632,7 +635,24 @@ int clattn_npy_load(const char *path, clattn_npy *out, char *err, size_t errlen)
         set_err(err, errlen, "clattn_npy_load: path is NULL");
         return -1;
     }
+#ifdef _WIN32
     FILE *f = fopen(path, "rb");
+#else
+    /* without blocking: a FIFO in a file's place is refused below instead of waiting for a writer */
+    FILE *f = NULL;
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        struct stat pre_st;
+        if (fstat(fd, &pre_st) == 0 && !S_ISREG(pre_st.st_mode)) {
+            close(fd);
+            set_err(err, errlen, "'%s' is not a regular file", path);
+            return -1;
+        }
+        const int flags = fcntl(fd, F_GETFL);
+        if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+        if (!(f = fdopen(fd, "rb"))) close(fd);
+    }
+#endif
     if (f == NULL) {
         set_err(err, errlen, "cannot open '%s': %s", path, strerror(errno));
         return -1;
@@ -733,8 +753,10 @@ void clattn_npy_free(clattn_npy *a)
 
 /* ---------------------------------------------------------------- writer */
 
-int clattn_npy_save_f32(const char *path, const float *data, int ndim, const size_t *shape,
-                        char *err, size_t errlen)
+/* The header of a float32 array of this shape (into header, its length in *total) and the element count;
+ * -1 and err naming `path` when the shape cannot be written. */
+static int npy_header_f32(const char *path, const float *data, int ndim, const size_t *shape, unsigned char *header,
+                          size_t *total_out, size_t *count_out, char *err, size_t errlen)
 {
     if (path == NULL) {
         set_err(err, errlen, "clattn_npy_save_f32: path is NULL");
@@ -790,7 +812,6 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
         prefix = 12;
         total = (prefix + len + 1 + 63) / 64 * 64;
     }
-    unsigned char header[640];
     size_t hlen = total - prefix;
     memcpy(header, npy_magic, 6);
     header[6] = (unsigned char)major;
@@ -805,22 +826,14 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
     memset(header + prefix + len, ' ', total - prefix - len - 1);
     header[total - 1] = '\n';
 
-    FILE *f = fopen(path, "wb");
-    if (f == NULL) {
-        set_err(err, errlen, "cannot create '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    /* Only a regular file is removed on failure (never /dev/stdout, a FIFO...). */
-    int regular = 0;
-#ifdef _WIN32
-    struct _stat64 st;
-    if (_fstat64(_fileno(f), &st) == 0 && (st.st_mode & _S_IFMT) == _S_IFREG)
-        regular = 1;
-#else
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
-        regular = 1;
-#endif
+    *total_out = total;
+    *count_out = count;
+    return 0;
+}
+
+/* The header and the data to f; 0 on success, else the errno of the failure (or EIO). */
+static int npy_write(FILE *f, const unsigned char *header, size_t total, const float *data, size_t count)
+{
     int ok = fwrite(header, 1, total, f) == total;
     if (ok && count > 0) {
         if (host_is_little_endian()) {
@@ -839,22 +852,80 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
             }
         }
     }
-    int saved = errno;
+    int saved = ok ? 0 : (errno ? errno : EIO);
     if (ok && fflush(f) != 0) {
         ok = 0;
-        saved = errno;
+        saved = errno ? errno : EIO;
     }
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        saved = errno;
+    if (fclose(f) != 0 && ok) saved = errno ? errno : EIO;
+    return saved;
+}
+
+int clattn_npy_save_f32(const char *path, const float *data, int ndim, const size_t *shape,
+                        char *err, size_t errlen)
+{
+    unsigned char header[640];
+    size_t total, count;
+    if (npy_header_f32(path, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) {
+        set_err(err, errlen, "cannot create '%s': %s", path, strerror(errno));
+        return -1;
     }
-    if (!ok) {
+    /* Only a regular file is removed on failure (never /dev/stdout, a FIFO...). */
+    int regular = 0;
+#ifdef _WIN32
+    struct _stat64 st;
+    if (_fstat64(_fileno(f), &st) == 0 && (st.st_mode & _S_IFMT) == _S_IFREG)
+        regular = 1;
+#else
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
+        regular = 1;
+#endif
+    const int saved = npy_write(f, header, total, data, count);
+    if (saved != 0) {
         if (regular)
             remove(path);
-        set_err(err, errlen, "cannot write '%s': %s", path,
-                saved != 0 ? strerror(saved) : "write failed");
+        set_err(err, errlen, "cannot write '%s': %s", path, strerror(saved));
         return -1;
     }
     clear_err(err, errlen);
     return 0;
 }
+
+#ifndef _WIN32
+int clattn_npy_save_f32_temp(const char *path, const float *data, int ndim, const size_t *shape, char *tmp,
+                             size_t tmplen, char *err, size_t errlen)
+{
+    if (path == NULL || tmp == NULL) {
+        set_err(err, errlen, "clattn_npy_save_f32_temp: path or tmp is NULL");
+        return -1;
+    }
+    unsigned char header[640];
+    size_t total, count;
+    if (npy_header_f32(path, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
+    if ((size_t)snprintf(tmp, tmplen, "%s.tmp.XXXXXX", path) >= tmplen) {
+        set_err(err, errlen, "cannot write '%s': the path is too long", path);
+        return -1;
+    }
+    const int fd = mkstemp(tmp); /* a new file, O_EXCL: never an existing file or a link */
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (f == NULL) {
+        const int e = errno;
+        if (fd >= 0) close(fd), unlink(tmp);
+        set_err(err, errlen, "cannot create a temporary file beside '%s': %s", path, strerror(e));
+        tmp[0] = '\0';
+        return -1;
+    }
+    const int saved = npy_write(f, header, total, data, count);
+    if (saved != 0) {
+        unlink(tmp);
+        tmp[0] = '\0';
+        set_err(err, errlen, "cannot write '%s': %s", path, strerror(saved));
+        return -1;
+    }
+    clear_err(err, errlen);
+    return 0;
+}
+#endif

@@ -99,6 +99,13 @@ void clattn_npy_free(clattn_npy *a);
 int clattn_npy_save_f32(const char *path, const float *data, int ndim, const size_t *shape,
                         char *err, size_t errlen);
 
+/* The same into a new temporary file beside `path` ("<path>.tmp.XXXXXX", made by mkstemp: never an
+ * existing file or a link), its name in tmp; nothing is left behind on failure. The caller renames it to
+ * `path` when every output is written (a link or a FIFO at `path` is then replaced, never followed), or
+ * removes it. POSIX only. */
+int clattn_npy_save_f32_temp(const char *path, const float *data, int ndim, const size_t *shape, char *tmp,
+                             size_t tmplen, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

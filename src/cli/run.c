@@ -502,14 +502,31 @@ static int write_outputs(const char *dir, const dims *d, size_t out_width, const
         out_shape[0] = d->B, out_shape[1] = d->Tq, out_shape[2] = out_width, out_nd = 3;
         attn_shape[0] = d->B, attn_shape[1] = d->H, attn_shape[2] = d->Tq, attn_shape[3] = d->Tk, attn_nd = 4;
     }
-    if (clattn_npy_save_f32(out_path, out, out_nd, out_shape, err, sizeof err) != 0) {
+    /* every output to a temporary file first, renamed into place only when all are written: on any error
+     * --out is as it was; a link or a FIFO at out.npy is replaced, never followed or opened */
+    char out_tmp[4200] = "", attn_tmp[4200] = "";
+    struct stat st;
+    if (lstat(out_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        say("out.npy: '%s' is a directory", out_path);
+    } else if (attn && lstat(attn_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        say("attn.npy: '%s' is a directory", attn_path);
+    } else if (clattn_npy_save_f32_temp(out_path, out, out_nd, out_shape, out_tmp, sizeof out_tmp, err,
+                                        sizeof err) != 0) {
         say("out.npy: %s", err);
-    } else if (attn && clattn_npy_save_f32(attn_path, attn, attn_nd, attn_shape, err, sizeof err) != 0) {
+    } else if (attn &&
+               clattn_npy_save_f32_temp(attn_path, attn, attn_nd, attn_shape, attn_tmp, sizeof attn_tmp, err,
+                                        sizeof err) != 0) {
         say("attn.npy: %s", err);
-        remove(out_path); /* all or nothing */
+    } else if (rename(out_tmp, out_path) != 0) {
+        say("out.npy: cannot rename %s into place: %s", out_tmp, strerror(errno));
     } else {
-        rc = 0;
+        out_tmp[0] = '\0';
+        if (attn && rename(attn_tmp, attn_path) != 0) say("attn.npy: cannot rename %s into place: %s", attn_tmp,
+                                                          strerror(errno));
+        else rc = 0, attn_tmp[0] = '\0';
     }
+    if (out_tmp[0]) unlink(out_tmp);
+    if (attn_tmp[0]) unlink(attn_tmp);
     free(out_path);
     free(attn_path);
     return rc;

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -239,8 +240,20 @@ void clattn_tune_load(clattn_device *dev)
         t->path[0] = '\0';
         return;
     }
-    FILE *f = fopen(t->path, "rb");
-    if (!f) return; /* no file: nothing to say */
+    /* without blocking (a FIFO in the file's place cannot hang the device's open), a regular file only */
+    const int fd = open(t->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return; /* no file: nothing to say */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        note(t, "%s is not a regular file: ignored", t->path);
+        return;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return;
+    }
     char *text = malloc(TUNE_MAX_BYTES + 1);
     size_t n = text ? fread(text, 1, TUNE_MAX_BYTES + 1, f) : 0;
     fclose(f);

@@ -4,16 +4,24 @@
  *
  * One file per program: <dir>/<fnv64(key)>.bin, where the key names clattn's version, the device, its
  * vendor and driver, the build options and the sources (names and a hash of their text). The file:
- *   "CLATTN-PROGRAM 1\n", uint64 key length, the key, uint64 binary length, the binary, uint64 fnv64(binary)
+ *   "CLATTN-PROGRAM 2\n", uint64 key length, the key, uint64 binary length, the binary,
+ *   uint64 fnv64(key, binary)
  * (little-endian host order: the file is only ever read on the machine that wrote it). A file is used only
  * when all of it checks out; anything else (missing, short, a different key, a bad checksum, a length past
  * the file, a binary the driver refuses) falls back to compiling, which then rewrites the file. Writes go
  * to a temporary file renamed into place, so readers never see half a file. The cache is best effort:
  * its buffers come from plain malloc (not the library's fault-injected allocator), and when one is not
- * there the program is simply compiled. */
+ * there the program is simply compiled.
+ *
+ * Trust. A cache entry is native code the driver will run, so the cache is used only when it is private:
+ * the directory must be the user's and writable by nobody else; an entry is opened without following a
+ * link and without blocking (a FIFO in its place cannot hang the caller), and must be a regular file of the
+ * user's that nobody else may write. Anything else is not used, and clattn_kernel_cache_notice says why. */
 #include "runtime.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MAGIC "CLATTN-PROGRAM 1\n"
+#define MAGIC "CLATTN-PROGRAM 2\n"
 #define MAX_KEY ((uint64_t)1 << 16)
 #define MAX_BINARY ((uint64_t)1 << 29) /* 512 MiB: a larger length field is a corrupted file */
 
@@ -45,6 +53,47 @@ void clattn_test_program_counts(int reset, long *loaded, long *built)
 {
     *loaded = reset ? atomic_exchange(&n_loaded, 0) : atomic_load(&n_loaded);
     *built = reset ? atomic_exchange(&n_built, 0) : atomic_load(&n_built);
+}
+
+/* ---- what the cache refused, and why */
+
+static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
+static char refusal[600];
+
+static void refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void refuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&notice_lock);
+    vsnprintf(refusal, sizeof refusal, fmt, ap);
+    pthread_mutex_unlock(&notice_lock);
+    va_end(ap);
+}
+
+const char *clattn_kernel_cache_notice(void)
+{
+    static _Thread_local char copy[sizeof refusal];
+    pthread_mutex_lock(&notice_lock);
+    memcpy(copy, refusal, sizeof copy);
+    pthread_mutex_unlock(&notice_lock);
+    return copy;
+}
+
+/* Is st (of `what` at path) the user's, and writable by nobody else? If not, say why. */
+static int private_to_user(const struct stat *st, const char *what, const char *path)
+{
+    if (st->st_uid != geteuid()) {
+        refuse("the kernel cache's %s %s belongs to uid %u, not to this user (uid %u): not used", what, path,
+               (unsigned)st->st_uid, (unsigned)geteuid());
+        return 0;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        refuse("the kernel cache's %s %s can be written by %s (mode %03o): not used", what, path,
+               st->st_mode & S_IWOTH ? "others" : "its group", (unsigned)(st->st_mode & 0777));
+        return 0;
+    }
+    return 1;
 }
 
 static uint64_t fnv64(uint64_t h, const void *data, size_t n)
@@ -76,7 +125,11 @@ static int cache_dir(char *dir, size_t len)
     }
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) return 0;
     struct stat st;
-    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        refuse("the kernel cache's directory %s is not a directory: not used", dir);
+        return 0;
+    }
+    return private_to_user(&st, "directory", dir);
 }
 
 int clattn_program_cache_key(const clattn_device *dev, const char *const *names, const char *const *texts,
@@ -111,11 +164,31 @@ static int path_for(const char *key, char *path, size_t len)
 
 static int read_u64(FILE *f, uint64_t *v) { return fread(v, sizeof *v, 1, f) == 1; }
 
+/* The entry at path for reading: a regular file of the user's that nobody else may write, opened without
+ * following a link or blocking; NULL otherwise (why, in the notice, unless it is simply not there). */
+static FILE *open_entry(const char *path)
+{
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP || errno == EMLINK) refuse("the kernel cache's entry %s is a symbolic link: not used", path);
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        refuse("the kernel cache's entry %s is not a regular file: not used", path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = private_to_user(&st, "entry", path) ? fdopen(fd, "rb") : NULL;
+    if (!f) close(fd);
+    return f;
+}
+
 cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, const char *options)
 {
     char path[1200];
     if (!key[0] || !path_for(key, path, sizeof path)) return NULL;
-    FILE *f = fopen(path, "rb");
+    FILE *f = open_entry(path);
     if (!f) return NULL;
     cl_program prog = NULL;
     unsigned char *bin = NULL;
@@ -129,7 +202,7 @@ cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, 
     if (!(k = malloc(klen)) || fread(k, 1, klen, f) != klen || memcmp(k, key, klen) != 0) goto done;
     if (!read_u64(f, &blen) || blen == 0 || blen > MAX_BINARY || blen > (uint64_t)st.st_size) goto done;
     if (!(bin = malloc(blen)) || fread(bin, 1, blen, f) != blen || !read_u64(f, &sum) ||
-        sum != fnv64(FNV0, bin, blen) || fgetc(f) != EOF)
+        sum != fnv64(fnv64(FNV0, k, klen), bin, blen) || fgetc(f) != EOF)
         goto done;
     {
         const size_t size = (size_t)blen;
@@ -184,7 +257,7 @@ void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_pr
         free(bin);
         return;
     }
-    const uint64_t klen = strlen(key), blen = size, sum = fnv64(FNV0, bin, size);
+    const uint64_t klen = strlen(key), blen = size, sum = fnv64(fnv64(FNV0, key, klen), bin, size);
     int ok = fwrite(MAGIC, 1, sizeof MAGIC - 1, f) == sizeof MAGIC - 1 && fwrite(&klen, sizeof klen, 1, f) == 1 &&
              fwrite(key, 1, klen, f) == klen && fwrite(&blen, sizeof blen, 1, f) == 1 &&
              fwrite(bin, 1, size, f) == size && fwrite(&sum, sizeof sum, 1, f) == 1;
