@@ -8,6 +8,11 @@
  *   clattn_plan_execute(plan, &args);            as often as you like
  *   clattn_plan_free(plan); clattn_device_free(dev);
  *
+ * Threads: a plan (attention, decode, encoder) and a KV cache may be used from several threads; each
+ * takes its calls one at a time (a lock per object), so a plan shared by threads computes every call
+ * right, one after the other; different plans run concurrently, on one device or several. Free an object
+ * only when no call on it is running, and do not use a device while clattn_tune searches on it.
+ *
  * Every call returns a clattn_status. OpenCL codes pass through by value
  * (-1 .. -1006), CLBlast codes too (-1007 .. -2050), clattn's own codes live
  * in -3000 .. -3099. clattn_status_string() names any of them;
@@ -244,12 +249,13 @@ CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 /* Change the dropout seed for the next executions. */
 CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
 
-/* Execution from host arrays. */
+/* Execution from host arrays. An array the description does not declare (kv for self-attention, a mask
+ * the plan was made without) is refused (INVALID_ARGUMENT), never ignored. */
 typedef struct clattn_attention_args {
     const float *x;                   /* (B, Tq, E) */
-    const float *kv;                  /* (B, Tk, Ekv), cross-attention only */
-    const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask */
-    const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask */
+    const float *kv;                  /* (B, Tk, Ekv), cross-attention only (else NULL) */
+    const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask (else NULL) */
+    const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask (else NULL) */
     float *out;                       /* (B, Tq, Eo or H*dv) */
     float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
                                          need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
@@ -259,7 +265,11 @@ CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_att
 
 /* Execution on device buffers (OpenCL devices only). Offsets count elements
  * (bytes for the uint8 masks). Enqueued on the device's queue after the wait
- * list; `event` (optional) completes when out and attn are written. */
+ * list; `event` (optional) completes when out and attn are written. An output
+ * (out, attn) may not share memory with an input or with the other output
+ * (sub-buffers are seen through): such a call is refused (INVALID_ARGUMENT).
+ * A buffer the description does not declare (kv for self-attention, a mask
+ * the plan was made without) is refused too, never ignored. */
 typedef struct clattn_buffer {
     cl_mem mem;
     size_t offset;

@@ -271,6 +271,8 @@ Test(cache, trusted_only_when_private)
     /* the directory: writable by others (a sticky /tmp-like 1777), by the group */
     cr_assert_eq(chmod(dir, 01777), 0);
     expect_refused(dev, "written by others", "a directory mode 1777", 1);
+    cr_assert_eq(chmod(dir, 0707), 0);
+    expect_refused(dev, "written by others", "a directory mode 0707", 1);
     cr_assert_eq(chmod(dir, 0770), 0);
     expect_refused(dev, "written by its group", "a directory mode 0770", 1);
     cr_assert_eq(chmod(dir, 0700), 0);
@@ -341,8 +343,37 @@ Test(cache, moved_entry_with_recomputed_checksum)
     spill(paths[1], forged, total);
     plan_once(dev, &loaded, &built);
     cr_assert(built == 1 && loaded == (long)n - 1, "the forged entry: %ld built, %ld loaded", built, loaded);
-    /* the same with the checksum over B's key and A's binary, as clattn writes it: a valid entry of B's
-     * (the check that remains is the driver's; the binary of another program may still load) */
+    /* a valid entry of another key, copied to this key's path: its key is not this one */
+    spill(paths[1], a, na);
+    plan_once(dev, &loaded, &built);
+    cr_assert(built == 1 && loaded == (long)n - 1, "another key's entry: %ld built, %ld loaded", built, loaded);
     free(a), free(b), free(forged);
+    clattn_device_free(dev);
+}
+
+/* A valid entry of another key of the same length, copied to this key's place: its key is read and
+ * compared, so it is never loaded (the length alone, or the checksum, would not tell). */
+Test(cache, entry_of_another_key_of_the_same_length)
+{
+    clattn_device *dev = tu_open_opencl();
+    const char *src[] = {"attention/linear"};
+    cl_program prog = NULL;
+    cr_assert_eq(clattn_program_build(dev, src, 1, "-cl-std=CL1.2 -DVW=8", &prog), CLATTN_STATUS_SUCCESS);
+    const char *key_a = "a test key: AAAA", *key_b = "a test key: BBBB";
+    clattn_program_cache_store(dev, key_a, prog);
+    clReleaseProgram(prog);
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%016llx.bin", dir,
+             (unsigned long long)fnv2((const unsigned char *)key_a, strlen(key_a), NULL, 0));
+    snprintf(pb, sizeof pb, "%s/%016llx.bin", dir,
+             (unsigned long long)fnv2((const unsigned char *)key_b, strlen(key_b), NULL, 0));
+    cl_program back = clattn_program_cache_load(dev, key_a, "-cl-std=CL1.2 -DVW=8");
+    cr_assert_not_null(back, "the entry does not load under its own key");
+    clReleaseProgram(back);
+    size_t n;
+    unsigned char *bytes = slurp(pa, &n);
+    spill(pb, bytes, n);
+    free(bytes);
+    cr_assert_null(clattn_program_cache_load(dev, key_b, "-cl-std=CL1.2 -DVW=8"), "another key's entry was loaded");
     clattn_device_free(dev);
 }

@@ -1426,3 +1426,204 @@ Test(nulls, encoder_opencl)
     encoder_nulls(d);
     clattn_device_free(d);
 }
+
+/* ------------------------------------------------------------------ misuse (issue 21) */
+
+/* One plan entered from four threads at once: its calls are serialised (a lock per plan), so every result
+ * is the reference's, on OpenCL and on ref. */
+typedef struct shared_worker {
+    clattn_plan *plan;
+    const tcase *c;
+    const float *ref_out;
+    float scale;          /* this thread's x is c->x * scale: each thread's result differs */
+    pthread_barrier_t *start;
+    int failures;
+    char msg[300];
+} shared_worker;
+
+static void *shared_main(void *arg)
+{
+    shared_worker *w = arg;
+    const tcase *c = w->c;
+    float *x = malloc(c->n_x * sizeof *x), *out = malloc(c->n_out * sizeof *out);
+    for (size_t i = 0; i < c->n_x; i++) x[i] = c->x[i] * w->scale;
+    pthread_barrier_wait(w->start);
+    for (int it = 0; it < 20; it++) {
+        for (size_t i = 0; i < c->n_out; i++) out[i] = NAN;
+        clattn_attention_args a = tcase_args(c, out, NULL);
+        a.x = x;
+        const clattn_status st = clattn_plan_execute(w->plan, &a);
+        char m[256];
+        if (st != CLATTN_STATUS_SUCCESS) {
+            if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, clattn_last_error());
+        } else if (tu_compare(out, w->ref_out, c->n_out, TU_ATOL, TU_RTOL, m, sizeof m)) {
+            if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, m);
+        }
+    }
+    free(x), free(out);
+    return NULL;
+}
+
+static void one_plan_four_threads(clattn_device *dev)
+{
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 2, .seq_q = 33, .embed = 16, .heads = 2, .head_dim_qk = 8,
+                                           .out_dim = 16, .causal = 1},
+               TC_QKV | TC_BIAS | TC_OUT, 31);
+    clattn_device *ref = tu_open_ref();
+    enum { NT = 4 };
+    shared_worker w[NT];
+    float *ref_out[NT];
+    pthread_barrier_t start;
+    cr_assert_eq(pthread_barrier_init(&start, NULL, NT), 0);
+    clattn_plan *plan = NULL, *rp = NULL;
+    c.d.need_weights = 0;
+    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_create(ref, &c.d, &c.w, &rp), CLATTN_STATUS_SUCCESS);
+    float *x = malloc(c.n_x * sizeof *x);
+    for (int k = 0; k < NT; k++) {
+        const float scale = 0.5f + 0.5f * (float)k;
+        for (size_t i = 0; i < c.n_x; i++) x[i] = c.x[i] * scale;
+        ref_out[k] = tu_poisoned(c.n_out);
+        clattn_attention_args a = tcase_args(&c, ref_out[k], NULL);
+        a.x = x;
+        cr_assert_eq(clattn_plan_execute(rp, &a), CLATTN_STATUS_SUCCESS);
+        w[k] = (shared_worker){.plan = plan, .c = &c, .ref_out = ref_out[k], .scale = scale, .start = &start};
+    }
+    pthread_t t[NT];
+    for (int k = 0; k < NT; k++) cr_assert_eq(pthread_create(&t[k], NULL, shared_main, &w[k]), 0);
+    for (int k = 0; k < NT; k++) pthread_join(t[k], NULL);
+    for (int k = 0; k < NT; k++) cr_assert_eq(w[k].failures, 0, "thread %d: %d failures; first: %s", k, w[k].failures,
+                                              w[k].msg);
+    pthread_barrier_destroy(&start);
+    for (int k = 0; k < NT; k++) free(ref_out[k]);
+    free(x);
+    clattn_plan_free(plan);
+    clattn_plan_free(rp);
+    clattn_device_free(ref);
+    tcase_free(&c);
+}
+
+Test(misuse, one_plan_from_four_threads_opencl, .timeout = 600)
+{
+    clattn_device *dev = open_cl();
+    one_plan_four_threads(dev);
+    clattn_device_free(dev);
+}
+
+Test(misuse, one_plan_from_four_threads_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    one_plan_four_threads(dev);
+    clattn_device_free(dev);
+}
+
+/* Inputs the description does not declare would be ignored: refused, naming the field, output untouched. */
+Test(misuse, undeclared_inputs_refused)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 1, .seq_q = 4, .embed = 4, .heads = 2}, 0, 41);
+    uint8_t kpm[4] = {0};
+    float fmask[16] = {0}, kv[16] = {0};
+    for (int k = 0; k < 2; k++) {
+        clattn_plan *plan = NULL;
+        c.d.need_weights = 0;
+        cr_assert_eq(clattn_plan_create(devs[k], &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        float *out = tu_poisoned(c.n_out);
+        const struct { const char *needle; clattn_attention_args a; } bad[] = {
+            {"args.key_padding_mask", {.x = c.x, .out = out, .key_padding_mask = kpm}},
+            {"args.attn_mask", {.x = c.x, .out = out, .attn_mask = fmask}},
+            {"args.kv", {.x = c.x, .out = out, .kv = kv}},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            cr_assert_eq(clattn_plan_execute(plan, &bad[i].a), CLATTN_STATUS_INVALID_ARGUMENT, "%s", bad[i].needle);
+            cr_assert(strstr(clattn_last_error(), bad[i].needle) && strstr(clattn_last_error(), "ignored"), "%s",
+                      clattn_last_error());
+            for (size_t j = 0; j < c.n_out; j++) cr_assert(isnan(out[j]), "out written by a refused call");
+        }
+        clattn_plan_free(plan);
+        free(out);
+    }
+    /* the same on buffers */
+    clattn_device *cl = devs[1];
+    cl_context ctx = clattn_device_context(cl);
+    cl_int e;
+    cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.n_x * 4, c.x, &e);
+    cl_mem bo = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c.n_out * 4, NULL, &e);
+    cl_mem bm = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &e);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(cl, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    const struct { const char *needle; clattn_attention_buffers b; } badb[] = {
+        {"buffers.key_padding_mask", {.x = {bx, 0}, .out = {bo, 0}, .key_padding_mask = {bm, 0}}},
+        {"buffers.attn_mask", {.x = {bx, 0}, .out = {bo, 0}, .attn_mask = {bm, 0}}},
+        {"buffers.kv", {.x = {bx, 0}, .out = {bo, 0}, .kv = {bm, 0}}},
+    };
+    for (size_t i = 0; i < sizeof badb / sizeof badb[0]; i++) {
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &badb[i].b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), badb[i].needle), "%s", clattn_last_error());
+    }
+    clattn_plan_free(plan);
+    clReleaseMemObject(bx), clReleaseMemObject(bo), clReleaseMemObject(bm);
+    tcase_free(&c);
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
+/* An output that shares memory with an input (or with the other output) is refused on every algorithm
+ * (the fused kernels read Q, K and V while they write the output); one that only shares the buffer, in
+ * ranges apart, runs and computes the oracle's numbers. Sub-buffers are seen through. */
+Test(misuse, overlapping_buffers_refused)
+{
+    clattn_device *cl = open_cl();
+    tcase c;
+    tcase_init(&c, (clattn_attention_desc){.batch = 2, .seq_q = 9, .embed = 8, .heads = 2}, 0, 43);
+    cl_context ctx = clattn_device_context(cl);
+    cl_command_queue q = clattn_device_queue(cl);
+    const size_t nx = c.n_x, no = c.n_out, na = c.n_attn;
+    cl_int e;
+    /* one buffer: x at 0, room after it */
+    const size_t total = nx + no + na + 64;
+    cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, total * 4, NULL, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(q, big, CL_TRUE, 0, nx * 4, c.x, 0, NULL, NULL), CL_SUCCESS);
+    static const clattn_algorithm algs[] = {CLATTN_ALGORITHM_FUSED, CLATTN_ALGORITHM_UNFUSED};
+    for (int k = 0; k < 2; k++) {
+        clattn_attention_desc d = c.d;
+        d.algorithm = algs[k];
+        d.need_weights = algs[k] == CLATTN_ALGORITHM_UNFUSED;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(clattn_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        /* out over x (in place), out starting inside x */
+        clattn_attention_buffers b = {.x = {big, 0}, .out = {big, 0}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "buffers.out overlaps buffers.x"), "%s", clattn_last_error());
+        b.out.offset = nx - 1;
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        /* a sub-buffer of the same memory as out */
+        cl_buffer_region reg = {0, nx * 4};
+        cl_mem sub = clCreateSubBuffer(big, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &reg, &e);
+        cr_assert_eq(e, CL_SUCCESS);
+        b.out = (clattn_buffer){sub, 0};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        clReleaseMemObject(sub);
+        /* the weights over the output */
+        if (d.need_weights) {
+            b = (clattn_attention_buffers){.x = {big, 0}, .out = {big, nx}, .attn = {big, nx + no - 1}};
+            cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+            cr_assert(strstr(clattn_last_error(), "buffers.out overlaps buffers.attn"), "%s", clattn_last_error());
+        }
+        /* ranges apart in one buffer: runs, right */
+        b = (clattn_attention_buffers){.x = {big, 0}, .out = {big, nx}, .attn = {d.need_weights ? big : NULL, nx + no}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        float *out = tu_poisoned(no);
+        cr_assert_eq(clEnqueueReadBuffer(q, big, CL_TRUE, nx * 4, no * 4, out, 0, NULL, NULL), CL_SUCCESS);
+        tcase_oracle_check(&c, out, NULL, 0, clattn_algorithm_name(algs[k]));
+        free(out);
+        clattn_plan_free(plan);
+    }
+    clReleaseMemObject(big);
+    tcase_free(&c);
+    clattn_device_free(cl);
+}

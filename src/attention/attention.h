@@ -6,6 +6,8 @@
 
 #include "device/device.h"
 
+#include <pthread.h>
+
 #define CLATTN_NSTAGES (CLATTN_STAGE_ATTENTION + 1) /* every stage this version knows */
 
 /* ---- choosing and building a core (select.c) */
@@ -43,6 +45,7 @@ struct clattn_plan {
     int profiling;
     int tuned;                   /* it uses entries of the device's tuning file */
     double stage_ms[CLATTN_NSTAGES];
+    pthread_mutex_t lock;        /* one call at a time per plan (clattn.h, "threads") */
     const clattn_core *core;     /* the core it runs (NULL on ref) */
     clattn_core_params core_params; /* the parameters it was built with */
     char core_params_text[128];  /* the same as text ("" on ref) */

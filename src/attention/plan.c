@@ -137,6 +137,7 @@ void clattn_plan_free(clattn_plan *plan)
     free(plan->w_query); free(plan->w_key); free(plan->w_value);
     free(plan->b_query); free(plan->b_key); free(plan->b_value);
     free(plan->w_out); free(plan->b_out);
+    pthread_mutex_destroy(&plan->lock);
     free(plan);
 }
 
@@ -174,6 +175,10 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
 
     clattn_plan *p = clattn_calloc(1, sizeof *p);
     if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the plan");
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "creating the plan's lock");
+    }
     p->device = device;
     p->d = d;
     p->has_qkv = has_qkv;
@@ -286,7 +291,9 @@ clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed)
 {
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    pthread_mutex_lock(&plan->lock);
     plan->d.seed = seed;
+    pthread_mutex_unlock(&plan->lock);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -300,6 +307,31 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
     if (plan->d.attn_mask != CLATTN_MASK_NONE && !a->attn_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is NULL (the plan expects one)");
+    /* what the description does not declare would be ignored: refused instead */
+    if (!plan->d.cross && a->kv)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is given, but the plan is self-attention "
+                           "(desc.cross = 0): it would be ignored");
+    if (!plan->d.key_padding_mask && a->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is given, but the plan was created "
+                           "without one (desc.key_padding_mask = 0): it would be ignored");
+    if (plan->d.attn_mask == CLATTN_MASK_NONE && a->attn_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is given, but the plan was created "
+                           "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* What the description does not declare, on the buffer path: refused, never ignored. */
+static clattn_status check_buffers_declared(const clattn_plan *plan, const clattn_attention_buffers *b)
+{
+    if (!plan->d.cross && b->kv.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.kv is given, but the plan is self-attention "
+                           "(desc.cross = 0): it would be ignored");
+    if (!plan->d.key_padding_mask && b->key_padding_mask.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.key_padding_mask is given, but the plan was "
+                           "created without one (desc.key_padding_mask = 0): it would be ignored");
+    if (plan->d.attn_mask == CLATTN_MASK_NONE && b->attn_mask.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.attn_mask is given, but the plan was created "
+                           "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -310,7 +342,10 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args
     clattn_status st = check_args(plan, args);
     if (st != CLATTN_STATUS_SUCCESS) return st;
     if (args->attn) TRY(check_weights_wanted(plan));
-    return plan->ops->execute_host(plan, args);
+    pthread_mutex_lock(&plan->lock); /* the staging buffers are the plan's: one pass at a time */
+    st = plan->ops->execute_host(plan, args);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
 }
 
 clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
@@ -320,8 +355,13 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
     clattn_clear_error();
     TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers, plan ? plan->device : NULL,
                                   num_events_in_wait_list, event_wait_list));
+    TRY(check_buffers_declared(plan, buffers));
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
-    return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+    pthread_mutex_lock(&plan->lock);
+    const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,
+                                                        event);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
 }
 
 const char *clattn_stage_name(clattn_stage stage)
@@ -339,8 +379,10 @@ clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
     if (enable && plan->core && !plan->device->queue_profiling)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    pthread_mutex_lock(&plan->lock);
     plan->profiling = enable != 0;
     for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;
+    pthread_mutex_unlock(&plan->lock);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -349,7 +391,11 @@ clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, siz
     clattn_clear_error();
     if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
     double all[CLATTN_NSTAGES];
-    TRY(plan->ops->stage_times((clattn_plan *)plan, all));
+    clattn_plan *p = (clattn_plan *)plan; /* the lock is the plan's own state */
+    pthread_mutex_lock(&p->lock);
+    const clattn_status st = plan->ops->stage_times(p, all);
+    pthread_mutex_unlock(&p->lock);
+    TRY(st);
     for (size_t s = 0; s < n && s < CLATTN_NSTAGES; s++) ms[s] = all[s];
     return CLATTN_STATUS_SUCCESS;
 }

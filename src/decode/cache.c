@@ -33,6 +33,10 @@ clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cach
 
     clattn_kv_cache *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache");
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "creating the cache's lock");
+    }
     c->device = device;
     c->d = d;
     c->len = clattn_calloc(d.batch, sizeof *c->len);
@@ -68,6 +72,7 @@ void clattn_kv_cache_free(clattn_kv_cache *cache)
     free(cache->k_host);
     free(cache->v_host);
     free(cache->len);
+    pthread_mutex_destroy(&cache->lock);
     free(cache);
 }
 
@@ -83,14 +88,14 @@ clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache)
 {
     clattn_clear_error();
     if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    pthread_mutex_lock(&cache->lock);
     for (size_t b = 0; b < cache->d.batch; b++) cache->len[b] = 0;
+    pthread_mutex_unlock(&cache->lock);
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths)
+static clattn_status truncate_locked(clattn_kv_cache *cache, const size_t *lengths)
 {
-    clattn_clear_error();
-    if (!cache || !lengths) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or lengths is NULL");
     for (size_t b = 0; b < cache->d.batch; b++)
         if (lengths[b] > cache->len[b])
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "truncate: lengths[%zu] = %zu is more than the "
@@ -99,11 +104,24 @@ clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *len
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !lengths) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or lengths is NULL");
+    pthread_mutex_lock(&cache->lock);
+    const clattn_status st = truncate_locked(cache, lengths);
+    pthread_mutex_unlock(&cache->lock);
+    return st;
+}
+
 clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths)
 {
     clattn_clear_error();
     if (!cache || !lengths) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache or lengths is NULL");
+    clattn_kv_cache *c = (clattn_kv_cache *)cache; /* the lock is the cache's own state */
+    pthread_mutex_lock(&c->lock);
     memcpy(lengths, cache->len, cache->d.batch * sizeof *lengths);
+    pthread_mutex_unlock(&c->lock);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -147,16 +165,17 @@ clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float
 {
     clattn_clear_error();
     if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
-    if (k) TRY(cache_read_one(cache, cache->k, cache->k_host, cache->d.head_dim_qk, k, "key cache"));
-    if (v) TRY(cache_read_one(cache, cache->v, cache->v_host, cache->d.head_dim_v, v, "value cache"));
-    return CLATTN_STATUS_SUCCESS;
+    clattn_kv_cache *c = (clattn_kv_cache *)cache; /* the lock is the cache's own state */
+    pthread_mutex_lock(&c->lock);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (k) st = cache_read_one(cache, cache->k, cache->k_host, cache->d.head_dim_qk, k, "key cache");
+    if (v && !st) st = cache_read_one(cache, cache->v, cache->v_host, cache->d.head_dim_v, v, "value cache");
+    pthread_mutex_unlock(&c->lock);
+    return st;
 }
 
-clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v, const size_t *lengths)
+static clattn_status write_locked(clattn_kv_cache *cache, const float *k, const float *v, const size_t *lengths)
 {
-    clattn_clear_error();
-    if (!cache || !k || !v || !lengths)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache, k, v or lengths is NULL");
     const clattn_kv_cache_desc *d = &cache->d;
     for (size_t b = 0; b < d->batch; b++)
         if (lengths[b] > d->capacity)
@@ -189,4 +208,15 @@ clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, cons
     }
     memcpy(cache->len, lengths, d->batch * sizeof *cache->len);
     return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v, const size_t *lengths)
+{
+    clattn_clear_error();
+    if (!cache || !k || !v || !lengths)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache, k, v or lengths is NULL");
+    pthread_mutex_lock(&cache->lock);
+    const clattn_status st = write_locked(cache, k, v, lengths);
+    pthread_mutex_unlock(&cache->lock);
+    return st;
 }

@@ -51,6 +51,7 @@ void clattn_decode_plan_free(clattn_decode_plan *plan)
     if (!plan) return;
     if (plan->ops && plan->ops->release) plan->ops->release(plan);
     clattn_plan_free(plan->base);
+    pthread_mutex_destroy(&plan->lock);
     free(plan);
 }
 
@@ -72,6 +73,11 @@ clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_atte
         clattn_plan_free(base);
         return st;
     }
+    if (pthread_mutex_init(&dp->lock, NULL) != 0) {
+        free(dp);
+        clattn_plan_free(base);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "creating the decode plan's lock");
+    }
     dp->base = base;
     dp->last_parts = 1;
     dp->ops = backends[device->backend];
@@ -90,7 +96,9 @@ clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max
     if (max_parts > CLATTN_DECODE_MAX_PARTS)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "max_parts %zu: at most %d", max_parts,
                            CLATTN_DECODE_MAX_PARTS);
+    pthread_mutex_lock(&plan->lock);
     plan->max_parts = max_parts;
+    pthread_mutex_unlock(&plan->lock);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -98,12 +106,9 @@ size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan) { return p
 
 const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return plan ? plan->ops->core(plan) : ""; }
 
-clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+/* A step with the plan's and the cache's locks held. */
+static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
 {
-    clattn_clear_error();
-    if (!plan || !cache || !args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan, cache or args is NULL");
-    if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
-    if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
     clattn_plan *p = plan->base;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, n = args->new_tokens;
@@ -142,5 +147,20 @@ clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *c
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
     free(valid);
+    return st;
+}
+
+clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+{
+    clattn_clear_error();
+    if (!plan || !cache || !args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan, cache or args is NULL");
+    if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    /* the plan, then the cache: every step takes them in this order, so two steps cannot wait on each other */
+    pthread_mutex_lock(&plan->lock);
+    pthread_mutex_lock(&cache->lock);
+    const clattn_status st = execute_locked(plan, cache, args);
+    pthread_mutex_unlock(&cache->lock);
+    pthread_mutex_unlock(&plan->lock);
     return st;
 }

@@ -6,6 +6,7 @@
 #include "attention/attention.h"
 
 struct clattn_kv_cache {
+    pthread_mutex_t lock;      /* one call at a time (a decode step holds it for the whole step) */
     clattn_device *device;
     clattn_kv_cache_desc d;
     size_t *len;               /* (B) current lengths */
@@ -18,6 +19,7 @@ struct clattn_decode_cl;       /* decode_cl.c */
 struct clattn_decode_ops;
 
 struct clattn_decode_plan {
+    pthread_mutex_t lock;      /* one call at a time per plan */
     clattn_plan *base;         /* the description (resolved) and the weights, LINEAR */
     const struct clattn_decode_ops *ops; /* the device's backend, chosen once at creation */
     size_t max_parts;          /* 0 = automatic */

@@ -93,6 +93,7 @@ void clattn_encoder_plan_free(clattn_encoder_plan *plan)
     clattn_plan_free(plan->attn);
     free(plan->ln1_w); free(plan->ln1_b); free(plan->w_ff1); free(plan->b_ff1);
     free(plan->w_ff2); free(plan->b_ff2); free(plan->ln2_w); free(plan->ln2_b);
+    pthread_mutex_destroy(&plan->lock);
     free(plan);
 }
 
@@ -113,6 +114,10 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
 
     clattn_encoder_plan *p = clattn_calloc(1, sizeof *p);
     if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the encoder plan");
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "creating the encoder plan's lock");
+    }
     p->device = device;
     p->ops = ops;
     p->d = d;
@@ -159,7 +164,13 @@ clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clatt
     if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
     if (plan->d.attn.key_padding_mask && !args->key_padding_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
-    return plan->ops->execute_host(plan, args);
+    if (!plan->d.attn.key_padding_mask && args->key_padding_mask)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is given, but the plan was created "
+                           "without one (desc.attn.key_padding_mask = 0): it would be ignored");
+    pthread_mutex_lock(&plan->lock);
+    const clattn_status st = plan->ops->execute_host(plan, args);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
 }
 
 clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, const clattn_encoder_buffers *buffers,
@@ -174,7 +185,20 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
     if (plan->d.attn.key_padding_mask)
         TRY(clattn_buffer_check(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
     TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
-    return plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
+    if (!plan->d.attn.key_padding_mask && buffers->key_padding_mask.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.key_padding_mask is given, but the plan was "
+                           "created without one (desc.attn.key_padding_mask = 0): it would be ignored");
+    const clattn_mem_range ins[] = {{buffers->x.mem, buffers->x.offset * sizeof(float), N * E * sizeof(float), "x"},
+                                    {buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N,
+                                     "key_padding_mask"}};
+    const clattn_mem_range outs[] = {{buffers->out.mem, buffers->out.offset * sizeof(float), N * E * sizeof(float),
+                                      "out"}};
+    TRY(clattn_check_no_overlap(outs, 1, ins, 2));
+    pthread_mutex_lock(&plan->lock);
+    const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,
+                                                        event);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
 }
 
 

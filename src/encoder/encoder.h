@@ -10,6 +10,7 @@ struct clattn_encoder_cl;        /* encoder_cl.c */
 struct clattn_encoder_ops;
 
 struct clattn_encoder_plan {
+    pthread_mutex_t lock;        /* one call at a time per plan */
     clattn_device *device;
     const struct clattn_encoder_ops *ops; /* the device's backend, chosen once at creation */
     clattn_encoder_desc d;       /* eps resolved; d.attn as given (p->attn holds the resolved one) */

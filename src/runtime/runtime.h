@@ -49,6 +49,12 @@ size_t clattn_mem_bytes(cl_mem m);  /* CL_MEM_SIZE (0 for NULL) */
 /* A caller's buffer (buffers.`what`) must hold `elems` elements of `size` bytes from element `offset`:
  * INVALID_ARGUMENT when m is NULL, its OpenCL code when m is not a buffer, SHAPE_MISMATCH when too small. */
 clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t size, const char *what);
+/* A caller's buffer range for the overlap check: bytes [off, off + bytes) of mem (NULL: none). */
+typedef struct clattn_mem_range { cl_mem mem; size_t off, bytes; const char *what; } clattn_mem_range;
+/* INVALID_ARGUMENT, naming both, when an output range shares memory with an input range or with another
+ * output (sub-buffers are resolved to the buffer they are made from); the kernels read inputs while they
+ * write outputs, so an overlap would compute wrong numbers without an error. */
+clattn_status clattn_check_no_overlap(const clattn_mem_range *outs, int nout, const clattn_mem_range *ins, int nin);
 /* size arithmetic that cannot wrap: *out = a * b, or 1 on overflow */
 int clattn_mul_overflows(size_t a, size_t b, size_t *out);
 
