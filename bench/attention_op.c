@@ -128,6 +128,8 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
         clattn_encoder_weights *ew = &data->encoder_weights;
         ew->w_ff1 = w1, ew->b_ff1 = b1, ew->w_ff2 = w2, ew->b_ff2 = b2;
         ew->ln1_weight = g1, ew->ln1_bias = be1, ew->ln2_weight = g2, ew->ln2_bias = be2;
+        ew->w_ff1_count = F * E, ew->b_ff1_count = F, ew->w_ff2_count = E * F, ew->b_ff2_count = E;
+        ew->ln1_weight_count = ew->ln1_bias_count = ew->ln2_weight_count = ew->ln2_bias_count = E;
         clattn_encoder_desc *ed = &data->encoder_desc;
         ed->ff_dim = F;
         ed->activation = op->activation;
@@ -151,6 +153,8 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     clattn_attention_weights *w = &data->weights;
     w->w_query = w_q, w->w_key = w_k, w->w_value = w_v, w->w_out = w_o;
     w->b_query = b_q, w->b_key = b_k, w->b_value = b_v, w->b_out = b_o;
+    w->w_query_count = w->w_key_count = w->w_value_count = w->w_out_count = E * E;
+    w->b_query_count = w->b_key_count = w->b_value_count = w->b_out_count = E;
     if (op->encoder) {
         data->encoder_desc.attn = *d;
         data->encoder_weights.attn = *w;

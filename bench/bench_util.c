@@ -20,6 +20,15 @@ void bench_die(const char *fmt, ...)
     exit(1);
 }
 
+void bench_usage_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    bench_vsay(fmt, ap);
+    va_end(ap);
+    exit(2);
+}
+
 void bench_check(clattn_status st, const char *what)
 {
     if (st != CLATTN_STATUS_SUCCESS)

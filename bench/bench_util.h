@@ -9,6 +9,8 @@
 
 /* "clattn-bench: <message>" on stderr, then exit(1). */
 void bench_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* "clattn-bench: <message>" on stderr, then exit(2): a usage error (a bad option or value), as clattn's. */
+void bench_usage_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* "clattn-bench: <message>" on stderr, from a va_list; no exit. */
 void bench_vsay(const char *fmt, va_list ap);
 /* bench_die with the status and clattn's detail when st is not success. */

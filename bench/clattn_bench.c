@@ -18,6 +18,7 @@
  * timed as a whole.
  * The program prints; errors go to stderr with a nonzero exit.
  */
+#include "args.h"
 #include "attention_op.h"
 #include "bench_util.h"
 #include "decode_bench.h"
@@ -229,32 +230,32 @@ static void usage(FILE *f)
 
 static size_t parse_size(const char *opt, const char *s)
 {
-    if (!s) bench_die("%s needs a value", opt);
+    if (!s) bench_usage_die("%s needs a value", opt);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || v == 0 || v > 0xFFFFFFFFull)
-        bench_die("%s: '%s' is not a positive integer", opt, s);
+        bench_usage_die("%s: '%s' is not a positive integer", opt, s);
     return (size_t)v;
 }
 
 static int parse_int(const char *opt, const char *s, int min)
 {
-    if (!s) bench_die("%s needs a value", opt);
+    if (!s) bench_usage_die("%s needs a value", opt);
     errno = 0;
     char *end;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > 1000000) bench_die("%s: '%s' is not an integer >= %d", opt, s, min);
+    if (errno || end == s || *end || v < min || v > 1000000) bench_usage_die("%s: '%s' is not an integer >= %d", opt, s, min);
     return (int)v;
 }
 
 static double parse_double(const char *opt, const char *s)
 {
-    if (!s) bench_die("%s needs a value", opt);
+    if (!s) bench_usage_die("%s needs a value", opt);
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) bench_die("%s: '%s' is not a number", opt, s);
+    if (errno || end == s || *end || !isfinite(v)) bench_usage_die("%s: '%s' is not a number", opt, s);
     return v;
 }
 
@@ -270,33 +271,33 @@ static void parse_options(int argc, char **argv, options *o)
     o->budget_s = 20.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--device")) { if (!v) bench_die("--device needs a value"); o->device = v; i++; }
+        if (!strcmp(a, "--device")) { if (!v) bench_usage_die("--device needs a value"); o->device = v; i++; }
         else if (!strcmp(a, "--batch")) { o->op.batch = parse_size(a, v); i++; }
         else if (!strcmp(a, "--seq")) { o->op.seq = parse_size(a, v); o->seq_given = 1; i++; }
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
         else if (!strcmp(a, "--core")) {
-            if (!v || !*v) bench_die("--core needs a value (a core `clattn cores` lists)");
+            if (!v || !*v) bench_usage_die("--core needs a value (a core `clattn cores` lists)");
             if (setenv("CLATTN_CORE", v, 1) != 0) bench_die("--core: cannot set CLATTN_CORE");
             i++;
         }
         else if (!strcmp(a, "--algorithm")) {
-            if (!v) bench_die("--algorithm needs a value");
+            if (!v) bench_usage_die("--algorithm needs a value");
             if (!strcmp(v, "auto")) o->op.algorithm = CLATTN_ALGORITHM_AUTO;
             else if (!strcmp(v, "fused")) o->op.algorithm = CLATTN_ALGORITHM_FUSED;
             else if (!strcmp(v, "unfused")) o->op.algorithm = CLATTN_ALGORITHM_UNFUSED;
-            else bench_die("--algorithm '%s': must be auto, fused or unfused", v);
+            else bench_usage_die("--algorithm '%s': must be auto, fused or unfused", v);
             i++;
         }
         else if (!strcmp(a, "--dropout")) { o->op.dropout = (float)parse_double(a, v); i++; }
         else if (!strcmp(a, "--encoder")) o->op.encoder = 1;
         else if (!strcmp(a, "--ff")) { o->op.ff_dim = parse_size(a, v); o->ff_given = 1; i++; }
         else if (!strcmp(a, "--activation")) {
-            if (!v) bench_die("--activation needs a value");
+            if (!v) bench_usage_die("--activation needs a value");
             if (!strcmp(v, "relu")) o->op.activation = CLATTN_ACTIVATION_RELU;
             else if (!strcmp(v, "gelu")) o->op.activation = CLATTN_ACTIVATION_GELU;
-            else bench_die("--activation: '%s' is not relu or gelu", v);
+            else bench_usage_die("--activation: '%s' is not relu or gelu", v);
             o->activation_given = 1;
             i++;
         }
@@ -305,18 +306,18 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--warmup")) { o->warmup = parse_int(a, v, 0); i++; }
         else if (!strcmp(a, "--budget")) {
             o->budget_s = parse_double(a, v);
-            if (o->budget_s <= 0) bench_die("--budget must be > 0 seconds");
+            if (o->budget_s <= 0) bench_usage_die("--budget must be > 0 seconds");
             i++;
         }
         else if (!strcmp(a, "--settle")) {
             o->settle_s = parse_double(a, v);
-            if (o->settle_s < 0) bench_die("--settle must be >= 0 seconds");
+            if (o->settle_s < 0) bench_usage_die("--settle must be >= 0 seconds");
             i++;
         }
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
         else if (!strcmp(a, "--progress")) o->progress = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--csv")) { if (!v) bench_die("--csv needs a file name"); o->csv = v; i++; }
+        else if (!strcmp(a, "--csv")) { if (!v) bench_usage_die("--csv needs a file name"); o->csv = v; i++; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
@@ -324,12 +325,12 @@ static void parse_options(int argc, char **argv, options *o)
             exit(2);
         }
     }
-    if (o->sweep && o->seq_given) bench_die("--seq and --sweep do not go together (the sweep sets the sequence length)");
+    if (o->sweep && o->seq_given) bench_usage_die("--seq and --sweep do not go together (the sweep sets the sequence length)");
     if (!o->op.encoder && (o->ff_given || o->activation_given || o->norm_first_given))
-        bench_die("--ff, --activation and --norm-first describe the encoder layer: add --encoder");
-    if (o->op.encoder && o->op.dropout != 0.0f) bench_die("--dropout: the encoder layer is timed in eval mode (no dropout)");
+        bench_usage_die("--ff, --activation and --norm-first describe the encoder layer: add --encoder");
+    if (o->op.encoder && o->op.dropout != 0.0f) bench_usage_die("--dropout: the encoder layer is timed in eval mode (no dropout)");
     char msg[128];
-    if (clattn_op_check(&o->op, msg, sizeof msg)) bench_die("%s", msg);
+    if (clattn_op_check(&o->op, msg, sizeof msg)) bench_usage_die("%s", msg);
 }
 
 /* ------------------------------------------------------------------ measuring */
@@ -395,6 +396,7 @@ typedef struct runner {
     clattn_encoder_plan *enc;
     const float *x;
     float *out;
+    size_t count;   /* x's and out's element count (self-attention: both (B, T, E)) */
 } runner;
 
 static void runner_create(runner *run, const bench_ctx *b, const clattn_op_data *data)
@@ -434,10 +436,10 @@ static void runner_host(runner *run, const char *what)
     snprintf(name, sizeof name, "%s%s%s%s", run->encoder ? "clattn_encoder_plan_execute" : "clattn_plan_execute",
              what ? " (" : "", what ? what : "", what ? ")" : "");
     if (run->encoder) {
-        clattn_encoder_args args = {.x = run->x, .out = run->out};
+        clattn_encoder_args args = {.x = run->x, .out = run->out, .x_count = run->count, .out_count = run->count};
         bench_check(clattn_encoder_plan_execute(run->enc, &args), name);
     } else {
-        clattn_attention_args args = {.x = run->x, .out = run->out};
+        clattn_attention_args args = {.x = run->x, .out = run->out, .x_count = run->count, .out_count = run->count};
         bench_check(clattn_plan_execute(run->attn, &args), name);
     }
 }
@@ -485,7 +487,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     double *t = malloc((size_t)o->iters * sizeof *t);
     double *st = malloc((size_t)o->iters * NSTAGES * sizeof *st);
     if (!out || !t || !st) bench_die("out of memory (output of %zu floats)", data.out_count);
-    runner run = {.encoder = op->encoder, .x = data.x, .out = out};
+    runner run = {.encoder = op->encoder, .x = data.x, .out = out, .count = data.x_count};
 
     /* first call: plan creation (kernel builds, weight upload) + first execute */
     if (b->opencl) CLBlastClearCache();
@@ -875,6 +877,8 @@ static void print_sweep_table(const bench_ctx *b, const options *o, const result
 
 int main(int argc, char **argv)
 {
+    argv = clattn_args_split_equals(&argc, argv);  /* --opt=value as --opt value */
+    if (!argv) bench_die("out of memory reading the arguments");
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--decode")) return clattn_bench_decode(argc, argv);
     options o;

@@ -45,12 +45,12 @@ typedef struct dres {
 
 static size_t dsize(const char *opt, const char *s, size_t min)
 {
-    if (!s) bench_die("%s needs a value", opt);
+    if (!s) bench_usage_die("%s needs a value", opt);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || v < min || v > 0xFFFFFFFFull)
-        bench_die("%s: '%s' is not an integer >= %zu", opt, s, min);
+        bench_usage_die("%s: '%s' is not an integer >= %zu", opt, s, min);
     return (size_t)v;
 }
 
@@ -78,7 +78,7 @@ static void parse(int argc, char **argv, dopts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--decode")) continue;
-        else if (!strcmp(a, "--device")) { if (!v) bench_die("--device needs a value"); o->device = v; i++; }
+        else if (!strcmp(a, "--device")) { if (!v) bench_usage_die("--device needs a value"); o->device = v; i++; }
         else if (!strcmp(a, "--context")) { o->context = dsize(a, v, 1); ctx_given = 1; i++; }
         else if (!strcmp(a, "--batch")) { o->batch = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--heads")) { o->heads = dsize(a, v, 1); i++; }
@@ -100,9 +100,9 @@ static void parse(int argc, char **argv, dopts *o)
             exit(2);
         }
     }
-    if (o->sweep && ctx_given) bench_die("--context and --sweep do not go together (the sweep sets the context)");
-    if (o->heads % o->kv_heads) bench_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
-    if (o->splits > 64) bench_die("--splits: at most 64");
+    if (o->sweep && ctx_given) bench_usage_die("--context and --sweep do not go together (the sweep sets the context)");
+    if (o->heads % o->kv_heads) bench_usage_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
+    if (o->splits > 64) bench_usage_die("--splits: at most 64");
 }
 
 static float *rnd(size_t n, float scale, uint64_t *s)
@@ -180,7 +180,8 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     uint64_t seed = 12345;
     float *wq = rnd(H * D * E, 1.0f / sqrtf((float)E), &seed), *wk = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed);
     float *wv = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed), *wo = rnd(E * H * D, 1.0f / sqrtf((float)(H * D)), &seed);
-    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .w_out = wo};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .w_out = wo, .w_query_count = H * D * E,
+                                  .w_key_count = HK * D * E, .w_value_count = HK * D * E, .w_out_count = E * H * D};
     const size_t P = 16; /* a short prefill first: its GEMMs and kernels are what a real prompt would warm */
     clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
                                .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_half};
@@ -193,7 +194,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     bench_check(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
     float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
     if (!op) bench_die("out of memory");
-    clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op};
+    clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op, .x_count = B * P * E, .out_count = B * P * E};
     if (o->progress) fprintf(stderr, "clattn-bench: C=%zu: plan and cache made; a prefill of %zu tokens, then the "
                              "cache filled ...\n", C, P);
     bench_check(clattn_decode_execute(plan, cache, &pa), "the prefill");
@@ -207,7 +208,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     free(k), free(v);
     float *x = rnd(B * E, 1.0f, &seed), *out = malloc(B * E * sizeof *out);
     if (!out) bench_die("out of memory");
-    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out};
+    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out, .x_count = B * E, .out_count = B * E};
     double t0 = bench_now_ms();
     bench_check(clattn_decode_execute(plan, cache, &a), "the first decode step");
     r->first_ms = bench_now_ms() - t0;

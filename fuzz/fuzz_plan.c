@@ -2,11 +2,12 @@
  *
  * The input bytes decode into a clattn_attention_desc (dimensions mostly small, sometimes
  * 0, huge or odd; flags and enums sometimes out of range; scale and dropout sometimes
- * NaN, Inf, negative or >= 1) and a set of weight pointers. Every weight pointer given
- * points to a heap block of exactly the size the description implies (so AddressSanitizer
- * catches any read past what the API documents); a weight whose size would pass
- * FUZZ_MAX_WEIGHT floats is left out (NULL), which the library must then reject or
- * treat as absent. Then:
+ * NaN, Inf, negative or >= 1) and a set of weight pointers with their element counts. Every
+ * weight pointer given points to a heap block of exactly its count, mostly the size the
+ * description implies and sometimes a few elements more or fewer, or anything (so
+ * AddressSanitizer catches any read past what the caller gave); a weight whose size would pass
+ * FUZZ_MAX_WEIGHT floats is left out (NULL), which the library must then reject or treat as
+ * absent. A plan is made only when every count is the one the description needs. Then:
  *   - a failed clattn_plan_create returns one of clattn's validation statuses, leaves
  *     *plan NULL and says why in clattn_last_error();
  *   - a created plan's resolved description satisfies every documented constraint;
@@ -14,8 +15,9 @@
  *     when the description declares them) and must succeed with finite outputs, attention
  *     weights in [0, 1/(1-p)], each row summing to 1 or (fully masked) 0 without dropout;
  *     in "non-finite" mode some inputs are NaN/Inf and only the absence of crashes counts;
- *   - calls with a missing required argument fail with CLATTN_STATUS_INVALID_ARGUMENT
- *     and leave the outputs untouched.
+ *   - calls with a missing required argument fail with CLATTN_STATUS_INVALID_ARGUMENT,
+ *     and calls with an array whose count is not the plan's (the array exactly that long)
+ *     with CLATTN_STATUS_SHAPE_MISMATCH, and leave the outputs untouched.
  * A violated property aborts (a crash for libFuzzer). The byte layout is in decode(). */
 #include "clattn.h"
 
@@ -152,6 +154,8 @@ typedef struct fcase {
     clattn_attention_desc d;
     const float *w[N_W];
     float *owned[N_W];
+    size_t count[N_W];    /* each weight's element count: its block's length */
+    int counts_right;     /* every count given is the one the description implies */
     int want_attn, profiling, reseed, nonfinite, inf_mask;
     uint64_t new_seed, data_seed;
 } fcase;
@@ -167,6 +171,8 @@ typedef struct fcase {
  *   out: bit0 w_out, bit1 b_out
  *   exec: bit0 attn wanted, bit1 profiling, bit2 set a new seed (8 more bytes),
  *         bit3 -inf entries in a float mask, bit4 non-finite inputs
+ *   counts: per weight 2 bits (0-1: the implied count, 2: a few off, 3: anything up to twice it),
+ *           then 1 byte per weight of the offset
  *   the rest: seed of the data generator */
 static void decode(reader *r, fcase *c)
 {
@@ -211,6 +217,9 @@ static void decode(reader *r, fcase *c)
     c->inf_mask = (ex >> 3) & 1;
     c->nonfinite = (ex >> 4) & 1;
     if (c->reseed) c->new_seed = u64(r);
+    const uint16_t how = (uint16_t)(u8(r) | u8(r) << 8);
+    uint8_t off[N_W];
+    for (int i = 0; i < N_W; i++) off[i] = u8(r);
     c->data_seed = u64(r);
     for (size_t i = 0; i < r->n; i++) c->data_seed = c->data_seed * 31 + r->p[i];
 
@@ -234,10 +243,20 @@ static void decode(reader *r, fcase *c)
     over[W_OUT] = mul3(d->out_dim, H, dv, &need[W_OUT]);
     need[B_OUT] = d->out_dim;
     uint64_t s = c->data_seed ^ 0x5DEECE66Dull;
+    c->counts_right = 1;
     for (int i = 0; i < N_W; i++) {
         if (!has[i] || over[i] || need[i] > FUZZ_MAX_WEIGHT) continue;
-        c->owned[i] = random_floats(&s, need[i], -1.0f, 1.0f);
+        size_t n = need[i];
+        switch ((how >> (2 * i)) & 3) {
+        case 2: n = need[i] + (off[i] % 5) - 2; break;              /* a few off (or right) */
+        case 3: n = need[i] ? off[i] * need[i] / 128 : off[i]; break; /* anything up to twice it */
+        default: break;
+        }
+        if (n > FUZZ_MAX_WEIGHT || n + 2 < n) continue;
+        c->counts_right &= n == need[i];
+        c->owned[i] = random_floats(&s, n, -1.0f, 1.0f);
         c->w[i] = c->owned[i];
+        c->count[i] = n;
     }
 }
 
@@ -349,7 +368,9 @@ static void execute(clattn_plan *plan, const fcase *c)
 
     /* a missing required argument: rejected, outputs untouched */
     clattn_attention_args a = {.x = x, .kv = kv, .key_padding_mask = kpm, .attn_mask = mask, .out = out,
-                               .attn = attn};
+                               .attn = attn, .x_count = n_x, .kv_count = kv ? n_kv : 0,
+                               .key_padding_mask_count = kpm ? B * Tk : 0, .attn_mask_count = mask ? Tq * Tk : 0,
+                               .out_count = n_out, .attn_count = attn ? n_attn : 0};
     clattn_attention_args bad = a;
     const int which = (int)(rng_next(&s) % 5);
     if (which == 0) bad.x = NULL;
@@ -363,6 +384,26 @@ static void execute(clattn_plan *plan, const fcase *c)
         CHECK(clattn_plan_execute(plan, &bad) == CLATTN_STATUS_INVALID_ARGUMENT);
         for (size_t i = 0; i < n_out; i++) CHECK(out[i] == -7.0f);
         for (size_t i = 0; i < n_attn && attn; i++) CHECK(attn[i] == -7.0f);
+    }
+    /* an array one element short or long, exactly that long, with that count: refused, nothing read or
+     * written past it (ASan), the outputs untouched */
+    {
+        const int pick = (int)(rng_next(&s) % 2);
+        const size_t n_short = pick ? n_x - 1 : n_x + 1;
+        float *xs = random_floats(&s, n_short, -1.0f, 1.0f);
+        clattn_attention_args wrong = a;
+        wrong.x = xs, wrong.x_count = n_short;
+        CHECK(clattn_plan_execute(plan, &wrong) == CLATTN_STATUS_SHAPE_MISMATCH);
+        free(xs);
+        float *os = malloc((n_out + 1) * sizeof *os);
+        CHECK(os);
+        for (size_t i = 0; i <= n_out; i++) os[i] = -7.0f;
+        wrong = a;
+        wrong.out = os, wrong.out_count = pick ? n_out - 1 : n_out + 1;
+        CHECK(clattn_plan_execute(plan, &wrong) == CLATTN_STATUS_SHAPE_MISMATCH);
+        for (size_t i = 0; i <= n_out; i++) CHECK(os[i] == -7.0f);
+        free(os);
+        for (size_t i = 0; i < n_out; i++) CHECK(out[i] == -7.0f);
     }
 
     if (c->reseed) CHECK(clattn_plan_set_seed(plan, c->new_seed) == CLATTN_STATUS_SUCCESS);
@@ -407,8 +448,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     reader r = {data, size};
     fcase c;
     decode(&r, &c);
-    clattn_attention_weights w = {c.w[W_QUERY], c.w[W_KEY], c.w[W_VALUE], c.w[B_QUERY],
-                                  c.w[B_KEY], c.w[B_VALUE], c.w[W_OUT], c.w[B_OUT]};
+    clattn_attention_weights w = {c.w[W_QUERY], c.w[W_KEY], c.w[W_VALUE], c.w[B_QUERY], c.w[B_KEY], c.w[B_VALUE],
+                                  c.w[W_OUT], c.w[B_OUT], c.count[W_QUERY], c.count[W_KEY], c.count[W_VALUE],
+                                  c.count[B_QUERY], c.count[B_KEY], c.count[B_VALUE], c.count[W_OUT],
+                                  c.count[B_OUT]};
     const int no_weights = memcmp(&w, &(clattn_attention_weights){0}, sizeof w) == 0;
     clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
     /* weights NULL and all-NULL weights are the same module */
@@ -416,6 +459,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st != CLATTN_STATUS_SUCCESS) {
         check_failure(st, plan);
     } else {
+        CHECK(c.counts_right); /* a plan is made only from counts the description implies */
         clattn_attention_desc d;
         CHECK(clattn_plan_desc(plan, &d) == CLATTN_STATUS_SUCCESS);
         check_resolved(&c.d, &d, &c);

@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 3
+#define CLATTN_VERSION_MINOR 4
 #define CLATTN_VERSION_PATCH 0
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
@@ -220,11 +220,17 @@ typedef struct clattn_attention_desc {
  * module has no Q/K/V projections: Q = x, K = V = kv (or x), split into heads.
  * Biases are optional (NULL = none). w_out NULL = no output projection.
  *   LINEAR layout: w_query (H*dk, E), w_key (HK*dk, Ekv), w_value (HK*dv, Ekv), w_out (Eo, H*dv)
- *   RAW layout:    the transposes of those. (HK = kv_heads, = H unless grouped-query.) */
+ *   RAW layout:    the transposes of those. (HK = kv_heads, = H unless grouped-query.)
+ * Every array comes with its element count (clattn 0.4): the plan refuses a count that is not the one the
+ * description needs (CLATTN_STATUS_SHAPE_MISMATCH, naming both) before it reads anything, so a weight of
+ * another shape is an error, never a read past its end. The count of an array not given is 0. */
 typedef struct clattn_attention_weights {
     const float *w_query, *w_key, *w_value;
     const float *b_query, *b_key, *b_value;  /* (H*dk), (HK*dk), (HK*dv) */
     const float *w_out, *b_out;              /* b_out (Eo) */
+    size_t w_query_count, w_key_count, w_value_count;
+    size_t b_query_count, b_key_count, b_value_count;
+    size_t w_out_count, b_out_count;
 } clattn_attention_weights;
 
 typedef struct clattn_plan clattn_plan;
@@ -250,7 +256,9 @@ CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
 
 /* Execution from host arrays. An array the description does not declare (kv for self-attention, a mask
- * the plan was made without) is refused (INVALID_ARGUMENT), never ignored. */
+ * the plan was made without) is refused (INVALID_ARGUMENT), never ignored. Every array comes with its
+ * element count (clattn 0.4; 0 for one not given): a count that is not the plan's is refused
+ * (CLATTN_STATUS_SHAPE_MISMATCH, naming both) before anything is read or written. */
 typedef struct clattn_attention_args {
     const float *x;                   /* (B, Tq, E) */
     const float *kv;                  /* (B, Tk, Ekv), cross-attention only (else NULL) */
@@ -259,6 +267,7 @@ typedef struct clattn_attention_args {
     float *out;                       /* (B, Tq, Eo or H*dv) */
     float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
                                          need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
+    size_t x_count, kv_count, key_padding_mask_count, attn_mask_count, out_count, attn_count;
 } clattn_attention_args;
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
@@ -425,6 +434,7 @@ typedef struct clattn_decode_args {
                                   (prompts of different lengths in one prefill); the other rows get a zero
                                   attention output (so b_out, or 0, after the output projection). NULL: all n */
     float *out;                /* (B, n, Eo or H*dv) */
+    size_t x_count, valid_count, out_count; /* element counts (clattn 0.4), checked as the attention's */
 } clattn_decode_args;
 
 /* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its
@@ -498,6 +508,8 @@ typedef struct clattn_encoder_weights {
     const float *w_ff1, *b_ff1;                /* (F, E) in attn.layout's convention, (F) */
     const float *w_ff2, *b_ff2;                /* (E, F), (E) */
     const float *ln2_weight, *ln2_bias;        /* (E) */
+    size_t ln1_weight_count, ln1_bias_count, w_ff1_count, b_ff1_count; /* element counts (clattn 0.4), */
+    size_t w_ff2_count, b_ff2_count, ln2_weight_count, ln2_bias_count; /* checked as the attention's */
 } clattn_encoder_weights;
 
 typedef struct clattn_encoder_plan clattn_encoder_plan;
@@ -511,6 +523,7 @@ typedef struct clattn_encoder_args {
     const float *x;                   /* (B, T, E) */
     const uint8_t *key_padding_mask;  /* (B, T), when desc.attn.key_padding_mask */
     float *out;                       /* (B, T, E) */
+    size_t x_count, key_padding_mask_count, out_count; /* element counts (clattn 0.4) */
 } clattn_encoder_args;
 
 CLATTN_API clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *args);

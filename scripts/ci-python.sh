@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # scripts/ci-python.sh: the Python package as a user gets it. In a fresh virtual environment,
 # `pip install ./python` (scikit-build-core from PyPI builds libclattn with CMake and puts it in the
-# package), then the package's pytest suite, on ref and on the OpenCL device.
-#   bash scripts/ci-python.sh           # PYTHON (default python3), VENV (default a temporary one)
+# package), then the package's pytest suite, on ref and on the OpenCL device. The environment is the one the
+# torch tests need: a venv over Debian's Python with its system packages (python3-torch, from
+# scripts/setup.sh --python-tests), NumPy held at Debian's version (the torch built for it breaks on NumPy 2).
+#   bash scripts/ci-python.sh    # PYTHON (default /usr/bin/python3, else python3), VENV (default a temporary one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-python3}
+py=${PYTHON:-}
+if [ -z "$py" ]; then if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=python3; fi; fi
 venv=${VENV:-$(mktemp -d)/venv}
-"$py" -m venv "$venv"
+"$py" -m venv --system-site-packages "$venv"
+constraints=$(dirname "$venv")/constraints.txt
+"$py" -c "import numpy; print('numpy==' + numpy.__version__)" > "$constraints" 2>/dev/null || : > "$constraints"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q ./python pytest matplotlib
+"$venv/bin/python" -m pip install -q -c "$constraints" ./python pytest matplotlib
+"$venv/bin/python" -c "import torch" 2>/dev/null ||
+    echo "ci-python: no torch in $venv (bash scripts/setup.sh --python-tests installs Debian's): the torch tests skip"
 # run from outside the source tree: the installed package, not python/clattn, must be what imports
 (cd "$(dirname "$venv")" && "$venv/bin/python" -m pytest -q "$OLDPWD/python/tests")
 # clattn demo --plot: the tutorials' weights as heat maps through the package (and a clear failure without it)

@@ -2,12 +2,19 @@
 # scripts/setup.sh: install what clattn needs on Debian 12 (only the missing
 # packages), then configure and build it in ./build (Release).
 #   bash scripts/setup.sh            # from the repository root
+#   bash scripts/setup.sh --python-tests   # also what ctest's test_python and scripts/ci-python.sh use:
+#                                          # Debian's NumPy, pytest, venv and torch (with OpenBLAS's threads)
 # Environment: BUILD_DIR (default build), CMAKE_ARGS (extra arguments to cmake).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake gcc make pkg-config ocl-icd-opencl-dev opencl-c-headers libclblast-dev libcriterion-dev
           pocl-opencl-icd)
+case ${1:-} in
+  --python-tests) packages+=(python3-numpy python3-pytest python3-venv python3-torch libopenblas0-pthread) ;;
+  '') ;;
+  *) echo "setup: unknown option '$1' (--python-tests, or nothing)" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -164,12 +164,12 @@ Test(op, make_fills_desc_and_weights)
     clattn_device *dev = tu_open_ref();
     cr_assert(dev);
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &a.desc, &a.weights, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &a.desc, &a.weights, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float out[2 * 5 * 12];
     for (size_t i = 0; i < 2 * 5 * 12; i++) out[i] = NAN;
     cr_assert_eq(a.out_count, 2 * 5 * 12);
     clattn_attention_args args = {.x = a.x, .out = out};
-    cr_expect_eq(clattn_plan_execute(plan, &args), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_expect_eq(tu_plan_execute(plan, &args), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     double o64[2 * 5 * 12];
     cr_assert_eq(oracle_attention(&a.desc, &a.weights, &args, o64, NULL), 0);
     cr_expect_eq(oracle_compare(out, o64, a.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "vs float64: %s", msg);
@@ -239,12 +239,12 @@ static void encoder_op_matches_ref(int norm_first, clattn_activation act, int ca
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
     float *want = tu_poisoned(data.out_count), *got = tu_poisoned(data.out_count);
     clattn_encoder_plan *pr = NULL, *pc = NULL;
-    cr_assert_eq(clattn_encoder_plan_create(ref, d, w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_encoder_plan_create(cl, d, w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_create(ref, d, w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_create(cl, d, w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_encoder_args a = {.x = data.x, .out = want};
-    cr_assert_eq(clattn_encoder_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     a.out = got;
-    cr_assert_eq(clattn_encoder_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     size_t bad = tu_compare(got, want, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_expect_eq(bad, 0, "T=%zu F=%zu: %zu of %zu elements differ; %s", T, F, bad, data.out_count, msg);
     double *o64 = malloc(data.out_count * sizeof *o64);
@@ -658,5 +658,38 @@ Test(bench, start_lines_and_progress, .timeout = 120)
     cr_assert_eq(r->status, 0);
     cr_assert(strstr(r->err, "clattn-bench: device ref") && !strstr(r->err, "first call"),
               "without --progress: the start lines only: %s", r->err);
+    free(r);
+}
+
+/* Usage errors exit 2, as clattn's; runtime failures 1. --opt=value is the same as --opt value. */
+Test(bench, usage_errors_exit_2_and_equals_values, .timeout = 120)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *const cases[][8] = {
+        {"clattn-bench", "--bogus", NULL},
+        {"clattn-bench", "--seq", "0", NULL},
+        {"clattn-bench", "--seq=abc", NULL},
+        {"clattn-bench", "--batch", NULL},
+        {"clattn-bench", "--algorithm=fast", NULL},
+        {"clattn-bench", "--budget", "-1", NULL},
+        {"clattn-bench", "--ff", "8", NULL},                       /* encoder options without --encoder */
+        {"clattn-bench", "--decode", "--context", "x", NULL},
+        {"clattn-bench", "--decode", "--heads=4", "--kv-heads=3", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_bench(cases[i], r);
+        cr_expect_eq(r->status, 2, "%s %s: exit %d; stderr: %s", cases[i][1], cases[i][2] ? cases[i][2] : "",
+                     r->status, r->err);
+        cr_expect(strncmp(r->err, "clattn-bench: ", 14) == 0, "stderr: %s", r->err);
+    }
+    const char *eq[] = {"clattn-bench", "--device=ref", "--batch=1", "--seq=8", "--dim=8", "--heads=2", "--iters=2",
+                        "--warmup=1", "--json", NULL};
+    run_bench(eq, r);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    double v;
+    cr_expect(json_number(r->out, "seq", &v) && v == 8, "%s", r->out);
+    const char *missing_device[] = {"clattn-bench", "--device", "name=NoSuchDeviceAnywhere", "--seq", "8", NULL};
+    run_bench(missing_device, r);
+    cr_expect_eq(r->status, 1, "a device that is not there is a runtime failure: %s", r->err);
     free(r);
 }

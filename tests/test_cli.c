@@ -693,9 +693,21 @@ Test(cli, bad_directories)
     bad_argv("--in is a file", 1, "--in", FLAGS("--in", path_in(in_dir, "x.npy"), "--out", out_dir));
     bad_argv("--in does not exist", 1, "--in", FLAGS("--in", path_in(root, "nope"), "--out", out_dir));
     bad_argv("--out is a file", 1, "--out", FLAGS("--in", in_dir, "--out", path_in(in_dir, "x.npy")));
-    const char *nope = path_in(root, "no_such_out");
-    bad_argv("--out does not exist", 1, "--out", FLAGS("--in", in_dir, "--out", nope, "--heads", "3"));
-    cr_assert_neq(access(nope, F_OK), 0, "--out was created");
+    /* a missing --out is made, parents too, but only when the outputs are written: a run that fails first
+     * leaves it missing, and one that fails writing removes what it made */
+    const char *nope = path_in(root, "no_such_out"), *deep = path_in(nope, "a/b");
+    bad_argv("--out does not exist, the run fails", 1, "heads", FLAGS("--in", in_dir, "--out", deep, "--heads", "5"));
+    cr_assert_neq(access(nope, F_OK), 0, "--out was created by a run that failed");
+    bad_argv("--out under a file", 1, "--out", FLAGS("--in", in_dir, "--out", path_in(path_in(in_dir, "x.npy"), "sub")));
+    char *err;
+    int rc = run_cli(FLAGS("run", "--in", in_dir, "--out", deep, "--device", "ref", "--heads", "3"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "--out a/b missing: exit %d: %s", rc, err);
+    free(err);
+    cr_assert_eq(access(path_in(deep, "out.npy"), R_OK), 0, "no out.npy in the created --out");
+    cr_assert_eq(unlink(path_in(deep, "out.npy")), 0);
+    cr_assert_eq(rmdir(deep), 0);
+    cr_assert_eq(rmdir(path_in(nope, "a")), 0);
+    cr_assert_eq(rmdir(nope), 0);
     unlink(path_in(in_dir, "x.npy"));
     bad("missing x.npy", 1, "x.npy", FLAGS("--heads", "3"));
     cr_assert_eq(mkdir(path_in(in_dir, "x.npy"), 0700), 0); /* else this would test "missing x.npy" again */
@@ -949,6 +961,16 @@ Test(cli, outputs_never_half_written, .timeout = 120)
     cr_assert(n == 19 && memcmp(text, "an earlier attn.npy", 19) == 0, "attn.npy changed by a failed run");
     free(text);
     cr_assert_eq(dir_entries(out_dir), 2, "a temporary file was left in --out");
+    /* a missing --out that the failing run made (two levels) is removed again */
+    const char *made = path_in(root, "made_out"), *made2 = path_in(made, "inner");
+    const char *args_made[] = {"run", "--in", case_dir("mha_basic"), "--out", made2, "--heads", "3", "--device", "ref",
+                           "--need-weights", NULL};
+    fsize_limit = (rlim_t)so.st_size + 64;
+    const int rc2 = run_cli(args_made, ENV_UNSET, &err);
+    fsize_limit = 0;
+    cr_assert_eq(rc2, 1, "exit %d: %s", rc2, err);
+    free(err);
+    cr_assert_neq(access(made, F_OK), 0, "the directories a failed run made were left");
     /* a link at out.npy: replaced by the output, its target untouched */
     char victim[300];
     snprintf(victim, sizeof victim, "%s/victim.txt", root);
@@ -1121,4 +1143,100 @@ Test(cli, build_notice)
     cr_assert_eq(rc, 0, "%s", err);
     cr_assert_str_empty(err, "CLATTN_BUILD_NOTICE=0 printed: [%s]", err);
     free(err);
+}
+
+/* ---------------------------------------------------------------- options */
+
+/* --opt=value works as --opt value, everywhere (the values may hold '=': --device=name=...). */
+Test(cli, options_take_equals_values)
+{
+    copy_case("mha_basic");
+    char in_eq[200], out_eq[200];
+    snprintf(in_eq, sizeof in_eq, "--in=%s", in_dir);
+    snprintf(out_eq, sizeof out_eq, "--out=%s", out_dir);
+    char *err;
+    int rc = run_cli(FLAGS("run", in_eq, out_eq, "--heads=3", "--device=ref"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    free(err);
+    cr_assert_eq(access(path_in(out_dir, "out.npy"), R_OK), 0);
+    rc = run_cli(FLAGS("cores", "--device=ref", "--json"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    free(err);
+    rc = run_cli(FLAGS("cores", "--device=name=NoSuchDeviceAnywhere"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 1, "%s", err);
+    cr_assert(strstr(err, "NoSuchDeviceAnywhere"), "the value after the first '=' is the spec: %s", err);
+    free(err);
+    rc = run_cli(FLAGS("run", in_eq, out_eq, "--heads="), ENV_UNSET, &err);  /* an empty value */
+    cr_assert_eq(rc, 2, "%s", err);
+    free(err);
+}
+
+/* A missing value is named as missing (exit 2), in every subcommand. */
+Test(cli, missing_values_are_named)
+{
+    const char *const cases[][6] = {
+        {"run", "--in", "x", "--out", "y", "--heads"}, {"encoder", "--in", NULL}, {"tune", "--budget", NULL},
+        {"cores", "--device", NULL},                    {"demo", "--plot", NULL},  {"demo", "--device", "--plot"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[8] = {0};
+        for (int k = 0; k < 6 && cases[i][k]; k++) args[k] = cases[i][k];
+        char *err;
+        const int rc = run_cli(args, ENV_UNSET, &err);
+        cr_assert_eq(rc, 2, "%s: exit %d: %s", cases[i][0], rc, err);
+        cr_assert(strstr(err, "needs a value"), "%s: %s", cases[i][0], err);
+        free(err);
+    }
+}
+
+/* Every subcommand's --help lists every option its parser takes (exit 0, on stdout). */
+Test(cli, help_lists_every_option)
+{
+    static const struct { const char *cmd; const char *flags[16]; } subs[] = {
+        {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
+                 "--window", "--decode-from", "--kv-half", "--causal", "--need-weights", "--verbose", NULL}},
+        {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
+                     "--algorithm", NULL}},
+        {"tune", {"--device", "--budget", "--shapes", "--margin", NULL}},
+        {"cores", {"--device", "--json", NULL}},
+        {"demo", {"--device", "--plot", NULL}},
+        {"devices", {NULL}},
+    };
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        for (int form = 0; form < 2; form++) {  /* clattn CMD --help, clattn help CMD */
+            char *err;
+            const int rc = form ? run_cli(FLAGS("help", subs[i].cmd), ENV_UNSET, &err)
+                                : run_cli(FLAGS(subs[i].cmd, "--help"), ENV_UNSET, &err);
+            cr_assert_eq(rc, 0, "%s --help: exit %d: %s", subs[i].cmd, rc, err);
+            free(err);
+            size_t n;
+            char *out = (char *)read_all(stdout_path, &n);
+            cr_assert(strstr(out, subs[i].cmd), "%s --help does not name the command: %s", subs[i].cmd, out);
+            for (int k = 0; subs[i].flags[k]; k++)
+                cr_assert(strstr(out, subs[i].flags[k]), "%s --help does not list %s:\n%s", subs[i].cmd,
+                          subs[i].flags[k], out);
+            free(out);
+        }
+    }
+}
+
+/* demo --plot makes a missing directory (the weights land there before the pictures are drawn) */
+Test(cli, demo_plot_makes_its_directory, .timeout = 120)
+{
+    const char *dir = path_in(root, "plots/new");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {  /* no Python: the drawing fails, after the directory and the weights are there */
+        setenv("CLATTN_PYTHON", "/nonexistent/python", 1);
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1), dup2(fd, 2);
+        execl(CLATTN_CLI_PATH, CLATTN_CLI_PATH, "demo", "--device", "ref", "--plot", dir, (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "exit %d", WEXITSTATUS(status));
+    struct stat sb;
+    cr_assert(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), "demo --plot did not make %s", dir);
+    cr_assert(stat(path_in(dir, "sa_v1.npy"), &sb) == 0, "no weights in %s", dir);
 }

@@ -113,12 +113,12 @@ static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg
     clattn_attention_weights wt = {.w_query = w[0], .w_key = w[1], .w_value = w[2], .w_out = w[3], .b_query = b,
                                    .b_value = b};
     clattn_plan *p = NULL;
-    const clattn_status st = clattn_plan_create(dev, &desc, &wt, &p);
+    const clattn_status st = tu_plan_create(dev, &desc, &wt, &p);
     if (st == CLATTN_STATUS_SUCCESS) {
         snprintf(core, len, "%s", clattn_plan_core(p));
         float *out = tu_poisoned(B * T * E);
         clattn_attention_args a = {.x = x, .out = out};
-        cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         double *want = malloc(B * T * E * sizeof *want);
         cr_assert_eq(oracle_attention(&desc, &wt, &a, want, NULL), 0);
         char msg[256];
@@ -165,10 +165,10 @@ Test(cores, choice)
     /* decode and encoder plans name theirs */
     clattn_attention_desc dd = {.batch = 1, .seq_q = 2, .embed = 16, .heads = 2, .causal = 1};
     clattn_decode_plan *dp = NULL;
-    cr_assert_eq(clattn_decode_plan_create(cl, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(cl, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_str_eq(clattn_decode_plan_core(dp), "decode_attend");
     clattn_decode_plan_free(dp);
-    cr_assert_eq(clattn_decode_plan_create(ref, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_decode_plan_create(ref, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS);
     cr_assert_str_eq(clattn_decode_plan_core(dp), "ref");
     clattn_decode_plan_free(dp);
     clattn_device_free(cl);

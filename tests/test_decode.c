@@ -99,11 +99,11 @@ static void plan_case(clattn_device *dev, clattn_algorithm alg, size_t B, size_t
     clattn_attention_desc d = model_desc(&m, B, T, window, half);
     d.algorithm = alg;
     clattn_plan *p = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) cr_assert_eq(clattn_plan_algorithm(p), alg);
     float *out = tu_poisoned(B * T * m.Eo);
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     double *want = expect(&m, B, T, window, half, x);
     char what[160];
     snprintf(what, sizeof what, "%s B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d",
@@ -174,7 +174,7 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
     const size_t maxn = c->chunks ? T : c->P;
     clattn_attention_desc d = model_desc(m, B, maxn, c->window, c->half);
     clattn_decode_plan *p = NULL;
-    cr_assert_eq(clattn_decode_plan_create(dev, &d, &m->w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m->w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *cache = make_cache(dev, m, B, T + 3, c->half);
     float *xs = malloc(B * maxn * E * sizeof *xs), *os = malloc(B * maxn * m->Eo * sizeof *os);
@@ -185,7 +185,7 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
         for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0) * E, n * E * sizeof *xs);
         for (size_t i = 0; i < B * n * m->Eo; i++) os[i] = NAN;
         clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
-        cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call,
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call,
                      clattn_last_error());
         if (c->splits > 1 && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && n == 1)
             cr_assert_eq(clattn_decode_plan_last_splits(p), c->splits, "split-K did not run with %zu parts", c->splits);
@@ -293,7 +293,7 @@ static void ragged(clattn_device *dev, int half, size_t splits)
     const size_t Eo = m.Eo, cap = P + STEPS + MORE;
     clattn_attention_desc d = model_desc(&m, B, P, 0, half);
     clattn_decode_plan *p = NULL;
-    cr_assert_eq(clattn_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *cache = make_cache(dev, &m, B, cap, half);
 
@@ -302,7 +302,7 @@ static void ragged(clattn_device *dev, int half, size_t splits)
     size_t len[B] = {0};
     float *xp = vals(&r, B * P * E, half, 6, 1.0f), *op = tu_poisoned(B * P * Eo);
     clattn_decode_args a = {.x = xp, .new_tokens = P, .valid = valid, .out = op};
-    cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     for (size_t b = 0; b < B; b++) {
         memcpy(seq + b * cap * E, xp + b * P * E, valid[b] * E * sizeof *seq);
         memcpy(got + b * cap * Eo, op + b * P * Eo, valid[b] * Eo * sizeof *got);
@@ -327,7 +327,7 @@ static void ragged(clattn_device *dev, int half, size_t splits)
             for (size_t i = 0; i < B * E; i++) x1[i] = val(&r, half, 6, 1.0f);
             for (size_t i = 0; i < B * Eo; i++) o1[i] = NAN;
             clattn_decode_args a1 = {.x = x1, .new_tokens = 1, .out = o1};
-            cr_assert_eq(clattn_decode_execute(p, cache, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            cr_assert_eq(tu_decode_execute(p, cache, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
             for (size_t b = 0; b < B; b++) {
                 memcpy(seq + (b * cap + len[b]) * E, x1 + b * E, E * sizeof *seq);
                 memcpy(got + (b * cap + len[b]) * Eo, o1 + b * Eo, Eo * sizeof *got);
@@ -431,7 +431,7 @@ static void errors(clattn_device *dev)
             bad[i].d.head_dim_v = 0;
         }
         p = (clattn_decode_plan *)&m;
-        cr_assert_eq(clattn_decode_plan_create(dev, &bad[i].d, &w, &p), bad[i].st, "case %d: %s", i, clattn_last_error());
+        cr_assert_eq(tu_decode_plan_create(dev, &bad[i].d, &w, &p), bad[i].st, "case %d: %s", i, clattn_last_error());
         cr_assert_null(p, "case %d: the plan pointer must be NULL after a failure", i);
         cr_assert(strstr(clattn_last_error(), bad[i].needle), "case %d: '%s' lacks '%s'", i, clattn_last_error(),
                   bad[i].needle);
@@ -440,11 +440,11 @@ static void errors(clattn_device *dev)
     clattn_attention_desc wd = good;
     wd.causal = 0, wd.window = 3;
     clattn_plan *ap = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &wd, &m.w, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &wd, &m.w, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "window"));
     /* GQA without projections */
     clattn_attention_desc nw = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .kv_heads = 2, .causal = 1};
-    cr_assert_eq(clattn_plan_create(dev, &nw, NULL, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &nw, NULL, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "Q/K/V weights"));
 
     /* caches */
@@ -459,7 +459,7 @@ static void errors(clattn_device *dev)
     cr_assert_eq(clattn_kv_cache_create(dev, &cbad, &c), CLATTN_STATUS_SIZE_OVERFLOW);
     cr_assert_null(c);
     cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
-    cr_assert_eq(clattn_decode_plan_create(dev, &good, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(dev, &good, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, 65), CLATTN_STATUS_INVALID_ARGUMENT);
 
     float x[2 * 4 * 24], out[2 * 4 * 13];
@@ -475,14 +475,14 @@ static void errors(clattn_device *dev)
         {{.x = x, .new_tokens = 4, .valid = too_many, .out = out}, CLATTN_STATUS_INVALID_ARGUMENT, "valid[0] = 5"},
     };
     for (size_t i = 0; i < sizeof ba / sizeof ba[0]; i++) {
-        cr_assert_eq(clattn_decode_execute(p, c, &ba[i].a), ba[i].st, "args case %zu", i);
+        cr_assert_eq(tu_decode_execute(p, c, &ba[i].a), ba[i].st, "args case %zu", i);
         cr_assert(strstr(clattn_last_error(), ba[i].needle), "args case %zu: '%s'", i, clattn_last_error());
     }
     /* overflow of the capacity: the second call of 4 would reach 8 > 6; nothing changes */
-    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float before[2 * 4 * 13];
     memcpy(before, out, sizeof before);
-    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_SHAPE_MISMATCH);
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SHAPE_MISMATCH);
     cr_assert(strstr(clattn_last_error(), "capacity (6)"), "%s", clattn_last_error());
     cr_assert_eq(memcmp(before, out, sizeof before), 0, "a refused call wrote the output");
     size_t lens[2];
@@ -502,12 +502,12 @@ static void errors(clattn_device *dev)
     for (size_t i = 0; i < sizeof mism / sizeof mism[0]; i++) {
         clattn_kv_cache *c2 = NULL;
         cr_assert_eq(clattn_kv_cache_create(dev, &mism[i], &c2), CLATTN_STATUS_SUCCESS);
-        clattn_status st = clattn_decode_execute(p, c2, &a);
+        clattn_status st = tu_decode_execute(p, c2, &a);
         cr_assert(st == CLATTN_STATUS_SHAPE_MISMATCH || st == CLATTN_STATUS_INVALID_ARGUMENT, "mismatch %zu: %d", i, st);
         cr_assert(strstr(clattn_last_error(), i == 4 ? "kv_half" : "does not match"), "%s", clattn_last_error());
         clattn_kv_cache_free(c2);
     }
-    cr_assert_eq(clattn_decode_execute(NULL, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_decode_execute(NULL, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_kv_cache_truncate(c, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_kv_cache_read(NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     clattn_kv_cache_free(c);
@@ -540,11 +540,11 @@ Test(decode, cache_on_other_device)
     model_make(&m, &r, 24, 4, 2, 8, 8, 0);
     clattn_attention_desc d = model_desc(&m, 1, 2, 0, 0);
     clattn_decode_plan *p = NULL;
-    cr_assert_eq(clattn_decode_plan_create(cl, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(cl, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_kv_cache *c = make_cache(ref, &m, 1, 4, 0);
     float x[2 * 24] = {0}, out[2 * 13];
     clattn_decode_args a = {.x = x, .new_tokens = 2, .out = out};
-    cr_assert_eq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "different devices"));
     clattn_kv_cache_free(c);
     clattn_decode_plan_free(p);

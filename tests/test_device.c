@@ -142,13 +142,13 @@ Test(device, caller_owned_queue_and_buffers)
                                .causal = 1, .need_weights = 1};
     clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .w_out = wo, .b_out = bo};
     clattn_plan *plan = NULL, *ref_plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_plan_set_profiling(plan, 1), CLATTN_STATUS_UNSUPPORTED, "queue has no profiling");
     clattn_device *ref = tu_open_ref();
-    cr_assert_eq(clattn_plan_create(ref, &d, &w, &ref_plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(ref, &d, &w, &ref_plan), CLATTN_STATUS_SUCCESS);
     float *want_out = tu_poisoned(NO), *want_attn = tu_poisoned(NA);
     clattn_attention_args a = {.x = x, .out = want_out, .attn = want_attn};
-    cr_assert_eq(clattn_plan_execute(ref_plan, &a), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_execute(ref_plan, &a), CLATTN_STATUS_SUCCESS);
     {
         /* the expectation itself against the independent float64 oracle */
         double *o64 = malloc(NO * sizeof *o64), *a64 = malloc(NA * sizeof *a64);
@@ -226,10 +226,10 @@ Test(device, profiling_stage_times)
     clattn_attention_desc d = {.batch = 2, .seq_q = 33, .embed = E, .heads = 4, .head_dim_qk = 4, .out_dim = E};
     clattn_attention_weights wt = {.w_query = w, .w_key = w, .w_value = w, .w_out = w};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, &wt, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(dev, &d, &wt, &plan), CLATTN_STATUS_SUCCESS);
     cr_assert_eq(clattn_plan_set_profiling(plan, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
     double ms[CLATTN_STAGE_COUNT];
     cr_assert_eq(clattn_plan_stage_times(plan, ms), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     {

@@ -95,14 +95,14 @@ static void check_run(clattn_device *dev, const problem *p, clattn_algorithm alg
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && !tu_core_applies(alg, weights)) return;
     d.need_weights = weights;
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s: %s", what,
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s: %s", what,
                  clattn_last_error());
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
         cr_assert_eq(clattn_plan_algorithm(plan), alg, "%s: the plan runs %s", what,
                      clattn_algorithm_name(clattn_plan_algorithm(plan)));
     float *out = tu_poisoned(p->n_out), *attn = weights ? tu_poisoned(p->n_attn) : NULL;
     clattn_attention_args a = {.x = p->x, .kv = p->kv, .out = out, .attn = attn};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s: %s", what, clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s: %s", what, clattn_last_error());
     clattn_plan_free(plan);
 
     /* the oracle: eval weights in float64, then the expected mask */
@@ -275,11 +275,11 @@ static void counts(clattn_device *dev, clattn_algorithm alg)
         d.algorithm = alg;
         d.need_weights = 1;
         clattn_plan *plan = NULL;
-        cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) cr_assert_eq(clattn_plan_algorithm(plan), alg);
         float *out = tu_poisoned(p.n_out), *attn = tu_poisoned(p.n_attn);
         clattn_attention_args a = {.x = p.x, .out = out, .attn = attn};
-        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         clattn_plan_free(plan);
         size_t col[128] = {0}, row[128] = {0}, total = 0;
         for (size_t h = 0; h < H; h++)

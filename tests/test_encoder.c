@@ -99,8 +99,9 @@ static void case_load(const char *name, enc_case *c)
     for (size_t k = 0; k < c->a[EXPECT].count; k++)
         cr_assert(isfinite(((const float *)c->a[EXPECT].data)[k]), "%s: expect_out[%zu] not finite", name, k);
     clattn_encoder_weights *w = &c->w;
-    w->attn = (clattn_attention_weights){f32(c, WQ), f32(c, WK), f32(c, WV), f32(c, BQ),
-                                         f32(c, BK), f32(c, BV), f32(c, WO), f32(c, BO)};
+    w->attn = (clattn_attention_weights){.w_query = f32(c, WQ), .w_key = f32(c, WK), .w_value = f32(c, WV),
+                                         .b_query = f32(c, BQ), .b_key = f32(c, BK), .b_value = f32(c, BV),
+                                         .w_out = f32(c, WO), .b_out = f32(c, BO)};
     w->ln1_weight = f32(c, LN1W), w->ln1_bias = f32(c, LN1B), w->w_ff1 = f32(c, WF1), w->b_ff1 = f32(c, BF1);
     w->w_ff2 = f32(c, WF2), w->b_ff2 = f32(c, BF2), w->ln2_weight = f32(c, LN2W), w->ln2_bias = f32(c, LN2B);
 }
@@ -151,14 +152,14 @@ static void run_fixtures(clattn_device *dev, clattn_layout layout)
             for (int k = 0; k < 6; k++) *ws[k] = t[k] = transposed(*ws[k], c.a[idx[k]].shape[0], c.a[idx[k]].shape[1]);
         }
         clattn_encoder_plan *plan = NULL;
-        clattn_status st = clattn_encoder_plan_create(dev, &c.d, &w, &plan);
+        clattn_status st = tu_encoder_plan_create(dev, &c.d, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s: %s\n%s", c.name, clattn_status_string(st),
                      clattn_last_error(), clattn_last_build_log());
         const size_t count = c.a[EXPECT].count;
         cr_assert_eq(count, c.a[X].count);
         float *out = tu_poisoned(count);
         clattn_encoder_args a = {.x = c.a[X].data, .key_padding_mask = c.a[KPM].data, .out = out};
-        st = clattn_encoder_plan_execute(plan, &a);
+        st = tu_encoder_plan_execute(plan, &a);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: execute: %s: %s", c.name, clattn_status_string(st),
                      clattn_last_error());
         char msg[256];
@@ -287,12 +288,12 @@ static void devices_teardown(void)
 static float *run_on(clattn_device *dev, const problem *p)
 {
     clattn_encoder_plan *plan = NULL;
-    clattn_status st = clattn_encoder_plan_create(dev, &p->d, &p->w, &plan);
+    clattn_status st = tu_encoder_plan_create(dev, &p->d, &p->w, &plan);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "plan on %s: %s: %s\n%s", clattn_device_name(dev),
                  clattn_status_string(st), clattn_last_error(), clattn_last_build_log());
     float *out = tu_poisoned(p->n);
     clattn_encoder_args a = {.x = p->x, .key_padding_mask = p->kpm, .out = out};
-    st = clattn_encoder_plan_execute(plan, &a);
+    st = tu_encoder_plan_execute(plan, &a);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "execute on %s: %s: %s", clattn_device_name(dev),
                  clattn_status_string(st), clattn_last_error());
     clattn_encoder_plan_free(plan);
@@ -359,7 +360,7 @@ Test(encoder_opencl, buffers)
         make_problem(&p, &cfg, 300 + norm_first);
         float *ref = run_on(ref_dev, &p);
         clattn_encoder_plan *plan = NULL;
-        cr_assert_eq(clattn_encoder_plan_create(cl_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s",
+        cr_assert_eq(tu_encoder_plan_create(cl_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s",
                      clattn_last_error());
         cl_context ctx = clattn_device_context(cl_dev);
         cl_command_queue q = clattn_device_queue(cl_dev);
@@ -536,7 +537,7 @@ static void expect_refused(clattn_device *dev, const clattn_encoder_desc *d, con
                            clattn_status want, const char *needle, const char *what)
 {
     clattn_encoder_plan *plan = (clattn_encoder_plan *)&plan; /* not NULL: must come back NULL */
-    clattn_status st = clattn_encoder_plan_create(dev, d, w, &plan);
+    clattn_status st = tu_encoder_plan_create(dev, d, w, &plan);
     cr_assert_eq(st, want, "%s: got %s (%s), expected %s", what, clattn_status_string(st), clattn_last_error(),
                  clattn_status_string(want));
     cr_assert_null(plan, "%s: *plan not NULL after a failure", what);
@@ -550,7 +551,7 @@ Test(encoder_validation, plan_arguments)
     problem p;
     make_problem(&p, &cfg, 9);
     clattn_device *dev = tu_open_ref();
-    cr_assert_eq(clattn_encoder_plan_create(dev, &p.d, &p.w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(dev, &p.d, &p.w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     expect_refused(NULL, &p.d, &p.w, CLATTN_STATUS_INVALID_ARGUMENT, "device", "NULL device");
     expect_refused(dev, NULL, &p.w, CLATTN_STATUS_INVALID_ARGUMENT, "desc", "NULL desc");
     expect_refused(dev, &p.d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "weights", "NULL weights");
@@ -636,23 +637,23 @@ static void execute_errors(clattn_device *dev)
     problem p;
     make_problem(&p, &cfg, 11);
     clattn_encoder_plan *plan = NULL;
-    cr_assert_eq(clattn_encoder_plan_create(dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_create(dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *out = malloc(p.n * sizeof *out);
     for (size_t i = 0; i < p.n; i++) out[i] = 7.0f;
     clattn_encoder_args a = {.x = p.x, .key_padding_mask = p.kpm, .out = out};
-    cr_assert_eq(clattn_encoder_plan_execute(NULL, &a), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_encoder_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(NULL, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     a.x = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "args.x"));
     a.x = p.x;
     a.key_padding_mask = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "key_padding_mask"));
     for (size_t i = 0; i < p.n; i++) cr_assert_eq(out[i], 7.0f, "out written by a refused call");
     a.key_padding_mask = p.kpm;
     a.out = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     clattn_encoder_buffers b = {0};
     cr_assert_eq(clattn_encoder_plan_execute_buffers(NULL, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, NULL, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -699,10 +700,10 @@ static void fault_walk(int opencl, int buffers, int norm_first)
         for (size_t i = 0; i < p.n; i++) out[i] = 7.0f;
         clattn_test_fail_nth_alloc(buffers ? 0 : n, buffers ? n : 0);
         clattn_encoder_plan *plan = NULL;
-        clattn_status st = clattn_encoder_plan_create(dev, &p.d, &p.w, &plan);
+        clattn_status st = tu_encoder_plan_create(dev, &p.d, &p.w, &plan);
         if (st == CLATTN_STATUS_SUCCESS) {
             clattn_encoder_args a = {.x = p.x, .key_padding_mask = p.kpm, .out = out};
-            st = clattn_encoder_plan_execute(plan, &a);
+            st = tu_encoder_plan_execute(plan, &a);
         } else {
             cr_assert_null(plan);
         }

@@ -66,17 +66,17 @@ static void against_ref(const shape *s, uint64_t seed, clattn_algorithm alg)
     }
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
     clattn_plan *pr = NULL, *pc = NULL;
-    cr_assert_eq(clattn_plan_create(ref, &d, &w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    clattn_status st = clattn_plan_create(cl, &d, &w, &pc);
+    cr_assert_eq(tu_plan_create(ref, &d, &w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_status st = tu_plan_create(cl, &d, &w, &pc);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: %s\n%s", clattn_status_string(st), clattn_last_error(),
                  clattn_last_build_log());
     cr_assert_eq(clattn_plan_algorithm(pc), alg);
     const size_t n = B * Tq * Eo;
     float *oref = tu_poisoned(n), *ocl = tu_poisoned(n);
     a.out = oref;
-    cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     a.out = ocl;
-    cr_assert_eq(clattn_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     int varied = 0;
     for (size_t i = 1; i < n && !varied; i++) varied = oref[i] != oref[0];
     cr_assert(varied, "the reference output is constant: the case proves nothing");
@@ -246,14 +246,14 @@ static void long_check(size_t T, int causal, int kpm, clattn_algorithm alg)
                                   .b_value = c.bv, .w_out = c.wo, .b_out = c.bo};
     clattn_device *cl = tu_open_opencl();
     clattn_plan *plan = NULL;
-    clattn_status st = clattn_plan_create(cl, &d, &w, &plan);
+    clattn_status st = tu_plan_create(cl, &d, &w, &plan);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "T=%zu %s: %s: %s", T, clattn_algorithm_name(alg),
                  clattn_status_string(st), clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(plan), alg, "T=%zu: the plan runs %s", T,
                  clattn_algorithm_name(clattn_plan_algorithm(plan)));
     float *out = tu_poisoned(T * c.E);
     clattn_attention_args a = {.x = c.x, .key_padding_mask = c.kpm, .out = out};
-    st = clattn_plan_execute(plan, &a);
+    st = tu_plan_execute(plan, &a);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "T=%zu %s: %s: %s", T, clattn_algorithm_name(alg),
                  clattn_status_string(st), clattn_last_error());
     /* every element was written (no NaN poison left: the inputs are finite) */

@@ -37,7 +37,7 @@ static void run_all(clattn_device *dev, clattn_layout layout, clattn_algorithm a
         clattn_plan *plan = NULL;
         c.desc.algorithm = alg;
         c.desc.need_weights = weights;
-        clattn_status st = clattn_plan_create(dev, &c.desc, &w, &plan);
+        clattn_status st = tu_plan_create(dev, &c.desc, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s: %s", c.name, clattn_status_string(st),
                      clattn_last_error());
         if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
@@ -62,7 +62,7 @@ static void run_all(clattn_device *dev, clattn_layout layout, clattn_algorithm a
         float *out = tu_poisoned(c.out_count), *attn = tu_poisoned(c.attn_count);
         c.args.out = out;
         c.args.attn = weights ? attn : NULL;
-        st = clattn_plan_execute(plan, &c.args);
+        st = tu_plan_execute(plan, &c.args);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: execute: %s: %s", c.name, clattn_status_string(st),
                      clattn_last_error());
         size_t bad = tu_compare(out, c.expect_out.data, c.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);

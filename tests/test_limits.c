@@ -61,15 +61,15 @@ static void chunked_matches_ref(float dropout)
     const size_t per_pair = 37 * 37 * sizeof(float);
     cl->caps.max_alloc = 3 * per_pair + 100; /* room for 3 of the 8 (b, h) score matrices at once */
     clattn_plan *pc = NULL, *pr = NULL;
-    cr_assert_eq(clattn_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS);
     const size_t n_out = 2 * 37 * 16, n_attn = 2 * 4 * 37 * 37;
     float *oc = tu_poisoned(n_out), *orf = tu_poisoned(n_out), *ac = tu_poisoned(n_attn), *ar = tu_poisoned(n_attn);
     clattn_attention_args a = p.a;
     a.out = oc, a.attn = ac;
-    cr_assert_eq(clattn_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     a.out = orf, a.attn = ar;
-    cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS);
     char msg[256];
     size_t bad = tu_compare(oc, orf, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
     cr_assert_eq(bad, 0, "out: %s", msg);
@@ -88,7 +88,7 @@ static void chunked_matches_ref(float dropout)
     /* and without asking for the weights */
     float *oc2 = tu_poisoned(n_out);
     a.out = oc2, a.attn = NULL;
-    cr_assert_eq(clattn_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS);
     cr_assert_eq(tu_compare(oc2, orf, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
     clattn_plan_free(pc);
     clattn_plan_free(pr);
@@ -111,20 +111,20 @@ Test(limits, refused_with_the_limit_named)
     clattn_plan *plan = NULL;
     const size_t saved = cl->caps.max_alloc;
     cl->caps.max_alloc = 2999 * sizeof(float);
-    cr_assert_eq(clattn_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE);
+    cr_assert_eq(tu_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE);
     cr_assert_null(plan);
     cr_assert(strstr(clattn_last_error(), "max allocation"), "%s", clattn_last_error());
     /* the weights wanted: only the unfused core makes them, and it refuses a row of scores beyond one
      * allocation (before any buffer is made), with that status whatever core AUTO tried first */
     d.need_weights = 1;
-    cr_assert_eq(clattn_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(cl, &d, &wt, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
     cr_assert(strstr(clattn_last_error(), "row of scores"), "%s", clattn_last_error());
     d.need_weights = 0;
     cl->caps.max_alloc = saved;
     /* every score matrix fits (in chunks), but the activations exceed the device's global memory */
     d = (clattn_attention_desc){.batch = 1, .seq_q = 1000, .embed = 256, .heads = 1};
     d.batch = cl->caps.global_mem / (1000 * 256 * sizeof(float)) + 1; /* x alone would fill it */
-    cr_assert_eq(clattn_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s",
+    cr_assert_eq(tu_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s",
                  clattn_last_error());
     cr_assert(strstr(clattn_last_error(), "global memory"), "%s", clattn_last_error());
     clattn_device_free(cl);
@@ -170,10 +170,10 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
 
     clattn_device *ref = tu_open_ref();
     clattn_plan *pr = NULL;
-    cr_assert_eq(clattn_plan_create(ref, &d, &w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(ref, &d, &w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *oref = tu_poisoned(n_out), *aref = tu_poisoned(n_attn);
     a.out = oref, a.attn = aref;
-    cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     int nonzero = 0;
     for (size_t i = 0; i < n_out && !nonzero; i++) nonzero = oref[i] != 0.0f && isfinite(oref[i]);
     cr_assert(nonzero, "the reference output is all zero: the test would prove nothing");
@@ -199,14 +199,14 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     clattn_test_blas_reach(1);
     clattn_test_launch_reach(1);
     clattn_plan *pc = NULL;
-    cr_assert_eq(clattn_plan_create(cl, &d, &w, &pc), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
+    cr_assert_eq(tu_plan_create(cl, &d, &w, &pc), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what,
                  clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(pc), CLATTN_ALGORITHM_UNFUSED, "%s: need_weights runs unfused", lim->what);
     /* from host arrays, with and without the weights */
     for (int want_attn = 1; want_attn >= 0; want_attn--) {
         float *o = tu_poisoned(n_out), *at = want_attn ? tu_poisoned(n_attn) : NULL;
         a.out = o, a.attn = at;
-        cr_assert_eq(clattn_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what, clattn_last_error());
+        cr_assert_eq(tu_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s: %s", lim->what, clattn_last_error());
         cr_assert_eq(tu_compare(o, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (host, attn %d) out: %s",
                      lim->what, want_attn, msg);
         if (at)
@@ -253,12 +253,12 @@ static void lowered_matches_ref(const lowered *lim, int cross, int causal, float
     df.need_weights = 0;
     df.algorithm = CLATTN_ALGORITHM_FUSED;
     clattn_plan *pf = NULL;
-    cr_assert_eq(clattn_plan_create(cl, &df, &w, &pf), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what,
+    cr_assert_eq(tu_plan_create(cl, &df, &w, &pf), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what,
                  clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(pf), CLATTN_ALGORITHM_FUSED, "%s: the plan does not run fused", lim->what);
     float *of = tu_poisoned(n_out);
     a.out = of, a.attn = NULL;
-    cr_assert_eq(clattn_plan_execute(pf, &a), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what, clattn_last_error());
+    cr_assert_eq(tu_plan_execute(pf, &a), CLATTN_STATUS_SUCCESS, "%s (fused): %s", lim->what, clattn_last_error());
     cr_assert_eq(tu_compare(of, oref, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s (fused, host) out: %s",
                  lim->what, msg);
     for (size_t i = 0; i < n_out; i++) of[i] = NAN; /* the read below must bring every value */
@@ -332,10 +332,10 @@ static void walk(int opencl, int buffers, clattn_algorithm alg)
     {
         clattn_device *ref = tu_open_ref();
         clattn_plan *pr = NULL;
-        cr_assert_eq(clattn_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         clattn_attention_args a = p.a;
         a.out = want_out, a.attn = want_attn;
-        cr_assert_eq(clattn_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         clattn_plan_free(pr);
         clattn_device_free(ref);
     }
@@ -347,12 +347,12 @@ static void walk(int opencl, int buffers, clattn_algorithm alg)
         for (size_t i = 0; i < n_attn; i++) attn[i] = 7.0f;
         clattn_test_fail_nth_alloc(buffers ? 0 : n, buffers ? n : 0);
         clattn_plan *plan = NULL;
-        clattn_status st = clattn_plan_create(dev, &p.d, &p.w, &plan);
+        clattn_status st = tu_plan_create(dev, &p.d, &p.w, &plan);
         if (st == CLATTN_STATUS_SUCCESS) {
             if (opencl) cr_assert_eq(clattn_plan_algorithm(plan), alg, "N=%ld: the plan runs another algorithm", n);
             clattn_attention_args a = p.a;
             a.out = out, a.attn = weights ? attn : NULL;
-            st = clattn_plan_execute(plan, &a);
+            st = tu_plan_execute(plan, &a);
         } else {
             cr_assert_null(plan);
         }

@@ -110,12 +110,12 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
     }
 
     clattn_plan *pc = NULL, *pr = NULL;
-    clattn_status st = clattn_plan_create(cl_dev, &d, &w, &pc);
+    clattn_status st = tu_plan_create(cl_dev, &d, &w, &pc);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "OpenCL plan: %s: %s\n%s", clattn_status_string(st), clattn_last_error(),
                  clattn_last_build_log());
     cr_assert_eq(clattn_plan_algorithm(pc), alg, "asked for %s, got %s", clattn_algorithm_name(alg),
                  clattn_algorithm_name(clattn_plan_algorithm(pc)));
-    st = clattn_plan_create(ref_dev, &d, &w, &pr);
+    st = tu_plan_create(ref_dev, &d, &w, &pr);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "ref plan: %s", clattn_last_error());
     const size_t ow = clattn_plan_out_width(pc);
     cr_assert_eq(ow, clattn_plan_out_width(pr));
@@ -126,10 +126,10 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
     ac.out = out_c, ar.out = out_r;
     ac.attn = need_weights ? attn_c : NULL;
     ar.attn = attn_r;
-    st = clattn_plan_execute(pc, &ac);
+    st = tu_plan_execute(pc, &ac);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "OpenCL execute (%s): %s: %s", clattn_algorithm_name(alg),
                  clattn_status_string(st), clattn_last_error());
-    st = clattn_plan_execute(pr, &ar);
+    st = tu_plan_execute(pr, &ar);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "ref execute: %s", clattn_last_error());
 
     char msg[256];
@@ -247,7 +247,7 @@ Test(opencl, fused_refuses_weights)
     float *x = tu_random(&r, B * T * E, -1, 1);
     clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 2};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_core_info *forced = tu_forced_core();
     cr_assert_eq(clattn_plan_algorithm(plan), forced ? forced->algorithm : CLATTN_ALGORITHM_FUSED,
                  "AUTO without need_weights");
@@ -255,16 +255,16 @@ Test(opencl, fused_refuses_weights)
     float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(2 * T * T);
     clattn_attention_args a = {.x = x, .out = out, .attn = attn};
     if (clattn_plan_algorithm(plan) == CLATTN_ALGORITHM_FUSED) {
-        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_UNSUPPORTED);
         cr_assert(strstr(clattn_last_error(), "need_weights"), "%s", clattn_last_error());
         for (size_t i = 0; i < B * T * E; i++) cr_assert(isnan(out[i]), "out written on a refused call");
         for (size_t i = 0; i < 2 * T * T; i++) cr_assert(isnan(attn[i]), "attn written on a refused call");
     }
     clattn_plan_free(plan);
     d.need_weights = 1;
-    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED, "AUTO with need_weights");
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     {
         double o64[1 * 9 * 8], a64[2 * 9 * 9];
         cr_assert_eq(oracle_attention(&d, NULL, &a, o64, a64), 0);
@@ -275,23 +275,23 @@ Test(opencl, fused_refuses_weights)
     clattn_plan_free(plan);
     d.algorithm = CLATTN_ALGORITHM_FUSED;
     plan = (clattn_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
     d.algorithm = (clattn_algorithm)7;
-    cr_assert_eq(clattn_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(cl_dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     /* head sizes above the fused kernel's 256: FUSED refused naming the limit, AUTO falls back */
     clattn_attention_desc big = {.batch = 1, .seq_q = 3, .embed = 300, .heads = 1};
     float *xb = tu_random(&r, 3 * 300, -1, 1);
     big.algorithm = CLATTN_ALGORITHM_FUSED;
-    cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert_eq(tu_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
     big.algorithm = CLATTN_ALGORITHM_AUTO;
     if (forced && forced->algorithm == CLATTN_ALGORITHM_FUSED) { /* forced: refused, never another core */
-        cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert_eq(tu_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
         cr_assert(strstr(clattn_last_error(), "256") && strstr(clattn_last_error(), forced->name), "%s",
                   clattn_last_error());
     } else {
-        cr_assert_eq(clattn_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(cl_dev, &big, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_UNFUSED);
         clattn_plan_free(plan);
     }

@@ -77,11 +77,11 @@ static void plan_once(clattn_device *dev, long *loaded, long *built)
     long l0, b0;
     clattn_test_program_counts(1, &l0, &b0);
     clattn_plan *p = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_test_program_counts(1, loaded, built);
     float *out = tu_poisoned(B * T * H * d);
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     double want[2 * 9 * 8];
     cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
     char msg[256];

@@ -65,11 +65,11 @@ static void run(clattn_device *dev, const problem *p, float dropout, uint64_t se
     d.seed = seed;
     d.need_weights = attn != NULL; /* without: AUTO runs the fused kernel on OpenCL */
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, &p->w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, &p->w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     for (size_t i = 0; i < N_OUT; i++) out[i] = NAN;
     for (size_t i = 0; attn && i < N_ATTN; i++) attn[i] = NAN;
     clattn_attention_args a = {.x = p->x, .out = out, .attn = attn};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_plan_free(plan);
     for (size_t i = 0; i < N_OUT; i++) cr_assert(isfinite(out[i]), "out[%zu] = %g", i, out[i]);
 }
@@ -169,10 +169,10 @@ static void fully_masked(clattn_device *dev)
     clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = 1, .key_padding_mask = 1,
                                .attn_mask = CLATTN_MASK_BOOL, .causal = 1, .need_weights = 1};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *out = tu_poisoned(B * T * E), *attn = tu_poisoned(B * T * T);
     clattn_attention_args a = {.x = x, .key_padding_mask = kpm, .attn_mask = mask, .out = out, .attn = attn};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     for (size_t i = 0; i < T; i++)
         for (size_t c = 0; c < E; c++) {
             float o1 = out[(1 * T + i) * E + c];
@@ -196,11 +196,11 @@ static void fully_masked(clattn_device *dev)
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
         d.need_weights = 0;
         d.algorithm = CLATTN_ALGORITHM_FUSED;
-        cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_FUSED);
         float *of = tu_poisoned(B * T * E);
         a.out = of, a.attn = NULL;
-        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         for (size_t i = 0; i < B * T * E; i++)
             cr_assert(of[i] == out[i] || fabsf(of[i] - out[i]) <= 1e-5f + 1e-4f * fabsf(out[i]),
                       "fused out[%zu] = %g, unfused %g", i, of[i], out[i]);
@@ -227,11 +227,11 @@ static void nan_propagates(clattn_device *dev)
     x[1 * 4 + 2] = NAN; /* token 1 */
     clattn_attention_desc d = {.batch = 1, .seq_q = 4, .embed = 4, .heads = 1, .causal = 1};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
     float out[16];
     for (int i = 0; i < 16; i++) out[i] = -7.0f; /* a finite poison: the NaNs below must be written */
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
     /* query 0 sees key 0 only, with weight 1: its finite columns are token 0's */
     for (int c = 0; c < 4; c++)
         if (c != 2) cr_assert(fabsf(out[c] - x[c]) <= 1e-6f, "query 0, column %d: %g, expected %g", c, out[c], x[c]);
@@ -261,7 +261,7 @@ static void expect_reject(clattn_attention_desc d, clattn_attention_weights w, c
 {
     clattn_device *dev = tu_open_ref();
     clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
-    clattn_status st = clattn_plan_create(dev, &d, &w, &plan);
+    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
     cr_assert_eq(st, want, "expected %s, got %s (%s)", clattn_status_string(want), clattn_status_string(st),
                  clattn_last_error());
     cr_assert_null(plan, "the plan pointer must be NULL after a failure");
@@ -311,18 +311,18 @@ Test(validation, null_arguments)
     clattn_device *dev = tu_open_ref();
     clattn_attention_desc d = {.batch = 1, .seq_q = 2, .embed = 2, .heads = 1};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(NULL, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_create(dev, NULL, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(NULL, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, NULL, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS);
     float x[4] = {1, 2, 3, 4}, out[4] = {-7, -7, -7, -7};
     clattn_attention_args a = {.x = x, .out = NULL};
-    cr_assert_eq(clattn_plan_execute(NULL, &a), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(NULL, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     a.out = out;
     a.x = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     for (int i = 0; i < 4; i++) cr_assert_eq(out[i], -7.0f, "a failed call must leave out untouched");
     cr_assert_eq(clattn_plan_execute_buffers(plan, &(clattn_attention_buffers){0}, 0, NULL, NULL),
                  CLATTN_STATUS_UNSUPPORTED, "buffers on a ref plan");
@@ -342,7 +342,7 @@ Test(validation, ref_plans_report_auto)
     for (int k = 0; k < 3; k++) {
         clattn_attention_desc d = {.batch = 1, .seq_q = 2, .embed = 2, .heads = 1, .algorithm = asked[k]};
         clattn_plan *plan = NULL;
-        cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cr_assert_eq(clattn_plan_algorithm(plan), CLATTN_ALGORITHM_AUTO, "asked %s", clattn_algorithm_name(asked[k]));
         clattn_plan_free(plan);
     }

@@ -120,10 +120,10 @@ static clattn_status tcase_run(clattn_device *dev, const tcase *c, float *out, f
     clattn_plan *plan = NULL;
     clattn_attention_desc d = c->d;
     d.need_weights = attn != NULL; /* without: AUTO runs the fused kernel on OpenCL */
-    clattn_status st = clattn_plan_create(dev, &d, &c->w, &plan);
+    clattn_status st = tu_plan_create(dev, &d, &c->w, &plan);
     if (st != CLATTN_STATUS_SUCCESS) return st;
     clattn_attention_args a = tcase_args(c, out, attn);
-    st = clattn_plan_execute(plan, &a);
+    st = tu_plan_execute(plan, &a);
     clattn_plan_free(plan);
     return st;
 }
@@ -279,12 +279,12 @@ static void loop_cases(tcase cs[N_LOOP_CASES])
 static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *attn)
 {
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &c->d, &c->w, &plan), CLATTN_STATUS_SUCCESS, "plan %d: %s", k,
+    cr_assert_eq(tu_plan_create(dev, &c->d, &c->w, &plan), CLATTN_STATUS_SUCCESS, "plan %d: %s", k,
                  clattn_last_error());
     const int profiling = k % 2;
     cr_assert_eq(clattn_plan_set_profiling(plan, profiling), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_args a = tcase_args(c, out, k % 3 == 0 ? attn : NULL);
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "execute %d: %s", k, clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "execute %d: %s", k, clattn_last_error());
     if (profiling) {
         double ms[CLATTN_STAGE_COUNT];
         cr_assert_eq(clattn_plan_stage_times(plan, ms), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -320,7 +320,7 @@ static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *at
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
         dev->caps.max_alloc = 1000 * sizeof(float); /* below one row of scores: refused, whatever the device */
     plan = (clattn_plan *)(uintptr_t)1;
-    clattn_status st = clattn_plan_create(dev, &big, NULL, &plan);
+    clattn_status st = tu_plan_create(dev, &big, NULL, &plan);
     dev->caps.max_alloc = saved_alloc;
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
         cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s: %s", clattn_status_string(st), clattn_last_error());
@@ -328,7 +328,7 @@ static void loop_once(clattn_device *dev, tcase *c, int k, float *out, float *at
     else cr_assert_null(plan);
     clattn_attention_desc bad = c->d;
     bad.dropout = 2.0f;
-    cr_assert_eq(clattn_plan_create(dev, &bad, &c->w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &bad, &c->w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
 }
 
 static long loop_count(void)
@@ -518,7 +518,7 @@ static void *worker_main(void *arg)
     worker *w = arg;
     tcase *c = w->c;
     clattn_plan *plan = NULL;
-    clattn_status st = clattn_plan_create(w->dev, &c->d, &c->w, &plan);
+    clattn_status st = tu_plan_create(w->dev, &c->d, &c->w, &plan);
     if (st != CLATTN_STATUS_SUCCESS) {
         snprintf(w->msg, sizeof w->msg, "plan: %s", clattn_last_error());
         w->failures++;
@@ -530,7 +530,7 @@ static void *worker_main(void *arg)
         for (size_t i = 0; i < c->n_out; i++) out[i] = NAN;
         for (size_t i = 0; i < c->n_attn; i++) attn[i] = NAN;
         clattn_attention_args a = tcase_args(c, out, attn);
-        st = clattn_plan_execute(plan, &a);
+        st = tu_plan_execute(plan, &a);
         char m[256];
         if (st != CLATTN_STATUS_SUCCESS) {
             if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, clattn_last_error());
@@ -543,7 +543,7 @@ static void *worker_main(void *arg)
             clattn_attention_desc bad = c->d;
             bad.scale = NAN;
             clattn_plan *p2 = NULL;
-            if (clattn_plan_create(w->dev, &bad, &c->w, &p2) != CLATTN_STATUS_INVALID_ARGUMENT ||
+            if (tu_plan_create(w->dev, &bad, &c->w, &p2) != CLATTN_STATUS_INVALID_ARGUMENT ||
                 !strstr(clattn_last_error(), "scale")) {
                 if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: bad scale not reported", it);
             }
@@ -887,7 +887,7 @@ static void expect_rejected(clattn_device *dev, const clattn_attention_desc *d, 
                             clattn_status want, const char *what)
 {
     clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
-    clattn_status st = clattn_plan_create(dev, d, w, &plan);
+    clattn_status st = tu_plan_create(dev, d, w, &plan);
     cr_assert_eq(st, want, "%s: expected %s, got %s (%s)", what, clattn_status_string(want),
                  clattn_status_string(st), clattn_last_error());
     cr_assert_null(plan, "%s: *plan must be NULL after a failure", what);
@@ -902,7 +902,7 @@ static void zero_dims(clattn_device *dev)
     const clattn_attention_desc ok = {.batch = 2, .seq_q = 3, .cross = 1, .seq_kv = 4, .embed = 4, .kv_embed = 5,
                                       .heads = 2, .head_dim_qk = 2, .head_dim_v = 3, .out_dim = 4};
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &ok, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &ok, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_plan_free(plan);
     clattn_attention_desc zero = {0};
     expect_rejected(dev, &zero, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "all zero, no weights");
@@ -917,7 +917,7 @@ static void zero_dims(clattn_device *dev)
     d = ok; d.out_dim = 0; expect_rejected(dev, &d, &w, CLATTN_STATUS_INVALID_ARGUMENT, "out_dim 0 with w_out");
     /* 0 = default where documented: kv_embed (= E), head_dim_v (= dk) */
     d = ok; d.kv_embed = 0; d.head_dim_v = 0;
-    cr_assert_eq(clattn_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_desc got;
     cr_assert_eq(clattn_plan_desc(plan, &got), CLATTN_STATUS_SUCCESS);
     cr_assert_eq(got.kv_embed, 4);
@@ -1003,16 +1003,16 @@ static void bad_values(clattn_device *dev)
     d = ok;
     d.scale = 0.0f;
     d.dropout = nextafterf(1.0f, 0.0f);
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_desc got;
     cr_assert_eq(clattn_plan_desc(plan, &got), CLATTN_STATUS_SUCCESS);
     cr_assert_float_eq(got.scale, 1.0f / sqrtf(3.0f), 1e-7f, "default scale %g", got.scale);
     float x[18], out[18];
     for (int i = 0; i < 18; i++) x[i] = (float)i / 10.0f;
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     for (int i = 0; i < 18; i++) out[i] = NAN;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     {
         double o64[18];
         cr_assert_eq(oracle_attention(&d, NULL, &a, o64, NULL), 0);
@@ -1023,7 +1023,7 @@ static void bad_values(clattn_device *dev)
     d = ok;
     d.dropout = -0.0f;
     d.scale = -2.0f; /* negative scales are finite, hence valid */
-    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_plan_free(plan);
     /* flags and enums outside their range */
     d = ok; d.cross = -1; expect_rejected(dev, &d, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "cross -1");
@@ -1167,16 +1167,16 @@ static void plan_nulls(clattn_device *dev, clattn_mask_kind mask_kind)
                                            .key_padding_mask = 1, .attn_mask = mask_kind},
                TC_QKV | TC_BIAS | TC_OUT | TC_OUT_BIAS, 70);
     clattn_plan *plan = (clattn_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_plan_create(NULL, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(NULL, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
     plan = (clattn_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_plan_create(dev, NULL, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, NULL, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
-    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(dev, &c.d, &c.w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     /* weights NULL means "no weights": this description (kv_embed != embed, out_dim) needs them */
     plan = (clattn_plan *)(uintptr_t)1;
-    cr_assert_neq(clattn_plan_create(dev, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_neq(tu_plan_create(dev, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
     cr_assert_null(plan);
     /* each weight pointer missing in turn */
     const float **ptrs[] = {&c.w.w_query, &c.w.w_key, &c.w.w_value, &c.w.w_out};
@@ -1184,36 +1184,36 @@ static void plan_nulls(clattn_device *dev, clattn_mask_kind mask_kind)
         const float *keep = *ptrs[k];
         *ptrs[k] = NULL;
         plan = (clattn_plan *)(uintptr_t)1;
-        cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT,
+        cr_assert_eq(tu_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT,
                      "weight %d NULL: %s", k, clattn_last_error());
         cr_assert_null(plan);
         *ptrs[k] = keep;
     }
-    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
 
     float *out = malloc(c.n_out * sizeof *out), *attn = malloc(c.n_attn * sizeof *attn);
     fill(out, c.n_out, SENTINEL);
     fill(attn, c.n_attn, SENTINEL);
     clattn_attention_args full = tcase_args(&c, out, attn), a;
-    cr_assert_eq(clattn_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_plan_execute(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_plan_execute(NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     a = full; a.x = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
     cr_assert(strstr(clattn_last_error(), "x"), "'%s'", clattn_last_error());
     a = full; a.kv = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "kv NULL on a cross plan");
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "kv NULL on a cross plan");
     a = full; a.key_padding_mask = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
     a = full; a.attn_mask = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask NULL");
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask NULL");
     a = full; a.out = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
     expect_untouched(out, c.n_out, "out");
     expect_untouched(attn, c.n_attn, "attn");
     /* attn NULL is allowed */
     a = full; a.attn = NULL;
-    cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     expect_untouched(attn, c.n_attn, "attn (not asked for)");
     tcase_oracle_check(&c, out, NULL, 0, "the call after the refused ones");
 
@@ -1325,29 +1325,29 @@ static void encoder_nulls(clattn_device *dev)
                                 .ln1_weight = Wbig, .ln1_bias = Wbig, .w_ff1 = Wbig, .b_ff1 = Wbig,
                                 .w_ff2 = Wbig, .b_ff2 = Wbig, .ln2_weight = Wbig, .ln2_bias = Wbig};
     clattn_encoder_plan *plan = (clattn_encoder_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_encoder_plan_create(NULL, &d, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(NULL, &d, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
     plan = (clattn_encoder_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_encoder_plan_create(dev, NULL, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(dev, NULL, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
     plan = (clattn_encoder_plan *)(uintptr_t)1;
-    cr_assert_eq(clattn_encoder_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_null(plan);
-    cr_assert_eq(clattn_encoder_plan_create(dev, &d, &w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_encoder_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     const float **ptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out, &w.ln1_weight,
                             &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight, &w.ln2_bias};
     for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) {
         const float *keep = *ptrs[k];
         *ptrs[k] = NULL;
         plan = (clattn_encoder_plan *)(uintptr_t)1;
-        clattn_status st = clattn_encoder_plan_create(dev, &d, &w, &plan);
+        clattn_status st = tu_encoder_plan_create(dev, &d, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_INVALID_ARGUMENT, "encoder weight %zu NULL: %s (%s)", k,
                      clattn_status_string(st), clattn_last_error());
         cr_assert_null(plan);
         *ptrs[k] = keep;
     }
-    cr_assert_eq(clattn_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
 
     float x[24], out[24];
     for (size_t i = 0; i < N; i++) x[i] = 0.25f * (float)(i % 7) - 0.5f;
@@ -1355,14 +1355,14 @@ static void encoder_nulls(clattn_device *dev)
     fill(out, N, SENTINEL);
     const clattn_encoder_args full = {.x = x, .key_padding_mask = kpm, .out = out};
     clattn_encoder_args a;
-    cr_assert_eq(clattn_encoder_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(clattn_encoder_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(NULL, &full), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tu_encoder_plan_execute(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     a = full; a.x = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "x NULL");
     a = full; a.key_padding_mask = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "key_padding_mask NULL");
     a = full; a.out = NULL;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "out NULL");
     expect_untouched(out, N, "encoder out");
 
     cl_event ev = (cl_event)(uintptr_t)0x5e5e;
@@ -1404,7 +1404,7 @@ static void encoder_nulls(clattn_device *dev)
     }
     cr_assert_eq(ev, (cl_event)(uintptr_t)0x5e5e, "event written by a failing call");
     a = full;
-    cr_assert_eq(clattn_encoder_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     double want[24];
     cr_assert_eq(oracle_encoder(&d, &w, x, kpm, want), 0);
     char msg[256];
@@ -1452,7 +1452,7 @@ static void *shared_main(void *arg)
         for (size_t i = 0; i < c->n_out; i++) out[i] = NAN;
         clattn_attention_args a = tcase_args(c, out, NULL);
         a.x = x;
-        const clattn_status st = clattn_plan_execute(w->plan, &a);
+        const clattn_status st = tu_plan_execute(w->plan, &a);
         char m[256];
         if (st != CLATTN_STATUS_SUCCESS) {
             if (!w->failures++) snprintf(w->msg, sizeof w->msg, "iteration %d: %s", it, clattn_last_error());
@@ -1478,8 +1478,8 @@ static void one_plan_four_threads(clattn_device *dev)
     cr_assert_eq(pthread_barrier_init(&start, NULL, NT), 0);
     clattn_plan *plan = NULL, *rp = NULL;
     c.d.need_weights = 0;
-    cr_assert_eq(clattn_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_plan_create(ref, &c.d, &c.w, &rp), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(ref, &c.d, &c.w, &rp), CLATTN_STATUS_SUCCESS);
     float *x = malloc(c.n_x * sizeof *x);
     for (int k = 0; k < NT; k++) {
         const float scale = 0.5f + 0.5f * (float)k;
@@ -1487,7 +1487,7 @@ static void one_plan_four_threads(clattn_device *dev)
         ref_out[k] = tu_poisoned(c.n_out);
         clattn_attention_args a = tcase_args(&c, ref_out[k], NULL);
         a.x = x;
-        cr_assert_eq(clattn_plan_execute(rp, &a), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_plan_execute(rp, &a), CLATTN_STATUS_SUCCESS);
         w[k] = (shared_worker){.plan = plan, .c = &c, .ref_out = ref_out[k], .scale = scale, .start = &start};
     }
     pthread_t t[NT];
@@ -1529,7 +1529,7 @@ Test(misuse, undeclared_inputs_refused)
     for (int k = 0; k < 2; k++) {
         clattn_plan *plan = NULL;
         c.d.need_weights = 0;
-        cr_assert_eq(clattn_plan_create(devs[k], &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_plan_create(devs[k], &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
         float *out = tu_poisoned(c.n_out);
         const struct { const char *needle; clattn_attention_args a; } bad[] = {
             {"args.key_padding_mask", {.x = c.x, .out = out, .key_padding_mask = kpm}},
@@ -1537,7 +1537,7 @@ Test(misuse, undeclared_inputs_refused)
             {"args.kv", {.x = c.x, .out = out, .kv = kv}},
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            cr_assert_eq(clattn_plan_execute(plan, &bad[i].a), CLATTN_STATUS_INVALID_ARGUMENT, "%s", bad[i].needle);
+            cr_assert_eq(tu_plan_execute(plan, &bad[i].a), CLATTN_STATUS_INVALID_ARGUMENT, "%s", bad[i].needle);
             cr_assert(strstr(clattn_last_error(), bad[i].needle) && strstr(clattn_last_error(), "ignored"), "%s",
                       clattn_last_error());
             for (size_t j = 0; j < c.n_out; j++) cr_assert(isnan(out[j]), "out written by a refused call");
@@ -1553,7 +1553,7 @@ Test(misuse, undeclared_inputs_refused)
     cl_mem bo = clCreateBuffer(ctx, CL_MEM_READ_WRITE, c.n_out * 4, NULL, &e);
     cl_mem bm = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &e);
     clattn_plan *plan = NULL;
-    cr_assert_eq(clattn_plan_create(cl, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_plan_create(cl, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
     const struct { const char *needle; clattn_attention_buffers b; } badb[] = {
         {"buffers.key_padding_mask", {.x = {bx, 0}, .out = {bo, 0}, .key_padding_mask = {bm, 0}}},
         {"buffers.attn_mask", {.x = {bx, 0}, .out = {bo, 0}, .attn_mask = {bm, 0}}},
@@ -1593,7 +1593,7 @@ Test(misuse, overlapping_buffers_refused)
         d.algorithm = algs[k];
         d.need_weights = algs[k] == CLATTN_ALGORITHM_UNFUSED;
         clattn_plan *plan = NULL;
-        cr_assert_eq(clattn_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         /* out over x (in place), out starting inside x */
         clattn_attention_buffers b = {.x = {big, 0}, .out = {big, 0}};
         cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);

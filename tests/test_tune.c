@@ -77,10 +77,10 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
                                   .algorithm = alg};
     clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
     clattn_plan *p = NULL;
-    cr_assert_eq(clattn_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *out = tu_poisoned(B * T * E);
     clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(clattn_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     double *want = malloc(B * T * E * sizeof *want);
     cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
     char msg[256];

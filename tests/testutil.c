@@ -1,5 +1,7 @@
 /* testutil.c: random data, tolerant comparison, devices and golden cases for the tests. */
 #include "testutil.h"
+#include "decode/decode.h"
+#include "encoder/encoder.h"
 #include "oracle.h"
 
 #include <criterion/criterion.h>
@@ -290,4 +292,98 @@ size_t tu_case_names(char names[][128], size_t cap)
     closedir(dir);
     qsort(names, n, 128, cmp_names);
     return n;
+}
+
+/* ---- the element counts a careful caller gives (clattn 0.4) */
+
+static void fill(size_t *count, const void *p, size_t want)
+{
+    if (p && *count == 0) *count = want;
+}
+
+void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *d)
+{
+    const size_t H = d->heads, HK = d->kv_heads ? d->kv_heads : H, E = d->embed;
+    const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
+    const size_t dk = d->head_dim_qk ? d->head_dim_qk : H ? E / H : 0, dv = d->head_dim_v ? d->head_dim_v : dk;
+    fill(&w->w_query_count, w->w_query, H * dk * E);
+    fill(&w->w_key_count, w->w_key, HK * dk * Ekv);
+    fill(&w->w_value_count, w->w_value, HK * dv * Ekv);
+    fill(&w->b_query_count, w->b_query, H * dk);
+    fill(&w->b_key_count, w->b_key, HK * dk);
+    fill(&w->b_value_count, w->b_value, HK * dv);
+    fill(&w->w_out_count, w->w_out, d->out_dim * H * dv);
+    fill(&w->b_out_count, w->b_out, d->out_dim);
+}
+
+clattn_status tu_plan_create(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
+                             clattn_plan **plan)
+{
+    if (!d || !w) return clattn_plan_create(dev, d, w, plan);
+    clattn_attention_weights c = *w;
+    tu_count_weights(&c, d);
+    return clattn_plan_create(dev, d, &c, plan);
+}
+
+clattn_status tu_plan_execute(clattn_plan *plan, const clattn_attention_args *a)
+{
+    clattn_attention_desc d;
+    if (!plan || !a || clattn_plan_desc(plan, &d) != CLATTN_STATUS_SUCCESS) return clattn_plan_execute(plan, a);
+    clattn_attention_args c = *a;
+    const size_t B = d.batch, Tq = d.seq_q, Tk = d.seq_kv;
+    fill(&c.x_count, c.x, B * Tq * d.embed);
+    fill(&c.kv_count, c.kv, B * Tk * d.kv_embed);
+    fill(&c.key_padding_mask_count, c.key_padding_mask, B * Tk);
+    fill(&c.attn_mask_count, c.attn_mask, Tq * Tk);
+    fill(&c.out_count, c.out, B * Tq * clattn_plan_out_width(plan));
+    fill(&c.attn_count, c.attn, B * d.heads * Tq * Tk);
+    return clattn_plan_execute(plan, &c);
+}
+
+clattn_status tu_encoder_plan_create(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,
+                                     clattn_encoder_plan **plan)
+{
+    if (!d || !w) return clattn_encoder_plan_create(dev, d, w, plan);
+    clattn_encoder_weights c = *w;
+    tu_count_weights(&c.attn, &d->attn);
+    const size_t E = d->attn.embed, F = d->ff_dim;
+    fill(&c.ln1_weight_count, c.ln1_weight, E);
+    fill(&c.ln1_bias_count, c.ln1_bias, E);
+    fill(&c.w_ff1_count, c.w_ff1, F * E);
+    fill(&c.b_ff1_count, c.b_ff1, F);
+    fill(&c.w_ff2_count, c.w_ff2, E * F);
+    fill(&c.b_ff2_count, c.b_ff2, E);
+    fill(&c.ln2_weight_count, c.ln2_weight, E);
+    fill(&c.ln2_bias_count, c.ln2_bias, E);
+    return clattn_encoder_plan_create(dev, d, &c, plan);
+}
+
+clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *a)
+{
+    if (!plan || !a) return clattn_encoder_plan_execute(plan, a);
+    clattn_encoder_args c = *a;
+    fill(&c.x_count, c.x, plan->rows * plan->E);
+    fill(&c.key_padding_mask_count, c.key_padding_mask, plan->rows);
+    fill(&c.out_count, c.out, plan->rows * plan->E);
+    return clattn_encoder_plan_execute(plan, &c);
+}
+
+clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_desc *d,
+                                    const clattn_attention_weights *w, clattn_decode_plan **plan)
+{
+    if (!d || !w) return clattn_decode_plan_create(dev, d, w, plan);
+    clattn_attention_weights c = *w;
+    tu_count_weights(&c, d);
+    return clattn_decode_plan_create(dev, d, &c, plan);
+}
+
+clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *a)
+{
+    if (!plan || !a) return clattn_decode_execute(plan, cache, a);
+    clattn_decode_args c = *a;
+    const clattn_attention_desc *d = &plan->base->d;
+    fill(&c.x_count, c.x, d->batch * c.new_tokens * d->embed);
+    fill(&c.valid_count, c.valid, d->batch);
+    fill(&c.out_count, c.out, d->batch * c.new_tokens * plan->base->out_width);
+    return clattn_decode_execute(plan, cache, &c);
 }

@@ -33,6 +33,22 @@ clattn_device *tu_open_opencl(void);
 const char *tu_opencl_spec(void);
 clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not open */
 
+/* The library's calls with every array's element count filled in as a careful caller gives it (clattn 0.4),
+ * from the (resolved) description: each array given whose count is 0 gets the count the description needs.
+ * Counts already set are kept, and NULL arguments pass through, so the refusals stay testable; the count
+ * checks themselves are tested with the library's own calls (test_counts.c). */
+clattn_status tu_plan_create(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
+                             clattn_plan **plan);
+clattn_status tu_plan_execute(clattn_plan *plan, const clattn_attention_args *a);
+clattn_status tu_encoder_plan_create(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,
+                                     clattn_encoder_plan **plan);
+clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *a);
+clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_desc *d,
+                                    const clattn_attention_weights *w, clattn_decode_plan **plan);
+clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *a);
+/* The counts alone, into *w (for the description d, unresolved as a caller writes it). */
+void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *d);
+
 /* The core CLATTN_CORE=NAME[:P=V,...] forces (the ctest entries <family>_core_<name>..., generated from the
  * registry), or NULL. tu_open_opencl skips the test visibly when the test device does not run that core. */
 const clattn_core_info *tu_forced_core(void);

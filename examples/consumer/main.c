@@ -27,7 +27,7 @@ int main(void)
     }
     const float x[4] = {1, 0, 0, 1};
     float out[4] = {NAN, NAN, NAN, NAN};
-    clattn_attention_args a = {.x = x, .out = out};
+    clattn_attention_args a = {.x = x, .x_count = 4, .out = out, .out_count = 4};
     st = clattn_plan_execute(plan, &a);
     clattn_plan_free(plan);
     clattn_device_free(dev);

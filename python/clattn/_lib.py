@@ -1,5 +1,5 @@
 """ctypes view of libclattn's public C ABI (include/clattn.h). Layouts mirror the header
-field by field; tests/test_python.py checks the sizes against a C compiler's."""
+field by field; python/tests/test_clattn.py checks the sizes and offsets against a C compiler's."""
 import ctypes
 import os
 from ctypes import POINTER, Structure, c_char, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint8
@@ -56,14 +56,17 @@ class AttentionDesc(Structure):
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int)]
 
 
+WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
+
+
 class AttentionWeights(Structure):
-    _fields_ = [(n, c_float_p) for n in ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
-                                         "b_out")]
+    _fields_ = [(n, c_float_p) for n in WEIGHT_NAMES] + [(n + "_count", c_size_t) for n in WEIGHT_NAMES]
 
 
 class AttentionArgs(Structure):
     _fields_ = [("x", c_float_p), ("kv", c_float_p), ("key_padding_mask", c_uint8_p), ("attn_mask", c_void_p),
-                ("out", c_float_p), ("attn", c_float_p)]
+                ("out", c_float_p), ("attn", c_float_p)] + [
+        (n + "_count", c_size_t) for n in ("x", "kv", "key_padding_mask", "attn_mask", "out", "attn")]
 
 
 class EncoderDesc(Structure):
@@ -71,14 +74,17 @@ class EncoderDesc(Structure):
                 ("eps", c_float)]
 
 
+ENCODER_WEIGHT_NAMES = ("ln1_weight", "ln1_bias", "w_ff1", "b_ff1", "w_ff2", "b_ff2", "ln2_weight", "ln2_bias")
+
+
 class EncoderWeights(Structure):
-    _fields_ = [("attn", AttentionWeights)] + [
-        (n, c_float_p) for n in ("ln1_weight", "ln1_bias", "w_ff1", "b_ff1", "w_ff2", "b_ff2", "ln2_weight",
-                                 "ln2_bias")]
+    _fields_ = [("attn", AttentionWeights)] + [(n, c_float_p) for n in ENCODER_WEIGHT_NAMES] + [
+        (n + "_count", c_size_t) for n in ENCODER_WEIGHT_NAMES]
 
 
 class EncoderArgs(Structure):
-    _fields_ = [("x", c_float_p), ("key_padding_mask", c_uint8_p), ("out", c_float_p)]
+    _fields_ = [("x", c_float_p), ("key_padding_mask", c_uint8_p), ("out", c_float_p)] + [
+        (n + "_count", c_size_t) for n in ("x", "key_padding_mask", "out")]
 
 
 class KVCacheDesc(Structure):
@@ -87,7 +93,8 @@ class KVCacheDesc(Structure):
 
 
 class DecodeArgs(Structure):
-    _fields_ = [("x", c_float_p), ("new_tokens", c_size_t), ("valid", POINTER(c_size_t)), ("out", c_float_p)]
+    _fields_ = [("x", c_float_p), ("new_tokens", c_size_t), ("valid", POINTER(c_size_t)), ("out", c_float_p),
+                ("x_count", c_size_t), ("valid_count", c_size_t), ("out_count", c_size_t)]
 
 
 def _load():
@@ -154,3 +161,7 @@ decode_plan_create = _fn("clattn_decode_plan_create", c_int, c_void_p, POINTER(A
 decode_plan_free = _fn("clattn_decode_plan_free", None, c_void_p)
 decode_execute = _fn("clattn_decode_execute", c_int, c_void_p, c_void_p, POINTER(DecodeArgs))
 decode_plan_set_splits = _fn("clattn_decode_plan_set_splits", c_int, c_void_p, c_size_t)
+BuildNoticeFn = ctypes.CFUNCTYPE(None, c_char_p, c_void_p)
+set_build_notice = _fn("clattn_set_build_notice", None, BuildNoticeFn, c_void_p)
+kernel_cache_notice = _fn("clattn_kernel_cache_notice", c_char_p)
+encoder_plan_core = _fn("clattn_encoder_plan_core", c_char_p, c_void_p)

@@ -85,6 +85,11 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
  * host arrays needs: for owners that only run it on device buffers (the encoder layer). */
 clattn_status clattn_plan_create_device_resident(clattn_device *device, const clattn_attention_desc *desc,
                                                  const clattn_attention_weights *weights, clattn_plan **plan);
+/* An array given with its element count: CLATTN_STATUS_SUCCESS when the count is `want` (or the array is
+ * absent with count 0); else the refusal (SHAPE_MISMATCH, or INVALID_ARGUMENT for a count without an
+ * array), naming owner.name, both numbers and `how` the wanted one comes from the description. */
+clattn_status clattn_count_check(const char *owner, const char *name, const void *p, size_t count, size_t want,
+                                 const char *how);
 /* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`; NULL if out of memory. */
 float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
 float *clattn_vector_copy(const float *src, size_t n);

@@ -3,6 +3,7 @@
 #include "attention.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,48 @@ float *clattn_vector_copy(const float *src, size_t n)
     float *v = clattn_malloc(n * sizeof *v);
     if (v) memcpy(v, src, n * sizeof *v);
     return v;
+}
+
+/* An array given with its count: 0 when the count is the one wanted (or the array is absent with count 0),
+ * else the refusal, naming both numbers and how the wanted one comes from the description. */
+clattn_status clattn_count_check(const char *owner, const char *name, const void *p, size_t count, size_t want,
+                                 const char *how)
+{
+    if (!p) {
+        if (count)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s_count is %zu, but %s.%s is NULL", owner, name,
+                               count, owner, name);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    if (count != want)
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "%s.%s has %zu elements (%s.%s_count), the description needs "
+                           "%zu (%s)%s", owner, name, count, owner, name, want, how,
+                           count == 0 ? ": give every array's element count (clattn 0.4)" : "");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The weights' counts against the resolved description. */
+static clattn_status check_weight_counts(const clattn_attention_desc *d, const clattn_attention_weights *w)
+{
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v, E = d->embed;
+    const size_t Ekv = d->kv_embed, Eo = d->out_dim;
+    char how[160];
+    snprintf(how, sizeof how, "heads*head_dim_qk x embed = %zu*%zu x %zu", H, dk, E);
+    TRY(clattn_count_check("weights", "w_query", w->w_query, w->w_query_count, H * dk * E, how));
+    snprintf(how, sizeof how, "kv_heads*head_dim_qk x kv_embed = %zu*%zu x %zu", HK, dk, Ekv);
+    TRY(clattn_count_check("weights", "w_key", w->w_key, w->w_key_count, HK * dk * Ekv, how));
+    snprintf(how, sizeof how, "kv_heads*head_dim_v x kv_embed = %zu*%zu x %zu", HK, dv, Ekv);
+    TRY(clattn_count_check("weights", "w_value", w->w_value, w->w_value_count, HK * dv * Ekv, how));
+    snprintf(how, sizeof how, "heads*head_dim_qk = %zu*%zu", H, dk);
+    TRY(clattn_count_check("weights", "b_query", w->b_query, w->b_query_count, H * dk, how));
+    snprintf(how, sizeof how, "kv_heads*head_dim_qk = %zu*%zu", HK, dk);
+    TRY(clattn_count_check("weights", "b_key", w->b_key, w->b_key_count, HK * dk, how));
+    snprintf(how, sizeof how, "kv_heads*head_dim_v = %zu*%zu", HK, dv);
+    TRY(clattn_count_check("weights", "b_value", w->b_value, w->b_value_count, HK * dv, how));
+    snprintf(how, sizeof how, "out_dim x heads*head_dim_v = %zu x %zu*%zu", Eo, H, dv);
+    TRY(clattn_count_check("weights", "w_out", w->w_out, w->w_out_count, Eo * H * dv, how));
+    snprintf(how, sizeof how, "out_dim = %zu", Eo);
+    return clattn_count_check("weights", "b_out", w->b_out, w->b_out_count, Eo, how);
 }
 
 /* Resolve defaults and check every field, in a fixed order, before any allocation. */
@@ -127,7 +170,7 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         d->heads > lim || d->head_dim_qk > lim || d->head_dim_v > lim || d->out_dim > lim || d->window > lim ||
         d->heads * (2 * d->head_dim_qk + d->head_dim_v) > lim)
         return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "a dimension exceeds 2^32-1");
-    return CLATTN_STATUS_SUCCESS;
+    return check_weight_counts(d, w);
 }
 
 void clattn_plan_free(clattn_plan *plan)
@@ -317,6 +360,23 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
     if (plan->d.attn_mask == CLATTN_MASK_NONE && a->attn_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is given, but the plan was created "
                            "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
+    /* every array's count (0 for one not given), before anything is read or written */
+    const clattn_attention_desc *d = &plan->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    char how[120];
+    snprintf(how, sizeof how, "batch x seq_q x embed = %zu x %zu x %zu", B, Tq, d->embed);
+    TRY(clattn_count_check("args", "x", a->x, a->x_count, B * Tq * d->embed, how));
+    snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, d->kv_embed);
+    TRY(clattn_count_check("args", "kv", a->kv, a->kv_count, B * Tk * d->kv_embed, how));
+    snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", B, Tk);
+    TRY(clattn_count_check("args", "key_padding_mask", a->key_padding_mask, a->key_padding_mask_count, B * Tk, how));
+    snprintf(how, sizeof how, "seq_q x seq_kv = %zu x %zu", Tq, Tk);
+    TRY(clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, Tq * Tk, how));
+    snprintf(how, sizeof how, "batch x seq_q x %s = %zu x %zu x %zu", plan->has_out ? "out_dim" : "heads*head_dim_v",
+             B, Tq, plan->out_width);
+    TRY(clattn_count_check("args", "out", a->out, a->out_count, B * Tq * plan->out_width, how));
+    snprintf(how, sizeof how, "batch x heads x seq_q x seq_kv = %zu x %zu x %zu x %zu", B, d->heads, Tq, Tk);
+    TRY(clattn_count_check("args", "attn", a->attn, a->attn_count, B * d->heads * Tq * Tk, how));
     return CLATTN_STATUS_SUCCESS;
 }
 

@@ -19,8 +19,15 @@ int clattn_cli_tune(int argc, char **argv);
 /* One line "cmd: ..." on stderr; control characters (a newline in a file name) become '?'. */
 void clattn_cli_vsay(const char *cmd, const char *fmt, va_list ap);
 void clattn_cli_say(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* 0 when --in/--out `path` is a directory we can read (or write); else -1 after saying why. */
+/* 0 when --in/--out `path` is a directory we can read (or write); else -1 after saying why. A writable one
+ * (--out, --plot) may also be missing when its nearest existing ancestor is a directory we can write in: the
+ * command creates it (clattn_cli_make_dir) only when it writes its outputs. */
 int clattn_cli_check_dir(const char *cmd, const char *flag, const char *path, int writable);
+/* mkdir -p path (mode 0777 less the umask); *created = how many directories it made, the last components of
+ * path. 0, or -1 after saying why (then nothing it made is left). */
+int clattn_cli_make_dir(const char *cmd, const char *flag, const char *path, int *created);
+/* Remove the `created` directories clattn_cli_make_dir made (empty ones only): on an error, --out as it was. */
+void clattn_cli_unmake_dir(const char *path, int created);
 /* "(2, 3)", "(5,)": a shape as NumPy prints it, in buf. */
 const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims);
 /* Open the device named by --device (NULL = default: $CLATTN_DEVICE, else opencl, else ref), saying the

@@ -29,12 +29,88 @@ void clattn_cli_say(const char *cmd, const char *fmt, ...)
     va_end(ap);
 }
 
+/* The nearest existing ancestor of a missing path, when it is a directory we may write in: 0, else -1 after
+ * saying why. */
+static int creatable(const char *cmd, const char *flag, const char *path)
+{
+    char *p = strdup(path);
+    if (!p) {
+        clattn_cli_say(cmd, "%s '%s': out of memory", flag, path);
+        return -1;
+    }
+    struct stat sb;
+    int rc = -1;
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        while (slash && slash > p && slash[-1] == '/') slash--;  /* "a//b" */
+        if (!slash) strcpy(p, ".");
+        else if (slash == p) p[1] = '\0';                        /* "/x": the root */
+        else *slash = '\0';
+        if (stat(p, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode)) clattn_cli_say(cmd, "%s '%s': '%s' is not a directory", flag, path, p);
+            else if (access(p, W_OK | X_OK) != 0)
+                clattn_cli_say(cmd, "%s '%s': cannot create it in '%s' (not writable)", flag, path, p);
+            else rc = 0;
+            break;
+        }
+        if (errno != ENOENT || strcmp(p, ".") == 0 || strcmp(p, "/") == 0) {
+            clattn_cli_say(cmd, "%s '%s': %s: %s", flag, path, p, strerror(errno));
+            break;
+        }
+    }
+    free(p);
+    return rc;
+}
+
+int clattn_cli_make_dir(const char *cmd, const char *flag, const char *path, int *created)
+{
+    *created = 0;
+    char *p = strdup(path);
+    if (!p) {
+        clattn_cli_say(cmd, "%s '%s': out of memory", flag, path);
+        return -1;
+    }
+    int rc = 0;
+    for (char *c = p + 1;; c++) {  /* each prefix that ends a component, then the whole path */
+        if (*c != '/' && *c != '\0') continue;
+        const char keep = *c;
+        *c = '\0';
+        if (mkdir(p, 0777) == 0) {
+            (*created)++;
+        } else if (errno != EEXIST) {
+            clattn_cli_say(cmd, "%s '%s': cannot create '%s': %s", flag, path, p, strerror(errno));
+            rc = -1;
+        }
+        *c = keep;
+        if (rc || !keep) break;
+    }
+    free(p);
+    if (rc) clattn_cli_unmake_dir(path, *created), *created = 0;
+    return rc;
+}
+
+void clattn_cli_unmake_dir(const char *path, int created)
+{
+    char *p = strdup(path);
+    if (!p) return;
+    for (int k = 0; k < created; k++) {
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+        if (rmdir(p) != 0) break;
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p) break;
+        *slash = '\0';
+    }
+    free(p);
+}
+
 int clattn_cli_check_dir(const char *cmd, const char *flag, const char *path, int writable)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
+        if (errno == ENOENT && writable) return creatable(cmd, flag, path);  /* made when the outputs are written */
         if (errno == ENOENT)
-            clattn_cli_say(cmd, "%s '%s': no such directory%s", flag, path, writable ? " (create it first)" : "");
+            clattn_cli_say(cmd, "%s '%s': no such directory", flag, path);
         else
             clattn_cli_say(cmd, "%s '%s': %s", flag, path, strerror(errno));
         return -1;

@@ -7,6 +7,8 @@
 #include "tutorial_data.h"
 #include "tutorial_encoder_data.h"
 
+#define CNT(a) (sizeof(a) / sizeof(float)) /* the element count of a tutorial array */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +60,12 @@ static int run_once(clattn_device *dev, const clattn_attention_desc *d, const cl
     dw.need_weights = attn != NULL;
     clattn_plan *plan = NULL;
     clattn_status st = clattn_plan_create(dev, &dw, w, &plan);
+    /* the demo's arrays hold exactly one sequence of the description's shape */
+    const size_t n_x = d->batch * d->seq_q * d->embed, n_attn = d->batch * d->heads * d->seq_q * d->seq_q;
     if (st == CLATTN_STATUS_SUCCESS) {
-        clattn_attention_args a = {.x = x, .out = out, .attn = attn};
+        clattn_attention_args a = {.x = x, .out = out, .attn = attn, .x_count = n_x,
+                                   .out_count = d->batch * d->seq_q * clattn_plan_out_width(plan),
+                                   .attn_count = attn ? n_attn : 0};
         st = clattn_plan_execute(plan, &a);
     }
     const size_t n = plan ? d->batch * d->seq_q * clattn_plan_out_width(plan) : 0;
@@ -74,7 +80,7 @@ static int run_once(clattn_device *dev, const clattn_attention_desc *d, const cl
     plan = NULL;
     st = clattn_plan_create(dev, d, w, &plan);
     if (st == CLATTN_STATUS_SUCCESS) {
-        clattn_attention_args a = {.x = x, .out = again};
+        clattn_attention_args a = {.x = x, .out = again, .x_count = n_x, .out_count = n};
         st = clattn_plan_execute(plan, &a);
     }
     const clattn_algorithm alg = clattn_plan_algorithm(plan);
@@ -134,17 +140,36 @@ int clattn_cli_demo(int argc, char **argv)
 {
     const char *spec = NULL, *plot_dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-            spec = argv[++i];
-        } else if (strcmp(argv[i], "--plot") == 0 && i + 1 < argc) {
-            plot_dir = argv[++i];
-        } else {
-            fprintf(stderr, "clattn demo: unknown argument '%s' (usage: clattn demo [--device SPEC] [--plot DIR])\n",
-                    argv[i]);
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            printf("usage: clattn demo [--device SPEC] [--plot DIR]\n"
+                   "  runs the tutorials' examples (attention without weights, SelfAttention_v1/v2, causal,\n"
+                   "  dropout, multi-head, the encoder layer) and checks each table against the tutorials' numbers\n"
+                   "  --device SPEC: the device (default: $CLATTN_DEVICE, else opencl, else ref)\n"
+                   "  --plot DIR: also write the attention weights to DIR (created when missing) and draw them as\n"
+                   "              PNG heat maps through the Python package (CLATTN_PYTHON picks the interpreter)\n");
+            return 0;
+        }
+        if (strcmp(a, "--device") != 0 && strcmp(a, "--plot") != 0) {
+            fprintf(stderr, "clattn demo: unknown %s '%s' (usage: clattn demo [--device SPEC] [--plot DIR])\n",
+                    a[0] == '-' ? "option" : "argument", a);
             return 2;
         }
+        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0 || !*argv[i + 1]) {
+            fprintf(stderr, "clattn demo: %s needs a value\n", a);
+            return 2;
+        }
+        if ((strcmp(a, "--device") == 0 ? spec : plot_dir) != NULL) {
+            fprintf(stderr, "clattn demo: %s given more than once\n", a);
+            return 2;
+        }
+        if (strcmp(a, "--device") == 0) spec = argv[++i];
+        else plot_dir = argv[++i];
     }
-    if (plot_dir && clattn_cli_check_dir("clattn demo", "--plot", plot_dir, 1)) return 1;
+    int made = 0;
+    if (plot_dir && (clattn_cli_check_dir("clattn demo", "--plot", plot_dir, 1) ||
+                     clattn_cli_make_dir("clattn demo", "--plot", plot_dir, &made)))
+        return 1;
     int code = 1;
     clattn_device *dev = clattn_cli_open_device("clattn demo", spec, &code);
     if (!dev) return code;
@@ -176,7 +201,10 @@ int clattn_cli_demo(int argc, char **argv)
     print_tensor("W_query", &clattn_tut001_sa_v1_w_query[0][0], 3, 2);
     clattn_attention_weights w1 = {.w_query = &clattn_tut001_sa_v1_w_query[0][0],
                                    .w_key = &clattn_tut001_sa_v1_w_key[0][0],
-                                   .w_value = &clattn_tut001_sa_v1_w_value[0][0]};
+                                   .w_value = &clattn_tut001_sa_v1_w_value[0][0],
+                                   .w_query_count = CNT(clattn_tut001_sa_v1_w_query),
+                                   .w_key_count = CNT(clattn_tut001_sa_v1_w_key),
+                                   .w_value_count = CNT(clattn_tut001_sa_v1_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2,
                                 .layout = CLATTN_LAYOUT_RAW};
     if (run_once(dev, &d, &w1, x, out, attn)) goto done;
@@ -199,7 +227,10 @@ int clattn_cli_demo(int argc, char **argv)
     printf("== 4. SelfAttention_v2, torch.manual_seed(789), nn.Linear(3, 2, bias=False) ==\n");
     clattn_attention_weights w2 = {.w_query = &clattn_tut001_sa_v2_w_query[0][0],
                                    .w_key = &clattn_tut001_sa_v2_w_key[0][0],
-                                   .w_value = &clattn_tut001_sa_v2_w_value[0][0]};
+                                   .w_value = &clattn_tut001_sa_v2_w_value[0][0],
+                                   .w_query_count = CNT(clattn_tut001_sa_v2_w_query),
+                                   .w_key_count = CNT(clattn_tut001_sa_v2_w_key),
+                                   .w_value_count = CNT(clattn_tut001_sa_v2_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2};
     if (run_once(dev, &d, &w2, x, out, attn)) goto done;
     print_tensor("context_vec = sa_v2(inputs)", out, 6, 2);
@@ -213,7 +244,11 @@ int clattn_cli_demo(int argc, char **argv)
                                    .w_key = &clattn_tut001_mha3_w_key[0][0],
                                    .w_value = &clattn_tut001_mha3_w_value[0][0],
                                    .w_out = &clattn_tut001_mha3_w_out[0][0],
-                                   .b_out = clattn_tut001_mha3_b_out};
+                                   .b_out = clattn_tut001_mha3_b_out, .w_query_count = CNT(clattn_tut001_mha3_w_query),
+                                   .w_key_count = CNT(clattn_tut001_mha3_w_key),
+                                   .w_value_count = CNT(clattn_tut001_mha3_w_value),
+                                   .w_out_count = CNT(clattn_tut001_mha3_w_out),
+                                   .b_out_count = CNT(clattn_tut001_mha3_b_out)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 3, .head_dim_qk = 2, .out_dim = 6,
                                 .causal = 1};
     if (run_once(dev, &d, &w3, x, out, attn)) goto done;
@@ -225,7 +260,10 @@ int clattn_cli_demo(int argc, char **argv)
     printf("== 6. d_k != d_v (tutorial 004): \"My shoes are small, my feet are big.\" (8 tokens x 2) ==\n");
     printf("  W_query, W_key (3 x 2) and W_value (4 x 2) from torch.manual_seed(123), used as W.matmul(x)\n");
     clattn_attention_weights w4 = {.w_query = &clattn_tut004_w_query[0][0], .w_key = &clattn_tut004_w_key[0][0],
-                                   .w_value = &clattn_tut004_w_value[0][0]};
+                                   .w_value = &clattn_tut004_w_value[0][0],
+                                   .w_query_count = CNT(clattn_tut004_w_query),
+                                   .w_key_count = CNT(clattn_tut004_w_key),
+                                   .w_value_count = CNT(clattn_tut004_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 1, .head_dim_qk = 3, .head_dim_v = 4};
     if (run_once(dev, &d, &w4, &clattn_tut004_embedded[0][0], out, attn)) goto done;
     print_tensor("attention_weights_2 (query 2, \"shoes\")", attn + 8, 1, 8);
@@ -243,7 +281,15 @@ int clattn_cli_demo(int argc, char **argv)
     clattn_attention_weights we = {.w_query = &clattn_tut004_enc_w_query[0][0], .b_query = clattn_tut004_enc_b_query,
                                    .w_key = &clattn_tut004_enc_w_key[0][0], .b_key = clattn_tut004_enc_b_key,
                                    .w_value = &clattn_tut004_enc_w_value[0][0], .b_value = clattn_tut004_enc_b_value,
-                                   .w_out = &clattn_tut004_enc_w_out[0][0], .b_out = clattn_tut004_enc_b_out};
+                                   .w_out = &clattn_tut004_enc_w_out[0][0], .b_out = clattn_tut004_enc_b_out,
+                                   .w_query_count = CNT(clattn_tut004_enc_w_query),
+                                   .b_query_count = CNT(clattn_tut004_enc_b_query),
+                                   .w_key_count = CNT(clattn_tut004_enc_w_key),
+                                   .b_key_count = CNT(clattn_tut004_enc_b_key),
+                                   .w_value_count = CNT(clattn_tut004_enc_w_value),
+                                   .b_value_count = CNT(clattn_tut004_enc_b_value),
+                                   .w_out_count = CNT(clattn_tut004_enc_w_out),
+                                   .b_out_count = CNT(clattn_tut004_enc_b_out)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 2, .head_dim_qk = 1, .out_dim = 2};
     float mha_out[16], normed[16], enc_out[16];
     if (run_once(dev, &d, &we, xe, mha_out, NULL)) goto done;
@@ -264,11 +310,20 @@ int clattn_cli_demo(int argc, char **argv)
                                  .ln1_weight = clattn_tut004_enc_ln1_weight, .ln1_bias = clattn_tut004_enc_ln1_bias,
                                  .w_ff1 = &clattn_tut004_enc_w_ff1[0][0], .b_ff1 = clattn_tut004_enc_b_ff1,
                                  .w_ff2 = &clattn_tut004_enc_w_ff2[0][0], .b_ff2 = clattn_tut004_enc_b_ff2,
-                                 .ln2_weight = clattn_tut004_enc_ln2_weight, .ln2_bias = clattn_tut004_enc_ln2_bias};
+                                 .ln2_weight = clattn_tut004_enc_ln2_weight, .ln2_bias = clattn_tut004_enc_ln2_bias,
+                                 .ln1_weight_count = CNT(clattn_tut004_enc_ln1_weight),
+                                 .ln1_bias_count = CNT(clattn_tut004_enc_ln1_bias),
+                                 .w_ff1_count = CNT(clattn_tut004_enc_w_ff1),
+                                 .b_ff1_count = CNT(clattn_tut004_enc_b_ff1),
+                                 .w_ff2_count = CNT(clattn_tut004_enc_w_ff2),
+                                 .b_ff2_count = CNT(clattn_tut004_enc_b_ff2),
+                                 .ln2_weight_count = CNT(clattn_tut004_enc_ln2_weight),
+                                 .ln2_bias_count = CNT(clattn_tut004_enc_ln2_bias)};
     clattn_encoder_plan *ep = NULL;
     st = clattn_encoder_plan_create(dev, &ed, &ew, &ep);
     if (st == CLATTN_STATUS_SUCCESS) {
-        clattn_encoder_args ea = {.x = xe, .out = enc_out};
+        clattn_encoder_args ea = {.x = xe, .out = enc_out, .x_count = CNT(clattn_tut004_enc_x),
+                                  .out_count = sizeof enc_out / sizeof enc_out[0]};
         st = clattn_encoder_plan_execute(ep, &ea);
     }
     clattn_encoder_plan_free(ep);

@@ -7,8 +7,14 @@
 
 int clattn_cli_devices(int argc, char **argv)
 {
+    if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        printf("usage: clattn devices\n"
+               "  lists ref (the CPU reference) and every OpenCL device with its selector (opencl:P:D), type,\n"
+               "  compute units, memory and OpenCL C version; no options\n");
+        return 0;
+    }
     if (argc > 1) {
-        fprintf(stderr, "clattn devices: unexpected argument '%s'\n", argv[1]);
+        fprintf(stderr, "clattn devices: unexpected argument '%s' (clattn devices takes no options)\n", argv[1]);
         return 2;
     }
     size_t n = 0;

@@ -130,7 +130,7 @@ static int parse(int argc, char **argv, options *o)
         }
     }
     if (!o->in) return fail(2, "--in DIR is required (the directory holding x.npy and the weights)");
-    if (!o->out) return fail(2, "--out DIR is required (an existing directory for out.npy)");
+    if (!o->out) return fail(2, "--out DIR is required (the directory for out.npy; created when missing)");
     return 0;
 }
 
@@ -301,7 +301,11 @@ int clattn_cli_encoder(int argc, char **argv)
                "  b_key.npy, b_value.npy (E); w_out.npy (E, E); optional b_out.npy (E); ln1_weight.npy,\n"
                "  ln1_bias.npy (E); w_ff1.npy (F, E), b_ff1.npy (F); w_ff2.npy (E, F), b_ff2.npy (E);\n"
                "  ln2_weight.npy, ln2_bias.npy (E); optional key_padding_mask.npy (B, T) bool\n"
-               "output in DIR: out.npy, the shape of x\n",
+               "output in DIR: out.npy, the shape of x (--out is created when missing; out.npy is written to a\n"
+               "  temporary file and renamed into place, so a failed run leaves --out as it was)\n"
+               "  --heads H: attention heads (default 1); --causal: causal self-attention; --norm-first: pre-norm\n"
+               "  --activation relu|gelu (default relu; gelu is the erf form); --eps E: LayerNorm epsilon (1e-5)\n"
+               "  --algorithm auto|fused|unfused; --device SPEC (default: $CLATTN_DEVICE, else opencl, else ref)\n",
                USAGE);
         return 0;
     }
@@ -319,16 +323,25 @@ int clattn_cli_encoder(int argc, char **argv)
 
     /* the device: a spec that cannot be parsed is a usage error, one that matches nothing an input error */
     if (!(dev = clattn_cli_open_device("clattn encoder", o.device, &rc))) goto done;
+#define ARR(i) (in.has[i] ? in.a[i].data : NULL)
+#define CNT(i) (in.has[i] ? in.a[i].count : 0)
+    /* every array with its element count, as read from its file */
     const clattn_attention_weights aw = {
-        .w_query = in.has[WQ] ? in.a[WQ].data : NULL, .w_key = in.has[WK] ? in.a[WK].data : NULL,
-        .w_value = in.has[WV] ? in.a[WV].data : NULL, .b_query = in.has[BQ] ? in.a[BQ].data : NULL,
-        .b_key = in.has[BK] ? in.a[BK].data : NULL,   .b_value = in.has[BV] ? in.a[BV].data : NULL,
-        .w_out = in.a[WO].data,                       .b_out = in.has[BO] ? in.a[BO].data : NULL};
+        .w_query = ARR(WQ), .w_key = ARR(WK), .w_value = ARR(WV), .b_query = ARR(BQ), .b_key = ARR(BK),
+        .b_value = ARR(BV), .w_out = in.a[WO].data, .b_out = ARR(BO), .w_query_count = CNT(WQ),
+        .w_key_count = CNT(WK), .w_value_count = CNT(WV), .b_query_count = CNT(BQ), .b_key_count = CNT(BK),
+        .b_value_count = CNT(BV), .w_out_count = in.a[WO].count, .b_out_count = CNT(BO)};
     const clattn_encoder_weights w = {.attn = aw,
                                       .ln1_weight = in.a[LN1W].data, .ln1_bias = in.a[LN1B].data,
                                       .w_ff1 = in.a[WF1].data,       .b_ff1 = in.a[BF1].data,
                                       .w_ff2 = in.a[WF2].data,       .b_ff2 = in.a[BF2].data,
-                                      .ln2_weight = in.a[LN2W].data, .ln2_bias = in.a[LN2B].data};
+                                      .ln2_weight = in.a[LN2W].data, .ln2_bias = in.a[LN2B].data,
+                                      .ln1_weight_count = in.a[LN1W].count, .ln1_bias_count = in.a[LN1B].count,
+                                      .w_ff1_count = in.a[WF1].count, .b_ff1_count = in.a[BF1].count,
+                                      .w_ff2_count = in.a[WF2].count, .b_ff2_count = in.a[BF2].count,
+                                      .ln2_weight_count = in.a[LN2W].count, .ln2_bias_count = in.a[LN2B].count};
+#undef ARR
+#undef CNT
     clattn_status st = clattn_encoder_plan_create(dev, &d, &w, &plan);
     if (st) {
         rc = fail(1, "creating the encoder plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
@@ -341,7 +354,8 @@ int clattn_cli_encoder(int argc, char **argv)
         goto done;
     }
     clattn_encoder_args args = {.x = in.a[X].data, .key_padding_mask = in.has[KPM] ? in.a[KPM].data : NULL,
-                                .out = out};
+                                .out = out, .x_count = in.a[X].count,
+                                .key_padding_mask_count = in.has[KPM] ? in.a[KPM].count : 0, .out_count = n};
     st = clattn_encoder_plan_execute(plan, &args);
     if (st) {
         rc = fail(1, "running the encoder layer on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
@@ -352,20 +366,23 @@ int clattn_cli_encoder(int argc, char **argv)
     char path[4096], tmp[4200], err[512];
     snprintf(path, sizeof path, "%s/out.npy", o.out);
     struct stat sb;
+    int made = 0;  /* --out directories created here, removed again on an error */
+    if (clattn_cli_make_dir("clattn encoder", "--out", o.out, &made) != 0) {
+        rc = 1;
+        goto done;
+    }
     if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         rc = fail(1, "out.npy: '%s' is a directory", path);
-        goto done;
-    }
-    if (clattn_npy_save_f32_temp(path, out, in.a[X].ndim, in.a[X].shape, tmp, sizeof tmp, err, sizeof err) != 0) {
+    } else if (clattn_npy_save_f32_temp(path, out, in.a[X].ndim, in.a[X].shape, tmp, sizeof tmp, err,
+                                        sizeof err) != 0) {
         rc = fail(1, "out.npy: %s", err);
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
+    } else if (rename(tmp, path) != 0) {
         rc = fail(1, "out.npy: cannot rename %s into place: %s", tmp, strerror(errno));
         unlink(tmp);
-        goto done;
+    } else {
+        rc = 0;
     }
-    rc = 0;
+    if (rc) clattn_cli_unmake_dir(o.out, made);
 done:
     free(out);
     clattn_encoder_plan_free(plan);

@@ -1,4 +1,5 @@
 /* main.c: `clattn` — list devices, run the tutorials' demo, run attention on .npy files. */
+#include "args.h"
 #include "cli.h"
 #include "clattn_build_info.h"
 
@@ -43,19 +44,23 @@ static void usage(FILE *f)
             "usage: clattn <command> [options]      clattn help <command>      clattn --version\n"
             "  devices                      list every OpenCL device (and ref)\n"
             "  cores [--device SPEC] [--json]   list the attention cores and what the device runs\n"
-            "  demo [--device SPEC]         run the tutorials' examples and print their tables\n"
-            "  run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
-            "      [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P] [--device SPEC]\n"
-            "                               attention on .npy files (see README)\n"
-            "  encoder --in DIR --out DIR [--heads H] [--causal] [--norm-first] [--activation relu|gelu]\n"
-            "      [--eps E] [--device SPEC]   a transformer encoder layer on .npy files\n"
-            "  tune [--device SPEC] [--budget S] [--shapes preset|B,T,E,H;...]   tune kernels for the device\n"
+            "  demo [--device SPEC] [--plot DIR]   run the tutorials' examples and print their tables\n"
+            "  run --in DIR --out DIR [--heads H] [--causal] ...   attention on .npy files\n"
+            "  encoder --in DIR --out DIR [--heads H] ...   a transformer encoder layer on .npy files\n"
+            "  tune [--device SPEC] [--budget S] [--shapes ...]   tune the kernels for the device\n"
+            "every option of a command: clattn <command> --help. Options take their value as the next argument\n"
+            "or after '=' (--heads 8, --heads=8). Exit status: 0 done, 1 failed, 2 usage error.\n"
             "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
             "             (default: $CLATTN_DEVICE, else opencl, else ref)\n");
 }
 
 int main(int argc, char **argv)
 {
+    argv = clattn_args_split_equals(&argc, argv);  /* --opt=value, as --opt value, for every subcommand */
+    if (!argv) {
+        fprintf(stderr, "clattn: out of memory reading the arguments\n");
+        return 1;
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -75,10 +80,8 @@ int main(int argc, char **argv)
         if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
         if (strcmp(argv[2], "tune") == 0) return clattn_cli_tune(2, sub);
         if (strcmp(argv[2], "cores") == 0) return clattn_cli_cores(2, sub);
-        if (strcmp(argv[2], "demo") == 0 || strcmp(argv[2], "devices") == 0) {
-            usage(stdout);
-            return 0;
-        }
+        if (strcmp(argv[2], "demo") == 0) return clattn_cli_demo(2, sub);
+        if (strcmp(argv[2], "devices") == 0) return clattn_cli_devices(2, sub);
         fprintf(stderr, "clattn help: unknown command '%s'\n", argv[2]);
         usage(stderr);
         return 2;

@@ -38,6 +38,14 @@ static void usage_line(FILE *f)
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
                "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
                "                  [--algorithm auto|fused|unfused] [--device SPEC] [-v]\n"
+               "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
+               "               at all: each to a temporary file, renamed into place when every output is written)\n"
+               "  --heads H: query heads (default 1); --causal: query i sees keys j <= i\n"
+               "  --scale S: the score scale (default 1/sqrt(head size)); --dropout P --seed N: training-mode\n"
+               "               dropout on the weights (Philox, the same bits on every device)\n"
+               "  --need-weights: also write the attention weights (attn.npy, (B, H, Tq, Tk))\n"
+               "  --algorithm: auto (default), fused or unfused; --device SPEC: ref, opencl, opencl:P:D, gpu, cpu,\n"
+               "               name=TEXT (default: $CLATTN_DEVICE, else opencl, else ref)\n"
                "  --kv-heads N: grouped-query attention, N key/value heads (N divides --heads; default --heads);\n"
                "               w_key.npy and w_value.npy then have N*dk and N*dv rows\n"
                "  --window W: sliding window (with --causal, self-attention): query i sees key j when i - j < W\n"
@@ -506,7 +514,10 @@ static int write_outputs(const char *dir, const dims *d, size_t out_width, const
      * --out is as it was; a link or a FIFO at out.npy is replaced, never followed or opened */
     char out_tmp[4200] = "", attn_tmp[4200] = "";
     struct stat st;
-    if (lstat(out_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    int made = 0;  /* --out directories created here, removed again on an error */
+    if (clattn_cli_make_dir("clattn run", "--out", dir, &made) != 0) {
+        /* said */
+    } else if (lstat(out_path, &st) == 0 && S_ISDIR(st.st_mode)) {
         say("out.npy: '%s' is a directory", out_path);
     } else if (attn && lstat(attn_path, &st) == 0 && S_ISDIR(st.st_mode)) {
         say("attn.npy: '%s' is a directory", attn_path);
@@ -527,6 +538,7 @@ static int write_outputs(const char *dir, const dims *d, size_t out_width, const
     }
     if (out_tmp[0]) unlink(out_tmp);
     if (attn_tmp[0]) unlink(attn_tmp);
+    if (rc) clattn_cli_unmake_dir(dir, made);
     free(out_path);
     free(attn_path);
     return rc;
@@ -564,7 +576,8 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     for (size_t t0k = 0; t0k < T;) {
         const size_t n = t0k == 0 ? P : 1;
         for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0k) * E, n * E * sizeof *xs);
-        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
+        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os, .x_count = B * n * E,
+                                .out_count = B * n * out_width};
         if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
         for (size_t b = 0; b < B; b++)
             memcpy(out + (b * T + t0k) * out_width, os + b * n * out_width, n * out_width * sizeof *out);
@@ -652,6 +665,15 @@ int clattn_cli_run(int argc, char **argv)
     w.b_value = in.has[F_BV] ? in.a[F_BV].data : NULL;
     w.w_out = in.has[F_WO] ? in.a[F_WO].data : NULL;
     w.b_out = in.has[F_BO] ? in.a[F_BO].data : NULL;
+    /* every array with its element count, as read from its file */
+    w.w_query_count = in.has[F_WQ] ? in.a[F_WQ].count : 0;
+    w.w_key_count = in.has[F_WK] ? in.a[F_WK].count : 0;
+    w.w_value_count = in.has[F_WV] ? in.a[F_WV].count : 0;
+    w.b_query_count = in.has[F_BQ] ? in.a[F_BQ].count : 0;
+    w.b_key_count = in.has[F_BK] ? in.a[F_BK].count : 0;
+    w.b_value_count = in.has[F_BV] ? in.a[F_BV].count : 0;
+    w.w_out_count = in.has[F_WO] ? in.a[F_WO].count : 0;
+    w.b_out_count = in.has[F_BO] ? in.a[F_BO].count : 0;
 
     /* output sizes, before any device work */
     const size_t out_width = d.out_proj ? d.Eo : d.H * d.dv;
@@ -722,6 +744,12 @@ int clattn_cli_run(int argc, char **argv)
     args.attn_mask = in.has[F_MASK] ? in.a[F_MASK].data : NULL;
     args.out = out;
     args.attn = attn;
+    args.x_count = in.a[F_X].count;
+    args.kv_count = d.cross ? in.a[F_KV].count : 0;
+    args.key_padding_mask_count = in.has[F_KPM] ? in.a[F_KPM].count : 0;
+    args.attn_mask_count = in.has[F_MASK] ? in.a[F_MASK].count : 0;
+    args.out_count = n_out;
+    args.attn_count = attn ? n_attn : 0;
     const double t2 = clattn_cli_now_ms();
     st = clattn_plan_execute(plan, &args);
     const double t3 = clattn_cli_now_ms();

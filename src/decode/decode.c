@@ -125,6 +125,12 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
                            cd->type == CLATTN_KV_HALF ? "half" : "float", d->kv_half);
     if (n == 0 || n > d->seq_q)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
+    char how[120];
+    snprintf(how, sizeof how, "batch x new_tokens x embed = %zu x %zu x %zu", B, n, d->embed);
+    TRY(clattn_count_check("args", "x", args->x, args->x_count, B * n * d->embed, how));
+    TRY(clattn_count_check("args", "valid", args->valid, args->valid_count, B, "batch"));
+    snprintf(how, sizeof how, "batch x new_tokens x out_width = %zu x %zu x %zu", B, n, p->out_width);
+    TRY(clattn_count_check("args", "out", args->out, args->out_count, B * n * p->out_width, how));
     size_t *valid = clattn_malloc(B * sizeof *valid);
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;

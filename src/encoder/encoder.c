@@ -64,16 +64,23 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
     if (a->out_dim != a->embed)
         return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "desc.attn.out_dim (%zu) must equal desc.attn.embed (%zu)",
                            a->out_dim, a->embed);
-    const struct { const float *p; const char *name; } need[] = {
-        {w->ln1_weight, "ln1_weight"}, {w->ln1_bias, "ln1_bias"}, {w->w_ff1, "w_ff1"}, {w->b_ff1, "b_ff1"},
-        {w->w_ff2, "w_ff2"},           {w->b_ff2, "b_ff2"},       {w->ln2_weight, "ln2_weight"},
-        {w->ln2_bias, "ln2_bias"}};
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+    const size_t E = a->embed, F = d->ff_dim;
+    const struct { const float *p; size_t count, want; const char *name, *how; } need[] = {
+        {w->ln1_weight, w->ln1_weight_count, E, "ln1_weight", "embed"},
+        {w->ln1_bias, w->ln1_bias_count, E, "ln1_bias", "embed"},
+        {w->w_ff1, w->w_ff1_count, F * E, "w_ff1", "ff_dim x embed"},
+        {w->b_ff1, w->b_ff1_count, F, "b_ff1", "ff_dim"},
+        {w->w_ff2, w->w_ff2_count, E * F, "w_ff2", "embed x ff_dim"},
+        {w->b_ff2, w->b_ff2_count, E, "b_ff2", "embed"},
+        {w->ln2_weight, w->ln2_weight_count, E, "ln2_weight", "embed"},
+        {w->ln2_bias, w->ln2_bias_count, E, "ln2_bias", "embed"}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         if (!need[i].p) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.%s is NULL", need[i].name);
+        TRY(clattn_count_check("weights", need[i].name, need[i].p, need[i].count, need[i].want, need[i].how));
+    }
 
     /* sizes of the encoder's own buffers (the attention plan checks its own) */
     size_t n, rows;
-    const size_t E = a->embed, F = d->ff_dim;
     if (clattn_mul_overflows(a->batch, a->seq_q, &rows) || clattn_mul_overflows(rows, E, &n) ||
         clattn_mul_overflows(n, 4 * sizeof(float), &n) || clattn_mul_overflows(rows, F, &n) ||
         clattn_mul_overflows(n, sizeof(float), &n) || clattn_mul_overflows(F, E, &n) ||
@@ -167,6 +174,11 @@ clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clatt
     if (!plan->d.attn.key_padding_mask && args->key_padding_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is given, but the plan was created "
                            "without one (desc.attn.key_padding_mask = 0): it would be ignored");
+    const size_t N = plan->rows, E = plan->E;
+    TRY(clattn_count_check("args", "x", args->x, args->x_count, N * E, "batch*seq_q x embed"));
+    TRY(clattn_count_check("args", "key_padding_mask", args->key_padding_mask, args->key_padding_mask_count, N,
+                           "batch x seq_q"));
+    TRY(clattn_count_check("args", "out", args->out, args->out_count, N * E, "batch*seq_q x embed"));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->execute_host(plan, args);
     pthread_mutex_unlock(&plan->lock);

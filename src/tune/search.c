@@ -66,6 +66,15 @@ static void candidate_table(const search *s, const candidate *c, clattn_tune_tab
     t->xgemm = c->xgemm;
 }
 
+/* The search's weights (E x E projections, as the description's heads * head size = E), with their counts. */
+static clattn_attention_weights search_weights(const search *s)
+{
+    const size_t E = s->d.embed, EE = E * E;
+    return (clattn_attention_weights){.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
+                                      .w_out = s->wo, .b_out = s->bo, .w_query_count = EE, .w_key_count = EE,
+                                      .w_value_count = EE, .b_query_count = E, .w_out_count = EE, .b_out_count = E};
+}
+
 /* Plan the shape with candidate c, check its output against s->ref (when check), and time it: the median
  * of at least 3 runs and 0.3 s. Returns the median in ms, -1 when the plan failed, -2 when its output
  * differed, -3 when the candidate did not apply (another core or other parameters ran). */
@@ -74,8 +83,7 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
     clattn_tune_table try;
     candidate_table(s, c, &try);
     s->dev->tune_try = &try;
-    clattn_attention_weights w = {.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
-                                  .w_out = s->wo, .b_out = s->bo};
+    const clattn_attention_weights w = search_weights(s);
     clattn_plan *p = NULL;
     clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
     s->dev->tune_try = NULL;
@@ -86,7 +94,7 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
         return -3;
     }
     const size_t n = s->d.batch * s->d.seq_q * s->d.out_dim;
-    clattn_attention_args a = {.x = s->x, .out = out};
+    clattn_attention_args a = {.x = s->x, .out = out, .x_count = s->d.batch * s->d.seq_q * s->d.embed, .out_count = n};
     if (clattn_plan_execute(p, &a) != CLATTN_STATUS_SUCCESS) {
         clattn_plan_free(p);
         return -1;
@@ -206,8 +214,7 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     const clattn_core_params *kp = clattn_tune_params(keep, fastest, s->cls);
     const candidate fast = {fastest, kp, -1};
     clattn_plan *probe = NULL;
-    clattn_attention_weights w = {.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
-                                  .w_out = s->wo, .b_out = s->bo};
+    const clattn_attention_weights w = search_weights(s);
     s->dev->tune_try = &with_keep;
     const clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &probe);
     s->dev->tune_try = NULL;

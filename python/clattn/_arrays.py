@@ -1,0 +1,147 @@
+"""Inputs and outputs at the Python edge: NumPy arrays and torch tensors in, the same kind out; every
+number range-checked before it reaches ctypes (which would wrap it silently)."""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._errors import invalid, shape
+
+SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
+U64_MAX = 2 ** 64 - 1
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def integer(name: str, v: Any, lo: int = 0, hi: int = SIZE_MAX) -> int:
+    """v as a Python int in lo .. hi; bools, floats and anything else are refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        invalid(f"{name}: {v!r} is not an integer")
+    v = int(v)
+    if v < lo or v > hi:
+        invalid(f"{name}: {v} is out of range ({lo} .. {hi})")
+    return v
+
+
+def real(name: str, v: Any, lo: float = -F32_MAX, hi: float = F32_MAX, hi_open: bool = False) -> float:
+    """v as a finite float that float32 holds, in [lo, hi] (or [lo, hi))."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        invalid(f"{name}: {v!r} is not a number")
+    f = float(v)
+    if not math.isfinite(f) or f < lo or f > hi or (hi_open and f >= hi):
+        invalid(f"{name}: {v!r} is out of range ({lo:g} .. {hi:g}{')' if hi_open else ']'}")
+    return f
+
+
+def flag(name: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_, int, np.integer)) or int(v) not in (0, 1):
+        invalid(f"{name}: {v!r}, expected True or False")
+    return bool(v)
+
+
+def choice(name: str, v: Any, options: Sequence[str]) -> str:
+    if not isinstance(v, str) or v not in options:
+        invalid(f"{name}: {v!r}, expected one of {', '.join(repr(o) for o in options)}")
+    return v
+
+
+# ---------------------------------------------------------------- torch, when it is given
+
+def is_tensor(a: Any) -> bool:
+    """A torch.Tensor (without importing torch when the caller never used it)."""
+    t = type(a)
+    return t.__module__.split(".")[0] == "torch" and hasattr(a, "detach") and hasattr(a, "dtype")
+
+
+class Kind:
+    """How an input came (NumPy or torch, and the torch dtype): results go back the same way."""
+
+    def __init__(self, a: Any):
+        self.torch_dtype = a.dtype if is_tensor(a) else None
+
+    def out(self, arr: Optional[np.ndarray]):
+        if arr is None or self.torch_dtype is None:
+            return arr
+        import torch
+        t = torch.from_numpy(arr)
+        return t if self.torch_dtype == torch.float32 else t.to(self.torch_dtype)
+
+
+def _tensor_to_numpy(name: str, t: Any, floating: bool) -> np.ndarray:
+    import torch
+    if t.device.type != "cpu":
+        invalid(f"{name}: a tensor on {t.device}; clattn takes CPU tensors (it runs on its own device, "
+                f"chosen with device=...): pass {name}.cpu()")
+    if t.layout != torch.strided:
+        invalid(f"{name}: a {t.layout} tensor; pass a dense one ({name}.to_dense())")
+    t = t.detach()
+    if floating:
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t = t.float()  # exact: every half and bfloat16 value is a float32 value
+        elif t.dtype == torch.float64:
+            invalid(f"{name}: a float64 tensor; clattn computes in float32 and would round it silently: "
+                    f"pass {name}.float() (or module.float())")
+        elif t.dtype != torch.float32:
+            invalid(f"{name}: a {t.dtype} tensor; expected float32 (float16 and bfloat16 are widened)")
+    elif t.dtype in (torch.float16, torch.bfloat16):  # a float mask: widened exactly
+        t = t.float()
+    if hasattr(t, "resolve_neg"):
+        t = t.resolve_neg()
+    if hasattr(t, "resolve_conj"):
+        t = t.resolve_conj()
+    try:
+        return t.contiguous().numpy()
+    except (TypeError, RuntimeError) as e:  # a dtype NumPy has no equivalent for
+        invalid(f"{name}: a {t.dtype} tensor clattn cannot read ({e})")
+
+
+def _asarray(name: str, a: Any) -> np.ndarray:
+    try:
+        return np.asarray(a)
+    except (ValueError, TypeError) as e:
+        invalid(f"{name}: not an array ({e})")
+
+
+def floats(name: str, a: Any, ndim: Union[None, int, Tuple[int, ...]] = None) -> Optional[np.ndarray]:
+    """A C-contiguous float32 array of a (None stays None). NumPy: any floating dtype converts. torch:
+    float32 as is, float16/bfloat16 widened (exactly), float64 and non-floating dtypes refused."""
+    if a is None:
+        return None
+    arr = _tensor_to_numpy(name, a, True) if is_tensor(a) else _asarray(name, a)
+    if arr.dtype.kind != "f":
+        invalid(f"{name}: dtype {arr.dtype} is not a floating type (use float32)")
+    if ndim is not None:
+        allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+        if arr.ndim not in allowed:
+            shape(f"{name}: {arr.ndim}-D array of shape {tuple(arr.shape)}, expected "
+                  f"{' or '.join(f'{n}-D' for n in allowed)}")
+    if 0 in arr.shape:
+        shape(f"{name}: shape {tuple(arr.shape)} is empty; every dimension must be at least 1")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def mask(name: str, a: Any, want: Tuple[int, ...], allow_float: bool, meaning: str):
+    """(kind, array): ("bool", uint8 array with 1 = not allowed) or ("float", float32 array added to the scores)."""
+    arr = _tensor_to_numpy(name, a, False) if is_tensor(a) else _asarray(name, a)
+    if arr.dtype == np.bool_ or arr.dtype.kind in "iu":
+        kind = "bool"
+    elif arr.dtype.kind == "f" and allow_float:
+        kind = "float"
+    else:
+        invalid(f"{name}: dtype {arr.dtype}; expected bool ({meaning})"
+                + (" or a float mask added to the scores" if allow_float else ""))
+    if tuple(arr.shape) != tuple(want):
+        shape(f"{name}: shape {tuple(arr.shape)}, expected {tuple(want)}")
+    if kind == "bool":
+        return kind, np.ascontiguousarray(arr != 0, dtype=np.uint8)
+    return kind, np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def pointer(a: Optional[np.ndarray], ctype=ctypes.c_float):
+    return None if a is None else a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def count(a: Optional[np.ndarray]) -> int:
+    return 0 if a is None else int(a.size)
