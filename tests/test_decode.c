@@ -5,9 +5,14 @@
  *   decode       prefill + one decode step per token = one causal run; appends in uneven chunks;
  *                sequences of different lengths in one batch; truncation; split-K forced to 1..64
  *                parts (empty parts included); the cache read back; every validation error
+ *   edges        capacities exactly at their boundary with the neighbours read back (appends, padding rows,
+ *                truncation, writes); every refused call and every failed allocation of a call leaves the
+ *                lengths, the cache and the output as they were; writes round to half as appends do; split-K
+ *                with every score far below zero
  * kv_half cases use dyadic inputs (x in units of 2^-6, weights of 2^-10, E = 16) so that every
  * projection is exact in float: the half rounding of the library and the oracle's then see the same
  * value, and the comparison is of the rounding itself, not of float summation order. */
+#include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
 
@@ -552,3 +557,277 @@ Test(decode, cache_on_other_device)
     clattn_device_free(ref);
     clattn_device_free(cl);
 }
+
+/* ---------------------------------------------------------------- the edges of state (issue 21) */
+
+/* The projected key (isk) or value of token x (E floats) for key/value head g, channel c, as the cache holds it. */
+static double projected(const model *m, const float *x, int isk, size_t g, size_t c, int half)
+{
+    const size_t D = isk ? m->dk : m->dv;
+    const float *wr = (isk ? m->wk : m->wv) + (g * D + c) * m->E;
+    double s = (isk ? m->bk : m->bv)[g * D + c];
+    for (size_t e = 0; e < m->E; e++) s += (double)x[e] * wr[e];
+    return half ? oracle_half(s) : s;
+}
+
+/* The cache read back: position t of sequence b holds token seq[b][t] for t < len[b], 0 from there on; every
+ * head, every position up to the capacity (the neighbours of a boundary included). */
+static void expect_cache(clattn_kv_cache *cache, const model *m, size_t B, size_t cap, const float *seq,
+                         const size_t *len, int half, const char *what)
+{
+    const size_t HK = m->HK, dk = m->dk, dv = m->dv;
+    float *k = tu_poisoned(B * HK * cap * dk), *v = tu_poisoned(B * HK * cap * dv);
+    size_t got[8];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, got), CLATTN_STATUS_SUCCESS);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(got[b], len[b], "%s: length of %zu is %zu, want %zu", what, b, got[b],
+                                                len[b]);
+    cr_assert_eq(clattn_kv_cache_read(cache, k, v), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        for (size_t g = 0; g < HK; g++)
+            for (size_t t = 0; t < cap; t++)
+                for (size_t c = 0; c < dk + dv; c++) {
+                    const int isk = c < dk;
+                    const size_t cc = isk ? c : c - dk, D = isk ? dk : dv;
+                    const double want = t < len[b] ? projected(m, seq + (b * cap + t) * m->E, isk, g, cc, half) : 0.0;
+                    const float gv = (isk ? k : v)[((b * HK + g) * cap + t) * D + cc];
+                    cr_assert(oracle_close(gv, want, half ? 0.0 : 1e-5, half ? 0.0 : 1e-5, 0, 0),
+                              "%s: %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", what, isk ? 'K' : 'V', b, g, t, cc,
+                              gv, want);
+                }
+    free(k), free(v);
+}
+
+/* A cache filled exactly to its capacity, one token at a time past it refused, padding rows at the boundary,
+ * truncation and writes at and past the capacity: every refused call leaves the lengths, the cache and the
+ * output as they were; every accepted one is read back whole. Key/value heads 1, so sequence 0's position
+ * `capacity` would be sequence 1's position 0: a write one past a boundary shows in the neighbour. */
+static void capacity_edges(clattn_device *dev, int half)
+{
+    enum { B = 2, CAP = 6, N = 4 };
+    tu_rng r = {131 + (uint64_t)half};
+    model m;
+    const size_t E = half ? 16 : 24;
+    model_make(&m, &r, E, 4, 1, 8, 8, half);
+    const size_t Eo = m.Eo;
+    clattn_attention_desc d = model_desc(&m, B, N, 0, half);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache *cache = make_cache(dev, &m, B, CAP, half);
+    clattn_kv_cache_desc got;
+    cr_assert_eq(clattn_kv_cache_desc_get(cache, &got), CLATTN_STATUS_SUCCESS);
+    cr_assert(got.batch == B && got.capacity == CAP && got.kv_heads == m.HK && got.head_dim_qk == m.dk &&
+              got.head_dim_v == m.dv && got.type == (half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT), "desc_get");
+    cr_assert_eq(clattn_kv_cache_desc_get(NULL, &got), CLATTN_STATUS_INVALID_ARGUMENT);
+    const size_t payload = B * m.HK * CAP * (m.dk + m.dv) * (half ? 2 : 4);
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
+        cr_assert_geq(clattn_kv_cache_device_bytes(cache), payload, "%zu bytes", clattn_kv_cache_device_bytes(cache));
+    else
+        cr_assert_eq(clattn_kv_cache_device_bytes(cache), 0);
+    float *seq = vals(&r, B * CAP * E, half, 6, 1.0f);     /* sequence b's tokens: seq[b][0 .. CAP-1] */
+    double *want = expect(&m, B, CAP, 0, half, seq);
+    float xs[B * N * 24], out[B * N * 13], before[B * N * 13];
+    size_t len[B] = {0, 0};
+    /* feed tokens t0 .. t0+n-1 of each sequence, valid[b] of them real (NULL: all), the rest noise */
+    struct { size_t n; size_t valid[B]; int use_valid; clattn_status st; } steps[] = {
+        {4, {0, 0}, 0, CLATTN_STATUS_SUCCESS},             /* 4 of 6 */
+        {3, {0, 0}, 0, CLATTN_STATUS_SHAPE_MISMATCH},      /* 7 > 6: one past */
+        {3, {2, 3}, 1, CLATTN_STATUS_SHAPE_MISMATCH},      /* sequence 1 one past, sequence 0 fits */
+        {4, {2, 2}, 1, CLATTN_STATUS_SUCCESS},             /* exactly full, with padding rows past the boundary */
+        {1, {0, 0}, 0, CLATTN_STATUS_SHAPE_MISMATCH},      /* full: one more is refused */
+        {1, {0, 0}, 1, CLATTN_STATUS_SUCCESS},             /* nothing appended: allowed when full */
+    };
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+        const size_t n = steps[s].n;
+        for (size_t b = 0; b < B; b++)
+            for (size_t t = 0; t < n; t++)
+                for (size_t e = 0; e < E; e++)
+                    xs[(b * n + t) * E + e] = len[b] + t < CAP && (!steps[s].use_valid || t < steps[s].valid[b])
+                                                  ? seq[(b * CAP + len[b] + t) * E + e]
+                                                  : val(&r, half, 6, 1.0f);
+        for (size_t i = 0; i < B * n * Eo; i++) out[i] = NAN;
+        memcpy(before, out, sizeof before);
+        clattn_decode_args a = {.x = xs, .new_tokens = n, .valid = steps[s].use_valid ? steps[s].valid : NULL,
+                                .out = out};
+        const clattn_status st = tu_decode_execute(p, cache, &a);
+        char what[80];
+        snprintf(what, sizeof what, "step %zu (half=%d)", s, half);
+        cr_assert_eq(st, steps[s].st, "%s: %s", what, clattn_last_error());
+        if (st != CLATTN_STATUS_SUCCESS) {
+            cr_assert(strstr(clattn_last_error(), "capacity (6)"), "%s: %s", what, clattn_last_error());
+            cr_assert_eq(memcmp(before, out, B * n * Eo * sizeof *out), 0, "%s: a refused call wrote out", what);
+            expect_cache(cache, &m, B, CAP, seq, len, half, what);
+            continue;
+        }
+        for (size_t b = 0; b < B; b++) {
+            const size_t real = steps[s].use_valid ? steps[s].valid[b] : n;
+            for (size_t t = 0; t < n; t++)
+                for (size_t o = 0; o < Eo; o++) {
+                    const float g = out[(b * n + t) * Eo + o];
+                    if (t < real) {
+                        const double w = want[(b * CAP + len[b] + t) * Eo + o];
+                        cr_assert(oracle_close(g, w, TU_ATOL, TU_RTOL, 0, 0), "%s: out[b=%zu, t=%zu, %zu] = %.9g, "
+                                  "want %.9g", what, b, t, o, g, w);
+                    } else {
+                        cr_assert_float_eq(g, m.bo[o], 1e-6, "%s: padding row b=%zu t=%zu", what, b, t);
+                    }
+                }
+            len[b] += real;
+        }
+        expect_cache(cache, &m, B, CAP, seq, len, half, what);
+    }
+    cr_assert(len[0] == CAP && len[1] == CAP);
+    /* truncation: one past a length refused with nothing changed (the valid entry before it included) */
+    size_t bad[B] = {CAP - 1, CAP + 1};
+    cr_assert_eq(clattn_kv_cache_truncate(cache, bad), CLATTN_STATUS_INVALID_ARGUMENT);
+    expect_cache(cache, &m, B, CAP, seq, len, half, "a refused truncate");
+    size_t cut[B] = {2, CAP};
+    cr_assert_eq(clattn_kv_cache_truncate(cache, cut), CLATTN_STATUS_SUCCESS);
+    len[0] = 2;
+    expect_cache(cache, &m, B, CAP, seq, len, half, "truncated to 2 and 6"); /* past 2 reads 0, every head */
+    /* writes: one past the capacity refused, nothing changed; exactly the capacity accepted */
+    const size_t HK = m.HK;
+    float *k = tu_poisoned(B * HK * CAP * m.dk), *v = tu_poisoned(B * HK * CAP * m.dv);
+    cr_assert_eq(clattn_kv_cache_read(cache, k, v), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache *copy = make_cache(dev, &m, B, CAP, half);
+    const size_t start[B] = {1, 3};
+    cr_assert_eq(clattn_kv_cache_write(copy, k, v, start), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const size_t past[B] = {2, CAP + 1};
+    cr_assert_eq(clattn_kv_cache_write(copy, k, v, past), CLATTN_STATUS_SHAPE_MISMATCH);
+    expect_cache(copy, &m, B, CAP, seq, start, half, "a refused write");
+    const size_t full[B] = {2, CAP};
+    cr_assert_eq(clattn_kv_cache_write(copy, k, v, full), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    expect_cache(copy, &m, B, CAP, seq, full, half, "written to the capacity");
+    clattn_kv_cache_free(copy);
+    free(k), free(v), free(seq), free(want);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+Test(edges, capacity_ref) { clattn_device *d = tu_open_ref(); capacity_edges(d, 0); capacity_edges(d, 1); clattn_device_free(d); }
+Test(edges, capacity_opencl)
+{
+    clattn_device *d = tu_open_opencl();
+    capacity_edges(d, 0);
+    capacity_edges(d, 1);
+    clattn_device_free(d);
+}
+
+/* clattn_kv_cache_write rounds to half exactly as the appends do (to nearest, ties to even), on every device;
+ * a FLOAT cache keeps every bit. */
+static void write_rounds(clattn_device *dev)
+{
+    const float vals4[] = {1.0f / 3.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-13f, -65504.0f, 0x1p-25f, 2049.0f};
+    enum { NV = sizeof vals4 / sizeof vals4[0] };
+    for (int half = 0; half < 2; half++) {
+        clattn_kv_cache_desc cd = {.batch = 1, .capacity = NV, .kv_heads = 1, .head_dim_qk = 1, .head_dim_v = 1,
+                                   .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+        clattn_kv_cache *c = NULL;
+        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
+        float k[NV], v[NV], k2[NV], v2[NV];
+        for (int i = 0; i < NV; i++) k[i] = vals4[i], v[i] = -vals4[i];
+        const size_t len[1] = {NV};
+        cr_assert_eq(clattn_kv_cache_write(c, k, v, len), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_kv_cache_read(c, k2, v2), CLATTN_STATUS_SUCCESS);
+        for (int i = 0; i < NV; i++) {
+            const double wk = half ? oracle_half(k[i]) : k[i], wv = half ? oracle_half(v[i]) : v[i];
+            cr_assert(k2[i] == (float)wk && v2[i] == (float)wv, "half=%d: %.9g read back as %.9g / %.9g, want %.9g",
+                      half, (double)k[i], (double)k2[i], (double)v2[i], wk);
+        }
+        clattn_kv_cache_free(c);
+    }
+}
+
+Test(edges, write_rounds_ref) { clattn_device *d = tu_open_ref(); write_rounds(d); clattn_device_free(d); }
+Test(edges, write_rounds_opencl) { clattn_device *d = tu_open_opencl(); write_rounds(d); clattn_device_free(d); }
+
+/* Every host allocation (and, on OpenCL, every buffer creation) a decode call makes, failed in turn: the call
+ * reports it, and the lengths, the cache and the output are as before. */
+static void failing_steps(clattn_device *dev)
+{
+    enum { B = 2, CAP = 12, N = 4 };
+    tu_rng r = {141};
+    model m;
+    model_make(&m, &r, 24, 4, 2, 8, 8, 0);
+    clattn_attention_desc d = model_desc(&m, B, N, 0, 0);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache *cache = make_cache(dev, &m, B, CAP, 0);
+    float *seq = vals(&r, B * CAP * 24, 0, 6, 1.0f);
+    float xs[B * N * 24], out[B * N * 13], before[B * N * 13];
+    size_t len[B] = {0, 0};
+    const int opencl = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL;
+    long failed[2] = {0, 0};
+    for (int buffers = 0; buffers <= opencl; buffers++)
+        for (long k = 1; k < 200; k++) {
+            const size_t n = 1 + (size_t)k % N; /* calls of 1 .. 4 tokens */
+            if (len[0] + n > CAP) break;
+            for (size_t b = 0; b < B; b++)
+                memcpy(xs + b * n * 24, seq + (b * CAP + len[b]) * 24, n * 24 * sizeof *xs);
+            for (size_t i = 0; i < B * n * 13; i++) out[i] = NAN;
+            memcpy(before, out, sizeof before);
+            clattn_decode_args a = {.x = xs, .new_tokens = n, .out = out};
+            clattn_test_fail_nth_alloc(buffers ? 0 : k, buffers ? k : 0);
+            const clattn_status st = tu_decode_execute(p, cache, &a);
+            const int fired = clattn_test_alloc_fault_fired();
+            clattn_test_fail_nth_alloc(0, 0);
+            if (!fired) {
+                cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+                len[0] += n, len[1] += n;
+                expect_cache(cache, &m, B, CAP, seq, len, 0, "the call after the failures");
+                break; /* the call allocates fewer than k: every failure point was seen */
+            }
+            cr_assert_neq(st, CLATTN_STATUS_SUCCESS, "allocation %ld failed, the call succeeded", k);
+            failed[buffers]++;
+            cr_assert_eq(memcmp(before, out, B * n * 13 * sizeof *out), 0, "allocation %ld: out written", k);
+            char what[64];
+            snprintf(what, sizeof what, "%s %ld failed", buffers ? "buffer" : "allocation", k);
+            expect_cache(cache, &m, B, CAP, seq, len, 0, what);
+        }
+    cr_assert_gt(failed[0], 0, "no host allocation in a decode call was failed");
+    cr_log_info("decode call: %ld host allocations and %ld buffer creations failed in turn", failed[0], failed[1]);
+    /* and the cache still works */
+    for (size_t b = 0; b < B; b++) memcpy(xs + b * 24, seq + (b * CAP + len[b]) * 24, 24 * sizeof *xs);
+    clattn_decode_args a = {.x = xs, .new_tokens = 1, .out = out};
+    cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    len[0]++, len[1]++;
+    expect_cache(cache, &m, B, CAP, seq, len, 0, "after the failures");
+    free(seq);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+Test(edges, failing_steps_ref) { clattn_device *d = tu_open_ref(); failing_steps(d); clattn_device_free(d); }
+Test(edges, failing_steps_opencl) { clattn_device *d = tu_open_opencl(); failing_steps(d); clattn_device_free(d); }
+
+/* Split-K where every score is far below zero (queries = x, keys = -x, scale 32): the combine must start its
+ * maximum at the parts' own, not at 0, or every part's weight underflows. */
+static void negative_scores(clattn_device *dev)
+{
+    const size_t E = 8, H = 2, HK = 1, dk = 8, dv = 8, T = 40;
+    tu_rng r = {151};
+    model m;
+    model_make(&m, &r, E, H, HK, dk, dv, 1);
+    for (size_t i = 0; i < H * dk * E; i++) m.wq[i] = (i / E) % dk == i % E ? 1.0f : 0.0f;
+    for (size_t i = 0; i < HK * dk * E; i++) m.wk[i] = (i / E) % dk == i % E ? -1.0f : 0.0f;
+    memset(m.bq, 0, H * dk * sizeof *m.bq), memset(m.bk, 0, HK * dk * sizeof *m.bk);
+    m.scale = 32.0f;
+    float *x = vals(&r, T * E, 1, 4, 1.0f);
+    for (size_t i = 0; i < T * E; i++) x[i] = x[i] * 0.5f + (x[i] < 0 ? -0.5f : 0.5f); /* |x| >= 1/2: scores < -64 */
+    double *want = expect(&m, 1, T, 0, 0, x);
+    for (size_t splits = 2; splits <= 5; splits++) {
+        const dcase c = {.B = 1, .T = T, .H = H, .HK = HK, .dk = dk, .dv = dv, .splits = splits, .P = 12};
+        float *out = tu_poisoned(T * m.Eo);
+        decode_all(dev, &m, &c, x, out);
+        char what[64];
+        snprintf(what, sizeof what, "scores far below 0, %zu parts", splits);
+        check(out, want, T * m.Eo, what);
+        free(out);
+    }
+    free(x), free(want);
+    model_free(&m);
+}
+
+Test(edges, negative_scores_ref) { clattn_device *d = tu_open_ref(); negative_scores(d); clattn_device_free(d); }
+Test(edges, negative_scores_opencl) { clattn_device *d = tu_open_opencl(); negative_scores(d); clattn_device_free(d); }

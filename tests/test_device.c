@@ -245,6 +245,33 @@ Test(device, profiling_stage_times)
         total += ms[s];
     }
     cr_assert(total > 0.0, "profiling recorded nothing");
+    /* every stage this library knows: the first 7 as above, then the fused core's (ATTENTION); nothing past n */
+    const size_t ns = clattn_stage_count();
+    cr_assert_geq(ns, (size_t)CLATTN_STAGE_COUNT + 1);
+    double all[16];
+    for (int i = 0; i < 16; i++) all[i] = NAN;
+    cr_assert_eq(clattn_plan_stage_times_n(plan, all, ns), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t s = 0; s < ns; s++) cr_assert(all[s] >= 0.0, "stage %zu: %g", s, all[s]);
+    for (int s = 0; s < CLATTN_STAGE_COUNT; s++) cr_assert_eq(all[s], ms[s], "stage %d differs between the calls", s);
+    for (size_t s = ns; s < 16; s++) cr_assert(isnan(all[s]), "written past n: all[%zu] = %g", s, all[s]);
+    if (clattn_plan_algorithm(plan) == CLATTN_ALGORITHM_FUSED)
+        cr_assert_gt(all[CLATTN_STAGE_ATTENTION], 0.0, "a fused plan reports no time for its core");
+    for (int i = 0; i < 16; i++) all[i] = NAN;
+    cr_assert_eq(clattn_plan_stage_times_n(plan, all, 2), CLATTN_STATUS_SUCCESS);
+    cr_assert(!isnan(all[1]) && isnan(all[2]), "n = 2 wrote %g and %g", all[1], all[2]);
+    cr_assert_eq(clattn_plan_stage_times_n(plan, NULL, 2), CLATTN_STATUS_INVALID_ARGUMENT);
+    /* the plan's own device memory: at least its four E x E weights; none on ref */
+    cr_assert_geq(clattn_plan_device_bytes(plan), 4 * E * E * sizeof(float), "%zu bytes",
+                  clattn_plan_device_bytes(plan));
+    cr_assert_eq(clattn_plan_device_bytes(NULL), 0);
+    {
+        clattn_device *ref = tu_open_ref();
+        clattn_plan *rp = NULL;
+        cr_assert_eq(tu_plan_create(ref, &d, &wt, &rp), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_plan_device_bytes(rp), 0);
+        clattn_plan_free(rp);
+        clattn_device_free(ref);
+    }
     cr_assert_str_eq(clattn_stage_name(CLATTN_STAGE_SOFTMAX), "softmax");
     cr_assert_str_eq(clattn_stage_name((clattn_stage)99), "unknown");
     clattn_plan_free(plan);

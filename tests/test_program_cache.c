@@ -1,11 +1,13 @@
 /* test_program_cache.c: the compiled-kernel cache on disk (src/runtime/program_cache.c). A second plan loads
  * its programs instead of compiling them; every kind of bad file (truncated, corrupted, another key, an
  * absurd length, a binary the driver refuses, an empty file, a directory in its place, an unwritable or
- * absent cache directory, the cache turned off) falls back to compiling, computes the right answer
+ * absent cache directory, the cache turned off, each field of the header wrong alone: the magic, the key
+ * length, the checksum, bytes after it) falls back to compiling, computes the right answer
  * (against the float64 oracle), and, where it can, rewrites the file. The cache is trusted only when it is
  * private: a directory or entry others can write or that is not the user's, a link, a FIFO, a file moved
  * under another key with its checksum recomputed, is never loaded, and the notice says why. Each test has
- * its own directory. */
+ * its own directory. The key changes with each thing a program depends on (sources, options, device name,
+ * vendor, driver). */
 #include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
@@ -104,10 +106,13 @@ Test(cache, second_plan_loads_its_programs)
 }
 
 typedef enum damage {
-    TRUNCATE, FLIP_BINARY, FLIP_KEY, HUGE_LENGTH, GARBAGE_BINARY, EMPTY, DIRECTORY, NDAMAGE
+    TRUNCATE, FLIP_BINARY, FLIP_KEY, HUGE_LENGTH, GARBAGE_BINARY, EMPTY, MAGIC, TRAILING, FLIP_SUM, KEY_LENGTH,
+    DIRECTORY, NDAMAGE
 } damage;
 static const char *const damage_name[NDAMAGE] = {"truncated", "a flipped binary byte", "another key",
                                                  "a huge length", "a binary the driver refuses", "empty",
+                                                 "the magic of format 1", "8 bytes after the checksum",
+                                                 "a flipped checksum byte", "a key length one short",
                                                  "a directory in its place"};
 
 static unsigned char *slurp(const char *path, size_t *n)
@@ -176,6 +181,22 @@ static void hurt(const char *path, damage how)
         break;
     }
     case EMPTY: spill(path, b, 0); break;
+    case MAGIC: b[m - 2] = '1'; spill(path, b, n); break; /* each other field intact */
+    case TRAILING: {
+        unsigned char *t = malloc(n + 8);
+        memcpy(t, b, n);
+        memset(t + n, 0, 8);
+        spill(path, t, n + 8);
+        free(t);
+        break;
+    }
+    case FLIP_SUM: b[n - 3] ^= 0x10; spill(path, b, n); break;
+    case KEY_LENGTH: {
+        const uint64_t shorter = klen - 1;
+        memcpy(b + m, &shorter, 8);
+        spill(path, b, n);
+        break;
+    }
     case DIRECTORY: cr_assert_eq(remove(path), 0); cr_assert_eq(mkdir(path, 0700), 0); break;
     default: break;
     }
@@ -198,6 +219,12 @@ Test(cache, bad_files_fall_back_to_compiling)
         if (how == DIRECTORY) { /* cannot be replaced: no cache for these programs, still right */
             plan_once(dev, &loaded, &built);
             cr_assert(built == (long)n, "a directory in place of the file: %ld built", built);
+            /* the rename onto the directory failed: its temporary file is not left behind */
+            DIR *dd = opendir(dir);
+            struct dirent *e;
+            while (dd && (e = readdir(dd)))
+                cr_assert(!strstr(e->d_name, ".tmp."), "a temporary file was left: %s", e->d_name);
+            if (dd) closedir(dd);
             for (size_t i = 0; i < n; i++) rmdir(paths[i]);
         } else { /* rewritten: the next plan loads again */
             plan_once(dev, &loaded, &built);
@@ -225,6 +252,7 @@ Test(cache, off_absent_or_unusable_directory)
     setenv("CLATTN_CACHE_DIR", file, 1);
     plan_once(dev, &loaded, &built);
     cr_assert(built > 0 && loaded == 0);
+    cr_assert(strstr(clattn_kernel_cache_notice(), "is not a directory"), "notice: '%s'", clattn_kernel_cache_notice());
     plan_once(dev, &loaded, &built);
     cr_assert(built > 0 && loaded == 0, "a file as the cache directory cannot hold a cache");
     /* a directory that does not exist yet: created */
@@ -375,5 +403,35 @@ Test(cache, entry_of_another_key_of_the_same_length)
     spill(pb, bytes, n);
     free(bytes);
     cr_assert_null(clattn_program_cache_load(dev, key_b, "-cl-std=CL1.2 -DVW=8"), "another key's entry was loaded");
+    clattn_device_free(dev);
+}
+
+/* The key names everything a compiled program depends on: each source's text, the build options, the device's
+ * name, vendor and driver (and clattn's version): change any one alone, and the key (so the file) changes. */
+Test(cache, key_covers_every_input)
+{
+    clattn_device *dev = tu_open_opencl();
+    const char *names[2] = {"a.cl", "b.cl"};
+    const char *texts[2] = {"kernel void f(global float *x) { x[0] = 1.0f; }", "kernel void g(void) {}"};
+    size_t lens[2] = {strlen(texts[0]), strlen(texts[1])};
+    char base[4096], k[4096];
+    cr_assert(clattn_program_cache_key(dev, names, texts, lens, 2, "-DX=1", base, sizeof base));
+    cr_assert(clattn_program_cache_key(dev, names, texts, lens, 2, "-DX=1", k, sizeof k));
+    cr_assert_str_eq(k, base, "the same inputs give another key");
+    const char *other[2] = {"kernel void f(global float *x) { x[0] = 2.0f; }", texts[1]}; /* same length */
+    cr_assert(clattn_program_cache_key(dev, names, other, lens, 2, "-DX=1", k, sizeof k));
+    cr_assert_str_neq(k, base, "a source's text is not in the key");
+    cr_assert(clattn_program_cache_key(dev, names, texts, lens, 2, "-DX=2", k, sizeof k));
+    cr_assert_str_neq(k, base, "the options are not in the key");
+    clattn_device *copy = malloc(sizeof *copy);
+    char *fields[3] = {copy->name, copy->caps.vendor, copy->caps.driver};
+    static const char *const what[3] = {"name", "vendor", "driver"};
+    for (int i = 0; i < 3; i++) {
+        memcpy(copy, dev, sizeof *copy);
+        fields[i][0] ^= 0x20; /* one character of one field */
+        cr_assert(clattn_program_cache_key(copy, names, texts, lens, 2, "-DX=1", k, sizeof k));
+        cr_assert_str_neq(k, base, "the device's %s is not in the key", what[i]);
+    }
+    free(copy);
     clattn_device_free(dev);
 }

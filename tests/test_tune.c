@@ -3,9 +3,11 @@
  *           stale, another format, truncated, not a tuning file, huge, mistyped, missing or unknown values,
  *           values a plan cannot use, oversized, binary, empty, CLATTN_TUNE=0, CLATTN_CORE over the file):
  *           never a crash, a notice for what was ignored, and the right answer (against the float64 oracle)
- *           whether the plan ended up tuned or not
+ *           whether the plan ended up tuned or not; each header field wrong alone (another value, a suffix,
+ *           missing); every limit at its boundary and one past (line length, file size, class, Xgemm set, NUL)
  *   search  clattn_tune on a small shape writes a file the device reads back without a notice, and the
  *           plans then use it; its errors */
+#include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
 
@@ -284,4 +286,110 @@ Test(tune, errors)
     unsetenv("CLATTN_CORE");
     cr_assert_null(clattn_device_tune_notice(NULL));
     clattn_device_free(dev);
+}
+
+/* Each header field wrong alone (another value, the right value with a suffix, the line missing), with every
+ * other line right and a valid entry after them: the file is not used, and the notice names the field. The
+ * right header with the same entry is used (the control). */
+Test(tune, each_header_field_wrong_alone)
+{
+    char head[1200], text[4096], notice[1100];
+    header(head, sizeof head);
+    char lines[5][400];
+    const char *p = head;
+    for (int k = 0; k < 5; k++) {
+        const char *nl = strchr(p, '\n');
+        cr_assert(nl);
+        snprintf(lines[k], sizeof lines[k], "%.*s", (int)(nl - p), p);
+        p = nl + 1;
+    }
+    static const char *const names[5] = {"clattn-tune", "clattn", "device", "vendor", "driver"};
+    const char *entry = "core flash_rows 0 ROWS=8,BK=16,VW=4\n";
+    snprintf(text, sizeof text, "%s%s", head, entry);
+    write_file(text);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 1, "the control: %s", notice);
+    for (int k = 1; k < 5; k++)
+        for (int how = 0; how < 3; how++) { /* 0: another value, 1: a suffix, 2: missing */
+            size_t n = 0;
+            for (int j = 0; j < 5; j++) {
+                if (j == k && how == 2) continue;
+                if (j == k && how == 0) n += (size_t)snprintf(text + n, sizeof text - n, "%s other\n", names[k]);
+                else if (j == k) n += (size_t)snprintf(text + n, sizeof text - n, "%s+\n", lines[j]);
+                else n += (size_t)snprintf(text + n, sizeof text - n, "%s\n", lines[j]);
+            }
+            snprintf(text + n, sizeof text - n, "%s", entry);
+            write_file(text);
+            const int tuned = plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice);
+            cr_assert_eq(tuned, 0, "%s line %s: the file was used", names[k], how == 2 ? "missing" : "wrong");
+            char needle[64];
+            if (how == 2) snprintf(needle, sizeof needle, "no '%s' line", names[k]);
+            else snprintf(needle, sizeof needle, "stale: written for %s", names[k]);
+            cr_assert(strstr(notice, needle), "%s (%d): notice '%s' lacks '%s'", names[k], how, notice, needle);
+        }
+}
+
+/* Every limit exactly at its boundary and one past: a line of 599 characters (read) and 600 (ignored, said), a
+ * file of 65536 bytes (read) and 65537 (ignored), head-size class 4 (the last) and 5, the last CLBlast Xgemm
+ * set and the one after, a NUL byte after a valid file. */
+Test(tune, limits_at_their_boundary)
+{
+    char head[1200], notice[1100];
+    header(head, sizeof head);
+    const char *entry = "core flash_rows 0 ROWS=8,BK=16,VW=4\n";
+    char *text = malloc(70000);
+    const clattn_algorithm F = CLATTN_ALGORITHM_FUSED;
+    for (int len = 599; len <= 600; len++) { /* a comment line of len characters, then the entry */
+        const size_t h = (size_t)snprintf(text, 70000, "%s", head);
+        memset(text + h, '#', (size_t)len);
+        snprintf(text + h + (size_t)len, 70000 - h - (size_t)len, "\n%s", entry);
+        write_file(text);
+        cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1, "a line of %d: %s", len, notice);
+        if (len == 599) cr_assert_str_empty(notice, "a line of 599 characters: %s", notice);
+        else cr_assert(strstr(notice, "longer than 599"), "a line of 600 characters: '%s'", notice);
+    }
+    for (size_t size = 65536; size <= 65537; size++) { /* the header, the entry, then comment lines to the size */
+        size_t n = (size_t)snprintf(text, 70000, "%s%s", head, entry);
+        while (n < size) {
+            const size_t line = size - n > 500 ? 500 : size - n;
+            memset(text + n, '#', line);
+            text[n + line - 1] = '\n';
+            n += line;
+        }
+        text[n] = '\0';
+        write_file(text);
+        const int tuned = plan_with_file(F, 8, notice, sizeof notice);
+        if (size == 65536) cr_assert(tuned == 1 && !notice[0], "a file of 64 KiB: tuned %d, '%s'", tuned, notice);
+        else cr_assert(tuned == 0 && strstr(notice, "larger than"), "64 KiB + 1: tuned %d, '%s'", tuned, notice);
+    }
+    const struct { const char *body; const char *needle; } lines[] = {
+        {"auto 4 unfused\n", NULL},
+        {"auto 5 unfused\n", "not an 'auto"},
+        {"core flash_rows 4 ROWS=8,BK=16,VW=4\n", NULL},
+        {"core flash_rows 5 ROWS=8,BK=16,VW=4\n", "not a 'core NAME"},
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        snprintf(text, 70000, "%s%s%s", head, entry, lines[i].body);
+        write_file(text);
+        cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1, "%s", lines[i].body);
+        if (lines[i].needle) cr_assert(strstr(notice, lines[i].needle), "%s: '%s'", lines[i].body, notice);
+        else cr_assert_str_empty(notice, "%s: '%s'", lines[i].body, notice);
+    }
+    const size_t sets = clattn_blas_xgemm_sets();
+    for (size_t s = sets - 1; s <= sets; s++) {
+        snprintf(text, 70000, "%sclblast xgemm %zu\n", head, s);
+        write_file(text);
+        const int tuned = plan_with_file(F, 8, notice, sizeof notice);
+        if (s < sets) cr_assert(tuned == 1 && !notice[0], "the last set %zu: tuned %d, '%s'", s, tuned, notice);
+        else cr_assert(tuned == 0 && strstr(notice, "not one of the"), "set %zu: tuned %d, '%s'", s, tuned, notice);
+    }
+    /* a valid file, then a NUL byte and more */
+    const size_t n = (size_t)snprintf(text, 70000, "%s%s", head, entry);
+    memcpy(text + n, "\0# more\n", 8);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(text, 1, n + 8, f), n + 8);
+    fclose(f);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "NUL"), "'%s'", notice);
+    free(text);
 }
