@@ -285,6 +285,43 @@ Test(decode, equals_causal_run_opencl)
     clattn_device_free(dev);
 }
 
+/* The projected key (isk) or value of token x (E floats) for key/value head g, channel c, as the cache holds it. */
+static double projected(const model *m, const float *x, int isk, size_t g, size_t c, int half)
+{
+    const size_t D = isk ? m->dk : m->dv;
+    const float *wr = (isk ? m->wk : m->wv) + (g * D + c) * m->E;
+    double s = (isk ? m->bk : m->bv)[g * D + c];
+    for (size_t e = 0; e < m->E; e++) s += (double)x[e] * wr[e];
+    return half ? oracle_half(s) : s;
+}
+
+/* The cache read back: position t of sequence b holds token seq[b][t] for t < len[b], 0 from there on; every
+ * head, every position up to the capacity (the neighbours of a boundary included). */
+static void expect_cache(clattn_kv_cache *cache, const model *m, size_t B, size_t cap, const float *seq,
+                         const size_t *len, int half, const char *what)
+{
+    const size_t HK = m->HK, dk = m->dk, dv = m->dv;
+    float *k = tu_poisoned(B * HK * cap * dk), *v = tu_poisoned(B * HK * cap * dv);
+    size_t got[8];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, got), CLATTN_STATUS_SUCCESS);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(got[b], len[b], "%s: length of %zu is %zu, want %zu", what, b, got[b],
+                                                len[b]);
+    cr_assert_eq(clattn_kv_cache_read(cache, k, v), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        for (size_t g = 0; g < HK; g++)
+            for (size_t t = 0; t < cap; t++)
+                for (size_t c = 0; c < dk + dv; c++) {
+                    const int isk = c < dk;
+                    const size_t cc = isk ? c : c - dk, D = isk ? dk : dv;
+                    const double want = t < len[b] ? projected(m, seq + (b * cap + t) * m->E, isk, g, cc, half) : 0.0;
+                    const float gv = (isk ? k : v)[((b * HK + g) * cap + t) * D + cc];
+                    cr_assert(oracle_close(gv, want, half ? 0.0 : 1e-5, half ? 0.0 : 1e-5, 0, 0),
+                              "%s: %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", what, isk ? 'K' : 'V', b, g, t, cc,
+                              gv, want);
+                }
+    free(k), free(v);
+}
+
 /* Sequences of different lengths in one batch (args.valid), decode steps after, then truncation and
  * new tokens: each sequence equals the oracle's run over its own tokens. */
 static void ragged(clattn_device *dev, int half, size_t splits)
@@ -348,27 +385,10 @@ static void ragged(clattn_device *dev, int half, size_t splits)
         free(want);
     }
     /* the cache read back holds the projected (and rounded) keys and values of each sequence's tokens */
+    expect_cache(cache, &m, B, cap, seq, len, half, "ragged");
     const size_t HK = m.HK, dk = m.dk, dv = m.dv;
     float *kc = tu_poisoned(B * HK * cap * dk), *vc = tu_poisoned(B * HK * cap * dv);
     cr_assert_eq(clattn_kv_cache_read(cache, kc, vc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < cap; t++)
-            for (size_t g = 0; g < HK; g++)
-                for (size_t c = 0; c < dk + dv; c++) {
-                    const int isk = c < dk;
-                    const size_t cc = isk ? c : c - dk, D = isk ? dk : dv;
-                    const float *wr = (isk ? m.wk : m.wv) + (g * D + cc) * E;
-                    double want = 0.0;
-                    if (t < len[b]) {
-                        want = (isk ? m.bk : m.bv)[g * D + cc];
-                        for (size_t e = 0; e < E; e++) want += (double)seq[(b * cap + t) * E + e] * wr[e];
-                        if (half) want = oracle_half(want);
-                    }
-                    const float gotv = (isk ? kc : vc)[((b * HK + g) * cap + t) * D + cc];
-                    cr_assert(oracle_close(gotv, want, half ? 0.0 : 1e-5, half ? 0.0 : 1e-5, 0, 0),
-                              "cache %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", isk ? 'K' : 'V', b, g, t, cc,
-                              gotv, want);
-                }
     /* written into a second cache, it reads back the same, lengths included */
     clattn_kv_cache *copy = make_cache(dev, &m, B, cap, half);
     float *kc2 = tu_poisoned(B * HK * cap * dk), *vc2 = tu_poisoned(B * HK * cap * dv);
@@ -559,43 +579,6 @@ Test(decode, cache_on_other_device)
 }
 
 /* ---------------------------------------------------------------- the edges of state (issue 21) */
-
-/* The projected key (isk) or value of token x (E floats) for key/value head g, channel c, as the cache holds it. */
-static double projected(const model *m, const float *x, int isk, size_t g, size_t c, int half)
-{
-    const size_t D = isk ? m->dk : m->dv;
-    const float *wr = (isk ? m->wk : m->wv) + (g * D + c) * m->E;
-    double s = (isk ? m->bk : m->bv)[g * D + c];
-    for (size_t e = 0; e < m->E; e++) s += (double)x[e] * wr[e];
-    return half ? oracle_half(s) : s;
-}
-
-/* The cache read back: position t of sequence b holds token seq[b][t] for t < len[b], 0 from there on; every
- * head, every position up to the capacity (the neighbours of a boundary included). */
-static void expect_cache(clattn_kv_cache *cache, const model *m, size_t B, size_t cap, const float *seq,
-                         const size_t *len, int half, const char *what)
-{
-    const size_t HK = m->HK, dk = m->dk, dv = m->dv;
-    float *k = tu_poisoned(B * HK * cap * dk), *v = tu_poisoned(B * HK * cap * dv);
-    size_t got[8];
-    cr_assert_eq(clattn_kv_cache_lengths(cache, got), CLATTN_STATUS_SUCCESS);
-    for (size_t b = 0; b < B; b++) cr_assert_eq(got[b], len[b], "%s: length of %zu is %zu, want %zu", what, b, got[b],
-                                                len[b]);
-    cr_assert_eq(clattn_kv_cache_read(cache, k, v), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    for (size_t b = 0; b < B; b++)
-        for (size_t g = 0; g < HK; g++)
-            for (size_t t = 0; t < cap; t++)
-                for (size_t c = 0; c < dk + dv; c++) {
-                    const int isk = c < dk;
-                    const size_t cc = isk ? c : c - dk, D = isk ? dk : dv;
-                    const double want = t < len[b] ? projected(m, seq + (b * cap + t) * m->E, isk, g, cc, half) : 0.0;
-                    const float gv = (isk ? k : v)[((b * HK + g) * cap + t) * D + cc];
-                    cr_assert(oracle_close(gv, want, half ? 0.0 : 1e-5, half ? 0.0 : 1e-5, 0, 0),
-                              "%s: %c[b=%zu, g=%zu, t=%zu, %zu] = %.9g, want %.9g", what, isk ? 'K' : 'V', b, g, t, cc,
-                              gv, want);
-                }
-    free(k), free(v);
-}
 
 /* A cache filled exactly to its capacity, one token at a time past it refused, padding rows at the boundary,
  * truncation and writes at and past the capacity: every refused call leaves the lengths, the cache and the

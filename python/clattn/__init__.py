@@ -147,6 +147,17 @@ class _Handle:
             self.handle = None
 
 
+def _create(device: "_Device", create, free, desc, weights, what: str) -> "_Handle":
+    """A library object from create(device, &desc, &weights, &handle), freed with free; the kernel cache's notice
+    (if any) reported whatever happened."""
+    handle = ctypes.c_void_p()
+    try:
+        _check(create(device.handle, ctypes.byref(desc), ctypes.byref(weights), ctypes.byref(handle)), what)
+    finally:
+        _cache_notice()
+    return _Handle(handle, free, device)
+
+
 class _PlanCache:
     """The plans of one module, per input shape, least recently used first out."""
 
@@ -175,6 +186,39 @@ class _PlanCache:
                 self._plans.popitem(last=False)
 
     def __len__(self):
+        return len(self._plans)
+
+
+class _Shaped:
+    """The shape of a module's attention, read-only (from its weights)."""
+
+    _wt: "_Weights"
+    heads = property(lambda self: self._wt.heads, doc="Query heads H.")
+    kv_heads = property(lambda self: self._wt.kv_heads, doc="Key/value heads (= heads unless grouped-query).")
+    layout = property(lambda self: self._wt.layout, doc='"linear" or "raw".')
+    embed = property(lambda self: self._wt.embed, doc="The input width w_query takes (None without weights).")
+    head_dim_qk = property(lambda self: self._wt.head_dim_qk, doc="Query/key head size (None without weights).")
+    head_dim_v = property(lambda self: self._wt.head_dim_v, doc="Value head size (None without weights).")
+    out_dim = property(lambda self: self._wt.out_dim, doc="Rows of w_out (0 without an output projection).")
+
+
+class _PlanCached:
+    """The plan cache's knobs, shared by the modules that make a plan per input shape."""
+
+    _plans: _PlanCache
+
+    @property
+    def plan_cache_size(self) -> int:
+        """How many input shapes keep their plan (least recently used out); settable (0 keeps none)."""
+        return self._plans.size
+
+    @plan_cache_size.setter
+    def plan_cache_size(self, n: int) -> None:
+        self._plans.resize(_a.integer("plan_cache_size", n))
+
+    @property
+    def plans_cached(self) -> int:
+        """How many plans the module holds now."""
         return len(self._plans)
 
 
@@ -321,7 +365,25 @@ def _same_input(a: Any, b: Any) -> bool:
         return False
 
 
-class Attention:
+def _batched(name: str, x: Any, batch_first: bool):
+    """(kind, x3, batched): x as a C-contiguous float32 (B, T, E) array, from (B, T, E), (T, B, E) when not
+    batch_first, or one sequence (T, E); kind says how results go back."""
+    kind = _a.Kind(x)
+    xa = _a.floats(name, x, ndim=(2, 3))
+    batched = xa.ndim == 3
+    if batched and not batch_first:
+        xa = np.ascontiguousarray(xa.transpose(1, 0, 2))
+    return kind, (xa if batched else xa[None]), batched
+
+
+def _unbatched(out: np.ndarray, batched: bool, batch_first: bool) -> np.ndarray:
+    """A (B, T, ...) result in the input's layout."""
+    if not batched:
+        return out[0]
+    return out if batch_first else np.ascontiguousarray(out.transpose(1, 0, 2))
+
+
+class Attention(_Shaped, _PlanCached):
     """Multi-head attention: torch.nn.MultiheadAttention / scaled_dot_product_attention semantics.
 
     Weights (NumPy arrays or torch tensors) are optional: without w_query/w_key/w_value, Q = x and K = V = kv (or
@@ -361,29 +423,6 @@ class Attention:
         self.device = self._device.name
         self._last = (None, None)  # (algorithm, core) of the last call
 
-    # the module's shape, read-only
-    heads = property(lambda self: self._wt.heads, doc="Query heads H.")
-    kv_heads = property(lambda self: self._wt.kv_heads, doc="Key/value heads (= heads unless grouped-query).")
-    layout = property(lambda self: self._wt.layout, doc='"linear" or "raw".')
-    embed = property(lambda self: self._wt.embed, doc="The input width w_query takes (None without weights).")
-    head_dim_qk = property(lambda self: self._wt.head_dim_qk, doc="Query/key head size (None without weights).")
-    head_dim_v = property(lambda self: self._wt.head_dim_v, doc="Value head size (None without weights).")
-    out_dim = property(lambda self: self._wt.out_dim, doc="Rows of w_out (0 without an output projection).")
-
-    @property
-    def plan_cache_size(self) -> int:
-        """How many input shapes keep their plan (least recently used out); settable."""
-        return self._plans.size
-
-    @plan_cache_size.setter
-    def plan_cache_size(self, n: int) -> None:
-        self._plans.resize(_a.integer("plan_cache_size", n))
-
-    @property
-    def plans_cached(self) -> int:
-        """How many plans the module holds now."""
-        return len(self._plans)
-
     @property
     def algorithm_used(self) -> Optional[str]:
         """The algorithm of the last call ("fused", "unfused", or "reference" on ref; None before any)."""
@@ -415,32 +454,19 @@ class Attention:
                                    layout=_layout_code(wt.layout), algorithm=_lib.ALGORITHMS[self.algorithm],
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
                                    kv_half=int(self.kv_half))
-            w = wt.struct()
-            handle = ctypes.c_void_p()
-            try:
-                _check(_lib.plan_create(self._device.handle, ctypes.byref(d), ctypes.byref(w), ctypes.byref(handle)),
-                       "creating the attention plan")
-            finally:
-                _cache_notice()
-            return _Handle(handle, _lib.plan_free, self._device)
+            return _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
 
         return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal), make)
 
     def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names):
         xn, kvn = names
-        kind = _a.Kind(x)
-        xa = _a.floats(xn, x, ndim=(2, 3))
-        batched = xa.ndim == 3
-        if batched and not self.batch_first:
-            xa = np.ascontiguousarray(xa.transpose(1, 0, 2))
-        x3 = xa if batched else xa[None]
+        kind, x3, batched = _batched(xn, x, self.batch_first)
         B, Tq, E = x3.shape
         cross = kv is not None
         if cross:
-            kva = _a.floats(kvn, kv, ndim=xa.ndim)
-            if batched and not self.batch_first:
-                kva = np.ascontiguousarray(kva.transpose(1, 0, 2))
-            kv3 = kva if batched else kva[None]
+            _, kv3, kv_batched = _batched(kvn, kv, self.batch_first)
+            if kv_batched != batched:
+                _shape(f"{kvn}: {3 if kv_batched else 2}-D, but {xn} is {3 if batched else 2}-D")
             if kv3.shape[0] != B:
                 _shape(f"{kvn}: batch {kv3.shape[0]}, but {xn} has batch {B}")
             Tk, Ekv = kv3.shape[1], kv3.shape[2]
@@ -468,10 +494,9 @@ class Attention:
         _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
         self._last = ({0: "reference", 1: "fused", 2: "unfused"}[_lib.plan_algorithm(plan.handle)],
                       _lib.plan_core(plan.handle).decode())
-        if not batched:
-            out, weights = out[0], (None if weights is None else weights[0])
-        elif not self.batch_first:
-            out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        out = _unbatched(out, batched, self.batch_first)
+        if weights is not None and not batched:
+            weights = weights[0]
         return out, weights, kind
 
     def __call__(self, x: Any, kv: Any = None, value: Any = None, *, key_padding_mask: Any = None,
@@ -510,7 +535,7 @@ class Attention:
 
 # ---------------------------------------------------------------- decoding over a KV cache
 
-class Decoder:
+class Decoder(_Shaped):
     """Causal self-attention over a KV cache on the device (clattn_decode_plan + clattn_kv_cache).
 
     The projections and options of Attention (w_query, w_key and w_value required; causal implied; no masks,
@@ -549,14 +574,8 @@ class Decoder:
                                scale=self.scale, layout=_layout_code(wt.layout),
                                algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=wt.kv_heads, window=self.window,
                                kv_half=int(self.kv_half))
-        w = wt.struct()
-        handle = ctypes.c_void_p()
-        try:
-            _check(_lib.decode_plan_create(self._device.handle, ctypes.byref(d), ctypes.byref(w),
-                                           ctypes.byref(handle)), "creating the decode plan")
-        finally:
-            _cache_notice()
-        self._dplan = _Handle(handle, _lib.decode_plan_free, self._device)
+        self._dplan = _create(self._device, _lib.decode_plan_create, _lib.decode_plan_free, d, wt.struct(),
+                              "creating the decode plan")
         cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=wt.kv_heads,
                               head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=int(self.kv_half))
         ch = ctypes.c_void_p()
@@ -564,13 +583,6 @@ class Decoder:
         self._cache = _Handle(ch, _lib.kv_cache_free, self._device)
         self.out_width = wt.out_dim or wt.heads * wt.head_dim_v
         self._lock = threading.Lock()
-
-    heads = property(lambda self: self._wt.heads, doc="Query heads H.")
-    kv_heads = property(lambda self: self._wt.kv_heads, doc="Key/value heads.")
-    embed = property(lambda self: self._wt.embed, doc="The input width E.")
-    head_dim_qk = property(lambda self: self._wt.head_dim_qk, doc="Query/key head size.")
-    head_dim_v = property(lambda self: self._wt.head_dim_v, doc="Value head size.")
-    out_dim = property(lambda self: self._wt.out_dim, doc="Rows of w_out (0 without an output projection).")
 
     @property
     def core_used(self) -> str:
@@ -660,7 +672,7 @@ def _is_causal_mask(m: Any, T: int) -> Optional[bool]:
     return False
 
 
-class EncoderLayer:
+class EncoderLayer(_Shaped, _PlanCached):
     """torch.nn.TransformerEncoderLayer (eval mode): self-attention, residual + LayerNorm, Linear -> activation ->
     Linear, residual + LayerNorm; norm_first for the pre-norm variant. Weights as torch stores them (layout
     "linear") or transposed ("raw"): w_ff1 (ff_dim, E), w_ff2 (E, ff_dim), LayerNorm weights and biases (E).
@@ -717,22 +729,6 @@ class EncoderLayer:
         self.device = self._device.name
         self._last_core = None
 
-    heads = property(lambda self: self._wt.heads, doc="Attention heads H.")
-    embed = property(lambda self: self._wt.embed, doc="The model width E.")
-
-    @property
-    def plan_cache_size(self) -> int:
-        """How many input shapes keep their plan (least recently used out); settable."""
-        return self._plans.size
-
-    @plan_cache_size.setter
-    def plan_cache_size(self, n: int) -> None:
-        self._plans.resize(_a.integer("plan_cache_size", n))
-
-    @property
-    def plans_cached(self) -> int:
-        return len(self._plans)
-
     @property
     def core_used(self) -> Optional[str]:
         """The core of the last call's self-attention ("ref" on ref; None before any)."""
@@ -755,24 +751,14 @@ class EncoderLayer:
             arrays = {**self._ln, **self._ff}
             w = _lib.EncoderWeights(attn=wt.struct(), **{k: _a.pointer(v) for k, v in arrays.items()},
                                     **{k + "_count": _a.count(v) for k, v in arrays.items()})
-            handle = ctypes.c_void_p()
-            try:
-                _check(_lib.encoder_plan_create(self._device.handle, ctypes.byref(d), ctypes.byref(w),
-                                                ctypes.byref(handle)), "creating the encoder plan")
-            finally:
-                _cache_notice()
-            return _Handle(handle, _lib.encoder_plan_free, self._device)
+            return _create(self._device, _lib.encoder_plan_create, _lib.encoder_plan_free, d, w,
+                           "creating the encoder plan")
 
         return self._plans.get((B, T, E, kpm, causal), make)
 
     def _run(self, x, key_padding_mask, causal, names):
         xn, kn = names
-        kind = _a.Kind(x)
-        xa = _a.floats(xn, x, ndim=(2, 3))
-        batched = xa.ndim == 3
-        if batched and not self.batch_first:
-            xa = np.ascontiguousarray(xa.transpose(1, 0, 2))
-        x3 = xa if batched else xa[None]
+        kind, x3, batched = _batched(xn, x, self.batch_first)
         B, T, E = x3.shape
         if E != self.embed:
             _shape(f"{xn}: last dimension {E}, but the layer's width (w_query's input) is {self.embed}")
@@ -785,11 +771,7 @@ class EncoderLayer:
                                 x_count=x3.size, key_padding_mask_count=_a.count(kpm), out_count=out.size)
         _check(_lib.encoder_plan_execute(plan.handle, ctypes.byref(args)), "running the encoder layer")
         self._last_core = _lib.encoder_plan_core(plan.handle).decode()
-        if not batched:
-            out = out[0]
-        elif not self.batch_first:
-            out = np.ascontiguousarray(out.transpose(1, 0, 2))
-        return kind.out(out)
+        return kind.out(_unbatched(out, batched, self.batch_first))
 
     def __call__(self, x: Any, *, key_padding_mask: Any = None) -> Any:
         """The layer's output, shaped as x: (B, T, E) or (T, E). key_padding_mask (B, T) bool, True = ignore."""
