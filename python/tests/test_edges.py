@@ -535,3 +535,44 @@ def test_a_thousand_random_calls_never_crash(device, tmp_path):
                        text=True, timeout=900)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     assert r.stdout.startswith("fuzz: ") and int(r.stdout.split()[1]) >= calls, r.stdout
+
+
+# ---------------------------------------------------------------- the report's first rows, through from_torch
+
+@pytest.mark.parametrize("width", [65, 200000])
+def test_from_torch_module_refuses_another_width(width):
+    t = need_torch()
+    a = clattn.from_torch(torch_mha(E=64, H=4), device=DEVICES[-1])
+    x = t.zeros(2, 16, width)
+    with pytest.raises(clattn.ShapeMismatchError, match=f"query: last dimension {width}, but w_query takes inputs "
+                                                        f"of width 64"):
+        a.forward(x, x, x)
+    with pytest.raises(clattn.ShapeMismatchError, match=f"x: last dimension {width}"):
+        a(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_module_from_four_threads(device):
+    """The report's 30 wrong results of 40: each thread's calls on one module give its own right answer."""
+    import threading
+    rng = np.random.default_rng(8)
+    w = mha_weights(rng, 16)
+    a = clattn.Attention(4, causal=True, device=device, **w)
+    xs = [rnd(rng, 2, 9 + k, 16) for k in range(4)]      # different shapes share the plan cache too
+    wants = [a(x)[0] for x in xs]
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(10):
+                out, _ = a(xs[k])
+                np.testing.assert_allclose(out, wants[k], **TOL)
+        except Exception as e:  # reported below, with the thread
+            errors.append((k, e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
