@@ -516,15 +516,15 @@ class Attention(_Shaped, _PlanCached):
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
                 attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> Tuple[Any, Any]:
-        """nn.MultiheadAttention.forward: (attn_output, attn_output_weights). key is query (or equal to it):
-        self-attention, else cross-attention; value must be key (clattn projects keys and values from one
-        input). need_weights (default True, as torch) returns the weights averaged over heads (B, Tq, Tk), or per
+        """nn.MultiheadAttention.forward: (attn_output, attn_output_weights). key is query: self-attention,
+        else cross-attention (a copy of query gives the same numbers); value must be key (clattn projects keys
+        and values from one input). need_weights (default True, as torch) returns the weights averaged over heads (B, Tq, Tk), or per
         head (B, heads, Tq, Tk) with average_attn_weights=False; else None. is_causal=True applies the causal mask
         (as the module's causal=True). Masks as in __call__ (a 3-D attn_mask per head is not supported)."""
         if not _same_input(key, value):
             _invalid("value: clattn projects keys and values from one input, so value must be key itself "
                      "(nn.MultiheadAttention's self-attention mha(x, x, x) and cross-attention mha(q, kv, kv))")
-        kv = None if key is query or _same_input(query, key) else key
+        kv = None if key is query else key  # a copy of query as key: cross-attention, the same numbers
         causal = self.causal or _a.flag("is_causal", is_causal)
         out, weights, kind = self._run(query, kv, key_padding_mask, attn_mask, need_weights, causal,
                                        ("query", "key"))
