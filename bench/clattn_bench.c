@@ -354,14 +354,22 @@ static cl_mem make_buffer(const bench_ctx *b, size_t floats, const float *init, 
     return m;
 }
 
-/* CLBlast SGEMM with the FLOP count of one attention call, on square-ish matrices. */
+/* The SGEMM's largest side: 8192 keeps each operand at 256 MiB, within every device's allocation limit and
+ * far from CLBlast's 32-bit indices (a call the size of T = 131072 attention would need 4 GiB operands). A
+ * GEMM that large runs at its full rate already: the figure compared is the rate. */
+#define SGEMM_MAX_SIDE 8192
+
+/* CLBlast SGEMM with the FLOP count of one attention call, on square-ish matrices (each side at most
+ * SGEMM_MAX_SIDE: bigger calls are measured at that size). */
 static void measure_sgemm(const bench_ctx *b, const options *o, result *r)
 {
     double n_real = cbrt(r->flops.total / 2.0);
     size_t n = (size_t)(n_real / 16.0 + 0.5) * 16;
     if (n < 16) n = 16;
+    if (n > SGEMM_MAX_SIDE) n = SGEMM_MAX_SIDE;
     size_t k = (size_t)(r->flops.total / (2.0 * (double)n * (double)n) / 16.0 + 0.5) * 16;
     if (k < 16) k = 16;
+    if (k > SGEMM_MAX_SIDE) k = SGEMM_MAX_SIDE;
     r->sgemm_m = r->sgemm_n = n;
     r->sgemm_k = k;
     float *host = malloc((n > k ? n : k) * k * sizeof *host);

@@ -11,6 +11,7 @@
  *   cli      `clattn cores` and `clattn cores --json` (the keys the ctest generator reads) on ref and OpenCL */
 #include "oracle.h"
 #include "testutil.h"
+#include "cores/core.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -87,7 +88,7 @@ Test(cores, list)
     cr_assert_str_eq(unfused.test_configs, "SOFTMAX=rows SOFTMAX=item");
     cr_assert(unfused.default_for & 0x10u, "above 256 only the unfused core takes a plan");
     if (is_cpu(cl)) cr_assert_eq(rows.default_for, 0x0Fu, "a CPU device's fused core is flash_rows");
-    else cr_assert_eq(tiled.default_for, 0x0Fu, "a GPU's fused core is flash_tiled");
+    else cr_assert_eq(info_of(cl, "flash_gemm").default_for, 0x0Fu, "a GPU's fused core is flash_gemm");
     clattn_core_info c;
     cr_assert_eq(clattn_core_describe(cl, n, &c), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_core_describe(cl, 0, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -308,4 +309,60 @@ Test(cores, cli)
     out = cli("cores --device nosuchthing", &rc);
     cr_assert_neq(rc, 0, "%s", out);
     free(out);
+}
+
+/* AUTO's order on GPUs (registry.c): flash_gemm first for every head size it takes; then flash_tiled up to
+ * 64 and the unfused path above (issue 22's H100 table); on a CPU flash_rows. */
+Test(cores, gpu_order)
+{
+    static const char *const nvidia[][4] = {
+        {"flash_gemm", "flash_tiled", "unfused", "flash_rows"},
+        {"flash_gemm", "flash_tiled", "unfused", "flash_rows"},
+        {"flash_gemm", "unfused", "flash_tiled", "flash_rows"},
+        {"flash_gemm", "unfused", "flash_tiled", "flash_rows"},
+    };
+    for (int dc = CLATTN_CLASS_NVIDIA; dc <= CLATTN_CLASS_OTHER; dc++)
+        for (int cls = 0; cls < 4; cls++)
+            for (size_t i = 0; i < 4; i++) {
+                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, i);
+                cr_assert(c, "class %d, head class %d: no choice %zu", dc, cls, i);
+                cr_assert_str_eq(c->name, nvidia[cls][i], "device class %d, head class %d, choice %zu", dc, cls, i);
+            }
+    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, 0)->name, "flash_rows");
+}
+
+/* flash_gemm's defaults on a GPU-like device (48 KiB of local memory, 1024 work-items, 132 compute units):
+ * they fit it, keep at most 64 accumulators, and split the keys only where the blocks are too few. */
+Test(cores, flash_gemm_defaults)
+{
+    const clattn_core *c = clattn_core_find("flash_gemm");
+    cr_assert(c);
+    clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
+                        .compute_units = 132, .max_alloc = (size_t)1 << 34};
+    static const size_t heads[] = {8, 64, 80, 96, 128, 256, 7, 13};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
+        const size_t dh = heads[k];
+        clattn_attention_desc d = {.batch = 4, .seq_q = 4096, .embed = 8 * dh, .heads = 8, .head_dim_qk = dh,
+                                   .head_dim_v = dh};
+        clattn_core_params p;
+        cr_assert(c->defaults(c, &caps, &d, &p), "head %zu: no defaults", dh);
+        cr_assert(c->fits(c, &caps, &d, &p), "head %zu: the defaults do not fit", dh);
+        cr_assert_eq(p.v[5], 1, "head %zu: B=4 T=4096 H=8 fills the GPU unsplit (SPLIT=%zu)", dh, p.v[5]);
+        cr_assert_eq(p.v[4], dh % 4 ? 1u : 4u, "head %zu: vector width %zu", dh, p.v[4]);
+        d.batch = 1, d.seq_q = 512, d.seq_kv = 8192; /* 8 heads x a few blocks: split */
+        cr_assert(c->defaults(c, &caps, &d, &p));
+        cr_assert_gt(p.v[5], 1, "head %zu: B=1 Tq=512 Tk=8192 H=8 leaves the GPU idle unsplit", dh);
+        caps.dclass = CLATTN_CLASS_CPU;
+        cr_assert(c->defaults(c, &caps, &d, &p));
+        cr_assert_eq(p.v[5], 1, "head %zu: a CPU is not split", dh);
+        caps.dclass = CLATTN_CLASS_NVIDIA;
+    }
+    /* too little local memory for any tile: no defaults, and the core says why */
+    caps.local_mem = 1024;
+    clattn_attention_desc d = {.batch = 1, .seq_q = 64, .embed = 512, .heads = 2, .head_dim_qk = 256, .head_dim_v = 256};
+    clattn_core_params p;
+    cr_assert_eq(c->defaults(c, &caps, &d, &p), 0);
+    char why[200];
+    cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(why, "do not fit"), "%s", why);
 }

@@ -37,6 +37,9 @@
 #ifndef KV_ROUND
 #define KV_ROUND 0
 #endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
 #if KV_ROUND
 #define KVR(x) clattn_round_half(x)
 #else
@@ -58,4 +61,30 @@ inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uin
 inline float flash_out(float acc, float l)
 {
     return l == 0.0f ? 0.0f : acc / l;
+}
+
+/* flash_combine: merges the SPLIT key parts a member wrote for each query row (src/cores/flash.c): row
+ * (b*Tq + i)*SPLIT + p of ws (stride ws_ld = H*(DV+2)) holds part p's unnormalised output at h*DV + c
+ * and its max (base 2) and sum at H*DV + 2h, +1. out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M),
+ * M = max_p m_p: the result one pass over all keys gives (a part with no visible key has l = 0; a NaN
+ * sum or output stays NaN). One work-item per output element (total = B*Tq*H*DV). */
+__kernel void flash_combine(__global const float *ws, uint ws_ld, __global float *out, ulong out_off, uint out_ld,
+                            uint H, ulong total)
+{
+    const ulong g = get_global_id(0);
+    if (g >= total) return;
+    const uint c = (uint)(g % DV);
+    const ulong rh = g / DV;
+    const uint h = (uint)(rh % H);
+    const ulong row = rh / H;
+    __global const float *w = ws + row * SPLIT * ws_ld;
+    float mx = -FLT_MAX;
+    for (uint p = 0; p < SPLIT; p++) mx = fmax(mx, w[p * ws_ld + H * DV + 2 * h]);
+    float a = 0.0f, l = 0.0f;
+    for (uint p = 0; p < SPLIT; p++) {
+        const float f = exp2(w[p * ws_ld + H * DV + 2 * h] - mx);
+        l += w[p * ws_ld + H * DV + 2 * h + 1] * f;
+        a += w[p * ws_ld + h * DV + c] * f;
+    }
+    out[out_off + row * out_ld + (ulong)h * DV + c] = flash_out(a, l);
 }

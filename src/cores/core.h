@@ -13,7 +13,7 @@
 
 #include "runtime/runtime.h"
 
-#define CLATTN_CORE_MAX_PARAMS 4
+#define CLATTN_CORE_MAX_PARAMS 6
 #define CLATTN_DECODE_MAX_PARTS 64 /* split-K parts per decode query row */
 
 /* Head-size classes, max(dk, dv) <= 32, 64, 128, 256 and above: the unit of defaults and tuning. */
@@ -158,11 +158,17 @@ typedef struct clattn_flash_spec {
     size_t (*group)(const clattn_core_params *p); /* PER_GROUP: work-items per work-group */
     int shrink;                  /* PER_GROUP: the parameter halved while the compiled kernel takes fewer
                                     work-items than `group` (-1: none) */
+    int split;                   /* PER_GROUP: the parameter (SPLIT) that splits each block's keys into parts,
+                                    merged by flash_combine (flash_common.cl); halved while the parts' workspace
+                                    exceeds one allocation (-1: none; every spec says) */
 } clattn_flash_spec;
 clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state);
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io);
 void clattn_flash_release(void *state);
+size_t clattn_flash_device_bytes(const void *state);
+/* Floats of the split parts' workspace for d with `parts` parts (0 when parts <= 1). */
+size_t clattn_flash_split_floats(const clattn_attention_desc *d, size_t parts);
 #define CLATTN_FLASH_MAX_HEAD 256 /* dk and dv the flash kernels take */
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len);

@@ -7,7 +7,12 @@
  *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, out, out_off, out_ld   (rows: clattn_core_arg_rows)
  *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                (clattn_core_arg_masks)
  *   scale, extent                  (PER_ITEM: the work-items in all; PER_GROUP: the launch's first group)
- *   seed_lo, seed_hi, threshold, keep_scale                                (clattn_core_arg_dropout) */
+ *   seed_lo, seed_hi, threshold, keep_scale                                (clattn_core_arg_dropout)
+ * A member whose spec names a `split` parameter may split each block's keys into SPLIT parts (work-groups
+ * of their own, for plans with too few blocks to fill the device): the kernel then writes, for each query
+ * row and part, the unnormalised output and the row's max (base 2) and sum into a workspace of rows
+ *   ws[((b*Tq + i)*SPLIT + part) * ws_ld + ...],  ws_ld = H*(DV+2): H*DV outputs, then (max, sum) per head
+ * (passed as the kernel's out, out_ld), and flash_combine (flash_common.cl) merges the parts into out. */
 #include "core.h"
 
 #include <stdio.h>
@@ -24,9 +29,22 @@ typedef struct flash_state {
     clattn_core_layout lay;
     clattn_core_params p;
     cl_program prog;
-    cl_kernel k;
+    cl_kernel k, k_combine;
     size_t rows, wg;  /* query rows per work-item (PER_ITEM) or work-group; work-group size (PER_GROUP) */
+    size_t parts;     /* key parts per block (1: no split) */
+    cl_mem ws;        /* their workspace (parts > 1) */
 } flash_state;
+
+size_t clattn_flash_split_floats(const clattn_attention_desc *d, size_t parts)
+{
+    return parts <= 1 ? 0 : d->batch * d->seq_q * parts * d->heads * (d->head_dim_v + 2);
+}
+
+size_t clattn_flash_device_bytes(const void *state)
+{
+    const flash_state *s = state;
+    return clattn_mem_bytes(s->ws);
+}
 
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len)
@@ -45,12 +63,14 @@ void clattn_flash_release(void *state)
     flash_state *s = state;
     if (!s) return;
     clattn_kernel_release(&s->k);
+    clattn_kernel_release(&s->k_combine);
+    clattn_mem_release(&s->ws);
     clattn_program_release(&s->prog);
     free(s);
 }
 
-/* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved while
- * the compiled kernel takes fewer work-items than its group. */
+/* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved (while the
+ * halved parameters still fit the core) * the compiled kernel takes fewer work-items than its group. */
 clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state)
 {
@@ -58,6 +78,10 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
     flash_state *s = clattn_calloc(1, sizeof *s);
     if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
     s->core = core, s->spec = spec, s->dev = dev, s->d = *d, s->lay = *lay, s->p = *p;
+    /* the parts' workspace within one allocation: fewer parts where it would not be */
+    while (spec->split >= 0 && s->p.v[spec->split] > 1 &&
+           clattn_flash_split_floats(d, s->p.v[spec->split]) * sizeof(float) > dev->caps.max_alloc)
+        s->p.v[spec->split] /= 2;
     for (;;) {
         char opts[512];
         int n = clattn_core_attention_defines(d, opts, sizeof opts);
@@ -84,12 +108,25 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         if (s->wg == 0 || s->wg <= allowed) break;
         clattn_kernel_release(&s->k);
         clattn_program_release(&s->prog);
-        if (spec->shrink < 0 || s->p.v[spec->shrink] <= 1) {
+        clattn_core_params smaller = s->p;
+        if (spec->shrink >= 0) smaller.v[spec->shrink] /= 2;
+        if (spec->shrink < 0 || s->p.v[spec->shrink] <= 1 || (core->fits && !core->fits(core, NULL, NULL, &smaller))) {
             clattn_flash_release(s);
             return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s does not fit this device (its kernel takes %zu "
                                "work-items per work-group)", core->name, allowed);
         }
-        s->p.v[spec->shrink] /= 2;
+        s->p = smaller;
+    }
+    s->parts = spec->split >= 0 ? s->p.v[spec->split] : 1;
+    if (s->parts > 1) {
+        clattn_status st = clattn_kernel_create(s->prog, "flash_combine", &s->k_combine);
+        if (st == CLATTN_STATUS_SUCCESS)
+            st = clattn_buffer_new(dev, clattn_flash_split_floats(d, s->parts), sizeof(float), NULL,
+                                   "the flash split parts", &s->ws);
+        if (st != CLATTN_STATUS_SUCCESS) {
+            clattn_flash_release(s);
+            return st;
+        }
     }
     *state = s;
     return CLATTN_STATUS_SUCCESS;
@@ -103,17 +140,36 @@ static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* flash_combine: out rows from the parts in the workspace, one work-item per output element. */
+static clattn_status combine(const flash_state *s, const clattn_core_io *io)
+{
+    const clattn_attention_desc *d = &s->d;
+    const size_t total = d->batch * d->seq_q * d->heads * d->head_dim_v;
+    clattn_args a;
+    clattn_args_begin(&a, s->k_combine, "flash_combine");
+    clattn_arg_mem(&a, s->ws);
+    clattn_arg_u32(&a, (cl_uint)(d->heads * (d->head_dim_v + 2)));
+    clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(s->dev, s->k_combine, total, "enqueue flash_combine");
+}
+
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
 {
     flash_state *s = state;
     const clattn_attention_desc *d = &s->d;
-    const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows);
+    const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows) * s->parts;
     clattn_args a;
     clattn_args_begin(&a, s->k, s->spec->kernel);
     clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
     clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
     clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
-    clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
+    if (s->parts > 1)
+        clattn_core_arg_rows(&a, (clattn_view){s->ws, 0}, d->heads * (d->head_dim_v + 2));
+    else
+        clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
     clattn_core_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
@@ -125,5 +181,6 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
         TRY(clattn_enqueue_1d(s->dev, s->k, blocks, what));
     else
         TRY(clattn_enqueue_groups(s->dev, s->k, blocks, s->wg, set_first_group, NULL, what));
+    if (s->parts > 1) TRY(combine(s, io));
     return clattn_core_mark(io, CLATTN_STAGE_ATTENTION);
 }

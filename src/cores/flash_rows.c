@@ -40,6 +40,7 @@ static size_t rows(const clattn_core_params *p) { return p->v[ROWS]; }
 
 static const clattn_flash_spec spec = {
     .source = "cores/flash_rows", .kernel = "flash_rows", .launch = CLATTN_FLASH_PER_ITEM, .rows = rows, .shrink = -1,
+    .split = -1,
 };
 
 const clattn_core clattn_core_flash_rows = {

@@ -77,7 +77,7 @@ static size_t group(const clattn_core_params *p) { return p->v[BQ] * p->v[NS]; }
 
 static const clattn_flash_spec spec = {
     .source = "cores/flash_tiled", .kernel = "flash_tiled", .launch = CLATTN_FLASH_PER_GROUP, .rows = rows,
-    .group = group, .shrink = BQ,
+    .group = group, .shrink = BQ, .split = -1,
 };
 
 const clattn_core clattn_core_flash_tiled = {

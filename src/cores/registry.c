@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled;
+extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm;
 extern const clattn_core clattn_core_decode_attend;
 
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
     &clattn_core_flash_rows,
     &clattn_core_flash_tiled,
+    &clattn_core_flash_gemm,
 };
 
 static const clattn_core *const decode[] = {
@@ -28,7 +29,11 @@ static const clattn_core *const decode[] = {
  * serves it. Cores that cannot return the attention weights are passed over for plans that need them.
  *   CPU devices (PoCL): flash_rows, one work-item per 16 query rows with its accumulators in registers:
  *     0.50-0.65 of the unfused path's core time at B=4 T=512/1024 E=512 H=8 (bench/results/pocl-2core.md).
- *   GPUs: flash_tiled, its K/V tiles in local memory (flash_rows keeps whole rows per work-item). */
+ *   GPUs: flash_gemm, register micro-tiles over K/V tiles in local memory, built to run at GEMM speed (by
+ *     construction: not yet measured on a GPU). After it, for head sizes above 64, the unfused path before
+ *     flash_tiled: on an H100 (NVIDIA OpenCL 580, clattn 0.3.0, issue 22's table) unfused took 0.40-0.48 of
+ *     flash_tiled's time at head size 128, and 0.85-1.09 of it at 64. flash_rows keeps whole rows per
+ *     work-item, which suits a CPU. */
 typedef struct order_rule {
     int dclass;            /* clattn_device_class, or -1 for any */
     int cls_lo, cls_hi;    /* head-size classes it covers */
@@ -36,8 +41,9 @@ typedef struct order_rule {
 } order_rule;
 
 static const order_rule prefill_order[] = {
-    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"flash_rows", "flash_tiled", "unfused"}},
-    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_tiled", "flash_rows", "unfused"}},
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"flash_rows", "flash_tiled", "flash_gemm", "unfused"}},
+    {-1, 0, 1, {"flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
+    {-1, 2, CLATTN_HEAD_CLASSES - 1, {"flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
 };
 
 static const order_rule decode_order[] = {

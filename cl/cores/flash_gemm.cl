@@ -1,0 +1,279 @@
+/* flash_gemm.cl: the register-tiled flash core for GPUs (src/cores/flash_gemm.c). Each tile of flash
+ * attention is two small GEMMs around a softmax, S = Q K^T (BQ x BK) and O += P V (BQ x DV), and this kernel
+ * computes them the way a GEMM kernel does: a work-group of (BQ/RM) x TC work-items owns BQ query rows of one
+ * (batch, head); work-item (ty, tx) keeps in registers a micro-tile of the scores (rows ty*RM .. +RM, keys
+ * tx, tx+TC, ... : RN = BK/TC of them) and of the output (the same rows, value vectors tx, tx+TC, ...), so
+ * every value it reads from local memory feeds RM or RN FMAs. flash_common.cl goes first.
+ *
+ *   BQ, BK, RM, TC   query rows per work-group, keys per tile, rows per work-item, work-items per row
+ *   VW               vector width along the head dimension (4, or 1 when a head size is not a multiple of 4)
+ *   SPLIT            key parts per block, each a work-group of its own, merged by flash_combine (1: none)
+ *
+ * Local memory: the Q block (BQ x DK, read once), a K tile and a V tile (BK rows, loaded together with
+ * coalesced vector loads; rows padded by one vector so that the work-items of a row read different banks),
+ * the tile's weights P (BQ x BK) and the row maxima's partials (BQ x TC).
+ *
+ * The softmax runs in base 2: s2 = (q . k) * scale * log2(e), p = exp2(s2 - m2), which is
+ * exp(score - max). Each work-item keeps its rows' running max (the same in all TC work-items of a row,
+ * reduced through local memory once per tile) and its own part of the running sum (summed across the
+ * row's work-items once, at the end). The accumulators are rescaled only when a row's max grows.
+ *
+ * Masks: a tile that crosses no edge (causal diagonal, the end of the keys) and a plan without a padding,
+ * window or attention mask skips the mask function. With CAUSAL, tiles past a block's last query are never
+ * loaded and the blocks are issued last-first (the longest first). */
+#ifndef BQ
+#define BQ 64
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef RM
+#define RM 4
+#endif
+#ifndef TC
+#define TC 8
+#endif
+#ifndef VW
+#define VW 4
+#endif
+
+#ifndef UNROLL_K
+#define UNROLL_K 4
+#endif
+#ifndef UNROLL_V
+#define UNROLL_V 2
+#endif
+
+#define NTY (BQ / RM)       /* work-item rows */
+#define WGS (NTY * TC)      /* work-items per work-group */
+#define RN (BK / TC)        /* keys per work-item per tile */
+#define DKV (DK / VW)       /* vectors per query or key row */
+#define DVV (DV / VW)       /* vectors per value row */
+#define NVT ((DVV + TC - 1) / TC) /* value vectors per work-item */
+#define QLD (DKV + 1)       /* local row strides, in vectors: one vector of padding */
+#define KLD (DKV + 1)
+#define VLD (DVV + 1)
+#define PLD (BK + 1)
+#define RLD (TC + 1)
+#define LOG2E 1.4426950408889634f
+
+#if VW == 4
+typedef float4 fv_t;
+#define FV_LOAD(i, p) vload4((i), (p))
+#define FV_STORE(x, i, p) vstore4((x), (i), (p))
+#define FV_DOT(a, b, s) fma((a).s3, (b).s3, fma((a).s2, (b).s2, fma((a).s1, (b).s1, fma((a).s0, (b).s0, (s)))))
+#if KV_ROUND
+inline float4 fv_round(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3)); }
+#else
+#define fv_round(x) (x)
+#endif
+#else
+typedef float fv_t;
+#define FV_LOAD(i, p) ((p)[(i)])
+#define FV_STORE(x, i, p) ((p)[(i)] = (x))
+#define FV_DOT(a, b, s) fma((a), (b), (s))
+#define fv_round(x) KVR(x)
+#endif
+
+/* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block') + group0,
+ * block' counting from the last block under CAUSAL. Every barrier is reached by the whole work-group: the
+ * loop bounds and branches around barriers depend only on the group. */
+__kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
+void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
+                __global const float *k, ulong k_off, uint k_ld,
+                __global const float *v, ulong v_off, uint v_ld,
+                __global float *out, ulong out_off, uint out_ld,
+                __global const uchar *kpm, ulong kpm_off,
+                __global const mask_t *mask, ulong mask_off,
+                uint Tq, uint Tk, uint H, float scale, ulong group0,
+                uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+{
+    __local fv_t qs[BQ * QLD];
+    __local fv_t ks[BK * KLD];
+    __local fv_t vs[BK * VLD];
+    __local float ps[BQ * PLD];
+    __local float red[BQ * RLD];
+    const uint lid = get_local_id(0);
+    const uint tx = lid % TC, ty = lid / TC;
+    ulong g = group0 + get_group_id(0);
+#if SPLIT > 1
+    const uint part = (uint)(g % SPLIT);
+    g /= SPLIT;
+#endif
+    const uint nblk = (Tq + BQ - 1) / BQ;
+    uint blk = (uint)(g % nblk);
+#if CAUSAL
+    blk = nblk - 1 - blk; /* the longest blocks first */
+#endif
+    const ulong bh = g / nblk;
+    const uint h = (uint)(bh % H);
+    const ulong b = bh / H;
+    const uint i0 = blk * BQ;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+    const float scale2 = scale * LOG2E;
+    /* this work-item's corners of the local arrays: every access below is a constant offset from one */
+    __local const fv_t *qme = qs + ty * RM * QLD, *kme = ks + tx * KLD, *vme = vs + tx;
+    __local float *pme = ps + ty * RM * PLD, *rme = red + ty * RM * RLD;
+
+    /* the Q block, rows past Tq repeating the last one (never written) */
+    for (uint x = lid; x < BQ * DKV; x += WGS) {
+        const uint rr = x / DKV, c = x % DKV;
+        const uint ii = min(i0 + rr, Tq - 1);
+        qs[rr * QLD + c] = FV_LOAD(c, q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK);
+    }
+    fv_t acc[RM][NVT];
+    float m[RM], l[RM];
+    #pragma unroll
+    for (uint r = 0; r < RM; r++) {
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+        #pragma unroll
+        for (uint t = 0; t < NVT; t++) acc[r][t] = (fv_t)(0.0f);
+    }
+    uint jbeg = 0, jend = Tk;
+#if CAUSAL
+    jend = min(Tk, min(i0 + BQ, Tq));
+#endif
+#if WINDOW
+    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
+#endif
+#if SPLIT > 1
+    { /* this part's share of the block's key tiles */
+        const uint tiles = jend > jbeg ? (jend - jbeg + BK - 1) / BK : 0;
+        const uint t0 = part * tiles / SPLIT, t1 = (part + 1) * tiles / SPLIT;
+        jend = min(jend, jbeg + t1 * BK);
+        jbeg += t0 * BK;
+    }
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    for (uint j0 = jbeg; j0 < jend; j0 += BK) {
+        barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
+        /* the K and V tiles, keys past jend as 0 */
+        for (uint x = lid; x < BK * DKV; x += WGS) {
+            const uint jj = x / DKV, c = x % DKV;
+            ks[jj * KLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, kb + (ulong)(j0 + jj) * k_ld)) : (fv_t)(0.0f);
+        }
+        for (uint x = lid; x < BK * DVV; x += WGS) {
+            const uint jj = x / DVV, c = x % DVV;
+            vs[jj * VLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, vb + (ulong)(j0 + jj) * v_ld)) : (fv_t)(0.0f);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* S micro-tile: rows ty*RM + r, keys j0 + tx + TC*n */
+        float s[RM][RN];
+        #pragma unroll
+        for (uint r = 0; r < RM; r++) {
+            #pragma unroll
+            for (uint n = 0; n < RN; n++) s[r][n] = 0.0f;
+        }
+        #pragma unroll UNROLL_K
+        for (uint c = 0; c < DKV; c++) {
+            fv_t qv[RM], kv[RN];
+            #pragma unroll
+            for (uint r = 0; r < RM; r++) qv[r] = qme[r * QLD + c];
+            #pragma unroll
+            for (uint n = 0; n < RN; n++) kv[n] = kme[TC * n * KLD + c];
+            #pragma unroll
+            for (uint r = 0; r < RM; r++) {
+                #pragma unroll
+                for (uint n = 0; n < RN; n++) s[r][n] = FV_DOT(qv[r], kv[n], s[r][n]);
+            }
+        }
+        /* scale, masks, and this work-item's part of each row's max */
+#if KPM || MASK_KIND || WINDOW
+        const int edge = 1;
+#elif CAUSAL
+        const int edge = j0 + BK > jend || j0 + BK > i0 + 1;
+#else
+        const int edge = j0 + BK > jend;
+#endif
+        #pragma unroll
+        for (uint r = 0; r < RM; r++) {
+            const uint i = min(i0 + ty * RM + r, Tq - 1);
+            float pm = -FLT_MAX;
+            #pragma unroll
+            for (uint n = 0; n < RN; n++) {
+                const uint j = j0 + tx + TC * n;
+                if (edge)
+                    s[r][n] = j < jend ? clattn_mask_score(s[r][n] * scale, i, j, b, Tk, kpm, mask) * LOG2E : -INFINITY;
+                else
+                    s[r][n] *= scale2;
+                pm = fmax(pm, s[r][n]);
+            }
+            rme[r * RLD + tx] = pm;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        /* the rows' new max; the weights p = exp2(s - max) to local memory (after dropout) */
+        #pragma unroll
+        for (uint r = 0; r < RM; r++) {
+            float mb = m[r];
+            for (uint t = 0; t < TC; t++) mb = fmax(mb, rme[r * RLD + t]);
+            if (mb > m[r]) { /* fmax skips NaN: a NaN score comes back through exp2 into the sum */
+                const float corr = exp2(m[r] - mb);
+                l[r] *= corr;
+                #pragma unroll
+                for (uint t = 0; t < NVT; t++) acc[r][t] *= corr;
+                m[r] = mb;
+            }
+            float sum = 0.0f;
+            #pragma unroll
+            for (uint n = 0; n < RN; n++) {
+                const float p = exp2(s[r][n] - mb);
+                sum += p;
+                pme[r * PLD + tx + TC * n] =
+                    flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + ty * RM + r, j0 + tx + TC * n, threshold, keep_scale);
+            }
+            l[r] += sum;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        /* O micro-tile += P V: rows ty*RM + r, value vectors tx + TC*t */
+        /* all BK keys, a constant count: past jend the weights and the V rows are 0 */
+        #pragma unroll UNROLL_V
+        for (uint jj = 0; jj < BK; jj++) {
+            float pr[RM];
+            #pragma unroll
+            for (uint r = 0; r < RM; r++) pr[r] = pme[r * PLD + jj];
+            #pragma unroll
+            for (uint t = 0; t < NVT; t++) {
+                const uint c = tx + TC * t;
+                if (NVT * TC == DVV || c < DVV) {
+                    const fv_t vv = vme[jj * VLD + TC * t];
+                    #pragma unroll
+                    for (uint r = 0; r < RM; r++) acc[r][t] = fma((fv_t)(pr[r]), vv, acc[r][t]);
+                }
+            }
+        }
+    }
+    /* each row's sum across its TC work-items, then acc / l */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (uint r = 0; r < RM; r++) rme[r * RLD + tx] = l[r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (uint r = 0; r < RM; r++) {
+        const uint i = i0 + ty * RM + r;
+        float lr = 0.0f;
+        for (uint t = 0; t < TC; t++) lr += rme[r * RLD + t];
+        if (i >= Tq) continue;
+#if SPLIT > 1
+        /* one part: the unnormalised output, the row's max (base 2) and sum, for flash_combine */
+        __global float *row = out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld;
+        #pragma unroll
+        for (uint t = 0; t < NVT; t++) {
+            const uint c = tx + TC * t;
+            if (NVT * TC == DVV || c < DVV) FV_STORE(acc[r][t], c, row + (ulong)h * DV);
+        }
+        if (tx == 0) row[H * DV + 2 * h] = m[r], row[H * DV + 2 * h + 1] = lr;
+        continue;
+#endif
+        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
+        #pragma unroll
+        for (uint t = 0; t < NVT; t++) {
+            const uint c = tx + TC * t;
+            if (NVT * TC == DVV || c < DVV) FV_STORE(lr == 0.0f ? (fv_t)(0.0f) : acc[r][t] * inv, c, op);
+        }
+    }
+}

@@ -1,0 +1,147 @@
+/* flash_gemm.c: the register-tiled flash core for GPUs (cl/cores/flash_gemm.cl). A work-group of
+ * (BQ/RM) x TC work-items per BQ query rows; work-item (ty, tx) keeps an RM x (BK/TC) micro-tile of the
+ * scores and an RM x (DV/TC) micro-tile of the output in registers, so each value it reads from local memory
+ * feeds several FMAs, as in a GEMM kernel (CLBlast's Xgemm, FlashAttention-2's tiling). SPLIT > 1 splits
+ * each block's keys into parts of their own work-groups, merged by flash_combine (flash.c), for plans whose
+ * blocks are too few to fill a GPU. */
+#include "core.h"
+
+#include <stdio.h>
+
+enum { BQ, BK, RM, TC, VW, SPLIT };
+static const size_t bq_v[] = {8, 16, 32, 64, 128}, bq_tried[] = {16, 32, 64};
+static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
+static const size_t rm_v[] = {1, 2, 4, 8}, rm_tried[] = {2, 4};
+static const size_t tc_v[] = {2, 4, 8, 16, 32}, tc_tried[] = {8, 16};
+static const size_t vw_v[] = {1, 4}, vw_tried[] = {4};
+static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
+static const clattn_core_param params[] = {
+    [BQ] = {"BQ", bq_v, 5, bq_tried, 3, NULL},
+    [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
+    [RM] = {"RM", rm_v, 4, rm_tried, 2, NULL},
+    [TC] = {"TC", tc_v, 5, tc_tried, 2, NULL},
+    [VW] = {"VW", vw_v, 2, vw_tried, 1, NULL},
+    [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
+};
+
+/* the defaults; one row per work-item, narrow rows and scalar loads (other micro-tile edges and
+ * remainders); the keys of every block split into 4 parts and merged (flash_combine) */
+static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1", "SPLIT=4", NULL};
+
+#define MAX_GROUP 256 /* work-items per work-group the kernel is written for */
+#define MAX_ACC 64    /* output accumulators per work-item (floats): more would spill on a GPU */
+
+/* The kernel's local arrays in bytes: Q block, K and V tiles (rows padded by one vector), P tile, the row
+ * maxima's partials. */
+static size_t local_bytes(size_t dk, size_t dv, const clattn_core_params *p)
+{
+    const size_t vw = p->v[VW];
+    return sizeof(float) * (vw * (p->v[BQ] * (dk / vw + 1) + p->v[BK] * (dk / vw + 1) + p->v[BK] * (dv / vw + 1)) +
+                            p->v[BQ] * (p->v[BK] + 1) + p->v[BQ] * (p->v[TC] + 1));
+}
+
+/* Floats of output accumulators per work-item: RM rows x its value vectors. */
+static size_t accumulators(size_t dv, const clattn_core_params *p)
+{
+    const size_t vecs = dv / p->v[VW];
+    return p->v[RM] * ((vecs + p->v[TC] - 1) / p->v[TC]) * p->v[VW];
+}
+
+static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                const clattn_core_params *p)
+{
+    (void)core;
+    if (p->v[BQ] % p->v[RM] || p->v[BK] % p->v[TC]) return 0;
+    const size_t wg = p->v[BQ] / p->v[RM] * p->v[TC];
+    if (wg > MAX_GROUP || (caps && wg > caps->max_work_group)) return 0;
+    if (!d) return 1;
+    if (d->head_dim_qk % p->v[VW] || d->head_dim_v % p->v[VW]) return 0;
+    if (accumulators(d->head_dim_v, p) > MAX_ACC) return 0;
+    return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
+}
+
+/* Starting points per head-size class, by construction (not yet measured on a GPU: the table is where H100
+ * measurements go). Each keeps 32-64 accumulators per work-item and fits 48 KiB of local memory (NVIDIA's
+ * OpenCL limit per work-group):
+ *   <=64:  64 rows x 32 keys, 4x4 score and 4x8 output micro-tiles, 128 work-items, 45 KiB
+ *   <=128: 32 rows x 16 keys, 4x2 and 4x16, 64 work-items, 38 KiB
+ *   >128:  16 rows x 8 keys, 2x1 and 2x32, 64 work-items, 33 KiB (dk = dv = 256)
+ * then shrunk (BK, then BQ) while they do not fit the device; VW = 4 where both head sizes allow it. */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
+    static const size_t start[CLATTN_HEAD_CLASSES][4] = {
+        {64, 32, 4, 8}, {64, 32, 4, 8}, {32, 16, 4, 8}, {16, 8, 2, 8}, {16, 8, 2, 8},
+    };
+    p->v[BQ] = start[cls][0], p->v[BK] = start[cls][1], p->v[RM] = start[cls][2], p->v[TC] = start[cls][3];
+    p->v[VW] = d->head_dim_qk % 4 == 0 && d->head_dim_v % 4 == 0 ? 4 : 1;
+    p->v[SPLIT] = 1;
+    while (!fits(core, caps, d, p)) {
+        if (p->v[BK] > p->v[TC] && p->v[BK] > 8) p->v[BK] /= 2;
+        else if (p->v[BQ] > p->v[RM] && p->v[BQ] > 8) p->v[BQ] /= 2;
+        else return 0;
+    }
+    /* On a GPU, split the keys when the blocks are too few for 4 work-groups per compute unit (long keys,
+     * few rows: a small batch), while each part keeps at least 4 tiles and the parts' workspace one
+     * allocation. A CPU has work enough with one work-group per compute unit. */
+    if (caps->dclass != CLATTN_CLASS_CPU) {
+        const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
+        const size_t groups = d->batch * d->heads * ((d->seq_q + p->v[BQ] - 1) / p->v[BQ]);
+        const size_t tiles = (tk + p->v[BK] - 1) / p->v[BK], target = 4 * (size_t)caps->compute_units;
+        while (p->v[SPLIT] < 8 && groups * p->v[SPLIT] < target && tiles >= 8 * p->v[SPLIT] &&
+               clattn_flash_split_floats(d, 2 * p->v[SPLIT]) * sizeof(float) <= caps->max_alloc)
+            p->v[SPLIT] *= 2;
+    }
+    return 1;
+}
+
+/* The split parts' workspace with the defaults (parameters from a file or the environment may differ). */
+static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                        const clattn_core_layout *lay)
+{
+    (void)lay;
+    clattn_core_params p;
+    return defaults(core, caps, d, &p) ? clattn_flash_split_floats(d, p.v[SPLIT]) : 0;
+}
+
+/* The flash family's limits, and parameters that fit the device (for the smallest head, when d is NULL). */
+static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                              char *why, size_t len)
+{
+    TRY(clattn_flash_supports(core, caps, d, why, len));
+    const clattn_attention_desc one = {.head_dim_qk = 4, .head_dim_v = 4};
+    clattn_core_params p;
+    if (!defaults(core, caps, d ? d : &one, &p)) {
+        snprintf(why, len, "flash_gemm's tiles do not fit this device (local memory %zu bytes, max work-group %zu)",
+                 caps->local_mem, caps->max_work_group);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static size_t rows(const clattn_core_params *p) { return p->v[BQ]; }
+static size_t group(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * p->v[TC]; }
+
+static const clattn_flash_spec spec = {
+    .source = "cores/flash_gemm", .kernel = "flash_gemm", .launch = CLATTN_FLASH_PER_GROUP, .rows = rows,
+    .group = group, .shrink = BQ, .split = SPLIT,
+};
+
+const clattn_core clattn_core_flash_gemm = {
+    .name = "flash_gemm",
+    .kind = CLATTN_CORE_PREFILL,
+    .algorithm = CLATTN_ALGORITHM_FUSED,
+    .params = params,
+    .nparams = 6,
+    .test_configs = test_configs,
+    .spec = &spec,
+    .supports = supports,
+    .defaults = defaults,
+    .fits = fits,
+    .build = clattn_flash_build,
+    .run = clattn_flash_run,
+    .workspace = workspace,
+    .device_bytes = clattn_flash_device_bytes,
+    .release = clattn_flash_release,
+};
