@@ -1,5 +1,6 @@
 /* core_args.c: what every attention kernel is specialised by (-D) and takes as arguments, shared by the
- * cores: the masks, dropout, row-major tensors. */
+ * cores: the masks, dropout, row-major tensors; and the head-size classes (below the registry, which the cores
+ * must not use). */
 #include "core.h"
 
 #include <stdio.h>
@@ -44,4 +45,17 @@ size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage)
 {
     return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;
+}
+
+/* ---- head-size classes (core.h): here, below the registry and every core that reads them */
+int clattn_head_class(size_t dk, size_t dv)
+{
+    const size_t d = dk > dv ? dk : dv;
+    return d <= 32 ? 0 : d <= 64 ? 1 : d <= 128 ? 2 : d <= 256 ? 3 : 4;
+}
+
+const char *clattn_head_class_name(int cls)
+{
+    static const char *names[CLATTN_HEAD_CLASSES] = {"<=32", "<=64", "<=128", "<=256", ">256"};
+    return cls >= 0 && cls < CLATTN_HEAD_CLASSES ? names[cls] : "?";
 }

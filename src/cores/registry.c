@@ -50,18 +50,6 @@ static const order_rule decode_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_attend"}},
 };
 
-int clattn_head_class(size_t dk, size_t dv)
-{
-    const size_t d = dk > dv ? dk : dv;
-    return d <= 32 ? 0 : d <= 64 ? 1 : d <= 128 ? 2 : d <= 256 ? 3 : 4;
-}
-
-const char *clattn_head_class_name(int cls)
-{
-    static const char *names[CLATTN_HEAD_CLASSES] = {"<=32", "<=64", "<=128", "<=256", ">256"};
-    return cls >= 0 && cls < CLATTN_HEAD_CLASSES ? names[cls] : "?";
-}
-
 size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode); }
 
 const clattn_core *clattn_core_at(size_t i)
