@@ -349,6 +349,10 @@ Test(cores, flash_gemm_defaults)
         cr_assert(c->fits(c, &caps, &d, &p), "head %zu: the defaults do not fit", dh);
         cr_assert_eq(p.v[5], 1, "head %zu: B=4 T=4096 H=8 fills the GPU unsplit (SPLIT=%zu)", dh, p.v[5]);
         cr_assert_eq(p.v[4], dh % 4 ? 1u : 4u, "head %zu: vector width %zu", dh, p.v[4]);
+        cr_assert_eq(p.v[6], 0, "head %zu: no register prefetch by default", dh);
+        p.v[6] = 1; /* with it: within the registers' budget for every head at the defaults */
+        cr_assert(c->fits(c, &caps, &d, &p), "head %zu: PF=1 does not fit the defaults", dh);
+        p.v[6] = 0;
         d.batch = 1, d.seq_q = 512, d.seq_kv = 8192; /* 8 heads x a few blocks: split */
         cr_assert(c->defaults(c, &caps, &d, &p));
         cr_assert_gt(p.v[5], 1, "head %zu: B=1 Tq=512 Tk=8192 H=8 leaves the GPU idle unsplit", dh);

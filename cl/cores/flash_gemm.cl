@@ -8,6 +8,8 @@
  *   BQ, BK, RM, TC   query rows per work-group, keys per tile, rows per work-item, work-items per row
  *   VW               vector width along the head dimension (4, or 1 when a head size is not a multiple of 4)
  *   SPLIT            key parts per block, each a work-group of its own, merged by flash_combine (1: none)
+ *   PF               1: the next K and V tiles are loaded into registers while the current tile's math runs
+ *                    (double buffering through registers: local memory has no room for a second tile pair)
  *
  * Local memory: the Q block (BQ x DK, read once), a K tile and a V tile (BK rows, loaded together with
  * coalesced vector loads; rows padded by one vector so that the work-items of a row read different banks),
@@ -56,6 +58,11 @@
 #define PLD (BK + 1)
 #define RLD (TC + 1)
 #define LOG2E 1.4426950408889634f
+#ifndef PF
+#define PF 0
+#endif
+#define KPI ((BK * DKV + WGS - 1) / WGS) /* K vectors per work-item per tile */
+#define VPI ((BK * DVV + WGS - 1) / WGS) /* V vectors per work-item per tile */
 
 #if VW == 4
 typedef float4 fv_t;
@@ -148,9 +155,33 @@ void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
 #endif
     __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
     __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+/* work-item lid's u-th vector of the tile at key j0 (keys past jend, and slots past the tile, as 0) */
+#define K_AT(j0, u) (lid + WGS * (u) < BK * DKV && (j0) + (lid + WGS * (u)) / DKV < jend \
+    ? fv_round(FV_LOAD((lid + WGS * (u)) % DKV, kb + (ulong)((j0) + (lid + WGS * (u)) / DKV) * k_ld)) : (fv_t)(0.0f))
+#define V_AT(j0, u) (lid + WGS * (u) < BK * DVV && (j0) + (lid + WGS * (u)) / DVV < jend \
+    ? fv_round(FV_LOAD((lid + WGS * (u)) % DVV, vb + (ulong)((j0) + (lid + WGS * (u)) / DVV) * v_ld)) : (fv_t)(0.0f))
+#if PF
+    fv_t kn[KPI], vn[VPI]; /* the next tile, in flight */
+    #pragma unroll
+    for (uint u = 0; u < KPI; u++) kn[u] = K_AT(jbeg, u);
+    #pragma unroll
+    for (uint u = 0; u < VPI; u++) vn[u] = V_AT(jbeg, u);
+#endif
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
         /* the K and V tiles, keys past jend as 0 */
+#if PF
+        #pragma unroll
+        for (uint u = 0; u < KPI; u++) {
+            const uint x = lid + WGS * u;
+            if (x < BK * DKV) ks[x / DKV * KLD + x % DKV] = kn[u];
+        }
+        #pragma unroll
+        for (uint u = 0; u < VPI; u++) {
+            const uint x = lid + WGS * u;
+            if (x < BK * DVV) vs[x / DVV * VLD + x % DVV] = vn[u];
+        }
+#else
         for (uint x = lid; x < BK * DKV; x += WGS) {
             const uint jj = x / DKV, c = x % DKV;
             ks[jj * KLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, kb + (ulong)(j0 + jj) * k_ld)) : (fv_t)(0.0f);
@@ -159,7 +190,15 @@ void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
             const uint jj = x / DVV, c = x % DVV;
             vs[jj * VLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, vb + (ulong)(j0 + jj) * v_ld)) : (fv_t)(0.0f);
         }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
+#if PF
+        /* the next tile's loads, issued before this tile's math (past jend: zeros, never used) */
+        #pragma unroll
+        for (uint u = 0; u < KPI; u++) kn[u] = K_AT(j0 + BK, u);
+        #pragma unroll
+        for (uint u = 0; u < VPI; u++) vn[u] = V_AT(j0 + BK, u);
+#endif
 
         /* S micro-tile: rows ty*RM + r, keys j0 + tx + TC*n */
         float s[RM][RN];

@@ -13,7 +13,7 @@
 
 #include "runtime/runtime.h"
 
-#define CLATTN_CORE_MAX_PARAMS 6
+#define CLATTN_CORE_MAX_PARAMS 8
 #define CLATTN_DECODE_MAX_PARTS 64 /* split-K parts per decode query row */
 
 /* Head-size classes, max(dk, dv) <= 32, 64, 128, 256 and above: the unit of defaults and tuning. */

@@ -8,13 +8,14 @@
 
 #include <stdio.h>
 
-enum { BQ, BK, RM, TC, VW, SPLIT };
+enum { BQ, BK, RM, TC, VW, SPLIT, PF };
 static const size_t bq_v[] = {8, 16, 32, 64, 128}, bq_tried[] = {16, 32, 64};
 static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
 static const size_t rm_v[] = {1, 2, 4, 8}, rm_tried[] = {2, 4};
 static const size_t tc_v[] = {2, 4, 8, 16, 32}, tc_tried[] = {8, 16};
 static const size_t vw_v[] = {1, 4}, vw_tried[] = {4};
 static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
+static const size_t pf_v[] = {0, 1};
 static const clattn_core_param params[] = {
     [BQ] = {"BQ", bq_v, 5, bq_tried, 3, NULL},
     [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
@@ -22,14 +23,17 @@ static const clattn_core_param params[] = {
     [TC] = {"TC", tc_v, 5, tc_tried, 2, NULL},
     [VW] = {"VW", vw_v, 2, vw_tried, 1, NULL},
     [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
+    [PF] = {"PF", pf_v, 2, pf_v, 2, NULL},
 };
 
 /* the defaults; one row per work-item, narrow rows and scalar loads (other micro-tile edges and
- * remainders); the keys of every block split into 4 parts and merged (flash_combine) */
-static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1", "SPLIT=4", NULL};
+ * remainders); the keys of every block split into 4 parts and merged (flash_combine), with the next tiles
+ * loaded through registers */
+static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1", "SPLIT=4,PF=1", NULL};
 
 #define MAX_GROUP 256 /* work-items per work-group the kernel is written for */
 #define MAX_ACC 64    /* output accumulators per work-item (floats): more would spill on a GPU */
+#define MAX_LIVE 128  /* accumulators and the next tiles in flight (PF), floats per work-item */
 
 /* The kernel's local arrays in bytes: Q block, K and V tiles (rows padded by one vector), P tile, the row
  * maxima's partials. */
@@ -47,6 +51,14 @@ static size_t accumulators(size_t dv, const clattn_core_params *p)
     return p->v[RM] * ((vecs + p->v[TC] - 1) / p->v[TC]) * p->v[VW];
 }
 
+/* Floats of the next K and V tiles a work-item holds with PF = 1. */
+static size_t prefetch(size_t dk, size_t dv, const clattn_core_params *p)
+{
+    if (!p->v[PF]) return 0;
+    const size_t wg = p->v[BQ] / p->v[RM] * p->v[TC], vw = p->v[VW];
+    return vw * ((p->v[BK] * (dk / vw) + wg - 1) / wg + (p->v[BK] * (dv / vw) + wg - 1) / wg);
+}
+
 static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                 const clattn_core_params *p)
 {
@@ -57,6 +69,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (!d) return 1;
     if (d->head_dim_qk % p->v[VW] || d->head_dim_v % p->v[VW]) return 0;
     if (accumulators(d->head_dim_v, p) > MAX_ACC) return 0;
+    if (accumulators(d->head_dim_v, p) + prefetch(d->head_dim_qk, d->head_dim_v, p) > MAX_LIVE) return 0;
     return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
 }
 
@@ -77,6 +90,7 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     p->v[BQ] = start[cls][0], p->v[BK] = start[cls][1], p->v[RM] = start[cls][2], p->v[TC] = start[cls][3];
     p->v[VW] = d->head_dim_qk % 4 == 0 && d->head_dim_v % 4 == 0 ? 4 : 1;
     p->v[SPLIT] = 1;
+    p->v[PF] = 0; /* ptx-check: 96-254 registers with it, by shape; for a measurement to choose (tune) */
     while (!fits(core, caps, d, p)) {
         if (p->v[BK] > p->v[TC] && p->v[BK] > 8) p->v[BK] /= 2;
         else if (p->v[BQ] > p->v[RM] && p->v[BQ] > 8) p->v[BQ] /= 2;
@@ -133,7 +147,7 @@ const clattn_core clattn_core_flash_gemm = {
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .params = params,
-    .nparams = 6,
+    .nparams = 7,
     .test_configs = test_configs,
     .spec = &spec,
     .supports = supports,
