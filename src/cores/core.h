@@ -172,5 +172,9 @@ size_t clattn_flash_split_floats(const clattn_attention_desc *d, size_t parts);
 #define CLATTN_FLASH_MAX_HEAD 256 /* dk and dv the flash kernels take */
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len);
+/* The same, and the member's defaults exist for d on this device (for the smallest head when d is NULL):
+ * the work-group members, whose tiles must fit the local memory and the work-group limit. */
+clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_caps *caps,
+                                          const clattn_attention_desc *d, char *why, size_t len);
 
 #endif

@@ -58,6 +58,20 @@ clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_caps *caps,
+                                          const clattn_attention_desc *d, char *why, size_t len)
+{
+    TRY(clattn_flash_supports(core, caps, d, why, len));
+    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
+    clattn_core_params p;
+    if (!core->defaults(core, caps, d ? d : &one, &p)) {
+        snprintf(why, len, "%s's tiles do not fit this device (local memory %zu bytes, max work-group %zu)",
+                 core->name, caps->local_mem, caps->max_work_group);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 void clattn_flash_release(void *state)
 {
     flash_state *s = state;

@@ -6,7 +6,6 @@
  * blocks are too few to fill a GPU. */
 #include "core.h"
 
-#include <stdio.h>
 
 enum { BQ, BK, RM, TC, VW, SPLIT, PF };
 static const size_t bq_v[] = {8, 16, 32, 64, 128}, bq_tried[] = {16, 32, 64};
@@ -119,21 +118,6 @@ static size_t workspace(const clattn_core *core, const clattn_caps *caps, const 
     return defaults(core, caps, d, &p) ? clattn_flash_split_floats(d, p.v[SPLIT]) : 0;
 }
 
-/* The flash family's limits, and parameters that fit the device (for the smallest head, when d is NULL). */
-static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                              char *why, size_t len)
-{
-    TRY(clattn_flash_supports(core, caps, d, why, len));
-    const clattn_attention_desc one = {.head_dim_qk = 4, .head_dim_v = 4};
-    clattn_core_params p;
-    if (!defaults(core, caps, d ? d : &one, &p)) {
-        snprintf(why, len, "flash_gemm's tiles do not fit this device (local memory %zu bytes, max work-group %zu)",
-                 caps->local_mem, caps->max_work_group);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
 static size_t rows(const clattn_core_params *p) { return p->v[BQ]; }
 static size_t group(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * p->v[TC]; }
 
@@ -150,7 +134,7 @@ const clattn_core clattn_core_flash_gemm = {
     .nparams = 7,
     .test_configs = test_configs,
     .spec = &spec,
-    .supports = supports,
+    .supports = clattn_flash_supports_tiles,
     .defaults = defaults,
     .fits = fits,
     .build = clattn_flash_build,

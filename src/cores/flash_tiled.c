@@ -3,7 +3,6 @@
  * memory. */
 #include "core.h"
 
-#include <stdio.h>
 
 enum { BQ, BKT, NS };
 static const size_t bq_v[] = {1, 2, 4, 8, 16, 32, 64}, bq_tried[] = {8, 16, 32};
@@ -57,21 +56,6 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     return 1;
 }
 
-/* The flash family's limits, and tiles that fit the local memory (for the smallest head, when d is NULL). */
-static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                              char *why, size_t len)
-{
-    TRY(clattn_flash_supports(core, caps, d, why, len));
-    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
-    clattn_core_params p;
-    if (!defaults(core, caps, d ? d : &one, &p)) {
-        snprintf(why, len, "flash_tiled's tiles do not fit this device (local memory %zu bytes, max work-group %zu)",
-                 caps->local_mem, caps->max_work_group);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
 static size_t rows(const clattn_core_params *p) { return p->v[BQ]; }
 static size_t group(const clattn_core_params *p) { return p->v[BQ] * p->v[NS]; }
 
@@ -87,7 +71,7 @@ const clattn_core clattn_core_flash_tiled = {
     .params = params,
     .nparams = 3,
     .spec = &spec,
-    .supports = supports,
+    .supports = clattn_flash_supports_tiles,
     .defaults = defaults,
     .fits = fits,
     .build = clattn_flash_build,
