@@ -83,8 +83,9 @@ void clattn_flash_release(void *state)
     free(s);
 }
 
-/* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved (while the
- * halved parameters still fit the core) * the compiled kernel takes fewer work-items than its group. */
+/* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved while
+ * the compiled kernel takes fewer work-items than its group (and the halved parameters still fit the core),
+ * and its `split` parameter is halved while the parts' workspace exceeds one allocation. */
 clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state)
 {
