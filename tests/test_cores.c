@@ -370,3 +370,54 @@ Test(cores, flash_gemm_defaults)
     cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(why, "do not fit"), "%s", why);
 }
+
+/* Decode: decode_group first on every GPU class and head class, decode_attend on CPUs (registry.c). */
+Test(cores, decode_order)
+{
+    for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
+        for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 1);
+            cr_assert(a && b, "device class %d, head class %d: two decode cores in the order", dc, cls);
+            cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "decode_attend" : "decode_group", "class %d", dc);
+            cr_assert_str_eq(b->name, dc == CLATTN_CLASS_CPU ? "decode_group" : "decode_attend", "class %d", dc);
+        }
+}
+
+/* decode_group's defaults on a GPU-like device (48 KiB of local memory, 1024 work-items): they fit, read 16
+ * bytes per lane and load (float4, or half8 from a half cache), give each key to as many lanes as divide
+ * it with at least 2 vectors each (at most 32), and keep a lane's registers within 128 floats; with too little local memory the core says
+ * why it does not fit. */
+Test(cores, decode_group_defaults)
+{
+    const clattn_core *c = clattn_core_find("decode_group");
+    cr_assert(c);
+    enum { WG, LANES, KT, VW, R };
+    clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
+                        .compute_units = 132, .max_alloc = (size_t)1 << 34};
+    static const size_t heads[] = {128, 64, 256, 8, 5, 96};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++)
+        for (int half = 0; half < 2; half++) {
+            const size_t dh = heads[k];
+            clattn_attention_desc d = {.batch = 1, .seq_q = 1, .embed = 32 * dh, .heads = 32, .kv_heads = 8,
+                                       .head_dim_qk = dh, .head_dim_v = dh, .kv_half = half};
+            clattn_core_params p;
+            cr_assert(c->defaults(c, &caps, &d, &p), "head %zu half %d: no defaults", dh, half);
+            cr_assert(c->fits(c, &caps, &d, &p), "head %zu half %d: the defaults do not fit", dh, half);
+            const size_t want_vw = dh % 8 == 0 && half ? 8 : dh % 4 == 0 ? 4 : 1;
+            cr_assert_eq(p.v[VW], want_vw, "head %zu half %d: VW=%zu", dh, half, p.v[VW]);
+            const size_t nvec = dh / p.v[VW];
+            const size_t ln = p.v[LANES], more = 2 * ln; /* the most lanes that divide and leave 2 vectors each */
+            cr_assert(nvec % ln == 0 && (nvec / ln >= 2 || ln == 1), "head %zu half %d: LANES=%zu", dh, half, ln);
+            cr_assert(ln == 32 || nvec % more || nvec / more < 2, "head %zu half %d: LANES=%zu, not %zu", dh, half,
+                      ln, more);
+            cr_assert_leq((p.v[R] + p.v[KT]) * 2 * dh, 128 * p.v[LANES], "head %zu: registers", dh);
+            cr_assert_eq(p.v[WG], 128, "head %zu half %d: WG=%zu", dh, half, p.v[WG]);
+        }
+    caps.local_mem = 256;
+    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .embed = 512, .heads = 2, .kv_heads = 1, .head_dim_qk = 256,
+                               .head_dim_v = 256};
+    char why[200];
+    cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(why, "do not fit"), "%s", why);
+}

@@ -177,4 +177,25 @@ clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *
 clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_caps *caps,
                                           const clattn_attention_desc *d, char *why, size_t len);
 
+/* ---- the decode family (decode_parts.c): split-K parts, merged by decode_combine (cores/decode_common.cl) */
+typedef struct clattn_decode_parts {
+    cl_mem ml, acc;              /* (slot, 2) each part's max and sum, (slot, dv) its unnormalised output */
+    size_t slots;                /* (row, part) slots: steps of up to 4 new tokens, 64 parts */
+    cl_kernel k_combine;         /* decode_combine, created by the core from its program */
+} clattn_decode_parts;
+size_t clattn_decode_parts_floats(const clattn_attention_desc *d); /* the buffers' floats (workspace) */
+/* The buffers (pp->k_combine, the core's, is left as it is). */
+clattn_status clattn_decode_parts_alloc(const clattn_device *dev, const clattn_attention_desc *d,
+                                        clattn_decode_parts *pp);
+void clattn_decode_parts_release(clattn_decode_parts *pp);
+size_t clattn_decode_parts_bytes(const clattn_decode_parts *pp);
+/* A step's parts: io->max_parts when forced (within the buffers), else enough for `target` work units
+ * when the step has `units` of them unsplit, each part at least min_keys keys of the longest sequence;
+ * 1 .. CLATTN_DECODE_MAX_PARTS, and within the buffers. */
+size_t clattn_decode_parts_choose(const clattn_decode_parts *pp, const clattn_attention_desc *d,
+                                  const clattn_decode_io *io, size_t units, size_t target, size_t min_keys);
+/* decode_combine over `parts` parts into io->out (launched with no work when io->warm). */
+clattn_status clattn_decode_parts_combine(const clattn_device *dev, const clattn_decode_parts *pp,
+                                          const clattn_attention_desc *d, const clattn_decode_io *io, size_t parts);
+
 #endif

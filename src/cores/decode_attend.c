@@ -19,7 +19,6 @@ static const clattn_core_param params[] = {
 };
 
 #define DECODE_MAX_HEAD 256 /* dk and dv the kernel takes */
-#define PART_ROWS 4         /* the partial buffers hold split-K parts for calls of up to 4 new tokens */
 
 typedef struct variant {
     cl_program prog;
@@ -32,9 +31,7 @@ typedef struct decode_state {
     clattn_attention_desc d;
     clattn_core_layout lay;
     variant few, many;         /* rows per work-item: min(GROUP, R) and R */
-    cl_kernel k_combine;
-    cl_mem part_ml, part_acc;  /* split-K partials: (slot, 2) running max and sum, (slot, dv) outputs */
-    size_t part_slots;         /* (row, part) slots */
+    clattn_decode_parts parts; /* split-K partials and decode_combine */
 } decode_state;
 
 static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -67,16 +64,11 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     return !d || (d->head_dim_qk % p->v[VW] == 0 && d->head_dim_v % p->v[VW] == 0);
 }
 
-static size_t part_slots(const clattn_attention_desc *d)
-{
-    return d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
-}
-
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                         const clattn_core_layout *lay)
 {
     (void)core, (void)caps, (void)lay;
-    return part_slots(d) * (2 + d->head_dim_v);
+    return clattn_decode_parts_floats(d);
 }
 
 static void release(void *state)
@@ -88,16 +80,14 @@ static void release(void *state)
         clattn_kernel_release(&vs[i]->attend);
         clattn_program_release(&vs[i]->prog);
     }
-    clattn_kernel_release(&s->k_combine);
-    clattn_mem_release(&s->part_ml);
-    clattn_mem_release(&s->part_acc);
+    clattn_decode_parts_release(&s->parts);
     free(s);
 }
 
 static size_t device_bytes(const void *state)
 {
     const decode_state *s = state;
-    return clattn_mem_bytes(s->part_ml) + clattn_mem_bytes(s->part_acc);
+    return clattn_decode_parts_bytes(&s->parts);
 }
 
 /* decode_attend.cl for `rows` rows per work-item; with_combine: decode_combine from the same program. */
@@ -107,11 +97,11 @@ static clattn_status build_variant(decode_state *s, size_t rows, size_t vw, vari
     char opts[300];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DWINDOW=%zu -DKV_HALF=%d -DR=%zu -DBK=16 "
              "-DVW=%zu", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads, d->window, d->kv_half, rows, vw);
-    const char *src[] = {"common/online", "cores/decode_attend"};
-    TRY(clattn_program_build(s->dev, src, 2, opts, &v->prog));
+    const char *src[] = {"common/online", "cores/decode_common", "cores/decode_attend"};
+    TRY(clattn_program_build(s->dev, src, 3, opts, &v->prog));
     v->rows = rows;
     TRY(clattn_kernel_create(v->prog, "decode_attend", &v->attend));
-    if (with_combine) TRY(clattn_kernel_create(v->prog, "decode_combine", &s->k_combine));
+    if (with_combine) TRY(clattn_kernel_create(v->prog, "decode_combine", &s->parts.k_combine));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -122,12 +112,9 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
     s->dev = dev, s->d = *d, s->lay = *lay;
     const size_t G = d->heads / d->kv_heads, r_many = p->v[R], r_few = G < r_many ? G : r_many;
-    s->part_slots = part_slots(d);
     clattn_status st = build_variant(s, r_few, p->v[VW], &s->few, 1);
     if (!st) st = build_variant(s, r_many, p->v[VW], &s->many, 0);
-    if (!st) st = clattn_buffer_new(dev, s->part_slots * 2, 4, NULL, "the split-K partial sums", &s->part_ml);
-    if (!st) st = clattn_buffer_new(dev, s->part_slots * d->head_dim_v, 4, NULL, "the split-K partial outputs",
-                                    &s->part_acc);
+    if (!st) st = clattn_decode_parts_alloc(dev, d, &s->parts);
     if (st) {
         release(s);
         return st;
@@ -137,27 +124,15 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
 }
 
 /* Split-K parts for a step: enough work-items for the device (a few per compute unit on a CPU, many on a
- * GPU), each part at least a few hundred keys, within the partial buffers. */
+ * GPU), each part at least a few hundred keys. */
 static size_t choose_parts(const decode_state *s, const clattn_decode_io *io, size_t rows)
 {
     const clattn_caps *caps = &s->dev->caps;
     const clattn_attention_desc *d = &s->d;
-    const size_t B = d->batch, H = d->heads, HK = d->kv_heads, n = io->n;
-    const size_t items = B * HK * ((n * (H / HK) + rows - 1) / rows);
-    size_t cap = s->part_slots / (B * n * H);
-    if (cap > CLATTN_DECODE_MAX_PARTS) cap = CLATTN_DECODE_MAX_PARTS;
-    if (io->max_parts) {
-        const size_t forced = io->max_parts < cap ? io->max_parts : cap;
-        return forced ? forced : 1;
-    }
+    const size_t items = d->batch * d->kv_heads * ((io->n * (d->heads / d->kv_heads) + rows - 1) / rows);
     const int cpu = caps->dclass == CLATTN_CLASS_CPU;
-    const size_t target = (size_t)caps->compute_units * (cpu ? 2 : 16);
-    size_t parts = (target + items - 1) / items;
-    const size_t min_keys = cpu ? 1024 : 256;
-    const size_t by_len = (io->max_len + min_keys - 1) / min_keys;
-    if (parts > by_len) parts = by_len;
-    if (parts > cap) parts = cap;
-    return parts ? parts : 1;
+    return clattn_decode_parts_choose(&s->parts, d, io, items, (size_t)caps->compute_units * (cpu ? 2 : 16),
+                                      cpu ? 1024 : 256);
 }
 
 static clattn_status attend(const decode_state *s, const variant *v, const clattn_decode_io *io, size_t parts)
@@ -174,8 +149,8 @@ static clattn_status attend(const decode_state *s, const variant *v, const clatt
     clattn_arg_mem(&a, io->lens);
     clattn_arg_mem(&a, io->valid);
     clattn_core_arg_rows(&a, io->out, H * d->head_dim_v);
-    clattn_arg_mem(&a, s->part_ml);
-    clattn_arg_mem(&a, s->part_acc);
+    clattn_arg_mem(&a, s->parts.ml);
+    clattn_arg_mem(&a, s->parts.acc);
     clattn_arg_u32(&a, (cl_uint)n);
     clattn_arg_u32(&a, (cl_uint)H);
     clattn_arg_u32(&a, (cl_uint)HK);
@@ -191,27 +166,13 @@ static clattn_status run_decode(void *state, clattn_decode_io *io)
 {
     const decode_state *s = state;
     const clattn_attention_desc *d = &s->d;
-    const size_t H = d->heads, dv = d->head_dim_v;
+    const size_t H = d->heads;
     /* warm: both variants and the combine, with no work */
     const variant *v = io->warm || io->n * (H / d->kv_heads) <= s->few.rows ? &s->few : &s->many;
     const size_t parts = io->warm ? 2 : choose_parts(s, io, v->rows);
     TRY(attend(s, v, io, parts));
     if (io->warm) TRY(attend(s, &s->many, io, parts));
-    if (parts > 1) {
-        const size_t total = io->warm ? 0 : d->batch * io->n * H * dv;
-        clattn_args a;
-        clattn_args_begin(&a, s->k_combine, "decode_combine");
-        clattn_arg_mem(&a, s->part_ml);
-        clattn_arg_mem(&a, s->part_acc);
-        clattn_arg_mem(&a, io->valid);
-        clattn_core_arg_rows(&a, io->out, H * dv);
-        clattn_arg_u32(&a, (cl_uint)io->n);
-        clattn_arg_u32(&a, (cl_uint)H);
-        clattn_arg_u32(&a, (cl_uint)parts);
-        clattn_arg_u64(&a, total);
-        TRY(clattn_args_end(&a));
-        TRY(clattn_enqueue_1d(s->dev, s->k_combine, total, "enqueue decode_combine"));
-    }
+    if (parts > 1) TRY(clattn_decode_parts_combine(s->dev, &s->parts, d, io, parts));
     io->parts = parts;
     return CLATTN_STATUS_SUCCESS;
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm;
-extern const clattn_core clattn_core_decode_attend;
+extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
 
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
@@ -19,6 +19,7 @@ static const clattn_core *const prefill[] = {
 
 static const clattn_core *const decode[] = {
     &clattn_core_decode_attend,
+    &clattn_core_decode_group,
 };
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
@@ -33,7 +34,11 @@ static const clattn_core *const decode[] = {
  *     construction: not yet measured on a GPU). After it, for head sizes above 64, the unfused path before
  *     flash_tiled: on an H100 (NVIDIA OpenCL 580, clattn 0.3.0, issue 22's table) unfused took 0.40-0.48 of
  *     flash_tiled's time at head size 128, and 0.85-1.09 of it at 64. flash_rows keeps whole rows per
- *     work-item, which suits a CPU. */
+ *     work-item, which suits a CPU.
+ * Decode: decode_attend (one work-item streams its keys, its accumulators in registers: a CPU's way) on CPUs;
+ *   decode_group (work-groups streaming whole keys with coalesced loads) on GPUs, where decode_attend read the
+ *   cache at about 1 % of the copy bandwidth on an H100 (issue 23's table). decode_group on a GPU: by
+ *   construction, not yet measured there. */
 typedef struct order_rule {
     int dclass;            /* clattn_device_class, or -1 for any */
     int cls_lo, cls_hi;    /* head-size classes it covers */
@@ -47,7 +52,8 @@ static const order_rule prefill_order[] = {
 };
 
 static const order_rule decode_order[] = {
-    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_attend"}},
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"decode_attend", "decode_group"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
 size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode); }

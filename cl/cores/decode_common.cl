@@ -1,0 +1,112 @@
+/* decode_common.cl: what the decode cores' kernels share (cl/cores/decode_attend.cl, decode_group.cl;
+ * src/cores/decode_parts.c): the cache's element type and vector loads, the visibility rule, and the
+ * combine kernel that merges split-K parts.
+ *
+ * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
+ *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
+ * as float, or with KV_HALF as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
+ * cl_khr_fp16). lens[b] is sequence b's length before the step; the step brings n new tokens per
+ * sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
+ * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
+ * (when WINDOW > 0). The decode plan appends the new tokens first (decode/kv_append.cl).
+ *
+ * Split-K parts: query row (b*n + t)*H + h, part p has slot row*parts + p: part_ml[slot*2] its running
+ * max m (natural-log units), part_ml[slot*2 + 1] its sum l, part_acc[slot*DV ..] its unnormalised output.
+ *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
+ *
+ * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, VW (vector width along
+ * the head dimension; divides DK and DV). */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV DK
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef KV_HALF
+#define KV_HALF 0
+#endif
+#ifndef VW
+#define VW 1
+#endif
+
+#if KV_HALF
+typedef half kv_t;
+#else
+typedef float kv_t;
+#endif
+
+#if VW == 8
+typedef float8 vw_t;
+#define QLOADW(i, p) vload8((i), (p))
+#define OSTOREW(v, i, p) vstore8((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half8((i), (p))
+#else
+#define KLOADW(i, p) vload8((i), (p))
+#endif
+inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; return u.x + u.y; }
+#elif VW == 4
+typedef float4 vw_t;
+#define QLOADW(i, p) vload4((i), (p))
+#define OSTOREW(v, i, p) vstore4((v), (i), (p))
+#if KV_HALF
+#define KLOADW(i, p) vload_half4((i), (p))
+#else
+#define KLOADW(i, p) vload4((i), (p))
+#endif
+inline float dhsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
+#else
+typedef float vw_t;
+#define QLOADW(i, p) ((p)[(i)])
+#define OSTOREW(v, i, p) ((p)[(i)] = (v))
+#if KV_HALF
+#define KLOADW(i, p) vload_half((i), (p))
+#else
+#define KLOADW(i, p) ((p)[(i)])
+#endif
+inline float dhsum(float v) { return v; }
+#endif
+#define DNKW (DK / VW)
+#define DNVW (DV / VW)
+
+/* Is key j visible from position p? (j <= p always holds inside the ranges below, except at the
+ * block's upper edge.) */
+inline int dec_visible(uint j, uint p)
+{
+#if WINDOW
+    return j <= p && p - j < WINDOW;
+#else
+    return j <= p;
+#endif
+}
+
+/* One work-item per output element (b, t, h, c). */
+__kernel void decode_combine(__global const float *part_ml, __global const float *part_acc,
+                             __global const uint *valid, __global float *out, ulong out_off, uint out_ld,
+                             uint n, uint H, uint parts, ulong total)
+{
+    const ulong gid = get_global_id(0);
+    if (gid >= total) return;
+    const uint c = (uint)(gid % DV);
+    const ulong row = gid / DV; /* (b*n + t)*H + h */
+    const uint h = (uint)(row % H);
+    const ulong bt = row / H;
+    const uint t = (uint)(bt % n);
+    const ulong b = bt / n;
+    float M = -FLT_MAX;
+    for (uint p = 0; p < parts; p++) M = fmax(M, part_ml[(row * parts + p) * 2]);
+    float Ls = 0.0f, a = 0.0f;
+    for (uint p = 0; p < parts; p++) {
+        const ulong slot = row * parts + p;
+        const float f = exp(part_ml[slot * 2] - M);
+        Ls += part_ml[slot * 2 + 1] * f;
+        a += part_acc[slot * DV + c] * f;
+    }
+    out[out_off + bt * out_ld + (ulong)h * DV + c] = t >= valid[b] || Ls == 0.0f ? 0.0f : a / Ls;
+}

@@ -1,0 +1,201 @@
+/* decode_group.cl: the decode core for GPUs (src/cores/decode_group.c): attention over a KV cache for
+ * decode plans, one work-group per (sequence b, KV head g, block of RB query rows, part of the keys).
+ * decode_common.cl (the cache layout, loads, visibility, decode_combine) goes first.
+ *
+ * The WG work-items form NT = WG / LANES teams of LANES lanes. A team reads one key at a time, each lane a
+ * slice of it: lane l holds the vectors l, l + LANES, l + 2L, ... of the head dimension, so that the LANES
+ * lanes of a team read consecutive addresses, and the teams consecutive keys: a work-group streams
+ * NT*KT whole keys (and values) per step, coalesced. The rows of a block run over (token, head in the
+ * group) as in decode_attend: one read of a key serves every query head that shares it.
+ *
+ * Per step, each lane loads its slices of its team's KT keys and values (the values before the scores
+ * are known, so that both reads are in flight together), reduces its partial dot products into local
+ * memory, and after one barrier every lane of the team sums the LANES partials of each of its KT x RB
+ * scores (double-buffered, so one barrier per step suffices). Each team keeps its own online softmax
+ * (natural base, the score scaled after the dot product: the differences to the running max are then exact
+ * wherever the scores are, as the decode tests' large-score cases require) and its lanes their slices of
+ * the RB output rows; at
+ * the end the NT teams are merged in local memory. A part writes the normalised output rows (parts = 1)
+ * or its max, sum and unnormalised output for decode_combine.
+ *
+ * Specialised by -D (beyond decode_common.cl's): WG (work-items per group), LANES (lanes per key; where
+ * it does not divide DK/VW or DV/VW, the last lanes hold one vector fewer), KT (keys per team per step),
+ * RB (query rows per work-group).
+ */
+#ifndef WG
+#define WG 128
+#endif
+#ifndef LANES
+#define LANES 8
+#endif
+#ifndef KT
+#define KT 2
+#endif
+#ifndef RB
+#define RB 4
+#endif
+#define NT (WG / LANES)           /* teams */
+#define NSK ((DNKW + LANES - 1) / LANES) /* key vectors per lane (the last lanes may hold one fewer) */
+#define NSV ((DNVW + LANES - 1) / LANES) /* value vectors per lane */
+/* Does lane own vector s of a key (value)? Always, when LANES divides the head's vectors. */
+#define OWNK(s) (DNKW % LANES == 0 || lane + (s) * LANES < DNKW)
+#define OWNV(s) (DNVW % LANES == 0 || lane + (s) * LANES < DNVW)
+#define LP (LANES + 1)            /* a team's row of partials, padded */
+#define RED (NT * KT * RB * LP)           /* one buffer of partial dot products */
+#define MRG (NT * (DV + 1) + 2 * NT * RB) /* the teams' merge: one row's outputs, every row's max and sum */
+#define LOCAL_FLOATS (2 * RED > MRG ? 2 * RED : MRG)
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void decode_group(__global const float *q, ulong q_off, uint q_ld,
+                  __global const kv_t *kc, __global const kv_t *vc,
+                  __global const uint *lens, __global const uint *valid,
+                  __global float *out, ulong out_off, uint out_ld,
+                  __global float *part_ml, __global float *part_acc,
+                  uint n, uint H, uint HK, uint Tmax, uint parts, float scale, ulong first, ulong groups)
+{
+    __local float sh[LOCAL_FLOATS];
+    const ulong grp = first + get_group_id(0);
+    if (grp >= groups) return; /* the whole work-group together */
+    const uint lid = get_local_id(0), lane = lid % LANES, team = lid / LANES;
+    const uint nrows = n * GROUP, nblk = (nrows + RB - 1) / RB;
+    ulong x = grp;
+    const uint part = (uint)(x % parts); x /= parts;
+    const uint blk = (uint)(x % nblk); x /= nblk;
+    const uint g = (uint)(x % HK);
+    const ulong b = x / HK;
+    const uint len = lens[b], nv = valid[b];
+    const uint q0 = blk * RB;
+
+    vw_t qr[RB][NSK], acc[RB][NSV];
+    float m[RB], l[RB];
+    uint pos[RB];
+    #pragma unroll
+    for (uint r = 0; r < RB; r++) {
+        const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
+        const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+        pos[r] = len + t;
+        __global const float *qp = q + q_off + (b * n + t) * q_ld + (ulong)h * DK;
+        #pragma unroll
+        for (uint s = 0; s < NSK; s++) qr[r][s] = OWNK(s) ? QLOADW(lane + s * LANES, qp) : (vw_t)(0.0f);
+        #pragma unroll
+        for (uint s = 0; s < NSV; s++) acc[r][s] = (vw_t)(0.0f);
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+    }
+    /* keys of the block: up to its last token's position (never past the appended ones), from its
+     * first token's window on; this part's share of them */
+    const uint q_last = min(q0 + RB, nrows) - 1;
+    const uint hi = min(len + q_last / GROUP + 1, len + nv);
+    const uint first_pos = len + q0 / GROUP;
+#if WINDOW
+    const uint lo = first_pos >= WINDOW ? first_pos - WINDOW + 1 : 0;
+#else
+    const uint lo = 0;
+    (void)first_pos;
+#endif
+    const uint span = hi > lo ? hi - lo : 0;
+    const uint per = (span + parts - 1) / parts;
+    const uint js = min(hi, lo + part * per), je = min(hi, js + per);
+    const uint step = NT * KT;
+    const uint steps = (je - js + step - 1) / step;
+
+    __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
+    __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    for (uint it = 0; it < steps; it++) {
+        const uint j0 = js + it * step;
+        __local float *red = sh + (it & 1) * RED + team * (KT * RB * LP);
+        vw_t kv[KT][NSK], vv[KT][NSV];
+        #pragma unroll
+        for (uint kk = 0; kk < KT; kk++) {
+            const uint j = min(j0 + kk * NT + team, je - 1); /* keys past je: a valid key, masked below */
+            __global const kv_t *kp = kb + (ulong)j * DK, *vp = vb + (ulong)j * DV;
+            #pragma unroll
+            for (uint s = 0; s < NSK; s++) kv[kk][s] = OWNK(s) ? KLOADW(lane + s * LANES, kp) : (vw_t)(0.0f);
+            #pragma unroll
+            for (uint s = 0; s < NSV; s++) vv[kk][s] = OWNV(s) ? KLOADW(lane + s * LANES, vp) : (vw_t)(0.0f);
+        }
+        #pragma unroll
+        for (uint kk = 0; kk < KT; kk++) {
+            #pragma unroll
+            for (uint r = 0; r < RB; r++) {
+                vw_t dot = qr[r][0] * kv[kk][0];
+                #pragma unroll
+                for (uint s = 1; s < NSK; s++) dot = fma(qr[r][s], kv[kk][s], dot);
+                red[(kk * RB + r) * LP + lane] = dhsum(dot);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float sc[KT][RB];
+        #pragma unroll
+        for (uint kk = 0; kk < KT; kk++) {
+            const uint j = j0 + kk * NT + team;
+            #pragma unroll
+            for (uint r = 0; r < RB; r++) {
+                __local const float *pr = red + (kk * RB + r) * LP;
+                float sum = 0.0f;
+                #pragma unroll
+                for (uint i = 0; i < LANES; i++) sum += pr[i];
+                sc[kk][r] = j < je && dec_visible(j, pos[r]) ? sum * scale : -INFINITY;
+            }
+        }
+        #pragma unroll
+        for (uint r = 0; r < RB; r++) {
+            float mb = m[r];
+            #pragma unroll
+            for (uint kk = 0; kk < KT; kk++) mb = fmax(mb, sc[kk][r]);
+            const float corr = exp(m[r] - mb);
+            m[r] = mb;
+            float p[KT], ps = 0.0f;
+            #pragma unroll
+            for (uint kk = 0; kk < KT; kk++) p[kk] = exp(sc[kk][r] - mb), ps += p[kk];
+            l[r] = l[r] * corr + ps;
+            #pragma unroll
+            for (uint s = 0; s < NSV; s++) {
+                vw_t a = acc[r][s] * corr;
+                #pragma unroll
+                for (uint kk = 0; kk < KT; kk++) a = fma((vw_t)(p[kk]), vv[kk][s], a);
+                acc[r][s] = a;
+            }
+        }
+    }
+
+    /* merge the teams: every row's max and sum first, then row by row the outputs */
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last step's partials are read */
+    __local float *tm = sh + NT * (DV + 1), *tl = tm + NT * RB;
+    if (lane == 0) {
+        #pragma unroll
+        for (uint r = 0; r < RB; r++) tm[team * RB + r] = m[r], tl[team * RB + r] = l[r];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (uint r = 0; r < RB; r++) {
+        float M = -FLT_MAX;
+        for (uint t = 0; t < NT; t++) M = fmax(M, tm[t * RB + r]);
+        float Ls = 0.0f;
+        for (uint t = 0; t < NT; t++) Ls += tl[t * RB + r] * exp(tm[t * RB + r] - M);
+        const float f = exp(m[r] - M);
+        #pragma unroll
+        for (uint s = 0; s < NSV; s++) {
+            const vw_t a = acc[r][s] * f;
+            if (OWNV(s)) OSTOREW(a, lane + s * LANES, sh + team * (DV + 1));
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const uint qq = q0 + r;
+        if (qq < nrows) {
+            const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
+            const int zero = t >= nv || Ls == 0.0f; /* padding token, or no visible key */
+            for (uint c = lid; c < DV; c += WG) {
+                float a = 0.0f;
+                for (uint tt = 0; tt < NT; tt++) a += sh[tt * (DV + 1) + c];
+                if (parts == 1) {
+                    out[out_off + (b * n + t) * out_ld + (ulong)h * DV + c] = zero ? 0.0f : a / Ls;
+                } else {
+                    const ulong slot = ((b * n + t) * H + h) * parts + part;
+                    part_acc[slot * DV + c] = a;
+                    if (c == 0) part_ml[slot * 2] = M, part_ml[slot * 2 + 1] = Ls;
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
