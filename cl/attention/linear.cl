@@ -64,6 +64,93 @@ __kernel void linear_small(__global const float *x, ulong x_off, uint ldx,
     if (m - r >= 1) linear_rows1(xb + (ulong)r * ldx, ldx, wr, k, b, yo + (ulong)r * ldy, ldy);
 }
 
+/* linear_gemv: the same y = x W^T (+ bias) for m <= GV_MAXR rows on a GPU, where linear_small's work-items
+ * (one weight row each, read along k) would read addresses k apart and stream the weights at a few percent
+ * of the memory's bandwidth. A work-group of GV_WG work-items is GV_WG / GV_LK column groups of GV_LK lanes;
+ * a column group owns GV_COLS consecutive output columns, and its lanes split k: lane l reads the float4s
+ * l, l + GV_LK, ... of each of its weight rows, so that the lanes of a group read consecutive addresses.
+ * Every row of x is served from that one read of the weights (m guarded, not looped), and each x vector
+ * loaded serves GV_COLS columns. The lanes' partial sums (GV_MAXR x GV_COLS per work-item) are reduced in
+ * local memory at the end. Launched with ceil(n / (GV_COLS * GV_WG / GV_LK)) work-groups. */
+#ifndef GV_WG
+#define GV_WG 64
+#endif
+#ifndef GV_LK
+#define GV_LK 32
+#endif
+#ifndef GV_COLS
+#define GV_COLS 4
+#endif
+#ifndef GV_MAXR
+#define GV_MAXR 16
+#endif
+#define GV_GROUPS (GV_WG / GV_LK)
+
+__kernel __attribute__((reqd_work_group_size(GV_WG, 1, 1)))
+void linear_gemv(__global const float *x, ulong x_off, uint ldx,
+                 __global const float *w, __global const float *bias, uint has_bias,
+                 __global float *y, ulong y_off, uint ldy, uint m, uint n, uint k)
+{
+    __local float red[GV_WG * GV_MAXR * GV_COLS];
+    if (n == 0) return; /* the warm-up launch: no work (the whole work-group together) */
+    const uint lid = get_local_id(0), lane = lid % GV_LK, cg = lid / GV_LK;
+    const uint o0 = (get_group_id(0) * GV_GROUPS + cg) * GV_COLS;
+    __global const float *xb = x + x_off;
+    __global const float *wr[GV_COLS];
+    #pragma unroll
+    for (uint i = 0; i < GV_COLS; i++) wr[i] = w + (ulong)min(o0 + i, n - 1) * k; /* past n: a valid row, unused */
+    float acc[GV_MAXR][GV_COLS];
+    #pragma unroll
+    for (uint r = 0; r < GV_MAXR; r++) {
+        #pragma unroll
+        for (uint i = 0; i < GV_COLS; i++) acc[r][i] = 0.0f;
+    }
+    const uint kv = k / 4;
+    for (uint c = lane; c < kv; c += GV_LK) {
+        float4 wv[GV_COLS];
+        #pragma unroll
+        for (uint i = 0; i < GV_COLS; i++) wv[i] = vload4(c, wr[i]);
+        #pragma unroll
+        for (uint r = 0; r < GV_MAXR; r++) {
+            if (r < m) {
+                const float4 xv = vload4(c, xb + (ulong)r * ldx);
+                #pragma unroll
+                for (uint i = 0; i < GV_COLS; i++) {
+                    float a = fma(xv.x, wv[i].x, acc[r][i]);
+                    a = fma(xv.y, wv[i].y, a);
+                    a = fma(xv.z, wv[i].z, a);
+                    acc[r][i] = fma(xv.w, wv[i].w, a);
+                }
+            }
+        }
+    }
+    for (uint c = kv * 4 + lane; c < k; c += GV_LK) { /* k % 4 tail */
+        #pragma unroll
+        for (uint r = 0; r < GV_MAXR; r++) {
+            if (r < m) {
+                const float xs = xb[(ulong)r * ldx + c];
+                #pragma unroll
+                for (uint i = 0; i < GV_COLS; i++) acc[r][i] = fma(xs, wr[i][c], acc[r][i]);
+            }
+        }
+    }
+    /* red[(cg * GV_MAXR + r) * GV_COLS + i][lane]: each (column, row) sum's lanes contiguous */
+    #pragma unroll
+    for (uint r = 0; r < GV_MAXR; r++) {
+        #pragma unroll
+        for (uint i = 0; i < GV_COLS; i++) red[((cg * GV_MAXR + r) * GV_COLS + i) * GV_LK + lane] = acc[r][i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint t = lid; t < GV_GROUPS * GV_MAXR * GV_COLS; t += GV_WG) {
+        const uint i = t % GV_COLS, r = (t / GV_COLS) % GV_MAXR, g = t / (GV_COLS * GV_MAXR);
+        const uint o = (get_group_id(0) * GV_GROUPS + g) * GV_COLS + i;
+        if (r >= m || o >= n) continue;
+        float sum = 0.0f;
+        for (uint l = 0; l < GV_LK; l++) sum += red[t * GV_LK + l];
+        y[y_off + (ulong)r * ldy + o] = sum + (has_bias ? bias[o] : 0.0f);
+    }
+}
+
 /* dst (rows, cols) with row stride cols: every row = bias. Prepares C for a GEMM with beta = 1. */
 __kernel void fill_rows(__global float *dst, ulong dst_off, __global const float *bias,
                         uint cols, ulong total)

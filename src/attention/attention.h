@@ -98,15 +98,18 @@ float *clattn_vector_copy(const float *src, size_t n);
 typedef struct clattn_linear {
     const clattn_device *dev;
     cl_program prog;
-    cl_kernel fill, small; /* fill_rows, linear_small (cl/attention/linear.cl) */
+    cl_kernel fill, small; /* fill_rows, and for few rows linear_small or linear_gemv (cl/attention/linear.cl) */
+    int gemv;              /* small is linear_gemv (a work-group per block of columns: GPUs) */
 } clattn_linear;
 clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l);
 void clattn_linear_release(clattn_linear *l);
 /* Every row of dst (rows, cols) = bias. */
 clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem bias, size_t rows, size_t cols);
 /* y (m, n) = x (m, k) W^T (+ bias), W (n, k) in nn.Linear layout: the bias as rows first and a CLBlast GEMM
- * with beta = 1, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, linear_small (a GEMM library pads m
- * to its tile and does dozens of times the work). warm: linear_small launched with no work. */
+ * with beta = 1, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, the few-rows kernel of the device's
+ * class (a GEMM library pads m to its tile and does dozens of times the work): linear_small on CPUs (a
+ * work-item per column), linear_gemv on GPUs (a work-group per block of columns, coalesced along k). warm:
+ * the few-rows kernel launched with no work. */
 #define CLATTN_LINEAR_SMALL_ROWS 16
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);

@@ -1,19 +1,41 @@
 /* linear.c: the projections' helpers on an OpenCL device, one set for every plan (attention, decode,
  * encoder): weights and biases concatenated into one buffer, and y = x W^T + b as a bias fill and a CLBlast
- * GEMM with beta = 1, or for a decode step's few rows linear_small (cl/attention/linear.cl). */
+ * GEMM with beta = 1, or for a decode step's few rows linear_small (CPUs) or linear_gemv (GPUs)
+ * (cl/attention/linear.cl). */
 #include "attention.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* linear_gemv's shape (cl/attention/linear.cl's defaults): 64 work-items, 32 lanes along k, 4 columns per
+ * group of lanes: 8 columns per work-group, so that a decode step's 6144 projection columns (E = 4096, 32 + 2
+ * x 8 heads of 128) are 768 work-groups; 16 KiB of local memory for the lanes' partial sums of 16 rows. */
+#define GEMV_WG 64
+#define GEMV_LK 32
+#define GEMV_COLS 4
 
 clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l)
 {
     memset(l, 0, sizeof *l);
     l->dev = dev;
     const char *src[] = {"attention/linear"};
-    TRY(clattn_program_build(dev, src, 1, "-cl-std=CL1.2 -DVW=8", &l->prog));
+    char opts[160];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d", GEMV_WG, GEMV_LK,
+             GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS);
+    TRY(clattn_program_build(dev, src, 1, opts, &l->prog));
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
-    return clattn_kernel_create(l->prog, "linear_small", &l->small);
+    /* a CPU runs linear_small's work-items one after another, each streaming its own weight row; a GPU
+     * runs them side by side, where only linear_gemv's reads are coalesced */
+    l->gemv = dev->caps.dclass != CLATTN_CLASS_CPU;
+    const char *env = getenv("CLATTN_FEW_ROWS"); /* tests and benchmarks: either kernel on any device */
+    if (env && *env) {
+        if (strcmp(env, "gemv") && strcmp(env, "small"))
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_FEW_ROWS='%.40s': the values are gemv and "
+                               "small (unset: by the device's class)", env);
+        l->gemv = strcmp(env, "gemv") == 0;
+    }
+    return clattn_kernel_create(l->prog, l->gemv ? "linear_gemv" : "linear_small", &l->small);
 }
 
 void clattn_linear_release(clattn_linear *l)
@@ -51,6 +73,15 @@ static clattn_status linear_small(const clattn_linear *l, size_t m, size_t n, si
     clattn_arg_u32(&a, warm ? 0 : (cl_uint)n);
     clattn_arg_u32(&a, (cl_uint)k);
     TRY(clattn_args_end(&a));
+    if (l->gemv) {
+        /* warm: one work-group with n = 0, which returns at once */
+        const size_t cols = GEMV_COLS * GEMV_WG / GEMV_LK, groups = warm ? 1 : (n + cols - 1) / cols;
+        size_t local = GEMV_WG, global = groups * GEMV_WG;
+        clattn_note_launch(global);
+        CL_CHECK(clEnqueueNDRangeKernel(l->dev->queue, l->small, 1, NULL, &global, &local, 0, NULL, NULL),
+                 "enqueue linear_gemv");
+        return CLATTN_STATUS_SUCCESS;
+    }
     return clattn_enqueue_1d(l->dev, l->small, warm ? 0 : n, "enqueue linear_small");
 }
 
