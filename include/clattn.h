@@ -442,6 +442,20 @@ typedef struct clattn_decode_args {
 CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache,
                                                const clattn_decode_args *args);
 
+/* A decode step on device buffers (OpenCL devices only), as clattn_decode_execute: x (B, n, E) and out
+ * (B, n, Eo or H*dv) are the caller's cl_mem with element offsets; valid (optional, B host entries) as
+ * args.valid. Enqueued on the device's queue after the wait list; `event` (optional) completes when out
+ * and the cache are written. Checks are made before anything is enqueued (sizes, the cache's capacity,
+ * out sharing memory with x: refused), and the cache's lengths advance when the step is enqueued: the next
+ * step, enqueued on the same queue, sees them. An error leaves the lengths unchanged. */
+typedef struct clattn_decode_buffers {
+    clattn_buffer x, out;
+} clattn_decode_buffers;
+CLATTN_API clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                                       const clattn_decode_buffers *buffers, size_t new_tokens,
+                                                       const size_t *valid, cl_uint num_events_in_wait_list,
+                                                       const cl_event *event_wait_list, cl_event *event);
+
 /* Split-K: 0 = choose from the cache length, kv_heads and the device's compute units (default);
  * N = 1 .. 64: N parts (fewer only for calls with more new tokens than the partial buffers hold;
  * 1 = never split). For tests and benchmarks. */

@@ -426,6 +426,126 @@ Test(decode, ragged_truncate_read_opencl)
     clattn_device_free(dev);
 }
 
+/* ---------------------------------------------------------------- caller's buffers */
+
+/* Steps on cl_mem buffers (at offsets, with a user event in the wait list and a completion event) equal the
+ * same steps from host arrays on a second cache, bit for bit (the host path is the oracle-checked one), the
+ * cache read back included; a prefill with valid counts, then steps; refused calls (sizes, overlap, capacity,
+ * wait list, the ref device) leave the lengths, the cache and the output buffer unchanged. */
+static void buffers_case(clattn_device *dev, int half, size_t splits)
+{
+    enum { B = 3, P = 9, STEPS = 5, OX = 7, OO = 5 };
+    const size_t valid[B] = {9, 4, 6};
+    tu_rng r = {4242 + (uint64_t)half};
+    model m;
+    const size_t E = half ? 16 : 24, cap = P + STEPS;
+    model_make(&m, &r, E, 4, 2, 8, 8, half);
+    const size_t Eo = m.Eo;
+    clattn_attention_desc d = model_desc(&m, B, P, 0, half);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache *ch = make_cache(dev, &m, B, cap, half), *cb = make_cache(dev, &m, B, cap, half);
+    cl_context ctx = clattn_device_context(dev);
+    cl_command_queue q = clattn_device_queue(dev);
+    cl_int err;
+    cl_mem xb = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OX + B * P * E) * sizeof(float), NULL, &err);
+    cl_mem ob = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OO + B * P * Eo) * sizeof(float), NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    float *x = vals(&r, B * P * E, half, 6, 1.0f), *oh = tu_poisoned(B * P * Eo), *ob_host = tu_poisoned(OO + B * P * Eo);
+    for (int step = 0; step <= STEPS; step++) {
+        const size_t n = step == 0 ? P : 1;
+        if (step) for (size_t i = 0; i < B * E; i++) x[i] = val(&r, half, 6, 1.0f);
+        clattn_decode_args a = {.x = x, .new_tokens = n, .valid = step == 0 ? valid : NULL, .out = oh};
+        cr_assert_eq(tu_decode_execute(p, ch, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clEnqueueWriteBuffer(q, xb, CL_TRUE, OX * sizeof(float), B * n * E * sizeof(float), x, 0, NULL, NULL),
+                     CL_SUCCESS);
+        cr_assert_eq(clEnqueueWriteBuffer(q, ob, CL_TRUE, 0, (OO + B * P * Eo) * sizeof(float), ob_host, 0, NULL, NULL),
+                     CL_SUCCESS); /* poisoned */
+        cl_event gate = clCreateUserEvent(ctx, &err), done = NULL;
+        cr_assert_eq(err, CL_SUCCESS);
+        const clattn_decode_buffers bufs = {.x = {xb, OX}, .out = {ob, OO}};
+        cr_assert_eq(clattn_decode_execute_buffers(p, cb, &bufs, n, step == 0 ? valid : NULL, 1, &gate, &done),
+                     CLATTN_STATUS_SUCCESS, "step %d: %s", step, clattn_last_error());
+        cr_assert_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+        cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+        clReleaseEvent(gate), clReleaseEvent(done);
+        float *got = tu_poisoned(B * n * Eo);
+        cr_assert_eq(clEnqueueReadBuffer(q, ob, CL_TRUE, OO * sizeof(float), B * n * Eo * sizeof(float), got, 0, NULL, NULL),
+                     CL_SUCCESS);
+        cr_assert_eq(memcmp(got, oh, B * n * Eo * sizeof(float)), 0, "step %d (n = %zu, half %d, splits %zu): the "
+                     "buffers' output differs from the host path's", step, n, half, splits);
+        free(got);
+    }
+    size_t lh[B], lb[B];
+    clattn_kv_cache_lengths(ch, lh), clattn_kv_cache_lengths(cb, lb);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lb[b], lh[b], "length of %zu", b);
+    const size_t HK = m.HK, nk = B * HK * cap * m.dk, nv = B * HK * cap * m.dv;
+    float *k1 = tu_poisoned(nk), *v1 = tu_poisoned(nv), *k2 = tu_poisoned(nk), *v2 = tu_poisoned(nv);
+    clattn_kv_cache_read(ch, k1, v1), clattn_kv_cache_read(cb, k2, v2);
+    cr_assert_eq(memcmp(k1, k2, nk * sizeof *k1), 0, "the caches' keys differ");
+    cr_assert_eq(memcmp(v1, v2, nv * sizeof *v1), 0, "the caches' values differ");
+
+    /* refused calls: nothing enqueued, nothing changed */
+    cl_mem small = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 16, NULL, &err);
+    const float mark = 1234.5f;
+    cr_assert_eq(clEnqueueFillBuffer(q, ob, &mark, sizeof mark, 0, (OO + B * P * Eo) * sizeof(float), 0, NULL, NULL),
+                 CL_SUCCESS);
+    clFinish(q);
+    struct { clattn_decode_buffers b; size_t n; const size_t *valid; cl_uint nwait; clattn_status st; const char *needle; }
+        bad[] = {
+            {{.x = {small, 0}, .out = {ob, 0}}, 1, NULL, 0, CLATTN_STATUS_SHAPE_MISMATCH, "x"},
+            {{.x = {xb, 0}, .out = {small, 0}}, 1, NULL, 0, CLATTN_STATUS_SHAPE_MISMATCH, "out"},
+            {{.x = {xb, 0}, .out = {xb, B * E - 1}}, 1, NULL, 0, CLATTN_STATUS_INVALID_ARGUMENT, "share"},
+            {{.x = {NULL, 0}, .out = {ob, 0}}, 1, NULL, 0, CLATTN_STATUS_INVALID_ARGUMENT, "x"},
+            {{.x = {xb, 0}, .out = {ob, 0}}, 0, NULL, 0, CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = 0"},
+            {{.x = {xb, 0}, .out = {ob, 0}}, P + 1, NULL, 0, CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens"},
+            {{.x = {xb, 0}, .out = {ob, 0}}, 2, (const size_t[]){3, 0, 0}, 0, CLATTN_STATUS_INVALID_ARGUMENT, "valid[0]"},
+            {{.x = {xb, 0}, .out = {ob, 0}}, P, NULL, 0, CLATTN_STATUS_SHAPE_MISMATCH, "capacity"},
+            {{.x = {xb, 0}, .out = {ob, 0}}, 1, NULL, 1, CLATTN_STATUS_INVALID_ARGUMENT, "wait"},
+        };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(clattn_decode_execute_buffers(p, cb, &bad[i].b, bad[i].n, bad[i].valid, bad[i].nwait, NULL, NULL),
+                     bad[i].st, "case %zu: %s", i, clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "case %zu: '%s' lacks '%s'", i, clattn_last_error(),
+                  bad[i].needle);
+    }
+    clattn_kv_cache_lengths(cb, lb);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lb[b], lh[b], "a refused call changed length %zu", b);
+    clattn_kv_cache_read(cb, k2, v2);
+    cr_assert_eq(memcmp(k1, k2, nk * sizeof *k1), 0, "a refused call changed the keys");
+    cr_assert_eq(memcmp(v1, v2, nv * sizeof *v1), 0, "a refused call changed the values");
+    float *after = malloc((OO + B * P * Eo) * sizeof *after);
+    clEnqueueReadBuffer(q, ob, CL_TRUE, 0, (OO + B * P * Eo) * sizeof(float), after, 0, NULL, NULL);
+    for (size_t i = 0; i < OO + B * P * Eo; i++) cr_assert_eq(after[i], mark, "a refused call wrote out[%zu]", i);
+    free(after);
+    clReleaseMemObject(small);
+    /* the ref device has no buffers */
+    clattn_device *ref = tu_open_ref();
+    clattn_decode_plan *rp = NULL;
+    clattn_kv_cache *rc = make_cache(ref, &m, B, cap, half);
+    cr_assert_eq(tu_decode_plan_create(ref, &d, &m.w, &rp), CLATTN_STATUS_SUCCESS);
+    const clattn_decode_buffers any = {.x = {xb, 0}, .out = {ob, 0}};
+    cr_assert_eq(clattn_decode_execute_buffers(rp, rc, &any, 1, NULL, 0, NULL, NULL), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "OpenCL"), "%s", clattn_last_error());
+    clattn_kv_cache_free(rc);
+    clattn_decode_plan_free(rp);
+    clattn_device_free(ref);
+    free(k1), free(v1), free(k2), free(v2), free(x), free(oh), free(ob_host);
+    clReleaseMemObject(xb), clReleaseMemObject(ob);
+    clattn_kv_cache_free(ch), clattn_kv_cache_free(cb);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+Test(decode, buffers_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    buffers_case(dev, 0, 0);
+    buffers_case(dev, 1, 3);
+    clattn_device_free(dev);
+}
+
 /* ---------------------------------------------------------------- validation */
 
 static void errors(clattn_device *dev)

@@ -106,12 +106,14 @@ size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan) { return p
 
 const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return plan ? plan->ops->core(plan) : ""; }
 
-/* A step with the plan's and the cache's locks held. */
-static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+/* The cache against the plan, and a step of n new tokens (valid[b] of them real, NULL: all n) against the
+ * cache: the tokens per sequence into vout (B entries) and the longest sequence after the step. */
+static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_cache *cache, size_t n,
+                                const size_t *valid, size_t *vout, size_t *max_len)
 {
-    clattn_plan *p = plan->base;
+    const clattn_plan *p = plan->base;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, n = args->new_tokens;
+    const size_t B = d->batch;
     if (cache->device != p->device)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache and the plan are on different devices");
     const clattn_kv_cache_desc *cd = &cache->d;
@@ -124,7 +126,27 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache stores %s but the plan has kv_half = %d",
                            cd->type == CLATTN_KV_HALF ? "half" : "float", d->kv_half);
     if (n == 0 || n > d->seq_q)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
+    *max_len = 0;
+    for (size_t b = 0; b < B; b++) {
+        vout[b] = valid ? valid[b] : n;
+        if (vout[b] > n)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "valid[%zu] = %zu is more than new_tokens (%zu)", b,
+                               valid[b], n);
+        if (cache->len[b] + vout[b] > cd->capacity)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
+                               "cache's capacity (%zu)", b, cache->len[b], vout[b], cd->capacity);
+        if (cache->len[b] + n > *max_len) *max_len = cache->len[b] + n;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A step with the plan's and the cache's locks held. */
+static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+{
+    clattn_plan *p = plan->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, n = args->new_tokens;
     char how[120];
     snprintf(how, sizeof how, "batch x new_tokens x embed = %zu x %zu x %zu", B, n, d->embed);
     TRY(clattn_count_check("args", "x", args->x, args->x_count, B * n * d->embed, how));
@@ -134,25 +156,57 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     size_t *valid = clattn_malloc(B * sizeof *valid);
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
-    for (size_t b = 0; b < B; b++) {
-        valid[b] = args->valid ? args->valid[b] : n;
-        if (valid[b] > n) {
-            free(valid);
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.valid[%zu] = %zu is more than new_tokens (%zu)", b,
-                               args->valid[b], n);
-        }
-        if (cache->len[b] + valid[b] > cd->capacity) {
-            const size_t l = cache->len[b], v = valid[b];
-            free(valid);
-            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
-                               "cache's capacity (%zu)", b, l, v, cd->capacity);
-        }
-        if (cache->len[b] + n > max_len) max_len = cache->len[b] + n;
-    }
-    const clattn_status st = plan->ops->execute(plan, cache, args->x, n, valid, max_len, args->out);
+    clattn_status st = check_step(plan, cache, n, args->valid, valid, &max_len);
+    if (st == CLATTN_STATUS_SUCCESS) st = plan->ops->execute(plan, cache, args->x, n, valid, max_len, args->out);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
     free(valid);
+    return st;
+}
+
+static clattn_status execute_buffers_locked(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                            const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
+                                            cl_uint nwait, const cl_event *wait, cl_event *event)
+{
+    const clattn_plan *p = plan->base;
+    const size_t B = p->d.batch;
+    size_t *v = clattn_malloc(B * sizeof *v);
+    if (!v) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
+    size_t max_len = 0;
+    clattn_status st = check_step(plan, cache, n, valid, v, &max_len);
+    if (st == CLATTN_STATUS_SUCCESS)
+        st = plan->ops->execute_buffers(plan, cache, buffers, n, v, max_len, nwait, wait, event);
+    if (st == CLATTN_STATUS_SUCCESS)
+        for (size_t b = 0; b < B; b++) cache->len[b] += v[b];
+    free(v);
+    return st;
+}
+
+clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                            const clattn_decode_buffers *buffers, size_t new_tokens,
+                                            const size_t *valid, cl_uint num_events_in_wait_list,
+                                            const cl_event *event_wait_list, cl_event *event)
+{
+    clattn_clear_error();
+    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers,
+                                  plan ? plan->base->device : NULL, num_events_in_wait_list, event_wait_list));
+    const clattn_plan *p = plan->base;
+    const size_t B = p->d.batch, n = new_tokens;
+    if (n == 0 || n > p->d.seq_q)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, p->d.seq_q);
+    const size_t nx = B * n * p->d.embed, no = B * n * p->out_width;
+    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, sizeof(float), "x"));
+    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, sizeof(float), "out"));
+    const clattn_mem_range ins[] = {{buffers->x.mem, buffers->x.offset * sizeof(float), nx * sizeof(float), "x"}};
+    const clattn_mem_range outs[] = {{buffers->out.mem, buffers->out.offset * sizeof(float), no * sizeof(float), "out"}};
+    TRY(clattn_check_no_overlap(outs, 1, ins, 1));
+    pthread_mutex_lock(&plan->lock);
+    pthread_mutex_lock(&cache->lock);
+    const clattn_status st = execute_buffers_locked(plan, cache, buffers, n, valid, num_events_in_wait_list,
+                                                    event_wait_list, event);
+    pthread_mutex_unlock(&cache->lock);
+    pthread_mutex_unlock(&plan->lock);
     return st;
 }
 

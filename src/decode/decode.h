@@ -35,6 +35,10 @@ typedef struct clattn_decode_ops {
     void (*release)(clattn_decode_plan *plan);
     clattn_status (*execute)(clattn_decode_plan *plan, clattn_kv_cache *cache, const float *x, size_t n,
                              const size_t *valid, size_t max_len, float *out);
+    /* the same on the caller's buffers (NULL: the device has none) */
+    clattn_status (*execute_buffers)(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                     const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
+                                     size_t max_len, cl_uint nwait, const cl_event *wait, cl_event *event);
     const char *(*core)(const clattn_decode_plan *plan);
 } clattn_decode_ops;
 

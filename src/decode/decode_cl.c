@@ -24,12 +24,15 @@ struct clattn_decode_cl {
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
+    cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
+    cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
 };
 
 /* One step's pass (or the warm-up at plan creation: every launch with no work). */
 typedef struct decode_pass {
     clattn_decode_plan *dp;
     clattn_decode_io io;       /* the core's: cache, lengths, n, ... */
+    clattn_view x, out;        /* (B, n, E) and (B, n, out_width): the staging buffers or the caller's */
     int warm;
 } decode_pass;
 
@@ -43,7 +46,7 @@ static clattn_status pass_run(void *ctx)
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
     const int warm = dpass->warm;
     /* 1. projections */
-    view src = {c->x_in, 0};
+    view src = dpass->x;
     size_t k_col = 0, v_col = 0;
     if (p->has_qkv) {
         TRY(clattn_linear_run(&c->lin, B * n, c->n_qkv, E, src, c->w_proj, c->b_proj, (view){c->proj, 0}, 1, warm,
@@ -69,12 +72,12 @@ static clattn_status pass_run(void *ctx)
     TRY(clattn_enqueue_1d(p->device, c->k_append, n_app, "enqueue kv_append"));
     /* 3. attend */
     dpass->io.q = src;
-    dpass->io.out = (view){p->has_out ? c->merged : c->out_buf, 0};
+    dpass->io.out = p->has_out ? (view){c->merged, 0} : dpass->out;
     TRY(c->core.core->run_decode(c->core.state, &dpass->io));
     /* 4. output projection */
     if (p->has_out)
         TRY(clattn_linear_run(&c->lin, B * n, d->out_dim, H * dv, (view){c->merged, 0}, c->w_out, c->b_out,
-                              (view){c->out_buf, 0}, 1, warm, "output projection"));
+                              dpass->out, 1, warm, "output projection"));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -85,6 +88,8 @@ static void cl_release(clattn_decode_plan *dp)
     clattn_core_destroy(&c->core);
     clattn_linear_release(&c->lin);
     clattn_kernel_release(&c->k_append);
+    if (c->counts_written) clReleaseEvent(c->counts_written);
+    free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
                       &c->lens_buf, &c->valid_buf};
@@ -137,8 +142,10 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     TRY(clattn_buffer_new(dev, B * Tn * p->out_width, 4, NULL, "the output staging buffer", &c->out_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the cache lengths", &c->lens_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the valid token counts", &c->valid_buf));
+    if (!(c->counts = clattn_malloc(2 * B * sizeof *c->counts)))
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     /* every kernel launched once with no work: compiled now, not in the first decode step */
-    decode_pass warm = {.dp = dp, .warm = 1,
+    decode_pass warm = {.dp = dp, .warm = 1, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                         .io = {.cache_k = c->out_buf, .cache_v = c->out_buf, .capacity = 1, .lens = c->lens_buf,
                                .valid = c->valid_buf, .n = 1, .max_len = 1, .warm = 1}};
     TRY(pass_run(&warm));
@@ -155,7 +162,7 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     cl_uint *lens32 = clattn_malloc(2 * B * sizeof *lens32);
     if (!lens32) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
-    decode_pass dpass = {.dp = dp,
+    decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts}};
@@ -169,11 +176,42 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     return st;
 }
 
+/* On the caller's buffers: the lengths and token counts uploaded from the plan's own host array (after the
+ * previous step's upload of it has completed), the caller's wait list, the pass, a completion event. */
+static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache *cache,
+                                        const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
+                                        size_t max_len, cl_uint nwait, const cl_event *wait, cl_event *event)
+{
+    struct clattn_decode_cl *c = dp->cl;
+    const clattn_plan *p = dp->base;
+    const clattn_device *dev = p->device;
+    const size_t B = p->d.batch;
+    if (c->counts_written) {
+        const cl_int err = clWaitForEvents(1, &c->counts_written);
+        clReleaseEvent(c->counts_written);
+        c->counts_written = NULL;
+        CL_CHECK(err, "waiting for the previous step's upload of the token counts");
+    }
+    for (size_t b = 0; b < B; b++) c->counts[b] = (cl_uint)cache->len[b], c->counts[B + b] = (cl_uint)valid[b];
+    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->lens_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts, 0, NULL, NULL),
+             "uploading the cache lengths");
+    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
+                                  &c->counts_written), "uploading the token counts");
+    decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
+                         .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
+                                .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
+                                .max_parts = dp->max_parts}};
+    TRY(clattn_exec_buffers(dev, nwait, wait, pass_run, &dpass, event));
+    dp->last_parts = dpass.io.parts;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static const char *cl_core(const clattn_decode_plan *dp) { return dp->base->core ? dp->base->core->name : ""; }
 
 const clattn_decode_ops clattn_decode_opencl = {
     .init = cl_init,
     .release = cl_release,
     .execute = cl_execute,
+    .execute_buffers = cl_execute_buffers,
     .core = cl_core,
 };
