@@ -14,7 +14,11 @@
  * (copy_gbps: 2 * bytes / time, read + write, median of 7 over 256 MiB or the device's max allocation,
  * measured right before each context's steps, since a shared machine's bandwidth drifts), and their
  * ratio kv_bandwidth_fraction. The step also reads the projection weights (weight_bytes,
- * reported): keep --dim small (default 128) to time the cache, or give a real model's width.
+ * reported): keep --dim small (default 128) to time the cache, or give a real model's width;
+ * step_bandwidth_fraction counts both (KV + weight bytes per step time, over copy_gbps). stages_ms: one more
+ * step after the timed ones, with profiling markers between its stages (clattn_decode_plan_stage_times;
+ * absent where the device has none). --batch 1,8,64 runs each batch size (tokens/s is the whole batch's);
+ * --ragged spreads the sequences' lengths from C down to C/2, as a server's batch of requests.
  */
 #include "bench_util.h"
 #include "decode_bench.h"
@@ -30,17 +34,21 @@
 static const size_t sweep_ctx[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
 #define NSWEEP (sizeof sweep_ctx / sizeof sweep_ctx[0])
 
+#define MAX_BATCHES 16
+
 typedef struct dopts {
     const char *device;
     size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
-    int kv_half, iters, warmup, sweep, json, progress;
+    size_t batches[MAX_BATCHES], nbatches; /* --batch B[,B...]: one run per batch size */
+    int kv_half, iters, warmup, sweep, json, progress, ragged;
 } dopts;
 
 typedef struct dres {
     char core[32];          /* the decode core that ran ("ref" on ref) */
-    size_t context, parts;
+    size_t batch, context, parts;
     double copy_gbps; /* measured just before this context's steps: the machine's state then */
-    double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes;
+    double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes, step_gbps;
+    double stage_ms[CLATTN_DECODE_STAGE_COUNT]; /* one more step, profiled (all -1: the device has none) */
 } dres;
 
 static size_t dsize(const char *opt, const char *s, size_t min)
@@ -57,16 +65,20 @@ static size_t dsize(const char *opt, const char *s, size_t min)
 void clattn_bench_decode_usage(FILE *f)
 {
     fprintf(f,
-            "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B] [--heads H]\n"
-            "                    [--kv-heads N] [--head-dim D] [--dim E] [--kv-half] [--window W] [--splits N]\n"
-            "                    [--iters N] [--warmup W] [--json] [--progress]\n"
+            "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B[,B...]] [--ragged]\n"
+            "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-half] [--window W]\n"
+            "                    [--splits N] [--iters N] [--warmup W] [--json] [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
+            "  --batch 1,8,64: one run per batch size (tokens/s is the whole batch's). --ragged: the sequences'\n"
+            "  lengths spread evenly from C down to C/2, as a server's batch of requests.\n"
             "  Defaults: --context 8192 --batch 1 --heads 32 --kv-heads 8 --head-dim 128 --dim 128 --iters 20\n"
             "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
             "  step; small by default so that the step is the cache read). --sweep: C = 512 ... 32768.\n"
             "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
             "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
-            "  kv_bandwidth_fraction; --json: one object per context.\n");
+            "  kv_bandwidth_fraction, and step_bandwidth_fraction over every byte the step reads (KV cache +\n"
+            "  projection weights), and one more step's stage times (stages_ms); --json: one object per\n"
+            "  context and batch size.\n");
 }
 
 static void parse(int argc, char **argv, dopts *o)
@@ -80,7 +92,19 @@ static void parse(int argc, char **argv, dopts *o)
         if (!strcmp(a, "--decode")) continue;
         else if (!strcmp(a, "--device")) { if (!v) bench_usage_die("--device needs a value"); o->device = v; i++; }
         else if (!strcmp(a, "--context")) { o->context = dsize(a, v, 1); ctx_given = 1; i++; }
-        else if (!strcmp(a, "--batch")) { o->batch = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--batch")) {
+            if (!v) bench_usage_die("--batch needs a value");
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            o->nbatches = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->nbatches == MAX_BATCHES) bench_usage_die("--batch: at most %d sizes", MAX_BATCHES);
+                o->batches[o->nbatches++] = dsize(a, t, 1);
+            }
+            if (!o->nbatches) bench_usage_die("--batch needs a value");
+            i++;
+        }
+        else if (!strcmp(a, "--ragged")) o->ragged = 1;
         else if (!strcmp(a, "--heads")) { o->heads = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--kv-heads")) { o->kv_heads = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--head-dim")) { o->head_dim = dsize(a, v, 1); i++; }
@@ -100,6 +124,7 @@ static void parse(int argc, char **argv, dopts *o)
             exit(2);
         }
     }
+    if (!o->nbatches) o->batches[o->nbatches++] = o->batch;
     if (o->sweep && ctx_given) bench_usage_die("--context and --sweep do not go together (the sweep sets the context)");
     if (o->heads % o->kv_heads) bench_usage_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
     if (o->splits > 64) bench_usage_die("--splits: at most 64");
@@ -174,9 +199,16 @@ static double copy_bandwidth(clattn_device *dev)
     return 2.0 * (double)bytes / (t[3] * 1e6);
 }
 
-static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
+/* Sequence b's length: C, or with --ragged from C down to C/2. */
+static size_t seq_len(const dopts *o, size_t C, size_t b, size_t B)
 {
-    const size_t B = o->batch, H = o->heads, HK = o->kv_heads, D = o->head_dim, E = o->dim;
+    if (!o->ragged || B == 1) return C;
+    return C - (C / 2) * b / (B - 1);
+}
+
+static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres *r)
+{
+    const size_t H = o->heads, HK = o->kv_heads, D = o->head_dim, E = o->dim;
     uint64_t seed = 12345;
     float *wq = rnd(H * D * E, 1.0f / sqrtf((float)E), &seed), *wk = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed);
     float *wv = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed), *wo = rnd(E * H * D, 1.0f / sqrtf((float)(H * D)), &seed);
@@ -203,7 +235,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
     float *k = rnd(nkv, 1.0f, &seed), *v = rnd(nkv, 1.0f, &seed);
     size_t *lens = malloc(B * sizeof *lens);
     if (!lens) bench_die("out of memory");
-    for (size_t b = 0; b < B; b++) lens[b] = C;
+    for (size_t b = 0; b < B; b++) lens[b] = seq_len(o, C, b, B);
     bench_check(clattn_kv_cache_write(cache, k, v, lens), "filling the cache");
     free(k), free(v);
     float *x = rnd(B * E, 1.0f, &seed), *out = malloc(B * E * sizeof *out);
@@ -223,17 +255,31 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, dres *r)
         t[i] = bench_now_ms() - t0;
     }
     qsort(t + o->warmup, (size_t)o->iters, sizeof *t, cmpd);
+    /* one more step with stage times (markers between the stages: not among the timed steps) */
+    for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++) r->stage_ms[s] = -1.0;
+    if (clattn_decode_plan_set_profiling(plan, 1) == CLATTN_STATUS_SUCCESS) {
+        bench_check(clattn_kv_cache_truncate(cache, lens), "truncating");
+        bench_check(clattn_decode_execute(plan, cache, &a), "a profiled decode step");
+        bench_check(clattn_decode_plan_stage_times(plan, r->stage_ms), "the stage times");
+        clattn_decode_plan_set_profiling(plan, 0);
+    }
     r->context = C;
+    r->batch = B;
     r->step_ms = t[o->warmup + o->iters / 2];
     r->step_min = t[o->warmup];
     r->step_max = t[n - 1];
     r->parts = clattn_decode_plan_last_splits(plan);
     snprintf(r->core, sizeof r->core, "%s", clattn_decode_plan_core(plan));
-    const size_t visible = o->window && o->window < C + 1 ? o->window : C + 1;
-    r->kv_bytes = (double)B * (double)HK * (double)visible * 2.0 * (double)D * (o->kv_half ? 2.0 : 4.0);
+    double visible = 0;
+    for (size_t b = 0; b < B; b++) {
+        const size_t l = lens[b] + 1;
+        visible += (double)(o->window && o->window < l ? o->window : l);
+    }
+    r->kv_bytes = (double)HK * visible * 2.0 * (double)D * (o->kv_half ? 2.0 : 4.0);
     r->weight_bytes = 4.0 * ((double)(H * D + 2 * HK * D) * (double)E + (double)E * (double)(H * D));
     r->tokens_per_s = (double)B / (r->step_ms / 1e3);
     r->kv_gbps = r->kv_bytes / (r->step_ms * 1e6);
+    r->step_gbps = (r->kv_bytes + r->weight_bytes) / (r->step_ms * 1e6);
     free(t), free(x), free(out), free(xp), free(op), free(lens);
     free(wq), free(wk), free(wv), free(wo);
     clattn_kv_cache_free(cache);
@@ -260,13 +306,20 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     bench_json_string(stdout, r->core);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
            "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
-           o->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",
+           r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",
            o->window, r->parts, o->iters, o->warmup);
     printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
            r->step_min, r->step_max, r->first_ms);
+    if (r->stage_ms[0] >= 0.0) {
+        printf(",\"stages_ms\":{");
+        for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++)
+            printf("%s\"%s\":%.6g", s ? "," : "", clattn_decode_stage_name((clattn_decode_stage)s), r->stage_ms[s]);
+        printf("}");
+    }
     printf(",\"tokens_per_s\":%.6g,\"kv_bytes\":%.6g,\"weight_bytes\":%.6g,\"kv_gbps\":%.6g,\"copy_gbps\":%.6g,"
-           "\"kv_bandwidth_fraction\":%.6g}\n",
-           r->tokens_per_s, r->kv_bytes, r->weight_bytes, r->kv_gbps, copy_gbps, r->kv_gbps / copy_gbps);
+           "\"kv_bandwidth_fraction\":%.6g,\"step_gbps\":%.6g,\"step_bandwidth_fraction\":%.6g,\"ragged\":%s}\n",
+           r->tokens_per_s, r->kv_bytes, r->weight_bytes, r->kv_gbps, copy_gbps, r->kv_gbps / copy_gbps, r->step_gbps,
+           r->step_gbps / copy_gbps, o->ragged ? "true" : "false");
     fflush(stdout);
 }
 
@@ -286,29 +339,33 @@ int clattn_bench_decode(int argc, char **argv)
         driver[sizeof driver - 1] = '\0';
     }
     const char *name = clattn_device_name(dev);
-    fprintf(stderr, "clattn-bench: decode on %s (driver %s): B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s "
-            "window=%zu splits=%s\n", name, driver, o.batch, o.heads, o.kv_heads, o.head_dim, o.dim,
+    fprintf(stderr, "clattn-bench: decode on %s (driver %s): B=%zu%s heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s "
+            "window=%zu splits=%s\n", name, driver, o.batches[0], o.nbatches > 1 ? "..." : "", o.heads, o.kv_heads, o.head_dim, o.dim,
             o.kv_half ? "half" : "float", o.window, o.splits ? "forced" : "auto");
     const size_t *ctxs = o.sweep ? sweep_ctx : &o.context;
     const size_t nctx = o.sweep ? NSWEEP : 1;
-    dres rs[NSWEEP];
-    for (size_t i = 0; i < nctx; i++) {
-        if (o.sweep) fprintf(stderr, "clattn-bench: [%zu/%zu] C=%zu ...", i + 1, nctx, ctxs[i]), fflush(stderr);
+    const size_t nrun = nctx * o.nbatches;
+    dres *rs = calloc(nrun, sizeof *rs);
+    if (!rs) bench_die("out of memory");
+    for (size_t i = 0; i < nrun; i++) {
+        const size_t C = ctxs[i / o.nbatches], B = o.batches[i % o.nbatches];
+        if (nrun > 1) fprintf(stderr, "clattn-bench: [%zu/%zu] C=%zu B=%zu ...", i + 1, nrun, C, B), fflush(stderr);
         rs[i].copy_gbps = copy_bandwidth(dev);
-        measure(dev, &o, ctxs[i], &rs[i]);
-        if (o.sweep) fprintf(stderr, " %.3f ms (copy %.1f GB/s)\n", rs[i].step_ms, rs[i].copy_gbps);
+        measure(dev, &o, C, B, &rs[i]);
+        if (nrun > 1) fprintf(stderr, " %.3f ms (copy %.1f GB/s)\n", rs[i].step_ms, rs[i].copy_gbps);
         if (o.json) print_json(name, driver, &o, &rs[i]);
     }
     if (!o.json) {
-        printf("decode step on %s: B=%zu heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s window=%zu\n", name,
-               o.batch, o.heads, o.kv_heads, o.head_dim, o.dim, o.kv_half ? "half" : "float", o.window);
-        printf("%8s %6s %10s %10s %12s %10s %9s %10s %9s\n", "context", "parts", "step ms", "first ms", "tokens/s",
-               "KV MB", "KV GB/s", "copy GB/s", "fraction");
-        for (size_t i = 0; i < nctx; i++)
-            printf("%8zu %6zu %10.3f %10.3f %12.1f %10.2f %9.2f %10.2f %9.2f\n", rs[i].context, rs[i].parts,
-                   rs[i].step_ms, rs[i].first_ms, rs[i].tokens_per_s, rs[i].kv_bytes / 1e6, rs[i].kv_gbps,
-                   rs[i].copy_gbps, rs[i].kv_gbps / rs[i].copy_gbps);
+        printf("decode step on %s: heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s window=%zu%s\n", name, o.heads,
+               o.kv_heads, o.head_dim, o.dim, o.kv_half ? "half" : "float", o.window, o.ragged ? " ragged" : "");
+        printf("%8s %5s %6s %10s %10s %12s %10s %9s %10s %9s %9s\n", "context", "batch", "parts", "step ms", "first ms",
+               "tokens/s", "KV MB", "KV GB/s", "copy GB/s", "kv frac", "step frac");
+        for (size_t i = 0; i < nrun; i++)
+            printf("%8zu %5zu %6zu %10.3f %10.3f %12.1f %10.2f %9.2f %10.2f %9.2f %9.2f\n", rs[i].context, rs[i].batch,
+                   rs[i].parts, rs[i].step_ms, rs[i].first_ms, rs[i].tokens_per_s, rs[i].kv_bytes / 1e6, rs[i].kv_gbps,
+                   rs[i].copy_gbps, rs[i].kv_gbps / rs[i].copy_gbps, rs[i].step_gbps / rs[i].copy_gbps);
     }
+    free(rs);
     clattn_device_free(dev);
     return 0;
 }

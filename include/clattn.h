@@ -456,6 +456,24 @@ CLATTN_API clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan,
                                                        const size_t *valid, cl_uint num_events_in_wait_list,
                                                        const cl_event *event_wait_list, cl_event *event);
 
+/* Stage times of a decode step (OpenCL plans, on a queue with CL_QUEUE_PROFILING_ENABLE; ref refuses):
+ * while profiling is on, each step records device timestamps between its stages, and
+ * clattn_decode_plan_stage_times gives the last step's time per stage in ms (waiting for it when the
+ * step ran on buffers; 0 for a stage that did not run: COMBINE without split-K, the projections of a
+ * plan without weights). */
+typedef enum clattn_decode_stage {
+    CLATTN_DECODE_STAGE_PROJECTION = 0, /* x -> Q|K|V rows */
+    CLATTN_DECODE_STAGE_APPEND,         /* the new keys and values into the cache */
+    CLATTN_DECODE_STAGE_ATTEND,         /* the decode core over the cache */
+    CLATTN_DECODE_STAGE_COMBINE,        /* the merge of split-K parts */
+    CLATTN_DECODE_STAGE_OUT_PROJECTION,
+    CLATTN_DECODE_STAGE_COUNT
+} clattn_decode_stage;
+CLATTN_API const char *clattn_decode_stage_name(clattn_decode_stage stage); /* "projection", ... */
+CLATTN_API clattn_status clattn_decode_plan_set_profiling(clattn_decode_plan *plan, int enable);
+CLATTN_API clattn_status clattn_decode_plan_stage_times(clattn_decode_plan *plan,
+                                                        double ms[CLATTN_DECODE_STAGE_COUNT]);
+
 /* Split-K: 0 = choose from the cache length, kv_heads and the device's compute units (default);
  * N = 1 .. 64: N parts (fewer only for calls with more new tokens than the partial buffers hold;
  * 1 = never split). For tests and benchmarks. */

@@ -546,6 +546,55 @@ Test(decode, buffers_opencl)
     clattn_device_free(dev);
 }
 
+/* Stage times of a decode step: every stage that ran has a positive time, COMBINE only with split-K; the ref
+ * device refuses profiling, and the names are the documented ones. */
+Test(decode, stage_times_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    tu_rng r = {31};
+    model m;
+    model_make(&m, &r, 24, 4, 2, 8, 8, 0);
+    clattn_attention_desc d = model_desc(&m, 2, 4, 0, 0);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache *cache = make_cache(dev, &m, 2, 64, 0);
+    cr_assert_eq(clattn_decode_plan_set_profiling(p, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float x[2 * 4 * 24], out[2 * 4 * 13];
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = val(&r, 0, 0, 1.0f);
+    for (size_t splits = 1; splits <= 3; splits += 2) {
+        cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+        clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out};
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        double ms[CLATTN_DECODE_STAGE_COUNT];
+        for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++) ms[s] = -1.0;
+        cr_assert_eq(clattn_decode_plan_stage_times(p, ms), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++) {
+            if (s == CLATTN_DECODE_STAGE_COMBINE && splits == 1)
+                cr_assert_eq(ms[s], 0.0, "no split-K, yet combine took %g ms", ms[s]);
+            else
+                cr_assert_gt(ms[s], 0.0, "splits %zu: stage %s has no time", splits,
+                             clattn_decode_stage_name((clattn_decode_stage)s));
+        }
+    }
+    static const char *const names[] = {"projection", "append", "attend", "combine", "out_projection"};
+    for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++)
+        cr_assert_str_eq(clattn_decode_stage_name((clattn_decode_stage)s), names[s]);
+    cr_assert_str_eq(clattn_decode_stage_name(CLATTN_DECODE_STAGE_COUNT), "unknown");
+    clattn_device *ref = tu_open_ref();
+    clattn_decode_plan *rp = NULL;
+    cr_assert_eq(tu_decode_plan_create(ref, &d, &m.w, &rp), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_decode_plan_set_profiling(rp, 1), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "OpenCL"), "%s", clattn_last_error());
+    double ms[CLATTN_DECODE_STAGE_COUNT];
+    cr_assert_eq(clattn_decode_plan_stage_times(rp, ms), CLATTN_STATUS_UNSUPPORTED);
+    clattn_decode_plan_free(rp);
+    clattn_device_free(ref);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+    clattn_device_free(dev);
+}
+
 /* ---------------------------------------------------------------- validation */
 
 static void errors(clattn_device *dev)

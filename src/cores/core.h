@@ -69,7 +69,11 @@ typedef struct clattn_decode_io {
     size_t max_parts;            /* split-K parts: 0 = the core chooses, else at most this many */
     int warm;                    /* plan creation: every launch with no work, so that the driver compiles */
     size_t parts;                /* out: the parts this step used */
+    /* profiling: a marker at the end of a decode stage (NULL: profiling off) */
+    clattn_status (*mark)(void *ctx, clattn_decode_stage stage);
+    void *mark_ctx;
 } clattn_decode_io;
+clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage stage);
 
 typedef struct clattn_core clattn_core;
 

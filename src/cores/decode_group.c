@@ -231,6 +231,7 @@ static clattn_status run_decode(void *state, clattn_decode_io *io)
     const size_t parts = io->warm ? 2 : choose_parts(s, io, v->rows);
     TRY(attend(s, v, io, parts));
     if (io->warm) TRY(attend(s, &s->many, io, parts));
+    TRY(clattn_decode_mark(io, CLATTN_DECODE_STAGE_ATTEND));
     if (parts > 1) TRY(clattn_decode_parts_combine(s->dev, &s->parts, d, io, parts));
     io->parts = parts;
     return CLATTN_STATUS_SUCCESS;

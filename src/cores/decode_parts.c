@@ -48,6 +48,11 @@ size_t clattn_decode_parts_choose(const clattn_decode_parts *pp, const clattn_at
     return parts ? parts : 1;
 }
 
+clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage stage)
+{
+    return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_decode_parts_combine(const clattn_device *dev, const clattn_decode_parts *pp,
                                           const clattn_attention_desc *d, const clattn_decode_io *io, size_t parts)
 {
@@ -64,5 +69,6 @@ clattn_status clattn_decode_parts_combine(const clattn_device *dev, const clattn
     clattn_arg_u32(&a, (cl_uint)parts);
     clattn_arg_u64(&a, total);
     TRY(clattn_args_end(&a));
-    return clattn_enqueue_1d(dev, pp->k_combine, total, "enqueue decode_combine");
+    TRY(clattn_enqueue_1d(dev, pp->k_combine, total, "enqueue decode_combine"));
+    return clattn_decode_mark(io, CLATTN_DECODE_STAGE_COMBINE);
 }

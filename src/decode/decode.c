@@ -102,6 +102,41 @@ clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan, size_t max
     return CLATTN_STATUS_SUCCESS;
 }
 
+const char *clattn_decode_stage_name(clattn_decode_stage stage)
+{
+    static const char *names[CLATTN_DECODE_STAGE_COUNT] = {"projection", "append", "attend", "combine",
+                                                           "out_projection"};
+    return (unsigned)stage < CLATTN_DECODE_STAGE_COUNT ? names[stage] : "unknown";
+}
+
+clattn_status clattn_decode_plan_set_profiling(clattn_decode_plan *plan, int enable)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (enable && !plan->ops->stage_times)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "decode stage times need an OpenCL device (this plan is on %s)",
+                           plan->base->device->name);
+    if (enable && !plan->base->device->queue_profiling)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    pthread_mutex_lock(&plan->lock);
+    plan->profiling = enable != 0;
+    pthread_mutex_unlock(&plan->lock);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_decode_plan_stage_times(clattn_decode_plan *plan, double ms[CLATTN_DECODE_STAGE_COUNT])
+{
+    clattn_clear_error();
+    if (!plan || !ms) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan or ms is NULL");
+    if (!plan->ops->stage_times)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "decode stage times need an OpenCL device (this plan is on %s)",
+                           plan->base->device->name);
+    pthread_mutex_lock(&plan->lock);
+    const clattn_status st = plan->ops->stage_times(plan, ms);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
+}
+
 size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan) { return plan ? plan->last_parts : 0; }
 
 const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return plan ? plan->ops->core(plan) : ""; }

@@ -25,6 +25,7 @@ struct clattn_decode_plan {
     size_t max_parts;          /* 0 = automatic */
     size_t last_parts;
     struct clattn_decode_cl *cl; /* OpenCL state (NULL on ref) */
+    int profiling;             /* stage times on (OpenCL) */
 };
 
 /* One decode step of `n` new tokens per sequence, valid[b] of them real, checked against the cache; the
@@ -40,6 +41,8 @@ typedef struct clattn_decode_ops {
                                      const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
                                      size_t max_len, cl_uint nwait, const cl_event *wait, cl_event *event);
     const char *(*core)(const clattn_decode_plan *plan);
+    /* the last step's stage times (NULL: the device has none) */
+    clattn_status (*stage_times)(clattn_decode_plan *plan, double *ms);
 } clattn_decode_ops;
 
 extern const clattn_decode_ops clattn_decode_ref;    /* decode_ref.c */

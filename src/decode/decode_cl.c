@@ -26,7 +26,28 @@ struct clattn_decode_cl {
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
     cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
+    /* profiling markers of the last step: marks[0] at its start, marks[k] at the end of stage mark_stage[k] */
+    cl_event marks[8];
+    int mark_stage[8], nmarks;
 };
+
+static void release_marks(struct clattn_decode_cl *c)
+{
+    for (int i = 0; i < c->nmarks; i++)
+        if (c->marks[i]) clReleaseEvent(c->marks[i]);
+    c->nmarks = 0;
+}
+
+/* A marker at the end of `stage` (-1: the step's start, which drops the last step's markers). */
+static clattn_status mark(struct clattn_decode_cl *c, const clattn_device *dev, int stage)
+{
+    if (stage < 0) release_marks(c);
+    if (c->nmarks >= (int)(sizeof c->marks / sizeof c->marks[0]))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
+    CL_CHECK(clEnqueueMarkerWithWaitList(dev->queue, 0, NULL, &c->marks[c->nmarks]), "enqueueing a profiling marker");
+    c->mark_stage[c->nmarks++] = stage;
+    return CLATTN_STATUS_SUCCESS;
+}
 
 /* One step's pass (or the warm-up at plan creation: every launch with no work). */
 typedef struct decode_pass {
@@ -36,6 +57,12 @@ typedef struct decode_pass {
     int warm;
 } decode_pass;
 
+static clattn_status core_mark(void *ctx, clattn_decode_stage stage)
+{
+    decode_pass *dpass = ctx;
+    return mark(dpass->dp->cl, dpass->dp->base->device, (int)stage);
+}
+
 static clattn_status pass_run(void *ctx)
 {
     decode_pass *dpass = ctx;
@@ -44,7 +71,11 @@ static clattn_status pass_run(void *ctx)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, n = dpass->io.n, E = d->embed, H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
-    const int warm = dpass->warm;
+    const int warm = dpass->warm, prof = dpass->dp->profiling && !warm;
+    if (prof) {
+        TRY(mark(c, p->device, -1));
+        dpass->io.mark = core_mark, dpass->io.mark_ctx = dpass;
+    }
     /* 1. projections */
     view src = dpass->x;
     size_t k_col = 0, v_col = 0;
@@ -53,6 +84,7 @@ static clattn_status pass_run(void *ctx)
                               "QKV projection"));
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
+    if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
     /* 2. append */
     const size_t kvw = dk > dv ? dk : dv, n_app = warm ? 0 : B * n * HK * kvw;
     clattn_args a;
@@ -70,6 +102,7 @@ static clattn_status pass_run(void *ctx)
     clattn_arg_u64(&a, n_app);
     TRY(clattn_args_end(&a));
     TRY(clattn_enqueue_1d(p->device, c->k_append, n_app, "enqueue kv_append"));
+    if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_APPEND));
     /* 3. attend */
     dpass->io.q = src;
     dpass->io.out = p->has_out ? (view){c->merged, 0} : dpass->out;
@@ -78,6 +111,7 @@ static clattn_status pass_run(void *ctx)
     if (p->has_out)
         TRY(clattn_linear_run(&c->lin, B * n, d->out_dim, H * dv, (view){c->merged, 0}, c->w_out, c->b_out,
                               dpass->out, 1, warm, "output projection"));
+    if (prof && p->has_out) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_OUT_PROJECTION));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -89,6 +123,7 @@ static void cl_release(clattn_decode_plan *dp)
     clattn_linear_release(&c->lin);
     clattn_kernel_release(&c->k_append);
     if (c->counts_written) clReleaseEvent(c->counts_written);
+    release_marks(c);
     free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
@@ -206,6 +241,23 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     return CLATTN_STATUS_SUCCESS;
 }
 
+static clattn_status cl_stage_times(clattn_decode_plan *dp, double *ms)
+{
+    struct clattn_decode_cl *c = dp->cl;
+    for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++) ms[s] = 0.0;
+    if (c->nmarks == 0) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clWaitForEvents((cl_uint)c->nmarks, c->marks), "waiting for the profiled step");
+    cl_ulong prev = 0;
+    for (int k = 0; k < c->nmarks; k++) {
+        cl_ulong t = 0;
+        CL_CHECK(clGetEventProfilingInfo(c->marks[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
+                 "reading profiling timestamps");
+        if (k > 0 && t > prev) ms[c->mark_stage[k]] += (double)(t - prev) * 1e-6;
+        prev = t;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static const char *cl_core(const clattn_decode_plan *dp) { return dp->base->core ? dp->base->core->name : ""; }
 
 const clattn_decode_ops clattn_decode_opencl = {
@@ -213,5 +265,6 @@ const clattn_decode_ops clattn_decode_opencl = {
     .release = cl_release,
     .execute = cl_execute,
     .execute_buffers = cl_execute_buffers,
+    .stage_times = cl_stage_times,
     .core = cl_core,
 };
