@@ -15,8 +15,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: clattn tune [--device SPEC] [--budget SECONDS] [--shapes preset|B,T,E,H[;B,T,E,H...]]\n"
                "                   [--margin F]\n"
-               "  searches the fused kernel's tiles (per head-size class) and the unfused softmax variant for the\n"
-               "  device on the given self-attention shapes (preset: 4,512,512,8), checks every candidate's output\n"
+               "  searches the attention cores' parameters (per head-size class) and AUTO's core for the device on\n"
+               "  the given self-attention shapes (preset: 4,512,512,8), then the decode cores' on a decode step of\n"
+               "  the first shape (B sequences of T cached tokens, H/4 KV heads), checks every candidate's output\n"
                "  against the defaults', keeps one only if it beats them by --margin (default 0.03) three times, and\n"
                "  writes the device's tuning file, which plans then use ($CLATTN_TUNE_FILE overrides its path,\n"
                "  CLATTN_TUNE=0 ignores it). --budget: wall-clock seconds (default 120).\n");

@@ -18,14 +18,18 @@ static const size_t lanes_v[] = {1, 2, 4, 8, 16, 32};
 static const size_t kt_v[] = {1, 2, 4};
 static const size_t vw_v[] = {1, 4, 8};
 static const size_t r_v[] = {1, 2, 4, 8};
+/* what clattn tune tries (a decode step: R, the rows of steps with several new tokens, stays at 4) */
 static const size_t wg_t[] = {64, 128, 256};
 static const size_t lanes_t[] = {4, 8, 16, 32};
+static const size_t kt_t[] = {1, 2, 4};
+static const size_t vw_t[] = {4, 8};
+static const size_t r_t[] = {4};
 static const clattn_core_param params[] = {
     [WG] = {"WG", wg_v, 4, wg_t, 3, NULL},
     [LANES] = {"LANES", lanes_v, 6, lanes_t, 4, NULL},
-    [KT] = {"KT", kt_v, 3, NULL, 0, NULL},
-    [VW] = {"VW", vw_v, 3, NULL, 0, NULL},
-    [R] = {"R", r_v, 4, NULL, 0, NULL},
+    [KT] = {"KT", kt_v, 3, kt_t, 3, NULL},
+    [VW] = {"VW", vw_v, 3, vw_t, 2, NULL},
+    [R] = {"R", r_v, 4, r_t, 1, NULL},
 };
 
 #define DECODE_MAX_HEAD 256 /* dk and dv the kernel takes */

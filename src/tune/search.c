@@ -5,10 +5,13 @@
  *      the best kept when it beats the defaults by the margin in three alternating comparisons;
  *   2. then the core AUTO should give that class: the fastest of them, kept only when it beats AUTO's
  *      default choice the same way;
- *   3. CLBlast's Xgemm parameter sets, on the first shape (the projections).
+ *   3. the decode cores the same way, on a decode step derived from the first shape: B sequences of T cached
+ *      tokens, E, H heads sharing H/4 KV heads (H where 4 does not divide H), one new token per sequence;
+ *   4. CLBlast's Xgemm parameter sets, on the first shape (the projections).
  * Each candidate is a plan made with a candidate table (dev->tune_try) that names its core and parameters;
  * its output is checked against the defaults' before it is timed, and one that differs is rejected. */
 #include "attention/attention.h"
+#include "decode/decode.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +27,10 @@ typedef struct search {
     float *x, *wq, *wk, *wv, *wo, *bq, *bo, *ref, *out;
     clattn_attention_desc d;
     int cls;             /* the shape's head-size class */
+    clattn_core_kind kind; /* the cores searched: PREFILL (an attention plan on d) or DECODE (a step, below) */
+    /* DECODE: a step of d (seq_q = 1) over a cache of s->context tokens per sequence, from the same x rows */
+    size_t context;
+    float *kc, *vc;      /* the cache's contents (B, HK, context + 1, dk) */
 } search;
 
 static double now_ms(void)
@@ -61,7 +68,7 @@ typedef struct candidate {
 static void candidate_table(const search *s, const candidate *c, clattn_tune_table *t)
 {
     clattn_tune_table_init(t);
-    if (c->core) t->auto_core[CLATTN_CORE_PREFILL][s->cls] = c->core;
+    if (c->core) t->auto_core[s->kind][s->cls] = c->core;
     if (c->core && c->params) clattn_tune_set_params(t, c->core, s->cls, c->params);
     t->xgemm = c->xgemm;
 }
@@ -70,9 +77,96 @@ static void candidate_table(const search *s, const candidate *c, clattn_tune_tab
 static clattn_attention_weights search_weights(const search *s)
 {
     const size_t E = s->d.embed, EE = E * E;
+    const size_t EK = s->d.kv_heads && s->d.kv_heads != s->d.heads ? s->d.kv_heads * (E / s->d.heads) * E : EE;
     return (clattn_attention_weights){.w_query = s->wq, .w_key = s->wk, .w_value = s->wv, .b_query = s->bq,
-                                      .w_out = s->wo, .b_out = s->bo, .w_query_count = EE, .w_key_count = EE,
-                                      .w_value_count = EE, .b_query_count = E, .w_out_count = EE, .b_out_count = E};
+                                      .w_out = s->wo, .b_out = s->bo, .w_query_count = EE, .w_key_count = EK,
+                                      .w_value_count = EK, .b_query_count = E, .w_out_count = EE, .b_out_count = E};
+}
+
+/* The median of at least 3 and 0.3 s of step(ctx) in ms (-1: a step failed). */
+static double time_steps(clattn_status (*step)(void *ctx), void *ctx)
+{
+    double t[64];
+    int k = 0;
+    const double start = now_ms();
+    while (k < 64 && (k < 3 || now_ms() - start < 300.0)) {
+        const double t1 = now_ms();
+        if (step(ctx) != CLATTN_STATUS_SUCCESS) return -1;
+        t[k++] = now_ms() - t1;
+    }
+    qsort(t, (size_t)k, sizeof t[0], cmp_d);
+    return t[k / 2];
+}
+
+static int differs(const search *s, const float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)out[i] - (double)s->ref[i]) <= 1e-5 + 1e-4 * fabs((double)s->ref[i]))) return 1;
+    return 0;
+}
+
+typedef struct decode_run {
+    clattn_decode_plan *plan;
+    clattn_kv_cache *cache;
+    const size_t *lens;
+    clattn_decode_args a;
+} decode_run;
+
+/* One decode step after the cache is truncated back to its context (host only). */
+static clattn_status decode_step(void *ctx)
+{
+    decode_run *r = ctx;
+    TRY(clattn_kv_cache_truncate(r->cache, r->lens));
+    return clattn_decode_execute(r->plan, r->cache, &r->a);
+}
+
+/* run_candidate for the decode cores: a decode plan and a cache filled from s->kc, s->vc. */
+static double run_decode_candidate(search *s, const candidate *c, int check, float *out)
+{
+    clattn_tune_table try;
+    candidate_table(s, c, &try);
+    s->dev->tune_try = &try;
+    const clattn_attention_weights w = search_weights(s);
+    clattn_decode_plan *p = NULL;
+    clattn_status st = clattn_decode_plan_create(s->dev, &s->d, &w, &p);
+    s->dev->tune_try = NULL;
+    if (st != CLATTN_STATUS_SUCCESS) return -1;
+    const clattn_plan *base = p->base;
+    if ((c->core && base->core != c->core) ||
+        (c->params && memcmp(&base->core_params, c->params, sizeof *c->params) != 0)) {
+        clattn_decode_plan_free(p);
+        return -3;
+    }
+    const size_t B = s->d.batch, dk = s->d.head_dim_qk;
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = s->context + 1, .kv_heads = s->d.kv_heads, .head_dim_qk = dk,
+                               .head_dim_v = dk};
+    clattn_kv_cache *cache = NULL;
+    size_t *lens = malloc(B * sizeof *lens);
+    double ms = -1;
+    if (lens && clattn_kv_cache_create(s->dev, &cd, &cache) == CLATTN_STATUS_SUCCESS) {
+        for (size_t b = 0; b < B; b++) lens[b] = s->context;
+        decode_run r = {.plan = p, .cache = cache, .lens = lens,
+                        .a = {.x = s->x, .new_tokens = 1, .out = out, .x_count = B * s->d.embed,
+                              .out_count = B * s->d.out_dim}};
+        if (clattn_kv_cache_write(cache, s->kc, s->vc, lens) == CLATTN_STATUS_SUCCESS &&
+            decode_step(&r) == CLATTN_STATUS_SUCCESS)
+            ms = check && differs(s, out, B * s->d.out_dim) ? -2 : time_steps(decode_step, &r);
+    }
+    free(lens);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    return ms;
+}
+
+typedef struct plan_run {
+    clattn_plan *plan;
+    clattn_attention_args a;
+} plan_run;
+
+static clattn_status plan_step(void *ctx)
+{
+    plan_run *r = ctx;
+    return clattn_plan_execute(r->plan, &r->a);
 }
 
 /* Plan the shape with candidate c, check its output against s->ref (when check), and time it: the median
@@ -80,6 +174,7 @@ static clattn_attention_weights search_weights(const search *s)
  * differed, -3 when the candidate did not apply (another core or other parameters ran). */
 static double run_candidate(search *s, const candidate *c, int check, float *out)
 {
+    if (s->kind == CLATTN_CORE_DECODE) return run_decode_candidate(s, c, check, out);
     clattn_tune_table try;
     candidate_table(s, c, &try);
     s->dev->tune_try = &try;
@@ -99,26 +194,30 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
         clattn_plan_free(p);
         return -1;
     }
-    if (check)
-        for (size_t i = 0; i < n; i++)
-            if (!(fabs((double)out[i] - (double)s->ref[i]) <= 1e-5 + 1e-4 * fabs((double)s->ref[i]))) {
-                clattn_plan_free(p);
-                return -2;
-            }
-    double t[64];
-    int k = 0;
-    const double start = now_ms();
-    while (k < 64 && (k < 3 || now_ms() - start < 300.0)) {
-        const double t1 = now_ms();
-        if (clattn_plan_execute(p, &a) != CLATTN_STATUS_SUCCESS) {
-            clattn_plan_free(p);
-            return -1;
-        }
-        t[k++] = now_ms() - t1;
-    }
+    plan_run r = {p, a};
+    const double ms = check && differs(s, out, n) ? -2 : time_steps(plan_step, &r);
     clattn_plan_free(p);
-    qsort(t, (size_t)k, sizeof t[0], cmp_d);
-    return t[k / 2];
+    return ms;
+}
+
+/* The core a plan of the shape gets with table t (NULL: none would be made). */
+static const clattn_core *probe_core(search *s, const clattn_tune_table *t)
+{
+    const clattn_attention_weights w = search_weights(s);
+    const clattn_core *own = NULL;
+    s->dev->tune_try = t;
+    if (s->kind == CLATTN_CORE_DECODE) {
+        clattn_decode_plan *dp = NULL;
+        if (clattn_decode_plan_create(s->dev, &s->d, &w, &dp) == CLATTN_STATUS_SUCCESS) own = dp->base->core;
+        clattn_decode_plan_free(dp);
+    } else {
+        clattn_plan *p = NULL;
+        if (clattn_plan_create(s->dev, &s->d, &w, &p) == CLATTN_STATUS_SUCCESS) own = p->core;
+        clattn_plan_free(p);
+    }
+    s->dev->tune_try = NULL;
+    clattn_clear_error();
+    return own;
 }
 
 static int over_budget(const search *s) { return now_ms() > s->deadline || now_ms() - s->t0 > s->budget_ms; }
@@ -190,13 +289,16 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     s->deadline = start + shape_ms;
     const candidate automatic = {NULL, NULL, -1};
     const double auto_ms = run_candidate(s, &automatic, 0, s->ref); /* the reference output */
-    say(s, "B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch, d->seq_q, d->embed,
-        d->heads, s->cls, auto_ms);
+    if (s->kind == CLATTN_CORE_DECODE)
+        say(s, "decode step, B=%zu context=%zu E=%zu H=%zu KV heads %zu (head-size class %d): AUTO's defaults %.2f ms",
+            d->batch, s->context, d->embed, d->heads, d->kv_heads, s->cls, auto_ms);
+    else
+        say(s, "B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch, d->seq_q, d->embed,
+            d->heads, s->cls, auto_ms);
     if (auto_ms <= 0) return;
     const clattn_core *cores[8];
     size_t n = 0;
-    for (const clattn_core *c; n < 8 && (c = clattn_core_preferred(CLATTN_CORE_PREFILL, s->dev->caps.dclass, s->cls,
-                                                                     n));)
+    for (const clattn_core *c; n < 8 && (c = clattn_core_preferred(s->kind, s->dev->caps.dclass, s->cls, n));)
         cores[n++] = c;
     const clattn_core *fastest = NULL;
     double fastest_ms = 0;
@@ -206,28 +308,21 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
         s->deadline = start + shape_ms;
         if (ms > 0 && (!fastest || ms < fastest_ms)) fastest = cores[i], fastest_ms = ms;
     }
-    keep->auto_core[CLATTN_CORE_PREFILL][s->cls] = NULL;
+    keep->auto_core[s->kind][s->cls] = NULL;
     if (!fastest || over_budget(s)) return;
     /* AUTO: the fastest core, when it is not AUTO's own choice already and beats it */
     clattn_tune_table with_keep = *keep;
-    with_keep.auto_core[CLATTN_CORE_PREFILL][s->cls] = NULL;
+    with_keep.auto_core[s->kind][s->cls] = NULL;
     const clattn_core_params *kp = clattn_tune_params(keep, fastest, s->cls);
     const candidate fast = {fastest, kp, -1};
-    clattn_plan *probe = NULL;
-    const clattn_attention_weights w = search_weights(s);
-    s->dev->tune_try = &with_keep;
-    const clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &probe);
-    s->dev->tune_try = NULL;
-    const clattn_core *own = st == CLATTN_STATUS_SUCCESS ? probe->core : NULL;
-    clattn_plan_free(probe);
-    clattn_clear_error();
+    const clattn_core *own = probe_core(s, &with_keep);
     if (own == fastest || !own) {
         say(s, "  AUTO keeps %s for head-size class %d", own ? own->name : "its choice", s->cls);
         return;
     }
     const candidate theirs = {own, clattn_tune_params(keep, own, s->cls), -1};
     if (confirm(s, &theirs, &fast, "AUTO's core")) {
-        keep->auto_core[CLATTN_CORE_PREFILL][s->cls] = fastest;
+        keep->auto_core[s->kind][s->cls] = fastest;
         say(s, "  AUTO gives head-size class %d %s instead of %s", s->cls, fastest->name, own->name);
     } else {
         say(s, "  AUTO keeps %s for head-size class %d", own->name, s->cls);
@@ -264,8 +359,26 @@ static clattn_status make_shape(search *s, const size_t *q, uint64_t seed)
 static void free_shape(search *s)
 {
     free(s->x), free(s->wq), free(s->wk), free(s->wv), free(s->wo), free(s->bq), free(s->bo), free(s->ref);
-    free(s->out);
-    s->x = s->wq = s->wk = s->wv = s->wo = s->bq = s->bo = s->ref = s->out = NULL;
+    free(s->out), free(s->kc), free(s->vc);
+    s->x = s->wq = s->wk = s->wv = s->wo = s->bq = s->bo = s->ref = s->out = s->kc = s->vc = NULL;
+    s->kind = CLATTN_CORE_PREFILL;
+}
+
+/* The decode step of shape q = (B, T, E, H): B sequences of T cached tokens (random keys and values), H
+ * heads sharing H/4 KV heads (H when 4 does not divide H), one new token each; projections of E x E where
+ * the KV heads are all H (make_shape's), else E x (E/4) for K and V (the first rows of make_shape's). */
+static clattn_status make_decode(search *s, const size_t *q, uint64_t seed)
+{
+    TRY(make_shape(s, q, seed));
+    const size_t B = q[0], T = q[1], E = q[2], H = q[3], HK = H % 4 ? H : H / 4, dk = E / H;
+    s->kind = CLATTN_CORE_DECODE;
+    s->context = T;
+    s->d.seq_q = 1, s->d.kv_heads = HK, s->d.causal = 1;
+    const size_t n = B * HK * (T + 1) * dk;
+    s->kc = malloc(n * sizeof(float)), s->vc = malloc(n * sizeof(float));
+    if (!s->kc || !s->vc) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the decode cache's arrays");
+    fill(s->kc, n, 1.0f, &seed), fill(s->vc, n, 1.0f, &seed);
+    return CLATTN_STATUS_SUCCESS;
 }
 
 /* CLBlast's Xgemm parameter sets (runtime/blas.c) on the shape in `s`, the whole attention call timed,
@@ -352,13 +465,17 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     clattn_tune_table keep = *device->tune; /* the file's other entries stay */
     keep.notice[0] = '\0';
     clattn_status st = CLATTN_STATUS_SUCCESS;
-    /* the shapes' cores share 60% of the budget; CLBlast's parameters, on the first shape, the rest */
-    const double kernels_ms = 0.6 * s.budget_ms;
+    /* the shapes' prefill cores share 45% of the budget, the decode cores on the first shape 15%; CLBlast's
+     * parameters, on the first shape, the rest */
+    const double kernels_ms = 0.45 * s.budget_ms;
     for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
         const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
         if ((st = make_shape(&s, shapes + 4 * i, 42 + i)) == CLATTN_STATUS_SUCCESS) search_shape(&s, &keep, shape_ms);
         free_shape(&s);
     }
+    if (st == CLATTN_STATUS_SUCCESS && (st = make_decode(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
+        search_shape(&s, &keep, 0.6 * s.budget_ms - (now_ms() - s.t0));
+    free_shape(&s);
     if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
         search_xgemm(&s, &keep, s.budget_ms - (now_ms() - s.t0));
     free_shape(&s);
