@@ -40,8 +40,9 @@
 /* Does lane own vector s of a key (value)? Always, when LANES divides the head's vectors. */
 #define OWNK(s) (DNKW % LANES == 0 || lane + (s) * LANES < DNKW)
 #define OWNV(s) (DNVW % LANES == 0 || lane + (s) * LANES < DNVW)
-#define LP (LANES + 1)            /* a team's row of partials, padded */
-#define RED (NT * KT * RB * LP)           /* one buffer of partial dot products */
+/* A team's partials of one (key, row): its lanes write consecutive words (no bank conflict, no padding
+ * needed) and every lane reads them back, as float4 where LANES allows (a quarter of the local loads). */
+#define RED (NT * KT * RB * LANES)        /* one buffer of partial dot products */
 #define MRG (NT * (DV + 1) + 2 * NT * RB) /* the teams' merge: one row's outputs, every row's max and sum */
 #define LOCAL_FLOATS (2 * RED > MRG ? 2 * RED : MRG)
 
@@ -103,7 +104,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
     for (uint it = 0; it < steps; it++) {
         const uint j0 = js + it * step;
-        __local float *red = sh + (it & 1) * RED + team * (KT * RB * LP);
+        __local float *red = sh + (it & 1) * RED + team * (KT * RB * LANES);
         vw_t kv[KT][NSK], vv[KT][NSV];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
@@ -121,7 +122,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                 vw_t dot = qr[r][0] * kv[kk][0];
                 #pragma unroll
                 for (uint s = 1; s < NSK; s++) dot = fma(qr[r][s], kv[kk][s], dot);
-                red[(kk * RB + r) * LP + lane] = dhsum(dot);
+                red[(kk * RB + r) * LANES + lane] = dhsum(dot);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -131,10 +132,15 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             const uint j = j0 + kk * NT + team;
             #pragma unroll
             for (uint r = 0; r < RB; r++) {
-                __local const float *pr = red + (kk * RB + r) * LP;
+                __local const float *pr = red + (kk * RB + r) * LANES;
+#if LANES % 4 == 0
+                float4 s4 = vload4(0, pr);
+                for (uint i = 1; i < LANES / 4; i++) s4 += vload4(i, pr);
+                const float sum = (s4.x + s4.y) + (s4.z + s4.w);
+#else
                 float sum = 0.0f;
-                #pragma unroll
                 for (uint i = 0; i < LANES; i++) sum += pr[i];
+#endif
                 sc[kk][r] = j < je && dec_visible(j, pos[r]) ? sum * scale : -INFINITY;
             }
         }

@@ -54,7 +54,7 @@ typedef struct group_state {
 static size_t local_floats(const clattn_attention_desc *d, const clattn_core_params *p)
 {
     const size_t nt = p->v[WG] / p->v[LANES];
-    const size_t red = 2 * nt * p->v[KT] * p->v[R] * (p->v[LANES] + 1);
+    const size_t red = 2 * nt * p->v[KT] * p->v[R] * p->v[LANES];
     const size_t mrg = nt * (d->head_dim_v + 1) + 2 * nt * p->v[R];
     return red > mrg ? red : mrg;
 }
