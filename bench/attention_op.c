@@ -150,6 +150,7 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     d->seed = seed ^ 0x5DEECE66Dull;
     d->layout = CLATTN_LAYOUT_LINEAR;
     d->algorithm = op->algorithm;
+    d->precision = op->precision;
     clattn_attention_weights *w = &data->weights;
     w->w_query = w_q, w->w_key = w_k, w->w_value = w_v, w->w_out = w_o;
     w->b_query = b_q, w->b_key = b_k, w->b_value = b_v, w->b_out = b_o;

@@ -47,6 +47,7 @@ typedef struct clattn_op {
     clattn_activation activation;
     int norm_first;
     clattn_algorithm algorithm;   /* the attention core: AUTO (fused where it can), FUSED or UNFUSED */
+    clattn_precision precision;   /* the core's products: FP32 (default) or TF32 (flash_mma only) */
 } clattn_op;
 
 typedef struct clattn_op_flop_count {

@@ -66,6 +66,7 @@ typedef struct result {
     size_t sgemm_m, sgemm_n, sgemm_k;
     double stage_sum_ms;  /* sum of the stage medians */
     clattn_algorithm algorithm; /* the attention plan's (resolved); AUTO for ref and the encoder */
+    clattn_precision precision; /* the plan's (--precision) */
     char core[32];        /* the core that ran ("ref" on ref): the attention plan's, or the encoder's attention's */
     char core_params[128];/* its parameters ("" on ref and for the encoder) */
     int tuned;            /* the attention plan uses the device's tuning file (-1: the encoder, not known) */
@@ -198,7 +199,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
-            "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]]\n"
+            "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]] [--precision fp32|tf32]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -280,6 +281,13 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--core")) {
             if (!v || !*v) bench_usage_die("--core needs a value (a core `clattn cores` lists)");
             if (setenv("CLATTN_CORE", v, 1) != 0) bench_die("--core: cannot set CLATTN_CORE");
+            i++;
+        }
+        else if (!strcmp(a, "--precision")) {
+            if (!v) bench_usage_die("--precision needs a value");
+            if (!strcmp(v, "fp32")) o->op.precision = CLATTN_PRECISION_FP32;
+            else if (!strcmp(v, "tf32")) o->op.precision = CLATTN_PRECISION_TF32;
+            else bench_usage_die("--precision '%s': must be fp32 or tf32", v);
             i++;
         }
         else if (!strcmp(a, "--algorithm")) {
@@ -506,6 +514,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->first_call_ms = bench_now_ms() - t0;
     progress(o, 1, "T=%zu: first call took %.0f ms", op->seq, r->first_call_ms);
     r->algorithm = run.attn ? clattn_plan_algorithm(run.attn) : CLATTN_ALGORITHM_AUTO;
+    r->precision = op->precision;
     snprintf(r->core, sizeof r->core, "%s", run.attn ? clattn_plan_core(run.attn) : clattn_encoder_plan_core(run.enc));
     snprintf(r->core_params, sizeof r->core_params, "%s", run.attn ? clattn_plan_core_params(run.attn) : "");
     r->tuned = run.attn ? clattn_plan_tuned(run.attn) : -1;
@@ -649,6 +658,7 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     json_num(f, "core_flops", r->flops.core, 1);
     if (r->algorithm == CLATTN_ALGORITHM_AUTO) fprintf(f, ",\"algorithm\":null");
     else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
+    fprintf(f, ",\"precision\":\"%s\"", r->precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
     fprintf(f, ",\"core\":");
     bench_json_string(f, r->core);
     fprintf(f, ",\"core_params\":");

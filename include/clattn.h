@@ -168,6 +168,14 @@ typedef enum clattn_mask_kind {
     CLATTN_MASK_FLOAT = 2     /* float (Tq, Tk): added to the scaled scores */
 } clattn_mask_kind;
 
+/* The precision of the attention core's two products (Q K^T and P V), like PyTorch's
+ * torch.backends.cuda.matmul.allow_tf32. */
+typedef enum clattn_precision {
+    CLATTN_PRECISION_FP32 = 0, /* fp32 accuracy (default): every core, the ref device */
+    CLATTN_PRECISION_TF32 = 1  /* TF32 products (10-bit mantissa operands, fp32 sums): only cores with TF32 products
+                                  (flash_mma) take it; every other core, and the ref device, refuse it */
+} clattn_precision;
+
 /* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V). Each algorithm has
  * one or more cores (kernel families; see "cores" below and `clattn cores`):
  *   FUSED    streams K and V per block of queries with an online softmax: no Tq x Tk matrix in memory,
@@ -214,6 +222,9 @@ typedef struct clattn_attention_desc {
     int kv_half;         /* 1: keys and values are rounded to IEEE half (round to nearest even, as
                             vstore_half_rte) after the projection and its bias, then used in fp32: the values
                             a half-precision KV cache holds */
+    clattn_precision precision; /* the core's products: FP32 (default) or TF32, opt in; the projections stay fp32.
+                            TF32 agrees with fp32 to about 2^-10 of the scores and of the weighted values
+                            (README, "Precision") */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -352,6 +363,8 @@ typedef struct clattn_core_info {
     unsigned default_for;         /* bit c set: AUTO gives plans of head-size class c this core here */
     char params[128];             /* its tuning parameters, space-separated ("" = none) */
     char test_configs[128];       /* parameter sets the test suite runs it with, space-separated */
+    int emulated;                 /* not supported here, but CLATTN_CORE=<name> runs an emulation of it (flash_mma
+                                     without tensor cores: for tests; AUTO never picks it) */
 } clattn_core_info;
 
 /* How many cores this library has registered (of both kinds). */

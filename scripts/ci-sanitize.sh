@@ -62,10 +62,12 @@ echo "sanitize: UBSAN_OPTIONS=$UBSAN_OPTIONS"
 rc=0
 # Only the host code is instrumented. The per-core entries of test_fused (`fused/*`: the same host path
 # as test_fused, the kernels' shapes for each core) bring it nothing new and are its slowest entries,
-# so they are left to the plain ctest pass. Every other per-core entry runs here, the split workspace
-# of flash_gemm's SPLIT=4 entries included.
+# so they are left to the plain ctest pass. So are flash_mma's entries: its host code is the flash family's
+# (flash.c, which flash_gemm's entries run here, split workspace included) and its descriptor, which
+# test_mma runs here; on PoCL its kernel is the slow-to-compile emulation, the same with or without the
+# sanitizers. Every other per-core entry runs here.
 # shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -E '^test_fused_core_' ${CTEST_ARGS:-} || rc=$?
+ctest --test-dir "$build" --output-on-failure -E '^test_fused_core_|_core_flash_mma' ${CTEST_ARGS:-} || rc=$?
 
 reports=0
 shopt -s nullglob

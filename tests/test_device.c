@@ -297,6 +297,11 @@ Test(device, capabilities)
         cr_assert(c->subgroup_sizes[i] <= 1024, "sub-group size %u", c->subgroup_sizes[i]);
     const int nvidia = c->dclass == CLATTN_CLASS_NVIDIA;
     if (!nvidia) cr_assert_eq(c->nv_inline_ptx, 0, "inline PTX outside NVIDIA's compiler");
+    if (!nvidia) cr_assert(c->nv_cc == 0 && c->nv_mma_tf32 == 0, "compute capability %u, mma %d outside NVIDIA",
+                           c->nv_cc, c->nv_mma_tf32);
+    if (c->nv_mma_tf32) cr_assert(c->nv_inline_ptx && c->nv_cc >= 80, "mma without inline PTX or cc 8.0");
+    /* the tensor-core probe builds exactly where it did at open (asked only on NVIDIA at cc >= 8.0) */
+    if (!nvidia || c->nv_cc >= 80) cr_assert_eq(clattn_test_probe_mma(dev), c->nv_mma_tf32, "the mma probe now");
     clattn_set_build_log("an earlier log");
     clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "an earlier error");
     const int probe = clattn_test_probe_ptx(dev);

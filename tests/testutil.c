@@ -80,7 +80,7 @@ clattn_device *tu_open_opencl(void)
     for (size_t i = 0; forced && i < clattn_core_count(); i++) {
         clattn_core_info c;
         if (clattn_core_describe(dev, i, &c) == CLATTN_STATUS_SUCCESS && strcmp(c.name, forced->name) == 0 &&
-            !c.supported) {
+            !c.supported && !c.emulated) {
             clattn_device_free(dev);
             cr_skip_test("core %s is not supported by the test device: %s", c.name, c.reason);
         }

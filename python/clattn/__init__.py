@@ -99,7 +99,8 @@ def devices() -> List[Dict[str, Any]]:
 
 def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
     """Every attention core clattn has, as `clattn cores --json` lists them on `device` (a spec as for
-    devices(); None: the default device): dicts with name, kind ("prefill" or "decode"), supported, reason
+    devices(); None: the default device): dicts with name, kind ("prefill" or "decode"), supported, emulated (forcing it runs an
+    emulation here, for tests), reason
     (why not, "" when supported), default_for (the head-size classes, "<=32" ... ">256", whose plans AUTO gives
     it there), algorithm, weights, params and test_configs. CLATTN_CORE=NAME[:P=V,...] in the environment
     forces a core on the plans that can use it."""
@@ -109,7 +110,7 @@ def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
         c = _lib.CoreInfo()
         _check(_lib.core_describe(dev.handle, i, ctypes.byref(c)), "describing the cores")
         out.append(dict(name=c.name.decode(), kind=_lib.CORE_KINDS[c.kind], supported=bool(c.supported),
-                        reason=c.reason.decode(),
+                        emulated=bool(c.emulated), reason=c.reason.decode(),
                         default_for=[_lib.head_class_label(k).decode() for k in range(_lib.HEAD_CLASS_COUNT)
                                      if c.default_for & (1 << k)],
                         algorithm={1: "fused", 2: "unfused"}.get(c.algorithm, "auto"), weights=bool(c.produces_weights),
@@ -392,7 +393,9 @@ class Attention(_Shaped, _PlanCached):
     w_value have kv_heads * head size rows). window (with causal): query i sees key j when i - 16 < j <= i for
     window=16. dropout p (with seed) drops attention weights in every call (training-mode dropout; 0 = eval).
     kv_half rounds keys and values to float16 after their projection. algorithm "auto", "fused" or "unfused".
-    batch_first=False takes and returns (T, B, E), as nn.MultiheadAttention(batch_first=False).
+    precision "fp32" (default) or "tf32": the attention core's products on TF32 operands (like
+    torch.backends.cuda.matmul.allow_tf32), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma);
+    every other core and the ref device refuse it with the reason. batch_first=False takes and returns (T, B, E), as nn.MultiheadAttention(batch_first=False).
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -405,7 +408,7 @@ class Attention(_Shaped, _PlanCached):
                  head_dim_qk: Optional[int] = None, head_dim_v: Optional[int] = None, kv_heads: Optional[int] = None,
                  causal: bool = False, window: int = 0, scale: float = 0.0, dropout: float = 0.0, seed: int = 0,
                  kv_half: bool = False, layout: str = "linear", algorithm: str = "auto", batch_first: bool = True,
-                 device: Optional[str] = None, plan_cache_size: int = 16):
+                 device: Optional[str] = None, plan_cache_size: int = 16, precision: str = "fp32"):
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
                             b_key, b_value, w_out, b_out)
         self.causal = _a.flag("causal", causal)
@@ -417,6 +420,7 @@ class Attention(_Shaped, _PlanCached):
         self.seed = _a.integer("seed", seed, 0, _a.U64_MAX)
         self.kv_half = _a.flag("kv_half", kv_half)
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
+        self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
@@ -436,7 +440,8 @@ class Attention(_Shaped, _PlanCached):
     def __repr__(self) -> str:
         opts = [self._wt.describe()]
         for name, default in (("causal", False), ("window", 0), ("scale", 0.0), ("dropout", 0.0), ("kv_half", False),
-                              ("layout", "linear"), ("algorithm", "auto"), ("batch_first", True)):
+                              ("layout", "linear"), ("algorithm", "auto"), ("precision", "fp32"),
+                              ("batch_first", True)):
             v = getattr(self, name)
             if v != default:
                 opts.append(f"{name}={v!r}")
@@ -453,7 +458,7 @@ class Attention(_Shaped, _PlanCached):
                                    scale=self.scale, dropout=self.dropout, seed=self.seed,
                                    layout=_layout_code(wt.layout), algorithm=_lib.ALGORITHMS[self.algorithm],
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
-                                   kv_half=int(self.kv_half))
+                                   kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision])
             return _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
 
         return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal), make)
@@ -723,6 +728,7 @@ class EncoderLayer(_Shaped, _PlanCached):
         if self.eps <= 0:
             _invalid(f"eps: {eps!r}, expected a positive number")
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
+        self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)

@@ -27,6 +27,7 @@ BACKEND_REF, BACKEND_OPENCL = 0, 1
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
 LAYOUT_LINEAR, LAYOUT_RAW = 0, 1
 ALGORITHMS = {"auto": 0, "fused": 1, "unfused": 2}
+PRECISIONS = {"fp32": 0, "tf32": 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1}
 
 
@@ -40,7 +41,7 @@ class DeviceInfo(Structure):
 class CoreInfo(Structure):
     _fields_ = [("name", c_char * 32), ("kind", c_int), ("algorithm", c_int), ("produces_weights", c_int),
                 ("supported", c_int), ("reason", c_char * 256), ("default_for", c_uint), ("params", c_char * 128),
-                ("test_configs", c_char * 128)]
+                ("test_configs", c_char * 128), ("emulated", c_int)]
 
 
 CORE_KINDS = {0: "prefill", 1: "decode"}
@@ -53,7 +54,8 @@ class AttentionDesc(Structure):
                 ("head_dim_v", c_size_t), ("out_dim", c_size_t), ("cross", c_int), ("causal", c_int),
                 ("attn_mask", c_int), ("key_padding_mask", c_int), ("scale", c_float), ("dropout", c_float),
                 ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
-                ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int)]
+                ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
+                ("precision", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")

@@ -97,6 +97,9 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
                            "produce the attention weights (use AUTO or UNFUSED)");
     if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
+    if (d->precision != CLATTN_PRECISION_FP32 && d->precision != CLATTN_PRECISION_TF32)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "precision %d is not CLATTN_PRECISION_FP32 or _TF32",
+                           (int)d->precision);
     if (d->batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
     if (d->seq_q == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "seq_q must be >= 1");
     if (d->embed == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "embed must be >= 1");
@@ -215,6 +218,9 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
     int has_qkv = 0, has_out = 0;
     clattn_status st = validate(desc, weights, &d, &has_qkv, &has_out);
     if (st != CLATTN_STATUS_SUCCESS) return st;
+    if (d.precision == CLATTN_PRECISION_TF32 && device->backend != CLATTN_BACKEND_OPENCL)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "precision TF32: the ref device computes in fp32 and float64 "
+                           "only (TF32 products are a core's: flash_mma)");
 
     clattn_plan *p = clattn_calloc(1, sizeof *p);
     if (!p) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the plan");

@@ -141,7 +141,14 @@ static clattn_status try_core(const clattn_device *dev, const env_request *r, co
     const clattn_core_layout lay = layout_for(c, lay0);
     char why[300] = "";
     *refused = 1;
-    const clattn_status sup = c->supports(c, &dev->caps, d, why, sizeof why);
+    clattn_status sup = c->supports(c, &dev->caps, d, why, sizeof why);
+    if (sup == CLATTN_STATUS_SUCCESS && d->precision == CLATTN_PRECISION_TF32 && !c->tf32) {
+        sup = CLATTN_STATUS_UNSUPPORTED;
+        snprintf(why, sizeof why, "%s computes in fp32 only (precision TF32 needs TF32 products: flash_mma, which "
+                 "AUTO does not choose yet; CLATTN_CORE=flash_mma forces it)", c->name);
+    }
+    if (sup == CLATTN_STATUS_SUCCESS && !forced && c->native && !c->native(c, &dev->caps, why, sizeof why))
+        sup = CLATTN_STATUS_UNSUPPORTED; /* an emulation: for CLATTN_CORE only */
     if (sup != CLATTN_STATUS_SUCCESS)
         return forced ? clattn_fail(sup, "%s forces core %s: %s", r->var, c->name, why) : clattn_fail(sup, "%s", why);
     clattn_core_params p;
@@ -239,11 +246,13 @@ static const clattn_core *auto_choice(const clattn_device *dev, clattn_core_kind
     const clattn_tune_table *tn = clattn_tune_active(dev);
     char why[300];
     const clattn_core *c = tn ? tn->auto_core[kind][cls] : NULL;
-    if (c && c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS) return c;
+    if (c && c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS &&
+        (!c->native || c->native(c, &dev->caps, why, sizeof why)))
+        return c;
     clattn_core_params p;
     for (size_t i = 0; (c = clattn_core_preferred(kind, dev->caps.dclass, cls, i)); i++)
         if (c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS &&
-            c->defaults(c, &dev->caps, &d, &p))
+            (!c->native || c->native(c, &dev->caps, why, sizeof why)) && c->defaults(c, &dev->caps, &d, &p))
             return c;
     return NULL;
 }
@@ -275,7 +284,10 @@ clattn_status clattn_core_describe(const clattn_device *device, size_t index, cl
                  "(cores run on OpenCL devices)");
         return CLATTN_STATUS_SUCCESS;
     }
-    info->supported = c->supports(c, &device->caps, NULL, info->reason, sizeof info->reason) == CLATTN_STATUS_SUCCESS;
+    const int sup = c->supports(c, &device->caps, NULL, info->reason, sizeof info->reason) == CLATTN_STATUS_SUCCESS;
+    const int nat = !sup || !c->native || c->native(c, &device->caps, info->reason, sizeof info->reason);
+    info->supported = sup && nat;
+    info->emulated = sup && !nat;
     if (info->supported) info->reason[0] = '\0';
     for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++)
         if (auto_choice(device, c->kind, cls) == c) info->default_for |= 1u << cls;

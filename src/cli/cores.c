@@ -1,6 +1,6 @@
 /* cores.c: `clattn cores [--device SPEC] [--json]`: every registered attention core, as the device sees it
  * (clattn_core_describe): name, kind, supported (or why not), the head-size classes AUTO gives it.
- * --json: one object per line with the keys name, kind, supported, reason, default_for (an array of
+ * --json: one object per line with the keys name, kind, supported, emulated, reason, default_for (an array of
  * head-size classes), algorithm, weights, params and test_configs (arrays of strings). */
 #include "cli.h"
 
@@ -91,7 +91,8 @@ int clattn_cli_cores(int argc, char **argv)
         if (json) {
             printf("{\"name\":");
             json_string(c.name);
-            printf(",\"kind\":\"%s\",\"supported\":%s,\"reason\":", kind, c.supported ? "true" : "false");
+            printf(",\"kind\":\"%s\",\"supported\":%s,\"emulated\":%s,\"reason\":", kind,
+                   c.supported ? "true" : "false", c.emulated ? "true" : "false");
             json_string(c.reason);
             printf(",\"default_for\":");
             json_words(classes);
@@ -102,7 +103,7 @@ int clattn_cli_cores(int argc, char **argv)
             json_words(c.test_configs);
             printf("}\n");
         } else {
-            printf("%-14s %-8s %-9s %-26s %s\n", c.name, kind, c.supported ? "yes" : "no",
+            printf("%-14s %-8s %-9s %-26s %s\n", c.name, kind, c.supported ? "yes" : c.emulated ? "emulated" : "no",
                    classes[0] ? classes : "-", c.params[0] ? c.params : "-");
             if (!c.supported) printf("  %s\n", c.reason);
         }

@@ -37,7 +37,7 @@ static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
                "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
-               "                  [--algorithm auto|fused|unfused] [--device SPEC] [-v]\n"
+               "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
                "               at all: each to a temporary file, renamed into place when every output is written)\n"
                "  --heads H: query heads (default 1); --causal: query i sees keys j <= i\n"
@@ -50,6 +50,8 @@ static void usage_line(FILE *f)
                "               w_key.npy and w_value.npy then have N*dk and N*dv rows\n"
                "  --window W: sliding window (with --causal, self-attention): query i sees key j when i - j < W\n"
                "  --kv-half: keys and values stored as IEEE half (rounded to nearest even), computed in fp32\n"
+               "  --precision: fp32 (default) or tf32: the attention core's products on TF32 operands (10-bit\n"
+               "               mantissa), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma)\n"
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
                "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
@@ -68,6 +70,8 @@ typedef struct run_opts {
     float dropout;
     uint64_t seed;
     clattn_algorithm algorithm;
+    clattn_precision precision;
+    int seen_prec;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
@@ -122,6 +126,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--dropout") == 0) seen = &o->seen_dropout;
         else if (strcmp(a, "--seed") == 0) seen = &o->seen_seed;
         else if (strcmp(a, "--algorithm") == 0) seen = &o->seen_alg;
+        else if (strcmp(a, "--precision") == 0) seen = &o->seen_prec;
         else if (strcmp(a, "--kv-heads") == 0) seen = &o->seen_kv_heads;
         else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
         else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
@@ -191,6 +196,13 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         } else if (seen == &o->seen_alg) {
             if (clattn_cli_parse_algorithm(v, &o->algorithm)) {
                 say("--algorithm '%s': must be auto, fused or unfused", v);
+                return EXIT_USAGE;
+            }
+        } else if (seen == &o->seen_prec) {
+            if (strcmp(v, "fp32") == 0) o->precision = CLATTN_PRECISION_FP32;
+            else if (strcmp(v, "tf32") == 0) o->precision = CLATTN_PRECISION_TF32;
+            else {
+                say("--precision '%s': must be fp32 or tf32", v);
                 return EXIT_USAGE;
             }
         } else if (seen == &o->seen_seed) {
@@ -650,6 +662,7 @@ int clattn_cli_run(int argc, char **argv)
     desc.seed = o.seed;
     desc.layout = CLATTN_LAYOUT_LINEAR;
     desc.algorithm = o.algorithm;
+    desc.precision = o.precision;
     desc.need_weights = o.need_weights;
     desc.kv_heads = o.kv_heads;
     desc.window = o.window;
@@ -764,10 +777,11 @@ int clattn_cli_run(int argc, char **argv)
             const clattn_algorithm alg = clattn_plan_algorithm(plan);
             fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
             fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu "
-                    "causal=%s window=%zu kv=%s scale=%g\n",
+                    "causal=%s window=%zu kv=%s scale=%g precision=%s\n",
                     r.batch, r.seq_q, r.cross ? r.seq_kv : r.seq_q, r.embed, r.cross ? " (cross)" : "", r.heads,
                     r.kv_heads, r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", r.window,
-                    r.kv_half ? "half" : "float", (double)r.scale);
+                    r.kv_half ? "half" : "float", (double)r.scale,
+                    r.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
             fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",
                     alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(plan),
                     clattn_plan_core_params(plan)[0] ? " (" : "", clattn_plan_core_params(plan),

@@ -84,6 +84,7 @@ struct clattn_core {
     int produces_weights;        /* can return the attention weights */
     int saves_row_stats;         /* keeps each row's max and sum (for a backward pass) */
     int adds_biases;             /* adds the Q/K/V biases itself (else the projections do) */
+    int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */
     const clattn_core_param *params; /* its tuning space */
     int nparams;
     const char *const *test_configs; /* NULL-terminated "P=V,..." sets the test suite runs, each as a ctest
@@ -95,6 +96,10 @@ struct clattn_core {
      * limit) with a sentence in why. */
     clattn_status (*supports)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                               char *why, size_t len);
+    /* Does it run natively on this device? NULL: wherever it supports a plan. 0 with a sentence in why: here
+     * it would run as an emulation (flash_mma without tensor cores), for tests: AUTO passes over it and the
+     * public list reports it unsupported, while CLATTN_CORE still forces it. */
+    int (*native)(const clattn_core *core, const clattn_caps *caps, char *why, size_t len);
     /* Its default parameters for d on this device class (0: none fit). */
     int (*defaults)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p);
@@ -165,6 +170,9 @@ typedef struct clattn_flash_spec {
     int split;                   /* PER_GROUP: the parameter (SPLIT) that splits each block's keys into parts,
                                     merged by flash_combine (flash_common.cl); halved while the parts' workspace
                                     exceeds one allocation (-1: none; every spec says) */
+    /* -D options of its own that depend on the device, not on its tuning parameters (NULL: none);
+     * appends to opts, returns the length written */
+    int (*defines)(const clattn_caps *caps, char *opts, size_t len);
 } clattn_flash_spec;
 clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state);

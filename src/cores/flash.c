@@ -102,6 +102,7 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         int n = clattn_core_attention_defines(d, opts, sizeof opts);
         for (int i = 0; i < core->nparams && n > 0 && (size_t)n < sizeof opts; i++)
             n += snprintf(opts + n, sizeof opts - (size_t)n, " -D%s=%zu", core->params[i].name, s->p.v[i]);
+        if (spec->defines && n > 0 && (size_t)n < sizeof opts) n += spec->defines(&dev->caps, opts + n, sizeof opts - (size_t)n);
         const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "cores/flash_common",
                              spec->source};
         clattn_status st = clattn_program_build(dev, src, 6, opts, &s->prog);

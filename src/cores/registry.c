@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm;
+extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm,
+    clattn_core_flash_mma;
 extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
 
 static const clattn_core *const prefill[] = {
@@ -15,6 +16,7 @@ static const clattn_core *const prefill[] = {
     &clattn_core_flash_rows,
     &clattn_core_flash_tiled,
     &clattn_core_flash_gemm,
+    &clattn_core_flash_mma,
 };
 
 static const clattn_core *const decode[] = {
@@ -35,6 +37,8 @@ static const clattn_core *const decode[] = {
  *     flash_tiled: on an H100 (NVIDIA OpenCL 580, clattn 0.3.0, issue 22's table) unfused took 0.40-0.48 of
  *     flash_tiled's time at head size 128, and 0.85-1.09 of it at 64. flash_rows keeps whole rows per
  *     work-item, which suits a CPU.
+ *   flash_mma (tensor cores, 3xTF32) is in no order yet: it has not run on an NVIDIA GPU (issue 24), so only
+ *     CLATTN_CORE=flash_mma runs it (natively where caps.nv_mma_tf32, else its emulation).
  * Decode: decode_attend (one work-item streams its keys, its accumulators in registers: a CPU's way) on CPUs;
  *   decode_group (work-groups streaming whole keys with coalesced loads) on GPUs, where decode_attend read the
  *   cache at about 1 % of the copy bandwidth on an H100 (issue 23's table). decode_group on a GPU: by

@@ -10,6 +10,8 @@
 /* vendor extensions' queries (cl_ext.h of newer headers; the values are the registry's) */
 #define CLATTN_DEVICE_SUB_GROUP_SIZES_INTEL 0x4108 /* cl_intel_required_subgroup_size: size_t[] */
 #define CLATTN_DEVICE_WARP_SIZE_NV 0x4003          /* cl_nv_device_attribute_query: cl_uint */
+#define CLATTN_CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000 /* the same: cl_uint */
+#define CLATTN_CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
 #define CLATTN_DEVICE_WAVEFRONT_WIDTH_AMD 0x4043   /* cl_amd_device_attribute_query: cl_uint */
 
 void clattn_device_string(cl_device_id dev, cl_device_info what, char *buf, size_t len)
@@ -122,11 +124,13 @@ void clattn_caps_read(clattn_device *dev)
     c->native_vec_float = info_uint(d, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT);
     clattn_device_string(d, CL_DEVICE_OPENCL_C_VERSION, c->cl_c_version, sizeof c->cl_c_version);
 
+    int nv_query = 0;
     char *ext = extensions(d);
     if (ext) {
         c->fp16 = in_list(ext, "cl_khr_fp16");
         c->fp64 = in_list(ext, "cl_khr_fp64");
         c->subgroups = in_list(ext, "cl_khr_subgroups") || in_list(ext, "cl_intel_subgroups");
+        nv_query = in_list(ext, "cl_nv_device_attribute_query");
         subgroup_sizes(d, ext, c);
         free(ext);
     }
@@ -151,14 +155,28 @@ void clattn_caps_read(clattn_device *dev)
 
     /* inline PTX: only NVIDIA's compiler can take it, so only NVIDIA devices are asked */
     if (c->dclass == CLATTN_CLASS_NVIDIA) c->nv_inline_ptx = clattn_test_probe_ptx(dev);
+    /* compute capability (cl_nv_device_attribute_query) and the tensor-core instructions flash_mma issues */
+    if (c->dclass == CLATTN_CLASS_NVIDIA && nv_query) {
+        const cl_uint major = info_uint(d, CLATTN_CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV);
+        const cl_uint minor = info_uint(d, CLATTN_CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV);
+        c->nv_cc = major * 10 + (minor < 10 ? minor : 9);
+    }
+    if (c->nv_inline_ptx && c->nv_cc >= 80) c->nv_mma_tf32 = clattn_test_probe_mma(dev);
 }
 
-/* A tiny kernel with inline PTX, built quietly (kept by the compiled-program cache like any other). */
-int clattn_test_probe_ptx(const clattn_device *dev)
+/* Does a probe kernel (cl/runtime/<name>.cl) build here? Built quietly (kept by the compiled-program cache
+ * like any other), never launched. */
+static int probe_builds(const clattn_device *dev, const char *name)
 {
-    const char *src[] = {"runtime/probe_ptx"};
+    const char *src[] = {name};
     cl_program prog = clattn_program_try_build(dev, src, 1, "-cl-std=CL1.2");
     const int ok = prog != NULL;
     clattn_program_release(&prog);
     return ok;
 }
+
+/* A tiny kernel with inline PTX. */
+int clattn_test_probe_ptx(const clattn_device *dev) { return probe_builds(dev, "runtime/probe_ptx"); }
+
+/* mma.sync m16n8k8 TF32, cvt.rna.tf32.f32 and shfl.sync: flash_mma's instructions. */
+int clattn_test_probe_mma(const clattn_device *dev) { return probe_builds(dev, "runtime/probe_mma"); }

@@ -91,6 +91,10 @@ typedef struct clattn_caps {
     unsigned vec_float, vec_half;       /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT / _HALF */
     unsigned native_vec_float;          /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT */
     int nv_inline_ptx;          /* the compiler takes NVIDIA inline PTX (asm): a tiny kernel built at open */
+    unsigned nv_cc;             /* NVIDIA compute capability as major*10 + minor (cl_nv_device_attribute_query);
+                                   0: not NVIDIA, or not reported */
+    int nv_mma_tf32;            /* mma.sync m16n8k8 TF32, cvt.rna.tf32 and shfl.sync build here (compute
+                                   capability 8.0 or newer and inline PTX; a probe kernel built at open) */
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
 } clattn_caps;
@@ -120,6 +124,8 @@ int clattn_contains_ci(const char *hay, const char *needle);
 void clattn_caps_read(clattn_device *dev);
 /* Test-only: build the inline-PTX probe on any device (caps.c asks NVIDIA devices only): 1 if it built. */
 int clattn_test_probe_ptx(const clattn_device *dev);
+/* Test-only: build the tensor-core probe (cl/runtime/probe_mma.cl) on any device: 1 if it built. */
+int clattn_test_probe_mma(const clattn_device *dev);
 
 /* ---- CLBlast (blas.c): every call is serialised by one process-wide lock, because
  * CLBlast's first-use initialisation is not thread-safe. Row-major, A not transposed:

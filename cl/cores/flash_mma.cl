@@ -1,0 +1,443 @@
+/* flash_mma.cl: the tensor-core flash core (src/cores/flash_mma.c). Both products of a tile, S = Q K^T and
+ * O += P V, are warp-level mma.sync.m16n8k8 operations on TF32 operands with fp32 accumulators (PTX ISA,
+ * "Matrix Fragments for mma.m16n8k8" with .tf32), issued through inline PTX on NVIDIA GPUs of compute
+ * capability 8.0 and newer. flash_common.cl goes first.
+ *
+ * A work-group is NW warps of 32 work-items; warp w owns the 16 query rows i0 + 16w .. +15 of one (batch,
+ * head). Lane l of a warp is in quad g = l / 4 at position t = l % 4, and holds, for every 16 x 8 tile of
+ * scores or output, the elements (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): the C/D fragment.
+ *   S = Q K^T:  A = 16 rows of Q by 8 head columns (a0 = (g, t), a1 = (g + 8, t), a2 = (g, t + 4),
+ *               a3 = (g + 8, t + 4)); B = K^T, 8 head columns by 8 keys, read from the K tile in local
+ *               memory (b0 = (t, g), b1 = (t + 4, g)); one mma per (8 head columns, 8 keys).
+ *   O += P V:   A = P, 16 rows by 8 keys, straight from the lane's score fragment: the sum over keys does not
+ *               care in which order the 8 keys come, so A's column t is key 2t and column t + 4 is key 2t + 1,
+ *               the keys the lane already holds (a0 = c0, a1 = c2, a2 = c1, a3 = c3; no shuffle); B = the V
+ *               tile's rows 2t and 2t + 1 (b0, b1) at value column g, in the same key order.
+ * The online softmax runs on the fragments: a row's max and sum across the four lanes of its quad through
+ * shfl.sync.bfly (xor 1, 2); each lane keeps the max of its two rows and its part of their sums.
+ *
+ * Precision. fp32 by default, as 3xTF32: each operand x splits into a TF32 high part hi = rna(x) and a TF32
+ * low part lo = rna(x - hi), and each product is accumulated as lo*hi + hi*lo + hi*hi (three mma, the small
+ * terms first); the dropped lo*lo term is below 2^-22 of the product. With -DTF32=1 (the plan's precision
+ * TF32) one mma per product on rna(x): TF32's 10-bit mantissa. rna: round to nearest, ties away from zero,
+ * to 10 mantissa bits, as cvt.rna.tf32.f32. An operand whose high part would round past the largest float
+ * is split by truncation instead (so that hi + lo stays finite), and an infinite or NaN operand has lo = 0; the small terms take an infinite high
+ * part as 0, so that an infinity reaches the sum through hi*hi alone and inf and NaN pass as in fp32.
+ *
+ * MMA_NATIVE = 0 (every device without the instruction; forced only, AUTO never picks it there): the same
+ * kernel with mma, shfl and cvt emulated in OpenCL C. The emulation keeps the PTX fragment layout: each lane
+ * writes its A and B fragments to its warp's part of local memory where the layout puts them, a barrier,
+ * each lane computes its four D elements (the products exact, as a TF32 product is in fp32, summed in k
+ * order), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
+ * bit operation as cvt.rna. So tiling, fragment bookkeeping, the softmax on fragments, the 3xTF32 split,
+ * masks and dropout run the suite on any device; only the instructions differ on NVIDIA.
+ *
+ * Tuning: NW (warps per work-group: BQ = 16 NW query rows), BK (keys per tile, a multiple of 8), QREG (1:
+ * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
+ * memory, read per tile), SPLIT (key parts per block, merged by flash_combine). Head sizes are padded to
+ * multiples of 8 with zeros. Local memory: the K and V tiles (rows padded by 4 floats, so that the lanes of a
+ * fragment read 32 different banks), the Q block when QREG = 0, and with MMA_NATIVE = 0 the exchange area. */
+#ifndef NW
+#define NW 4
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef QREG
+#define QREG 1
+#endif
+#ifndef MMA_NATIVE
+#define MMA_NATIVE 0
+#endif
+#ifndef TF32
+#define TF32 0
+#endif
+
+#define WGS (32 * NW)            /* work-items per work-group */
+#define BQ (16 * NW)             /* query rows per work-group */
+#define DKP ((DK + 7) / 8 * 8)   /* head sizes padded to 8 */
+#define DVP ((DV + 7) / 8 * 8)
+#define NKC (DKP / 8)            /* head chunks of Q K^T */
+#define NSB (BK / 8)             /* key blocks of a tile */
+#define NVB (DVP / 8)            /* value blocks of the output */
+#define KLD (DKP + 4)            /* local row strides, in floats: 4 mod 32 */
+#define VLD (DVP + 4)
+#define QLD (DKP + 4)
+#define XCH 384                  /* floats of a warp's exchange area (emulation): A and B, high and low */
+#define LOG2E 1.4426950408889634f
+/* loops around mma: unrolled natively; kept as loops in the emulation, whose barriers PoCL would otherwise
+ * compile region by region (minutes per variant) */
+#if MMA_NATIVE
+#define MMA_LOOP _Pragma("unroll")
+#else
+#define MMA_LOOP _Pragma("unroll 1")
+#endif
+
+/* ---- the three operations the kernel needs from a warp: TF32 rounding, mma, a quad's reduction */
+#if MMA_NATIVE
+inline float tf32_rna(float x)
+{
+    uint u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return as_float(u);
+}
+#define MMA1(d, a, b) \
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+                 "{%0,%1,%2,%3};" \
+                 : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]) \
+                 : "r"(as_uint((a)[0])), "r"(as_uint((a)[1])), "r"(as_uint((a)[2])), "r"(as_uint((a)[3])), \
+                   "r"(as_uint((b)[0])), "r"(as_uint((b)[1])))
+inline float shfl_xor(float x, uint m)
+{
+    float y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(y) : "f"(x), "r"(m));
+    return y;
+}
+#else
+/* cvt.rna.tf32.f32 bit for bit: add half of the 13 dropped bits' weight to the magnitude and drop them (a
+ * carry into the exponent is the rounding up; the largest floats round to infinity); inf and NaN unchanged */
+inline float tf32_rna(float x)
+{
+    uint u = as_uint(x);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    return as_float(u);
+}
+#endif
+
+/* x = hi + lo, both TF32 (lo = 0 in TF32 mode, unused) */
+inline void tf32_split(float x, float *hi, float *lo)
+{
+    float h = tf32_rna(x);
+    const int over = isinf(h) && !isinf(x); /* |x| rounds past the largest float: truncate (both parts) */
+    h = over ? as_float(as_uint(x) & 0xffffe000u) : h;
+    *hi = h;
+#if TF32
+    *lo = 0.0f;
+#else
+    const float r = x - h; /* exact */
+    *lo = !isfinite(x) ? 0.0f : over ? as_float(as_uint(r) & 0xffffe000u) : tf32_rna(r);
+#endif
+}
+
+#define FIN(x) (isinf(x) ? 0.0f : (x))
+
+/* d += A B for one m16n8k8 tile, from the lane's fragments: ah/al (4 values), bh/bl (2): 3xTF32, or one
+ * product in TF32 mode. xs: the warp's exchange area (emulation only). */
+inline void mma_tile(float *d, const float *ah, const float *al, const float *bh, const float *bl,
+                     __local float *xs, uint lane)
+{
+#if MMA_NATIVE
+    (void)xs, (void)lane;
+#if !TF32
+    /* the small terms with an infinite high part as 0: an infinity passes through hi*hi alone, as fp32's
+     * x*inf does (else lo*inf, with lo = 0 or of the other sign, would make NaN) */
+    const float af[4] = {FIN(ah[0]), FIN(ah[1]), FIN(ah[2]), FIN(ah[3])}, bf[2] = {FIN(bh[0]), FIN(bh[1])};
+    MMA1(d, al, bf);
+    MMA1(d, af, bl);
+#endif
+    MMA1(d, ah, bh);
+#else
+    const uint g = lane >> 2, t = lane & 3;
+    /* A (16 x 8, row-major) at xs[0..128), B (8 x 8, [k][n]) at xs[128..192); the low parts 192 later */
+    xs[g * 8 + t] = ah[0];
+    xs[(g + 8) * 8 + t] = ah[1];
+    xs[g * 8 + t + 4] = ah[2];
+    xs[(g + 8) * 8 + t + 4] = ah[3];
+    xs[128 + t * 8 + g] = bh[0];
+    xs[128 + (t + 4) * 8 + g] = bh[1];
+#if !TF32
+    xs[192 + g * 8 + t] = al[0];
+    xs[192 + (g + 8) * 8 + t] = al[1];
+    xs[192 + g * 8 + t + 4] = al[2];
+    xs[192 + (g + 8) * 8 + t + 4] = al[3];
+    xs[320 + t * 8 + g] = bl[0];
+    xs[320 + (t + 4) * 8 + g] = bl[1];
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (uint e = 0; e < 4; e++) {
+        const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
+        float acc = d[e];
+#if !TF32
+        for (uint k = 0; k < 8; k++) acc = fma(xs[192 + r * 8 + k], FIN(xs[128 + k * 8 + c]), acc);
+        for (uint k = 0; k < 8; k++) acc = fma(FIN(xs[r * 8 + k]), xs[320 + k * 8 + c], acc);
+#endif
+        for (uint k = 0; k < 8; k++) acc = fma(xs[r * 8 + k], xs[128 + k * 8 + c], acc);
+        d[e] = acc;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+}
+
+/* The max (op 0) or sum (op 1) of a and of b across the lane's quad (the four lanes of a row). */
+inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane)
+{
+#if MMA_NATIVE
+    (void)xs;
+    (void)lane;
+    for (uint m = 1; m <= 2; m <<= 1) {
+        const float oa = shfl_xor(a, m), ob = shfl_xor(b, m);
+        a = op ? a + oa : fmax(a, oa);
+        b = op ? b + ob : fmax(b, ob);
+    }
+    return (float2)(a, b);
+#else
+    xs[2 * lane] = a;
+    xs[2 * lane + 1] = b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* the butterfly's order: (l ^ 0 with l ^ 1), then with the other pair */
+    const uint q = lane & ~3u;
+    const uint l = lane & 3;
+    float ra, rb;
+    if (op) {
+        ra = (xs[2 * (q + (l & 2))] + xs[2 * (q + (l & 2) + 1)]) + (xs[2 * (q + (l & 2 ^ 2))] + xs[2 * (q + (l & 2 ^ 2) + 1)]);
+        rb = (xs[2 * (q + (l & 2)) + 1] + xs[2 * (q + (l & 2) + 1) + 1]) +
+             (xs[2 * (q + (l & 2 ^ 2)) + 1] + xs[2 * (q + (l & 2 ^ 2) + 1) + 1]);
+    } else {
+        ra = fmax(fmax(xs[2 * q], xs[2 * q + 2]), fmax(xs[2 * q + 4], xs[2 * q + 6]));
+        rb = fmax(fmax(xs[2 * q + 1], xs[2 * q + 3]), fmax(xs[2 * q + 5], xs[2 * q + 7]));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return (float2)(ra, rb);
+#endif
+}
+
+/* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block')*SPLIT +
+ * part + group0, block' counting from the last block under CAUSAL. Every loop bound and branch around a
+ * barrier or an mma depends only on the work-group. */
+__kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
+void flash_mma(__global const float *q, ulong q_off, uint q_ld,
+               __global const float *k, ulong k_off, uint k_ld,
+               __global const float *v, ulong v_off, uint v_ld,
+               __global float *out, ulong out_off, uint out_ld,
+               __global const uchar *kpm, ulong kpm_off,
+               __global const mask_t *mask, ulong mask_off,
+               uint Tq, uint Tk, uint H, float scale, ulong group0,
+               uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+{
+    __local float ks[BK * KLD];
+    __local float vs[BK * VLD];
+#if !QREG
+    __local float qs[BQ * QLD];
+#endif
+#if MMA_NATIVE
+    __local float *xs = NULL;
+#else
+    __local float xch[NW * XCH];
+#endif
+    const uint lid = get_local_id(0);
+    const uint warp = lid / 32, lane = lid % 32, g = lane >> 2, t = lane & 3;
+#if !MMA_NATIVE
+    __local float *xs = xch + warp * XCH;
+#endif
+    ulong gid = group0 + get_group_id(0);
+#if SPLIT > 1
+    const uint part = (uint)(gid % SPLIT);
+    gid /= SPLIT;
+#endif
+    const uint nblk = (Tq + BQ - 1) / BQ;
+    uint blk = (uint)(gid % nblk);
+#if CAUSAL
+    blk = nblk - 1 - blk; /* the longest blocks first */
+#endif
+    const ulong bh = gid / nblk;
+    const uint h = (uint)(bh % H);
+    const ulong b = bh / H;
+    const uint i0 = blk * BQ;
+    if (KPM) kpm += kpm_off;
+    if (MASK_KIND) mask += mask_off;
+    const float scale2 = scale * LOG2E;
+    /* this lane's two rows (rows past Tq compute with the last row and are never written) */
+    const uint r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    const uint i_0 = min(r0, Tq - 1), i_1 = min(r1, Tq - 1);
+    __global const float *q0 = q + q_off + (b * Tq + i_0) * q_ld + (ulong)h * DK;
+    __global const float *q1 = q + q_off + (b * Tq + i_1) * q_ld + (ulong)h * DK;
+
+#if QREG
+    /* the lane's Q fragments, read once: chunk c holds (g, 8c+t), (g+8, 8c+t), (g, 8c+t+4), (g+8, 8c+t+4) */
+    float qa[NKC][4];
+    #pragma unroll
+    for (uint c = 0; c < NKC; c++) {
+        const uint c0 = 8 * c + t, c1 = c0 + 4;
+        qa[c][0] = c0 < DK ? q0[c0] : 0.0f;
+        qa[c][1] = c0 < DK ? q1[c0] : 0.0f;
+        qa[c][2] = c1 < DK ? q0[c1] : 0.0f;
+        qa[c][3] = c1 < DK ? q1[c1] : 0.0f;
+    }
+#else
+    for (uint x = lid; x < BQ * DKP; x += WGS) {
+        const uint rr = x / DKP, c = x % DKP;
+        const uint ii = min(i0 + rr, Tq - 1);
+        qs[rr * QLD + c] = c < DK ? q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c] : 0.0f;
+    }
+    __local const float *qme = qs + (warp * 16 + g) * QLD + t;
+#endif
+    float o[NVB][4];
+    #pragma unroll
+    for (uint n = 0; n < NVB; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.0f, l1 = 0.0f;
+
+    uint jbeg = 0, jend = Tk;
+#if CAUSAL
+    jend = min(Tk, min(i0 + BQ, Tq));
+#endif
+#if WINDOW
+    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
+#endif
+#if SPLIT > 1
+    { /* this part's share of the block's key tiles */
+        const uint tiles = jend > jbeg ? (jend - jbeg + BK - 1) / BK : 0;
+        const uint t0 = part * tiles / SPLIT, t1 = (part + 1) * tiles / SPLIT;
+        jend = min(jend, jbeg + t1 * BK);
+        jbeg += t0 * BK;
+    }
+#endif
+    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    /* the lane's corners of the tiles: B of S at key 8n + g, column 8c + t; B of P V at key 2t, column g */
+    __local const float *kme = ks + g * KLD + t;
+    __local const float *vme = vs + 2 * t * VLD + g;
+
+    for (uint j0 = jbeg; j0 < jend; j0 += BK) {
+        barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
+        for (uint x = lid; x < BK * DKP; x += WGS) {
+            const uint jj = x / DKP, c = x % DKP;
+            ks[jj * KLD + c] = j0 + jj < jend && c < DK ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
+        }
+        for (uint x = lid; x < BK * DVP; x += WGS) {
+            const uint jj = x / DVP, c = x % DVP;
+            vs[jj * VLD + c] = j0 + jj < jend && c < DV ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* S (16 x BK per warp) = Q K^T, head chunk by head chunk */
+        float s[NSB][4];
+        #pragma unroll
+        for (uint n = 0; n < NSB; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        MMA_LOOP
+        for (uint c = 0; c < NKC; c++) {
+            float ah[4], al[4];
+#if QREG
+            #pragma unroll
+            for (uint e = 0; e < 4; e++) tf32_split(qa[c][e], &ah[e], &al[e]);
+#else
+            tf32_split(qme[8 * c], &ah[0], &al[0]);
+            tf32_split(qme[8 * QLD + 8 * c], &ah[1], &al[1]);
+            tf32_split(qme[8 * c + 4], &ah[2], &al[2]);
+            tf32_split(qme[8 * QLD + 8 * c + 4], &ah[3], &al[3]);
+#endif
+            MMA_LOOP
+            for (uint n = 0; n < NSB; n++) {
+                float bh[2], bl[2];
+                tf32_split(kme[8 * n * KLD + 8 * c], &bh[0], &bl[0]);
+                tf32_split(kme[8 * n * KLD + 8 * c + 4], &bh[1], &bl[1]);
+                mma_tile(s[n], ah, al, bh, bl, xs, lane);
+            }
+        }
+
+        /* scale, masks, the rows' maxima: element e of block n is row (e < 2 ? r0 : r1), key 8n + 2t + e%2 */
+#if KPM || MASK_KIND || WINDOW
+        const int edge = 1;
+#elif CAUSAL
+        const int edge = j0 + BK > jend || j0 + BK > i0 + 1;
+#else
+        const int edge = j0 + BK > jend;
+#endif
+        float pm0 = -FLT_MAX, pm1 = -FLT_MAX;
+        #pragma unroll
+        for (uint n = 0; n < NSB; n++) {
+            #pragma unroll
+            for (uint e = 0; e < 4; e++) {
+                const uint j = j0 + 8 * n + 2 * t + (e & 1);
+                if (edge)
+                    s[n][e] = j < jend ? clattn_mask_score(s[n][e] * scale, e < 2 ? i_0 : i_1, j, b, Tk, kpm, mask) * LOG2E
+                                       : -INFINITY;
+                else
+                    s[n][e] *= scale2;
+            }
+            pm0 = fmax(pm0, fmax(s[n][0], s[n][1]));
+            pm1 = fmax(pm1, fmax(s[n][2], s[n][3]));
+        }
+        const float2 mx = quad_reduce(pm0, pm1, 0, xs, lane);
+        /* the rows' new max: rescale the sums and outputs when it grows (fmax skips NaN: a NaN score comes
+         * back through exp2 into the sum) */
+        if (mx.x > m0) {
+            const float corr = exp2(m0 - mx.x);
+            l0 *= corr;
+            #pragma unroll
+            for (uint n = 0; n < NVB; n++) o[n][0] *= corr, o[n][1] *= corr;
+            m0 = mx.x;
+        }
+        if (mx.y > m1) {
+            const float corr = exp2(m1 - mx.y);
+            l1 *= corr;
+            #pragma unroll
+            for (uint n = 0; n < NVB; n++) o[n][2] *= corr, o[n][3] *= corr;
+            m1 = mx.y;
+        }
+        /* the weights p = exp2(s - max), summed before dropout, applied after it */
+        #pragma unroll
+        for (uint n = 0; n < NSB; n++) {
+            #pragma unroll
+            for (uint e = 0; e < 4; e++) {
+                const float p = exp2(s[n][e] - (e < 2 ? m0 : m1));
+                if (e < 2) l0 += p;
+                else l1 += p;
+                s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, e < 2 ? r0 : r1, j0 + 8 * n + 2 * t + (e & 1),
+                                     threshold, keep_scale);
+            }
+        }
+
+        /* O (16 x DV per warp) += P V, key block by key block: A = (c0, c2, c1, c3) of the block */
+        MMA_LOOP
+        for (uint n = 0; n < NSB; n++) {
+            float ah[4], al[4];
+            tf32_split(s[n][0], &ah[0], &al[0]);
+            tf32_split(s[n][2], &ah[1], &al[1]);
+            tf32_split(s[n][1], &ah[2], &al[2]);
+            tf32_split(s[n][3], &ah[3], &al[3]);
+            MMA_LOOP
+            for (uint c = 0; c < NVB; c++) {
+                float bh[2], bl[2];
+                tf32_split(vme[8 * n * VLD + 8 * c], &bh[0], &bl[0]);
+                tf32_split(vme[(8 * n + 1) * VLD + 8 * c], &bh[1], &bl[1]);
+                mma_tile(o[c], ah, al, bh, bl, xs, lane);
+            }
+        }
+    }
+
+    /* each row's sum across its quad, then o / l; element e of block c is row (e < 2 ? r0 : r1), column
+     * 8c + 2t + e%2 */
+    const float2 ls = quad_reduce(l0, l1, 1, xs, lane);
+#if SPLIT > 1
+    /* one part: the unnormalised output, the row's max (base 2) and sum, for flash_combine */
+    #pragma unroll
+    for (uint e = 0; e < 4; e += 2) {
+        const uint i = e < 2 ? r0 : r1;
+        if (i >= Tq) continue;
+        __global float *row = out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld;
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) {
+            const uint col = 8 * c + 2 * t;
+            if (col < DV) row[(ulong)h * DV + col] = o[c][e];
+            if (col + 1 < DV) row[(ulong)h * DV + col + 1] = o[c][e + 1];
+        }
+        if (t == 0) row[H * DV + 2 * h] = e < 2 ? m0 : m1, row[H * DV + 2 * h + 1] = e < 2 ? ls.x : ls.y;
+    }
+#else
+    #pragma unroll
+    for (uint e = 0; e < 4; e += 2) {
+        const uint i = e < 2 ? r0 : r1;
+        if (i >= Tq) continue;
+        const float lr = e < 2 ? ls.x : ls.y;
+        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) {
+            const uint col = 8 * c + 2 * t;
+            if (col < DV) op[col] = lr == 0.0f ? 0.0f : o[c][e] * inv;
+            if (col + 1 < DV) op[col + 1] = lr == 0.0f ? 0.0f : o[c][e + 1] * inv;
+        }
+    }
+#endif
+}

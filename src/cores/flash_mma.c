@@ -1,0 +1,150 @@
+/* flash_mma.c: the tensor-core flash core (cl/cores/flash_mma.cl). Warps of 32 work-items, each owning 16
+ * query rows; both products of a tile are mma.sync.m16n8k8 TF32 operations issued through inline PTX, fp32
+ * accurate by default (3xTF32: hi*hi + hi*lo + lo*hi), one TF32 product per tile with precision TF32.
+ *
+ * It runs natively on NVIDIA GPUs of compute capability 8.0 or newer whose OpenCL compiler built the probe
+ * (caps.nv_mma_tf32). Everywhere else the same kernel builds with the instructions emulated in OpenCL C
+ * (MMA_NATIVE = 0), keeping the PTX fragment layout: `native` says no there, so AUTO passes over it and the
+ * public list reports it unsupported, and CLATTN_CORE=flash_mma runs the emulation (the test suite does).
+ * Not in AUTO's order anywhere yet: it has not run on an NVIDIA GPU (registry.c). */
+#include "core.h"
+
+#include <stdio.h>
+
+enum { NW, BK, QREG, SPLIT };
+static const size_t nw_v[] = {1, 2, 4, 8}, nw_tried[] = {2, 4};
+static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
+static const size_t qreg_v[] = {0, 1};
+static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
+static const clattn_core_param params[] = {
+    [NW] = {"NW", nw_v, 4, nw_tried, 2, NULL},
+    [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
+    [QREG] = {"QREG", qreg_v, 2, qreg_v, 2, NULL},
+    [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
+};
+
+/* the defaults; one warp with 8-key tiles and the Q block in local memory; the keys of every block split
+ * into 4 parts and merged (flash_combine) */
+static const char *const test_configs[] = {"-", "NW=1,BK=8,QREG=0", "NW=2,BK=16,SPLIT=4", NULL};
+
+#define MAX_REGS 160 /* floats a lane keeps: its Q fragments (QREG), output and score fragments */
+#define XCH_FLOATS 384 /* a warp's exchange area in the emulation (flash_mma.cl, XCH) */
+
+static size_t pad8(size_t x) { return (x + 7) / 8 * 8; }
+
+static int native_here(const clattn_caps *caps) { return caps && caps->nv_mma_tf32; }
+
+/* The kernel's local arrays in bytes: K and V tiles, the Q block (QREG = 0), the exchange areas (emulation). */
+static size_t local_bytes(const clattn_caps *caps, size_t dk, size_t dv, const clattn_core_params *p)
+{
+    const size_t bq = 16 * p->v[NW];
+    size_t floats = p->v[BK] * (pad8(dk) + 4) + p->v[BK] * (pad8(dv) + 4);
+    if (!p->v[QREG]) floats += bq * (pad8(dk) + 4);
+    if (!native_here(caps)) floats += p->v[NW] * XCH_FLOATS;
+    return floats * sizeof(float);
+}
+
+/* Floats a lane keeps in registers: the Q fragments' high and low parts (QREG: the compiler hoists the
+ * split out of the key loop), the output fragments, the tile's scores. */
+static size_t registers(size_t dk, size_t dv, const clattn_core_params *p)
+{
+    return (p->v[QREG] ? pad8(dk) : 0) + pad8(dv) / 2 + p->v[BK] / 2;
+}
+
+static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                const clattn_core_params *p)
+{
+    (void)core;
+    const size_t wg = 32 * p->v[NW];
+    if (caps && wg > caps->max_work_group) return 0;
+    if (!d) return 1;
+    if (registers(d->head_dim_qk, d->head_dim_v, p) > MAX_REGS) return 0;
+    return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
+}
+
+/* Starting points per head-size class, by construction and ptx-check (sm_90, clang + ptxas: indicative, not
+ * yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame:
+ *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers: 173 registers at 64, 127 at 32; 17 KiB
+ *   <=128: 2 warps, 16-key tiles, Q block in local memory: 133 registers, 33 KiB (Q in registers: 255
+ *          registers and spills; 4 warps with the Q block: 50 KiB, over NVIDIA's 48)
+ *   >128:  1 warp, 8-key tiles, Q block in local memory: 166 registers, 33 KiB at 256
+ * then shrunk (BK, then QREG, then NW) while they do not fit the device; keys split on GPUs as flash_gemm
+ * does. */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
+    p->v[NW] = cls <= 1 ? 4 : cls == 2 ? 2 : 1;
+    p->v[BK] = cls <= 1 ? 32 : cls == 2 ? 16 : 8;
+    p->v[QREG] = cls <= 1;
+    p->v[SPLIT] = 1;
+    while (!fits(core, caps, d, p)) {
+        if (p->v[BK] > 8) p->v[BK] /= 2;
+        else if (p->v[QREG]) p->v[QREG] = 0, p->v[BK] = 16;
+        else if (p->v[NW] > 1) p->v[NW] /= 2;
+        else return 0;
+    }
+    if (caps->dclass != CLATTN_CLASS_CPU) {
+        const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
+        const size_t groups = d->batch * d->heads * ((d->seq_q + 16 * p->v[NW] - 1) / (16 * p->v[NW]));
+        const size_t tiles = (tk + p->v[BK] - 1) / p->v[BK], target = 4 * (size_t)caps->compute_units;
+        while (p->v[SPLIT] < 8 && groups * p->v[SPLIT] < target && tiles >= 8 * p->v[SPLIT] &&
+               clattn_flash_split_floats(d, 2 * p->v[SPLIT]) * sizeof(float) <= caps->max_alloc)
+            p->v[SPLIT] *= 2;
+    }
+    return 1;
+}
+
+static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                        const clattn_core_layout *lay)
+{
+    (void)lay;
+    clattn_core_params p;
+    return defaults(core, caps, d, &p) ? clattn_flash_split_floats(d, p.v[SPLIT]) : 0;
+}
+
+static int native(const clattn_core *core, const clattn_caps *caps, char *why, size_t len)
+{
+    if (native_here(caps)) return 1;
+    if (caps->dclass != CLATTN_CLASS_NVIDIA)
+        snprintf(why, len, "%s needs NVIDIA tensor cores (mma.sync TF32 through inline PTX); here CLATTN_CORE=%s "
+                 "runs an emulation of them, for tests", core->name, core->name);
+    else
+        snprintf(why, len, "%s needs compute capability 8.0 or newer and a compiler that builds mma.sync TF32 "
+                 "(compute capability %u.%u, inline PTX %s); CLATTN_CORE=%s runs an emulation", core->name,
+                 caps->nv_cc / 10, caps->nv_cc % 10, caps->nv_inline_ptx ? "yes" : "no", core->name);
+    return 0;
+}
+
+static int defines(const clattn_caps *caps, char *opts, size_t len)
+{
+    return snprintf(opts, len, " -DMMA_NATIVE=%d", native_here(caps));
+}
+
+static size_t rows(const clattn_core_params *p) { return 16 * p->v[NW]; }
+static size_t group(const clattn_core_params *p) { return 32 * p->v[NW]; }
+
+static const clattn_flash_spec spec = {
+    .source = "cores/flash_mma", .kernel = "flash_mma", .launch = CLATTN_FLASH_PER_GROUP, .rows = rows,
+    .group = group, .shrink = NW, .split = SPLIT, .defines = defines,
+};
+
+const clattn_core clattn_core_flash_mma = {
+    .name = "flash_mma",
+    .kind = CLATTN_CORE_PREFILL,
+    .algorithm = CLATTN_ALGORITHM_FUSED,
+    .tf32 = 1,
+    .params = params,
+    .nparams = 4,
+    .test_configs = test_configs,
+    .spec = &spec,
+    .supports = clattn_flash_supports_tiles,
+    .native = native,
+    .defaults = defaults,
+    .fits = fits,
+    .build = clattn_flash_build,
+    .run = clattn_flash_run,
+    .workspace = workspace,
+    .device_bytes = clattn_flash_device_bytes,
+    .release = clattn_flash_release,
+};

@@ -1,0 +1,245 @@
+/* test_mma.c: the tensor-core core flash_mma and the precision field (issue 24).
+ *
+ * Every attention family already runs with flash_mma forced (ctest entries *_core_flash_mma*), at the
+ * ordinary fp32 tolerance: there its 3xTF32 products must be as good as fp32. This file adds what those do
+ * not cover:
+ *   tf32::       precision TF32: within its documented tolerance of the float64 oracle, and really TF32 (its
+ *                rounding bit for bit against a formula written here; the result differs from fp32's)
+ *   precision::  who takes and who refuses TF32 (every other core, AUTO's cores, the ref device, decode
+ *                plans), and a precision that is not one
+ *   auto::       AUTO never picks flash_mma where it would run as an emulation, and the public list says why
+ * On a device without tensor cores flash_mma runs its emulation (the same kernel with mma, shfl and cvt in
+ * OpenCL C); on an NVIDIA GPU of compute capability 8.0 or newer, the instructions. */
+#include "clattn.h"
+#include "oracle.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* TF32 mode's documented tolerance (README, "Precision"): |got - ref| <= 1e-3 + 1e-3 |ref| for scores and values
+ * of order 1. Each product's operands lose up to 2^-11 each, so a weight is off by about 2^-10 of the scores'
+ * size and an output by 2^-10 of the values' size: 1e-3. Measured (PoCL, the emulation, the cases below):
+ * at most 2.5e-4 in TF32 mode, 2.8e-7 in fp32 mode (3xTF32). */
+#define TF32_ATOL 1e-3
+#define TF32_RTOL 1e-3
+
+static void force_mma(void) { setenv("CLATTN_CORE", "flash_mma", 1); }
+
+typedef struct mma_case {
+    size_t B, T, E, H, HK, dk, dv;
+    int causal;
+} mma_case;
+
+/* A module with Q/K/V projections on x (weights of scale 1/sqrt(E), so projections of order 1), run with the
+ * given precision on dev; out (B, T, H*dv) filled, poisoned first. */
+static clattn_status run_case(clattn_device *dev, const mma_case *c, clattn_precision prec, uint64_t seed,
+                              float *out, double *want)
+{
+    tu_rng r = {seed};
+    const size_t B = c->B, T = c->T, E = c->E, H = c->H, HK = c->HK, dk = c->dk, dv = c->dv;
+    const float ws = 1.0f / sqrtf((float)E);
+    float *x = tu_random(&r, B * T * E, -1.0f, 1.0f);
+    float *wq = tu_random(&r, H * dk * E, -ws, ws), *wk = tu_random(&r, HK * dk * E, -ws, ws);
+    float *wv = tu_random(&r, HK * dv * E, -ws, ws);
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = dk,
+                               .head_dim_v = dv, .causal = c->causal, .precision = prec,
+                               .algorithm = CLATTN_ALGORITHM_FUSED};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    const size_t n = B * T * H * dv;
+    for (size_t i = 0; i < n; i++) out[i] = NAN;
+    clattn_attention_args a = {.x = x, .out = out};
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
+    if (st == CLATTN_STATUS_SUCCESS) {
+        cr_assert_str_eq(clattn_plan_core(plan), "flash_mma");
+        st = tu_plan_execute(plan, &a);
+    }
+    clattn_plan_free(plan);
+    if (want) {
+        clattn_attention_desc od = d;
+        od.precision = CLATTN_PRECISION_FP32;
+        tu_count_weights(&w, &od);
+        cr_assert_eq(oracle_attention(&od, &w, &a, want, NULL), 0);
+    }
+    free(x), free(wq), free(wk), free(wv);
+    return st;
+}
+
+static const mma_case cases[] = {
+    {2, 61, 64, 2, 2, 32, 32, 0},   {1, 130, 128, 2, 1, 64, 64, 1}, {3, 7, 48, 3, 3, 16, 24, 0},
+    {1, 1, 40, 1, 1, 40, 40, 0},    {1, 33, 96, 2, 2, 40, 8, 1},
+};
+
+/* TF32 mode against the float64 oracle at its tolerance, and against fp32 mode: the two differ (by more than
+ * fp32's own error: TF32 really ran) and fp32 mode meets the ordinary tolerance on the same inputs. */
+Test(tf32, within_tolerance_and_not_fp32)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const mma_case *c = &cases[k];
+        const size_t n = c->B * c->T * c->H * c->dv;
+        float *tf = malloc(n * sizeof *tf), *fp = malloc(n * sizeof *fp);
+        double *want = malloc(n * sizeof *want);
+        cr_assert_eq(run_case(dev, c, CLATTN_PRECISION_TF32, 100 + k, tf, want), CLATTN_STATUS_SUCCESS, "case %zu: %s",
+                     k, clattn_last_error());
+        cr_assert_eq(run_case(dev, c, CLATTN_PRECISION_FP32, 100 + k, fp, NULL), CLATTN_STATUS_SUCCESS, "case %zu: %s",
+                     k, clattn_last_error());
+        char msg[300];
+        size_t bad = oracle_compare(tf, want, n, TF32_ATOL, TF32_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %zu, TF32: %zu elements off: %s", k, bad, msg);
+        bad = oracle_compare(fp, want, n, 1e-5, 1e-4, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %zu, fp32 (3xTF32): %zu elements off: %s", k, bad, msg);
+        double diff = 0.0, err = 0.0, tf_err = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            diff = fmax(diff, fabs((double)tf[i] - fp[i]));
+            err = fmax(err, fabs((double)fp[i] - want[i]));
+            tf_err = fmax(tf_err, fabs((double)tf[i] - want[i]));
+        }
+        cr_log_info("case %zu: largest error TF32 %.3g, fp32 %.3g", k, tf_err, err);
+        cr_assert(diff > 1e-5 && diff > 20.0 * err, "case %zu: TF32 and fp32 differ by %g (fp32's error %g): TF32 "
+                  "products did not run", k, diff, err);
+        free(tf), free(fp), free(want);
+    }
+    clattn_device_free(dev);
+}
+
+/* cvt.rna.tf32.f32 written from its definition: x to 10 mantissa bits, to nearest, ties away from zero
+ * (C's round()), in double; flash_mma keeps the truncation where that would overflow. */
+static float rna_tf32(float x)
+{
+    if (!isfinite(x) || x == 0.0f) return x;
+    int e;
+    (void)frexp((double)x, &e); /* x = f 2^e, 0.5 <= |f| < 1: 11 significant bits are multiples of 2^(e-11) */
+    const double q = round(ldexp((double)x, 11 - e));
+    const double r = ldexp(q, e - 11);
+    if (r > FLT_MAX || r < -FLT_MAX) return ldexp(trunc(ldexp((double)x, 11 - e)), e - 11);
+    return (float)r;
+}
+
+/* One key: the weight is exactly 1 and the output is V's row as the products see it: in TF32 mode rna(v),
+ * bit for bit, on values chosen at and around the rounding ties (ties go away from zero), negative ones,
+ * the largest floats (which keep their truncation) and random ones; in fp32 mode v itself (to fp32
+ * tolerance). */
+Test(tf32, rounds_to_nearest_away_bit_for_bit)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl();
+    enum { D = 64 };
+    float v[D];
+    const uint32_t bits[] = {0x3f801000u, 0x3f800fffu, 0x3f803000u, 0xbf801000u, 0xbf802fffu, 0x40490fdbu,
+                             0x7f7fffffu, 0xff7ff000u, 0x3f7ff000u, 0x3f7fefffu, 0x00801000u, 0x3eaaaaabu};
+    tu_rng r = {7};
+    for (size_t i = 0; i < D; i++) {
+        if (i < sizeof bits / sizeof bits[0]) memcpy(&v[i], &bits[i], sizeof v[i]);
+        else v[i] = tu_uniform(&r, -3.0f, 3.0f);
+    }
+    /* no projections, cross-attention: Q = x = 0, K = V = kv = v (one key, one head of D): every score 0 */
+    float zero[D] = {0};
+    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = 1, .embed = D, .kv_embed = D, .heads = 1,
+                               .cross = 1};
+    for (int prec = 1; prec >= 0; prec--) {
+        d.precision = (clattn_precision)prec;
+        float out[D];
+        for (size_t i = 0; i < D; i++) out[i] = NAN;
+        clattn_attention_args a = {.x = zero, .kv = v, .out = out};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_plan_free(plan);
+        for (size_t i = 0; i < D; i++) {
+            const float want = prec ? rna_tf32(v[i]) : v[i];
+            uint32_t g, w;
+            memcpy(&g, &out[i], 4), memcpy(&w, &want, 4);
+            if (prec)
+                cr_assert_eq(g, w, "TF32, v[%zu] = %a (0x%08x): got %a (0x%08x), want %a (0x%08x)", i, (double)v[i],
+                             i < sizeof bits / sizeof bits[0] ? bits[i] : 0, (double)out[i], g, (double)want, w);
+            else
+                cr_assert(oracle_close(out[i], want, 1e-5, 1e-4, 0, 0), "fp32, v[%zu] = %a: got %a", i, (double)v[i],
+                          (double)out[i]);
+        }
+    }
+    clattn_device_free(dev);
+}
+
+/* Who refuses TF32, with the reason: the ref device, AUTO (no core of its order has TF32 products), a core
+ * forced that computes in fp32, a decode plan; a precision that is not one is an invalid argument. */
+Test(precision, refusals)
+{
+    clattn_attention_desc d = {.batch = 1, .seq_q = 5, .embed = 16, .heads = 2, .precision = CLATTN_PRECISION_TF32};
+    clattn_plan *plan = NULL;
+    clattn_device *ref = tu_open_ref();
+    cr_assert_eq(tu_plan_create(ref, &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(plan == NULL);
+    cr_assert(strstr(clattn_last_error(), "precision TF32") && strstr(clattn_last_error(), "ref device"), "%s",
+              clattn_last_error());
+    clattn_device_free(ref);
+
+    clattn_device *dev = tu_open_opencl();
+    unsetenv("CLATTN_CORE");
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(plan == NULL);
+    cr_assert(strstr(clattn_last_error(), "fp32 only") && strstr(clattn_last_error(), "flash_mma"), "%s",
+              clattn_last_error());
+    static const char *const fp32_cores[] = {"unfused", "flash_rows", "flash_tiled", "flash_gemm"};
+    for (size_t i = 0; i < sizeof fp32_cores / sizeof fp32_cores[0]; i++) {
+        setenv("CLATTN_CORE", fp32_cores[i], 1);
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED, "%s", fp32_cores[i]);
+        cr_assert(strstr(clattn_last_error(), fp32_cores[i]) && strstr(clattn_last_error(), "fp32 only"), "%s",
+                  clattn_last_error());
+    }
+    unsetenv("CLATTN_CORE");
+    clattn_decode_plan *dp = NULL;
+    clattn_attention_desc dd = d;
+    dd.causal = 1;
+    cr_assert_neq(tu_decode_plan_create(dev, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS);
+    cr_assert(dp == NULL);
+    cr_assert(strstr(clattn_last_error(), "fp32 only") || strstr(clattn_last_error(), "TF32"), "%s",
+              clattn_last_error());
+    d.precision = (clattn_precision)2;
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "precision 2"), "%s", clattn_last_error());
+    /* fp32 plans are unchanged: AUTO serves them */
+    d.precision = CLATTN_PRECISION_FP32;
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_neq(clattn_plan_core(plan), "flash_mma");
+    clattn_plan_free(plan);
+    clattn_device_free(dev);
+}
+
+/* Where flash_mma would be an emulation, the public list says it is not supported, that forcing it runs an
+ * emulation, and that AUTO gives it no head-size class; AUTO's plans never get it. */
+Test(auto, never_picks_the_emulation)
+{
+    unsetenv("CLATTN_CORE");
+    clattn_device *dev = tu_open_opencl();
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_info c;
+        cr_assert_eq(clattn_core_describe(dev, i, &c), CLATTN_STATUS_SUCCESS);
+        if (strcmp(c.name, "flash_mma") != 0) {
+            cr_assert_eq(c.emulated, 0, "%s", c.name);
+            continue;
+        }
+        cr_assert_eq(c.default_for, 0u, "AUTO gives flash_mma head-size classes 0x%x", c.default_for);
+        if (c.supported) {
+            cr_log_info("flash_mma runs natively here (%s): the emulation checks do not apply", clattn_device_name(dev));
+            cr_assert_eq(c.emulated, 0);
+        } else {
+            cr_assert_eq(c.emulated, 1, "flash_mma: %s", c.reason);
+            cr_assert(strstr(c.reason, "emulation"), "%s", c.reason);
+        }
+    }
+    static const size_t heads[] = {16, 64, 128, 256};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
+        clattn_attention_desc d = {.batch = 1, .seq_q = 9, .embed = 2 * heads[k], .heads = 2};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_str_neq(clattn_plan_core(plan), "flash_mma", "head %zu", heads[k]);
+        clattn_plan_free(plan);
+    }
+    clattn_device_free(dev);
+}
