@@ -1192,9 +1192,10 @@ Test(cli, missing_values_are_named)
 /* Every subcommand's --help lists every option its parser takes (exit 0, on stdout). */
 Test(cli, help_lists_every_option)
 {
-    static const struct { const char *cmd; const char *flags[16]; } subs[] = {
+    static const struct { const char *cmd; const char *flags[20]; } subs[] = {
         {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
-                 "--window", "--decode-from", "--kv-half", "--causal", "--need-weights", "--verbose", NULL}},
+                 "--window", "--decode-from", "--kv-half", "--causal", "--need-weights", "--verbose", "--precision",
+                 NULL}},
         {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
                      "--algorithm", NULL}},
         {"tune", {"--device", "--budget", "--shapes", "--margin", NULL}},

@@ -283,7 +283,7 @@ Test(cores, cli)
     size_t lines = 0;
     for (char *l = out; *l; l = strchr(l, '\n') + 1, lines++) {
         cr_assert(l[0] == '{' && strchr(l, '\n') && strchr(l, '\n')[-1] == '}', "not one JSON object a line: %s", l);
-        static const char *keys[] = {"\"name\":\"", "\"kind\":\"", "\"supported\":", "\"reason\":\"",
+        static const char *keys[] = {"\"name\":\"", "\"kind\":\"", "\"supported\":", "\"reason\":\"", "\"emulated\":",
                                      "\"default_for\":[", "\"test_configs\":["};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             cr_assert(strstr(l, keys[k]) && strstr(l, keys[k]) < strchr(l, '\n'), "no %s in %s", keys[k], l);
@@ -420,4 +420,41 @@ Test(cores, decode_group_defaults)
     char why[200];
     cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(why, "do not fit"), "%s", why);
+}
+
+/* flash_mma's defaults on an H100-like device (48 KiB of local memory, the tensor-core probe built): they
+ * exist and fit for every head size up to 256, keep a lane within the register budget, and split the keys
+ * of a small batch; there `native` says yes. Without the probe, or off NVIDIA, `native` says no and why. */
+Test(cores, flash_mma_defaults_and_native)
+{
+    const clattn_core *c = clattn_core_find("flash_mma");
+    cr_assert(c && c->native && c->tf32);
+    enum { NW, BK, QREG, SPLIT };
+    clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
+                        .compute_units = 132, .max_alloc = (size_t)1 << 34, .nv_inline_ptx = 1, .nv_cc = 90,
+                        .nv_mma_tf32 = 1};
+    char why[300];
+    cr_assert(c->native(c, &caps, why, sizeof why));
+    static const size_t heads[][2] = {{64, 64}, {128, 128}, {256, 256}, {8, 8}, {5, 3}, {80, 128}, {32, 32}};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
+        clattn_attention_desc d = {.batch = 1, .seq_q = 4096, .seq_kv = 4096, .embed = 1024, .heads = 8,
+                                   .kv_heads = 8, .head_dim_qk = heads[k][0], .head_dim_v = heads[k][1]};
+        clattn_core_params p;
+        cr_assert(c->defaults(c, &caps, &d, &p), "head %zu/%zu: no defaults", heads[k][0], heads[k][1]);
+        cr_assert(c->fits(c, &caps, &d, &p), "head %zu/%zu: the defaults do not fit", heads[k][0], heads[k][1]);
+        cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_SUCCESS, "%s", why);
+        const size_t mx = heads[k][0] > heads[k][1] ? heads[k][0] : heads[k][1];
+        cr_assert_eq(p.v[QREG], mx <= 64, "head %zu: QREG=%zu", mx, p.v[QREG]);
+        cr_assert_eq(p.v[NW], mx <= 64 ? 4u : mx <= 128 ? 2u : 1u, "head %zu: NW=%zu", mx, p.v[NW]);
+        /* the keys split until 4 work-groups per compute unit, and no further */
+        const size_t groups = 8 * (4096 / (16 * p.v[NW]));
+        cr_assert(groups * p.v[SPLIT] >= 4 * 132 || p.v[SPLIT] == 8, "head %zu: SPLIT=%zu", mx, p.v[SPLIT]);
+        cr_assert(p.v[SPLIT] == 1 || groups * p.v[SPLIT] / 2 < 4 * 132, "head %zu: SPLIT=%zu", mx, p.v[SPLIT]);
+    }
+    caps.nv_mma_tf32 = 0;
+    cr_assert_not(c->native(c, &caps, why, sizeof why));
+    cr_assert(strstr(why, "compute capability 9.0") && strstr(why, "emulation"), "%s", why);
+    caps.dclass = CLATTN_CLASS_AMD;
+    cr_assert_not(c->native(c, &caps, why, sizeof why));
+    cr_assert(strstr(why, "NVIDIA tensor cores"), "%s", why);
 }

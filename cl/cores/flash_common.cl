@@ -46,6 +46,57 @@
 #define KVR(x) (x)
 #endif
 
+/* The family's kernel arguments, in flash.c's order. extent: the launch's first work-group (PER_GROUP
+ * members) or the work-items in all (PER_ITEM). */
+#define FLASH_ARGS \
+    __global const float *q, ulong q_off, uint q_ld, __global const float *k, ulong k_off, uint k_ld, \
+    __global const float *v, ulong v_off, uint v_ld, __global float *out, ulong out_off, uint out_ld, \
+    __global const uchar *kpm, ulong kpm_off, __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, \
+    uint H, float scale, ulong extent, uint seed_lo, uint seed_hi, uint threshold, float keep_scale
+
+/* What one work-group of a PER_GROUP member with key parts (flash_gemm, flash_mma) computes: work-group id
+ * g = ((b*H + h) * nblk + block')*SPLIT + part, block' counting from the last block under CAUSAL (the
+ * longest blocks first); query rows i0 .. i0+bq-1 of (b, h) and keys jbeg .. jend-1: under CAUSAL up to the
+ * block's last row, with a WINDOW from its first row's window, and of those this part's share of the tiles
+ * of bk keys. */
+typedef struct flash_block {
+    ulong b;
+    uint h, i0, jbeg, jend, part;
+} flash_block;
+
+inline flash_block flash_block_of(ulong g, uint bq, uint bk, uint Tq, uint Tk, uint H)
+{
+    flash_block f;
+    f.part = (uint)(g % SPLIT);
+    g /= SPLIT;
+    const uint nblk = (Tq + bq - 1) / bq;
+    uint blk = (uint)(g % nblk);
+#if CAUSAL
+    blk = nblk - 1 - blk; /* the longest blocks first */
+#endif
+    const ulong bh = g / nblk;
+    f.h = (uint)(bh % H);
+    f.b = bh / H;
+    f.i0 = blk * bq;
+    f.jbeg = 0;
+    f.jend = Tk;
+#if CAUSAL
+    f.jend = min(Tk, min(f.i0 + bq, Tq));
+#endif
+#if WINDOW
+    f.jbeg = f.i0 >= WINDOW ? f.i0 - WINDOW + 1 : 0;
+#endif
+#if SPLIT > 1
+    { /* this part's share of the block's key tiles */
+        const uint tiles = f.jend > f.jbeg ? (f.jend - f.jbeg + bk - 1) / bk : 0;
+        const uint t0 = f.part * tiles / SPLIT, t1 = (f.part + 1) * tiles / SPLIT;
+        f.jend = min(f.jend, f.jbeg + t1 * bk);
+        f.jbeg += t0 * bk;
+    }
+#endif
+    return f;
+}
+
 /* The weight applied to V: p, or after dropout p * keep_scale or 0. */
 inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold,
                         float keep_scale)

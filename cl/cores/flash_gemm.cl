@@ -82,18 +82,11 @@ typedef float fv_t;
 #define fv_round(x) KVR(x)
 #endif
 
-/* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block') + group0,
+/* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block')*SPLIT + part + extent,
  * block' counting from the last block under CAUSAL. Every barrier is reached by the whole work-group: the
  * loop bounds and branches around barriers depend only on the group. */
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
-void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
-                __global const float *k, ulong k_off, uint k_ld,
-                __global const float *v, ulong v_off, uint v_ld,
-                __global float *out, ulong out_off, uint out_ld,
-                __global const uchar *kpm, ulong kpm_off,
-                __global const mask_t *mask, ulong mask_off,
-                uint Tq, uint Tk, uint H, float scale, ulong group0,
-                uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+void flash_gemm(FLASH_ARGS)
 {
     __local fv_t qs[BQ * QLD];
     __local fv_t ks[BK * KLD];
@@ -102,20 +95,12 @@ void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
     __local float red[BQ * RLD];
     const uint lid = get_local_id(0);
     const uint tx = lid % TC, ty = lid / TC;
-    ulong g = group0 + get_group_id(0);
+    const flash_block blkd = flash_block_of(extent + get_group_id(0), BQ, BK, Tq, Tk, H);
+    const ulong b = blkd.b;
+    const uint h = blkd.h, i0 = blkd.i0;
 #if SPLIT > 1
-    const uint part = (uint)(g % SPLIT);
-    g /= SPLIT;
+    const uint part = blkd.part;
 #endif
-    const uint nblk = (Tq + BQ - 1) / BQ;
-    uint blk = (uint)(g % nblk);
-#if CAUSAL
-    blk = nblk - 1 - blk; /* the longest blocks first */
-#endif
-    const ulong bh = g / nblk;
-    const uint h = (uint)(bh % H);
-    const ulong b = bh / H;
-    const uint i0 = blk * BQ;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
     const float scale2 = scale * LOG2E;
@@ -138,21 +123,7 @@ void flash_gemm(__global const float *q, ulong q_off, uint q_ld,
         #pragma unroll
         for (uint t = 0; t < NVT; t++) acc[r][t] = (fv_t)(0.0f);
     }
-    uint jbeg = 0, jend = Tk;
-#if CAUSAL
-    jend = min(Tk, min(i0 + BQ, Tq));
-#endif
-#if WINDOW
-    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
-#endif
-#if SPLIT > 1
-    { /* this part's share of the block's key tiles */
-        const uint tiles = jend > jbeg ? (jend - jbeg + BK - 1) / BK : 0;
-        const uint t0 = part * tiles / SPLIT, t1 = (part + 1) * tiles / SPLIT;
-        jend = min(jend, jbeg + t1 * BK);
-        jbeg += t0 * BK;
-    }
-#endif
+    const uint jbeg = blkd.jbeg, jend = blkd.jend;
     __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
     __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
 /* work-item lid's u-th vector of the tile at key j0 (keys past jend, and slots past the tile, as 0) */

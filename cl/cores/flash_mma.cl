@@ -26,9 +26,9 @@
  *
  * MMA_NATIVE = 0 (every device without the instruction; forced only, AUTO never picks it there): the same
  * kernel with mma, shfl and cvt emulated in OpenCL C. The emulation keeps the PTX fragment layout: each lane
- * writes its A and B fragments to its warp's part of local memory where the layout puts them, a barrier,
- * each lane computes its four D elements (the products exact, as a TF32 product is in fp32, summed in k
- * order), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
+ * writes its A and B fragments to its warp's part of local memory where the layout puts them (a row of
+ * products that share A at a time), a barrier, each lane computes its four D elements of each product (the
+ * products exact, as a TF32 product is in fp32, summed in k order), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
  * bit operation as cvt.rna. So tiling, fragment bookkeeping, the softmax on fragments, the 3xTF32 split,
  * masks and dropout run the suite on any device; only the instructions differ on NVIDIA.
  *
@@ -63,7 +63,7 @@
 #define KLD (DKP + 4)            /* local row strides, in floats: 4 mod 32 */
 #define VLD (DVP + 4)
 #define QLD (DKP + 4)
-#define XCH 384                  /* floats of a warp's exchange area (emulation): A and B, high and low */
+#define XCH (256 + 128 * (NSB > NVB ? NSB : NVB)) /* floats of a warp's exchange area (emulation) */
 #define LOG2E 1.4426950408889634f
 /* loops around mma: unrolled natively; kept as loops in the emulation, whose barriers PoCL would otherwise
  * compile region by region (minutes per variant) */
@@ -121,13 +121,23 @@ inline void tf32_split(float x, float *hi, float *lo)
 
 #define FIN(x) (isinf(x) ? 0.0f : (x))
 
-/* d += A B for one m16n8k8 tile, from the lane's fragments: ah/al (4 values), bh/bl (2): 3xTF32, or one
- * product in TF32 mode. xs: the warp's exchange area (emulation only). */
-inline void mma_tile(float *d, const float *ah, const float *al, const float *bh, const float *bl,
-                     __local float *xs, uint lane)
-{
+/* A row of m16n8k8 products that share their A fragment: d[n] += A B[n] for the blocks n of one loop,
+ * from the lane's fragments (ah/al: 4 values, bh/bl: 2; high and low parts, the low ones unused in TF32
+ * mode): 3xTF32, or one product in TF32 mode. The kernel writes each row as
+ *     for (n ...) { ...the lane's B fragment of block n...; mma_block(d[n], ah, al, bh, bl, n, xs, lane); }
+ *     mma_row_end(d, count, xs, lane);
+ * Natively mma_block issues the instructions and mma_row_end does nothing. The emulation stages the
+ * fragments where the PTX layout puts them, in the warp's exchange area xs: A (16 x 8, row-major, the
+ * high part then the low part) at xs[0..256), block n's B (8 x 8, stored transposed as [n][k], high then
+ * low) at xs[256 + 128 n ...); mma_row_end then computes every lane's D elements of every block between two
+ * barriers (a barrier per row rather than per product: PoCL saves every live private value at each). */
+#define XA 256
+#define XB 128
 #if MMA_NATIVE
-    (void)xs, (void)lane;
+inline void mma_block(float *d, const float *ah, const float *al, const float *bh, const float *bl, uint n,
+                      __local float *xs, uint lane)
+{
+    (void)n, (void)xs, (void)lane;
 #if !TF32
     /* the small terms with an infinite high part as 0: an infinity passes through hi*hi alone, as fp32's
      * x*inf does (else lo*inf, with lo = 0 or of the other sign, would make NaN) */
@@ -136,38 +146,73 @@ inline void mma_tile(float *d, const float *ah, const float *al, const float *bh
     MMA1(d, af, bl);
 #endif
     MMA1(d, ah, bh);
+}
+#define mma_row_end(d, count, xs, lane) ((void)0)
 #else
+inline void mma_block(float *d, const float *ah, const float *al, const float *bh, const float *bl, uint n,
+                      __local float *xs, uint lane)
+{
+    (void)d;
     const uint g = lane >> 2, t = lane & 3;
-    /* A (16 x 8, row-major) at xs[0..128), B (8 x 8, [k][n]) at xs[128..192); the low parts 192 later */
-    xs[g * 8 + t] = ah[0];
-    xs[(g + 8) * 8 + t] = ah[1];
-    xs[g * 8 + t + 4] = ah[2];
-    xs[(g + 8) * 8 + t + 4] = ah[3];
-    xs[128 + t * 8 + g] = bh[0];
-    xs[128 + (t + 4) * 8 + g] = bh[1];
+    if (n == 0) {
+        xs[g * 8 + t] = ah[0];
+        xs[(g + 8) * 8 + t] = ah[1];
+        xs[g * 8 + t + 4] = ah[2];
+        xs[(g + 8) * 8 + t + 4] = ah[3];
 #if !TF32
-    xs[192 + g * 8 + t] = al[0];
-    xs[192 + (g + 8) * 8 + t] = al[1];
-    xs[192 + g * 8 + t + 4] = al[2];
-    xs[192 + (g + 8) * 8 + t + 4] = al[3];
-    xs[320 + t * 8 + g] = bl[0];
-    xs[320 + (t + 4) * 8 + g] = bl[1];
+        xs[128 + g * 8 + t] = al[0];
+        xs[128 + (g + 8) * 8 + t] = al[1];
+        xs[128 + g * 8 + t + 4] = al[2];
+        xs[128 + (g + 8) * 8 + t + 4] = al[3];
 #endif
-    barrier(CLK_LOCAL_MEM_FENCE);
-    #pragma unroll
-    for (uint e = 0; e < 4; e++) {
-        const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
-        float acc = d[e];
-#if !TF32
-        for (uint k = 0; k < 8; k++) acc = fma(xs[192 + r * 8 + k], FIN(xs[128 + k * 8 + c]), acc);
-        for (uint k = 0; k < 8; k++) acc = fma(FIN(xs[r * 8 + k]), xs[320 + k * 8 + c], acc);
-#endif
-        for (uint k = 0; k < 8; k++) acc = fma(xs[r * 8 + k], xs[128 + k * 8 + c], acc);
-        d[e] = acc;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    __local float *xb = xs + XA + XB * n; /* B as its transpose, [n][k]: b0 = (k t, n g), b1 = (k t + 4, n g) */
+    xb[g * 8 + t] = bh[0];
+    xb[g * 8 + t + 4] = bh[1];
+#if !TF32
+    xb[64 + g * 8 + t] = bl[0];
+    xb[64 + g * 8 + t + 4] = bl[1];
 #endif
 }
+
+/* sum_k a_k b_k added to acc in k order */
+inline float dot8_fma(float8 a, float8 b, float acc)
+{
+    acc = fma(a.s0, b.s0, acc);
+    acc = fma(a.s1, b.s1, acc);
+    acc = fma(a.s2, b.s2, acc);
+    acc = fma(a.s3, b.s3, acc);
+    acc = fma(a.s4, b.s4, acc);
+    acc = fma(a.s5, b.s5, acc);
+    acc = fma(a.s6, b.s6, acc);
+    return fma(a.s7, b.s7, acc);
+}
+#define FIN8(x) select((x), (float8)(0.0f), isinf(x))
+
+/* every D element the lane holds of blocks 0 .. count-1: row g or g + 8, column 2t or 2t + 1; the products
+ * exact (TF32 times TF32 fits fp32), summed in k order, the small terms first */
+inline void mma_row_end_emul(float (*d)[4], uint count, __local float *xs, uint lane)
+{
+    const uint g = lane >> 2, t = lane & 3;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint n = 0; n < count; n++) {
+        __local const float *xb = xs + XA + XB * n;
+        #pragma unroll
+        for (uint e = 0; e < 4; e++) {
+            const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
+            const float8 ah = vload8(r, xs), bh = vload8(c, xb);
+            float acc = d[n][e];
+#if !TF32
+            acc = dot8_fma(vload8(r, xs + 128), FIN8(bh), acc);
+            acc = dot8_fma(FIN8(ah), vload8(c, xb + 64), acc);
+#endif
+            d[n][e] = dot8_fma(ah, bh, acc);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define mma_row_end(d, count, xs, lane) mma_row_end_emul((d), (count), (xs), (lane))
+#endif
 
 /* The max (op 0) or sum (op 1) of a and of b across the lane's quad (the four lanes of a row). */
 inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane)
@@ -203,17 +248,10 @@ inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane
 }
 
 /* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block')*SPLIT +
- * part + group0, block' counting from the last block under CAUSAL. Every loop bound and branch around a
+ * part + extent, block' counting from the last block under CAUSAL. Every loop bound and branch around a
  * barrier or an mma depends only on the work-group. */
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
-void flash_mma(__global const float *q, ulong q_off, uint q_ld,
-               __global const float *k, ulong k_off, uint k_ld,
-               __global const float *v, ulong v_off, uint v_ld,
-               __global float *out, ulong out_off, uint out_ld,
-               __global const uchar *kpm, ulong kpm_off,
-               __global const mask_t *mask, ulong mask_off,
-               uint Tq, uint Tk, uint H, float scale, ulong group0,
-               uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+void flash_mma(FLASH_ARGS)
 {
     __local float ks[BK * KLD];
     __local float vs[BK * VLD];
@@ -230,20 +268,12 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
 #if !MMA_NATIVE
     __local float *xs = xch + warp * XCH;
 #endif
-    ulong gid = group0 + get_group_id(0);
+    const flash_block blkd = flash_block_of(extent + get_group_id(0), BQ, BK, Tq, Tk, H);
+    const ulong b = blkd.b;
+    const uint h = blkd.h, i0 = blkd.i0;
 #if SPLIT > 1
-    const uint part = (uint)(gid % SPLIT);
-    gid /= SPLIT;
+    const uint part = blkd.part;
 #endif
-    const uint nblk = (Tq + BQ - 1) / BQ;
-    uint blk = (uint)(gid % nblk);
-#if CAUSAL
-    blk = nblk - 1 - blk; /* the longest blocks first */
-#endif
-    const ulong bh = gid / nblk;
-    const uint h = (uint)(bh % H);
-    const ulong b = bh / H;
-    const uint i0 = blk * BQ;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
     const float scale2 = scale * LOG2E;
@@ -275,23 +305,9 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
     float o[NVB][4];
     #pragma unroll
     for (uint n = 0; n < NVB; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.0f, l1 = 0.0f;
+    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f}; /* rows r0 and r1 */
 
-    uint jbeg = 0, jend = Tk;
-#if CAUSAL
-    jend = min(Tk, min(i0 + BQ, Tq));
-#endif
-#if WINDOW
-    jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
-#endif
-#if SPLIT > 1
-    { /* this part's share of the block's key tiles */
-        const uint tiles = jend > jbeg ? (jend - jbeg + BK - 1) / BK : 0;
-        const uint t0 = part * tiles / SPLIT, t1 = (part + 1) * tiles / SPLIT;
-        jend = min(jend, jbeg + t1 * BK);
-        jbeg += t0 * BK;
-    }
-#endif
+    const uint jbeg = blkd.jbeg, jend = blkd.jend;
     __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
     __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     /* the lane's corners of the tiles: B of S at key 8n + g, column 8c + t; B of P V at key 2t, column g */
@@ -331,8 +347,9 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
                 float bh[2], bl[2];
                 tf32_split(kme[8 * n * KLD + 8 * c], &bh[0], &bl[0]);
                 tf32_split(kme[8 * n * KLD + 8 * c + 4], &bh[1], &bl[1]);
-                mma_tile(s[n], ah, al, bh, bl, xs, lane);
+                mma_block(s[n], ah, al, bh, bl, n, xs, lane);
             }
+            mma_row_end(s, NSB, xs, lane);
         }
 
         /* scale, masks, the rows' maxima: element e of block n is row (e < 2 ? r0 : r1), key 8n + 2t + e%2 */
@@ -361,28 +378,24 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
         const float2 mx = quad_reduce(pm0, pm1, 0, xs, lane);
         /* the rows' new max: rescale the sums and outputs when it grows (fmax skips NaN: a NaN score comes
          * back through exp2 into the sum) */
-        if (mx.x > m0) {
-            const float corr = exp2(m0 - mx.x);
-            l0 *= corr;
-            #pragma unroll
-            for (uint n = 0; n < NVB; n++) o[n][0] *= corr, o[n][1] *= corr;
-            m0 = mx.x;
-        }
-        if (mx.y > m1) {
-            const float corr = exp2(m1 - mx.y);
-            l1 *= corr;
-            #pragma unroll
-            for (uint n = 0; n < NVB; n++) o[n][2] *= corr, o[n][3] *= corr;
-            m1 = mx.y;
+        const float mn[2] = {mx.x, mx.y};
+        #pragma unroll
+        for (uint r = 0; r < 2; r++) {
+            if (mn[r] > m[r]) {
+                const float corr = exp2(m[r] - mn[r]);
+                l[r] *= corr;
+                #pragma unroll
+                for (uint n = 0; n < NVB; n++) o[n][2 * r] *= corr, o[n][2 * r + 1] *= corr;
+                m[r] = mn[r];
+            }
         }
         /* the weights p = exp2(s - max), summed before dropout, applied after it */
         #pragma unroll
         for (uint n = 0; n < NSB; n++) {
             #pragma unroll
             for (uint e = 0; e < 4; e++) {
-                const float p = exp2(s[n][e] - (e < 2 ? m0 : m1));
-                if (e < 2) l0 += p;
-                else l1 += p;
+                const float p = exp2(s[n][e] - m[e >> 1]);
+                l[e >> 1] += p;
                 s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, e < 2 ? r0 : r1, j0 + 8 * n + 2 * t + (e & 1),
                                      threshold, keep_scale);
             }
@@ -401,14 +414,15 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
                 float bh[2], bl[2];
                 tf32_split(vme[8 * n * VLD + 8 * c], &bh[0], &bl[0]);
                 tf32_split(vme[(8 * n + 1) * VLD + 8 * c], &bh[1], &bl[1]);
-                mma_tile(o[c], ah, al, bh, bl, xs, lane);
+                mma_block(o[c], ah, al, bh, bl, c, xs, lane);
             }
+            mma_row_end(o, NVB, xs, lane);
         }
     }
 
     /* each row's sum across its quad, then o / l; element e of block c is row (e < 2 ? r0 : r1), column
      * 8c + 2t + e%2 */
-    const float2 ls = quad_reduce(l0, l1, 1, xs, lane);
+    const float2 ls = quad_reduce(l[0], l[1], 1, xs, lane);
 #if SPLIT > 1
     /* one part: the unnormalised output, the row's max (base 2) and sum, for flash_combine */
     #pragma unroll
@@ -422,7 +436,7 @@ void flash_mma(__global const float *q, ulong q_off, uint q_ld,
             if (col < DV) row[(ulong)h * DV + col] = o[c][e];
             if (col + 1 < DV) row[(ulong)h * DV + col + 1] = o[c][e + 1];
         }
-        if (t == 0) row[H * DV + 2 * h] = e < 2 ? m0 : m1, row[H * DV + 2 * h + 1] = e < 2 ? ls.x : ls.y;
+        if (t == 0) row[H * DV + 2 * h] = m[e >> 1], row[H * DV + 2 * h + 1] = e < 2 ? ls.x : ls.y;
     }
 #else
     #pragma unroll

@@ -49,17 +49,10 @@ inline float4 kvr_w(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2),
 #endif
 
 /* One work-item: query rows i0 .. i0+ROWS-1 of (b, h); global id = ((b*H + h) * nblk + block). */
-__kernel void flash_rows(__global const float *q, ulong q_off, uint q_ld,
-                         __global const float *k, ulong k_off, uint k_ld,
-                         __global const float *v, ulong v_off, uint v_ld,
-                         __global float *out, ulong out_off, uint out_ld,
-                         __global const uchar *kpm, ulong kpm_off,
-                         __global const mask_t *mask, ulong mask_off,
-                         uint Tq, uint Tk, uint H, float scale, ulong total,
-                         uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+__kernel void flash_rows(FLASH_ARGS)
 {
     const ulong g = get_global_id(0);
-    if (g >= total) return;
+    if (g >= extent) return;
     const uint nblk = (Tq + ROWS - 1) / ROWS;
     const uint blk = (uint)(g % nblk);
     const ulong bh = g / nblk;

@@ -17,25 +17,18 @@
 #define KVW (DK > DV ? DK : DV)  /* width of a staged K or V row */
 
 /* One work-group of BQ*NS work-items: query rows i0 .. i0+BQ-1 of (b, h), work-group id =
- * ((b*H + h) * nblk + block) + group0. Work-item (r, sp) owns row r and value columns
+ * ((b*H + h) * nblk + block) + extent. Work-item (r, sp) owns row r and value columns
  * sp, sp+NS, ... Every barrier is reached by the whole work-group: the loop bounds depend
  * only on the group. */
 __kernel __attribute__((reqd_work_group_size(BQ * NS, 1, 1)))
-void flash_tiled(__global const float *q, ulong q_off, uint q_ld,
-                 __global const float *k, ulong k_off, uint k_ld,
-                 __global const float *v, ulong v_off, uint v_ld,
-                 __global float *out, ulong out_off, uint out_ld,
-                 __global const uchar *kpm, ulong kpm_off,
-                 __global const mask_t *mask, ulong mask_off,
-                 uint Tq, uint Tk, uint H, float scale, ulong group0,
-                 uint seed_lo, uint seed_hi, uint threshold, float keep_scale)
+void flash_tiled(FLASH_ARGS)
 {
     __local float qs[BQ][DK];
     __local float kvs[BKT][KVW + 1]; /* +1: rows fall in different banks */
     __local float ss[BQ][BKT + 1];
     const uint lid = get_local_id(0);
     const uint r = lid / NS, sp = lid % NS;
-    const ulong g = group0 + get_group_id(0);
+    const ulong g = extent + get_group_id(0);
     const uint nblk = (Tq + BQ - 1) / BQ;
     const uint blk = (uint)(g % nblk);
     const ulong bh = g / nblk;

@@ -728,7 +728,6 @@ class EncoderLayer(_Shaped, _PlanCached):
         if self.eps <= 0:
             _invalid(f"eps: {eps!r}, expected a positive number")
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
-        self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)

@@ -136,7 +136,8 @@ def test_devices():
 
 
 def test_cores_match_the_cli():
-    keys = ["name", "kind", "supported", "reason", "default_for", "algorithm", "weights", "params", "test_configs"]
+    keys = ["name", "kind", "supported", "reason", "emulated", "default_for", "algorithm", "weights", "params",
+            "test_configs"]
     for device in DEVICES:
         listed = clattn.cores(device)
         assert [sorted(c) for c in listed] == [sorted(keys)] * len(listed)
@@ -292,6 +293,20 @@ def test_errors_carry_status_and_message():
     with pytest.raises(clattn.Error) as e:   # heads must divide E without weights: the library says so
         a(np.zeros((1, 4, 8), np.float32))
     assert e.value.status_name == "CLATTN_STATUS_SHAPE_MISMATCH" and e.value.build_log == ""
+
+
+def test_precision_tf32_opt_in():
+    """precision="tf32" is the core's (flash_mma's) and refused elsewhere with the reason; a bad name is an error."""
+    x = np.random.default_rng(3).standard_normal((1, 5, 8)).astype(np.float32)
+    with pytest.raises(clattn.Error) as e:
+        clattn.Attention(2, device="ref", precision="tf32")(x)
+    assert e.value.status_name == "CLATTN_STATUS_UNSUPPORTED" and "TF32" in e.value.message
+    with pytest.raises((ValueError, clattn.Error)):
+        clattn.Attention(2, device="ref", precision="fp16")
+    a = clattn.Attention(2, device="ref", precision="fp32")
+    assert a(x)[0].shape == (1, 5, 8)
+    assert "precision" not in repr(a) and "precision='tf32'" in repr(clattn.Attention(2, device="ref", precision="tf32"))
+    assert all("emulated" in c for c in clattn.cores())
 
 
 @pytest.mark.parametrize("bad,status,needle", [

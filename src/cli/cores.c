@@ -1,6 +1,6 @@
 /* cores.c: `clattn cores [--device SPEC] [--json]`: every registered attention core, as the device sees it
  * (clattn_core_describe): name, kind, supported (or why not), the head-size classes AUTO gives it.
- * --json: one object per line with the keys name, kind, supported, emulated, reason, default_for (an array of
+ * --json: one object per line with the keys name, kind, supported, reason, emulated, default_for (an array of
  * head-size classes), algorithm, weights, params and test_configs (arrays of strings). */
 #include "cli.h"
 
@@ -91,9 +91,9 @@ int clattn_cli_cores(int argc, char **argv)
         if (json) {
             printf("{\"name\":");
             json_string(c.name);
-            printf(",\"kind\":\"%s\",\"supported\":%s,\"emulated\":%s,\"reason\":", kind,
-                   c.supported ? "true" : "false", c.emulated ? "true" : "false");
+            printf(",\"kind\":\"%s\",\"supported\":%s,\"reason\":", kind, c.supported ? "true" : "false");
             json_string(c.reason);
+            printf(",\"emulated\":%s", c.emulated ? "true" : "false");
             printf(",\"default_for\":");
             json_words(classes);
             printf(",\"algorithm\":\"%s\",\"weights\":%s,\"params\":", clattn_algorithm_name(c.algorithm),

@@ -181,6 +181,11 @@ void clattn_flash_release(void *state);
 size_t clattn_flash_device_bytes(const void *state);
 /* Floats of the split parts' workspace for d with `parts` parts (0 when parts <= 1). */
 size_t clattn_flash_split_floats(const clattn_attention_desc *d, size_t parts);
+/* A PER_GROUP member's default SPLIT for blocks of `rows` query rows and tiles of `bk` keys: on a GPU, the
+ * keys split (2, 4, 8 parts) while the blocks are too few for 4 work-groups per compute unit (long keys,
+ * few rows: a small batch), each part keeps at least 8 tiles and the parts' workspace one allocation; a CPU
+ * has work enough with one work-group per compute unit (1). */
+size_t clattn_flash_split_default(const clattn_caps *caps, const clattn_attention_desc *d, size_t rows, size_t bk);
 #define CLATTN_FLASH_MAX_HEAD 256 /* dk and dv the flash kernels take */
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len);

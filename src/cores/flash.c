@@ -40,6 +40,19 @@ size_t clattn_flash_split_floats(const clattn_attention_desc *d, size_t parts)
     return parts <= 1 ? 0 : d->batch * d->seq_q * parts * d->heads * (d->head_dim_v + 2);
 }
 
+size_t clattn_flash_split_default(const clattn_caps *caps, const clattn_attention_desc *d, size_t rows, size_t bk)
+{
+    size_t split = 1;
+    if (caps->dclass == CLATTN_CLASS_CPU) return split;
+    const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
+    const size_t groups = d->batch * d->heads * ((d->seq_q + rows - 1) / rows);
+    const size_t tiles = (tk + bk - 1) / bk, target = 4 * (size_t)caps->compute_units;
+    while (split < 8 && groups * split < target && tiles >= 8 * split &&
+           clattn_flash_split_floats(d, 2 * split) * sizeof(float) <= caps->max_alloc)
+        split *= 2;
+    return split;
+}
+
 size_t clattn_flash_device_bytes(const void *state)
 {
     const flash_state *s = state;

@@ -95,17 +95,7 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
         else if (p->v[BQ] > p->v[RM] && p->v[BQ] > 8) p->v[BQ] /= 2;
         else return 0;
     }
-    /* On a GPU, split the keys when the blocks are too few for 4 work-groups per compute unit (long keys,
-     * few rows: a small batch), while each part keeps at least 4 tiles and the parts' workspace one
-     * allocation. A CPU has work enough with one work-group per compute unit. */
-    if (caps->dclass != CLATTN_CLASS_CPU) {
-        const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
-        const size_t groups = d->batch * d->heads * ((d->seq_q + p->v[BQ] - 1) / p->v[BQ]);
-        const size_t tiles = (tk + p->v[BK] - 1) / p->v[BK], target = 4 * (size_t)caps->compute_units;
-        while (p->v[SPLIT] < 8 && groups * p->v[SPLIT] < target && tiles >= 8 * p->v[SPLIT] &&
-               clattn_flash_split_floats(d, 2 * p->v[SPLIT]) * sizeof(float) <= caps->max_alloc)
-            p->v[SPLIT] *= 2;
-    }
+    p->v[SPLIT] = clattn_flash_split_default(caps, d, p->v[BQ], p->v[BK]);
     return 1;
 }
 
