@@ -7,6 +7,7 @@
  *                rounding bit for bit against a formula written here; the result differs from fp32's)
  *   precision::  who takes and who refuses TF32 (every other core, AUTO's cores, the ref device, decode
  *                plans), and a precision that is not one
+ *   fp32::       infinities pass through 3xTF32 as through fp32
  *   auto::       AUTO never picks flash_mma where it would run as an emulation, and the public list says why
  * On a device without tensor cores flash_mma runs its emulation (the same kernel with mma, shfl and cvt in
  * OpenCL C); on an NVIDIA GPU of compute capability 8.0 or newer, the instructions. */
@@ -242,4 +243,54 @@ Test(auto, never_picks_the_emulation)
         clattn_plan_free(plan);
     }
     clattn_device_free(dev);
+}
+
+/* fp32 mode (3xTF32) passes infinities as fp32 does, against the ref device's fp32 reference on the same
+ * inputs (cross-attention, no projections: Q = x, K = V = kv, one query):
+ *   A  an infinite query element over keys whose element is negative, with low parts of both signs and 0:
+ *      every score -inf, so the row is 0 (an infinity meets the keys only through hi*hi, never lo*inf);
+ *   B  head size 3 (padded to 8 in the fragments) next to a head with an infinite query element: the padded
+ *      columns are zeros, never the neighbour's values, so head 0 stays finite. */
+Test(fp32, infinities_pass_as_in_fp32)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl(), *ref = tu_open_ref();
+    enum { TK = 5 };
+    static const float kcol0[TK] = {-0.9999f, -1.0001f, -2.9999f, -0.5f, -0.75f};
+    for (int which = 0; which < 2; which++) {
+        const size_t E = which ? 6 : 8, H = which ? 2 : 1;
+        float x[8], kv[TK * 8];
+        tu_rng r = {900u + (uint64_t)which};
+        tu_fill(&r, x, E, -1.0f, 1.0f);
+        tu_fill(&r, kv, TK * E, -1.0f, 1.0f);
+        if (which == 0) {
+            x[0] = INFINITY;
+            for (size_t j = 0; j < TK; j++) kv[j * E] = kcol0[j];
+        } else {
+            x[4] = INFINITY; /* head 1's second element */
+        }
+        clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = TK, .embed = E, .kv_embed = E, .heads = H,
+                                   .cross = 1};
+        float got[8], want_f[8];
+        double want[8];
+        for (size_t i = 0; i < 8; i++) got[i] = want_f[i] = NAN;
+        for (int side = 0; side < 2; side++) {
+            clattn_attention_args a = {.x = x, .kv = kv, .out = side ? got : want_f};
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(side ? dev : ref, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+            cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            clattn_plan_free(plan);
+        }
+        for (size_t i = 0; i < E; i++) want[i] = want_f[i];
+        if (which == 0)
+            for (size_t i = 0; i < E; i++) cr_assert_eq(want_f[i], 0.0f, "case A: the reference's row is not 0");
+        else
+            for (size_t i = 0; i < 3; i++) cr_assert(isfinite(want_f[i]), "case B: the reference's head 0");
+        char msg[300];
+        const size_t bad = oracle_compare_nonfinite(got, want, E, 1e-5, 1e-4, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %c: %zu elements differ from fp32's: %s", 'A' + which, bad, msg);
+    }
+    clattn_device_free(dev);
+    clattn_device_free(ref);
 }
