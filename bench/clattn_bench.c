@@ -45,6 +45,7 @@ typedef struct options {
     clattn_op op;
     int iters, warmup;
     int sweep, json, seq_given, ff_given, activation_given, norm_first_given, progress;
+    int core_given;    /* --core or --gemm set CLATTN_CORE (a second one appends to it) */
     const char *csv;
     double budget_s;   /* --sweep: stop before a configuration projected to take longer */
     double settle_s;   /* wait up to this long for idle CPUs before each configuration (0: no wait) */
@@ -69,6 +70,10 @@ typedef struct result {
     clattn_precision precision; /* the plan's (--precision) */
     char core[32];        /* the core that ran ("ref" on ref): the attention plan's, or the encoder's attention's */
     char core_params[128];/* its parameters ("" on ref and for the encoder) */
+    char gemm[32];        /* the GEMM core of its projections ("ref" on ref) */
+    char gemm_params[128];/* its parameters ("" on ref, for the encoder, or when it has none) */
+    double proj_ms;       /* the projections' stages (qkv_projection + out_projection, their bias fills included) */
+    int proj_valid;
     int tuned;            /* the attention plan uses the device's tuning file (-1: the encoder, not known) */
     size_t device_bytes;  /* device memory the attention plan holds (0: ref or the encoder) */
     double core_ms;       /* the attention core's stages (fused: attention; unfused: scores + softmax + context) */
@@ -199,7 +204,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
-            "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]] [--precision fp32|tf32]\n"
+            "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]] [--gemm NAME[:P=V,...]]\n"
+            "                    [--precision fp32|tf32]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -216,6 +222,8 @@ static void usage(FILE *f)
             "              refuses for its memory (CLATTN_STATUS_TOO_LARGE_FOR_DEVICE)\n"
             "  --core      run this core (`clattn cores`), as CLATTN_CORE=NAME[:P=V,...] does; the JSON's\n"
             "              \"core\" and \"core_params\" name what ran\n"
+            "  --gemm      run the GEMMs on this GEMM core (gemm_tiles, gemm_clblast), beside --core; the JSON's\n"
+            "              \"gemm\" and \"gemm_params\" name what ran, \"projection_gflops\" its projections' rate\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
             "  --progress  say on stderr which phase a configuration is in (first call, device runs i/N,\n"
@@ -278,9 +286,15 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
-        else if (!strcmp(a, "--core")) {
-            if (!v || !*v) bench_usage_die("--core needs a value (a core `clattn cores` lists)");
-            if (setenv("CLATTN_CORE", v, 1) != 0) bench_die("--core: cannot set CLATTN_CORE");
+        else if (!strcmp(a, "--core") || !strcmp(a, "--gemm")) { /* CLATTN_CORE holds both, ';' between */
+            if (!v || !*v) bench_usage_die("%s needs a value (a core `clattn cores` lists)", a);
+            char spec[600];
+            const char *have = getenv("CLATTN_CORE");
+            if (snprintf(spec, sizeof spec, "%s%s%s", have && *have && o->core_given ? have : "",
+                         have && *have && o->core_given ? ";" : "", v) >= (int)sizeof spec)
+                bench_usage_die("%s '%s': too long", a, v);
+            if (setenv("CLATTN_CORE", spec, 1) != 0) bench_die("%s: cannot set CLATTN_CORE", a);
+            o->core_given = 1;
             i++;
         }
         else if (!strcmp(a, "--precision")) {
@@ -517,6 +531,8 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->precision = op->precision;
     snprintf(r->core, sizeof r->core, "%s", run.attn ? clattn_plan_core(run.attn) : clattn_encoder_plan_core(run.enc));
     snprintf(r->core_params, sizeof r->core_params, "%s", run.attn ? clattn_plan_core_params(run.attn) : "");
+    snprintf(r->gemm, sizeof r->gemm, "%s", run.attn ? clattn_plan_gemm(run.attn) : clattn_encoder_plan_gemm(run.enc));
+    snprintf(r->gemm_params, sizeof r->gemm_params, "%s", run.attn ? clattn_plan_gemm_params(run.attn) : "");
     r->tuned = run.attn ? clattn_plan_tuned(run.attn) : -1;
     r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
@@ -593,6 +609,10 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         for (int k = 0; k < 4; k++)
             if (r->stage[core[k]].valid) r->core_ms += r->stage[core[k]].median;
         r->core_valid = r->core_ms > 0.0;
+        r->proj_valid = r->stage[CLATTN_STAGE_QKV_PROJECTION].valid && r->stage[CLATTN_STAGE_OUT_PROJECTION].valid;
+        r->proj_ms = r->proj_valid ? r->stage[CLATTN_STAGE_QKV_PROJECTION].median +
+                                         r->stage[CLATTN_STAGE_OUT_PROJECTION].median
+                                   : 0.0;
     }
     /* ref runs scores + softmax + context as one loop (reported under softmax): no GEMM share, no softmax rate */
     if (b->opencl && all > 0.0) {
@@ -664,6 +684,13 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     fprintf(f, ",\"core_params\":");
     if (r->core_params[0]) bench_json_string(f, r->core_params);
     else fprintf(f, "null");
+    fprintf(f, ",\"gemm\":");
+    bench_json_string(f, r->gemm);
+    fprintf(f, ",\"gemm_params\":");
+    if (r->gemm_params[0]) bench_json_string(f, r->gemm_params);
+    else fprintf(f, "null");
+    json_num(f, "projection_ms", r->proj_ms, r->proj_valid);
+    json_num(f, "projection_gflops", r->proj_valid ? r->flops.projections / (r->proj_ms * 1e6) : 0.0, r->proj_valid);
     json_num(f, "device_bytes", (double)r->device_bytes, r->device_bytes > 0);
     fprintf(f, ",\"tuned\":%s", r->tuned < 0 ? "null" : r->tuned ? "true" : "false");
     json_num(f, "core_ms", r->core_ms, r->core_valid);
@@ -844,6 +871,10 @@ static void print_text(const bench_ctx *b, const options *o, const result *r)
                clattn_algorithm_name(r->algorithm), r->core, r->core_params, (double)r->device_bytes / 1048576.0);
     if (r->core_valid)
         printf("attention core: %.3f ms, %.2f GFLOP/s\n", r->core_ms, r->flops.core / (r->core_ms * 1e6));
+    printf("GEMM core: %s%s%s%s", r->gemm, r->gemm_params[0] ? " (" : "", r->gemm_params, r->gemm_params[0] ? ")" : "");
+    if (r->proj_valid)
+        printf("; projections %.3f ms, %.2f GFLOP/s", r->proj_ms, r->flops.projections / (r->proj_ms * 1e6));
+    printf("\n");
     printf("first call (plan creation + first execute): %.1f ms\n", r->first_call_ms);
     if (r->dev.valid)
         printf("whole call, device-resident (execute_buffers + clFinish): median %.2f ms (min %.2f, max %.2f)  "

@@ -45,6 +45,7 @@ typedef struct dopts {
 
 typedef struct dres {
     char core[32];          /* the decode core that ran ("ref" on ref) */
+    char gemm[32];          /* the GEMM core of its projections above a few rows ("ref" on ref) */
     size_t batch, context, parts;
     double copy_gbps; /* measured just before this context's steps: the machine's state then */
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes, step_gbps;
@@ -270,6 +271,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     r->step_max = t[n - 1];
     r->parts = clattn_decode_plan_last_splits(plan);
     snprintf(r->core, sizeof r->core, "%s", clattn_decode_plan_core(plan));
+    snprintf(r->gemm, sizeof r->gemm, "%s", clattn_decode_plan_gemm(plan));
     double visible = 0;
     for (size_t b = 0; b < B; b++) {
         const size_t l = lens[b] + 1;
@@ -304,6 +306,8 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     bench_json_string(stdout, driver);
     printf(",\"core\":");
     bench_json_string(stdout, r->core);
+    printf(",\"gemm\":");
+    bench_json_string(stdout, r->gemm);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
            "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
            r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",

@@ -340,14 +340,16 @@ CLATTN_API int clattn_plan_tuned(const clattn_plan *plan);
 
 /* ---------------------------------------------------------------- cores */
 
-/* A core is one kernel family that computes the attention core of OpenCL plans. Prefill cores run
- * clattn_plan_create's plans; decode cores run clattn_decode_plan_create's. A plan picks its core when it
- * is created: CLATTN_CORE=NAME[:P=V,...] in the environment first (for the plans that can use that core;
- * a plan it cannot serve is refused with the core's reason), then the device's tuning file, then the
- * device's order of preference. */
+/* A core is one kernel family that computes the attention core of OpenCL plans, or their matrix products.
+ * Prefill cores run clattn_plan_create's plans; decode cores run clattn_decode_plan_create's; GEMM cores run
+ * every plan's GEMMs (projections, feed-forward layers, the unfused core's batched products). A plan picks
+ * its cores when it is created: CLATTN_CORE=NAME[:P=V,...][;NAME[:P=V,...]...] in the environment first (at
+ * most one core per kind; for the plans that can use that core; a plan it cannot serve is refused with the
+ * core's reason), then the device's tuning file, then the device's order of preference. */
 typedef enum clattn_core_kind {
     CLATTN_CORE_PREFILL = 0,
-    CLATTN_CORE_DECODE = 1
+    CLATTN_CORE_DECODE = 1,
+    CLATTN_CORE_GEMM = 2          /* the matrix products of a plan: projections, feed-forward, unfused scores */
 } clattn_core_kind;
 
 /* Head-size classes, by max(dk, dv): <= 32, <= 64, <= 128, <= 256, above. Bit c of default_for. */
@@ -377,6 +379,10 @@ CLATTN_API const char *clattn_head_class_label(int head_class);
  * the tuning file write them ("ROWS=16,BK=16,VW=8"; "" on ref). */
 CLATTN_API const char *clattn_plan_core(const clattn_plan *plan);
 CLATTN_API const char *clattn_plan_core_params(const clattn_plan *plan);
+/* The GEMM core the plan's matrix products run on (the projections, and the unfused core's score and context
+ * products: "gemm_tiles", "gemm_clblast"; "ref" on the ref device), and its parameters ("" when none). */
+CLATTN_API const char *clattn_plan_gemm(const clattn_plan *plan);
+CLATTN_API const char *clattn_plan_gemm_params(const clattn_plan *plan);
 
 /* ---------------------------------------------------------------- KV cache and decoding */
 
@@ -495,6 +501,8 @@ CLATTN_API clattn_status clattn_decode_plan_set_splits(clattn_decode_plan *plan,
 CLATTN_API size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan);
 /* The decode core the plan runs ("ref" on the ref device). */
 CLATTN_API const char *clattn_decode_plan_core(const clattn_decode_plan *plan);
+/* The GEMM core of its projections above a few rows ("ref" on the ref device). */
+CLATTN_API const char *clattn_decode_plan_gemm(const clattn_decode_plan *plan);
 
 /* ---------------------------------------------------------------- profiling */
 
@@ -583,6 +591,8 @@ CLATTN_API clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan
                                                              const cl_event *event_wait_list, cl_event *event);
 /* The core the layer's self-attention runs ("ref" on the ref device). */
 CLATTN_API const char *clattn_encoder_plan_core(const clattn_encoder_plan *plan);
+/* The GEMM core of its projections and feed-forward layers ("ref" on the ref device). */
+CLATTN_API const char *clattn_encoder_plan_gemm(const clattn_encoder_plan *plan);
 
 #ifdef __cplusplus
 }

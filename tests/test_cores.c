@@ -8,7 +8,9 @@
  *            numbers with its parameters; a plan it cannot serve refused with its reason, never given
  *            another core; unknown cores, parameters and values refused naming what exists; the older
  *            names' meaning kept (a preference)
- *   cli      `clattn cores` and `clattn cores --json` (the keys the ctest generator reads) on ref and OpenCL */
+ *   cli      `clattn cores` and `clattn cores --json` (the keys the ctest generator reads) on ref and OpenCL
+ *   GEMM cores: each plan names its GEMM core (gemm_tiles on CPUs, CLBlast on GPUs); CLATTN_CORE forces one,
+ *            alone or beside an attention core ("flash_tiled;gemm_clblast"), at most one per kind */
 #include "oracle.h"
 #include "testutil.h"
 #include "cores/core.h"
@@ -56,7 +58,7 @@ Test(cores, list)
     const size_t n = clattn_core_count();
     cr_assert_geq(n, 4);
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
-    unsigned defaults[2] = {0, 0}; /* per kind: the classes some core is AUTO's default for */
+    unsigned defaults[3] = {0, 0, 0}; /* per kind: the classes some core is AUTO's default for */
     for (size_t i = 0; i < n; i++) {
         clattn_core_info none, onref, c;
         cr_assert_eq(clattn_core_describe(NULL, i, &none), CLATTN_STATUS_SUCCESS);
@@ -65,8 +67,9 @@ Test(cores, list)
         cr_assert_str_eq(none.name, c.name);
         cr_assert(!none.supported && !onref.supported && none.default_for == 0 && onref.default_for == 0);
         cr_assert(strstr(onref.reason, "ref"), "%s: %s", onref.name, onref.reason);
-        cr_assert(c.kind == CLATTN_CORE_PREFILL || c.kind == CLATTN_CORE_DECODE);
-        cr_assert(c.algorithm == CLATTN_ALGORITHM_FUSED || c.algorithm == CLATTN_ALGORITHM_UNFUSED);
+        cr_assert(c.kind == CLATTN_CORE_PREFILL || c.kind == CLATTN_CORE_DECODE || c.kind == CLATTN_CORE_GEMM);
+        if (c.kind == CLATTN_CORE_GEMM) cr_assert(c.algorithm == CLATTN_ALGORITHM_AUTO && !c.produces_weights);
+        else cr_assert(c.algorithm == CLATTN_ALGORITHM_FUSED || c.algorithm == CLATTN_ALGORITHM_UNFUSED);
         cr_assert(c.supported == (c.reason[0] == '\0'), "%s: supported %d, reason '%s'", c.name, c.supported, c.reason);
         cr_assert_eq(c.default_for & defaults[c.kind], 0u, "%s: a second default for a class", c.name);
         defaults[c.kind] |= c.default_for;
@@ -78,6 +81,13 @@ Test(cores, list)
     }
     cr_assert_eq(defaults[CLATTN_CORE_PREFILL], 0x1Fu, "every head-size class has a prefill default");
     cr_assert_eq(defaults[CLATTN_CORE_DECODE], 0x0Fu, "head sizes up to 256 have a decode default");
+    cr_assert_eq(defaults[CLATTN_CORE_GEMM], 0x1Fu, "every head-size class has a GEMM default");
+    const clattn_core_info tiles = info_of(cl, "gemm_tiles"), clblast = info_of(cl, "gemm_clblast");
+    cr_assert(clblast.supported, "CLBlast runs on every OpenCL device");
+    cr_assert_str_eq(tiles.params, "MR VW NV QP KC WS");
+    if (is_cpu(cl)) cr_assert(tiles.supported && tiles.default_for == 0x1Fu, "a CPU device's GEMMs run gemm_tiles");
+    else cr_assert(!tiles.supported && strstr(tiles.reason, "CPU") && clblast.default_for == 0x1Fu,
+                   "a GPU's GEMMs run CLBlast (%s)", tiles.reason);
     const clattn_core_info rows = info_of(cl, "flash_rows"), tiled = info_of(cl, "flash_tiled");
     const clattn_core_info unfused = info_of(cl, "unfused"), dec = info_of(cl, "decode_attend");
     cr_assert(rows.supported && tiled.supported && unfused.supported && dec.supported);
@@ -99,8 +109,21 @@ Test(cores, list)
     clattn_device_free(cl);
 }
 
+static char last_gemm[32];
+
+/* The core AUTO gives kind's plans of head-size class cls on dev. */
+static const char *info_default(const clattn_device *dev, clattn_core_kind kind, int cls)
+{
+    static clattn_core_info c;
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_describe(dev, i, &c);
+        if (c.kind == kind && (c.default_for & (1u << cls))) return c.name;
+    }
+    return "";
+} /* the GEMM core of plan_run's last plan ("" when it made none) */
+
 /* A self-attention plan of head size d (E = 2d, 2 heads) on dev: created (or its status), run against the
- * float64 oracle; the core it ran into core. */
+ * float64 oracle; the core it ran into core, its GEMM core into last_gemm. */
 static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg, int need_weights, char *core,
                               size_t len)
 {
@@ -117,6 +140,7 @@ static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg
     const clattn_status st = tu_plan_create(dev, &desc, &wt, &p);
     if (st == CLATTN_STATUS_SUCCESS) {
         snprintf(core, len, "%s", clattn_plan_core(p));
+        snprintf(last_gemm, sizeof last_gemm, "%s", clattn_plan_gemm(p));
         float *out = tu_poisoned(B * T * E);
         clattn_attention_args a = {.x = x, .out = out};
         cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -128,7 +152,7 @@ static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg
         free(out), free(want);
     } else {
         cr_assert_null(p);
-        core[0] = '\0';
+        core[0] = last_gemm[0] = '\0';
     }
     for (int i = 0; i < 4; i++) free(w[i]);
     free(x), free(b);
@@ -158,20 +182,28 @@ Test(cores, choice)
     cr_assert_str_eq(core, "unfused");
     cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
     cr_assert(strncmp(core, "flash_", 6) == 0, "FUSED runs %s", core);
+    cr_assert_str_eq(last_gemm, is_cpu(cl) ? "gemm_tiles" : "gemm_clblast", "the device class's GEMM core");
     cr_assert_eq(plan_run(cl, 300, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "FUSED") && strstr(clattn_last_error(), "256"), "%s", clattn_last_error());
     cr_assert_eq(plan_run(ref, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
     cr_assert_str_eq(core, "ref");
+    cr_assert_str_eq(last_gemm, "ref");
     cr_assert_str_eq(clattn_plan_core(NULL), "");
+    cr_assert_str_eq(clattn_plan_gemm(NULL), "");
+    cr_assert_str_eq(clattn_plan_gemm_params(NULL), "");
     /* decode and encoder plans name theirs */
     clattn_attention_desc dd = {.batch = 1, .seq_q = 2, .embed = 16, .heads = 2, .causal = 1};
     clattn_decode_plan *dp = NULL;
     cr_assert_eq(tu_decode_plan_create(cl, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_str_eq(clattn_decode_plan_core(dp), "decode_attend");
+    cr_assert_str_eq(clattn_decode_plan_core(dp), is_cpu(cl) ? "decode_attend" : "decode_group");
+    cr_assert_str_eq(clattn_decode_plan_gemm(dp), is_cpu(cl) ? "gemm_tiles" : "gemm_clblast");
     clattn_decode_plan_free(dp);
     cr_assert_eq(tu_decode_plan_create(ref, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS);
     cr_assert_str_eq(clattn_decode_plan_core(dp), "ref");
+    cr_assert_str_eq(clattn_decode_plan_gemm(dp), "ref");
     clattn_decode_plan_free(dp);
+    cr_assert_str_eq(clattn_decode_plan_gemm(NULL), "");
+    cr_assert_str_eq(clattn_encoder_plan_gemm(NULL), "");
     clattn_device_free(cl);
     clattn_device_free(ref);
 }
@@ -234,6 +266,51 @@ Test(cores, forced)
     setenv("CLATTN_CORE", "flash_rows:VW=8", 1); /* head size 4: the vector width does not divide it */
     cr_assert_eq(plan_run(cl, 4, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "does not fit"), "%s", clattn_last_error());
+    /* a GEMM core forced: the plan keeps its attention core and runs its GEMMs on it (projections, and the
+     * unfused core's products), with the oracle's numbers; with an attention core in the same variable, both */
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_info c;
+        clattn_core_describe(cl, i, &c);
+        if (c.kind != CLATTN_CORE_GEMM || !c.supported) continue;
+        for (int weights = 0; weights < 2; weights++) {
+            setenv("CLATTN_CORE", c.name, 1);
+            cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, weights, core, sizeof core), CLATTN_STATUS_SUCCESS,
+                         "%s: %s", c.name, clattn_last_error());
+            cr_assert_str_eq(last_gemm, c.name);
+            cr_assert_str_eq(core, weights ? "unfused" : info_default(cl, CLATTN_CORE_PREFILL, 0));
+            char spec[96];
+            snprintf(spec, sizeof spec, "flash_tiled;%s", c.name);
+            setenv("CLATTN_CORE", spec, 1);
+            cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+            cr_assert(strcmp(core, "flash_tiled") == 0 && strcmp(last_gemm, c.name) == 0, "%s: %s, %s", spec, core,
+                      last_gemm);
+        }
+    }
+    if (is_cpu(cl)) {
+        setenv("CLATTN_CORE", "gemm_tiles:MR=3,VW=4,NV=3,QP=1,KC=64,WS=16;unfused", 1);
+        cr_assert_eq(plan_run(cl, 16, CLATTN_ALGORITHM_AUTO, 1, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert(strcmp(core, "unfused") == 0 && strcmp(last_gemm, "gemm_tiles") == 0, "%s, %s", core, last_gemm);
+    }
+    const struct { const char *env; const char *needle; } bad_gemm[] = {
+        {"gemm_tiles:MR=9", "the values are"},
+        {"gemm_tiles:TILE=4", "has no parameter"},
+        {"flash_rows;flash_tiled", "two prefill cores"},
+        {"gemm_tiles;gemm_clblast", "two gemm cores"},
+        {"flash_rows;gemm_magic", "no core 'gemm_magic'"},
+    };
+    for (size_t i = 0; i < sizeof bad_gemm / sizeof bad_gemm[0]; i++) {
+        setenv("CLATTN_CORE", bad_gemm[i].env, 1);
+        cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_INVALID_ARGUMENT,
+                     "%s: %s", bad_gemm[i].env, clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), bad_gemm[i].needle), "%s: '%s' lacks '%s'", bad_gemm[i].env,
+                  clattn_last_error(), bad_gemm[i].needle);
+    }
+    if (!is_cpu(cl)) { /* gemm_tiles forced on a GPU: refused with its reason, never CLBlast instead */
+        setenv("CLATTN_CORE", "gemm_tiles", 1);
+        cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "CPU"), "%s", clattn_last_error());
+    }
     /* a decode core forced: prefill plans keep theirs, decode plans run it */
     setenv("CLATTN_CORE", "decode_attend", 1);
     cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
@@ -291,6 +368,8 @@ Test(cores, cli)
     cr_assert_eq(lines, clattn_core_count());
     cr_assert(strstr(out, "{\"name\":\"unfused\",\"kind\":\"prefill\",\"supported\":true,\"reason\":\"\""), "%s", out);
     cr_assert(strstr(out, "\"name\":\"decode_attend\",\"kind\":\"decode\""), "%s", out);
+    cr_assert(strstr(out, "\"name\":\"gemm_clblast\",\"kind\":\"gemm\",\"supported\":true"), "%s", out);
+    cr_assert(strstr(out, "\"algorithm\":null"), "%s", out);
     free(out);
     out = cli("cores --device ref --json", &rc);
     cr_assert_eq(rc, 0);
@@ -329,6 +408,21 @@ Test(cores, gpu_order)
                 cr_assert_str_eq(c->name, nvidia[cls][i], "device class %d, head class %d, choice %zu", dc, cls, i);
             }
     cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, 0)->name, "flash_rows");
+}
+
+/* The GEMM cores' order: gemm_tiles then CLBlast on CPU devices, CLBlast alone on GPUs (registry.c). */
+Test(cores, gemm_order)
+{
+    for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
+        for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 1);
+            cr_assert(a, "device class %d, head class %d: no GEMM core", dc, cls);
+            cr_assert_eq(a->kind, CLATTN_CORE_GEMM);
+            cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "gemm_tiles" : "gemm_clblast", "class %d", dc);
+            if (dc == CLATTN_CLASS_CPU) cr_assert(b && strcmp(b->name, "gemm_clblast") == 0);
+            else cr_assert_null(b);
+        }
 }
 
 /* flash_gemm's defaults on a GPU-like device (48 KiB of local memory, 1024 work-items, 132 compute units):

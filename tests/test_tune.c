@@ -63,6 +63,7 @@ static void write_file(const char *text)
 }
 
 static char last_core[32], last_params[128]; /* the core of plan_with_file's last plan, and its parameters */
+static char last_gemm[32];                     /* and its GEMM core */
 
 /* A plan (head size d: class 0 for 8 and 4) on a fresh device reading the file; checked against the
  * oracle; returns whether it was tuned, the device's notice (copied into notice) and its core (last_core). */
@@ -90,6 +91,7 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
     const int tuned = clattn_plan_tuned(p);
     snprintf(last_core, sizeof last_core, "%s", clattn_plan_core(p));
     snprintf(last_params, sizeof last_params, "%s", clattn_plan_core_params(p));
+    snprintf(last_gemm, sizeof last_gemm, "%s", clattn_plan_gemm(p));
     clattn_plan_free(p);
     clattn_device_free(dev);
     free(wq), free(wk), free(wv), free(x), free(out), free(want);
@@ -209,12 +211,16 @@ Test(tune, files)
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "not one of the"), "%s", notice);
     static const int sets[] = {0, 3, 8}; /* CLBlast's generic default and two others */
-    for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned */
+    for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned when CLBlast runs them */
         const int set = sets[i];
         snprintf(text, sizeof text, "%sclblast xgemm %d\n", head, set);
         write_file(text);
+        setenv("CLATTN_CORE", "gemm_clblast", 1);
         cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1, "set %d", set);
         cr_assert_str_empty(notice);
+        unsetenv("CLATTN_CORE");
+        const int tuned = plan_with_file(F, 8, notice, sizeof notice); /* AUTO's GEMM core */
+        cr_assert_eq(tuned, strcmp(last_gemm, "gemm_clblast") == 0, "set %d, GEMM core %s", set, last_gemm);
     }
     /* no file at all: nothing to say */
     unlink(path);
@@ -251,8 +257,9 @@ Test(tune, search_writes_a_file_the_plans_use, .timeout = 600)
     /* a plan counts as tuned when an entry of the file applies to it: its core's parameters for class 0, the
      * file's core for class 0 when the plan can use it, or CLBlast's parameters (the projections) */
     char notice[1100];
-    const int xgemm = strstr(text, "\nclblast xgemm ") != NULL;
+    int xgemm = strstr(text, "\nclblast xgemm ") != NULL;
     const int fused_tuned = plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice);
+    xgemm &= strcmp(last_gemm, "gemm_clblast") == 0; /* CLBlast's parameters count where CLBlast runs the GEMMs */
     char entry[64];
     snprintf(entry, sizeof entry, "\ncore %s 0 ", last_core);
     cr_assert_eq(fused_tuned, xgemm || strstr(text, "\nauto 0 flash_") || strstr(text, entry), "%s (core %s)", text,
@@ -378,7 +385,9 @@ Test(tune, limits_at_their_boundary)
     for (size_t s = sets - 1; s <= sets; s++) {
         snprintf(text, 70000, "%sclblast xgemm %zu\n", head, s);
         write_file(text);
+        setenv("CLATTN_CORE", "gemm_clblast", 1);
         const int tuned = plan_with_file(F, 8, notice, sizeof notice);
+        unsetenv("CLATTN_CORE");
         if (s < sets) cr_assert(tuned == 1 && !notice[0], "the last set %zu: tuned %d, '%s'", s, tuned, notice);
         else cr_assert(tuned == 0 && strstr(notice, "not one of the"), "set %zu: tuned %d, '%s'", s, tuned, notice);
     }

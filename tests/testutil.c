@@ -76,31 +76,43 @@ clattn_device *tu_open_opencl(void)
         /* a test that claims OpenCL would compare ref with ref: say so instead of passing */
         cr_skip_test("CLATTN_TEST_DEVICE=%s is not an OpenCL device; this test needs one", spec);
     }
-    const clattn_core_info *forced = tu_forced_core();
-    for (size_t i = 0; forced && i < clattn_core_count(); i++) {
-        clattn_core_info c;
-        if (clattn_core_describe(dev, i, &c) == CLATTN_STATUS_SUCCESS && strcmp(c.name, forced->name) == 0 &&
-            !c.supported && !c.emulated) {
-            clattn_device_free(dev);
-            cr_skip_test("core %s is not supported by the test device: %s", c.name, c.reason);
+    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_GEMM; kind++) {
+        const clattn_core_info *forced = tu_forced_core_of((clattn_core_kind)kind);
+        for (size_t i = 0; forced && i < clattn_core_count(); i++) {
+            clattn_core_info c;
+            if (clattn_core_describe(dev, i, &c) == CLATTN_STATUS_SUCCESS && strcmp(c.name, forced->name) == 0 &&
+                !c.supported && !c.emulated) {
+                clattn_device_free(dev);
+                cr_skip_test("core %s is not supported by the test device: %s", c.name, c.reason);
+            }
         }
     }
     return dev;
 }
 
-const clattn_core_info *tu_forced_core(void)
+const clattn_core_info *tu_forced_core_of(clattn_core_kind kind)
 {
-    static clattn_core_info info;
+    static clattn_core_info info[CLATTN_CORE_GEMM + 1];
     const char *v = getenv("CLATTN_CORE");
     if (!v || !*v) return NULL;
-    const size_t n = strcspn(v, ":");
-    for (size_t i = 0; i < clattn_core_count(); i++)
-        if (clattn_core_describe(NULL, i, &info) == CLATTN_STATUS_SUCCESS && strlen(info.name) == n &&
-            strncmp(info.name, v, n) == 0)
-            return &info;
-    cr_assert_fail("CLATTN_CORE=%s names no registered core", v);
+    for (const char *spec = v; *spec; spec += strcspn(spec, ";"), spec += *spec == ';') {
+        const size_t n = strcspn(spec, ":;");
+        size_t i = 0;
+        clattn_core_info c;
+        for (; i < clattn_core_count(); i++)
+            if (clattn_core_describe(NULL, i, &c) == CLATTN_STATUS_SUCCESS && strlen(c.name) == n &&
+                strncmp(c.name, spec, n) == 0)
+                break;
+        if (i == clattn_core_count()) cr_assert_fail("CLATTN_CORE=%s names no registered core", v);
+        if (c.kind == kind) {
+            info[kind] = c;
+            return &info[kind];
+        }
+    }
     return NULL;
 }
+
+const clattn_core_info *tu_forced_core(void) { return tu_forced_core_of(CLATTN_CORE_PREFILL); }
 
 int tu_core_applies(clattn_algorithm alg, int need_weights)
 {

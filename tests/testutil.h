@@ -49,10 +49,13 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
 /* The counts alone, into *w (for the description d, unresolved as a caller writes it). */
 void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *d);
 
-/* The core CLATTN_CORE=NAME[:P=V,...] forces (the ctest entries <family>_core_<name>..., generated from the
- * registry), or NULL. tu_open_opencl skips the test visibly when the test device does not run that core. */
+/* The core of `kind` that CLATTN_CORE=NAME[:P=V,...][;NAME[:P=V,...]...] forces (the ctest entries
+ * <family>_core_<name>..., generated from the registry), or NULL. tu_open_opencl skips the test visibly when the
+ * test device does not run a forced core. tu_forced_core: the forced attention (prefill) core. */
+const clattn_core_info *tu_forced_core_of(clattn_core_kind kind);
 const clattn_core_info *tu_forced_core(void);
-/* Would an OpenCL plan of this algorithm (with need_weights) run the forced core? 1 when none is forced.
+/* Would an OpenCL plan of this algorithm (with need_weights) run the forced prefill core? 1 when none is forced
+ * (a GEMM or decode core forced alone serves every plan).
  * Helpers that go over both algorithms return early for the cases another entry runs. */
 int tu_core_applies(clattn_algorithm alg, int need_weights);
 

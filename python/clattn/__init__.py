@@ -98,12 +98,12 @@ def devices() -> List[Dict[str, Any]]:
 
 
 def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Every attention core clattn has, as `clattn cores --json` lists them on `device` (a spec as for
-    devices(); None: the default device): dicts with name, kind ("prefill" or "decode"), supported, emulated (forcing it runs an
-    emulation here, for tests), reason
-    (why not, "" when supported), default_for (the head-size classes, "<=32" ... ">256", whose plans AUTO gives
-    it there), algorithm, weights, params and test_configs. CLATTN_CORE=NAME[:P=V,...] in the environment
-    forces a core on the plans that can use it."""
+    """Every core clattn has, as `clattn cores --json` lists them on `device` (a spec as for devices(); None: the
+    default device): dicts with name, kind ("prefill", "decode" or "gemm": the matrix products), supported,
+    emulated (forcing it runs an emulation here, for tests), reason (why not, "" when supported), default_for (the
+    head-size classes, "<=32" ... ">256", whose plans AUTO gives it there), algorithm (None for GEMM cores),
+    weights, params and test_configs. CLATTN_CORE=NAME[:P=V,...][;NAME...] in the environment forces cores (one
+    per kind) on the plans that can use them."""
     dev = _Device(device)
     out = []
     for i in range(_lib.core_count()):
@@ -113,7 +113,8 @@ def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
                         emulated=bool(c.emulated), reason=c.reason.decode(),
                         default_for=[_lib.head_class_label(k).decode() for k in range(_lib.HEAD_CLASS_COUNT)
                                      if c.default_for & (1 << k)],
-                        algorithm={1: "fused", 2: "unfused"}.get(c.algorithm, "auto"), weights=bool(c.produces_weights),
+                        algorithm=None if c.kind == _lib.CORE_GEMM else {1: "fused", 2: "unfused"}.get(c.algorithm, "auto"),
+                        weights=bool(c.produces_weights),
                         params=c.params.decode().split(), test_configs=c.test_configs.decode().split()))
     return out
 
@@ -425,7 +426,7 @@ class Attention(_Shaped, _PlanCached):
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
         self.device = self._device.name
-        self._last = (None, None)  # (algorithm, core) of the last call
+        self._last = (None, None, None)  # (algorithm, core, GEMM core) of the last call
 
     @property
     def algorithm_used(self) -> Optional[str]:
@@ -436,6 +437,11 @@ class Attention(_Shaped, _PlanCached):
     def core_used(self) -> Optional[str]:
         """The core of the last call ("flash_rows", "unfused", ..., "ref" on ref; see clattn.cores())."""
         return self._last[1]
+
+    @property
+    def gemm_used(self) -> Optional[str]:
+        """The GEMM core of the last call's projections ("gemm_tiles", "gemm_clblast", "ref" on ref)."""
+        return self._last[2]
 
     def __repr__(self) -> str:
         opts = [self._wt.describe()]
@@ -498,7 +504,7 @@ class Attention(_Shaped, _PlanCached):
                                   **{k + "_count": _a.count(v) for k, v in arrays.items()})
         _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
         self._last = ({0: "reference", 1: "fused", 2: "unfused"}[_lib.plan_algorithm(plan.handle)],
-                      _lib.plan_core(plan.handle).decode())
+                      _lib.plan_core(plan.handle).decode(), _lib.plan_gemm(plan.handle).decode())
         out = _unbatched(out, batched, self.batch_first)
         if weights is not None and not batched:
             weights = weights[0]
@@ -593,6 +599,11 @@ class Decoder(_Shaped):
     def core_used(self) -> str:
         """The decode core ("decode_attend", or "ref" on ref)."""
         return _lib.decode_plan_core(self._dplan.handle).decode()
+
+    @property
+    def gemm_used(self) -> str:
+        """The GEMM core of the projections above a few rows ("gemm_tiles", "gemm_clblast", or "ref" on ref)."""
+        return _lib.decode_plan_gemm(self._dplan.handle).decode()
 
     def __repr__(self) -> str:
         return (f"clattn.Decoder({self._wt.describe()}, batch={self.batch}, capacity={self.capacity}, "
@@ -732,12 +743,17 @@ class EncoderLayer(_Shaped, _PlanCached):
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
         self.device = self._device.name
-        self._last_core = None
+        self._last_core = self._last_gemm = None
 
     @property
     def core_used(self) -> Optional[str]:
         """The core of the last call's self-attention ("ref" on ref; None before any)."""
         return self._last_core
+
+    @property
+    def gemm_used(self) -> Optional[str]:
+        """The GEMM core of the last call's projections and feed-forward layers ("ref" on ref; None before any)."""
+        return self._last_gemm
 
     def __repr__(self) -> str:
         return (f"clattn.EncoderLayer({self._wt.describe()}, ff_dim={self.ff_dim}, activation={self.activation!r}, "
@@ -776,6 +792,7 @@ class EncoderLayer(_Shaped, _PlanCached):
                                 x_count=x3.size, key_padding_mask_count=_a.count(kpm), out_count=out.size)
         _check(_lib.encoder_plan_execute(plan.handle, ctypes.byref(args)), "running the encoder layer")
         self._last_core = _lib.encoder_plan_core(plan.handle).decode()
+        self._last_gemm = _lib.encoder_plan_gemm(plan.handle).decode()
         return kind.out(_unbatched(out, batched, self.batch_first))
 
     def __call__(self, x: Any, *, key_padding_mask: Any = None) -> Any:

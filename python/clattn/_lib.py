@@ -44,7 +44,8 @@ class CoreInfo(Structure):
                 ("test_configs", c_char * 128), ("emulated", c_int)]
 
 
-CORE_KINDS = {0: "prefill", 1: "decode"}
+CORE_KINDS = {0: "prefill", 1: "decode", 2: "gemm"}
+CORE_GEMM = 2
 HEAD_CLASS_COUNT = 5
 
 
@@ -139,6 +140,9 @@ head_class_label = _fn("clattn_head_class_label", c_char_p, c_int)
 plan_core = _fn("clattn_plan_core", c_char_p, c_void_p)
 plan_core_params = _fn("clattn_plan_core_params", c_char_p, c_void_p)
 decode_plan_core = _fn("clattn_decode_plan_core", c_char_p, c_void_p)
+plan_gemm = _fn("clattn_plan_gemm", c_char_p, c_void_p)
+decode_plan_gemm = _fn("clattn_decode_plan_gemm", c_char_p, c_void_p)
+encoder_plan_gemm = _fn("clattn_encoder_plan_gemm", c_char_p, c_void_p)
 plan_create = _fn("clattn_plan_create", c_int, c_void_p, POINTER(AttentionDesc), POINTER(AttentionWeights),
                   POINTER(c_void_p))
 plan_free = _fn("clattn_plan_free", None, c_void_p)

@@ -151,12 +151,19 @@ def test_cores_match_the_cli():
         if device == "ref":
             assert not any(c["supported"] for c in listed)
         else:
-            prefill = [cls for c in listed if c["kind"] == "prefill" for cls in c["default_for"]]
-            assert sorted(prefill) == sorted(["<=32", "<=64", "<=128", "<=256", ">256"])
-    a = clattn.Attention(2, device=DEVICES[-1])
-    assert a.core_used is None
+            for kind in ("prefill", "gemm"):  # one default per head-size class, for the attention and the GEMMs
+                classes = [cls for c in listed if c["kind"] == kind for cls in c["default_for"]]
+                assert sorted(classes) == sorted(["<=32", "<=64", "<=128", "<=256", ">256"])
+        gemms = [c for c in listed if c["kind"] == "gemm"]
+        assert {"gemm_tiles", "gemm_clblast"} <= {c["name"] for c in gemms}
+        assert all(c["algorithm"] is None and not c["weights"] for c in gemms)
+    a = clattn.Attention(2, w_query=np.eye(16, dtype=np.float32), w_key=np.eye(16, dtype=np.float32),
+                         w_value=np.eye(16, dtype=np.float32), device=DEVICES[-1])
+    assert a.core_used is None and a.gemm_used is None
     a(np.zeros((1, 3, 16), np.float32))
     assert a.core_used in names + ["ref"]
+    assert a.gemm_used in [c["name"] for c in gemms] + ["ref"]
+    assert (a.gemm_used == "ref") == (a.core_used == "ref")
 
 
 # ---------------------------------------------------------------- attention parity

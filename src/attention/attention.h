@@ -49,6 +49,8 @@ struct clattn_plan {
     const clattn_core *core;     /* the core it runs (NULL on ref) */
     clattn_core_params core_params; /* the parameters it was built with */
     char core_params_text[128];  /* the same as text ("" on ref) */
+    const char *gemm;            /* its GEMM core's name ("ref" on ref) */
+    char gemm_params_text[128];  /* that core's parameters as text ("" on ref, or when it has none) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */
 };
 
@@ -100,19 +102,27 @@ typedef struct clattn_linear {
     cl_program prog;
     cl_kernel fill, small; /* fill_rows, and for few rows linear_small or linear_gemv (cl/attention/linear.cl) */
     int gemv;              /* small is linear_gemv (a work-group per block of columns: GPUs) */
+    clattn_core_instance gemm_core; /* the plan's GEMM core (select.c chose it) */
+    clattn_gemm gemm;      /* the same, as the cores layer sees it (the unfused core's GEMMs) */
 } clattn_linear;
-clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l);
+/* The kernels, and the GEMM core for plans of description d (its head-size class picks tuning-file entries). */
+clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attention_desc *d, clattn_linear *l);
 void clattn_linear_release(clattn_linear *l);
 /* Every row of dst (rows, cols) = bias. */
 clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem bias, size_t rows, size_t cols);
-/* y (m, n) = x (m, k) W^T (+ bias), W (n, k) in nn.Linear layout: the bias as rows first and a CLBlast GEMM
- * with beta = 1, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, the few-rows kernel of the device's
- * class (a GEMM library pads m to its tile and does dozens of times the work): linear_small on CPUs (a
+/* y (m, n) = x (m, k) W^T (+ bias), W (n, k) in nn.Linear layout: the bias as rows first and a GEMM with beta = 1
+ * on the plan's GEMM core, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, the few-rows kernel of the
+ * device's class (a GEMM pads m to its tile and does dozens of times the work): linear_small on CPUs (a
  * work-item per column), linear_gemv on GPUs (a work-group per block of columns, coalesced along k). warm:
  * the few-rows kernel launched with no work. */
 #define CLATTN_LINEAR_SMALL_ROWS 16
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);
+/* The GEMM core's name and parameters as text ("gemm_tiles", "MR=8,..."), for the plans' reports. */
+void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len);
+/* The projections' helpers of an OpenCL plan (its GEMM core), for the encoder layer's feed-forward GEMMs;
+ * NULL on ref. */
+const clattn_linear *clattn_plan_linear(const struct clattn_plan *p);
 /* One device buffer holding blocks of rows one after another: block i has rows[i] rows of cols floats from
  * parts[i], or zeros where parts[i] is NULL (a bias that is absent). */
 clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,

@@ -1,7 +1,7 @@
 /* linear.c: the projections' helpers on an OpenCL device, one set for every plan (attention, decode,
- * encoder): weights and biases concatenated into one buffer, and y = x W^T + b as a bias fill and a CLBlast
- * GEMM with beta = 1, or for a decode step's few rows linear_small (CPUs) or linear_gemv (GPUs)
- * (cl/attention/linear.cl). */
+ * encoder): weights and biases concatenated into one buffer, the plan's GEMM core (chosen by select.c), and
+ * y = x W^T + b as a bias fill and a GEMM with beta = 1, or for a decode step's few rows linear_small (CPUs) or
+ * linear_gemv (GPUs) (cl/attention/linear.cl). */
 #include "attention.h"
 
 #include <stdio.h>
@@ -15,10 +15,12 @@
 #define GEMV_LK 32
 #define GEMV_COLS 4
 
-clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l)
+clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attention_desc *d, clattn_linear *l)
 {
     memset(l, 0, sizeof *l);
     l->dev = dev;
+    TRY(clattn_core_create(dev, CLATTN_CORE_GEMM, d, NULL, 0, &l->gemm_core));
+    l->gemm = (clattn_gemm){l->gemm_core.core, l->gemm_core.state};
     const char *src[] = {"attention/linear"};
     char opts[160];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d", GEMV_WG, GEMV_LK,
@@ -40,6 +42,8 @@ clattn_status clattn_linear_build(const clattn_device *dev, clattn_linear *l)
 
 void clattn_linear_release(clattn_linear *l)
 {
+    clattn_core_destroy(&l->gemm_core);
+    l->gemm = (clattn_gemm){NULL, NULL};
     clattn_kernel_release(&l->fill);
     clattn_kernel_release(&l->small);
     clattn_program_release(&l->prog);
@@ -90,8 +94,17 @@ clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size
 {
     if (few_rows && (m <= CLATTN_LINEAR_SMALL_ROWS || warm)) return linear_small(l, m, n, k, x, w, bias, y, warm);
     if (bias) TRY(clattn_linear_fill(l, y, bias, m, n));
-    return clattn_blas_sgemm(l->dev, CLBlastTransposeYes, m, n, k, 1.0f, x.mem, x.off, k, w, 0, k, bias ? 1.0f : 0.0f,
-                             y.mem, y.off, n, what);
+    const clattn_gemm_call c = {.m = m, .n = n, .k = k, .trans_b = 1, .alpha = 1.0f, .beta = bias ? 1.0f : 0.0f,
+                                .a = x, .b = {w, 0}, .c = y, .lda = k, .ldb = k, .ldc = n, .count = 1, .what = what};
+    return clattn_gemm_run(&l->gemm, &c);
+}
+
+void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len)
+{
+    const clattn_core *c = l->gemm_core.core;
+    *name = c ? c->name : "";
+    if (c) clattn_core_params_format(c, &l->gemm_core.params, params, len);
+    else if (len) params[0] = '\0';
 }
 
 clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,

@@ -314,6 +314,13 @@ const char *clattn_plan_core(const clattn_plan *plan)
 
 const char *clattn_plan_core_params(const clattn_plan *plan) { return plan ? plan->core_params_text : ""; }
 
+const char *clattn_plan_gemm(const clattn_plan *plan)
+{
+    return !plan ? "" : plan->gemm ? plan->gemm : "ref";
+}
+
+const char *clattn_plan_gemm_params(const clattn_plan *plan) { return plan ? plan->gemm_params_text : ""; }
+
 int clattn_plan_tuned(const clattn_plan *plan) { return plan ? plan->tuned : 0; }
 
 const char *clattn_algorithm_name(clattn_algorithm a)

@@ -28,32 +28,61 @@ typedef struct env_request {
     const char *param_var;
 } env_request;
 
-static clattn_status read_env(env_request *r)
+/* One spec of CLATTN_CORE, "NAME[:P=V,...]", into r when its core is of `kind`; *core_out: its core. */
+static clattn_status read_spec(env_request *r, const char *v, const char *spec, clattn_core_kind kind,
+                               const clattn_core **core_out)
+{
+    char name[64];
+    const char *colon = strchr(spec, ':');
+    const size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (n >= sizeof name || (colon && strlen(colon + 1) >= sizeof r->params))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%.60s': too long", v);
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    const clattn_core *c = clattn_core_find(name);
+    if (!c) {
+        char names[400] = "";
+        for (size_t i = 0; i < clattn_core_total(); i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                     clattn_core_at(i)->name);
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%s': no core '%s' (the cores: %s)", v, name,
+                           names);
+    }
+    *core_out = c;
+    if (c->kind != kind) return CLATTN_STATUS_SUCCESS;
+    r->force = c;
+    r->var = r->param_var = "CLATTN_CORE";
+    r->strict = 1;
+    r->param_core = c;
+    if (colon) snprintf(r->params, sizeof r->params, "%s", colon + 1);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* What the environment asks for plans of `kind`. CLATTN_CORE holds specs separated by ';', at most one core
+ * of each kind; the older variables are read only when it is not set, and only for prefill plans. */
+static clattn_status read_env(env_request *r, clattn_core_kind kind)
 {
     memset(r, 0, sizeof *r);
     const char *v = getenv("CLATTN_CORE");
     if (v && *v) {
-        char name[64];
-        const char *colon = strchr(v, ':');
-        const size_t n = colon ? (size_t)(colon - v) : strlen(v);
-        if (n >= sizeof name || (colon && strlen(colon + 1) >= sizeof r->params))
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%.60s': too long", v);
-        memcpy(name, v, n);
-        name[n] = '\0';
-        if (!(r->force = clattn_core_find(name))) {
-            char names[256] = "";
-            for (size_t i = 0; i < clattn_core_total(); i++)
-                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                         clattn_core_at(i)->name);
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%s': no core '%s' (the cores: %s)", v,
-                               name, names);
+        char buf[600];
+        if (strlen(v) >= sizeof buf) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%.60s...': too "
+                                                        "long", v);
+        snprintf(buf, sizeof buf, "%s", v);
+        const clattn_core *seen[CLATTN_CORE_GEMM + 1] = {NULL};
+        char *save = NULL;
+        for (char *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
+            const clattn_core *c = NULL;
+            TRY(read_spec(r, v, spec, kind, &c));
+            if (seen[c->kind])
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%s': two %s cores (%s and %s): at "
+                                   "most one of each kind", v, clattn_core_kind_name(c->kind), seen[c->kind]->name,
+                                   c->name);
+            seen[c->kind] = c;
         }
-        r->var = r->param_var = "CLATTN_CORE";
-        r->strict = 1;
-        r->param_core = r->force;
-        if (colon) snprintf(r->params, sizeof r->params, "%s", colon + 1);
         return CLATTN_STATUS_SUCCESS;
     }
+    if (kind != CLATTN_CORE_PREFILL) return CLATTN_STATUS_SUCCESS;
     const char *flash = getenv("CLATTN_FLASH"), *alg = getenv("CLATTN_ATTENTION"), *sm = getenv("CLATTN_SOFTMAX");
     if (flash && *flash) {
         if (strcmp(flash, "rows") != 0 && strcmp(flash, "tiled") != 0)
@@ -76,17 +105,21 @@ static clattn_status read_env(env_request *r)
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* Can a plan of this kind and description use the core at all (before the core's own limits)? */
+/* Can a plan of this kind and description use the core at all (before the core's own limits)? A GEMM core
+ * serves any plan: the algorithm and the weights are its attention core's concern. */
 static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_attention_desc *d)
 {
-    return c->kind == kind && (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
+    if (c->kind != kind) return 0;
+    if (kind == CLATTN_CORE_GEMM) return 1;
+    return (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
            (!d->need_weights || c->produces_weights);
 }
 
-/* The layout as this core sees it: the biases stay the shell's unless the core adds them. */
+/* The layout as this core sees it: the biases stay the shell's unless the core adds them (a GEMM core gets
+ * none). */
 static clattn_core_layout layout_for(const clattn_core *c, const clattn_core_layout *lay)
 {
-    clattn_core_layout l = *lay;
+    clattn_core_layout l = lay ? *lay : (clattn_core_layout){0};
     if (!c->adds_biases) l.bias_q = l.bias_k = l.bias_v = 0;
     return l;
 }
@@ -142,7 +175,9 @@ static clattn_status try_core(const clattn_device *dev, const env_request *r, co
     char why[300] = "";
     *refused = 1;
     clattn_status sup = c->supports(c, &dev->caps, d, why, sizeof why);
-    if (sup == CLATTN_STATUS_SUCCESS && d->precision == CLATTN_PRECISION_TF32 && !c->tf32) {
+    /* TF32 is the attention core's: the projections stay fp32 */
+    if (sup == CLATTN_STATUS_SUCCESS && c->kind != CLATTN_CORE_GEMM && d->precision == CLATTN_PRECISION_TF32 &&
+        !c->tf32) {
         sup = CLATTN_STATUS_UNSUPPORTED;
         snprintf(why, sizeof why, "%s computes in fp32 only (precision TF32 needs TF32 products: flash_mma, which "
                  "AUTO does not choose yet; CLATTN_CORE=flash_mma forces it)", c->name);
@@ -163,13 +198,14 @@ static clattn_status try_core(const clattn_device *dev, const env_request *r, co
     out->core = c;
     out->params = p;
     out->tuned = tuned;
-    clattn_status st = c->build(c, dev, d, &lay, &p, &out->state);
+    const clattn_core_layout *lp = lay0 ? &lay : NULL;
+    clattn_status st = c->build(c, dev, d, lp, &p, &out->state);
     if (st != CLATTN_STATUS_SUCCESS && tuned && !forced) {
         clattn_clear_error(); /* the file's parameters did not build here: the defaults */
         c->defaults(c, &dev->caps, d, &p);
         out->params = p;
         out->tuned = 0;
-        st = c->build(c, dev, d, &lay, &p, &out->state);
+        st = c->build(c, dev, d, lp, &p, &out->state);
     }
     if (st != CLATTN_STATUS_SUCCESS) out->core = NULL, out->state = NULL;
     *refused = st == CLATTN_STATUS_UNSUPPORTED;
@@ -181,7 +217,7 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
 {
     memset(out, 0, sizeof *out);
     env_request r;
-    TRY(read_env(&r));
+    TRY(read_env(&r, kind));
     int refused;
     const int forced = r.force && eligible(r.force, kind, d) && !(r.auto_only && d->algorithm != CLATTN_ALGORITHM_AUTO);
     if (forced && r.strict) return try_core(dev, &r, r.force, 1, d, lay, other_floats, out, &refused);
@@ -218,9 +254,9 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
                  clattn_last_error());
     }
     return clattn_fail(refusal == CLATTN_STATUS_SUCCESS ? CLATTN_STATUS_UNSUPPORTED : refusal,
-                       "%sno core can compute this plan on this device%s%s",
-                       d->algorithm == CLATTN_ALGORITHM_FUSED ? "algorithm FUSED: " : "", reasons[0] ? ": " : "",
-                       reasons);
+                       "%sno %s core can compute this plan on this device%s%s",
+                       kind != CLATTN_CORE_GEMM && d->algorithm == CLATTN_ALGORITHM_FUSED ? "algorithm FUSED: " : "",
+                       clattn_core_kind_name(kind), reasons[0] ? ": " : "", reasons);
 }
 
 void clattn_core_destroy(clattn_core_instance *inst)

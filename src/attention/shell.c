@@ -1,11 +1,11 @@
 /* shell.c: the OpenCL backend of attention plans: the shell around a core.
  *
- *   1. projections     CLBlast SGEMM: self-attention one GEMM against [Wq|Wk|Wv], cross-attention
- *                      Q = x Wq^T and [K|V] = kv [Wk|Wv]^T; the biases as rows the GEMMs add to
- *                      (beta = 1), unless the core adds them itself
+ *   1. projections     the plan's GEMM core (gemm_tiles on CPUs, CLBlast on GPUs): self-attention one GEMM
+ *                      against [Wq|Wk|Wv], cross-attention Q = x Wq^T and [K|V] = kv [Wk|Wv]^T; the biases
+ *                      as rows the GEMMs add to (beta = 1), unless the core adds them itself
  *   2. the core        softmax(Q K^T * scale + masks) V from the projections' rows to merged rows
  *                      (B, Tq, H*dv): whichever core select.c chose (src/cores/)
- *   3. out projection  fill_rows(bias) + CLBlast SGEMM with beta = 1
+ *   3. out projection  fill_rows(bias) + a GEMM with beta = 1
  * Everything stays on the device between the input upload and the output read. Without projections the
  * core reads x (and kv) where they are.
  */
@@ -18,7 +18,7 @@
 typedef clattn_view view;
 
 typedef struct shell {
-    clattn_linear lin;            /* fill_rows for the bias rows */
+    clattn_linear lin;            /* fill_rows for the bias rows, and the plan's GEMM core */
     clattn_core_instance core;
     clattn_core_layout lay;
     size_t n_qkv;                 /* self: H*dk + HK*(dk+dv) columns of the fused projection */
@@ -135,20 +135,30 @@ static clattn_status shell_init(struct clattn_plan *p)
     shell *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the OpenCL plan state");
     p->backend_state = c;
+    /* the GEMM core first: the attention core may run its GEMMs on it (the unfused core) */
+    TRY(clattn_linear_build(p->device, &p->d, &c->lin));
+    clattn_linear_gemm_describe(&c->lin, &p->gemm, p->gemm_params_text, sizeof p->gemm_params_text);
     c->lay = layout(p);
+    c->lay.gemm = &c->lin.gemm;
     TRY(clattn_core_create(p->device, CLATTN_CORE_PREFILL, &p->d, &c->lay, shell_floats(p), &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
     clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
-    p->tuned = c->core.tuned;
-    /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run the projections */
+    p->tuned = c->core.tuned || (c->lin.gemm_core.tuned && (p->has_qkv || p->has_out));
+    /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run its GEMMs */
     const clattn_tune_table *tn = clattn_tune_active(p->device);
-    if (tn && tn->xgemm >= 0 && (p->has_qkv || p->has_out)) p->tuned = 1;
-    TRY(clattn_linear_build(p->device, &c->lin));
+    if (tn && tn->xgemm >= 0 && c->lin.gemm_core.core == clattn_core_find("gemm_clblast") &&
+        (p->has_qkv || p->has_out))
+        p->tuned = 1;
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
     return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
+}
+
+const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
+{
+    return p->ops == &clattn_backend_opencl && p->backend_state ? &state(p)->lin : NULL;
 }
 
 static void release_marks(shell *c)

@@ -1,7 +1,7 @@
-/* cores.c: `clattn cores [--device SPEC] [--json]`: every registered attention core, as the device sees it
- * (clattn_core_describe): name, kind, supported (or why not), the head-size classes AUTO gives it.
+/* cores.c: `clattn cores [--device SPEC] [--json]`: every registered core (attention and GEMM), as the device
+ * sees it (clattn_core_describe): name, kind, supported (or why not), the head-size classes AUTO gives it.
  * --json: one object per line with the keys name, kind, supported, reason, emulated, default_for (an array of
- * head-size classes), algorithm, weights, params and test_configs (arrays of strings). */
+ * head-size classes), algorithm (null for GEMM cores), weights, params and test_configs (arrays of strings). */
 #include "cli.h"
 
 #include <stdio.h>
@@ -13,9 +13,10 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: clattn cores [--device SPEC] [--json]\n"
-               "  lists every attention core clattn has: name, kind (prefill or decode), whether the device runs it\n"
+               "  lists every core clattn has: name, kind (prefill, decode or gemm), whether the device runs it\n"
                "  (or why not), and the head-size classes (max(dk, dv)) AUTO gives it on this device.\n"
-               "  CLATTN_CORE=NAME[:P=V,...] forces a core on the plans that can use it.\n");
+               "  CLATTN_CORE=NAME[:P=V,...][;NAME[:P=V,...]...] forces cores (one per kind) on the plans that can\n"
+               "  use them.\n");
 }
 
 static void json_string(const char *s)
@@ -82,7 +83,7 @@ int clattn_cli_cores(int argc, char **argv)
             rc = 1;
             break;
         }
-        const char *kind = c.kind == CLATTN_CORE_DECODE ? "decode" : "prefill";
+        const char *kind = c.kind == CLATTN_CORE_DECODE ? "decode" : c.kind == CLATTN_CORE_GEMM ? "gemm" : "prefill";
         char classes[128] = "";
         for (int k = 0; k < CLATTN_HEAD_CLASS_COUNT; k++)
             if (c.default_for & (1u << k))
@@ -96,8 +97,9 @@ int clattn_cli_cores(int argc, char **argv)
             printf(",\"emulated\":%s", c.emulated ? "true" : "false");
             printf(",\"default_for\":");
             json_words(classes);
-            printf(",\"algorithm\":\"%s\",\"weights\":%s,\"params\":", clattn_algorithm_name(c.algorithm),
-                   c.produces_weights ? "true" : "false");
+            if (c.kind == CLATTN_CORE_GEMM) printf(",\"algorithm\":null");
+            else printf(",\"algorithm\":\"%s\"", clattn_algorithm_name(c.algorithm));
+            printf(",\"weights\":%s,\"params\":", c.produces_weights ? "true" : "false");
             json_words(c.params);
             printf(",\"test_configs\":");
             json_words(c.test_configs);
@@ -110,7 +112,7 @@ int clattn_cli_cores(int argc, char **argv)
     }
     const char *forced = getenv("CLATTN_CORE");
     if (!json && forced && *forced)
-        printf("CLATTN_CORE=%s forces its core on the plans that can use it\n", forced);
+        printf("CLATTN_CORE=%s forces its cores on the plans that can use them\n", forced);
     clattn_device_free(dev);
     return rc;
 }

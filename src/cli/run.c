@@ -786,6 +786,8 @@ int clattn_cli_run(int argc, char **argv)
                     alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(plan),
                     clattn_plan_core_params(plan)[0] ? " (" : "", clattn_plan_core_params(plan),
                     clattn_plan_core_params(plan)[0] ? ")" : "", t1 - t0, t3 - t2);
+            const char *gp = clattn_plan_gemm_params(plan);
+            fprintf(stderr, "clattn run: gemm %s%s%s%s\n", clattn_plan_gemm(plan), gp[0] ? " (" : "", gp, gp[0] ? ")" : "");
             const char *tf = clattn_device_tune_file(dev), *tn = clattn_device_tune_notice(dev);
             fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
                     clattn_plan_tuned(plan) ? tf : "");

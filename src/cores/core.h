@@ -1,9 +1,12 @@
 /* core.h: the attention core interface (the cores layer, src/cores/; docs/ARCHITECTURE.md).
  *
  * A core is one kernel family behind one interface: the attention core of a plan,
- * softmax(Q K^T * scale + masks) V, from Q/K/V rows in device memory to the merged output rows.
+ * softmax(Q K^T * scale + masks) V, from Q/K/V rows in device memory to the merged output rows, or the
+ * matrix products around it.
  *   prefill cores   run a whole attention plan's core (unfused, flash_rows, flash_tiled)
  *   decode cores    run a decode step against a KV cache (decode_attend)
+ *   GEMM cores      run every GEMM a plan makes: the projections, the feed-forward layers, the unfused
+ *                   core's batched score and context products (gemm_tiles, gemm_clblast)
  * Each is one const clattn_core, listed in registry.c's table of its kind. A plan never names a core:
  * select.c (attention layer) picks one from the table, the tuning file and the environment, builds it with
  * its parameters, and runs it on buffer views. A core knows the device only through its capabilities and
@@ -36,12 +39,34 @@ typedef struct clattn_core_param {
 /* Values of a core's parameters, in the order of its params[]. */
 typedef struct clattn_core_params { size_t v[CLATTN_CORE_MAX_PARAMS]; } clattn_core_params;
 
+/* ---- GEMM cores (kind CLATTN_CORE_GEMM, gemm.c): C = alpha * op(A) op(B) + beta * C, row-major, op(A) (m, k),
+ * op(B) (k, n), C (m, n); or a strided batch of `count` such products. */
+typedef struct clattn_gemm_call {
+    size_t m, n, k;
+    int trans_a;                 /* op(A) = A^T: A is stored (k, m) */
+    int trans_b;                 /* op(B) = B^T: B is stored (n, k) (an nn.Linear weight) */
+    float alpha, beta;           /* beta 0: C is only written, never read (it may hold NaN) */
+    clattn_view a, b, c;         /* buffers and element offsets */
+    size_t lda, ldb, ldc;        /* row strides of A, B, C as stored, in elements */
+    size_t count;                /* products in the batch (>= 1) */
+    size_t stride_a, stride_b, stride_c; /* elements from one product's operand to the next's */
+    const char *what;            /* names the GEMM in errors ("QKV projection") */
+} clattn_gemm_call;
+/* A built GEMM core, as a plan's projections and its attention core use it. */
+typedef struct clattn_gemm {
+    const struct clattn_core *core;
+    void *state;
+} clattn_gemm;
+/* Enqueue call on g's core (INVALID_ARGUMENT for a size of 0, or a stride shorter than a row). */
+clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *call);
+
 /* How the plan's shell lays out what a prefill core reads and writes; fixed when the core is built.
  * Q, K and V are token-major rows with a row stride: head h of row t at column h*dk (Q, K) or h*dv (V) of
  * the view; the output goes to merged rows (B, Tq, H*dv). */
 typedef struct clattn_core_layout {
     size_t q_ld, k_ld, v_ld, out_ld;
     int bias_q, bias_k, bias_v; /* biases left to the core to add (cores with adds_biases only) */
+    const clattn_gemm *gemm;    /* the plan's GEMM core, for cores that compute GEMMs (unfused) */
 } clattn_core_layout;
 
 /* One execution of a prefill core. */
@@ -77,9 +102,12 @@ clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage
 
 typedef struct clattn_core clattn_core;
 
+/* A GEMM core (kind CLATTN_CORE_GEMM) fills in run_gemm, not run; its supports, defaults, fits and build take
+ * the plan's description (its head-size class selects the tuning file's entries; NULL: any plan) but compute
+ * for whatever calls come, and build gets no layout (NULL). Its algorithm field is unused. */
 struct clattn_core {
     const char *name;            /* what CLATTN_CORE, the tuning file and `clattn cores` call it */
-    clattn_core_kind kind;       /* CLATTN_CORE_PREFILL or CLATTN_CORE_DECODE */
+    clattn_core_kind kind;       /* CLATTN_CORE_PREFILL, CLATTN_CORE_DECODE or CLATTN_CORE_GEMM */
     clattn_algorithm algorithm;  /* what its plans report: FUSED (no score matrix) or UNFUSED */
     int produces_weights;        /* can return the attention weights */
     int saves_row_stats;         /* keeps each row's max and sum (for a backward pass) */
@@ -115,6 +143,7 @@ struct clattn_core {
                            const clattn_core_layout *lay, const clattn_core_params *p, void **state);
     clattn_status (*run)(void *state, const clattn_core_io *io);          /* prefill: enqueue the core */
     clattn_status (*run_decode)(void *state, clattn_decode_io *io);       /* decode: enqueue one step */
+    clattn_status (*run_gemm)(void *state, const clattn_gemm_call *call); /* GEMM: enqueue one call */
     size_t (*device_bytes)(const void *state);                            /* its buffers (NULL: none) */
     void (*release)(void *state);
 };
@@ -123,6 +152,7 @@ struct clattn_core {
 size_t clattn_core_total(void);                  /* cores of both kinds */
 const clattn_core *clattn_core_at(size_t i);     /* the i-th (prefill first), NULL past the end */
 const clattn_core *clattn_core_find(const char *name);
+const char *clattn_core_kind_name(clattn_core_kind kind); /* "prefill", "decode", "gemm" */
 /* AUTO's i-th choice of `kind` on this device class for head-size class cls (NULL past the last): the
  * first that supports a plan and builds serves it. */
 const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i);

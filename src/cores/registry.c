@@ -10,6 +10,7 @@
 extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm,
     clattn_core_flash_mma;
 extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
+extern const clattn_core clattn_core_gemm_tiles, clattn_core_gemm_clblast;
 
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
@@ -22,6 +23,11 @@ static const clattn_core *const prefill[] = {
 static const clattn_core *const decode[] = {
     &clattn_core_decode_attend,
     &clattn_core_decode_group,
+};
+
+static const clattn_core *const gemm[] = {
+    &clattn_core_gemm_tiles,
+    &clattn_core_gemm_clblast,
 };
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
@@ -60,13 +66,25 @@ static const order_rule decode_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
-size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode); }
+static const order_rule gemm_order[] = {
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_tiles", "gemm_clblast"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_clblast"}},
+};
+
+size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode) + COUNT(gemm); }
 
 const clattn_core *clattn_core_at(size_t i)
 {
     if (i < COUNT(prefill)) return prefill[i];
     i -= COUNT(prefill);
-    return i < COUNT(decode) ? decode[i] : NULL;
+    if (i < COUNT(decode)) return decode[i];
+    i -= COUNT(decode);
+    return i < COUNT(gemm) ? gemm[i] : NULL;
+}
+
+const char *clattn_core_kind_name(clattn_core_kind kind)
+{
+    return kind == CLATTN_CORE_DECODE ? "decode" : kind == CLATTN_CORE_GEMM ? "gemm" : "prefill";
 }
 
 const clattn_core *clattn_core_find(const char *name)
@@ -78,8 +96,12 @@ const clattn_core *clattn_core_find(const char *name)
 
 const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i)
 {
-    const order_rule *rules = kind == CLATTN_CORE_DECODE ? decode_order : prefill_order;
-    const size_t n = kind == CLATTN_CORE_DECODE ? COUNT(decode_order) : COUNT(prefill_order);
+    const order_rule *rules = kind == CLATTN_CORE_DECODE ? decode_order
+                              : kind == CLATTN_CORE_GEMM ? gemm_order
+                                                         : prefill_order;
+    const size_t n = kind == CLATTN_CORE_DECODE ? COUNT(decode_order)
+                     : kind == CLATTN_CORE_GEMM ? COUNT(gemm_order)
+                                                : COUNT(prefill_order);
     for (size_t r = 0; r < n; r++) {
         if ((rules[r].dclass >= 0 && rules[r].dclass != (int)dclass) || cls < rules[r].cls_lo ||
             cls > rules[r].cls_hi)

@@ -1,10 +1,10 @@
 /* unfused.c: the unfused prefill core, the one that can return the attention weights. Through a score
  * matrix, in chunks that fit the device's max allocation:
  *   head split   split_heads (cl/cores/unfused_heads.cl): (B, T, H*d) rows -> (B, H, T, d), + bias
- *   scores       CLBlast strided-batched SGEMM over B*H: S = scale * Q K^T
+ *   scores       a strided-batched GEMM over B*H on the plan's GEMM core: S = scale * Q K^T
  *   softmax      softmax_rows (a work-group per row) or softmax_rows_item (a work-item per row):
  *                masks, softmax, dropout, in place (cl/cores/unfused_softmax.cl)
- *   context      CLBlast strided-batched SGEMM: C = W V
+ *   context      a strided-batched GEMM: C = W V
  *   head merge   merge_heads: (B, H, Tq, dv) -> (B, Tq, H*dv)
  * With one head, inputs that already are head-major (no projection) skip the split, and the context goes
  * straight to the merged rows.
@@ -28,6 +28,7 @@ static const char *const test_configs[] = {"SOFTMAX=rows", "SOFTMAX=item", NULL}
 
 typedef struct unfused_state {
     const clattn_device *dev;
+    const clattn_gemm *gemm; /* the plan's GEMM core (the layout's) */
     clattn_attention_desc d;
     clattn_core_layout lay;
     cl_program heads_prog, softmax_prog;
@@ -149,9 +150,10 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
                            const clattn_core_layout *lay, const clattn_core_params *p, void **state)
 {
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    if (!lay->gemm) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s needs the plan's GEMM core", core->name);
     unfused_state *s = clattn_calloc(1, sizeof *s);
     if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
-    s->dev = dev, s->d = *d, s->lay = *lay;
+    s->dev = dev, s->d = *d, s->lay = *lay, s->gemm = lay->gemm;
     s->direct = direct_layout(d, lay);
     s->context_merged = H == 1 && !d->kv_half;
     blocking(&dev->caps, d, &s->chunk, &s->rows_blk);
@@ -250,12 +252,14 @@ static clattn_status softmax(const unfused_state *s, view sc, size_t row0, size_
     return CLATTN_STATUS_SUCCESS;
 }
 
-static clattn_status gemm_batched(const unfused_state *s, CLBlastTranspose tb, size_t m, size_t n, size_t k,
-                                  float alpha, view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb,
-                                  view c, size_t ldc, size_t sc, size_t count, const char *what)
+static clattn_status gemm_batched(const unfused_state *s, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                                  view a, size_t lda, size_t sa, view b, size_t ldb, size_t sb, view c, size_t ldc,
+                                  size_t sc, size_t count, const char *what)
 {
-    return clattn_blas_sgemm_strided_batched(s->dev, tb, m, n, k, alpha, a.mem, a.off, lda, sa, b.mem, b.off, ldb,
-                                             sb, 0.0f, c.mem, c.off, ldc, sc, count, what);
+    const clattn_gemm_call g = {.m = m, .n = n, .k = k, .trans_b = trans_b, .alpha = alpha, .beta = 0.0f, .a = a,
+                                .b = b, .c = c, .lda = lda, .ldb = ldb, .ldc = ldc, .count = count, .stride_a = sa,
+                                .stride_b = sb, .stride_c = sc, .what = what};
+    return clattn_gemm_run(s->gemm, &g);
 }
 
 /* The head split, then per chunk of (b, h) pairs whose scores fit the score buffer (all of them,
@@ -287,7 +291,7 @@ static clattn_status run(void *state, const clattn_core_io *io)
             view S = io->attn.mem ? (view){io->attn.mem, io->attn.off + row0 * Tk} : (view){s->s, 0};
             view Qg = {Q.mem, Q.off + row0 * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
             view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + row0 * dv};
-            TRY(gemm_batched(s, CLBlastTransposeYes, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
+            TRY(gemm_batched(s, 1, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
                              r * Tk, n, "scores GEMM"));
             if (first) TRY(clattn_core_mark(io, CLATTN_STAGE_SCORES));
             TRY(softmax(s, S, row0, n * r, io));
@@ -297,7 +301,7 @@ static clattn_status run(void *state, const clattn_core_io *io)
                 CL_CHECK(clEnqueueReadBuffer(s->dev->queue, S.mem, CL_FALSE, S.off * sizeof(float),
                                              n * r * Tk * sizeof(float), io->attn_host + row0 * Tk, 0, NULL, NULL),
                          "reading the attention weights");
-            TRY(gemm_batched(s, CLBlastTransposeNo, r, dv, Tk, 1.0f, S, Tk, r * Tk, Vg, dv, Tk * dv, Cg, dv,
+            TRY(gemm_batched(s, 0, r, dv, Tk, 1.0f, S, Tk, r * Tk, Vg, dv, Tk * dv, Cg, dv,
                              Tq * dv, n, "context GEMM"));
         }
     }

@@ -141,6 +141,8 @@ size_t clattn_decode_plan_last_splits(const clattn_decode_plan *plan) { return p
 
 const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return plan ? plan->ops->core(plan) : ""; }
 
+const char *clattn_decode_plan_gemm(const clattn_decode_plan *plan) { return plan ? clattn_plan_gemm(plan->base) : ""; }
+
 /* The cache against the plan, and a step of n new tokens (valid[b] of them real, NULL: all n) against the
  * cache: the tokens per sequence into vout (B entries) and the longest sequence after the step. */
 static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_cache *cache, size_t n,

@@ -153,7 +153,8 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     p->core_params = c->core.params;
     clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
-    TRY(clattn_linear_build(dev, &c->lin));
+    TRY(clattn_linear_build(dev, &p->d, &c->lin));
+    clattn_linear_gemm_describe(&c->lin, &p->gemm, p->gemm_params_text, sizeof p->gemm_params_text);
     char opts[160];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DKV_HALF=%d", dk, dv, d->kv_half);
     const char *src[] = {"decode/kv_append"};

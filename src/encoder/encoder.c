@@ -216,6 +216,8 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
 
 const char *clattn_encoder_plan_core(const clattn_encoder_plan *plan) { return plan ? clattn_plan_core(plan->attn) : ""; }
 
+const char *clattn_encoder_plan_gemm(const clattn_encoder_plan *plan) { return plan ? clattn_plan_gemm(plan->attn) : ""; }
+
 clattn_status clattn_residual_layernorm_rows(clattn_device *dev, size_t rows, size_t E, const float *x,
                                              const float *r, const float *bias, const float *gamma,
                                              const float *beta, float eps, int row_cache, float *sum_out,

@@ -197,12 +197,12 @@ static clattn_status residual_bias(struct clattn_encoder_plan *p, view dst, view
     return clattn_enqueue_1d(p->device, c->k_resid, total, "enqueue residual_bias");
 }
 
-/* C (m, n) = A (m, k) * W^T with W (n, k) in nn.Linear layout, row-major. */
+/* C (m, n) = A (m, k) * W^T with W (n, k) in nn.Linear layout, row-major: on the GEMM core of the layer's
+ * attention plan. */
 static clattn_status linear(struct clattn_encoder_plan *p, size_t m, size_t n, size_t k, view a, cl_mem w, view cmat,
                             const char *what)
 {
-    return clattn_blas_sgemm(p->device, CLBlastTransposeYes, m, n, k, 1.0f, a.mem, a.off, k, w, 0, k, 0.0f,
-                             cmat.mem, cmat.off, n, what);
+    return clattn_linear_run(clattn_plan_linear(p->attn), m, n, k, a, w, NULL, cmat, 0, 0, what);
 }
 
 /* The self-attention on device buffers: dst = SA(src). */

@@ -109,24 +109,35 @@ static void release(operand *ops, int n)
 /* Elements touched by a row-major (rows, cols) matrix with leading dimension ld. */
 static size_t extent(size_t rows, size_t cols, size_t ld) { return (rows - 1) * ld + cols; }
 
+/* Elements touched by op(A) (m, k) and op(B) (k, n) as stored: A (k, m) when transposed, B (n, k). */
+static size_t extent_a(CLBlastTranspose ta, size_t m, size_t k, size_t lda)
+{
+    return ta == CLBlastTransposeYes ? extent(k, m, lda) : extent(m, k, lda);
+}
+static size_t extent_b(CLBlastTranspose tb, size_t n, size_t k, size_t ldb)
+{
+    return tb == CLBlastTransposeYes ? extent(n, k, ldb) : extent(k, n, ldb);
+}
+
 /* The elements one batch entry of m rows occupies in each operand and, for a GEMM large enough
  * for CLBlast's indirect kernel (m*n*k >= 64^3, below any threshold in its database; smaller
  * ones run its direct kernel, without temporaries), in each padded temporary. */
-static size_t entry_need(CLBlastTranspose tb, size_t m, size_t n, size_t k, size_t lda, size_t ldb, size_t ldc)
+static size_t entry_need(CLBlastTranspose ta, CLBlastTranspose tb, size_t m, size_t n, size_t k, size_t lda,
+                         size_t ldb, size_t ldc)
 {
-    size_t e = max2(extent(m, k, lda), extent(m, n, ldc));
-    e = max2(e, tb == CLBlastTransposeYes ? extent(n, k, ldb) : extent(k, n, ldb));
+    size_t e = max2(extent_a(ta, m, k, lda), extent(m, n, ldc));
+    e = max2(e, extent_b(tb, n, k, ldb));
     const double work = (double)m * (double)n * (double)k;
     if (work >= 64.0 * 64.0 * 64.0) e = max2(e, max2(pad(m) * pad(k), max2(pad(m) * pad(n), pad(n) * pad(k))));
     return e;
 }
 
 /* One CLBlast call (batched when count > 1) on rebased operands. */
-static clattn_status call(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k, float alpha,
-                          operand a, size_t lda, size_t sa, operand b, size_t ldb, size_t sb, float beta, operand c,
-                          size_t ldc, size_t sc, size_t count, const char *what)
+static clattn_status call(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb, size_t m, size_t n,
+                          size_t k, float alpha, operand a, size_t lda, size_t sa, operand b, size_t ldb, size_t sb,
+                          float beta, operand c, size_t ldc, size_t sc, size_t count, const char *what)
 {
-    const size_t ea = extent(m, k, lda), eb = tb == CLBlastTransposeYes ? extent(n, k, ldb) : extent(k, n, ldb);
+    const size_t ea = extent_a(ta, m, k, lda), eb = extent_b(tb, n, k, ldb);
     const size_t ec = extent(m, n, ldc);
     operand ops[3] = {a, b, c};
     clattn_status st;
@@ -139,13 +150,13 @@ static clattn_status call(const clattn_device *dev, CLBlastTranspose tb, size_t 
     note_reach(ops[0].off + (count - 1) * sa + ea);
     note_reach(ops[1].off + (count - 1) * sb + eb);
     note_reach(ops[2].off + (count - 1) * sc + ec);
-    note_reach(count * entry_need(tb, m, n, k, lda, ldb, ldc));
+    note_reach(count * entry_need(ta, tb, m, n, k, lda, ldb, ldc));
     cl_command_queue q = dev->queue;
     pthread_mutex_lock(&blas_lock);
     CLBlastStatusCode s =
-        count == 1 ? CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha, ops[0].mem, ops[0].off,
+        count == 1 ? CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, m, n, k, alpha, ops[0].mem, ops[0].off,
                                   lda, ops[1].mem, ops[1].off, ldb, beta, ops[2].mem, ops[2].off, ldc, &q, NULL)
-                   : CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, tb, m, n, k, alpha,
+                   : CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, ta, tb, m, n, k, alpha,
                                                 ops[0].mem, ops[0].off, lda, sa, ops[1].mem, ops[1].off, ldb, sb,
                                                 beta, ops[2].mem, ops[2].off, ldc, sc, count, &q, NULL);
     pthread_mutex_unlock(&blas_lock);
@@ -153,54 +164,57 @@ static clattn_status call(const clattn_device *dev, CLBlastTranspose tb, size_t 
     return blas_status(s, what);
 }
 
-/* One GEMM (count = 1), in blocks of rows when it is too large for one call. */
-static clattn_status gemm_rows(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k,
-                               float alpha, operand a, size_t lda, operand b, size_t ldb, float beta, operand c,
-                               size_t ldc, const char *what)
+/* One GEMM (count = 1), in blocks of rows when it is too large for one call (a block of rows of C is a block
+ * of rows of A, or of its columns when A is transposed). */
+static clattn_status gemm_rows(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb, size_t m, size_t n,
+                               size_t k, float alpha, operand a, size_t lda, operand b, size_t ldb, float beta,
+                               operand c, size_t ldc, const char *what)
 {
     const size_t lim = call_limit(dev);
-    if (entry_need(tb, 1, n, k, lda, ldb, ldc) > lim)
+    if (entry_need(ta, tb, 1, n, k, lda, ldb, ldc) > lim)
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
                            "%s: m=%zu n=%zu k=%zu is too large for one CLBlast call even one row at a time "
                            "(limit %zu elements per operand: 32-bit indices and the device's max allocation)",
                            what, m, n, k, lim);
     size_t rows = m;
-    if (entry_need(tb, m, n, k, lda, ldb, ldc) > lim) {
+    if (entry_need(ta, tb, m, n, k, lda, ldb, ldc) > lim) {
         size_t lo = 1, hi = m - 1; /* the largest row count that fits (the need grows with rows) */
         while (lo < hi) {
             size_t mid = lo + (hi - lo + 1) / 2;
-            if (entry_need(tb, mid, n, k, lda, ldb, ldc) <= lim) lo = mid;
+            if (entry_need(ta, tb, mid, n, k, lda, ldb, ldc) <= lim) lo = mid;
             else hi = mid - 1;
         }
         rows = lo >= PAD ? lo / PAD * PAD : lo; /* whole tiles where it can */
     }
     for (size_t r0 = 0; r0 < m; r0 += rows) {
         const size_t mc = min2(rows, m - r0);
-        operand ar = {a.mem, a.off + r0 * lda, NULL}, cr = {c.mem, c.off + r0 * ldc, NULL};
-        TRY(call(dev, tb, mc, n, k, alpha, ar, lda, 0, b, ldb, 0, beta, cr, ldc, 0, 1, what));
+        operand ar = {a.mem, a.off + r0 * (ta == CLBlastTransposeYes ? 1 : lda), NULL};
+        operand cr = {c.mem, c.off + r0 * ldc, NULL};
+        TRY(call(dev, ta, tb, mc, n, k, alpha, ar, lda, 0, b, ldb, 0, beta, cr, ldc, 0, 1, what));
     }
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k,
-                                float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b, size_t b_off, size_t ldb,
-                                float beta, cl_mem c, size_t c_off, size_t ldc, const char *what)
+clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb, size_t m,
+                                size_t n, size_t k, float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b,
+                                size_t b_off, size_t ldb, float beta, cl_mem c, size_t c_off, size_t ldc,
+                                const char *what)
 {
-    return gemm_rows(dev, tb, m, n, k, alpha, (operand){a, a_off, NULL}, lda, (operand){b, b_off, NULL}, ldb, beta,
+    return gemm_rows(dev, ta, tb, m, n, k, alpha, (operand){a, a_off, NULL}, lda, (operand){b, b_off, NULL}, ldb, beta,
                      (operand){c, c_off, NULL}, ldc, what);
 }
 
-clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n,
-                                                size_t k, float alpha, cl_mem a, size_t a_off, size_t lda,
-                                                size_t a_stride, cl_mem b, size_t b_off, size_t ldb, size_t b_stride,
-                                                float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
-                                                size_t count, const char *what)
+clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb,
+                                                size_t m, size_t n, size_t k, float alpha, cl_mem a, size_t a_off,
+                                                size_t lda, size_t a_stride, cl_mem b, size_t b_off, size_t ldb,
+                                                size_t b_stride, float beta, cl_mem c, size_t c_off, size_t ldc,
+                                                size_t c_stride, size_t count, const char *what)
 {
     const size_t lim = call_limit(dev);
-    const size_t one = entry_need(tb, m, n, k, lda, ldb, ldc);
+    const size_t one = entry_need(ta, tb, m, n, k, lda, ldb, ldc);
     if (one > lim) { /* entry by entry, each in row blocks */
         for (size_t g = 0; g < count; g++)
-            TRY(gemm_rows(dev, tb, m, n, k, alpha, (operand){a, a_off + g * a_stride, NULL}, lda,
+            TRY(gemm_rows(dev, ta, tb, m, n, k, alpha, (operand){a, a_off + g * a_stride, NULL}, lda,
                           (operand){b, b_off + g * b_stride, NULL}, ldb, beta,
                           (operand){c, c_off + g * c_stride, NULL}, ldc, what));
         return CLATTN_STATUS_SUCCESS;
@@ -214,7 +228,7 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
     if (group == 0) group = 1;
     for (size_t g = 0; g < count; g += group) {
         const size_t cnt = min2(group, count - g);
-        TRY(call(dev, tb, m, n, k, alpha, (operand){a, a_off + g * a_stride, NULL}, lda, a_stride,
+        TRY(call(dev, ta, tb, m, n, k, alpha, (operand){a, a_off + g * a_stride, NULL}, lda, a_stride,
                  (operand){b, b_off + g * b_stride, NULL}, ldb, b_stride, beta,
                  (operand){c, c_off + g * c_stride, NULL}, ldc, c_stride, cnt, what));
     }

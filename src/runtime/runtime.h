@@ -128,19 +128,20 @@ int clattn_test_probe_ptx(const clattn_device *dev);
 int clattn_test_probe_mma(const clattn_device *dev);
 
 /* ---- CLBlast (blas.c): every call is serialised by one process-wide lock, because
- * CLBlast's first-use initialisation is not thread-safe. Row-major, A not transposed:
- * C (m, n) = alpha * A (m, k) * op(B) + beta * C; `what` names the GEMM in errors.
+ * CLBlast's first-use initialisation is not thread-safe. Row-major:
+ * C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C; `what` names the GEMM in errors.
  * A GEMM too large for one CLBlast call (32-bit indices, its padded temporaries within one
  * allocation) is split into calls over row blocks (and batch groups), each addressing its
  * buffers through a sub-buffer when the element offset alone would exceed the limit. */
-clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n, size_t k,
-                                float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b, size_t b_off, size_t ldb,
-                                float beta, cl_mem c, size_t c_off, size_t ldc, const char *what);
-clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlastTranspose tb, size_t m, size_t n,
-                                                size_t k, float alpha, cl_mem a, size_t a_off, size_t lda,
-                                                size_t a_stride, cl_mem b, size_t b_off, size_t ldb, size_t b_stride,
-                                                float beta, cl_mem c, size_t c_off, size_t ldc, size_t c_stride,
-                                                size_t count, const char *what);
+clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb, size_t m,
+                                size_t n, size_t k, float alpha, cl_mem a, size_t a_off, size_t lda, cl_mem b,
+                                size_t b_off, size_t ldb, float beta, cl_mem c, size_t c_off, size_t ldc,
+                                const char *what);
+clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlastTranspose ta, CLBlastTranspose tb,
+                                                size_t m, size_t n, size_t k, float alpha, cl_mem a, size_t a_off,
+                                                size_t lda, size_t a_stride, cl_mem b, size_t b_off, size_t ldb,
+                                                size_t b_stride, float beta, cl_mem c, size_t c_off, size_t ldc,
+                                                size_t c_stride, size_t count, const char *what);
 /* CLBlast's single-precision Xgemm parameters, from a fixed table of complete sets taken from CLBlast's own
  * database (tuning): how many sets there are, and make set `i` CLBlast's for this device, process-wide (it
  * applies to every CLBlast call on the device, the caller's own included), clearing CLBlast's kernel cache.

@@ -1,0 +1,19 @@
+/* gemm.c: the GEMM family's entry point (core.h, "GEMM cores"): every matrix product a plan makes goes
+ * through clattn_gemm_run to the plan's GEMM core (gemm_tiles.c, gemm_clblast.c), chosen once when the plan
+ * is created (attention/select.c, like the attention cores). */
+#include "core.h"
+
+clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *c)
+{
+    const char *what = c->what ? c->what : "GEMM";
+    if (!g || !g->core || !g->core->run_gemm)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: no GEMM core", what);
+    if (!c->m || !c->n || !c->k || !c->count)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: m=%zu n=%zu k=%zu count=%zu (each must be >= 1)", what,
+                           c->m, c->n, c->k, c->count);
+    const size_t row_a = c->trans_a ? c->m : c->k, row_b = c->trans_b ? c->k : c->n;
+    if (c->lda < row_a || c->ldb < row_b || c->ldc < c->n)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: row strides lda=%zu ldb=%zu ldc=%zu, shorter than "
+                           "the rows (%zu, %zu, %zu)", what, c->lda, c->ldb, c->ldc, row_a, row_b, c->n);
+    return g->core->run_gemm(g->state, c);
+}
