@@ -9,7 +9,10 @@ projections with biases, B x T x E input, H heads) is timed
   - by torch.nn.MultiheadAttention (batch_first=True, eval(), torch.no_grad(),
     need_weights=False) on the CPU with torch.set_num_threads(--threads, 2),
   - and by F.scaled_dot_product_attention between F.linear projections when
-    this torch has it (torch >= 2.0; 1.13 does not: reported as skipped).
+    this torch has it (torch >= 2.0; 1.13 does not: reported as skipped),
+  - and the projections alone: torch's F.linear on the same shapes against
+    clattn's projection stages (clattn-bench's "projection_gflops", with the
+    GEMM core that ran them; --gemm picks another).
 It prints a table (milliseconds, GFLOP/s, clattn/torch ratios) and draws
 GFLOP/s against sequence length to --plot (PNG, matplotlib).
 
@@ -162,6 +165,13 @@ def torch_configs(torch, B, T, E, H, causal, iters, warmup):
             return F.linear(o.transpose(1, 2).reshape(B, T, E), w_out, b_out)
 
         res["sdpa"] = time_torch(torch, run, x, iters, warmup)
+    # the projections alone, the same shapes as clattn's (x W_in^T + b_in, o W_out^T + b_out over B*T rows)
+    w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+    w_out, b_out = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
+    x2 = x.reshape(B * T, E)
+    proj = time_torch(torch, lambda v: (F.linear(v, w_in, b_in), F.linear(v, w_out, b_out)), x2, iters, warmup)
+    proj["gflops"] = (2.0 * B * T * 3 * E * E + 2.0 * B * T * E * E) / (proj["median_ms"] * 1e6)
+    res["projections"] = proj
     # the ceiling: one OpenBLAS SGEMM with the same FLOP count, square-ish
     n = max(16, int(round((flops(B, T, E, H, causal) / 2) ** (1 / 3) / 16)) * 16)
     k = max(16, int(round(flops(B, T, E, H, causal) / (2 * n * n) / 16)) * 16)
@@ -174,11 +184,13 @@ def torch_configs(torch, B, T, E, H, causal, iters, warmup):
 
 # ---------------------------------------------------------------- clattn-bench
 
-def run_bench(bench, device, B, T, E, H, causal, iters, warmup):
+def run_bench(bench, device, B, T, E, H, causal, iters, warmup, gemm=""):
     """device: a clattn device spec, optionally with @fused / @unfused / @auto for --algorithm."""
     spec, _, algorithm = device.partition("@")
     cmd = [bench, "--json", "--device", spec, "--batch", str(B), "--seq", str(T), "--dim", str(E),
            "--heads", str(H), "--iters", str(iters), "--warmup", str(warmup)]
+    if gemm and spec != "ref":
+        cmd += ["--gemm", gemm]
     if algorithm:
         cmd += ["--algorithm", algorithm]
     if causal:
@@ -229,6 +241,9 @@ def main():
                     help="redo a measurement while other processes used more than this share of the CPUs "
                          "(e.g. 0.05; default 0: never)")
     ap.add_argument("--retries", type=int, default=3, help="at most this many redos per measurement (default 3)")
+    ap.add_argument("--json-out", default="", help="also write every row (clattn-bench's JSON and torch's figures) "
+                    "to this file, one JSON object per line")
+    ap.add_argument("--gemm", default="", help="clattn-bench --gemm NAME[:P=V,...]: the GEMM core to run")
     a = ap.parse_args()
     try:
         seqs = [int(s) for s in a.seqs.split(",") if s.strip()]
@@ -267,7 +282,7 @@ def main():
             log("compare_torch.py: T=%d clattn-bench --device %s ..." % (T, dev))
             t0 = time.perf_counter()
             row["clattn"][dev], row["others"][dev] = guarded(
-                a, "T=%d on %s" % (T, dev), lambda: run_bench(bench, dev, B, T, E, H, causal, iters, warmup))
+                a, "T=%d on %s" % (T, dev), lambda: run_bench(bench, dev, B, T, E, H, causal, iters, warmup, a.gemm))
             if is_ref:
                 ref_last = (row["flops"], time.perf_counter() - t0)
         log("compare_torch.py: T=%d torch ..." % T)
@@ -351,6 +366,33 @@ def main():
             cells += [fmt(f / (r["torch"]["sdpa"]["median_ms"] * 1e6))]
         cells += [fmt(r["torch"]["matmul"]["gflops"])]
         print("| " + " | ".join(cells) + " |")
+    # the projections alone: clattn's (from its stage times) against torch's F.linear on the same shapes
+    if dev_cls:
+        print()
+        print("projections (QKV + out, biases included): GFLOP/s")
+        phead = ["T"]
+        for dev_cl in dev_cls:
+            phead += ["clattn-%s" % dev_cl, "GEMM core"]
+        phead += ["torch F.linear (same shapes)"] + ["%s/torch (rate)" % d for d in dev_cls]
+        print("| " + " | ".join(phead) + " |")
+        print("|" + "|".join("---:" for _ in phead) + "|")
+        for r in rows:
+            tp = r["torch"]["projections"]["gflops"]
+            cells = [str(r["T"])]
+            for dev_cl in dev_cls:
+                c = r["clattn"].get(dev_cl)
+                cells += [fmt(c and c.get("projection_gflops")), (c and c.get("gemm")) or "-"]
+            cells += [fmt(tp)]
+            for dev_cl in dev_cls:
+                c = r["clattn"].get(dev_cl)
+                cells += [fmt(ratio(c and c.get("projection_gflops"), tp))]
+            print("| " + " | ".join(cells) + " |")
+    if a.json_out:
+        with open(a.json_out, "a") as f:
+            for r in rows:
+                f.write(json.dumps({"B": B, "E": E, "H": H, "causal": bool(causal), "threads": a.threads,
+                                    "torch_version": torch.__version__, **r}) + "\n")
+        log("compare_torch.py: rows appended to %s" % a.json_out)
     skipped = [(r["T"], d, why) for r in rows for d, why in r["skipped"].items()]
     for T, d, why in skipped:
         print("T=%d on %s: skipped (%s)" % (T, d, why))

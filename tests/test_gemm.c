@@ -2,7 +2,8 @@
  * products computed in float64 here. The core is the one a plan gets (AUTO's for the device: gemm_tiles on a
  * CPU, CLBlast on a GPU), or the one CLATTN_CORE forces (the entries test_gemm_core_<core>...).
  *   shapes     m, n, k from 1 to 300 (tile edges, odd sizes), every transposition, alpha and beta (beta = 0 over
- *              a C full of NaN: never read), row strides longer than the rows, operands at element offsets;
+ *              a C full of NaN: never read), a bias row added as C is stored (refused by a core that does not
+ *              add one), row strides longer than the rows, operands at element offsets;
  *              every element of C compared, and the elements between C's rows and after it untouched
  *   batches    strided batches (the unfused core's), B shared by every entry (stride 0)
  *   values     dyadic inputs (multiples of 1/64 in [-1, 1]): every product and sum exact in float, so any
@@ -52,6 +53,7 @@ typedef struct gemm_case {
     size_t off_a, off_b, off_c;     /* element offsets */
     size_t gap;                     /* elements between batch entries, beyond one entry's extent */
     int shared_b;                   /* stride_b = 0 */
+    size_t bias_off;                /* a bias row at this offset (0: none) */
 } gemm_case;
 
 static size_t rows_a(const gemm_case *g) { return g->ta ? g->k : g->m; }
@@ -72,10 +74,11 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
     const size_t na = g->off_a + (g->count - 1) * sa + ea + 5, nb = g->off_b + (g->count - 1) * sb + eb + 5;
     const size_t nc = g->off_c + (g->count - 1) * sc + ec + 5;
     float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c);
-    float *want = malloc(nc * sizeof *want);
-    cr_assert(a && b && c && want);
+    float *want = malloc(nc * sizeof *want), *bias = malloc((g->bias_off + g->n) * sizeof *bias);
+    cr_assert(a && b && c && want && bias);
     for (size_t i = 0; i < na; i++) a[i] = value(&r, dyadic);
     for (size_t i = 0; i < nb; i++) b[i] = value(&r, dyadic);
+    for (size_t i = 0; i < g->bias_off + g->n; i++) bias[i] = value(&r, dyadic);
     /* C: NaN where beta = 0 (never read) and around C everywhere (never written); values where beta reads them */
     for (size_t i = 0; i < nc; i++) c[i] = g->beta == 0.0f ? NAN : value(&r, dyadic);
     memcpy(want, c, nc * sizeof *want);
@@ -89,12 +92,17 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
                     s += (double)a[ia] * (double)b[ib];
                 }
                 const size_t ic = g->off_c + e * sc + i * ldc + j;
-                want[ic] = (float)((double)g->alpha * s + (g->beta == 0.0f ? 0.0 : (double)g->beta * (double)c[ic]));
+                want[ic] = (float)((double)g->alpha * s + (g->beta == 0.0f ? 0.0 : (double)g->beta * (double)c[ic]) +
+                                   (g->bias_off ? (double)bias[g->bias_off + j] : 0.0));
             }
     cl_context ctx = clattn_device_context(dev);
     cl_command_queue q = clattn_device_queue(dev);
     cl_int err;
-    cl_mem mem[3], parent[3] = {NULL, NULL, NULL};
+    cl_mem mem[3], parent[3] = {NULL, NULL, NULL}, bmem = NULL;
+    if (g->bias_off) {
+        bmem = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (g->bias_off + g->n) * 4, bias, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+    }
     const float *host[3] = {a, b, c};
     const size_t count[3] = {na, nb, nc};
     for (int i = 0; i < 3; i++) {
@@ -119,16 +127,22 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
                                    .alpha = g->alpha, .beta = g->beta, .a = {mem[0], g->off_a},
                                    .b = {mem[1], g->off_b}, .c = {mem[2], g->off_c}, .lda = lda, .ldb = ldb,
                                    .ldc = ldc, .count = g->count, .stride_a = sa, .stride_b = sb, .stride_c = sc,
-                                   .what = "test GEMM"};
-    cr_assert_eq(clattn_gemm_run(core, &call), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+                                   .bias = {bmem, g->bias_off}, .what = "test GEMM"};
+    if (bmem && !core->core->adds_biases) { /* refused, nothing written: the caller fills C with the bias instead */
+        cr_assert_eq(clattn_gemm_run(core, &call), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "bias"), "%s", clattn_last_error());
+        for (size_t i = 0; i < nc; i++) want[i] = c[i];
+    } else {
+        cr_assert_eq(clattn_gemm_run(core, &call), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    }
     cr_assert_eq(clFinish(q), CL_SUCCESS);
     float *got = malloc(nc * sizeof *got);
     cr_assert_eq(clEnqueueReadBuffer(q, mem[2], CL_TRUE, 0, nc * 4, got, 0, NULL, NULL), CL_SUCCESS);
     char desc[200];
     snprintf(desc, sizeof desc, "%s m=%zu n=%zu k=%zu count=%zu ta=%d tb=%d alpha=%g beta=%g ld+%zu/%zu/%zu "
-             "off %zu/%zu/%zu%s%s", core->core->name, g->m, g->n, g->k, g->count, g->ta, g->tb, g->alpha, g->beta,
+             "off %zu/%zu/%zu%s%s%s", core->core->name, g->m, g->n, g->k, g->count, g->ta, g->tb, g->alpha, g->beta,
              g->pad_a, g->pad_b, g->pad_c, g->off_a, g->off_b, g->off_c, g->shared_b ? " shared B" : "",
-             sub ? " sub-buffers" : "");
+             sub ? " sub-buffers" : "", g->bias_off ? " bias" : "");
     for (size_t i = 0; i < nc; i++) {
         if (isnan(want[i])) { /* outside C (or beta = 0 poison that C's elements replaced) */
             cr_assert(isnan(got[i]), "%s: element %zu outside C was written (%g)", desc, i, got[i]);
@@ -142,7 +156,8 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
         clReleaseMemObject(mem[i]);
         if (parent[i]) clReleaseMemObject(parent[i]);
     }
-    free(a), free(b), free(c), free(want), free(got);
+    if (bmem) clReleaseMemObject(bmem);
+    free(a), free(b), free(c), free(want), free(got), free(bias);
 }
 
 /* Every shape of `sizes` as m, n and k in turn with the others at fixed odd sizes, and a sweep of products. */
@@ -159,7 +174,7 @@ static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int 
                 {.m = 23, .n = sizes[i], .k = 41, .count = 1, .ta = ta, .tb = tb, .alpha = 0.5f, .beta = 1,
                  .pad_a = 3, .pad_c = 5, .off_a = 7, .off_c = 11},
                 {.m = 19, .n = 45, .k = sizes[i], .count = 1, .ta = ta, .tb = tb, .alpha = -2, .beta = -0.75f,
-                 .pad_b = 2, .off_b = 13},
+                 .pad_b = 2, .off_b = 13, .bias_off = 1 + i % 5},
             };
             for (int c = 0; c < 3; c++) run_case(dev, core, &cases[c], dyadic, seed++, sub);
         }
@@ -176,7 +191,8 @@ Test(gemm, shapes_exact)
     uint64_t seed = 100;
     for (int t = 0; t < 4; t++) {
         const gemm_case g = {.m = 300, .n = 257, .k = 300, .count = 1, .ta = t & 1, .tb = t >> 1, .alpha = 1,
-                             .beta = t == 2 ? 0.0f : 1.0f, .pad_a = 1, .pad_b = 17, .pad_c = 3, .off_c = 1};
+                             .beta = t == 2 ? 0.0f : 1.0f, .pad_a = 1, .pad_b = 17, .pad_c = 3, .off_c = 1,
+                             .bias_off = t == 3 ? 0 : 2};
         run_case(dev, &core, &g, 1, seed++, 0);
     }
     clattn_core_destroy(&inst);
@@ -213,6 +229,7 @@ Test(gemm, floats_at_the_tolerance)
     /* nn.Linear-like: x (m, k) W^T, W (n, k); and the attention shapes */
     const gemm_case cases[] = {
         {.m = 130, .n = 192, .k = 64, .count = 1, .tb = 1, .alpha = 1, .beta = 1},
+        {.m = 130, .n = 192, .k = 64, .count = 1, .tb = 1, .alpha = 1, .beta = 0, .bias_off = 3},
         {.m = 61, .n = 61, .k = 16, .count = 6, .tb = 1, .alpha = 0.25f, .beta = 0},
         {.m = 61, .n = 16, .k = 61, .count = 6, .alpha = 1, .beta = 0},
         {.m = 7, .n = 300, .k = 100, .count = 1, .ta = 1, .tb = 1, .alpha = 1, .beta = 0, .off_a = 1},
@@ -246,6 +263,7 @@ Test(gemm, lowered_limits)
         {.m = 33, .n = 20, .k = 77, .count = 5, .ta = 1, .alpha = 1, .beta = 1, .off_b = lim + 100, .gap = 1},
         {.m = 100, .n = 3, .k = 200, .count = 2, .ta = 1, .tb = 1, .alpha = -1, .beta = 0},
         {.m = 5, .n = 130, .k = 9, .count = 1, .alpha = 2, .beta = 0.5f, .pad_c = 4},
+        {.m = 37, .n = 50, .k = 500, .count = 1, .tb = 1, .alpha = 1, .beta = 0, .bias_off = 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(dev, &core, &cases[i], 1, seed++, 0);

@@ -73,11 +73,13 @@ GEMM_PACK(gemm_pack_a, MR)
 GEMM_PACK(gemm_pack_b, NR)
 
 /* C (M, N) at c + c_off (+ e * ce per entry), row stride ldc, from the packed panels of one block: mp row panels
- * of A (ap + ap_off + e * ae) and np column panels of B (bp + bp_off + e * be), KC deep; one work-item per (entry, group of QP
- * column panels, row panel), `total` in all. */
+ * of A (ap + ap_off + e * ae) and np column panels of B (bp + bp_off + e * be), KC deep; plus, when has_bias, the
+ * row bias[bias_off ...] (N) on every row. One work-item per (entry, group of QP column panels, row panel), `total`
+ * in all. */
 __kernel void gemm_tiles(__global const float *ap, ulong ap_off, ulong ae, __global const float *bp, ulong bp_off,
                          ulong be, __global float *c, ulong c_off, ulong ldc, ulong ce, uint M, uint N, uint KC,
-                         float alpha, float beta, uint mp, uint np, ulong total)
+                         float alpha, float beta, __global const float *bias, ulong bias_off, uint has_bias, uint mp,
+                         uint np, ulong total)
 {
     const ulong g = get_global_id(0);
     if (g >= total) return;
@@ -108,12 +110,15 @@ __kernel void gemm_tiles(__global const float *ap, ulong ap_off, ulong ae, __glo
         }
         const uint j0 = q * NR;
         if (i0 + MR <= M && j0 + NR <= N) { /* a whole tile: vector stores */
+            gvec bb[NV];
+            #pragma unroll
+            for (uint v = 0; v < NV; v++) bb[v] = has_bias ? GLOAD(v, bias + bias_off + j0) : (gvec)(0.0f);
             #pragma unroll
             for (uint r = 0; r < MR; r++) {
                 __global float *cr = cb + (ulong)(i0 + r) * ldc + j0;
                 #pragma unroll
                 for (uint v = 0; v < NV; v++) {
-                    gvec o = alpha * acc[r][v];
+                    gvec o = fma((gvec)(alpha), acc[r][v], bb[v]);
                     if (beta != 0.0f) o = fma((gvec)(beta), GLOAD(v, cr), o);
                     GSTORE(o, v, cr);
                 }
@@ -126,7 +131,10 @@ __kernel void gemm_tiles(__global const float *ap, ulong ap_off, ulong ae, __glo
                     GSTORE(acc[r][v], 0, t);
                     for (uint l = 0; l < VW; l++) {
                         const uint j = j0 + v * VW + l;
-                        if (j < N) cr[j] = beta != 0.0f ? alpha * t[l] + beta * cr[j] : alpha * t[l];
+                        if (j >= N) continue;
+                        float o = fma(alpha, t[l], has_bias ? bias[bias_off + j] : 0.0f);
+                        if (beta != 0.0f) o = fma(beta, cr[j], o);
+                        cr[j] = o;
                     }
                 }
             }

@@ -93,9 +93,12 @@ clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what)
 {
     if (few_rows && (m <= CLATTN_LINEAR_SMALL_ROWS || warm)) return linear_small(l, m, n, k, x, w, bias, y, warm);
-    if (bias) TRY(clattn_linear_fill(l, y, bias, m, n));
-    const clattn_gemm_call c = {.m = m, .n = n, .k = k, .trans_b = 1, .alpha = 1.0f, .beta = bias ? 1.0f : 0.0f,
-                                .a = x, .b = {w, 0}, .c = y, .lda = k, .ldb = k, .ldc = n, .count = 1, .what = what};
+    /* the bias: added by the GEMM core as it stores C, or C filled with it first and the product added (beta 1) */
+    const int fused = l->gemm.core->adds_biases;
+    if (bias && !fused) TRY(clattn_linear_fill(l, y, bias, m, n));
+    const clattn_gemm_call c = {.m = m, .n = n, .k = k, .trans_b = 1, .alpha = 1.0f, .beta = bias && !fused ? 1.0f : 0.0f,
+                                .a = x, .b = {w, 0}, .c = y, .lda = k, .ldb = k, .ldc = n, .count = 1,
+                                .bias = {fused ? bias : NULL, 0}, .what = what};
     return clattn_gemm_run(&l->gemm, &c);
 }
 

@@ -50,6 +50,7 @@ typedef struct clattn_gemm_call {
     size_t lda, ldb, ldc;        /* row strides of A, B, C as stored, in elements */
     size_t count;                /* products in the batch (>= 1) */
     size_t stride_a, stride_b, stride_c; /* elements from one product's operand to the next's */
+    clattn_view bias;            /* (n) added to every row of C, for cores with adds_biases (mem NULL: none) */
     const char *what;            /* names the GEMM in errors ("QKV projection") */
 } clattn_gemm_call;
 /* A built GEMM core, as a plan's projections and its attention core use it. */
@@ -57,7 +58,8 @@ typedef struct clattn_gemm {
     const struct clattn_core *core;
     void *state;
 } clattn_gemm;
-/* Enqueue call on g's core (INVALID_ARGUMENT for a size of 0, or a stride shorter than a row). */
+/* Enqueue call on g's core (INVALID_ARGUMENT for a size of 0, a stride shorter than a row, or a bias for a core
+ * that does not add one: see adds_biases). */
 clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *call);
 
 /* How the plan's shell lays out what a prefill core reads and writes; fixed when the core is built.
@@ -111,7 +113,8 @@ struct clattn_core {
     clattn_algorithm algorithm;  /* what its plans report: FUSED (no score matrix) or UNFUSED */
     int produces_weights;        /* can return the attention weights */
     int saves_row_stats;         /* keeps each row's max and sum (for a backward pass) */
-    int adds_biases;             /* adds the Q/K/V biases itself (else the projections do) */
+    int adds_biases;             /* adds the Q/K/V biases itself (else the projections do); a GEMM core: adds a
+                                    call's bias row to C as it stores it (else the caller fills C with it first) */
     int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */
     const clattn_core_param *params; /* its tuning space */
     int nparams;

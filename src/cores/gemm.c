@@ -15,5 +15,7 @@ clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *c)
     if (c->lda < row_a || c->ldb < row_b || c->ldc < c->n)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: row strides lda=%zu ldb=%zu ldc=%zu, shorter than "
                            "the rows (%zu, %zu, %zu)", what, c->lda, c->ldb, c->ldc, row_a, row_b, c->n);
+    if (c->bias.mem && !g->core->adds_biases)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s does not add a bias row", what, g->core->name);
     return g->core->run_gemm(g->state, c);
 }

@@ -223,6 +223,9 @@ static clattn_status run_gemm(void *state, const clattn_gemm_call *c)
                     clattn_arg_u32(&a, (cl_uint)kc);
                     clattn_arg_f32(&a, c->alpha);
                     clattn_arg_f32(&a, beta);
+                    /* the bias once, with the first chunk of the depth */
+                    clattn_arg_view(&a, (clattn_view){c->bias.mem, c->bias.off + j0});
+                    clattn_arg_u32(&a, c->bias.mem && k0 == 0);
                     clattn_arg_u32(&a, (cl_uint)mp);
                     clattn_arg_u32(&a, (cl_uint)np);
                     clattn_arg_u64(&a, items);
@@ -238,6 +241,7 @@ static clattn_status run_gemm(void *state, const clattn_gemm_call *c)
 const clattn_core clattn_core_gemm_tiles = {
     .name = "gemm_tiles",
     .kind = CLATTN_CORE_GEMM,
+    .adds_biases = 1,
     .params = params,
     .nparams = NPARAMS,
     .test_configs = test_configs,
