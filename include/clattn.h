@@ -310,7 +310,11 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
 /* Tile sizes and kernel variants differ between a CPU running PoCL, an integrated GPU and an H100.
  * clattn_tune searches, for one device, each prefill core's parameters per head-size class (max(dk, dv)
  * up to 32, 64, 128, 256, above; `clattn cores` lists the parameters) on the shapes given, then which core
- * AUTO should give each class, and CLBlast's GEMM parameters. It checks each candidate's output against
+ * AUTO should give each class; the decode cores and the GEMM cores the same way on the first shape; and
+ * CLBlast's own parameters (a random search of the spaces its tuners search, for its Xgemm and XgemmDirect
+ * kernels) where CLBlast runs the GEMMs. CLBlast's parameters are per device and process: clattn_tune leaves
+ * CLBlast, in this process, with what it kept, or with CLBlast's generic parameters when it kept nothing
+ * (CLBlast cannot go back to its own entry for the device). It checks each candidate's output against
  * the defaults' before timing it, and keeps a candidate only when it beats the defaults by `margin` in
  * each of three repeated comparisons. It writes what it kept to the device's tuning file. Plans read that file (at device open) and use its entries: clattn_plan_tuned says whether
  * a plan does.
@@ -329,6 +333,8 @@ typedef struct clattn_tune_options {
     double margin;                /* required gain over the defaults, as a fraction (0 = 0.03) */
     clattn_tune_progress_fn progress; /* optional: one line per step of the search */
     void *user;
+    int clblast;                  /* CLBlast's parameters: 0 searched where CLBlast runs the device's GEMMs (AUTO's
+                                     GEMM core after the search: GPUs), 1 always, -1 never */
 } clattn_tune_options;
 CLATTN_API clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options);
 /* The device's tuning file path ("" on ref). */

@@ -501,7 +501,7 @@ Test(cli, verbose_run)
     int rc = run_cli(args, ENV_UNSET, &err);
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     const char *want[] = {"clattn run: device ref", "B=2 Tq=7 Tk=7 E=12", "heads=1 dk=12 dv=12", "algorithm reference",
-                          "execute "};
+                          "execute ", "clattn run: gemm ref"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert(strstr(err, want[i]), "-v should say '%s':\n%s", want[i], err);
     free(err);
@@ -1177,6 +1177,7 @@ Test(cli, missing_values_are_named)
     const char *const cases[][6] = {
         {"run", "--in", "x", "--out", "y", "--heads"}, {"encoder", "--in", NULL}, {"tune", "--budget", NULL},
         {"cores", "--device", NULL},                    {"demo", "--plot", NULL},  {"demo", "--device", "--plot"},
+        {"tune", "--clblast", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *args[8] = {0};
@@ -1185,6 +1186,19 @@ Test(cli, missing_values_are_named)
         const int rc = run_cli(args, ENV_UNSET, &err);
         cr_assert_eq(rc, 2, "%s: exit %d: %s", cases[i][0], rc, err);
         cr_assert(strstr(err, "needs a value"), "%s: %s", cases[i][0], err);
+        free(err);
+    }
+}
+
+/* tune's --clblast takes auto, always or never (exit 2 and the flag named otherwise). */
+Test(cli, tune_clblast_values)
+{
+    const char *const bad_values[] = {"sometimes", "1", ""};
+    for (size_t i = 0; i < sizeof bad_values / sizeof bad_values[0]; i++) {
+        char *err;
+        const int rc = run_cli(FLAGS("tune", "--clblast", bad_values[i]), ENV_UNSET, &err);
+        cr_assert_eq(rc, 2, "--clblast '%s': exit %d: %s", bad_values[i], rc, err);
+        cr_assert(strstr(err, "--clblast"), "%s", err);
         free(err);
     }
 }
@@ -1198,7 +1212,7 @@ Test(cli, help_lists_every_option)
                  NULL}},
         {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
                      "--algorithm", NULL}},
-        {"tune", {"--device", "--budget", "--shapes", "--margin", NULL}},
+        {"tune", {"--device", "--budget", "--shapes", "--margin", "--clblast", NULL}},
         {"cores", {"--device", "--json", NULL}},
         {"demo", {"--device", "--plot", NULL}},
         {"devices", {NULL}},

@@ -1,10 +1,12 @@
 /* test_tune.c: the device's tuning file (src/device/tune_file.c) and clattn_tune (src/tune/search.c).
- *   files   every kind of file a plan may meet (valid entries for each core, AUTO's core, CLBlast's parameters,
+ *   files   every kind of file a plan may meet (valid entries for each core, AUTO's core, the GEMM cores' entries,
+ *           CLBlast's parameters for its two GEMM kernels (valid, outside its tuner's space, breaking its tile
+ *           constraints, incomplete, a preset number of an earlier clattn),
  *           stale, another format, truncated, not a tuning file, huge, mistyped, missing or unknown values,
  *           values a plan cannot use, oversized, binary, empty, CLATTN_TUNE=0, CLATTN_CORE over the file):
  *           never a crash, a notice for what was ignored, and the right answer (against the float64 oracle)
  *           whether the plan ended up tuned or not; each header field wrong alone (another value, a suffix,
- *           missing); every limit at its boundary and one past (line length, file size, class, Xgemm set, NUL)
+ *           missing); every limit at its boundary and one past (line length, file size, class, CLBlast's tile, NUL)
  *   search  clattn_tune on a small shape writes a file the device reads back without a notice, and the
  *           plans then use it; its errors */
 #include "runtime/runtime.h"
@@ -63,7 +65,7 @@ static void write_file(const char *text)
 }
 
 static char last_core[32], last_params[128]; /* the core of plan_with_file's last plan, and its parameters */
-static char last_gemm[32];                     /* and its GEMM core */
+static char last_gemm[32], last_gemm_params[128]; /* and its GEMM core, with its parameters */
 
 /* A plan (head size d: class 0 for 8 and 4) on a fresh device reading the file; checked against the
  * oracle; returns whether it was tuned, the device's notice (copied into notice) and its core (last_core). */
@@ -92,6 +94,7 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
     snprintf(last_core, sizeof last_core, "%s", clattn_plan_core(p));
     snprintf(last_params, sizeof last_params, "%s", clattn_plan_core_params(p));
     snprintf(last_gemm, sizeof last_gemm, "%s", clattn_plan_gemm(p));
+    snprintf(last_gemm_params, sizeof last_gemm_params, "%s", clattn_plan_gemm_params(p));
     clattn_plan_free(p);
     clattn_device_free(dev);
     free(wq), free(wk), free(wv), free(x), free(out), free(want);
@@ -205,23 +208,64 @@ Test(tune, files)
     setenv("CLATTN_FLASH", "tiled", 1);
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     unsetenv("CLATTN_FLASH");
-    /* CLBlast's Xgemm parameter sets: one of the table's (set process-wide at open: last here), or not */
-    snprintf(text, sizeof text, "%sclblast xgemm 99\nclblast xgemm x1\nclblast xgemm -1\n", head);
-    write_file(text);
-    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
-    cr_assert(strstr(notice, "not one of the"), "%s", notice);
-    static const int sets[] = {0, 3, 8}; /* CLBlast's generic default and two others */
-    for (int i = 0; i < 3; i++) { /* each computes right, and the projections count as tuned when CLBlast runs them */
-        const int set = sets[i];
-        snprintf(text, sizeof text, "%sclblast xgemm %d\n", head, set);
+    /* CLBlast's own parameters (set process-wide at open: last here): valid ones compute right and count as
+     * tuned where CLBlast runs the GEMMs; everything else is ignored with a notice */
+    static const char *const xgemm_ok[] = {
+        "clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
+        "STRN=0,VWM=4,VWN=4\n",
+        "clblast xgemm VWN=2,VWM=1,STRN=1,STRM=1,SB=0,SA=0,NWG=64,NDIMC=16,NDIMB=16,MWG=16,MDIMC=16,MDIMA=16,KWI=2,"
+        "KWG=16,KREG=1,GEMMK=0\n",
+        "clblast xgemmdirect KWID=2,MDIMAD=8,MDIMCD=8,NDIMBD=8,NDIMCD=8,PADA=1,PADB=1,VWMD=2,VWND=2,WGD=16\n",
+    };
+    for (int i = 0; i < 3; i++) {
+        snprintf(text, sizeof text, "%s%s", head, xgemm_ok[i]);
         write_file(text);
         setenv("CLATTN_CORE", "gemm_clblast", 1);
-        cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1, "set %d", set);
+        cr_assert_eq(plan_with_file(U, 8, notice, sizeof notice), 1, "%s", xgemm_ok[i]);
         cr_assert_str_empty(notice);
         unsetenv("CLATTN_CORE");
         const int tuned = plan_with_file(F, 8, notice, sizeof notice); /* AUTO's GEMM core */
-        cr_assert_eq(tuned, strcmp(last_gemm, "gemm_clblast") == 0, "set %d, GEMM core %s", set, last_gemm);
+        cr_assert_eq(tuned, strcmp(last_gemm, "gemm_clblast") == 0, "%s: GEMM core %s", xgemm_ok[i], last_gemm);
     }
+    static const struct { const char *line, *needle; } xgemm_bad[] = {
+        {"clblast xgemm 11\n", "preset set of an earlier clattn"},
+        {"clblast xgemm GEMMK=1,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
+         "STRN=0,VWM=4,VWN=4\n", "GEMMK=1 is not in the space"},
+        {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=16,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
+         "STRN=0,VWM=4,VWN=4\n", "tile constraints"},
+        {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
+         "STRN=0,VWM=4\n", "no value for Xgemm's VWN"},
+        {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
+         "STRN=0,VWM=4,VWN=4,WPT=2\n", "no parameter 'WPT'"},
+        {"clblast xgemmdirect KWID=2,MDIMAD=8,MDIMCD=8,NDIMBD=8,NDIMCD=8,PADA=1,PADB=1,VWMD=2,VWND=2,WGD=99999\n",
+         "not PARAMETER=NUMBER"},
+        {"clblast xgemm MWG=x\n", "not PARAMETER=NUMBER"},
+        {"clblast sgemm KWG=16\n", "not an entry"},
+    };
+    for (size_t i = 0; i < sizeof xgemm_bad / sizeof xgemm_bad[0]; i++) {
+        snprintf(text, sizeof text, "%s%s", head, xgemm_bad[i].line);
+        write_file(text);
+        setenv("CLATTN_CORE", "gemm_clblast", 1);
+        cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0, "%s", xgemm_bad[i].line);
+        cr_assert(strstr(notice, xgemm_bad[i].needle), "%s: notice '%s' lacks '%s'", xgemm_bad[i].line, notice,
+                  xgemm_bad[i].needle);
+        unsetenv("CLATTN_CORE");
+    }
+    /* GEMM cores: parameters for gemm_tiles, AUTO's GEMM core (on a CPU device, where gemm_tiles runs) */
+    snprintf(text, sizeof text, "%score gemm_tiles 0 MR=4,VW=8,NV=2,QP=2,KC=256,WS=4096\n", head);
+    write_file(text);
+    const int tiles_tuned = plan_with_file(F, 8, notice, sizeof notice);
+    cr_assert_str_empty(notice);
+    cr_assert_eq(tiles_tuned, strcmp(last_gemm, "gemm_tiles") == 0, "GEMM core %s", last_gemm);
+    if (strcmp(last_gemm, "gemm_tiles") == 0) cr_assert_str_eq(last_gemm_params, "MR=4,VW=8,NV=2,QP=2,KC=256,WS=4096");
+    snprintf(text, sizeof text, "%sauto 0 gemm_clblast\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 1);
+    cr_assert_str_eq(last_gemm, "gemm_clblast", "the file's AUTO GEMM core");
+    snprintf(text, sizeof text, "%score gemm_tiles 0 MR=9,VW=8,NV=2,QP=2,KC=256,WS=4096\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "the values are"), "%s", notice);
     /* no file at all: nothing to say */
     unlink(path);
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
@@ -257,9 +301,13 @@ Test(tune, search_writes_a_file_the_plans_use, .timeout = 600)
     /* a plan counts as tuned when an entry of the file applies to it: its core's parameters for class 0, the
      * file's core for class 0 when the plan can use it, or CLBlast's parameters (the projections) */
     char notice[1100];
-    int xgemm = strstr(text, "\nclblast xgemm ") != NULL;
+    int xgemm = strstr(text, "\nclblast xgemm") != NULL;
     const int fused_tuned = plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice);
     xgemm &= strcmp(last_gemm, "gemm_clblast") == 0; /* CLBlast's parameters count where CLBlast runs the GEMMs */
+    /* and a GEMM core's entry for class 0, or the file's AUTO GEMM core, makes every plan of the class tuned */
+    char gemm_entry[64];
+    snprintf(gemm_entry, sizeof gemm_entry, "\ncore %s 0 ", last_gemm);
+    xgemm |= strstr(text, gemm_entry) != NULL || strstr(text, "\nauto 0 gemm_") != NULL;
     char entry[64];
     snprintf(entry, sizeof entry, "\ncore %s 0 ", last_core);
     cr_assert_eq(fused_tuned, xgemm || strstr(text, "\nauto 0 flash_") || strstr(text, entry), "%s (core %s)", text,
@@ -286,6 +334,11 @@ Test(tune, errors)
     cr_assert_eq(clattn_tune(dev, &m), CLATTN_STATUS_INVALID_ARGUMENT);
     clattn_tune_options z = {.shapes = bad, .n_shapes = 0};
     cr_assert_eq(clattn_tune(dev, &z), CLATTN_STATUS_INVALID_ARGUMENT);
+    for (int c = -2; c <= 2; c += 4) { /* CLBlast's search: -1, 0 or 1 */
+        clattn_tune_options b = {.clblast = c};
+        cr_assert_eq(clattn_tune(dev, &b), CLATTN_STATUS_INVALID_ARGUMENT, "clblast = %d", c);
+        cr_assert(strstr(clattn_last_error(), "clblast"), "%s", clattn_last_error());
+    }
     cr_assert_eq(clattn_plan_tuned(NULL), 0);
     setenv("CLATTN_CORE", "flash_rows", 1); /* the search refuses what would override its candidates */
     cr_assert_eq(clattn_tune(dev, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -336,8 +389,8 @@ Test(tune, each_header_field_wrong_alone)
 }
 
 /* Every limit exactly at its boundary and one past: a line of 599 characters (read) and 600 (ignored, said), a
- * file of 65536 bytes (read) and 65537 (ignored), head-size class 4 (the last) and 5, the last CLBlast Xgemm
- * set and the one after, a NUL byte after a valid file. */
+ * file of 65536 bytes (read) and 65537 (ignored), head-size class 4 (the last) and 5, CLBlast's largest tile in
+ * its tuner's space and the next, a NUL byte after a valid file. */
 Test(tune, limits_at_their_boundary)
 {
     char head[1200], notice[1100];
@@ -381,15 +434,17 @@ Test(tune, limits_at_their_boundary)
         if (lines[i].needle) cr_assert(strstr(notice, lines[i].needle), "%s: '%s'", lines[i].body, notice);
         else cr_assert_str_empty(notice, "%s: '%s'", lines[i].body, notice);
     }
-    const size_t sets = clattn_blas_xgemm_sets();
-    for (size_t s = sets - 1; s <= sets; s++) {
-        snprintf(text, 70000, "%sclblast xgemm %zu\n", head, s);
+    /* CLBlast's parameter values at the edge of the space CLBlast's tuner searches: MWG=128 read, 256 refused */
+    for (size_t mwg = 128; mwg <= 256; mwg *= 2) {
+        snprintf(text, 70000, "%sclblast xgemm GEMMK=0,KREG=1,KWG=16,KWI=2,MDIMA=8,MDIMC=8,MWG=%zu,NDIMB=8,NDIMC=8,"
+                 "NWG=16,SA=0,SB=0,STRM=0,STRN=0,VWM=2,VWN=2\n", head, mwg);
         write_file(text);
         setenv("CLATTN_CORE", "gemm_clblast", 1);
         const int tuned = plan_with_file(F, 8, notice, sizeof notice);
         unsetenv("CLATTN_CORE");
-        if (s < sets) cr_assert(tuned == 1 && !notice[0], "the last set %zu: tuned %d, '%s'", s, tuned, notice);
-        else cr_assert(tuned == 0 && strstr(notice, "not one of the"), "set %zu: tuned %d, '%s'", s, tuned, notice);
+        if (mwg == 128) cr_assert(tuned == 1 && !notice[0], "MWG=128: tuned %d, '%s'", tuned, notice);
+        else cr_assert(tuned == 0 && strstr(notice, "MWG=256 is not in the space"), "MWG=%zu: tuned %d, '%s'", mwg,
+                       tuned, notice);
     }
     /* a valid file, then a NUL byte and more */
     const size_t n = (size_t)snprintf(text, 70000, "%s%s", head, entry);

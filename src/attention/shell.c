@@ -146,10 +146,10 @@ static clattn_status shell_init(struct clattn_plan *p)
     clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
     p->tuned = c->core.tuned || (c->lin.gemm_core.tuned && (p->has_qkv || p->has_out));
-    /* CLBlast's Xgemm parameters from the tuning file (set on the device at open) run its GEMMs */
+    /* CLBlast's parameters from the tuning file (set on the device at open) run its GEMMs */
     const clattn_tune_table *tn = clattn_tune_active(p->device);
-    if (tn && tn->xgemm >= 0 && c->lin.gemm_core.core == clattn_core_find("gemm_clblast") &&
-        (p->has_qkv || p->has_out))
+    if (tn && (tn->has_blas[CLATTN_BLAS_XGEMM] || tn->has_blas[CLATTN_BLAS_XGEMM_DIRECT]) &&
+        c->lin.gemm_core.core == clattn_core_find("gemm_clblast") && (p->has_qkv || p->has_out))
         p->tuned = 1;
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));

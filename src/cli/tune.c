@@ -1,5 +1,6 @@
 /* tune.c: `clattn tune`, the device's tuning search (clattn_tune) with its progress on stdout.
  *   clattn tune [--device SPEC] [--budget SECONDS] [--shapes preset|B,T,E,H[;B,T,E,H...]] [--margin F]
+ *               [--clblast auto|always|never]
  */
 #include "cli.h"
 
@@ -14,13 +15,15 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: clattn tune [--device SPEC] [--budget SECONDS] [--shapes preset|B,T,E,H[;B,T,E,H...]]\n"
-               "                   [--margin F]\n"
+               "                   [--margin F] [--clblast auto|always|never]\n"
                "  searches the attention cores' parameters (per head-size class) and AUTO's core for the device on\n"
                "  the given self-attention shapes (preset: 4,512,512,8), then the decode cores' on a decode step of\n"
-               "  the first shape (B sequences of T cached tokens, H/4 KV heads), checks every candidate's output\n"
-               "  against the defaults', keeps one only if it beats them by --margin (default 0.03) three times, and\n"
-               "  writes the device's tuning file, which plans then use ($CLATTN_TUNE_FILE overrides its path,\n"
-               "  CLATTN_TUNE=0 ignores it). --budget: wall-clock seconds (default 120).\n");
+               "  the first shape (B sequences of T cached tokens, H/4 KV heads) and the GEMM cores' on its attention\n"
+               "  call, checks every candidate's output against the defaults', keeps one only if it beats them by\n"
+               "  --margin (default 0.03) three times, and writes the device's tuning file, which plans then use\n"
+               "  ($CLATTN_TUNE_FILE overrides its path, CLATTN_TUNE=0 ignores it). --budget: wall-clock seconds\n"
+               "  (default 120). --clblast: search CLBlast's own Xgemm and XgemmDirect parameters at random, as its\n"
+               "  tuners do: auto (default) where CLBlast runs the device's GEMMs, always, or never.\n");
 }
 
 static void progress(const char *line, void *user)
@@ -67,7 +70,8 @@ int clattn_cli_tune(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--device") && strcmp(a, "--budget") && strcmp(a, "--shapes") && strcmp(a, "--margin")) {
+        if (strcmp(a, "--device") && strcmp(a, "--budget") && strcmp(a, "--shapes") && strcmp(a, "--margin") &&
+            strcmp(a, "--clblast")) {
             SAY("unknown option '%s' (see clattn tune --help)", a);
             return 2;
         }
@@ -78,6 +82,14 @@ int clattn_cli_tune(int argc, char **argv)
         i++;
         if (!strcmp(a, "--device")) {
             spec = v;
+        } else if (!strcmp(a, "--clblast")) {
+            if (!strcmp(v, "auto")) o.clblast = 0;
+            else if (!strcmp(v, "always")) o.clblast = 1;
+            else if (!strcmp(v, "never")) o.clblast = -1;
+            else {
+                SAY("--clblast '%s': must be auto, always or never", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--budget") || !strcmp(a, "--margin")) {
             char *end;
             errno = 0;

@@ -22,13 +22,13 @@ enum { MR, VW, NV, QP, KC, WS, NPARAMS };
 static const size_t mr_v[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16}, mr_t[] = {4, 6, 8, 12};
 static const size_t vw_v[] = {4, 8, 16}, vw_t[] = {8, 16};
 static const size_t nv_v[] = {1, 2, 3, 4}, nv_t[] = {1, 2, 4};
-static const size_t qp_v[] = {1, 2, 4, 8, 16}, qp_t[] = {2, 4, 8};
-static const size_t kc_v[] = {0, 64, 128, 256, 512, 1024, 2048}, kc_t[] = {0, 256, 512};
+static const size_t qp_v[] = {1, 2, 4, 8, 16}, qp_t[] = {4};
+static const size_t kc_v[] = {0, 64, 128, 256, 512, 1024, 2048}, kc_t[] = {0, 256};
 static const size_t ws_v[] = {16, 64, 256, 1024, 4096, 8192, 16384, 65536}, ws_t[] = {8192};
 static const clattn_core_param params[] = {
     [MR] = {"MR", mr_v, 12, mr_t, 4, NULL}, [VW] = {"VW", vw_v, 3, vw_t, 2, NULL},
-    [NV] = {"NV", nv_v, 4, nv_t, 3, NULL},  [QP] = {"QP", qp_v, 5, qp_t, 3, NULL},
-    [KC] = {"KC", kc_v, 7, kc_t, 3, NULL},  [WS] = {"WS", ws_v, 8, ws_t, 1, NULL},
+    [NV] = {"NV", nv_v, 4, nv_t, 3, NULL},  [QP] = {"QP", qp_v, 5, qp_t, 1, NULL},
+    [KC] = {"KC", kc_v, 7, kc_t, 2, NULL},  [WS] = {"WS", ws_v, 8, ws_t, 1, NULL},
 };
 /* the suite's second configuration: narrow vectors, odd tile rows, one panel per work-item, shallow blocks and
  * a small workspace, so that every blocking path runs on small shapes */

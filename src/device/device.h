@@ -21,13 +21,16 @@ typedef struct clattn_tune_table {
     clattn_tune_entry entries[CLATTN_TUNE_MAX_ENTRIES]; /* "core NAME CLASS P=V,..." */
     int nentries;
     const clattn_core *auto_core[CLATTN_CORE_KINDS][CLATTN_HEAD_CLASSES]; /* "auto CLASS NAME" (NULL: none) */
-    int xgemm;                 /* "clblast xgemm SET": -1 not set, else CLBlast's Xgemm parameter set */
-    int xgemm_applied;         /* the device made it CLBlast's at open */
+    /* "clblast xgemm P=V,..." and "clblast xgemmdirect P=V,...": CLBlast's parameters of its two GEMM kernels
+     * (indexed by clattn_blas_kernel), set on the device when it opens */
+    int has_blas[2];
+    size_t blas[2][CLATTN_BLAS_MAX_PARAMS];
+    int blas_applied[2];       /* the device made them CLBlast's at open */
     char path[1024];           /* where it was read from ("" = none) */
     char notice[1024];         /* what was ignored and why ("" = nothing) */
 } clattn_tune_table;
 
-void clattn_tune_table_init(clattn_tune_table *t); /* empty: no entries, xgemm -1 */
+void clattn_tune_table_init(clattn_tune_table *t); /* empty: no entries */
 /* Read the device's tuning file (at device open); never fails: a bad file is ignored, with a notice. */
 void clattn_tune_load(clattn_device *dev);
 /* The entries that apply now: clattn_tune's candidate while it searches, else the file's (NULL: none). */

@@ -8,7 +8,8 @@
  *                                      128, 256, above): every parameter of that core (`clattn cores`)
  *   auto <class> <name>                the core plans of head-size class 0..4 get first when they can use
  *                                      it (AUTO plans, or plans of its algorithm), before the order of preference
- *   clblast xgemm <set>                CLBlast's Xgemm parameter set (runtime/blas.c), for the projections
+ *   clblast xgemm <P>=<V>,...          CLBlast's parameters of its Xgemm kernel (runtime/blas_params.c: every
+ *   clblast xgemmdirect <P>=<V>,...    parameter, within the space its tuner searches), or of XgemmDirect
  * The header must match this device and this clattn exactly, or the whole file is stale; a file of another
  * format (clattn-tune 1, written by clattn 0.3) is ignored whole. Entries are checked against the cores'
  * own values; one that is not valid is ignored (with a notice), and one that is valid but does not fit a
@@ -30,7 +31,6 @@
 void clattn_tune_table_init(clattn_tune_table *t)
 {
     memset(t, 0, sizeof *t);
-    t->xgemm = -1;
 }
 
 const clattn_tune_table *clattn_tune_active(const clattn_device *dev)
@@ -201,14 +201,20 @@ static void parse(const clattn_device *dev, const char *text, clattn_tune_table 
                      "lists: ignored", line_no, CLATTN_HEAD_CLASSES - 1);
             else
                 parsed.auto_core[core->kind][cls] = core;
-        } else if (nw == 3 && strcmp(w[0], "clblast") == 0 && strcmp(w[1], "xgemm") == 0) {
-            char *e;
-            const unsigned long v = strtoul(w[2], &e, 10);
-            if (w[2][0] < '0' || w[2][0] > '9' || *e || v >= clattn_blas_xgemm_sets() || strlen(w[2]) > 4)
-                note(t, "line %d: clblast xgemm '%s' is not one of the %zu parameter sets: ignored", line_no, w[2],
-                     clattn_blas_xgemm_sets());
+        } else if (nw == 3 && strcmp(w[0], "clblast") == 0 &&
+                   (strcmp(w[1], "xgemm") == 0 || strcmp(w[1], "xgemmdirect") == 0)) {
+            const clattn_blas_kernel k = strcmp(w[1], "xgemm") == 0 ? CLATTN_BLAS_XGEMM : CLATTN_BLAS_XGEMM_DIRECT;
+            size_t v[CLATTN_BLAS_MAX_PARAMS];
+            char why[300];
+            if (strspn(w[2], "0123456789") == strlen(w[2]))
+                note(t, "line %d: clblast %s %s: a preset set of an earlier clattn (run `clattn tune` again): ignored",
+                     line_no, w[1], w[2]);
+            else if (!clattn_blas_params_parse(k, w[2], v, why, sizeof why))
+                note(t, "line %d: clblast %s: %s: ignored", line_no, w[1], why);
+            else if (!clattn_blas_params_valid(&dev->caps, k, v, why, sizeof why))
+                note(t, "line %d: clblast %s: %s: ignored", line_no, w[1], why);
             else
-                parsed.xgemm = (int)v;
+                memcpy(parsed.blas[k], v, sizeof v), parsed.has_blas[k] = 1;
         } else {
             note(t, "line %d: not an entry clattn knows: ignored", line_no);
         }
@@ -225,7 +231,8 @@ static void parse(const clattn_device *dev, const char *text, clattn_tune_table 
     memcpy(t->entries, parsed.entries, sizeof t->entries);
     t->nentries = parsed.nentries;
     memcpy(t->auto_core, parsed.auto_core, sizeof t->auto_core);
-    t->xgemm = parsed.xgemm;
+    memcpy(t->has_blas, parsed.has_blas, sizeof t->has_blas);
+    memcpy(t->blas, parsed.blas, sizeof t->blas);
 }
 
 void clattn_tune_load(clattn_device *dev)
@@ -267,13 +274,14 @@ void clattn_tune_load(clattn_device *dev)
         parse(dev, text, t);
     }
     free(text);
-    /* CLBlast's Xgemm parameters are CLBlast's, per device and process: set them now, for every plan */
-    if (t->xgemm >= 0) {
-        if (clattn_blas_use_xgemm_set(dev, (size_t)t->xgemm) == CLATTN_STATUS_SUCCESS) {
-            t->xgemm_applied = 1;
+    /* CLBlast's parameters are CLBlast's, per device and process: set them now, for every plan */
+    for (int k = 0; k < 2; k++) {
+        if (!t->has_blas[k]) continue;
+        if (clattn_blas_use_params(dev, (clattn_blas_kernel)k, t->blas[k]) == CLATTN_STATUS_SUCCESS) {
+            t->blas_applied[k] = 1;
         } else {
-            note(t, "CLBlast refused Xgemm parameter set %d: ignored", t->xgemm);
-            t->xgemm = -1;
+            note(t, "CLBlast refused the %s parameters: ignored", clattn_blas_kernel_name((clattn_blas_kernel)k));
+            t->has_blas[k] = 0;
         }
         clattn_clear_error();
     }
@@ -302,7 +310,12 @@ clattn_status clattn_tune_write(const clattn_device *dev, const clattn_tune_tabl
     for (int k = 0; k < CLATTN_CORE_KINDS; k++)
         for (int c = 0; c < CLATTN_HEAD_CLASSES; c++)
             if (t->auto_core[k][c]) fprintf(f, "auto %d %s\n", c, t->auto_core[k][c]->name);
-    if (t->xgemm >= 0) fprintf(f, "clblast xgemm %d\n", t->xgemm);
+    for (int k = 0; k < 2; k++)
+        if (t->has_blas[k]) {
+            char text[400];
+            clattn_blas_params_format((clattn_blas_kernel)k, t->blas[k], text, sizeof text);
+            fprintf(f, "clblast %s %s\n", k == CLATTN_BLAS_XGEMM ? "xgemm" : "xgemmdirect", text);
+        }
     const int ok = fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);

@@ -235,44 +235,5 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* ---- CLBlast's Xgemm parameters (tuning) */
-
-/* Complete Xgemm parameter sets from CLBlast 1.5's own database (entries for CPUs, and its default for
- * devices it does not know), in its order GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC NWG SA SB STRM
- * STRN VWM VWN. Only these whole sets are ever applied: each is a combination CLBlast was tuned with, so
- * a tuning file can choose one (by index) but never invent parameters. Entry 0 is CLBlast's default for
- * unknown devices. The database's GEMMK = 1 sets (the 2-D register-tiled kernel) are left out: on PoCL 3.1
- * one of them (KREG 16) crashed the process inside the GEMM, and a tuning file must never be able to. */
-static const size_t xgemm_sets[][16] = {
-    {0, 1, 32, 2, 8, 8, 32, 8, 8, 32, 1, 1, 0, 0, 4, 4},
-    {0, 1, 32, 2, 8, 8, 16, 8, 8, 32, 1, 1, 0, 0, 2, 4},
-    {0, 1, 16, 2, 8, 8, 128, 16, 8, 128, 0, 1, 1, 1, 1, 8},
-    {0, 1, 32, 2, 32, 16, 64, 32, 8, 64, 0, 1, 1, 0, 1, 1},
-    {0, 1, 32, 8, 32, 32, 64, 32, 16, 64, 1, 1, 1, 0, 2, 2},
-    {0, 1, 32, 2, 16, 8, 128, 16, 8, 64, 0, 0, 1, 0, 1, 2},
-    {0, 1, 32, 2, 32, 8, 128, 8, 8, 128, 1, 1, 1, 1, 2, 8},
-    {0, 1, 16, 2, 8, 8, 128, 8, 8, 128, 1, 1, 1, 0, 1, 8},
-    {0, 1, 32, 8, 16, 16, 64, 32, 32, 64, 0, 1, 1, 0, 1, 2},
-    {0, 1, 32, 2, 16, 32, 32, 8, 8, 64, 0, 1, 0, 0, 1, 8},
-    {0, 1, 32, 2, 16, 8, 32, 8, 32, 128, 1, 1, 1, 1, 1, 4},
-    {0, 1, 32, 2, 8, 8, 64, 8, 8, 64, 1, 1, 0, 0, 4, 2},
-};
-
-size_t clattn_blas_xgemm_sets(void) { return sizeof xgemm_sets / sizeof xgemm_sets[0]; }
-
-clattn_status clattn_blas_use_xgemm_set(const struct clattn_device *dev, size_t set)
-{
-    static const char *names[16] = {"GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB",
-                                    "NDIMC", "NWG", "SA", "SB", "STRM", "STRN", "VWM", "VWN"};
-    if (set >= clattn_blas_xgemm_sets())
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "Xgemm parameter set %zu: there are %zu", set,
-                           clattn_blas_xgemm_sets());
-    pthread_mutex_lock(&blas_lock);
-    CLBlastStatusCode st = CLBlastOverrideParameters(dev->device, "Xgemm", CLBlastPrecisionSingle, 16, names,
-                                                     xgemm_sets[set]);
-    if (st == CLBlastSuccess) st = CLBlastClearCache(); /* CLBlast's compiled kernels were made with the old ones */
-    pthread_mutex_unlock(&blas_lock);
-    if (st != CLBlastSuccess)
-        return clattn_fail((clattn_status)st, "CLBlastOverrideParameters(Xgemm, set %zu) failed (%d)", set, (int)st);
-    return CLATTN_STATUS_SUCCESS;
-}
+void clattn_blas_lock(void) { pthread_mutex_lock(&blas_lock); }
+void clattn_blas_unlock(void) { pthread_mutex_unlock(&blas_lock); }

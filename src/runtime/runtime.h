@@ -142,12 +142,28 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
                                                 size_t lda, size_t a_stride, cl_mem b, size_t b_off, size_t ldb,
                                                 size_t b_stride, float beta, cl_mem c, size_t c_off, size_t ldc,
                                                 size_t c_stride, size_t count, const char *what);
-/* CLBlast's single-precision Xgemm parameters, from a fixed table of complete sets taken from CLBlast's own
- * database (tuning): how many sets there are, and make set `i` CLBlast's for this device, process-wide (it
- * applies to every CLBlast call on the device, the caller's own included), clearing CLBlast's kernel cache.
- * Set 0 is CLBlast's default for devices it does not know. */
-size_t clattn_blas_xgemm_sets(void);
-clattn_status clattn_blas_use_xgemm_set(const clattn_device *dev, size_t set);
+/* The lock every CLBlast call holds (blas.c). */
+void clattn_blas_lock(void);
+void clattn_blas_unlock(void);
+/* CLBlast's own tuning parameters of its single-precision GEMM kernels (blas_params.c): the spaces its tuners
+ * search (the indirect Xgemm with GEMMK = 0, and XgemmDirect), each parameter set in CLBlast's order. */
+typedef enum clattn_blas_kernel { CLATTN_BLAS_XGEMM = 0, CLATTN_BLAS_XGEMM_DIRECT = 1 } clattn_blas_kernel;
+#define CLATTN_BLAS_MAX_PARAMS 16
+const char *clattn_blas_kernel_name(clattn_blas_kernel k); /* "Xgemm", "XgemmDirect" */
+int clattn_blas_param_count(clattn_blas_kernel k);          /* 16, 10 */
+/* CLBlast's generic defaults (its entries for devices it does not know). */
+void clattn_blas_params_generic(clattn_blas_kernel k, size_t *v);
+/* Every value in the space and the kernel's tile constraints met (and, caps given, the device's work-group size
+ * and local memory): 1, else 0 and a sentence in why. */
+int clattn_blas_params_valid(const clattn_caps *caps, clattn_blas_kernel k, const size_t *v, char *why, size_t len);
+/* A valid set drawn at random (each value uniform, the invalid rejected), as CLBlast's tuner samples. */
+void clattn_blas_params_random(const clattn_caps *caps, clattn_blas_kernel k, uint64_t *rng, size_t *v);
+/* "GEMMK=0,KREG=1,..." (every parameter, CLBlast's order); parse takes them in any order, all of them, valid. */
+void clattn_blas_params_format(clattn_blas_kernel k, const size_t *v, char *buf, size_t len);
+int clattn_blas_params_parse(clattn_blas_kernel k, const char *text, size_t *v, char *why, size_t len);
+/* Make v CLBlast's parameters for kernel k on this device, process-wide (every CLBlast call on the device, the
+ * caller's own included), and clear CLBlast's compiled kernels. */
+clattn_status clattn_blas_use_params(const clattn_device *dev, clattn_blas_kernel k, const size_t *v);
 /* Test-only (not exported from the shared library): the largest element index that any CLBlast
  * call has touched in any buffer, counting CLBlast's padded temporaries, since the last reset;
  * reset = 1 returns it and starts again from 0. */

@@ -7,7 +7,10 @@
  *      default choice the same way;
  *   3. the decode cores the same way, on a decode step derived from the first shape: B sequences of T cached
  *      tokens, E, H heads sharing H/4 KV heads (H where 4 does not divide H), one new token per sequence;
- *   4. CLBlast's Xgemm parameter sets, on the first shape (the projections).
+ *   4. the GEMM cores the same way, on the first shape's attention call (its projections);
+ *   5. where CLBlast runs the device's GEMMs (or options->clblast asks): CLBlast's own parameters, a random
+ *      search of the spaces its tuners search (runtime/blas_params.c), Xgemm on the first shape's attention call
+ *      and XgemmDirect on its unfused call (whose batched score and context GEMMs are the small ones).
  * Each candidate is a plan made with a candidate table (dev->tune_try) that names its core and parameters;
  * its output is checked against the defaults' before it is timed, and one that differs is rejected. */
 #include "attention/attention.h"
@@ -27,7 +30,7 @@ typedef struct search {
     float *x, *wq, *wk, *wv, *wo, *bq, *bo, *ref, *out;
     clattn_attention_desc d;
     int cls;             /* the shape's head-size class */
-    clattn_core_kind kind; /* the cores searched: PREFILL (an attention plan on d) or DECODE (a step, below) */
+    clattn_core_kind kind; /* the cores searched: PREFILL or GEMM (an attention plan on d) or DECODE (a step) */
     /* DECODE: a step of d (seq_q = 1) over a cache of s->context tokens per sequence, from the same x rows */
     size_t context;
     float *kc, *vc;      /* the cache's contents (B, HK, context + 1, dk) */
@@ -58,11 +61,11 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* A candidate: AUTO's core for the class (NULL: AUTO's own choice) and its parameters (NULL: defaults). */
+/* A candidate: AUTO's core for the class (NULL: AUTO's own choice) and its parameters (NULL: defaults). The
+ * tables of the attention cores keep what was kept so far (s->kept) when GEMM cores are searched. */
 typedef struct candidate {
     const clattn_core *core;
     const clattn_core_params *params;
-    int xgemm;           /* -1: none */
 } candidate;
 
 static void candidate_table(const search *s, const candidate *c, clattn_tune_table *t)
@@ -70,7 +73,6 @@ static void candidate_table(const search *s, const candidate *c, clattn_tune_tab
     clattn_tune_table_init(t);
     if (c->core) t->auto_core[s->kind][s->cls] = c->core;
     if (c->core && c->params) clattn_tune_set_params(t, c->core, s->cls, c->params);
-    t->xgemm = c->xgemm;
 }
 
 /* The search's weights (E x E projections, as the description's heads * head size = E), with their counts. */
@@ -183,8 +185,17 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
     clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
     s->dev->tune_try = NULL;
     if (st != CLATTN_STATUS_SUCCESS) return -1;
-    if ((c->core && p->core != c->core) ||
-        (c->params && memcmp(&p->core_params, c->params, sizeof *c->params) != 0)) {
+    int applies;
+    if (s->kind == CLATTN_CORE_GEMM) {
+        char text[128] = "";
+        if (c->core && c->params) clattn_core_params_format(c->core, c->params, text, sizeof text);
+        applies = (!c->core || strcmp(p->gemm, c->core->name) == 0) &&
+                  (!c->params || strcmp(p->gemm_params_text, text) == 0);
+    } else {
+        applies = (!c->core || p->core == c->core) &&
+                  (!c->params || memcmp(&p->core_params, c->params, sizeof *c->params) == 0);
+    }
+    if (!applies) {
         clattn_plan_free(p);
         return -3;
     }
@@ -212,7 +223,8 @@ static const clattn_core *probe_core(search *s, const clattn_tune_table *t)
         clattn_decode_plan_free(dp);
     } else {
         clattn_plan *p = NULL;
-        if (clattn_plan_create(s->dev, &s->d, &w, &p) == CLATTN_STATUS_SUCCESS) own = p->core;
+        if (clattn_plan_create(s->dev, &s->d, &w, &p) == CLATTN_STATUS_SUCCESS)
+            own = s->kind == CLATTN_CORE_GEMM ? clattn_core_find(p->gemm) : p->core;
         clattn_plan_free(p);
     }
     s->dev->tune_try = NULL;
@@ -240,7 +252,7 @@ static const char *verdict(double ms) { return ms == -2 ? "WRONG OUTPUT, rejecte
  * what c runs with afterwards (tuned or default; <= 0: c did not run). */
 static double search_core(search *s, const clattn_core *c, clattn_tune_table *keep, double end)
 {
-    const candidate base = {c, NULL, -1};
+    const candidate base = {c, NULL};
     const double base_ms = run_candidate(s, &base, 1, s->out);
     say(s, "  %s, defaults: %s%.2f ms", c->name, verdict(base_ms), base_ms < 0 ? 0.0 : base_ms);
     if (base_ms <= 0) return base_ms;
@@ -256,7 +268,7 @@ static double search_core(search *s, const clattn_core *c, clattn_tune_table *ke
         clattn_core_params p = {{0}};
         for (int i = 0; i < c->nparams; i++) p.v[i] = c->params[i].tried[idx[i]];
         if (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p)) {
-            const candidate cand = {c, &p, -1};
+            const candidate cand = {c, &p};
             const double ms = run_candidate(s, &cand, 1, s->out);
             char text[160];
             clattn_core_params_format(c, &p, text, sizeof text);
@@ -271,7 +283,7 @@ static double search_core(search *s, const clattn_core *c, clattn_tune_table *ke
     }
     say(s, "  %s: %d candidates, %d rejected for their output; best %.2f ms against %.2f ms", c->name, tried, wrong,
         best_ms, base_ms);
-    const candidate best = {c, &best_p, -1};
+    const candidate best = {c, &best_p};
     if (have && confirm(s, &base, &best, c->name)) {
         clattn_tune_set_params(keep, c, s->cls, &best_p);
         say(s, "  kept for head-size class %d", s->cls);
@@ -287,11 +299,14 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     const clattn_attention_desc *d = &s->d;
     const double start = now_ms();
     s->deadline = start + shape_ms;
-    const candidate automatic = {NULL, NULL, -1};
+    const candidate automatic = {NULL, NULL};
     const double auto_ms = run_candidate(s, &automatic, 0, s->ref); /* the reference output */
     if (s->kind == CLATTN_CORE_DECODE)
         say(s, "decode step, B=%zu context=%zu E=%zu H=%zu KV heads %zu (head-size class %d): AUTO's defaults %.2f ms",
             d->batch, s->context, d->embed, d->heads, d->kv_heads, s->cls, auto_ms);
+    else if (s->kind == CLATTN_CORE_GEMM)
+        say(s, "GEMM cores, on B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch,
+            d->seq_q, d->embed, d->heads, s->cls, auto_ms);
     else
         say(s, "B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch, d->seq_q, d->embed,
             d->heads, s->cls, auto_ms);
@@ -314,13 +329,13 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     clattn_tune_table with_keep = *keep;
     with_keep.auto_core[s->kind][s->cls] = NULL;
     const clattn_core_params *kp = clattn_tune_params(keep, fastest, s->cls);
-    const candidate fast = {fastest, kp, -1};
+    const candidate fast = {fastest, kp};
     const clattn_core *own = probe_core(s, &with_keep);
     if (own == fastest || !own) {
         say(s, "  AUTO keeps %s for head-size class %d", own ? own->name : "its choice", s->cls);
         return;
     }
-    const candidate theirs = {own, clattn_tune_params(keep, own, s->cls), -1};
+    const candidate theirs = {own, clattn_tune_params(keep, own, s->cls)};
     if (confirm(s, &theirs, &fast, "AUTO's core")) {
         keep->auto_core[s->kind][s->cls] = fastest;
         say(s, "  AUTO gives head-size class %d %s instead of %s", s->cls, fastest->name, own->name);
@@ -381,56 +396,80 @@ static clattn_status make_decode(search *s, const size_t *q, uint64_t seed)
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* CLBlast's Xgemm parameter sets (runtime/blas.c) on the shape in `s`, the whole attention call timed,
- * within `phase_ms`. The defaults are measured first (CLBlast cannot be set back to them afterwards: a set
- * kept must beat both them and set 0, CLBlast's generic default, in every confirmation round). The process
- * is left with the kept set, or set 0. The plans run what `keep` says for the cores. */
-static void search_xgemm(search *s, clattn_tune_table *keep, double phase_ms)
+/* CLBlast's own parameters for kernel k (runtime/blas_params.c) within phase_ms: the shape's attention call
+ * (Xgemm: its projections), or its unfused call (XgemmDirect: the batched score and context GEMMs), timed with
+ * CLBlast running the GEMMs, for random sets drawn from the space CLBlast's tuner searches. What CLBlast runs
+ * now (the file's parameters, or CLBlast's own for the device) is measured once first: CLBlast cannot be set
+ * back to its own entry for the device, so a set kept must beat it and, in every one of three alternating
+ * rounds, CLBlast's generic parameters. The process is left with the kept set, or the file's, or the generic. */
+static void search_blas(search *s, clattn_tune_table *keep, double phase_ms, clattn_blas_kernel k)
 {
     const double start = now_ms();
-    s->deadline = start + 0.75 * phase_ms;
-    const candidate none = {NULL, NULL, -1};
-    const double base = run_candidate(s, &none, 0, s->ref);
-    say(s, "CLBlast Xgemm parameters, B=%zu T=%zu E=%zu H=%zu: CLBlast's own: %.2f ms", s->d.batch, s->d.seq_q,
-        s->d.embed, s->d.heads, base);
-    if (base <= 0) return;
-    int best = -1;
+    s->deadline = start + 0.8 * phase_ms;
+    const clattn_algorithm saved = s->d.algorithm;
+    if (k == CLATTN_BLAS_XGEMM_DIRECT) s->d.algorithm = CLATTN_ALGORITHM_UNFUSED;
+    s->kind = CLATTN_CORE_GEMM;
+    const candidate blas = {clattn_core_find("gemm_clblast"), NULL};
+    const char *name = clattn_blas_kernel_name(k);
+    const double base = run_candidate(s, &blas, 0, s->ref);
+    say(s, "CLBlast %s parameters, on B=%zu T=%zu E=%zu H=%zu (%s): what CLBlast runs now %.2f ms", name, s->d.batch,
+        s->d.seq_q, s->d.embed, s->d.heads, s->d.algorithm == CLATTN_ALGORITHM_UNFUSED ? "unfused" : "AUTO", base);
+    size_t best[CLATTN_BLAS_MAX_PARAMS], v[CLATTN_BLAS_MAX_PARAMS], generic[CLATTN_BLAS_MAX_PARAMS];
+    clattn_blas_params_generic(k, generic);
     double best_ms = base;
-    for (size_t i = 0; i < clattn_blas_xgemm_sets() && !over_budget(s); i++) {
-        if (clattn_blas_use_xgemm_set(s->dev, i) != CLATTN_STATUS_SUCCESS) {
-            say(s, "  set %zu: refused by CLBlast", i);
+    int have = 0, tried = 0, wrong = 0;
+    uint64_t rng = 0x5eed0000ull + (uint64_t)k;
+    char text[400];
+    while (base > 0 && !over_budget(s)) {
+        clattn_blas_params_random(&s->dev->caps, k, &rng, v);
+        clattn_blas_params_format(k, v, text, sizeof text);
+        if (clattn_blas_use_params(s->dev, k, v) != CLATTN_STATUS_SUCCESS) {
+            say(s, "  %s: refused by CLBlast (%s)", text, clattn_last_error());
             continue;
         }
-        const candidate cand = {NULL, NULL, (int)i};
-        const double ms = run_candidate(s, &cand, 1, s->out);
-        say(s, "  set %zu: %s%.2f ms", i, ms == -2 ? "WRONG OUTPUT, rejected " : ms < 0 ? "failed " : "",
-            ms < 0 ? 0.0 : ms);
-        if (ms > 0 && ms < best_ms) best_ms = ms, best = (int)i;
+        const double ms = run_candidate(s, &blas, 1, s->out);
+        say(s, "  %s: %s%.2f ms", text, verdict(ms), ms < 0 ? 0.0 : ms);
+        tried++;
+        wrong += ms == -2;
+        if (ms > 0 && ms < best_ms) best_ms = ms, memcpy(best, v, sizeof best), have = 1;
     }
+    say(s, "  %s: %d candidates, %d rejected for their output; best %.2f ms against %.2f ms", name, tried, wrong,
+        best_ms, base);
     s->deadline = start + phase_ms;
     int kept = 0;
-    if (best >= 0 && !over_budget(s)) {
-        kept = 1;
-        const candidate b = {NULL, NULL, best}, zero = {NULL, NULL, 0};
+    if (have && !over_budget(s)) {
+        kept = best_ms <= base * (1.0 - s->margin);
         for (int round = 0; round < 3 && kept; round++) {
-            clattn_blas_use_xgemm_set(s->dev, 0);
-            const double z = run_candidate(s, &zero, 0, s->out);
-            clattn_blas_use_xgemm_set(s->dev, (size_t)best);
-            const double t = run_candidate(s, &b, 1, s->out);
-            say(s, "  confirm set %d, round %d: CLBlast's own %.2f ms (once), set 0 %.2f ms, set %d %.2f ms", best,
-                round + 1, base, z, best, t);
+            clattn_blas_use_params(s->dev, k, generic);
+            const double z = run_candidate(s, &blas, 0, s->out);
+            clattn_blas_use_params(s->dev, k, best);
+            const double t = run_candidate(s, &blas, 1, s->out);
+            say(s, "  confirm, round %d: before the search %.2f ms (once), CLBlast's generic %.2f ms, the best %.2f ms",
+                round + 1, base, z, t);
             kept = t > 0 && z > 0 && t <= base * (1.0 - s->margin) && t <= z * (1.0 - s->margin);
         }
     }
     clattn_clear_error();
     if (kept) {
-        keep->xgemm = best;
-        say(s, "  kept set %d", best);
+        memcpy(keep->blas[k], best, sizeof best);
+        keep->has_blas[k] = 1;
+        clattn_blas_use_params(s->dev, k, best);
+        clattn_blas_params_format(k, best, text, sizeof text);
+        say(s, "  kept %s", text);
     } else {
-        clattn_blas_use_xgemm_set(s->dev, 0);
-        keep->xgemm = -1;
-        say(s, "  CLBlast keeps its own parameters");
+        clattn_blas_use_params(s->dev, k, keep->has_blas[k] ? keep->blas[k] : generic);
+        say(s, "  CLBlast keeps %s %s parameters", keep->has_blas[k] ? "the file's" : "its generic", name);
     }
+    clattn_clear_error();
+    s->d.algorithm = saved;
+}
+
+/* Would the GEMMs of the first shape's plans run on CLBlast after the search (AUTO's GEMM core)? */
+static int clblast_runs_gemms(search *s, const clattn_tune_table *keep)
+{
+    s->kind = CLATTN_CORE_GEMM;
+    const clattn_core *c = probe_core(s, keep);
+    return c && strcmp(c->name, "gemm_clblast") == 0;
 }
 
 clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options)
@@ -443,6 +482,9 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     const clattn_tune_options *o = options ? options : &defaults;
     if (o->budget_s < 0 || isnan(o->budget_s) || o->margin < 0 || o->margin >= 1 || isnan(o->margin))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "budget_s must be >= 0 and margin in [0, 1)");
+    if (o->clblast < -1 || o->clblast > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "clblast is %d: -1 (never), 0 (where CLBlast runs the "
+                           "GEMMs) or 1 (always)", o->clblast);
     static const size_t preset[4] = {4, 512, 512, 8};
     const size_t *shapes = o->shapes ? o->shapes : preset;
     const size_t n_shapes = o->shapes ? o->n_shapes : 1;
@@ -465,19 +507,31 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     clattn_tune_table keep = *device->tune; /* the file's other entries stay */
     keep.notice[0] = '\0';
     clattn_status st = CLATTN_STATUS_SUCCESS;
-    /* the shapes' prefill cores share 45% of the budget, the decode cores on the first shape 15%; CLBlast's
-     * parameters, on the first shape, the rest */
-    const double kernels_ms = 0.45 * s.budget_ms;
+    /* the shapes' prefill cores share 40% of the budget; then the decode cores on the first shape (15%), the GEMM
+     * cores on it (until 75%, or the end when CLBlast's parameters are not searched), CLBlast's parameters the rest */
+    const double kernels_ms = 0.40 * s.budget_ms;
     for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
         const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
         if ((st = make_shape(&s, shapes + 4 * i, 42 + i)) == CLATTN_STATUS_SUCCESS) search_shape(&s, &keep, shape_ms);
         free_shape(&s);
     }
     if (st == CLATTN_STATUS_SUCCESS && (st = make_decode(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
-        search_shape(&s, &keep, 0.6 * s.budget_ms - (now_ms() - s.t0));
+        search_shape(&s, &keep, 0.55 * s.budget_ms - (now_ms() - s.t0));
     free_shape(&s);
-    if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
-        search_xgemm(&s, &keep, s.budget_ms - (now_ms() - s.t0));
+    if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS) {
+        /* CLBlast's own parameters where CLBlast runs the GEMMs (after the GEMM search), or when asked */
+        const int likely = o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep));
+        s.kind = CLATTN_CORE_GEMM;
+        search_shape(&s, &keep, (likely ? 0.75 : 1.0) * s.budget_ms - (now_ms() - s.t0));
+        if (o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep))) {
+            const double rest = s.budget_ms - (now_ms() - s.t0);
+            search_blas(&s, &keep, 0.6 * rest, CLATTN_BLAS_XGEMM);
+            search_blas(&s, &keep, s.budget_ms - (now_ms() - s.t0), CLATTN_BLAS_XGEMM_DIRECT);
+        } else {
+            say(&s, "CLBlast's parameters: not searched (%s)", o->clblast < 0 ? "asked not to" : "another GEMM core "
+                "runs the GEMMs here; options->clblast = 1 (clattn tune --clblast always) searches them");
+        }
+    }
     free_shape(&s);
     if (st != CLATTN_STATUS_SUCCESS) return st;
     char path[1024];
