@@ -66,9 +66,12 @@ rc=0
 # (flash.c, which flash_gemm's entries run here, split workspace included) and its descriptor, which
 # test_mma runs here; on PoCL its kernel is the slow emulation, the same with or without the sanitizers.
 # And so are flash_gemm's RM=1,TC=4,VW=1 entries: parameters that reach the kernel only, through the same
-# host code as its default entries. Every other per-core entry runs here.
+# host code as its default entries. The GEMM cores' host code (blocking, sub-buffers, the seam) runs here in
+# their test_gemm and test_limits entries; their other families reach it through the same calls. Every other
+# per-core entry runs here.
 # shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -E '^test_fused_core_|_core_flash_mma|_core_flash_gemm_rm_1_tc_4_vw_1$' \
+ctest --test-dir "$build" --output-on-failure \
+  -E '^test_fused_core_|_core_flash_mma|_core_flash_gemm_rm_1_tc_4_vw_1$|^test_(opencl|golden|dropout|encoder|decode|cli|robust)_core_gemm_' \
   ${CTEST_ARGS:-} || rc=$?
 
 reports=0

@@ -37,6 +37,27 @@ static clattn_core_instance gemm_core(const clattn_device *dev)
     return inst;
 }
 
+/* A test's device and its GEMM core. */
+typedef struct fixture {
+    clattn_device *dev;
+    clattn_core_instance inst;
+    clattn_gemm core;
+} fixture;
+
+static fixture fixture_open(void)
+{
+    fixture f = {.dev = tu_open_opencl()};
+    f.inst = gemm_core(f.dev);
+    f.core = (clattn_gemm){f.inst.core, f.inst.state};
+    return f;
+}
+
+static void fixture_close(fixture *f)
+{
+    clattn_core_destroy(&f->inst);
+    clattn_device_free(f->dev);
+}
+
 /* A value in units of 1/64 in [-1, 1] (dyadic: exact products and sums), or an ordinary float in [-1, 1]. */
 static float value(tu_rng *r, int dyadic)
 {
@@ -183,27 +204,22 @@ static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int 
 
 Test(gemm, shapes_exact)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
-    shapes(dev, &core, 1, 0);
+    fixture f = fixture_open();
+    shapes(f.dev, &f.core, 1, 0);
     /* larger products, every transposition, C accumulated (beta = 1) and written (beta = 0) */
     uint64_t seed = 100;
     for (int t = 0; t < 4; t++) {
         const gemm_case g = {.m = 300, .n = 257, .k = 300, .count = 1, .ta = t & 1, .tb = t >> 1, .alpha = 1,
                              .beta = t == 2 ? 0.0f : 1.0f, .pad_a = 1, .pad_b = 17, .pad_c = 3, .off_c = 1,
                              .bias_off = t == 3 ? 0 : 2};
-        run_case(dev, &core, &g, 1, seed++, 0);
+        run_case(f.dev, &f.core, &g, 1, seed++, 0);
     }
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    fixture_close(&f);
 }
 
 Test(gemm, batches)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
+    fixture f = fixture_open();
     uint64_t seed = 200;
     /* the unfused core's: scores Q K^T over (b, h) pairs and the context W V */
     static const size_t shape[][3] = {{61, 61, 8}, {61, 8, 61}, {1, 130, 64}, {130, 1, 3}, {33, 17, 300}};
@@ -212,20 +228,17 @@ Test(gemm, batches)
             const gemm_case g = {.m = shape[i][0], .n = shape[i][1], .k = shape[i][2], .count = 3 + i, .ta = t & 1,
                                  .tb = t >> 1, .alpha = t == 3 ? 0.125f : 1.0f, .beta = t == 1 ? 1.0f : 0.0f,
                                  .gap = i, .off_a = 2, .off_b = 3, .off_c = 4, .pad_c = i % 2};
-            run_case(dev, &core, &g, 1, seed++, 0);
+            run_case(f.dev, &f.core, &g, 1, seed++, 0);
         }
     const gemm_case shared = {.m = 40, .n = 33, .k = 50, .count = 4, .tb = 1, .alpha = 1, .beta = 0,
                               .shared_b = 1, .gap = 3};
-    run_case(dev, &core, &shared, 1, seed++, 0);
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    run_case(f.dev, &f.core, &shared, 1, seed++, 0);
+    fixture_close(&f);
 }
 
 Test(gemm, floats_at_the_tolerance)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
+    fixture f = fixture_open();
     /* nn.Linear-like: x (m, k) W^T, W (n, k); and the attention shapes */
     const gemm_case cases[] = {
         {.m = 130, .n = 192, .k = 64, .count = 1, .tb = 1, .alpha = 1, .beta = 1},
@@ -234,9 +247,8 @@ Test(gemm, floats_at_the_tolerance)
         {.m = 61, .n = 16, .k = 61, .count = 6, .alpha = 1, .beta = 0},
         {.m = 7, .n = 300, .k = 100, .count = 1, .ta = 1, .tb = 1, .alpha = 1, .beta = 0, .off_a = 1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(dev, &core, &cases[i], 0, 300 + i, 0);
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(f.dev, &f.core, &cases[i], 0, 300 + i, 0);
+    fixture_close(&f);
 }
 
 /* The device's limits lowered before the core is built: for gemm_tiles one allocation of 6000 floats (it packs
@@ -244,17 +256,17 @@ Test(gemm, floats_at_the_tolerance)
  * operands beyond it (sub-buffers, row blocks); launches of at most 7 work-items; the operands as sub-buffers too. */
 Test(gemm, lowered_limits)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const int clblast = strcmp(inst.core->name, "gemm_clblast") == 0;
-    clattn_core_destroy(&inst);
+    fixture f = fixture_open();
+    const int clblast = strcmp(f.inst.core->name, "gemm_clblast") == 0;
+    clattn_core_destroy(&f.inst);
+    clattn_device *dev = f.dev;
     /* CLBlast pads its operands to 128 in temporaries (runtime/blas.c): its limit is the index range */
     const size_t lim = 20000; /* CLBlast's index range (its B operand is never split: it must fit whole) */
     if (clblast) dev->caps.blas_max_elems = lim;
     else dev->caps.max_alloc = 6000 * sizeof(float);
     dev->caps.max_launch_items = 7;
-    inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
+    f.inst = gemm_core(dev);
+    f.core = (clattn_gemm){f.inst.core, f.inst.state};
     clattn_test_launch_reach(1);
     clattn_test_blas_reach(1);
     uint64_t seed = 400;
@@ -266,44 +278,38 @@ Test(gemm, lowered_limits)
         {.m = 37, .n = 50, .k = 500, .count = 1, .tb = 1, .alpha = 1, .beta = 0, .bias_off = 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run_case(dev, &core, &cases[i], 1, seed++, 0);
-        run_case(dev, &core, &cases[i], 1, seed++, 1);
+        run_case(dev, &f.core, &cases[i], 1, seed++, 0);
+        run_case(dev, &f.core, &cases[i], 1, seed++, 1);
     }
     const size_t launches = clattn_test_launch_reach(0), reach = clattn_test_blas_reach(0);
     if (clblast) {
         cr_assert(reach > 0 && reach <= lim, "a CLBlast call touched element %zu (limit %zu)", reach, lim);
     } else {
         cr_assert(launches > 0 && launches <= 7, "a launch of %zu work-items (limit 7)", launches);
-        cr_assert_eq(reach, 0u, "%s called CLBlast", inst.core->name);
+        cr_assert_eq(reach, 0u, "%s called CLBlast", f.inst.core->name);
     }
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    fixture_close(&f);
 }
 
 Test(gemm, shapes_sub_buffers)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
+    fixture f = fixture_open();
     uint64_t seed = 500;
     for (int t = 0; t < 4; t++) {
         const gemm_case g = {.m = 45, .n = 67, .k = 33, .count = 2, .ta = t & 1, .tb = t >> 1, .alpha = 1,
                              .beta = 0, .off_a = 5, .off_b = 6, .off_c = 7, .gap = 2};
-        run_case(dev, &core, &g, 1, seed++, 1);
+        run_case(f.dev, &f.core, &g, 1, seed++, 1);
     }
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    fixture_close(&f);
 }
 
 Test(gemm, refusals)
 {
-    clattn_device *dev = tu_open_opencl();
-    clattn_core_instance inst = gemm_core(dev);
-    const clattn_gemm core = {inst.core, inst.state};
+    fixture f = fixture_open();
     float host[64];
     for (int i = 0; i < 64; i++) host[i] = 7.0f;
     cl_int err;
-    cl_mem m = clCreateBuffer(clattn_device_context(dev), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof host, host,
+    cl_mem m = clCreateBuffer(clattn_device_context(f.dev), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof host, host,
                               &err);
     cr_assert_eq(err, CL_SUCCESS);
     const clattn_gemm_call ok = {.m = 2, .n = 2, .k = 2, .alpha = 1, .a = {m, 0}, .b = {m, 8}, .c = {m, 16},
@@ -311,16 +317,15 @@ Test(gemm, refusals)
     clattn_gemm_call bad[6] = {ok, ok, ok, ok, ok, ok};
     bad[0].m = 0, bad[1].k = 0, bad[2].count = 0, bad[3].lda = 1, bad[4].ldc = 1, bad[5].trans_b = 1, bad[5].ldb = 1;
     for (int i = 0; i < 6; i++) {
-        cr_assert_eq(clattn_gemm_run(&core, &bad[i]), CLATTN_STATUS_INVALID_ARGUMENT, "case %d", i);
+        cr_assert_eq(clattn_gemm_run(&f.core, &bad[i]), CLATTN_STATUS_INVALID_ARGUMENT, "case %d", i);
         cr_assert(strstr(clattn_last_error(), "the refused GEMM"), "case %d: %s", i, clattn_last_error());
     }
     float back[64];
-    cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(dev), m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
+    cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(f.dev), m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
                  CL_SUCCESS);
     for (int i = 0; i < 64; i++) cr_assert_eq(back[i], 7.0f, "element %d written by a refused call", i);
     const clattn_gemm none = {NULL, NULL};
     cr_assert_eq(clattn_gemm_run(&none, &ok), CLATTN_STATUS_INVALID_ARGUMENT);
     clReleaseMemObject(m);
-    clattn_core_destroy(&inst);
-    clattn_device_free(dev);
+    fixture_close(&f);
 }

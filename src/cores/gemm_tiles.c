@@ -30,9 +30,10 @@ static const clattn_core_param params[] = {
     [NV] = {"NV", nv_v, 4, nv_t, 3, NULL},  [QP] = {"QP", qp_v, 5, qp_t, 1, NULL},
     [KC] = {"KC", kc_v, 7, kc_t, 2, NULL},  [WS] = {"WS", ws_v, 8, ws_t, 1, NULL},
 };
-/* the suite's second configuration: narrow vectors, odd tile rows, one panel per work-item, shallow blocks and
- * a small workspace, so that every blocking path runs on small shapes */
-static const char *const test_configs[] = {"-", "MR=3,VW=4,NV=3,QP=1,KC=64,WS=16", NULL};
+/* the suite's configuration for this core: narrow vectors, odd tile rows, one panel per work-item, shallow blocks
+ * and a small workspace, so that every blocking path runs on small shapes. Its defaults need no entry of their
+ * own: where gemm_tiles runs (CPU devices) it is AUTO's GEMM core, which the plain entries run. */
+static const char *const test_configs[] = {"MR=3,VW=4,NV=3,QP=1,KC=64,WS=16", NULL};
 
 typedef struct tiles_state {
     const clattn_device *dev;

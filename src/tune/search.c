@@ -507,22 +507,23 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     clattn_tune_table keep = *device->tune; /* the file's other entries stay */
     keep.notice[0] = '\0';
     clattn_status st = CLATTN_STATUS_SUCCESS;
-    /* the shapes' prefill cores share 40% of the budget; then the decode cores on the first shape (15%), the GEMM
-     * cores on it (until 75%, or the end when CLBlast's parameters are not searched), CLBlast's parameters the rest */
-    const double kernels_ms = 0.40 * s.budget_ms;
+    /* the shapes' prefill cores share 35% of the budget; then the decode cores on the first shape (until 45%), the
+     * GEMM cores on it (until 55%, or the end when CLBlast's parameters are not searched), CLBlast's parameters the
+     * rest (each of its candidates compiles CLBlast's kernels anew) */
+    const double kernels_ms = 0.35 * s.budget_ms;
     for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
         const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
         if ((st = make_shape(&s, shapes + 4 * i, 42 + i)) == CLATTN_STATUS_SUCCESS) search_shape(&s, &keep, shape_ms);
         free_shape(&s);
     }
     if (st == CLATTN_STATUS_SUCCESS && (st = make_decode(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
-        search_shape(&s, &keep, 0.55 * s.budget_ms - (now_ms() - s.t0));
+        search_shape(&s, &keep, 0.45 * s.budget_ms - (now_ms() - s.t0));
     free_shape(&s);
     if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS) {
         /* CLBlast's own parameters where CLBlast runs the GEMMs (after the GEMM search), or when asked */
         const int likely = o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep));
         s.kind = CLATTN_CORE_GEMM;
-        search_shape(&s, &keep, (likely ? 0.75 : 1.0) * s.budget_ms - (now_ms() - s.t0));
+        search_shape(&s, &keep, (likely ? 0.55 : 1.0) * s.budget_ms - (now_ms() - s.t0));
         if (o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep))) {
             const double rest = s.budget_ms - (now_ms() - s.t0);
             search_blas(&s, &keep, 0.6 * rest, CLATTN_BLAS_XGEMM);
