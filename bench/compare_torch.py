@@ -10,9 +10,10 @@ projections with biases, B x T x E input, H heads) is timed
     need_weights=False) on the CPU with torch.set_num_threads(--threads, 2),
   - and by F.scaled_dot_product_attention between F.linear projections when
     this torch has it (torch >= 2.0; 1.13 does not: reported as skipped),
-  - and the projections alone: torch's F.linear on the same shapes against
-    clattn's projection stages (clattn-bench's "projection_gflops", with the
-    GEMM core that ran them; --gemm picks another).
+  - and the projections alone: torch's F.linear (and bare matmuls, no bias)
+    on the same shapes against clattn's projection stages (clattn-bench's
+    "projection_gflops", with the GEMM core that ran them; --gemm picks
+    another).
 It prints a table (milliseconds, GFLOP/s, clattn/torch ratios) and draws
 GFLOP/s against sequence length to --plot (PNG, matplotlib).
 
@@ -169,9 +170,15 @@ def torch_configs(torch, B, T, E, H, causal, iters, warmup):
     w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
     w_out, b_out = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
     x2 = x.reshape(B * T, E)
+    proj_flops = 2.0 * B * T * 3 * E * E + 2.0 * B * T * E * E
     proj = time_torch(torch, lambda v: (F.linear(v, w_in, b_in), F.linear(v, w_out, b_out)), x2, iters, warmup)
-    proj["gflops"] = (2.0 * B * T * 3 * E * E + 2.0 * B * T * E * E) / (proj["median_ms"] * 1e6)
+    proj["gflops"] = proj_flops / (proj["median_ms"] * 1e6)
     res["projections"] = proj
+    # and as bare matmuls (no bias) on the same shapes: the BLAS rate itself
+    wt_in, wt_out = w_in.t().contiguous(), w_out.t().contiguous()
+    pmm = time_torch(torch, lambda v: (v @ wt_in, v @ wt_out), x2, iters, warmup)
+    pmm["gflops"] = proj_flops / (pmm["median_ms"] * 1e6)
+    res["projections_matmul"] = pmm
     # the ceiling: one OpenBLAS SGEMM with the same FLOP count, square-ish
     n = max(16, int(round((flops(B, T, E, H, causal) / 2) ** (1 / 3) / 16)) * 16)
     k = max(16, int(round(flops(B, T, E, H, causal) / (2 * n * n) / 16)) * 16)
@@ -373,19 +380,21 @@ def main():
         phead = ["T"]
         for dev_cl in dev_cls:
             phead += ["clattn-%s" % dev_cl, "GEMM core"]
-        phead += ["torch F.linear (same shapes)"] + ["%s/torch (rate)" % d for d in dev_cls]
+        phead += ["torch F.linear (same shapes)", "torch matmul (same shapes, no bias)"]
+        phead += ["%s/torch F.linear (rate)" % d for d in dev_cls] + ["%s/torch matmul (rate)" % d for d in dev_cls]
         print("| " + " | ".join(phead) + " |")
         print("|" + "|".join("---:" for _ in phead) + "|")
         for r in rows:
-            tp = r["torch"]["projections"]["gflops"]
+            tp, tm = r["torch"]["projections"]["gflops"], r["torch"]["projections_matmul"]["gflops"]
             cells = [str(r["T"])]
             for dev_cl in dev_cls:
                 c = r["clattn"].get(dev_cl)
                 cells += [fmt(c and c.get("projection_gflops")), (c and c.get("gemm")) or "-"]
-            cells += [fmt(tp)]
-            for dev_cl in dev_cls:
-                c = r["clattn"].get(dev_cl)
-                cells += [fmt(ratio(c and c.get("projection_gflops"), tp))]
+            cells += [fmt(tp), fmt(tm)]
+            for ref_rate in (tp, tm):
+                for dev_cl in dev_cls:
+                    c = r["clattn"].get(dev_cl)
+                    cells += [fmt(ratio(c and c.get("projection_gflops"), ref_rate))]
             print("| " + " | ".join(cells) + " |")
     if a.json_out:
         with open(a.json_out, "a") as f:
