@@ -233,6 +233,12 @@ Test(tune, files)
          "STRN=0,VWM=4,VWN=4\n", "GEMMK=1 is not in the space"},
         {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=16,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
          "STRN=0,VWM=4,VWN=4\n", "tile constraints"},
+        /* one constraint alone broken: MWG a multiple of MDIMA * VWM (32) but not of MDIMC * VWM (64) */
+        {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=16,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=0,SB=0,STRM=0,"
+         "STRN=0,VWM=4,VWN=4\n", "tile constraints"},
+        /* XgemmDirect: WGD a multiple of MDIMAD * VWMD (16) but not of MDIMCD * VWMD (32) */
+        {"clblast xgemmdirect KWID=2,MDIMAD=8,MDIMCD=16,NDIMBD=8,NDIMCD=8,PADA=1,PADB=1,VWMD=2,VWND=2,WGD=16\n",
+         "tile constraints"},
         {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"
          "STRN=0,VWM=4\n", "no value for Xgemm's VWN"},
         {"clblast xgemm GEMMK=0,KREG=1,KWG=32,KWI=2,MDIMA=8,MDIMC=8,MWG=32,NDIMB=8,NDIMC=8,NWG=32,SA=1,SB=1,STRM=0,"

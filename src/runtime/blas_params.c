@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_VALUES 4
+#define MAX_VALUES 8
 
 typedef struct space_param {
     const char *name;
