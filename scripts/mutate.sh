@@ -108,7 +108,8 @@ for k in "${!ids[@]}"; do
     fi
     log=$scratch/$id.log
     rc=0
-    (cd "$scratch/build" &&
+    # the first failing test is the verdict: ctest stops there, and so does Criterion within a binary
+    (cd "$scratch/build" && CRITERION_FAIL_FAST=1 \
         timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
         rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

@@ -934,7 +934,7 @@ static void spill_text(const char *path, const char *text)
     fclose(f);
 }
 
-Test(cli, outputs_never_half_written, .timeout = 120)
+Test(cli, outputs_never_half_written, .timeout = 30)
 {
     const char *args[] = {"run", "--in", case_dir("mha_basic"), "--out", out_dir, "--heads", "3", "--device", "ref",
                           "--need-weights", NULL};
