@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 4
+#define CLATTN_VERSION_MINOR 5
 #define CLATTN_VERSION_PATCH 0
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
@@ -225,6 +225,11 @@ typedef struct clattn_attention_desc {
     clattn_precision precision; /* the core's products: FP32 (default) or TF32, opt in; the projections stay fp32.
                             TF32 agrees with fp32 to about 2^-10 of the scores and of the weighted values
                             (README, "Precision") */
+    /* clattn 0.5: */
+    int training;        /* 1: a plan for training: its executions may return each query row's log-sum-exp
+                            (args.lse) and the heads' output before the output projection (args.context), what
+                            clattn_plan_backward takes back to compute the gradients. 0 (default): neither, and
+                            the plan keeps nothing for a backward pass. fp32 only, without kv_half */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -279,6 +284,13 @@ typedef struct clattn_attention_args {
     float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
                                          need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
     size_t x_count, kv_count, key_padding_mask_count, attn_mask_count, out_count, attn_count;
+    /* clattn 0.5, training plans (desc.training) only, else refused: */
+    float *lse;                       /* optional (B, H, Tq): each query row's log-sum-exp of its scaled, masked
+                                         scores, log(sum_j exp(s_ij)) before dropout (natural log); -inf for a row
+                                         with no visible key */
+    float *context;                   /* optional (B, Tq, H*dv): the heads' merged output before the output
+                                         projection (without one, the same as out) */
+    size_t lse_count, context_count;
 } clattn_attention_args;
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
@@ -297,6 +309,7 @@ typedef struct clattn_buffer {
 
 typedef struct clattn_attention_buffers {
     clattn_buffer x, kv, key_padding_mask, attn_mask, out, attn; /* attn.mem NULL = not wanted */
+    clattn_buffer lse, context; /* clattn 0.5, training plans: as args.lse and args.context (mem NULL = not wanted) */
 } clattn_attention_buffers;
 
 CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
@@ -304,6 +317,49 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
                                                      cl_uint num_events_in_wait_list,
                                                      const cl_event *event_wait_list,
                                                      cl_event *event);
+
+/* ---------------------------------------------------------------- training: the backward pass (clattn 0.5) */
+
+/* The gradients of a loss L through one execution of a training plan (desc.training = 1), from dL/dout: for the
+ * same inputs (args: x, kv, the masks; its outputs out, attn, lse and context must be NULL) and the plan's weights,
+ * scale and dropout seed, so that dropout keeps exactly the forward's weights. Each gradient pointer left NULL is
+ * not computed; each given one is overwritten (not accumulated), has the shape of its input and, for the weights,
+ * the description's layout. A gradient the plan has no input for (grad_kv without cross, grad_w_out without an
+ * output projection, grad_b_* without that bias, grad_w_* for a plan without projection weights) is refused.
+ * Masks and the scale get no gradient. A query row with no visible key contributes nothing (zero gradients,
+ * never NaN). lse and context: the forward's args.lse and args.context for these inputs (both or neither); given,
+ * the backward trusts them and does not recompute the forward's statistics. */
+typedef struct clattn_attention_grads {
+    const float *grad_out;      /* (B, Tq, Eo or H*dv), required */
+    const float *lse;           /* optional (B, H, Tq): the forward's */
+    const float *context;       /* optional (B, Tq, H*dv): the forward's */
+    float *grad_x;              /* (B, Tq, E) */
+    float *grad_kv;             /* (B, Tk, Ekv), cross-attention */
+    float *grad_w_query, *grad_w_key, *grad_w_value;   /* as w_query (H*dk, E), w_key (HK*dk, Ekv), w_value */
+    float *grad_b_query, *grad_b_key, *grad_b_value;   /* (H*dk), (HK*dk), (HK*dv) */
+    float *grad_w_out, *grad_b_out;                    /* (Eo, H*dv), (Eo) */
+    size_t grad_out_count, lse_count, context_count, grad_x_count, grad_kv_count;
+    size_t grad_w_query_count, grad_w_key_count, grad_w_value_count;
+    size_t grad_b_query_count, grad_b_key_count, grad_b_value_count, grad_w_out_count, grad_b_out_count;
+} clattn_attention_grads;
+
+CLATTN_API clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_args *args,
+                                              const clattn_attention_grads *grads);
+
+/* ---------------------------------------------------------------- partial attention over key shards */
+
+/* Attention over the keys split into shards (across devices or processes: ring attention) gives, per shard p,
+ * the heads' output over its keys, out_p (B, Tq, H*dv: a training plan's args.context, or out without an output
+ * projection), and its rows' log-sum-exp lse_p (B, H, Tq: args.lse). clattn_attention_merge combines `parts` of
+ * them into what one call over all the keys gives: with L = log(sum_p exp(lse_p)) per row,
+ *   out = sum_p exp(lse_p - L) out_p,   lse = L        (the math of decode's split-K combine)
+ * A row no shard saw a key of gets out 0 and lse -inf; a NaN lse makes its row NaN. out and lse (either may be
+ * NULL) may not overlap the inputs. The shards' plans must see the keys as one call would: a causal or windowed
+ * pattern across shards is an attn_mask of each shard's keys (their causal flag counts keys from 0), and dropout
+ * does not split exactly (a weight's keep decision depends on the key's index within its shard). */
+CLATTN_API clattn_status clattn_attention_merge(size_t parts, const float *const *outs, const float *const *lses,
+                                                size_t batch, size_t seq_q, size_t heads, size_t head_dim_v,
+                                                float *out, float *lse);
 
 /* ---------------------------------------------------------------- tuning */
 

@@ -42,6 +42,12 @@ double oracle_half(double x)
 int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn)
 {
+    return oracle_attention_stats(d, w, args, out, attn, NULL, NULL);
+}
+
+int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attention_weights *w,
+                           const clattn_attention_args *args, double *out, double *attn, double *lse, double *context)
+{
     const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
     const size_t HK = d->kv_heads ? d->kv_heads : H;
     const size_t Tk = d->cross ? d->seq_kv : Tq;
@@ -111,6 +117,8 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
                     p[j] = (mx == -INFINITY || p[j] == -INFINITY) ? 0.0 : exp(p[j] - mx);
                     sum += p[j];
                 }
+                if (lse) /* log of the sum of exp over the visible scores, before dropout */
+                    lse[(b * H + h) * Tq + i] = nan_row ? NAN : sum == 0.0 ? -INFINITY : mx + log(sum);
                 for (size_t j = 0; j < Tk; j++) {
                     p[j] = nan_row ? NAN : sum == 0.0 ? 0.0 : p[j] / sum; /* no visible key: 0 */
                     if (d->dropout > 0.0f) /* the documented mask, from the oracle's own Philox */
@@ -126,10 +134,11 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
                     ctx[(b * Tq + i) * H * dv + h * dv + c] = acc;
                 }
             }
-    if (w && w->w_out)
+    if (out && w && w->w_out)
         linear(NULL, ctx, B * Tq, H * dv, w->w_out, w->b_out, d->out_dim, d->layout, out);
-    else
+    else if (out)
         memcpy(out, ctx, B * Tq * H * dv * sizeof *out);
+    if (context) memcpy(context, ctx, B * Tq * H * dv * sizeof *context);
     free(q), free(k), free(v), free(ctx), free(p);
     return 0;
 }
@@ -282,4 +291,172 @@ size_t oracle_compare_nonfinite(const float *got, const double *want, size_t n, 
                                 size_t len)
 {
     return compare(got, want, n, atol, rtol, 1, msg, len);
+}
+
+/* ---- the backward pass, as whole matrices per (b, h): the softmax's Jacobian applied row by row
+ * (dS = P o (dP - rowsum(P o dP))), not the FlashAttention identity rowsum(P o dP) = dctx . ctx that the library
+ * uses. */
+int oracle_attention_backward(const clattn_attention_desc *d, const clattn_attention_weights *w,
+                              const clattn_attention_args *args, const float *grad_out, oracle_grads *g)
+{
+    const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
+    const size_t HK = d->kv_heads ? d->kv_heads : H;
+    const size_t Tk = d->cross ? d->seq_kv : Tq;
+    const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
+    const int proj = w && w->w_query;
+    const size_t dk = d->head_dim_qk ? d->head_dim_qk : E / H;
+    const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
+    const size_t Hdv = H * dv, Eo = w && w->w_out ? d->out_dim : Hdv;
+    const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
+    const float *src_kv = d->cross ? args->kv : args->x;
+    if (!proj && (E % H != 0 || Ekv != E)) return -1;
+    if (proj && d->head_dim_qk == 0) return -1;
+    if (HK > H || H % HK || (HK != H && !proj) || (d->window && !d->causal) || d->kv_half) return -1;
+    const size_t G = H / HK;
+    /* the forward's weights A = P o M (M the dropout factors) and the context, per (b, h) matrices */
+    double *q = malloc(B * Tq * H * dk * sizeof *q), *k = malloc(B * Tk * HK * dk * sizeof *k);
+    double *v = malloc(B * Tk * HK * dv * sizeof *v), *ctx = calloc(B * Tq * Hdv, sizeof *ctx);
+    double *P = malloc(B * H * Tq * Tk * sizeof *P), *M = malloc(B * H * Tq * Tk * sizeof *M);
+    double *dctx = calloc(B * Tq * Hdv, sizeof *dctx), *dq = calloc(B * Tq * H * dk, sizeof *dq);
+    double *dk_ = calloc(B * Tk * HK * dk, sizeof *dk_), *dv_ = calloc(B * Tk * HK * dv, sizeof *dv_);
+    double *dP = malloc((Tk ? Tk : 1) * sizeof *dP);
+    int rc = -1;
+    if (!q || !k || !v || !ctx || !P || !M || !dctx || !dq || !dk_ || !dv_ || !dP) goto done;
+    if (proj) {
+        linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, HK * dk, d->layout, k);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, HK * dv, d->layout, v);
+    } else {
+        copy_to_double(args->x, B * Tq * E, q);
+        copy_to_double(src_kv, B * Tk * Ekv, k);
+        copy_to_double(src_kv, B * Tk * Ekv, v);
+    }
+    {
+        clattn_attention_desc d2 = *d;
+        d2.dropout = 0.0f; /* P before dropout, M apart */
+        if (oracle_attention_stats(&d2, w, args, NULL, P, NULL, NULL)) goto done;
+        for (size_t b = 0; b < B; b++)
+            for (size_t h = 0; h < H; h++)
+                for (size_t i = 0; i < Tq; i++)
+                    for (size_t j = 0; j < Tk; j++)
+                        M[((b * H + h) * Tq + i) * Tk + j] =
+                            d->dropout > 0.0f ? (oracle_dropout_keep(d->seed, d->dropout, (uint32_t)b, (uint32_t)h,
+                                                                     (uint32_t)i, (uint32_t)j)
+                                                     ? 1.0 / (1.0 - (double)d->dropout)
+                                                     : 0.0)
+                                              : 1.0;
+        /* ctx = (P o M) V */
+        for (size_t b = 0; b < B; b++)
+            for (size_t h = 0; h < H; h++)
+                for (size_t i = 0; i < Tq; i++)
+                    for (size_t c = 0; c < dv; c++) {
+                        double acc = 0.0;
+                        for (size_t j = 0; j < Tk; j++) {
+                            const size_t ij = ((b * H + h) * Tq + i) * Tk + j;
+                            if (M[ij] != 0.0) acc += P[ij] * M[ij] * v[(b * Tk + j) * HK * dv + (h / G) * dv + c];
+                        }
+                        ctx[(b * Tq + i) * Hdv + h * dv + c] = acc;
+                    }
+    }
+    /* dctx = dOut Wo: Wo (Eo, H*dv) LINEAR, or RAW (H*dv, Eo) */
+    for (size_t r = 0; r < B * Tq; r++)
+        for (size_t c = 0; c < Hdv; c++) {
+            double acc = 0.0;
+            if (w && w->w_out)
+                for (size_t e = 0; e < Eo; e++)
+                    acc += (double)grad_out[r * Eo + e] *
+                           (d->layout == CLATTN_LAYOUT_LINEAR ? w->w_out[e * Hdv + c] : w->w_out[c * Eo + e]);
+            else
+                acc = grad_out[r * Eo + c];
+            dctx[r * Hdv + c] = acc;
+        }
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t i = 0; i < Tq; i++) {
+                const double *Pi = &P[((b * H + h) * Tq + i) * Tk], *Mi = &M[((b * H + h) * Tq + i) * Tk];
+                const double *dci = &dctx[(b * Tq + i) * Hdv + h * dv];
+                /* dA_ij = dctx_i . v_j; dP = dA o M; dV_j += A_ij dctx_i */
+                double rowsum = 0.0;
+                for (size_t j = 0; j < Tk; j++) {
+                    const double *vj = &v[(b * Tk + j) * HK * dv + (h / G) * dv];
+                    double da = 0.0;
+                    for (size_t c = 0; c < dv; c++) da += dci[c] * vj[c];
+                    dP[j] = Mi[j] == 0.0 ? 0.0 : da * Mi[j];
+                    rowsum += Pi[j] * dP[j];
+                    if (Mi[j] != 0.0)
+                        for (size_t c = 0; c < dv; c++)
+                            dv_[(b * Tk + j) * HK * dv + (h / G) * dv + c] += Pi[j] * Mi[j] * dci[c];
+                }
+                /* dS = P o (dP - rowsum); dQ_i += scale dS K; dK_j += scale dS_ij Q_i */
+                for (size_t j = 0; j < Tk; j++) {
+                    const double ds = Pi[j] * (dP[j] - rowsum) * scale;
+                    if (ds == 0.0) continue;
+                    for (size_t c = 0; c < dk; c++) {
+                        dq[(b * Tq + i) * H * dk + h * dk + c] += ds * k[(b * Tk + j) * HK * dk + (h / G) * dk + c];
+                        dk_[(b * Tk + j) * HK * dk + (h / G) * dk + c] += ds * q[(b * Tq + i) * H * dk + h * dk + c];
+                    }
+                }
+            }
+    /* the parameters: dW (out, in) = dY^T X, in the description's layout; db = sum of dY's rows */
+#define GRAD_W(dst, dy, xf, xd, rows, nout, nin)                                                                       \
+    if (dst)                                                                                                           \
+        for (size_t o = 0; o < (nout); o++)                                                                            \
+            for (size_t c = 0; c < (nin); c++) {                                                                       \
+                double acc = 0.0;                                                                                      \
+                for (size_t r = 0; r < (rows); r++)                                                                    \
+                    acc += (dy)[r * (nout) + o] * ((xf) ? (double)(xf)[r * (nin) + c] : (xd)[r * (nin) + c]);          \
+                (dst)[d->layout == CLATTN_LAYOUT_LINEAR ? o * (nin) + c : c * (nout) + o] = acc;                       \
+            }
+#define GRAD_B(dst, dy, rows, nout)                                                                                    \
+    if (dst)                                                                                                           \
+        for (size_t o = 0; o < (nout); o++) {                                                                          \
+            double acc = 0.0;                                                                                          \
+            for (size_t r = 0; r < (rows); r++) acc += (dy)[r * (nout) + o];                                           \
+            (dst)[o] = acc;                                                                                            \
+        }
+    {
+        double *dout = malloc(B * Tq * Eo * sizeof *dout);
+        if (!dout) goto done;
+        copy_to_double(grad_out, B * Tq * Eo, dout);
+        GRAD_W(g->w_out, dout, (const float *)NULL, ctx, B * Tq, Eo, Hdv);
+        GRAD_B(g->b_out, dout, B * Tq, Eo);
+        free(dout);
+    }
+    GRAD_W(g->w_query, dq, args->x, (const double *)NULL, B * Tq, H * dk, E);
+    GRAD_W(g->w_key, dk_, src_kv, (const double *)NULL, B * Tk, HK * dk, Ekv);
+    GRAD_W(g->w_value, dv_, src_kv, (const double *)NULL, B * Tk, HK * dv, Ekv);
+    GRAD_B(g->b_query, dq, B * Tq, H * dk);
+    GRAD_B(g->b_key, dk_, B * Tk, HK * dk);
+    GRAD_B(g->b_value, dv_, B * Tk, HK * dv);
+#undef GRAD_W
+#undef GRAD_B
+    /* the inputs: dX = dY W (W (out, in) LINEAR, or RAW (in, out)), or dY itself without projections */
+    {
+        double *gx = g->x, *gkv = d->cross ? g->kv : g->x;
+        if (gx) memset(gx, 0, B * Tq * E * sizeof *gx);
+        if (d->cross && gkv) memset(gkv, 0, B * Tk * Ekv * sizeof *gkv);
+        struct { double *dst; const double *dy; size_t rows, nout, nin; const float *w; } parts[3] = {
+            {gx, dq, B * Tq, H * dk, E, proj ? w->w_query : NULL},
+            {gkv, dk_, B * Tk, HK * dk, Ekv, proj ? w->w_key : NULL},
+            {gkv, dv_, B * Tk, HK * dv, Ekv, proj ? w->w_value : NULL}};
+        for (int s = 0; s < 3; s++) {
+            if (!parts[s].dst) continue;
+            for (size_t r = 0; r < parts[s].rows; r++)
+                for (size_t c = 0; c < parts[s].nin; c++) {
+                    double acc = 0.0;
+                    if (parts[s].w)
+                        for (size_t o = 0; o < parts[s].nout; o++)
+                            acc += parts[s].dy[r * parts[s].nout + o] *
+                                   (d->layout == CLATTN_LAYOUT_LINEAR ? parts[s].w[o * parts[s].nin + c]
+                                                                      : parts[s].w[c * parts[s].nout + o]);
+                    else
+                        acc = parts[s].dy[r * parts[s].nout + c];
+                    parts[s].dst[r * parts[s].nin + c] += acc;
+                }
+        }
+    }
+    rc = 0;
+done:
+    free(q), free(k), free(v), free(ctx), free(P), free(M), free(dctx), free(dq), free(dk_), free(dv_), free(dP);
+    return rc;
 }

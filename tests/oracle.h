@@ -24,6 +24,22 @@
 int oracle_attention(const clattn_attention_desc *desc, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn);
 
+/* The same, and the training statistics: lse (B, H, Tq), each row's log(sum_j exp(s_ij)) over its visible scaled
+ * scores before dropout (-inf with none, NaN for a NaN row), and context (B, Tq, H*dv), the heads' output before
+ * the output projection; out, attn, lse and context may each be NULL. */
+int oracle_attention_stats(const clattn_attention_desc *desc, const clattn_attention_weights *w,
+                           const clattn_attention_args *args, double *out, double *attn, double *lse, double *context);
+
+/* The gradients of a loss through oracle_attention from dL/dout (grad_out, the shape of out), in float64: each
+ * pointer given gets the gradient of that input (weights in desc.layout), NULL ones are not computed. Every
+ * feature of the forward (masks, GQA, window, dropout with the forward's keep decisions, scale) but kv_half.
+ * A fully masked row contributes nothing. Returns 0, or -1 (a refused description, out of memory). */
+typedef struct oracle_grads {
+    double *x, *kv, *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
+} oracle_grads;
+int oracle_attention_backward(const clattn_attention_desc *desc, const clattn_attention_weights *w,
+                              const clattn_attention_args *args, const float *grad_out, oracle_grads *g);
+
 /* Grouped-query attention (desc.kv_heads: query head h reads key/value head h / (H/HK)), the sliding
  * window (desc.window: key j hidden from query i when i - j >= W) and desc.kv_half (K and V rounded to
  * the nearest half, ties to even, by oracle_half) are computed from their definitions too.

@@ -339,8 +339,16 @@ clattn_status tu_plan_create(clattn_device *dev, const clattn_attention_desc *d,
 
 clattn_status tu_plan_execute(clattn_plan *plan, const clattn_attention_args *a)
 {
+    if (!plan || !a) return clattn_plan_execute(plan, a);
+    clattn_attention_args c = *a;
+    tu_count_args(plan, &c);
+    return clattn_plan_execute(plan, &c);
+}
+
+void tu_count_args(const clattn_plan *plan, clattn_attention_args *a)
+{
     clattn_attention_desc d;
-    if (!plan || !a || clattn_plan_desc(plan, &d) != CLATTN_STATUS_SUCCESS) return clattn_plan_execute(plan, a);
+    if (clattn_plan_desc(plan, &d) != CLATTN_STATUS_SUCCESS) return;
     clattn_attention_args c = *a;
     const size_t B = d.batch, Tq = d.seq_q, Tk = d.seq_kv;
     fill(&c.x_count, c.x, B * Tq * d.embed);
@@ -349,7 +357,9 @@ clattn_status tu_plan_execute(clattn_plan *plan, const clattn_attention_args *a)
     fill(&c.attn_mask_count, c.attn_mask, Tq * Tk);
     fill(&c.out_count, c.out, B * Tq * clattn_plan_out_width(plan));
     fill(&c.attn_count, c.attn, B * d.heads * Tq * Tk);
-    return clattn_plan_execute(plan, &c);
+    fill(&c.lse_count, c.lse, B * d.heads * Tq);
+    fill(&c.context_count, c.context, B * Tq * d.heads * d.head_dim_v);
+    *a = c;
 }
 
 clattn_status tu_encoder_plan_create(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,

@@ -40,6 +40,7 @@ clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not op
 clattn_status tu_plan_create(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
                              clattn_plan **plan);
 clattn_status tu_plan_execute(clattn_plan *plan, const clattn_attention_args *a);
+void tu_count_args(const clattn_plan *plan, clattn_attention_args *a); /* the same counts, in place */
 clattn_status tu_encoder_plan_create(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,
                                      clattn_encoder_plan **plan);
 clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *a);

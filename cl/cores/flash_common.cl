@@ -23,6 +23,8 @@
  *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
  *   KV_ROUND         1: K and V rounded to half as they are read (kv_half plans; half.cl)
  *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
+ *   LSE              1 (training plans): each row's log-sum-exp, m + log(l) in natural units, to
+ *                    lse[lse_off + (b*H + h)*Tq + i] (flash_lse below; flash_combine for split rows)
  * and by each member's own tuning parameters (src/cores/<member>.c).
  */
 #ifndef DK
@@ -40,6 +42,9 @@
 #ifndef SPLIT
 #define SPLIT 1
 #endif
+#ifndef LSE
+#define LSE 0
+#endif
 #if KV_ROUND
 #define KVR(x) clattn_round_half(x)
 #else
@@ -47,12 +52,13 @@
 #endif
 
 /* The family's kernel arguments, in flash.c's order. extent: the launch's first work-group (PER_GROUP
- * members) or the work-items in all (PER_ITEM). */
+ * members) or the work-items in all (PER_ITEM); lse, lse_off: the rows' log-sum-exp (LSE). */
 #define FLASH_ARGS \
     __global const float *q, ulong q_off, uint q_ld, __global const float *k, ulong k_off, uint k_ld, \
     __global const float *v, ulong v_off, uint v_ld, __global float *out, ulong out_off, uint out_ld, \
     __global const uchar *kpm, ulong kpm_off, __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, \
-    uint H, float scale, ulong extent, uint seed_lo, uint seed_hi, uint threshold, float keep_scale
+    uint H, float scale, ulong extent, uint seed_lo, uint seed_hi, uint threshold, float keep_scale, \
+    __global float *lse, ulong lse_off
 
 /* What one work-group of a PER_GROUP member with key parts (flash_gemm, flash_mma) computes: work-group id
  * g = ((b*H + h) * nblk + block')*SPLIT + part, block' counting from the last block under CAUSAL (the
@@ -108,6 +114,17 @@ inline float flash_drop(float p, uint seed_lo, uint seed_hi, uint b, uint h, uin
 #endif
 }
 
+/* Training plans (LSE): row i of (b, h)'s log-sum-exp from its running max m and sum l of exp(s - m), natural
+ * units, or base 2 (m in log2 units, l of exp2) when base2: -inf for a row that saw no visible key (l = 0), NaN
+ * stays NaN. */
+inline void flash_lse(__global float *lse, ulong lse_off, ulong b, uint h, uint H, uint i, uint Tq, float m, float l,
+                      int base2)
+{
+#if LSE
+    lse[lse_off + (b * H + h) * (ulong)Tq + i] = l == 0.0f ? -INFINITY : base2 ? (m + log2(l)) * M_LN2_F : m + log(l);
+#endif
+}
+
 /* acc / l, with 0 for a row that saw no visible key (l = 0); NaN stays NaN. */
 inline float flash_out(float acc, float l)
 {
@@ -118,9 +135,10 @@ inline float flash_out(float acc, float l)
  * (b*Tq + i)*SPLIT + p of ws (stride ws_ld = H*(DV+2)) holds part p's unnormalised output at h*DV + c
  * and its max (base 2) and sum at H*DV + 2h, +1. out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M),
  * M = max_p m_p: the result one pass over all keys gives (a part with no visible key has l = 0; a NaN
- * sum or output stays NaN). One work-item per output element (total = B*Tq*H*DV). */
+ * sum or output stays NaN); with LSE the row's log-sum-exp too. One work-item per output element (total =
+ * B*Tq*H*DV). */
 __kernel void flash_combine(__global const float *ws, uint ws_ld, __global float *out, ulong out_off, uint out_ld,
-                            uint H, ulong total)
+                            uint H, ulong total, uint Tq, __global float *lse, ulong lse_off)
 {
     const ulong g = get_global_id(0);
     if (g >= total) return;
@@ -138,4 +156,5 @@ __kernel void flash_combine(__global const float *ws, uint ws_ld, __global float
         a += w[p * ws_ld + h * DV + c] * f;
     }
     out[out_off + row * out_ld + (ulong)h * DV + c] = flash_out(a, l);
+    if (c == 0) flash_lse(lse, lse_off, row / Tq, h, H, (uint)(row % Tq), Tq, mx, l, 1);
 }

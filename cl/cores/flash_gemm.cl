@@ -278,6 +278,7 @@ void flash_gemm(FLASH_ARGS)
         if (tx == 0) row[H * DV + 2 * h] = m[r], row[H * DV + 2 * h + 1] = lr;
         continue;
 #endif
+        if (tx == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m[r], lr, 1);
         __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
         #pragma unroll

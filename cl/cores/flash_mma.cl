@@ -444,6 +444,7 @@ void flash_mma(FLASH_ARGS)
         const uint i = e < 2 ? r0 : r1;
         if (i >= Tq) continue;
         const float lr = e < 2 ? ls.x : ls.y;
+        if (t == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m[e >> 1], lr, 1);
         __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
         #pragma unroll

@@ -136,6 +136,7 @@ __kernel void flash_rows(FLASH_ARGS)
     }
     for (uint r = 0; r < ROWS; r++) {
         if (i0 + r >= Tq) break;
+        flash_lse(lse, lse_off, b, h, H, i0 + r, Tq, m[r], l[r], 0);
         __global float *op = out + out_off + (b * Tq + i0 + r) * out_ld + (ulong)h * DV;
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* no visible key: 0; NaN stays NaN */
         for (uint c = 0; c < NVW; c++) VSTOREW(l[r] == 0.0f ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);

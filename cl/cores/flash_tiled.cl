@@ -97,6 +97,7 @@ void flash_tiled(FLASH_ARGS)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (i < Tq) {
+        if (sp == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m, l, 0);
         __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         for (uint t = 0; t < DVS; t++) {
             const uint c = sp + t * NS;

@@ -13,10 +13,23 @@
  * Specialised by -D (philox.cl and mask.cl go first; defaults let the three compile alone):
  *   WG        work-group size, a power of two
  *   CAUSAL, KPM, MASK_KIND, DROPOUT   the masks and dropout (mask.cl)
+ *   LSE       1: each row's log-sum-exp, max + log(sum) before dropout (-inf for a row with no visible key, NaN
+ *             for a NaN row), to lse[lse_off + row], row = (b*H + h)*Tq + i: a training plan's statistics
  */
 #ifndef WG
 #define WG 64
 #endif
+#ifndef LSE
+#define LSE 0
+#endif
+
+/* Row `row`'s log-sum-exp from its max m and sum of exp(v - m) (training plans). */
+inline void store_lse(__global float *lse, ulong lse_off, ulong row, float m, float sum, int bad)
+{
+#if LSE
+    lse[lse_off + row] = bad ? NAN : m == -INFINITY ? -INFINITY : m + log(sum);
+#endif
+}
 /* The masked, scaled score of key j for query i of batch entry b (mask.cl). */
 inline float masked_score(__global const float *row, uint j, uint i, ulong b, uint Tk,
                           __global const uchar *kpm, __global const mask_t *mask)
@@ -39,7 +52,8 @@ void softmax_rows(__global float *s, ulong s_off,
                   __global const uchar *kpm, ulong kpm_off,
                   __global const mask_t *mask, ulong mask_off,
                   uint Tq, uint Tk, uint H, ulong row0,
-                  uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale)
+                  uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale,
+                  __global float *lse, ulong lse_off)
 {
     /* s + s_off holds the rows row0, row0 + 1, ... of this launch (a chunk of (b, h) pairs) */
     __local float2 part[WG];
@@ -66,6 +80,7 @@ void softmax_rows(__global float *s, ulong s_off,
     }
     const float row_max = part[0].x;
     const float inv_sum = row_max == -INFINITY ? 0.0f : 1.0f / part[0].y;
+    if (lid == 0) store_lse(lse, lse_off, row, row_max, part[0].y, isnan(row_max));
 
     /* pass 2: normalise (and drop), in place */
     for (uint j = lid; j < Tk; j += WG) {
@@ -93,7 +108,8 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
                                 __global const uchar *kpm, ulong kpm_off,
                                 __global const mask_t *mask, ulong mask_off,
                                 uint Tq, uint Tk, uint H, ulong row0, ulong nrows,
-                                uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale)
+                                uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale,
+                                __global float *lse, ulong lse_off)
 {
     const ulong g = get_global_id(0);
     if (g >= nrows) return;
@@ -123,6 +139,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
     if (bad || m == -INFINITY) {
         const float f = bad ? NAN : 0.0f;
         for (uint j = 0; j < Tk; j++) r[j] = f;
+        store_lse(lse, lse_off, row, m, 0.0f, bad);
         return;
     }
     float8 s8 = (float8)(0.0f);
@@ -137,6 +154,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
         sum += e;
         r[j] = e;
     }
+    store_lse(lse, lse_off, row, m, sum, 0);
     const float inv = 1.0f / sum;
     for (uint j = 0; j < n8; j += 8) vstore8(vload8(0, r + j) * inv, 0, r + j);
     for (uint j = n8; j < n; j++) r[j] *= inv;
@@ -158,6 +176,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
         sum += e;
         r[j] = e;
     }
+    store_lse(lse, lse_off, row, m, sum, bad);
     const float inv = 1.0f / sum;
     for (uint j = 0; j < Tk; j++) {
         float w = bad ? NAN : m == -INFINITY ? 0.0f : r[j] * inv;

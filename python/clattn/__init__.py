@@ -43,7 +43,7 @@ __all__ = ["Error", "InvalidArgumentError", "ShapeMismatchError", "SizeOverflowE
            "OutOfHostMemoryError", "DeviceAllocationError", "BuildFailureError", "UnsupportedError", "NoDeviceError",
            "InvalidDeviceSpecError", "OpenCLError", "devices", "cores", "version", "Attention", "Decoder",
            "EncoderLayer", "from_torch", "plot_attention"]
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 logger = logging.getLogger("clattn")
 

@@ -56,7 +56,7 @@ class AttentionDesc(Structure):
                 ("attn_mask", c_int), ("key_padding_mask", c_int), ("scale", c_float), ("dropout", c_float),
                 ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
-                ("precision", c_int)]
+                ("precision", c_int), ("training", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
@@ -69,7 +69,8 @@ class AttentionWeights(Structure):
 class AttentionArgs(Structure):
     _fields_ = [("x", c_float_p), ("kv", c_float_p), ("key_padding_mask", c_uint8_p), ("attn_mask", c_void_p),
                 ("out", c_float_p), ("attn", c_float_p)] + [
-        (n + "_count", c_size_t) for n in ("x", "kv", "key_padding_mask", "attn_mask", "out", "attn")]
+        (n + "_count", c_size_t) for n in ("x", "kv", "key_padding_mask", "attn_mask", "out", "attn")] + [
+        ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t)]
 
 
 class EncoderDesc(Structure):

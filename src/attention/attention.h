@@ -67,6 +67,9 @@ typedef struct clattn_backend_ops {
                                      const cl_event *wait, cl_event *event);
     clattn_status (*stage_times)(struct clattn_plan *p, double ms[CLATTN_NSTAGES]);
     size_t (*device_bytes)(const struct clattn_plan *p); /* NULL: none */
+    /* the backward pass of a training plan (backward.c validated the call); NULL: the backend has none */
+    clattn_status (*backward_host)(struct clattn_plan *p, const clattn_attention_args *a,
+                                   const clattn_attention_grads *g);
 } clattn_backend_ops;
 
 extern const clattn_backend_ops clattn_backend_ref;    /* ref.c */
@@ -92,6 +95,9 @@ clattn_status clattn_plan_create_device_resident(clattn_device *device, const cl
  * array), naming owner.name, both numbers and `how` the wanted one comes from the description. */
 clattn_status clattn_count_check(const char *owner, const char *name, const void *p, size_t count, size_t want,
                                  const char *how);
+/* args' inputs against the plan (x, kv, the masks: given as the description declares, with their counts); the
+ * outputs are the caller's to check (execution, backward). */
+clattn_status clattn_plan_check_inputs(const struct clattn_plan *plan, const clattn_attention_args *args);
 /* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`; NULL if out of memory. */
 float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
 float *clattn_vector_copy(const float *src, size_t n);
@@ -132,9 +138,14 @@ clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const 
 /* y (rows, n) = a (rows, k) w^T + bias; w (n, k) in nn.Linear layout, bias (n) or NULL. */
 void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n,
                        float *y);
-/* Run a validated plan's attention on the CPU. out (B, Tq, out_width), attn (B, H, Tq, Tk) or NULL.
- * Inputs come from args (x, kv, masks); out/attn are separate so callers can stage them. */
+/* Run a validated plan's attention on the CPU. out (B, Tq, out_width), attn (B, H, Tq, Tk), lse (B, H, Tq) and
+ * context (B, Tq, H*dv), each optional but out. Inputs come from args (x, kv, masks); the outputs are separate
+ * so callers can stage them. */
 clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *args, float *out,
-                                 float *attn);
+                                 float *attn, float *lse, float *context);
+
+/* The backward pass on the CPU (backward_ref.c), for a validated call: every gradient given in g is written. */
+clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attention_args *args,
+                                  const clattn_attention_grads *grads);
 
 #endif

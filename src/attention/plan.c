@@ -97,6 +97,10 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
                            "produce the attention weights (use AUTO or UNFUSED)");
     if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
+    if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
+    if (d->training && d->kv_half)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
+                           "storage; a training plan computes them in fp32 (kv_half = 0)");
     if (d->precision != CLATTN_PRECISION_FP32 && d->precision != CLATTN_PRECISION_TF32)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "precision %d is not CLATTN_PRECISION_FP32 or _TF32",
                            (int)d->precision);
@@ -218,6 +222,9 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
     int has_qkv = 0, has_out = 0;
     clattn_status st = validate(desc, weights, &d, &has_qkv, &has_out);
     if (st != CLATTN_STATUS_SUCCESS) return st;
+    if (d.precision == CLATTN_PRECISION_TF32 && d.training)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with precision TF32: a training plan computes in fp32 "
+                           "(precision FP32)");
     if (d.precision == CLATTN_PRECISION_TF32 && device->backend != CLATTN_BACKEND_OPENCL)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "precision TF32: the ref device computes in fp32 and float64 "
                            "only (TF32 products are a core's: flash_mma)");
@@ -353,11 +360,20 @@ clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed)
     return CLATTN_STATUS_SUCCESS;
 }
 
-static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
+/* lse and context are a training plan's outputs: refused (not ignored) on any other. */
+static clattn_status check_training_outputs(const clattn_plan *plan, int lse, int context, const char *owner)
+{
+    if ((lse || context) && !plan->d.training)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is given, but the plan was created without "
+                           "desc.training = 1: a plan keeps the rows' statistics and the context for training only",
+                           owner, lse ? "lse" : "context");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_attention_args *a)
 {
     if (!a) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
     if (!a->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
-    if (!a->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
     if (plan->d.cross && !a->kv) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is NULL (cross-attention plan)");
     if (plan->d.key_padding_mask && !a->key_padding_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
@@ -384,13 +400,26 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
     snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", B, Tk);
     TRY(clattn_count_check("args", "key_padding_mask", a->key_padding_mask, a->key_padding_mask_count, B * Tk, how));
     snprintf(how, sizeof how, "seq_q x seq_kv = %zu x %zu", Tq, Tk);
-    TRY(clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, Tq * Tk, how));
+    return clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, Tq * Tk, how);
+}
+
+static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
+{
+    TRY(clattn_plan_check_inputs(plan, a));
+    if (!a->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    const clattn_attention_desc *d = &plan->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    char how[120];
     snprintf(how, sizeof how, "batch x seq_q x %s = %zu x %zu x %zu", plan->has_out ? "out_dim" : "heads*head_dim_v",
              B, Tq, plan->out_width);
     TRY(clattn_count_check("args", "out", a->out, a->out_count, B * Tq * plan->out_width, how));
     snprintf(how, sizeof how, "batch x heads x seq_q x seq_kv = %zu x %zu x %zu x %zu", B, d->heads, Tq, Tk);
     TRY(clattn_count_check("args", "attn", a->attn, a->attn_count, B * d->heads * Tq * Tk, how));
-    return CLATTN_STATUS_SUCCESS;
+    TRY(check_training_outputs(plan, a->lse != NULL, a->context != NULL, "args"));
+    snprintf(how, sizeof how, "batch x heads x seq_q = %zu x %zu x %zu", B, d->heads, Tq);
+    TRY(clattn_count_check("args", "lse", a->lse, a->lse_count, B * d->heads * Tq, how));
+    snprintf(how, sizeof how, "batch x seq_q x heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tq, d->heads, d->head_dim_v);
+    return clattn_count_check("args", "context", a->context, a->context_count, B * Tq * d->heads * d->head_dim_v, how);
 }
 
 /* What the description does not declare, on the buffer path: refused, never ignored. */
@@ -405,7 +434,7 @@ static clattn_status check_buffers_declared(const clattn_plan *plan, const clatt
     if (plan->d.attn_mask == CLATTN_MASK_NONE && b->attn_mask.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.attn_mask is given, but the plan was created "
                            "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
-    return CLATTN_STATUS_SUCCESS;
+    return check_training_outputs(plan, b->lse.mem != NULL, b->context.mem != NULL, "buffers");
 }
 
 clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args)

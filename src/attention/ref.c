@@ -47,7 +47,7 @@ static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a
 }
 
 clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *a, float *out,
-                                 float *attn)
+                                 float *attn, float *lse, float *context)
 {
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
@@ -108,6 +108,9 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                     w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max);
                     sum += w[j];
                 }
+                /* the row's log-sum-exp (training plans): -inf with no visible key */
+                if (lse)
+                    lse[(b * H + h) * Tq + i] = any_nan ? NAN : max == -INFINITY ? -INFINITY : (float)(max + log(sum));
                 for (size_t j = 0; j < Tk; j++) {
                     float p = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(w[j] / sum);
                     /* 2c. dropout, keyed by the logical position (b, h, i, j) */
@@ -131,6 +134,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
         clattn_ref_linear(ctx, B * Tq, H * dv, plan->w_out, plan->b_out, d->out_dim, out);
     else
         memcpy(out, ctx, B * Tq * H * dv * sizeof *out);
+    if (context) memcpy(context, ctx, B * Tq * H * dv * sizeof *context);
     double t3 = now_ms();
 
     if (plan->profiling) {
@@ -147,7 +151,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
 
 static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
 {
-    return clattn_ref_execute(p, a, a->out, a->attn);
+    return clattn_ref_execute(p, a, a->out, a->attn, a->lse, a->context);
 }
 
 static clattn_status ref_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
@@ -167,4 +171,5 @@ const clattn_backend_ops clattn_backend_ref = {
     .produces_weights = ref_produces_weights,
     .execute_host = ref_execute_host,
     .stage_times = ref_stage_times,
+    .backward_host = clattn_ref_backward,
 };

@@ -112,7 +112,7 @@ static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_at
     if (c->kind != kind) return 0;
     if (kind == CLATTN_CORE_GEMM) return 1;
     return (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
-           (!d->need_weights || c->produces_weights);
+           (!d->need_weights || c->produces_weights) && (!d->training || c->saves_row_stats);
 }
 
 /* The layout as this core sees it: the biases stay the shell's unless the core adds them (a GEMM core gets

@@ -33,6 +33,7 @@ typedef struct shell {
     cl_mem merged;                /* the core's output when an output projection follows: (B, Tq, H*dv) */
     /* staging for execution from host arrays */
     cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
+    cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
     /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
     cl_event marks[16];
     int mark_stage[16];
@@ -153,6 +154,10 @@ static clattn_status shell_init(struct clattn_plan *p)
         p->tuned = 1;
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
+    /* a training plan's cores write the rows' log-sum-exp at every execution: here when the caller takes none */
+    if (p->d.training)
+        TRY(clattn_buffer_new(p->device, p->d.batch * p->d.heads * p->d.seq_q, sizeof(float), NULL,
+                              "the rows' log-sum-exp", &c->lse_buf));
     return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
 }
 
@@ -170,7 +175,7 @@ static void release_marks(shell *c)
 
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
-     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf}
+     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -202,6 +207,8 @@ static void shell_release(struct clattn_plan *p)
 typedef struct run_io {
     view x, kv, kpm, mask, out, attn; /* attn.mem NULL: not wanted (or read to attn_host) */
     float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
+    view lse, context;                /* training plans: the rows' log-sum-exp (always somewhere), the merged
+                                         heads before the output projection (mem NULL: not wanted) */
 } run_io;
 
 /* A profiling marker at the end of `stage` (-1: the start of the pass, which drops the last
@@ -260,12 +267,18 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
     TRY(mark(p, -1));
     clattn_core_io cio = {.b_q = c->b_q, .b_k = c->b_k, .b_v = c->b_v, .kpm = io->kpm, .mask = io->mask,
-                          .attn = io->attn, .attn_host = io->attn_host};
+                          .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse};
     if (p->profiling) cio.mark = core_mark, cio.mark_ctx = p;
     TRY(project(p, io, &cio));
-    cio.out = p->has_out ? (view){c->merged, 0} : io->out;
+    /* the merged heads: straight into the caller's context buffer when it wants them and an output projection
+     * reads them from there */
+    cio.out = !p->has_out ? io->out : io->context.mem ? io->context : (view){c->merged, 0};
     /* 2. the core */
     TRY(c->core.core->run(c->core.state, &cio));
+    if (!p->has_out && io->context.mem) /* no output projection: the context is the output */
+        CL_CHECK(clEnqueueCopyBuffer(p->device->queue, io->out.mem, io->context.mem, io->out.off * sizeof(float),
+                                     io->context.off * sizeof(float), B * Tq * H * dv * sizeof(float), 0, NULL, NULL),
+                 "copying the output to the context");
     /* 3. output projection: out = merged Wo^T + bo */
     if (p->has_out) {
         TRY(clattn_linear_run(&c->lin, B * Tq, d->out_dim, H * dv, cio.out, c->w_out, c->b_out, io->out, 0, 0,
@@ -304,11 +317,15 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
         {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
          (void *)a->attn_mask, "the attention mask"}};
-    const clattn_transfer out = {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"};
+    const size_t H = d->heads, dv = d->head_dim_v;
+    const clattn_transfer out[] = {
+        {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"},
+        {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
+        {p->has_out ? c->merged : c->out_buf, B * Tq * H * dv * sizeof(float), a->context, "the context"}};
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
-                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host};
+                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0}};
     pass_ctx pc = {p, &io};
-    clattn_status st = clattn_exec_host(p->device, in, 4, pass, &pc, &out);
+    clattn_status st = clattn_exec_host(p->device, in, 4, pass, &pc, out, 3);
     if (st == CLATTN_STATUS_SUCCESS && a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
     free(attn_host);
     return st;
@@ -328,6 +345,9 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
                                 d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
     TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
     if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
+    const size_t n_lse = B * d->heads * Tq, n_ctx = B * Tq * d->heads * d->head_dim_v;
+    if (b->lse.mem) TRY(clattn_buffer_check(b->lse.mem, b->lse.offset, n_lse, 4, "lse"));
+    if (b->context.mem) TRY(clattn_buffer_check(b->context.mem, b->context.offset, n_ctx, 4, "context"));
     const size_t mask_bytes = Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
     const clattn_mem_range ins[] = {
         {b->x.mem, b->x.offset * 4, B * Tq * d->embed * 4, "x"},
@@ -336,12 +356,17 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
         {d->attn_mask ? b->attn_mask.mem : NULL, b->attn_mask.offset * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          mask_bytes, "attn_mask"}};
     const clattn_mem_range outs[] = {{b->out.mem, b->out.offset * 4, B * Tq * p->out_width * 4, "out"},
-                                     {b->attn.mem, b->attn.offset * 4, B * d->heads * Tq * Tk * 4, "attn"}};
-    TRY(clattn_check_no_overlap(outs, 2, ins, 4));
+                                     {b->attn.mem, b->attn.offset * 4, B * d->heads * Tq * Tk * 4, "attn"},
+                                     {b->lse.mem, b->lse.offset * 4, n_lse * 4, "lse"},
+                                     {b->context.mem, b->context.offset * 4, n_ctx * 4, "context"}};
+    TRY(clattn_check_no_overlap(outs, 4, ins, 4));
+    shell *c = state(p);
     run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
                  .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
-                 .attn = {b->attn.mem, b->attn.offset}};
+                 .attn = {b->attn.mem, b->attn.offset},
+                 .lse = b->lse.mem ? (view){b->lse.mem, b->lse.offset} : (view){c->lse_buf, 0},
+                 .context = {b->context.mem, b->context.offset}};
     pass_ctx pc = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
 }

@@ -77,6 +77,7 @@ typedef struct clattn_core_io {
     cl_mem b_q, b_k, b_v;        /* the biases the layout leaves to the core (else NULL) */
     clattn_view kpm, mask;       /* as the caller gave them (mem NULL: none) */
     clattn_view attn;            /* the weights (B, H, Tq, Tk) into a caller's buffer (mem NULL: none) */
+    clattn_view lse;             /* training plans: each row's log-sum-exp (B, H, Tq) (mem NULL: not wanted) */
     float *attn_host;            /* or read to this host array, block by block (NULL: none) */
     /* profiling: a marker at the end of a stage (NULL: profiling off) */
     clattn_status (*mark)(void *ctx, clattn_stage stage);
@@ -112,7 +113,7 @@ struct clattn_core {
     clattn_core_kind kind;       /* CLATTN_CORE_PREFILL, CLATTN_CORE_DECODE or CLATTN_CORE_GEMM */
     clattn_algorithm algorithm;  /* what its plans report: FUSED (no score matrix) or UNFUSED */
     int produces_weights;        /* can return the attention weights */
-    int saves_row_stats;         /* keeps each row's max and sum (for a backward pass) */
+    int saves_row_stats;         /* writes each row's log-sum-exp (io->lse): it serves training plans */
     int adds_biases;             /* adds the Q/K/V biases itself (else the projections do); a GEMM core: adds a
                                     call's bias row to C as it stores it (else the caller fills C with it first) */
     int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */

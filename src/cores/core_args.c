@@ -31,9 +31,9 @@ void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld)
 int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len)
 {
     return snprintf(opts, len, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu "
-                    "-DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DTF32=%d", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads,
-                    d->kv_half, d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f,
-                    d->precision == CLATTN_PRECISION_TF32);
+                    "-DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DTF32=%d -DLSE=%d", d->head_dim_qk, d->head_dim_v,
+                    d->heads / d->kv_heads, d->kv_half, d->causal, d->window, d->key_padding_mask, (int)d->attn_mask,
+                    d->dropout > 0.0f, d->precision == CLATTN_PRECISION_TF32, d->training);
 }
 
 size_t clattn_core_head_vector(size_t dk, size_t dv)

@@ -8,6 +8,7 @@
  *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                (clattn_core_arg_masks)
  *   scale, extent                  (PER_ITEM: the work-items in all; PER_GROUP: the launch's first group)
  *   seed_lo, seed_hi, threshold, keep_scale                                (clattn_core_arg_dropout)
+ *   lse, lse_off                   (training plans: each row's log-sum-exp; else NULL)
  * A member whose spec names a `split` parameter may split each block's keys into SPLIT parts (work-groups
  * of their own, for plans with too few blocks to fill the device): the kernel then writes, for each query
  * row and part, the unnormalised output and the row's max (base 2) and sum into a workspace of rows
@@ -181,6 +182,8 @@ static clattn_status combine(const flash_state *s, const clattn_core_io *io)
     clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
     clattn_arg_u32(&a, (cl_uint)d->heads);
     clattn_arg_u64(&a, total);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_view(&a, io->lse);
     TRY(clattn_args_end(&a));
     return clattn_enqueue_1d(s->dev, s->k_combine, total, "enqueue flash_combine");
 }
@@ -203,6 +206,7 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
     clattn_core_arg_dropout(&a, d);
+    clattn_arg_view(&a, s->parts > 1 ? (clattn_view){NULL, 0} : io->lse); /* split: flash_combine writes it */
     TRY(clattn_args_end(&a));
     char what[64];
     snprintf(what, sizeof what, "enqueue %s", s->spec->kernel);

@@ -120,6 +120,7 @@ const clattn_core clattn_core_flash_gemm = {
     .name = "flash_gemm",
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_FUSED,
+    .saves_row_stats = 1,
     .params = params,
     .nparams = 7,
     .test_configs = test_configs,

@@ -3,7 +3,8 @@
  *   head split   split_heads (cl/cores/unfused_heads.cl): (B, T, H*d) rows -> (B, H, T, d), + bias
  *   scores       a strided-batched GEMM over B*H on the plan's GEMM core: S = scale * Q K^T
  *   softmax      softmax_rows (a work-group per row) or softmax_rows_item (a work-item per row):
- *                masks, softmax, dropout, in place (cl/cores/unfused_softmax.cl)
+ *                masks, softmax, dropout, in place (cl/cores/unfused_softmax.cl); a training plan's rows'
+ *                log-sum-exp too
  *   context      a strided-batched GEMM: C = W V
  *   head merge   merge_heads: (B, H, Tq, dv) -> (B, Tq, H*dv)
  * With one head, inputs that already are head-major (no projection) skip the split, and the context goes
@@ -132,8 +133,8 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
     while (wg < d->seq_kv && wg < 256) wg *= 2;
     wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
     char opts[256];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d",
-             d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DLSE=%d",
+             d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f, d->training);
     const char *softmax_src[] = {"common/philox", "common/mask", "cores/unfused_softmax"};
     TRY(clattn_program_build_wg(s->dev, softmax_src, 3, opts, "softmax_rows", &wg, &s->softmax_prog,
                                 &s->k_softmax));
@@ -226,6 +227,7 @@ static clattn_status softmax_launch(const unfused_state *s, view sc, size_t row0
     clattn_arg_u64(&a, row0);
     if (s->softmax_wg == 0) clattn_arg_u64(&a, rows);
     clattn_core_arg_dropout(&a, d);
+    clattn_arg_view(&a, io->lse); /* each row's log-sum-exp (training plans), indexed by the global row */
     TRY(clattn_args_end(&a));
     size_t global = s->softmax_wg ? rows * s->softmax_wg : rows;
     clattn_note_launch(global);
@@ -318,6 +320,7 @@ const clattn_core clattn_core_unfused = {
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_UNFUSED,
     .produces_weights = 1,
+    .saves_row_stats = 1,
     .adds_biases = 1,
     .params = params,
     .nparams = 1,

@@ -206,7 +206,7 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
                                   {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
                                   {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"}};
     const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
-    const clattn_status st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o);
+    const clattn_status st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o, 1);
     free(lens32);
     if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
     return st;

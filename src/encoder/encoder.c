@@ -43,6 +43,9 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED,
                            "desc.attn.dropout is %g: the encoder layer runs in eval mode only (dropout must be 0)",
                            (double)a->dropout);
+    if (a->training)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.training is 1: the encoder layer runs in eval mode only "
+                           "(an attention plan trains: clattn_plan_backward)");
     if (a->attn_mask != CLATTN_MASK_NONE)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
                            "desc.attn.attn_mask must be CLATTN_MASK_NONE: the encoder layer takes causal and "

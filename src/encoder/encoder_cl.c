@@ -260,7 +260,7 @@ static clattn_status cl_execute_host(struct clattn_encoder_plan *p, const clattn
         {p->d.attn.key_padding_mask ? c->kpm_in : NULL, N, (void *)args->key_padding_mask, "the key padding mask"}};
     const clattn_transfer out = {c->out_buf, N * E * sizeof(float), args->out, "the output"};
     pass_ctx pc = {p, {c->x_in, 0}, {c->kpm_in, 0}, {c->out_buf, 0}};
-    return clattn_exec_host(p->device, in, 2, pass, &pc, &out);
+    return clattn_exec_host(p->device, in, 2, pass, &pc, &out, 1);
 }
 
 

@@ -83,7 +83,7 @@ static clattn_status ref_encoder_execute(const struct clattn_encoder_plan *p, co
     if (!p->d.norm_first) {
         /* 1. a = SA(x) */
         sa.x = args->x;
-        if ((st = clattn_ref_execute(p->attn, &sa, a, NULL))) goto done;
+        if ((st = clattn_ref_execute(p->attn, &sa, a, NULL, NULL, NULL))) goto done;
         /* 2. y = LN1(x + a) */
         clattn_ref_residual_layernorm(N, E, args->x, a, NULL, p->ln1_w, p->ln1_b, eps, NULL, y);
         /* 3. h = act(y W1^T + b1) */
@@ -98,7 +98,7 @@ static clattn_status ref_encoder_execute(const struct clattn_encoder_plan *p, co
         clattn_ref_residual_layernorm(N, E, args->x, NULL, NULL, p->ln1_w, p->ln1_b, eps, NULL, n);
         /* 2. a = SA(n) */
         sa.x = n;
-        if ((st = clattn_ref_execute(p->attn, &sa, a, NULL))) goto done;
+        if ((st = clattn_ref_execute(p->attn, &sa, a, NULL, NULL, NULL))) goto done;
         /* 3. y = x + a; n = LN2(y) */
         clattn_ref_residual_layernorm(N, E, args->x, a, NULL, p->ln2_w, p->ln2_b, eps, y, n);
         /* 4. h = act(n W1^T + b1) */

@@ -4,7 +4,7 @@
 #include "runtime.h"
 
 clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *in, int nin, clattn_pass_fn pass,
-                               void *ctx, const clattn_transfer *out)
+                               void *ctx, const clattn_transfer *out, int nout)
 {
     cl_command_queue q = dev->queue;
     clattn_status st = CLATTN_STATUS_SUCCESS;
@@ -20,11 +20,13 @@ clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *
     cl_int err = clFinish(q);
     if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
         st = clattn_fail((clattn_status)err, "running the pass failed (%d: %s)", err, clattn_status_string(err));
-    /* the output last: a failure before it leaves the caller's array untouched */
-    if (st == CLATTN_STATUS_SUCCESS) {
-        err = clEnqueueReadBuffer(q, out->buf, CL_TRUE, 0, out->bytes, out->host, 0, NULL, NULL);
+    /* the outputs last: a failure before them leaves the caller's arrays untouched */
+    for (int i = 0; i < nout && st == CLATTN_STATUS_SUCCESS; i++) {
+        if (!out[i].buf || !out[i].host) continue;
+        err = clEnqueueReadBuffer(q, out[i].buf, CL_TRUE, 0, out[i].bytes, out[i].host, 0, NULL, NULL);
         if (err != CL_SUCCESS)
-            st = clattn_fail((clattn_status)err, "reading %s failed (%d: %s)", out->what, err, clattn_status_string(err));
+            st = clattn_fail((clattn_status)err, "reading %s failed (%d: %s)", out[i].what, err,
+                             clattn_status_string(err));
     }
     return st;
 }

@@ -248,10 +248,10 @@ typedef struct clattn_transfer {
     const char *what;  /* for errors: "x", "the output" */
 } clattn_transfer;
 /* From host arrays: the uploads (non-blocking, in order), the pass, clFinish (always, so the
- * caller's arrays are free on return), then the output read, last: on any failure the caller's
- * output is untouched. */
+ * caller's arrays are free on return), then the outputs' reads, last (an output with no buffer or no host
+ * array is skipped): on any failure before them the caller's outputs are untouched. */
 clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *in, int nin, clattn_pass_fn pass,
-                               void *ctx, const clattn_transfer *out);
+                               void *ctx, const clattn_transfer *out, int nout);
 /* On the caller's buffers: a barrier on the wait list, the pass, and a completion event. */
 clattn_status clattn_exec_buffers(const clattn_device *dev, cl_uint nwait, const cl_event *wait,
                                   clattn_pass_fn pass, void *ctx, cl_event *event);

@@ -1,0 +1,218 @@
+/* backward_ref.c: the backward pass on the CPU: the ref device's, and what the OpenCL backward is checked
+ * against next to the test oracle. Written to be read: float storage, double accumulation, one numbered pass per
+ * step, the forward's own row loop (ref.c) run again with the gradient beside it.
+ *
+ * Forward (ref.c), per batch b, head h (key/value head h/G), query i, key j:
+ *   s_ij = scale q_i.k_j (+ float mask), -inf where hidden;  P_ij = exp(s_ij - lse_i);  m_ij = keep_ij/(1-p) or 0
+ *   ctx_i = sum_j P_ij m_ij v_j;  out = ctx Wo^T + bo
+ * Backward, from dOut:
+ *   dctx = dOut Wo;  dWo = dOut^T ctx;  dbo = sum_rows dOut
+ *   dP_ij = m_ij dctx_i.v_j;  D_i = dctx_i.ctx_i (= sum_j P_ij dP_ij);  dS_ij = P_ij (dP_ij - D_i)
+ *   dq_i = scale sum_j dS_ij k_j;  dk_j += scale dS_ij q_i;  dv_j += P_ij m_ij dctx_i   (summed over a group's heads)
+ *   dWq = dQ^T x, dbq = sum_rows dQ (K and V from kv);  dx = dQ Wq (+ dK Wk + dV Wv for self-attention)
+ * Shapes as in ref.c: Q (B, Tq, H*dk), K (B, Tk, HK*dk), V (B, Tk, HK*dv), ctx (B, Tq, H*dv). */
+#include "attention.h"
+
+#include "common/philox.cl"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* out (m, n) = a^T b for a (rows, m) and b (rows, n): a weight's gradient, written in `layout` (RAW: (n, m)). */
+static void grad_weight(const double *a, const float *b, size_t rows, size_t m, size_t n, clattn_layout layout,
+                        float *out)
+{
+    for (size_t o = 0; o < m; o++)
+        for (size_t c = 0; c < n; c++) {
+            double acc = 0.0;
+            for (size_t r = 0; r < rows; r++) acc += a[r * m + o] * (double)b[r * n + c];
+            out[layout == CLATTN_LAYOUT_RAW ? c * m + o : o * n + c] = (float)acc;
+        }
+}
+
+/* out (m) = the sum of a's rows (rows, m): a bias's gradient. */
+static void grad_bias(const double *a, size_t rows, size_t m, float *out)
+{
+    for (size_t o = 0; o < m; o++) {
+        double acc = 0.0;
+        for (size_t r = 0; r < rows; r++) acc += a[r * m + o];
+        out[o] = (float)acc;
+    }
+}
+
+/* acc (rows, n) += a (rows, m) w, w (m, n) in nn.Linear layout [out = m, in = n]: an input's gradient through a
+ * projection; without weights (w NULL, m = n) acc += a. */
+static void grad_input(const double *a, const float *w, size_t rows, size_t m, size_t n, double *acc)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < n; c++) {
+            double s = 0.0;
+            if (w)
+                for (size_t o = 0; o < m; o++) s += a[r * m + o] * (double)w[o * n + c];
+            else
+                s = a[r * m + c];
+            acc[r * n + c] += s;
+        }
+}
+
+/* y (rows, n) = a (rows, k) w^T + bias, w (n, k) in nn.Linear layout: the forward's projections again (ref.c's
+ * own; this file stands beside ref.c, not on it). */
+static void project(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n, float *y)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t o = 0; o < n; o++) {
+            double acc = bias ? bias[o] : 0.0;
+            for (size_t c = 0; c < k; c++) acc += (double)a[r * k + c] * (double)w[o * k + c];
+            y[r * n + o] = (float)acc;
+        }
+}
+
+static void store(const double *a, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) out[i] = (float)a[i];
+}
+
+clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attention_args *a,
+                                  const clattn_attention_grads *g)
+{
+    const clattn_attention_desc *d = &plan->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, G = H / HK, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t Eo = plan->out_width, Hdv = H * dv;
+    const float *kv = d->cross ? a->kv : a->x;
+    const uint32_t seed_lo = (uint32_t)d->seed, seed_hi = (uint32_t)(d->seed >> 32);
+    const uint32_t threshold = clattn_dropout_threshold(d->dropout);
+    const float keep_scale = clattn_dropout_keep_scale(d->dropout);
+
+    float *Q = clattn_malloc(B * Tq * H * dk * sizeof *Q), *K = clattn_malloc(B * Tk * HK * dk * sizeof *K);
+    float *V = clattn_malloc(B * Tk * HK * dv * sizeof *V), *ctx = clattn_malloc(B * Tq * Hdv * sizeof *ctx);
+    double *dout = clattn_malloc(B * Tq * Eo * sizeof *dout), *dctx = clattn_malloc(B * Tq * Hdv * sizeof *dctx);
+    double *dQ = calloc(B * Tq * H * dk, sizeof *dQ), *dK = calloc(B * Tk * HK * dk, sizeof *dK);
+    double *dV = calloc(B * Tk * HK * dv, sizeof *dV), *P = clattn_malloc(Tk * sizeof *P);
+    double *m = clattn_malloc(Tk * sizeof *m), *gx = calloc(B * Tq * E, sizeof *gx);
+    double *gkv = d->cross ? calloc(B * Tk * Ekv, sizeof *gkv) : NULL;
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (!Q || !K || !V || !ctx || !dout || !dctx || !dQ || !dK || !dV || !P || !m || !gx || (d->cross && !gkv)) {
+        st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference backward: allocating its arrays");
+        goto done;
+    }
+
+    /* 1. the forward's projections again: Q, K, V */
+    if (plan->has_qkv) {
+        project(a->x, B * Tq, E, plan->w_query, plan->b_query, H * dk, Q);
+        project(kv, B * Tk, Ekv, plan->w_key, plan->b_key, HK * dk, K);
+        project(kv, B * Tk, Ekv, plan->w_value, plan->b_value, HK * dv, V);
+    } else {
+        memcpy(Q, a->x, B * Tq * E * sizeof *Q);
+        memcpy(K, kv, B * Tk * Ekv * sizeof *K);
+        memcpy(V, kv, B * Tk * Ekv * sizeof *V);
+    }
+
+    /* 2. through the output projection: dctx = dOut Wo (or dOut itself) */
+    for (size_t n = 0; n < B * Tq * Eo; n++) dout[n] = g->grad_out[n];
+    memset(dctx, 0, B * Tq * Hdv * sizeof *dctx);
+    grad_input(dout, plan->has_out ? plan->w_out : NULL, B * Tq, Eo, Hdv, dctx);
+
+    /* 3. per (b, h, i): the row's weights again, then its gradient */
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t i = 0; i < Tq; i++) {
+                const float *q = &Q[(b * Tq + i) * H * dk + h * dk];
+                const double *dc = &dctx[(b * Tq + i) * Hdv + h * dv];
+                float *c_row = &ctx[(b * Tq + i) * Hdv + h * dv];
+                double *dq = &dQ[(b * Tq + i) * H * dk + h * dk];
+                /* 3a. scaled, masked scores into P; the row's log-sum-exp, or the forward's */
+                double max = -INFINITY;
+                int any_nan = 0;
+                for (size_t j = 0; j < Tk; j++) {
+                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
+                    double s = 0.0;
+                    for (size_t c = 0; c < dk; c++) s += (double)q[c] * (double)k[c];
+                    s *= d->scale;
+                    if (d->attn_mask == CLATTN_MASK_FLOAT) s += ((const float *)a->attn_mask)[i * Tk + j];
+                    int hide = (d->causal && j > i) || (d->window && j <= i && i - j >= d->window) ||
+                               (d->key_padding_mask && a->key_padding_mask[b * Tk + j]) ||
+                               (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * Tk + j]);
+                    P[j] = hide ? -INFINITY : s;
+                    if (isnan(P[j])) any_nan = 1;
+                    else if (P[j] > max) max = P[j];
+                }
+                double lse;
+                if (g->lse) {
+                    lse = g->lse[(b * H + h) * Tq + i];
+                } else {
+                    double sum = 0.0;
+                    for (size_t j = 0; j < Tk; j++) sum += max == -INFINITY ? 0.0 : exp(P[j] - max);
+                    lse = any_nan ? NAN : max == -INFINITY ? -INFINITY : max + log(sum);
+                }
+                /* 3b. P = exp(s - lse): 0 for a hidden key and in a row with none visible, NaN in a NaN row;
+                 * m: the dropout factor keep/(1-p), keyed by (b, h, i, j) as in the forward */
+                for (size_t j = 0; j < Tk; j++) {
+                    P[j] = isnan(lse) ? NAN : lse == -INFINITY || P[j] == -INFINITY ? 0.0 : exp(P[j] - lse);
+                    m[j] = 1.0;
+                    if (d->dropout > 0.0f)
+                        m[j] = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)b, (uint32_t)h, (uint32_t)i,
+                                                   (uint32_t)j, threshold) ? keep_scale : 0.0;
+                }
+                /* 3c. the row's context: the forward's, or again (a dropped weight is 0 even in a NaN row) */
+                for (size_t c = 0; c < dv; c++) {
+                    double acc = 0.0;
+                    if (g->context) {
+                        acc = g->context[(b * Tq + i) * Hdv + h * dv + c];
+                    } else {
+                        for (size_t j = 0; j < Tk; j++)
+                            if (m[j] != 0.0)
+                                acc += P[j] * m[j] * (double)V[(b * Tk + j) * HK * dv + (h / G) * dv + c];
+                    }
+                    c_row[c] = (float)acc;
+                }
+                /* 3d. D = dctx . ctx */
+                double D = 0.0;
+                for (size_t c = 0; c < dv; c++) D += dc[c] * (double)c_row[c];
+                /* 3e. dP, dS, and their products with K, Q and dctx */
+                for (size_t j = 0; j < Tk; j++) {
+                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
+                    const float *v = &V[(b * Tk + j) * HK * dv + (h / G) * dv];
+                    double *dkj = &dK[(b * Tk + j) * HK * dk + (h / G) * dk];
+                    double *dvj = &dV[(b * Tk + j) * HK * dv + (h / G) * dv];
+                    if (P[j] == 0.0) continue; /* a hidden or underflowed key: no gradient flows through it */
+                    double dp = 0.0;
+                    if (m[j] != 0.0) {
+                        for (size_t c = 0; c < dv; c++) dp += dc[c] * (double)v[c];
+                        dp *= m[j];
+                        for (size_t c = 0; c < dv; c++) dvj[c] += P[j] * m[j] * dc[c];
+                    }
+                    const double ds = P[j] * (dp - D) * d->scale;
+                    for (size_t c = 0; c < dk; c++) {
+                        dq[c] += ds * (double)k[c];
+                        dkj[c] += ds * (double)q[c];
+                    }
+                }
+            }
+
+    /* 4. the weights' and biases' gradients */
+    if (g->grad_w_out) grad_weight(dout, ctx, B * Tq, Eo, Hdv, d->layout, g->grad_w_out);
+    if (g->grad_b_out) grad_bias(dout, B * Tq, Eo, g->grad_b_out);
+    if (g->grad_w_query) grad_weight(dQ, a->x, B * Tq, H * dk, E, d->layout, g->grad_w_query);
+    if (g->grad_w_key) grad_weight(dK, kv, B * Tk, HK * dk, Ekv, d->layout, g->grad_w_key);
+    if (g->grad_w_value) grad_weight(dV, kv, B * Tk, HK * dv, Ekv, d->layout, g->grad_w_value);
+    if (g->grad_b_query) grad_bias(dQ, B * Tq, H * dk, g->grad_b_query);
+    if (g->grad_b_key) grad_bias(dK, B * Tk, HK * dk, g->grad_b_key);
+    if (g->grad_b_value) grad_bias(dV, B * Tk, HK * dv, g->grad_b_value);
+
+    /* 5. the inputs' gradients: x feeds Q (and K and V in self-attention), kv feeds K and V */
+    if (g->grad_x || g->grad_kv) {
+        double *kv_acc = d->cross ? gkv : gx;
+        const int qkv = plan->has_qkv;
+        grad_input(dQ, qkv ? plan->w_query : NULL, B * Tq, H * dk, E, gx);
+        grad_input(dK, qkv ? plan->w_key : NULL, B * Tk, HK * dk, Ekv, kv_acc);
+        grad_input(dV, qkv ? plan->w_value : NULL, B * Tk, HK * dv, Ekv, kv_acc);
+        if (g->grad_x) store(gx, B * Tq * E, g->grad_x);
+        if (g->grad_kv) store(gkv, B * Tk * Ekv, g->grad_kv);
+    }
+done:
+    free(Q); free(K); free(V); free(ctx); free(dout); free(dctx); free(dQ); free(dK); free(dV); free(P); free(m);
+    free(gx); free(gkv);
+    return st;
+}

@@ -1,0 +1,651 @@
+/* test_train.c: a training plan's forward statistics (clattn 0.5): each query row's log-sum-exp (args.lse) and the
+ * heads' output before the output projection (args.context), on the ref device and on OpenCL with both algorithms,
+ * against the float64 oracle (tests/oracle.c, no code shared); and clattn_attention_merge: attention over key
+ * shards, merged, equals one call over all the keys. Every element checked, outputs poisoned first. */
+#include "oracle.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static clattn_device *cl_dev, *ref_dev;
+
+static void setup(void)
+{
+    cl_dev = tu_open_opencl();
+    ref_dev = tu_open_ref();
+    cr_assert(cl_dev && ref_dev);
+}
+
+static void teardown(void)
+{
+    clattn_device_free(cl_dev);
+    clattn_device_free(ref_dev);
+}
+
+TestSuite(train, .init = setup, .fini = teardown);
+
+typedef struct config {
+    size_t B, Tq, Tk, E, Ekv, H, HK, dk, dv, Eo, window;
+    int cross, causal, biases, kpm;
+    clattn_mask_kind mask;
+    float dropout;
+} config;
+
+/* One problem: random weights and inputs, its masks; everything the oracle and the plans read. */
+typedef struct problem {
+    clattn_attention_desc d;
+    clattn_attention_weights w;
+    clattn_attention_args a;
+    float *bufs[16];
+    int nb;
+    uint8_t *kpm, *bmask;
+} problem;
+
+static void problem_make(problem *p, const config *c, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    tu_rng rng = {seed};
+    clattn_attention_desc *d = &p->d;
+    d->batch = c->B, d->seq_q = c->Tq, d->seq_kv = c->cross ? c->Tk : 0, d->embed = c->E;
+    d->kv_embed = c->cross ? c->Ekv : 0, d->heads = c->H, d->kv_heads = c->HK, d->head_dim_qk = c->dk;
+    d->head_dim_v = c->dv, d->out_dim = c->Eo, d->window = c->window, d->cross = c->cross, d->causal = c->causal;
+    d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
+    d->training = 1;
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
+    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->dk, dv = c->dv;
+    const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
+    p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
+    p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
+    p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
+    if (c->biases) {
+        p->w.b_query = p->bufs[p->nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
+        p->w.b_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk, -0.5f, 0.5f);
+        p->w.b_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv, -0.5f, 0.5f);
+    }
+    if (c->Eo) {
+        p->w.w_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo * H * dv, -so, so);
+        if (c->biases) p->w.b_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo, -0.5f, 0.5f);
+    }
+    /* inputs of +-2: scores reach a few units, so lse is not just log(Tk) */
+    p->a.x = p->bufs[p->nb++] = tu_random(&rng, B * Tq * E, -2.0f, 2.0f);
+    if (c->cross) p->a.kv = p->bufs[p->nb++] = tu_random(&rng, B * Tk * Ekv, -2.0f, 2.0f);
+    if (c->kpm) {
+        p->kpm = calloc(B * Tk, 1);
+        for (size_t i = 0; i < B * Tk; i++) p->kpm[i] = tu_next(&rng) % 4 == 0;
+        if (B > 1) memset(p->kpm + (B - 1) * Tk, 1, Tk); /* a fully masked batch entry: lse -inf, context 0 */
+        p->a.key_padding_mask = p->kpm;
+    }
+    if (c->mask == CLATTN_MASK_BOOL) {
+        p->bmask = calloc(Tq * Tk, 1);
+        for (size_t i = 0; i < Tq * Tk; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
+        p->a.attn_mask = p->bmask;
+    } else if (c->mask == CLATTN_MASK_FLOAT) {
+        float *fm = p->bufs[p->nb++] = tu_random(&rng, Tq * Tk, -2.0f, 2.0f);
+        for (size_t i = 0; i < Tq * Tk; i++)
+            if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
+        p->a.attn_mask = fm;
+    }
+}
+
+static void problem_free(problem *p)
+{
+    for (int i = 0; i < p->nb; i++) free(p->bufs[i]);
+    free(p->kpm);
+    free(p->bmask);
+}
+
+/* Run p on dev with alg; compare out, lse and context with the oracle's. */
+static void check_on(const problem *p, clattn_device *dev, clattn_algorithm alg, const char *what)
+{
+    clattn_attention_desc d = p->d;
+    d.algorithm = alg;
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &p->w, &plan);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    const size_t B = d.batch, Tq = d.seq_q, H = d.heads, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
+    const size_t n_out = B * Tq * ow, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
+    float *out = tu_poisoned(n_out), *lse = tu_poisoned(n_lse), *ctx = tu_poisoned(n_ctx);
+    double *o64 = malloc(n_out * sizeof *o64), *l64 = malloc(n_lse * sizeof *l64), *c64 = malloc(n_ctx * sizeof *c64);
+    cr_assert(o64 && l64 && c64);
+    cr_assert_eq(oracle_attention_stats(&d, &p->w, &p->a, o64, NULL, l64, c64), 0);
+    clattn_attention_args a = p->a;
+    a.out = out, a.lse = lse, a.context = ctx;
+    st = tu_plan_execute(plan, &a);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s execute: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    char msg[256];
+    size_t bad = oracle_compare(out, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) out: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, n_out, msg);
+    bad = oracle_compare(ctx, c64, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) context: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, n_ctx, msg);
+    for (size_t i = 0; i < n_lse; i++) cr_assert(!isnan(l64[i]), "oracle lse[%zu] is NaN", i);
+    bad = oracle_compare_nonfinite(lse, l64, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) lse: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, n_lse, msg);
+    /* the output alone (no lse, no context) is the same call */
+    float *out2 = tu_poisoned(n_out);
+    clattn_attention_args a2 = p->a;
+    a2.out = out2;
+    cr_assert_eq(tu_plan_execute(plan, &a2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    bad = oracle_compare(out2, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s out without the statistics: %s", what, msg);
+    free(out2);
+    free(out); free(lse); free(ctx); free(o64); free(l64); free(c64);
+    clattn_plan_free(plan);
+}
+
+static void check(const config *c, uint64_t seed)
+{
+    problem p;
+    problem_make(&p, c, seed);
+    if (!tu_forced_core_of(CLATTN_CORE_PREFILL)) check_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, "ref");
+    if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0)) check_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, "opencl fused");
+    if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0)) check_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, "opencl unfused");
+    problem_free(&p);
+}
+
+/* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout */
+Test(train, lse_and_context_shapes)
+{
+    static const config cfgs[] = {
+        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0},
+        {1, 130, 0, 64, 0, 2, 0, 64, 64, 32, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {1, 61, 0, 128, 0, 1, 0, 128, 128, 0, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 100 + i);
+}
+
+Test(train, lse_and_context_masks)
+{
+    static const config cfgs[] = {
+        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0},
+        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0},
+        {2, 5, 13, 8, 6, 2, 0, 4, 3, 8, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 200 + i);
+}
+
+/* GQA, the sliding window, dropout: lse is over the visible scores before dropout (what the backward recomputes
+ * P from); the context is the dropped-out weights' */
+Test(train, lse_and_context_gqa_window_dropout)
+{
+    static const config cfgs[] = {
+        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 300 + i);
+}
+
+/* long rows with one batch entry and few heads: the fused cores split the keys over work-groups and combine,
+ * and the combine writes lse */
+Test(train, lse_split_keys)
+{
+    static const config c = {1, 1000, 0, 32, 0, 2, 0, 16, 16, 0, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0};
+    check(&c, 400);
+    static const config x = {1, 3, 1000, 16, 16, 2, 0, 8, 8, 16, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0};
+    check(&x, 401);
+}
+
+/* ---- partial attention over key shards */
+
+/* Cross-attention over kv split into `parts` shards of the given lengths: each shard on its own training plan
+ * (kv, key padding mask and attention mask cut to its keys), merged with clattn_attention_merge, equals one call
+ * over all keys: the context and lse, and the output projected from the merged context. */
+static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, uint64_t seed)
+{
+    const size_t B = 2, Tq = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 5, Eo = 7;
+    size_t Tk = 0;
+    for (size_t s = 0; s < parts; s++) Tk += lens[s];
+    const config c = {B, Tq, Tk, E, Ekv, H, 0, dk, dv, Eo, 0, 1, 0, 1, 1, CLATTN_MASK_BOOL, 0};
+    problem p;
+    problem_make(&p, &c, seed);
+    const size_t n_lse = B * H * Tq, n_ctx = B * Tq * H * dv, n_out = B * Tq * Eo;
+    /* one call */
+    clattn_plan *full = NULL;
+    cr_assert_eq(tu_plan_create(dev, &p.d, &p.w, &full), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *out1 = tu_poisoned(n_out), *lse1 = tu_poisoned(n_lse), *ctx1 = tu_poisoned(n_ctx);
+    clattn_attention_args a1 = p.a;
+    a1.out = out1, a1.lse = lse1, a1.context = ctx1;
+    cr_assert_eq(tu_plan_execute(full, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    /* the shards */
+    float *ctxs[8], *lses[8];
+    size_t k0 = 0;
+    for (size_t s = 0; s < parts; s++) {
+        const size_t n = lens[s];
+        float *kv = malloc(B * n * Ekv * sizeof *kv), *o = tu_poisoned(n_out);
+        uint8_t *kpm = malloc(B * n), *mask = malloc(Tq * n);
+        for (size_t b = 0; b < B; b++) {
+            memcpy(kv + b * n * Ekv, p.a.kv + (b * Tk + k0) * Ekv, n * Ekv * sizeof *kv);
+            memcpy(kpm + b * n, p.kpm + b * Tk + k0, n);
+        }
+        for (size_t i = 0; i < Tq; i++) memcpy(mask + i * n, p.bmask + i * Tk + k0, n);
+        clattn_attention_desc d = p.d;
+        d.seq_kv = n;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        ctxs[s] = tu_poisoned(n_ctx), lses[s] = tu_poisoned(n_lse);
+        clattn_attention_args a = p.a;
+        a.kv = kv, a.key_padding_mask = kpm, a.attn_mask = mask, a.out = o, a.lse = lses[s], a.context = ctxs[s];
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "shard %zu: %s", s, clattn_last_error());
+        clattn_plan_free(plan);
+        free(kv); free(o); free(kpm); free(mask);
+        k0 += n;
+    }
+    float *ctx = tu_poisoned(n_ctx), *lse = tu_poisoned(n_lse);
+    cr_assert_eq(clattn_attention_merge(parts, (const float *const *)ctxs, (const float *const *)lses, B, Tq, H, dv,
+                                        ctx, lse),
+                 CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    char msg[256];
+    cr_assert_eq(tu_compare(ctx, ctx1, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: context: %s", parts,
+                 msg);
+    cr_assert_eq(tu_compare(lse, lse1, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: lse: %s", parts, msg);
+    /* and against the oracle: the last batch entry is fully masked (lse -inf, context 0) */
+    double *l64 = malloc(n_lse * sizeof *l64), *c64 = malloc(n_ctx * sizeof *c64);
+    cr_assert(l64 && c64);
+    cr_assert_eq(oracle_attention_stats(&p.d, &p.w, &p.a, NULL, NULL, l64, c64), 0);
+    cr_assert_eq(oracle_compare(ctx, c64, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "merged context: %s", msg);
+    cr_assert_eq(oracle_compare_nonfinite(lse, l64, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "merged lse: %s",
+                 msg);
+    cr_assert(isinf(lse[n_lse - 1]) && lse[n_lse - 1] < 0, "a fully masked row's lse is -inf, got %g", lse[n_lse - 1]);
+    /* the output projection of the merged context: the full call's out */
+    float *out = malloc(n_out * sizeof *out);
+    for (size_t r = 0; r < B * Tq; r++)
+        for (size_t e = 0; e < Eo; e++) {
+            double s = p.w.b_out[e];
+            for (size_t k = 0; k < H * dv; k++) s += (double)ctx[r * H * dv + k] * p.w.w_out[e * H * dv + k];
+            out[r * Eo + e] = (float)s;
+        }
+    cr_assert_eq(tu_compare(out, out1, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: out: %s", parts, msg);
+    for (size_t s = 0; s < parts; s++) free(ctxs[s]), free(lses[s]);
+    free(out); free(ctx); free(lse); free(l64); free(c64); free(out1); free(lse1); free(ctx1);
+    clattn_plan_free(full);
+    problem_free(&p);
+}
+
+Test(train, merge_shards)
+{
+    static const size_t one[] = {61}, two[] = {30, 31}, five[] = {13, 1, 20, 7, 20};
+    clattn_device *devs[2] = {ref_dev, cl_dev};
+    for (int i = tu_forced_core_of(CLATTN_CORE_PREFILL) ? 1 : 0; i < 2; i++) {
+        check_shards(devs[i], 1, one, 500);
+        check_shards(devs[i], 2, two, 501);
+        check_shards(devs[i], 5, five, 502);
+    }
+}
+
+/* The merge's own rules: rows no shard saw a key of, a NaN row, the weights exp(lse_p - L) at large lse, and its
+ * refusals (nothing written). */
+Test(train, merge_rules)
+{
+    /* B=1 Tq=3 H=1 dv=2; row 0: two shards with lse 1000 and 1000+log 3 (weights 1/4, 3/4); row 1: both -inf;
+     * row 2: a NaN lse */
+    const float o0[] = {1, 2, 5, 6, 1, 1}, o1[] = {3, 4, 7, 8, 1, 1};
+    const float l0[] = {1000.0f, -INFINITY, NAN}, l1[] = {1000.0f + logf(3.0f), -INFINITY, 0.0f};
+    const float *outs[] = {o0, o1}, *lses[] = {l0, l1};
+    float out[6], lse[3];
+    for (int i = 0; i < 6; i++) out[i] = NAN;
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 3, 1, 2, out, lse), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    cr_assert_float_eq(out[0], 0.25f * 1 + 0.75f * 3, 1e-5);
+    cr_assert_float_eq(out[1], 0.25f * 2 + 0.75f * 4, 1e-5);
+    cr_assert_float_eq(lse[0], 1000.0f + logf(4.0f), 1e-3);
+    cr_assert(out[2] == 0.0f && out[3] == 0.0f && isinf(lse[1]) && lse[1] < 0, "unseen row: %g %g %g", out[2], out[3],
+              lse[1]);
+    cr_assert(isnan(out[4]) && isnan(out[5]) && isnan(lse[2]), "NaN row: %g %g %g", out[4], out[5], lse[2]);
+    /* either output alone */
+    float lse_only[3];
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 3, 1, 2, NULL, lse_only), CLATTN_STATUS_SUCCESS);
+    cr_assert_float_eq(lse_only[0], lse[0], 0);
+    /* refusals */
+    float keep[6];
+    for (int i = 0; i < 6; i++) keep[i] = out[i] = -7.0f;
+    cr_assert_eq(clattn_attention_merge(0, outs, lses, 1, 3, 1, 2, out, lse), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_attention_merge(2, NULL, lses, 1, 3, 1, 2, out, lse), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 3, 1, 2, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 0, 1, 2, out, lse), CLATTN_STATUS_INVALID_ARGUMENT);
+    const float *holes[] = {o0, NULL};
+    cr_assert_eq(clattn_attention_merge(2, holes, lses, 1, 3, 1, 2, out, lse), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "part 1"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 3, 1, 2, (float *)o1, lse), CLATTN_STATUS_INVALID_ARGUMENT,
+                 "an output over an input is refused");
+    cr_assert_eq(clattn_attention_merge(2, outs, lses, SIZE_MAX / 2, 3, 1, 2, out, lse), CLATTN_STATUS_SIZE_OVERFLOW);
+    cr_assert(!memcmp(out, keep, sizeof out), "a refused merge wrote its output");
+}
+
+/* ---- what a training plan refuses, and what other plans refuse */
+
+Test(train, refusals)
+{
+    tu_rng r = {9};
+    const size_t B = 1, T = 5, E = 8, H = 2;
+    float *x = tu_random(&r, B * T * E, -1, 1), *out = tu_poisoned(B * T * E), *lse = tu_poisoned(B * H * T);
+    float *ctx = tu_poisoned(B * T * E);
+    clattn_device *devs[2] = {ref_dev, cl_dev};
+    for (int i = 0; i < 2; i++) {
+        clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = H};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(devs[i], &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        /* lse or context from a plan made without training: refused, not ignored */
+        clattn_attention_args a = {.x = x, .out = out, .lse = lse};
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "training"), "%s", clattn_last_error());
+        a.lse = NULL, a.context = ctx;
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+        for (size_t k = 0; k < B * T * E; k++) cr_assert(isnan(out[k]), "out written by a refused call");
+        clattn_plan_free(plan);
+        /* wrong counts are refused */
+        d.training = 1;
+        cr_assert_eq(tu_plan_create(devs[i], &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_attention_args c = {.x = x, .out = out, .lse = lse, .lse_count = B * H * T - 1};
+        cr_assert_eq(tu_plan_execute(plan, &c), CLATTN_STATUS_SHAPE_MISMATCH, "%s", clattn_last_error());
+        c.lse_count = 0, c.context = ctx, c.context_count = B * T * E + 1;
+        cr_assert_eq(tu_plan_execute(plan, &c), CLATTN_STATUS_SHAPE_MISMATCH, "%s", clattn_last_error());
+        clattn_plan_free(plan);
+        /* training is 0 or 1; not with half K/V or TF32 products */
+        d.training = 2;
+        cr_assert_eq(tu_plan_create(devs[i], &d, NULL, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+        d.training = 1, d.kv_half = 1;
+        cr_assert_eq(tu_plan_create(devs[i], &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+        d.kv_half = 0, d.precision = CLATTN_PRECISION_TF32;
+        cr_assert_eq(tu_plan_create(devs[i], &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert_null(plan);
+        /* decode plans do not train */
+        d.precision = CLATTN_PRECISION_FP32, d.causal = 1;
+        clattn_decode_plan *dp = NULL;
+        cr_assert_neq(tu_decode_plan_create(devs[i], &d, NULL, &dp), CLATTN_STATUS_SUCCESS);
+        cr_assert(strstr(clattn_last_error(), "training"), "%s", clattn_last_error());
+        cr_assert_null(dp);
+    }
+    free(x); free(out); free(lse); free(ctx);
+}
+
+/* The buffer form: lse and context into caller buffers at offsets, the rest of those buffers untouched. */
+Test(train, buffers_at_offsets)
+{
+    const config c = {2, 61, 0, 16, 0, 4, 2, 4, 6, 8, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0};
+    problem p;
+    problem_make(&p, &c, 600);
+    const size_t B = 2, Tq = 61, E = 16, H = 4, dv = 6, Eo = 8;
+    const size_t n_x = B * Tq * E, n_out = B * Tq * Eo, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv, off = 37;
+    double *o64 = malloc(n_out * sizeof *o64), *l64 = malloc(n_lse * sizeof *l64), *c64 = malloc(n_ctx * sizeof *c64);
+    cr_assert_eq(oracle_attention_stats(&p.d, &p.w, &p.a, o64, NULL, l64, c64), 0);
+    for (int alg = 0; alg < 2; alg++) {
+        clattn_attention_desc d = p.d;
+        d.algorithm = alg ? CLATTN_ALGORITHM_UNFUSED : CLATTN_ALGORITHM_FUSED;
+        if (!tu_core_applies(d.algorithm, 0)) continue;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(cl_dev, &d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cl_context ctx = clattn_device_context(cl_dev);
+        cl_command_queue q = clattn_device_queue(cl_dev);
+        const size_t n[5] = {n_x, B * Tq, n_out, n_lse, n_ctx};
+        cl_mem m[5];
+        float *host[5];
+        for (int i = 0; i < 5; i++) {
+            cl_int err;
+            m[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (off + n[i] + 5) * 4, NULL, &err);
+            cr_assert_eq(err, CL_SUCCESS);
+            host[i] = tu_poisoned(off + n[i] + 5);
+        }
+        memcpy(host[0] + off, p.a.x, n_x * 4);
+        memcpy(host[1], p.kpm, B * Tq); /* the mask's bytes at offset 0 of its buffer */
+        for (int i = 0; i < 5; i++)
+            cr_assert_eq(clEnqueueWriteBuffer(q, m[i], CL_TRUE, 0, (off + n[i] + 5) * 4, host[i], 0, NULL, NULL),
+                         CL_SUCCESS);
+        clattn_attention_buffers bufs = {.x = {m[0], off}, .key_padding_mask = {m[1], 0}, .out = {m[2], off},
+                                         .lse = {m[3], off}, .context = {m[4], off}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &bufs, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        char msg[256];
+        for (int i = 2; i < 5; i++) {
+            float *got = malloc((off + n[i] + 5) * 4);
+            cr_assert_eq(clEnqueueReadBuffer(q, m[i], CL_TRUE, 0, (off + n[i] + 5) * 4, got, 0, NULL, NULL),
+                         CL_SUCCESS);
+            for (size_t k = 0; k < off; k++) cr_assert(isnan(got[k]), "buffer %d written before its offset", i);
+            for (size_t k = 0; k < 5; k++) cr_assert(isnan(got[off + n[i] + k]), "buffer %d written past its end", i);
+            const double *want = i == 2 ? o64 : i == 3 ? l64 : c64;
+            size_t bad = oracle_compare_nonfinite(got + off, want, n[i], TU_ATOL, TU_RTOL, msg, sizeof msg);
+            cr_assert_eq(bad, 0, "%s buffer %d: %s", clattn_plan_core(plan), i, msg);
+            free(got);
+        }
+        /* the buffers' overlap is refused */
+        clattn_attention_buffers over = bufs;
+        over.lse = (clattn_buffer){m[2], off}; /* lse over out */
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &over, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        for (int i = 0; i < 5; i++) clReleaseMemObject(m[i]), free(host[i]);
+        clattn_plan_free(plan);
+    }
+    free(o64); free(l64); free(c64);
+    problem_free(&p);
+}
+
+/* ---- the backward pass */
+
+#define GRAD_ATOL 1e-4
+#define GRAD_RTOL 1e-3
+
+/* Every gradient the problem has, from the plan on dev (alg), against the oracle's float64 gradients. With
+ * `saved`, the forward's lse and context (from the same plan) go in; else the backward recomputes them. */
+static void check_backward_on(const problem *p, clattn_device *dev, clattn_algorithm alg, int saved, uint64_t seed,
+                              const char *what)
+{
+    clattn_attention_desc d = p->d;
+    d.algorithm = alg;
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &p->w, &plan);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s", what, clattn_last_error());
+    clattn_plan_desc(plan, &d);
+    const size_t B = d.batch, Tq = d.seq_q, Tk = d.seq_kv, E = d.embed, Ekv = d.kv_embed, H = d.heads;
+    const size_t HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
+    tu_rng rng = {seed};
+    float *dout = tu_random(&rng, B * Tq * ow, -1.0f, 1.0f);
+    /* the gradients and their sizes: x, kv, wq, wk, wv, bq, bk, bv, wo, bo */
+    const size_t n[10] = {B * Tq * E, B * Tk * Ekv, H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk, HK * dv,
+                          d.out_dim * H * dv, d.out_dim};
+    const int has[10] = {1, d.cross, p->w.w_query != NULL, p->w.w_key != NULL, p->w.w_value != NULL,
+                         p->w.b_query != NULL, p->w.b_key != NULL, p->w.b_value != NULL, p->w.w_out != NULL,
+                         p->w.b_out != NULL};
+    static const char *names[10] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
+                                    "b_out"};
+    float *got[10] = {0};
+    double *want[10] = {0};
+    for (int i = 0; i < 10; i++)
+        if (has[i]) got[i] = tu_poisoned(n[i]), want[i] = malloc(n[i] * sizeof(double));
+    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9]};
+    cr_assert_eq(oracle_attention_backward(&p->d, &p->w, &p->a, dout, &og), 0);
+    clattn_attention_grads g = {.grad_out = dout, .grad_x = got[0], .grad_kv = got[1], .grad_w_query = got[2],
+                                .grad_w_key = got[3], .grad_w_value = got[4], .grad_b_query = got[5],
+                                .grad_b_key = got[6], .grad_b_value = got[7], .grad_w_out = got[8],
+                                .grad_b_out = got[9]};
+    g.grad_out_count = B * Tq * ow;
+    size_t *counts[10] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+                          &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count, &g.grad_b_value_count,
+                          &g.grad_w_out_count, &g.grad_b_out_count};
+    for (int i = 0; i < 10; i++) *counts[i] = has[i] ? n[i] : 0;
+    float *lse = NULL, *ctx = NULL, *out = NULL;
+    if (saved) {
+        lse = tu_poisoned(B * H * Tq), ctx = tu_poisoned(B * Tq * H * dv), out = tu_poisoned(B * Tq * ow);
+        clattn_attention_args fa = p->a;
+        fa.out = out, fa.lse = lse, fa.context = ctx;
+        cr_assert_eq(tu_plan_execute(plan, &fa), CLATTN_STATUS_SUCCESS, "%s forward: %s", what, clattn_last_error());
+        g.lse = lse, g.context = ctx, g.lse_count = B * H * Tq, g.context_count = B * Tq * H * dv;
+    }
+    clattn_attention_args a = p->a;
+    tu_count_args(plan, &a);
+    st = clattn_plan_backward(plan, &a, &g);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s backward: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    char msg[256];
+    for (int i = 0; i < 10; i++) {
+        if (!has[i]) continue;
+        const size_t bad = oracle_compare(got[i], want[i], n[i], GRAD_ATOL, GRAD_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "%s (%s%s) grad_%s: %zu of %zu differ; %s", what, clattn_plan_core(plan),
+                     saved ? ", saved statistics" : "", names[i], bad, n[i], msg);
+    }
+    /* a fully masked batch entry (the problems' last, with a key padding mask and self-attention): x reaches
+     * the output only through rows with no visible key, so its gradient is exactly 0 */
+    if (p->kpm && B > 1 && !d.cross)
+        for (size_t k = (B - 1) * Tq * E; k < B * Tq * E; k++)
+            cr_assert(got[0][k] == 0.0f, "%s: grad_x[%zu] = %g in a fully masked batch entry", what, k, got[0][k]);
+    for (int i = 0; i < 10; i++) free(got[i]), free(want[i]);
+    free(dout); free(lse); free(ctx); free(out);
+    clattn_plan_free(plan);
+}
+
+static void check_backward(const config *c, uint64_t seed)
+{
+    problem p;
+    problem_make(&p, c, seed);
+    if (!tu_forced_core_of(CLATTN_CORE_PREFILL)) {
+        check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 0, seed, "ref");
+        check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 1, seed, "ref");
+    }
+    problem_free(&p);
+}
+
+/* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout */
+Test(train, backward_shapes)
+{
+    static const config cfgs[] = {
+        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0},
+        {1, 130, 0, 16, 0, 2, 0, 64, 64, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {1, 7, 0, 16, 0, 1, 0, 128, 128, 8, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 700 + i);
+}
+
+Test(train, backward_masks_cross)
+{
+    static const config cfgs[] = {
+        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0},
+        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0},
+        {2, 5, 13, 8, 6, 2, 0, 4, 3, 7, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0},
+        {2, 7, 61, 8, 5, 2, 0, 3, 4, 0, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 800 + i);
+}
+
+Test(train, backward_gqa_window_dropout)
+{
+    static const config cfgs[] = {
+        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f},
+        {2, 9, 11, 12, 7, 3, 0, 4, 4, 5, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.5f},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 900 + i);
+}
+
+/* The oracle's backward against its own forward, by central differences on tiny shapes: L = sum(out o dOut),
+ * each input element moved by h = 2^-10 (exact in float for |x| < 2), (L+ - L-) / 2h against dL/dx. */
+static double loss(const clattn_attention_desc *d, const clattn_attention_weights *w, const clattn_attention_args *a,
+                   const float *dout, size_t n_out)
+{
+    double *o = malloc(n_out * sizeof *o), L = 0.0;
+    cr_assert_eq(oracle_attention(d, w, a, o, NULL), 0);
+    for (size_t i = 0; i < n_out; i++) L += o[i] * dout[i];
+    free(o);
+    return L;
+}
+
+Test(train, oracle_backward_finite_differences)
+{
+    static const config cfgs[] = {
+        {2, 5, 0, 6, 0, 2, 0, 3, 2, 4, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f},
+        {1, 4, 6, 4, 5, 2, 1, 3, 3, 3, 0, 1, 0, 1, 0, CLATTN_MASK_BOOL, 0},
+    };
+    for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
+        problem p;
+        problem_make(&p, &cfgs[t], 950 + t);
+        const config *c = &cfgs[t];
+        const size_t Tk = c->cross ? c->Tk : c->Tq, Ekv = c->cross ? c->Ekv : c->E, HK = c->HK ? c->HK : c->H;
+        const size_t n_out = c->B * c->Tq * c->Eo;
+        tu_rng rng = {960 + t};
+        float *dout = tu_random(&rng, n_out, -1, 1);
+        const size_t n[6] = {c->B * c->Tq * c->E, c->B * Tk * Ekv, c->H * c->dk * c->E, HK * c->dv * Ekv,
+                             c->Eo * c->H * c->dv, HK * c->dk};
+        float *in[6] = {(float *)p.a.x, (float *)p.a.kv, (float *)p.w.w_query, (float *)p.w.w_value,
+                        (float *)p.w.w_out, (float *)p.w.b_key};
+        double *want[6];
+        for (int i = 0; i < 6; i++) want[i] = malloc(n[i] * sizeof(double));
+        oracle_grads og = {.x = want[0], .kv = c->cross ? want[1] : NULL, .w_query = want[2], .w_value = want[3],
+                           .w_out = want[4], .b_key = want[5]};
+        cr_assert_eq(oracle_attention_backward(&p.d, &p.w, &p.a, dout, &og), 0);
+        const double h = 1.0 / 1024;
+        for (int i = 0; i < 6; i++) {
+            if (!in[i]) continue;
+            for (size_t k = 0; k < n[i]; k++) {
+                const float keep = in[i][k];
+                in[i][k] = keep + (float)h;
+                const double lp = loss(&p.d, &p.w, &p.a, dout, n_out);
+                in[i][k] = keep - (float)h;
+                const double lm = loss(&p.d, &p.w, &p.a, dout, n_out);
+                in[i][k] = keep;
+                const double fd = (lp - lm) / (2 * h);
+                cr_assert(fabs(fd - want[i][k]) <= 1e-5 + 1e-4 * fabs(want[i][k]), "case %zu input %d element %zu: "
+                          "finite difference %.9g, oracle backward %.9g", t, i, k, fd, want[i][k]);
+            }
+        }
+        for (int i = 0; i < 6; i++) free(want[i]);
+        free(dout);
+        problem_free(&p);
+    }
+}
+
+/* What the backward refuses, before it writes anything. */
+Test(train, backward_refusals)
+{
+    const config c = {2, 5, 7, 8, 6, 2, 0, 4, 4, 8, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0};
+    problem p;
+    problem_make(&p, &c, 990);
+    const size_t B = 2, Tq = 5, E = 8;
+    float *dout = tu_random(&(tu_rng){991}, B * Tq * 8, -1, 1), *gx = tu_poisoned(B * Tq * E);
+    float *junk = tu_poisoned(4096);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(ref_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_args a = p.a;
+    tu_count_args(plan, &a);
+    const clattn_attention_grads ok = {.grad_out = dout, .grad_out_count = B * Tq * 8, .grad_x = gx,
+                                       .grad_x_count = B * Tq * E};
+    clattn_attention_grads g = ok;
+    g.grad_out = NULL;
+    cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    g = ok, g.grad_out_count--;
+    cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_SHAPE_MISMATCH);
+    g = ok, g.grad_b_out = junk, g.grad_b_out_count = 8; /* the plan has no b_out */
+    cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "b_out"), "%s", clattn_last_error());
+    g = ok, g.lse = junk, g.lse_count = 2 * 2 * 5; /* lse without context */
+    cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    g = ok;
+    clattn_attention_args wo = a;
+    wo.out = junk, wo.out_count = B * Tq * 8; /* an output among the backward's inputs */
+    cr_assert_eq(clattn_plan_backward(plan, &wo, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    wo = a, wo.kv = NULL, wo.kv_count = 0;
+    cr_assert_eq(clattn_plan_backward(plan, &wo, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_backward(plan, &a, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_backward(NULL, &a, &g), CLATTN_STATUS_INVALID_ARGUMENT);
+    for (size_t k = 0; k < B * Tq * E; k++) cr_assert(isnan(gx[k]), "grad_x written by a refused call");
+    clattn_plan_free(plan);
+    /* a plan made without training has no backward */
+    clattn_attention_desc d = p.d;
+    d.training = 0;
+    cr_assert_eq(tu_plan_create(ref_dev, &d, &p.w, &plan), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_plan_backward(plan, &a, &ok), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "training"), "%s", clattn_last_error());
+    clattn_plan_free(plan);
+    /* OpenCL plans: no backward core yet, said (never a silent host fallback) */
+    cr_assert_eq(tu_plan_create(cl_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_backward(plan, &a, &ok), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "backward"), "%s", clattn_last_error());
+    for (size_t k = 0; k < B * Tq * E; k++) cr_assert(isnan(gx[k]), "grad_x written by a refused call");
+    clattn_plan_free(plan);
+    free(dout); free(gx); free(junk);
+    problem_free(&p);
+}
