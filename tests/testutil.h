@@ -69,7 +69,7 @@ typedef struct tu_case {
     clattn_attention_args args;   /* x, kv, masks set; out/attn not */
     size_t out_count, attn_count;
 } tu_case;
-/* Returns 0 on success; on failure writes why into msg. */
+/* Returns 0 on success; on failure writes why into msg. A name starting with '/' is the case's directory. */
 int tu_case_load(const char *name, tu_case *c, char *msg, size_t len);
 void tu_case_free(tu_case *c);
 /* Names of all golden cases (sorted); returns the count. names[i] are static storage. */

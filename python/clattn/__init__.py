@@ -453,7 +453,7 @@ class Attention(_Shaped, _PlanCached):
                 opts.append(f"{name}={v!r}")
         return f"clattn.Attention({', '.join(opts)}, device={self.device!r})"
 
-    def _plan(self, B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal):
+    def _plan(self, B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal, training=False):
         wt = self._wt
 
         def make():
@@ -464,12 +464,15 @@ class Attention(_Shaped, _PlanCached):
                                    scale=self.scale, dropout=self.dropout, seed=self.seed,
                                    layout=_layout_code(wt.layout), algorithm=_lib.ALGORITHMS[self.algorithm],
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
-                                   kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision])
+                                   kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision],
+                                   training=int(training))
             return _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
 
-        return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal), make)
+        return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal, training), make)
 
-    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names):
+    def _inputs(self, x, kv, key_padding_mask, attn_mask, names):
+        """The call's inputs checked and converted: (kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk,
+        Ekv)."""
         xn, kvn = names
         kind, x3, batched = _batched(xn, x, self.batch_first)
         B, Tq, E = x3.shape
@@ -492,6 +495,12 @@ class Attention(_Shaped, _PlanCached):
         if attn_mask is not None:
             am_kind, mask = _a.mask("attn_mask", attn_mask, (Tq, Tk), True, "True = not allowed")
             mask_kind = _lib.MASK_BOOL if am_kind == "bool" else _lib.MASK_FLOAT
+        return kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv
+
+    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names):
+        kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(x, kv, key_padding_mask,
+                                                                                       attn_mask, names)
+        cross = kv3 is not None
         need_weights = bool(need_weights)
         plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, need_weights, causal)
         width = _lib.plan_out_width(plan.handle)
@@ -524,6 +533,49 @@ class Attention(_Shaped, _PlanCached):
             kv = None
         out, weights, kind = self._run(x, kv, key_padding_mask, attn_mask, need_weights, self.causal, ("x", "kv"))
         return kind.out(out), kind.out(weights)
+
+    def backward(self, x: Any, grad_out: Any, kv: Any = None, *, key_padding_mask: Any = None,
+                 attn_mask: Any = None) -> Dict[str, np.ndarray]:
+        """The gradients of a loss through attn(x, kv, ...) from grad_out = dLoss/dout (the shape of out), for the
+        same inputs, weights and dropout seed (dropout keeps exactly the forward's weights): a dict with "x", "kv"
+        (cross-attention), and each weight and bias the module has ("w_query", ..., "b_out", in its layout), as
+        float32 NumPy arrays of their inputs' shapes. Masks get no gradient; a row that sees no key contributes
+        nothing. Batched (B, T, E) inputs only. Computed by the device's backward pass: the ref device has one; an
+        OpenCL device raises UnsupportedError until clattn has an OpenCL backward core."""
+        if kv is x:
+            kv = None
+        kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(
+            x, kv, key_padding_mask, attn_mask, ("x", "kv"))
+        if not batched:
+            _shape("backward: x must be batched (B, T, E)")
+        cross = kv3 is not None
+        plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, False, self.causal, training=True)
+        width = _lib.plan_out_width(plan.handle)
+        dout = _a.floats("grad_out", grad_out, ndim=3)
+        if dout is None:
+            _invalid("grad_out: required")
+        if not self.batch_first:
+            dout = np.ascontiguousarray(dout.transpose(1, 0, 2))
+        if dout.shape != (B, Tq, width):
+            _shape(f"grad_out: shape {dout.shape}, but out is {(B, Tq, width)}")
+        wt = self._wt
+        shapes = dict(x=x3.shape, kv=kv3.shape if cross else None)
+        for k, v in {**wt.w, **wt.b}.items():
+            shapes[k] = v.shape if v is not None else None
+        grads = {k: np.full(shp, np.nan, dtype=np.float32) for k, shp in shapes.items() if shp is not None}
+        arrays = dict(x=x3, kv=kv3, key_padding_mask=kpm, attn_mask=mask)
+        args = _lib.AttentionArgs(x=_a.pointer(x3), kv=_a.pointer(kv3), key_padding_mask=_a.pointer(kpm, ctypes.c_uint8),
+                                  attn_mask=None if mask is None else mask.ctypes.data_as(ctypes.c_void_p),
+                                  **{k + "_count": _a.count(v) for k, v in arrays.items()})
+        g = _lib.AttentionGrads(grad_out=_a.pointer(dout), grad_out_count=_a.count(dout),
+                                **{"grad_" + k: _a.pointer(v) for k, v in grads.items()},
+                                **{"grad_" + k + "_count": _a.count(v) for k, v in grads.items()})
+        _check(_lib.plan_backward(plan.handle, ctypes.byref(args), ctypes.byref(g)), "running the backward pass")
+        if not self.batch_first:
+            grads["x"] = np.ascontiguousarray(grads["x"].transpose(1, 0, 2))
+            if "kv" in grads:
+                grads["kv"] = np.ascontiguousarray(grads["kv"].transpose(1, 0, 2))
+        return grads
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
                 attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> Tuple[Any, Any]:

@@ -73,6 +73,15 @@ class AttentionArgs(Structure):
         ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t)]
 
 
+GRAD_NAMES = ("x", "kv") + WEIGHT_NAMES  # the differentiable inputs, in clattn_attention_grads' order
+
+
+class AttentionGrads(Structure):
+    _fields_ = [("grad_out", c_float_p), ("lse", c_float_p), ("context", c_float_p)] + [
+        ("grad_" + n, c_float_p) for n in GRAD_NAMES] + [
+        (n + "_count", c_size_t) for n in ("grad_out", "lse", "context") + tuple("grad_" + n for n in GRAD_NAMES)]
+
+
 class EncoderDesc(Structure):
     _fields_ = [("attn", AttentionDesc), ("ff_dim", c_size_t), ("activation", c_int), ("norm_first", c_int),
                 ("eps", c_float)]
@@ -148,6 +157,7 @@ plan_create = _fn("clattn_plan_create", c_int, c_void_p, POINTER(AttentionDesc),
                   POINTER(c_void_p))
 plan_free = _fn("clattn_plan_free", None, c_void_p)
 plan_execute = _fn("clattn_plan_execute", c_int, c_void_p, POINTER(AttentionArgs))
+plan_backward = _fn("clattn_plan_backward", c_int, c_void_p, POINTER(AttentionArgs), POINTER(AttentionGrads))
 plan_algorithm = _fn("clattn_plan_algorithm", c_int, c_void_p)
 plan_out_width = _fn("clattn_plan_out_width", c_size_t, c_void_p)
 plan_desc = _fn("clattn_plan_desc", c_int, c_void_p, POINTER(AttentionDesc))

@@ -97,13 +97,15 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
         pytest.skip("no C compiler to check the layouts against")
     src = tmp_path / "sizes.c"
     src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "clattn.h"\nint main(void) {\n'
-                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
+                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
                    'sizeof(clattn_attention_desc), sizeof(clattn_attention_weights), sizeof(clattn_attention_args), '
                    'sizeof(clattn_encoder_desc), sizeof(clattn_encoder_weights), sizeof(clattn_encoder_args), '
                    'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps), '
                    'sizeof(clattn_kv_cache_desc), sizeof(clattn_decode_args), offsetof(clattn_attention_desc, kv_half),'
                    ' sizeof(clattn_core_info), offsetof(clattn_core_info, default_for),'
-                   ' offsetof(clattn_attention_desc, precision), offsetof(clattn_core_info, emulated));'
+                   ' offsetof(clattn_attention_desc, precision), offsetof(clattn_core_info, emulated),'
+                   ' offsetof(clattn_attention_desc, training), sizeof(clattn_attention_grads),'
+                   ' offsetof(clattn_attention_grads, grad_out_count));'
                    '\nreturn 0; }\n')
     exe = tmp_path / "sizes"
     r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", str(exe)],
@@ -116,7 +118,8 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
             ctypes.sizeof(_lib.EncoderArgs), _lib.AttentionDesc.seed.offset, _lib.EncoderDesc.eps.offset,
             ctypes.sizeof(_lib.KVCacheDesc), ctypes.sizeof(_lib.DecodeArgs), _lib.AttentionDesc.kv_half.offset,
             ctypes.sizeof(_lib.CoreInfo), _lib.CoreInfo.default_for.offset, _lib.AttentionDesc.precision.offset,
-            _lib.CoreInfo.emulated.offset]
+            _lib.CoreInfo.emulated.offset, _lib.AttentionDesc.training.offset, ctypes.sizeof(_lib.AttentionGrads),
+            _lib.AttentionGrads.grad_out_count.offset]
     assert got == want
 
 
@@ -430,3 +433,48 @@ def test_gqa_window_attention_and_decoder(device):
         dec(x[:, :9])  # more than max_new_tokens
     with pytest.raises(clattn.Error):
         clattn.Attention(H, kv_heads=3, w_query=wq, w_key=wk, w_value=wv)
+
+
+# ---------------------------------------------------------------- backward (clattn 0.5)
+def test_backward_matches_torch_autograd():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(26)
+    B, T, E, H = 2, 7, 12, 3
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).double()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(torch.randn(p.shape, dtype=torch.float64) * 0.4)
+    x32 = torch.randn(B, T, E).float()
+    dout32 = torch.randn(B, T, E).float()
+    kpm = np.zeros((B, T), dtype=bool)
+    kpm[1, 4:] = True
+    x = x32.double().requires_grad_(True)
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    out, _ = mha(x, x, x, key_padding_mask=torch.from_numpy(kpm), attn_mask=causal, need_weights=False)
+    (out * dout32.double()).sum().backward()
+    wq, wk, wv = (w.detach().float().numpy() for w in mha.in_proj_weight.chunk(3))
+    bq, bk, bv = (b.detach().float().numpy() for b in mha.in_proj_bias.chunk(3))
+    attn = clattn.Attention(H, w_query=wq, w_key=wk, w_value=wv, b_query=bq, b_key=bk, b_value=bv,
+                            w_out=mha.out_proj.weight.detach().float().numpy(),
+                            b_out=mha.out_proj.bias.detach().float().numpy(), causal=True, device="ref")
+    g = attn.backward(x32.numpy(), dout32.numpy(), key_padding_mask=kpm)
+    assert sorted(g) == ["b_key", "b_out", "b_query", "b_value", "w_key", "w_out", "w_query", "w_value", "x"]
+    gq, gk, gv = (t.numpy() for t in mha.in_proj_weight.grad.chunk(3))
+    gbq, gbk, gbv = (t.numpy() for t in mha.in_proj_bias.grad.chunk(3))
+    want = dict(x=x.grad.numpy(), w_query=gq, w_key=gk, w_value=gv, b_query=gbq, b_key=gbk, b_value=gbv,
+                w_out=mha.out_proj.weight.grad.numpy(), b_out=mha.out_proj.bias.grad.numpy())
+    for k, v in want.items():
+        np.testing.assert_allclose(g[k], v, rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def test_backward_refusals():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 5, 8), dtype=np.float32)
+    attn = clattn.Attention(2, device="ref")
+    g = attn.backward(x, np.ones((1, 5, 8), np.float32))
+    assert sorted(g) == ["x"] and g["x"].shape == (1, 5, 8) and np.isfinite(g["x"]).all()
+    with pytest.raises(clattn.ShapeMismatchError):
+        attn.backward(x, np.ones((1, 5, 7), np.float32))
+    if len(clattn.devices()) > 1:  # an OpenCL device
+        with pytest.raises(clattn.UnsupportedError, match="backward"):
+            clattn.Attention(2, device="opencl").backward(x, np.ones((1, 5, 8), np.float32))
