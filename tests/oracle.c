@@ -28,6 +28,24 @@ static void copy_to_double(const float *a, size_t n, double *y)
     for (size_t i = 0; i < n; i++) y[i] = a[i];
 }
 
+/* Q (B*Tq, H*dk), K (B*Tk, HK*dk), V (B*Tk, HK*dv): the projections of x and kv (or x), or the inputs themselves
+ * without weights. */
+static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
+                        const clattn_attention_args *args, size_t B, size_t Tq, size_t Tk, size_t E, size_t Ekv,
+                        size_t H, size_t HK, size_t dk, size_t dv, double *q, double *k, double *v)
+{
+    const float *src_kv = d->cross ? args->kv : args->x;
+    if (w && w->w_query) {
+        linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, HK * dk, d->layout, k);
+        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, HK * dv, d->layout, v);
+    } else {
+        copy_to_double(args->x, B * Tq * E, q);
+        copy_to_double(src_kv, B * Tk * Ekv, k);
+        copy_to_double(src_kv, B * Tk * Ekv, v);
+    }
+}
+
 double oracle_half(double x)
 {
     if (isnan(x) || isinf(x)) return x;
@@ -56,7 +74,6 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
     const size_t dk = d->head_dim_qk ? d->head_dim_qk : E / H;
     const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
     const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
-    const float *src_kv = d->cross ? args->kv : args->x;
     /* descriptions the library refuses are not computed here either (no silent garbage) */
     if (!proj && (E % H != 0 || Ekv != E)) return -1;
     if (proj && d->head_dim_qk == 0) return -1;
@@ -74,15 +91,7 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
         return -1;
     }
     /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
-    if (proj) {
-        linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, HK * dk, d->layout, k);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, HK * dv, d->layout, v);
-    } else {
-        copy_to_double(args->x, B * Tq * E, q);
-        copy_to_double(src_kv, B * Tk * Ekv, k);
-        copy_to_double(src_kv, B * Tk * Ekv, v);
-    }
+    project_qkv(d, w, args, B, Tq, Tk, E, Ekv, H, HK, dk, dv, q, k, v);
     if (d->kv_half) {
         for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_half(k[n]);
         for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_half(v[n]);
@@ -322,15 +331,7 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
     double *dP = malloc((Tk ? Tk : 1) * sizeof *dP);
     int rc = -1;
     if (!q || !k || !v || !ctx || !P || !M || !dctx || !dq || !dk_ || !dv_ || !dP) goto done;
-    if (proj) {
-        linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_key, w->b_key, HK * dk, d->layout, k);
-        linear(src_kv, NULL, B * Tk, Ekv, w->w_value, w->b_value, HK * dv, d->layout, v);
-    } else {
-        copy_to_double(args->x, B * Tq * E, q);
-        copy_to_double(src_kv, B * Tk * Ekv, k);
-        copy_to_double(src_kv, B * Tk * Ekv, v);
-    }
+    project_qkv(d, w, args, B, Tq, Tk, E, Ekv, H, HK, dk, dv, q, k, v);
     {
         clattn_attention_desc d2 = *d;
         d2.dropout = 0.0f; /* P before dropout, M apart */

@@ -95,6 +95,10 @@ clattn_status clattn_plan_create_device_resident(clattn_device *device, const cl
  * array), naming owner.name, both numbers and `how` the wanted one comes from the description. */
 clattn_status clattn_count_check(const char *owner, const char *name, const void *p, size_t count, size_t want,
                                  const char *how);
+/* The counts of the eight weight-shaped arrays (w_query, w_key, w_value, b_query, b_key, b_value, w_out, b_out, in
+ * that order) against the resolved description d, as clattn_count_check: "owner.<prefix><name>" in messages. */
+clattn_status clattn_weight_counts_check(const clattn_attention_desc *d, const char *owner, const char *prefix,
+                                         const void *const arrays[8], const size_t counts[8]);
 /* args' inputs against the plan (x, kv, the masks: given as the description declares, with their counts); the
  * outputs are the caller's to check (execution, backward). */
 clattn_status clattn_plan_check_inputs(const struct clattn_plan *plan, const clattn_attention_args *args);
@@ -138,6 +142,15 @@ clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const 
 /* y (rows, n) = a (rows, k) w^T + bias; w (n, k) in nn.Linear layout, bias (n) or NULL. */
 void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n,
                        float *y);
+/* The CPU reference's shared steps (ref_common.c). Q (B, Tq, H*dk), K (B, Tk, HK*dk), V (B, Tk, HK*dv), token-major
+ * with head h at columns h*d: the projections of args' x and kv (or the inputs themselves), K and V rounded to half
+ * with kv_half. */
+void clattn_ref_qkv(const struct clattn_plan *plan, const clattn_attention_args *args, float *Q, float *K, float *V);
+/* s (Tk) = query row (b, h, i)'s scaled scores plus the float mask, -inf where the key is hidden (causal, window,
+ * key padding, boolean mask); returns the largest score that is not NaN (-inf with none) and sets *any_nan when a
+ * score is NaN. */
+double clattn_ref_scores(const struct clattn_plan *plan, const clattn_attention_args *args, const float *Q,
+                         const float *K, size_t b, size_t h, size_t i, double *s, int *any_nan);
 /* Run a validated plan's attention on the CPU. out (B, Tq, out_width), attn (B, H, Tq, Tk), lse (B, H, Tq) and
  * context (B, Tq, H*dv), each optional but out. Inputs come from args (x, kv, masks); the outputs are separate
  * so callers can stage them. */

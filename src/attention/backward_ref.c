@@ -56,18 +56,6 @@ static void grad_input(const double *a, const float *w, size_t rows, size_t m, s
         }
 }
 
-/* y (rows, n) = a (rows, k) w^T + bias, w (n, k) in nn.Linear layout: the forward's projections again (ref.c's
- * own; this file stands beside ref.c, not on it). */
-static void project(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n, float *y)
-{
-    for (size_t r = 0; r < rows; r++)
-        for (size_t o = 0; o < n; o++) {
-            double acc = bias ? bias[o] : 0.0;
-            for (size_t c = 0; c < k; c++) acc += (double)a[r * k + c] * (double)w[o * k + c];
-            y[r * n + o] = (float)acc;
-        }
-}
-
 static void store(const double *a, size_t n, float *out)
 {
     for (size_t i = 0; i < n; i++) out[i] = (float)a[i];
@@ -99,15 +87,7 @@ clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attenti
     }
 
     /* 1. the forward's projections again: Q, K, V */
-    if (plan->has_qkv) {
-        project(a->x, B * Tq, E, plan->w_query, plan->b_query, H * dk, Q);
-        project(kv, B * Tk, Ekv, plan->w_key, plan->b_key, HK * dk, K);
-        project(kv, B * Tk, Ekv, plan->w_value, plan->b_value, HK * dv, V);
-    } else {
-        memcpy(Q, a->x, B * Tq * E * sizeof *Q);
-        memcpy(K, kv, B * Tk * Ekv * sizeof *K);
-        memcpy(V, kv, B * Tk * Ekv * sizeof *V);
-    }
+    clattn_ref_qkv(plan, a, Q, K, V);
 
     /* 2. through the output projection: dctx = dOut Wo (or dOut itself) */
     for (size_t n = 0; n < B * Tq * Eo; n++) dout[n] = g->grad_out[n];
@@ -123,21 +103,8 @@ clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attenti
                 float *c_row = &ctx[(b * Tq + i) * Hdv + h * dv];
                 double *dq = &dQ[(b * Tq + i) * H * dk + h * dk];
                 /* 3a. scaled, masked scores into P; the row's log-sum-exp, or the forward's */
-                double max = -INFINITY;
-                int any_nan = 0;
-                for (size_t j = 0; j < Tk; j++) {
-                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
-                    double s = 0.0;
-                    for (size_t c = 0; c < dk; c++) s += (double)q[c] * (double)k[c];
-                    s *= d->scale;
-                    if (d->attn_mask == CLATTN_MASK_FLOAT) s += ((const float *)a->attn_mask)[i * Tk + j];
-                    int hide = (d->causal && j > i) || (d->window && j <= i && i - j >= d->window) ||
-                               (d->key_padding_mask && a->key_padding_mask[b * Tk + j]) ||
-                               (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * Tk + j]);
-                    P[j] = hide ? -INFINITY : s;
-                    if (isnan(P[j])) any_nan = 1;
-                    else if (P[j] > max) max = P[j];
-                }
+                int any_nan;
+                const double max = clattn_ref_scores(plan, a, Q, K, b, h, i, P, &any_nan);
                 double lse;
                 if (g->lse) {
                     lse = g->lse[(b * H + h) * Tq + i];

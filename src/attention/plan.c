@@ -53,28 +53,38 @@ clattn_status clattn_count_check(const char *owner, const char *name, const void
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* The weights' counts against the resolved description. */
-static clattn_status check_weight_counts(const clattn_attention_desc *d, const clattn_attention_weights *w)
+/* The eight weight-shaped arrays' counts against the resolved description: the weights (owner "weights", prefix "")
+ * and their gradients (owner "grads", prefix "grad_"), in clattn_attention_weights' order. */
+clattn_status clattn_weight_counts_check(const clattn_attention_desc *d, const char *owner, const char *prefix,
+                                         const void *const arrays[8], const size_t counts[8])
 {
+    static const char *names[8] = {"w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out"};
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v, E = d->embed;
     const size_t Ekv = d->kv_embed, Eo = d->out_dim;
-    char how[160];
-    snprintf(how, sizeof how, "heads*head_dim_qk x embed = %zu*%zu x %zu", H, dk, E);
-    TRY(clattn_count_check("weights", "w_query", w->w_query, w->w_query_count, H * dk * E, how));
-    snprintf(how, sizeof how, "kv_heads*head_dim_qk x kv_embed = %zu*%zu x %zu", HK, dk, Ekv);
-    TRY(clattn_count_check("weights", "w_key", w->w_key, w->w_key_count, HK * dk * Ekv, how));
-    snprintf(how, sizeof how, "kv_heads*head_dim_v x kv_embed = %zu*%zu x %zu", HK, dv, Ekv);
-    TRY(clattn_count_check("weights", "w_value", w->w_value, w->w_value_count, HK * dv * Ekv, how));
-    snprintf(how, sizeof how, "heads*head_dim_qk = %zu*%zu", H, dk);
-    TRY(clattn_count_check("weights", "b_query", w->b_query, w->b_query_count, H * dk, how));
-    snprintf(how, sizeof how, "kv_heads*head_dim_qk = %zu*%zu", HK, dk);
-    TRY(clattn_count_check("weights", "b_key", w->b_key, w->b_key_count, HK * dk, how));
-    snprintf(how, sizeof how, "kv_heads*head_dim_v = %zu*%zu", HK, dv);
-    TRY(clattn_count_check("weights", "b_value", w->b_value, w->b_value_count, HK * dv, how));
-    snprintf(how, sizeof how, "out_dim x heads*head_dim_v = %zu x %zu*%zu", Eo, H, dv);
-    TRY(clattn_count_check("weights", "w_out", w->w_out, w->w_out_count, Eo * H * dv, how));
-    snprintf(how, sizeof how, "out_dim = %zu", Eo);
-    return clattn_count_check("weights", "b_out", w->b_out, w->b_out_count, Eo, how);
+    const size_t want[8] = {H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk, HK * dv, Eo * H * dv, Eo};
+    char how[8][96], name[32];
+    snprintf(how[0], sizeof how[0], "heads*head_dim_qk x embed = %zu*%zu x %zu", H, dk, E);
+    snprintf(how[1], sizeof how[1], "kv_heads*head_dim_qk x kv_embed = %zu*%zu x %zu", HK, dk, Ekv);
+    snprintf(how[2], sizeof how[2], "kv_heads*head_dim_v x kv_embed = %zu*%zu x %zu", HK, dv, Ekv);
+    snprintf(how[3], sizeof how[3], "heads*head_dim_qk = %zu*%zu", H, dk);
+    snprintf(how[4], sizeof how[4], "kv_heads*head_dim_qk = %zu*%zu", HK, dk);
+    snprintf(how[5], sizeof how[5], "kv_heads*head_dim_v = %zu*%zu", HK, dv);
+    snprintf(how[6], sizeof how[6], "out_dim x heads*head_dim_v = %zu x %zu*%zu", Eo, H, dv);
+    snprintf(how[7], sizeof how[7], "out_dim = %zu", Eo);
+    for (int i = 0; i < 8; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, names[i]);
+        TRY(clattn_count_check(owner, name, arrays[i], counts[i], want[i], how[i]));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status check_weight_counts(const clattn_attention_desc *d, const clattn_attention_weights *w)
+{
+    const void *const arrays[8] = {w->w_query, w->w_key, w->w_value, w->b_query, w->b_key, w->b_value, w->w_out,
+                                   w->b_out};
+    const size_t counts[8] = {w->w_query_count, w->w_key_count, w->w_value_count, w->b_query_count, w->b_key_count,
+                              w->b_value_count, w->w_out_count, w->b_out_count};
+    return clattn_weight_counts_check(d, "weights", "", arrays, counts);
 }
 
 /* Resolve defaults and check every field, in a fixed order, before any allocation. */

@@ -17,18 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-/* y (rows, n) = a (rows, k) * w^T + bias, with w (n, k) in nn.Linear layout. */
-void clattn_ref_linear(const float *a, size_t rows, size_t k, const float *w, const float *bias, size_t n,
-                       float *y)
-{
-    for (size_t r = 0; r < rows; r++)
-        for (size_t o = 0; o < n; o++) {
-            double acc = bias ? bias[o] : 0.0;
-            for (size_t c = 0; c < k; c++) acc += (double)a[r * k + c] * (double)w[o * k + c];
-            y[r * n + o] = (float)acc;
-        }
-}
-
 static double now_ms(void)
 {
     struct timespec ts;
@@ -36,23 +24,12 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* Is key j hidden from query i of batch entry b? */
-static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a, size_t b, size_t i, size_t j)
-{
-    if (d->causal && j > i) return 1;
-    if (d->window && i - j >= d->window) return 1; /* j <= i here: window needs causal */
-    if (d->key_padding_mask && a->key_padding_mask[b * d->seq_kv + j]) return 1;
-    if (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * d->seq_kv + j]) return 1;
-    return 0;
-}
-
 clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attention_args *a, float *out,
                                  float *attn, float *lse, float *context)
 {
     const clattn_attention_desc *d = &plan->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const size_t H = d->heads, HK = d->kv_heads, G = H / HK, dk = d->head_dim_qk, dv = d->head_dim_v;
-    const float *kv = d->cross ? a->kv : a->x;
     const uint32_t seed_lo = (uint32_t)d->seed, seed_hi = (uint32_t)(d->seed >> 32);
     const uint32_t threshold = clattn_dropout_threshold(d->dropout);
     const float keep_scale = clattn_dropout_keep_scale(d->dropout);
@@ -68,40 +45,18 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
     }
     double t0 = now_ms();
 
-    /* 1. projections: Q = x Wq^T + bq, K = kv Wk^T + bk, V = kv Wv^T + bv (or the inputs themselves) */
-    if (plan->has_qkv) {
-        clattn_ref_linear(a->x, B * Tq, E, plan->w_query, plan->b_query, H * dk, Q);
-        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_key, plan->b_key, HK * dk, K);
-        clattn_ref_linear(kv, B * Tk, Ekv, plan->w_value, plan->b_value, HK * dv, V);
-    } else {
-        memcpy(Q, a->x, B * Tq * E * sizeof *Q);
-        memcpy(K, kv, B * Tk * Ekv * sizeof *K);
-        memcpy(V, kv, B * Tk * Ekv * sizeof *V);
-    }
-    if (d->kv_half) { /* the values a half KV cache holds */
-        for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_half(K[n]);
-        for (size_t n = 0; n < B * Tk * HK * dv; n++) V[n] = clattn_round_half(V[n]);
-    }
+    /* 1. projections: Q = x Wq^T + bq, K = kv Wk^T + bk, V = kv Wv^T + bv (or the inputs themselves; K and V
+     * rounded to half with kv_half, the values a half KV cache holds) */
+    clattn_ref_qkv(plan, a, Q, K, V);
     double t1 = now_ms();
 
     /* 2. per (b, h, i): scores, masks, softmax, dropout, context */
     for (size_t b = 0; b < B; b++)
         for (size_t h = 0; h < H; h++)
             for (size_t i = 0; i < Tq; i++) {
-                const float *q = &Q[(b * Tq + i) * H * dk + h * dk];
                 /* 2a. scaled scores, masked entries -inf */
-                double max = -INFINITY;
-                int any_nan = 0;
-                for (size_t j = 0; j < Tk; j++) {
-                    const float *k = &K[(b * Tk + j) * HK * dk + (h / G) * dk];
-                    double s = 0.0;
-                    for (size_t c = 0; c < dk; c++) s += (double)q[c] * (double)k[c];
-                    s *= d->scale;
-                    if (d->attn_mask == CLATTN_MASK_FLOAT) s += ((const float *)a->attn_mask)[i * Tk + j];
-                    w[j] = hidden(d, a, b, i, j) ? -INFINITY : s;
-                    if (isnan(w[j])) any_nan = 1;
-                    else if (w[j] > max) max = w[j];
-                }
+                int any_nan;
+                const double max = clattn_ref_scores(plan, a, Q, K, b, h, i, w, &any_nan);
                 /* 2b. softmax; a row with no visible key gets weights 0, a NaN score makes the row NaN */
                 double sum = 0.0;
                 for (size_t j = 0; j < Tk; j++) {
