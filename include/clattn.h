@@ -346,6 +346,23 @@ typedef struct clattn_attention_grads {
 CLATTN_API clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_args *args,
                                               const clattn_attention_grads *grads);
 
+/* The backward pass on device buffers (OpenCL devices): the inputs in `buffers` (x, kv, the masks; out, attn, lse
+ * and context must have mem NULL), the gradients in `grads`, offsets in elements (bytes for the masks), each
+ * gradient buffer with mem NULL not computed, shapes and rules as in clattn_attention_grads. Enqueued after the
+ * wait list; `event` (optional) completes when every gradient is written. A gradient may not share memory with an
+ * input or with another gradient (refused, INVALID_ARGUMENT). */
+typedef struct clattn_attention_grad_buffers {
+    clattn_buffer grad_out, lse, context;                 /* grad_out required; lse and context both or neither */
+    clattn_buffer grad_x, grad_kv;
+    clattn_buffer grad_w_query, grad_w_key, grad_w_value, grad_b_query, grad_b_key, grad_b_value;
+    clattn_buffer grad_w_out, grad_b_out;
+} clattn_attention_grad_buffers;
+
+CLATTN_API clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
+                                                      const clattn_attention_grad_buffers *grads,
+                                                      cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                      cl_event *event);
+
 /* ---------------------------------------------------------------- partial attention over key shards */
 
 /* Attention over the keys split into shards (across devices or processes: ring attention) gives, per shard p,
@@ -411,7 +428,8 @@ CLATTN_API int clattn_plan_tuned(const clattn_plan *plan);
 typedef enum clattn_core_kind {
     CLATTN_CORE_PREFILL = 0,
     CLATTN_CORE_DECODE = 1,
-    CLATTN_CORE_GEMM = 2          /* the matrix products of a plan: projections, feed-forward, unfused scores */
+    CLATTN_CORE_GEMM = 2,         /* the matrix products of a plan: projections, feed-forward, unfused scores */
+    CLATTN_CORE_BACKWARD = 3      /* clattn 0.5: the attention core's backward pass of training plans */
 } clattn_core_kind;
 
 /* Head-size classes, by max(dk, dv): <= 32, <= 64, <= 128, <= 256, above. Bit c of default_for. */

@@ -502,9 +502,16 @@ static void check_backward(const config *c, uint64_t seed)
 {
     problem p;
     problem_make(&p, c, seed);
-    if (!tu_forced_core_of(CLATTN_CORE_PREFILL)) {
+    if (!tu_forced_core_of(CLATTN_CORE_PREFILL) && !tu_forced_core_of(CLATTN_CORE_BACKWARD)) {
         check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 0, seed, "ref");
         check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 1, seed, "ref");
+    }
+    /* the backward core behind each forward algorithm: with the forward's statistics, and recomputing them */
+    for (int saved = 0; saved < 2; saved++) {
+        if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0))
+            check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, saved, seed, "opencl fused");
+        if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
+            check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, saved, seed, "opencl unfused");
     }
     problem_free(&p);
 }
@@ -544,6 +551,121 @@ Test(train, backward_gqa_window_dropout)
         {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 900 + i);
+}
+
+/* Long rows: T = 1000 (keys beyond every block and vector size), causal and not, heads of 64 with GQA; OpenCL
+ * only (ref's backward is the same loops as on short rows, and slow here). */
+Test(train, backward_long)
+{
+    static const config cfgs[] = {
+        {1, 1000, 0, 16, 0, 2, 0, 8, 8, 16, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
+        {1, 130, 1000, 16, 12, 4, 2, 64, 64, 16, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.2f, CLATTN_LAYOUT_LINEAR},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        problem p;
+        problem_make(&p, &cfgs[i], 950 + i);
+        for (int saved = 0; saved < 2; saved++) {
+            if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0))
+                check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, saved, 950 + i, "opencl fused");
+            if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
+                check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, saved, 950 + i, "opencl unfused");
+        }
+        problem_free(&p);
+    }
+}
+
+/* clattn_plan_backward_buffers: inputs and gradients in caller buffers at offsets (one buffer each, poisoned
+ * around them), the forward's statistics from the buffer forward, a wait list and an event; every gradient against
+ * the oracle's and nothing written outside its range; overlaps and missing buffers refused. */
+Test(train, backward_buffers_at_offsets)
+{
+    const config c = {2, 13, 9, 12, 10, 3, 0, 4, 4, 7, 0, 1, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_RAW};
+    problem p;
+    problem_make(&p, &c, 640);
+    const size_t B = 2, Tq = 13, Tk = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 4, Eo = 7, off = 11, pad = 5;
+    float *dout = tu_random(&(tu_rng){641}, B * Tq * Eo, -1.0f, 1.0f);
+    /* inputs: x, kv, kpm (bytes), mask, dout, lse, context; gradients: x, kv, wq, wk, wv, bq, bk, bv, wo, bo */
+    enum { NI = 7, NG = 10 };
+    const size_t n[NI + NG] = {B * Tq * E, B * Tk * Ekv, B * Tk, Tq * Tk, B * Tq * Eo, B * H * Tq, B * Tq * H * dv,
+                               B * Tq * E, B * Tk * Ekv, H * dk * E, H * dk * Ekv, H * dv * Ekv, H * dk, H * dk, H * dv,
+                               Eo * H * dv, Eo};
+    const void *src[NI] = {p.a.x, p.a.kv, p.kpm, p.a.attn_mask, dout, NULL, NULL};
+    double *want[NG];
+    for (int i = 0; i < NG; i++) want[i] = malloc(n[NI + i] * sizeof(double));
+    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9]};
+    cr_assert_eq(oracle_attention_backward(&p.d, &p.w, &p.a, dout, &og), 0);
+    for (int alg = 0; alg < 2; alg++) {
+        clattn_attention_desc d = p.d;
+        d.algorithm = alg ? CLATTN_ALGORITHM_UNFUSED : CLATTN_ALGORITHM_FUSED;
+        if (!tu_core_applies(d.algorithm, 0)) continue;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(cl_dev, &d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cl_context ctx = clattn_device_context(cl_dev);
+        cl_command_queue q = clattn_device_queue(cl_dev);
+        cl_mem m[NI + NG], fout;
+        cl_int err;
+        for (int i = 0; i < NI + NG; i++) {
+            float *host = tu_poisoned(off + n[i] + pad);
+            if (i < NI && src[i]) memcpy(host + off, src[i], n[i] * (i == 2 ? 1 : 4));
+            m[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (off + n[i] + pad) * 4, host, &err);
+            cr_assert_eq(err, CL_SUCCESS);
+            free(host);
+        }
+        fout = clCreateBuffer(ctx, CL_MEM_READ_WRITE, B * Tq * Eo * 4, NULL, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+        /* the forward on the same buffers writes lse and context at their offsets */
+        clattn_attention_buffers in = {.x = {m[0], off}, .kv = {m[1], off}, .key_padding_mask = {m[2], off * 4},
+                                       .attn_mask = {m[3], off}};
+        clattn_attention_buffers fw = in;
+        fw.out = (clattn_buffer){fout, 0}, fw.lse = (clattn_buffer){m[5], off}, fw.context = (clattn_buffer){m[6], off};
+        cl_event fwd_done = NULL, done = NULL;
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &fw, 0, NULL, &fwd_done), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        clattn_attention_grad_buffers g = {.grad_out = {m[4], off}, .lse = {m[5], off}, .context = {m[6], off}};
+        clattn_buffer *slots[NG] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
+                                    &g.grad_b_query, &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
+        for (int i = 0; i < NG; i++) *slots[i] = (clattn_buffer){m[NI + i], off};
+        /* refusals first: nothing may be written */
+        clattn_attention_grad_buffers bad = g;
+        bad.grad_w_key = (clattn_buffer){m[0], off}; /* a gradient over x */
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &bad, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        bad = g, bad.grad_b_out = (clattn_buffer){m[NI + 8], off}; /* two gradients in one range */
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &bad, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        bad = g, bad.grad_out = (clattn_buffer){NULL, 0};
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &bad, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        bad = g, bad.lse = (clattn_buffer){NULL, 0}; /* context without lse */
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &bad, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        bad = g, bad.grad_x.offset = off + pad + 1; /* past the buffer's end */
+        cr_assert_neq(clattn_plan_backward_buffers(plan, &in, &bad, 0, NULL, NULL), CLATTN_STATUS_SUCCESS);
+        clattn_attention_buffers with_out = in;
+        with_out.out = (clattn_buffer){fout, 0};
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &with_out, &g, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &g, 1, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &g, 1, &fwd_done, &done), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+        char msg[256];
+        static const char *names[NG] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value",
+                                        "w_out", "b_out"};
+        for (int i = 0; i < NG; i++) {
+            const size_t len = off + n[NI + i] + pad;
+            float *got = malloc(len * 4);
+            cr_assert_eq(clEnqueueReadBuffer(q, m[NI + i], CL_TRUE, 0, len * 4, got, 0, NULL, NULL), CL_SUCCESS);
+            for (size_t k = 0; k < off; k++) cr_assert(isnan(got[k]), "grad_%s written before its offset", names[i]);
+            for (size_t k = 0; k < pad; k++) cr_assert(isnan(got[off + n[NI + i] + k]), "grad_%s written past its end",
+                                                      names[i]);
+            const size_t nbad = oracle_compare(got + off, want[i], n[NI + i], GRAD_ATOL, GRAD_RTOL, msg, sizeof msg);
+            cr_assert_eq(nbad, 0, "%s buffers grad_%s: %s", clattn_plan_core(plan), names[i], msg);
+            free(got);
+        }
+        clReleaseEvent(fwd_done), clReleaseEvent(done);
+        for (int i = 0; i < NI + NG; i++) clReleaseMemObject(m[i]);
+        clReleaseMemObject(fout);
+        clattn_plan_free(plan);
+    }
+    for (int i = 0; i < NG; i++) free(want[i]);
+    free(dout);
+    problem_free(&p);
 }
 
 /* The oracle's backward against its own forward, by central differences on tiny shapes: L = sum(out o dOut),
@@ -644,11 +766,12 @@ Test(train, backward_refusals)
     cr_assert_eq(clattn_plan_backward(plan, &a, &ok), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "training"), "%s", clattn_last_error());
     clattn_plan_free(plan);
-    /* OpenCL plans: no backward core yet, said (never a silent host fallback) */
-    cr_assert_eq(tu_plan_create(cl_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_plan_backward(plan, &a, &ok), CLATTN_STATUS_UNSUPPORTED);
-    cr_assert(strstr(clattn_last_error(), "backward"), "%s", clattn_last_error());
-    for (size_t k = 0; k < B * Tq * E; k++) cr_assert(isnan(gx[k]), "grad_x written by a refused call");
+    /* the buffer form is OpenCL's: on ref it is refused, naming the device */
+    clattn_attention_desc dt = p.d;
+    cr_assert_eq(tu_plan_create(ref_dev, &dt, &p.w, &plan), CLATTN_STATUS_SUCCESS);
+    const clattn_attention_buffers nb = {0};
+    const clattn_attention_grad_buffers ng = {0};
+    cr_assert_eq(clattn_plan_backward_buffers(plan, &nb, &ng, 0, NULL, NULL), CLATTN_STATUS_UNSUPPORTED);
     clattn_plan_free(plan);
     free(dout); free(gx); free(junk);
     problem_free(&p);
@@ -658,13 +781,14 @@ Test(train, backward_refusals)
  * float64): every gradient of each case, from every device that has a backward pass. */
 #define BACKWARD_DIR CLATTN_GOLDEN_DIR "/../backward"
 
-static void check_fixture(clattn_device *dev, const char *name)
+static void check_fixture(clattn_device *dev, const char *name, clattn_algorithm alg)
 {
     char dir[512], msg[256];
     snprintf(dir, sizeof dir, "%s/%s", BACKWARD_DIR, name);
     tu_case c;
     cr_assert_eq(tu_case_load(dir, &c, msg, sizeof msg), 0, "%s", msg);
     c.desc.training = 1;
+    c.desc.algorithm = alg;
     clattn_plan *plan = NULL;
     cr_assert_eq(tu_plan_create(dev, &c.desc, &c.weights, &plan), CLATTN_STATUS_SUCCESS, "%s: %s", name,
                  clattn_last_error());
@@ -700,7 +824,8 @@ static void check_fixture(clattn_device *dev, const char *name)
     for (int i = 0; i < 10; i++) {
         if (!have[i]) continue;
         const size_t bad = tu_compare(got[i], (const float *)want[i].data, want[i].count, GRAD_ATOL, GRAD_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad, 0, "%s grad_%s vs PyTorch: %zu of %zu differ; %s", name, names[i], bad, want[i].count, msg);
+        cr_assert_eq(bad, 0, "%s (%s) grad_%s vs PyTorch: %zu of %zu differ; %s", name, clattn_plan_core(plan), names[i],
+                     bad, want[i].count, msg);
         clattn_npy_free(&want[i]);
         free(got[i]);
     }
@@ -713,6 +838,10 @@ Test(train, backward_pytorch_fixtures)
 {
     static const char *cases[] = {"mha_causal_kpm", "mha_cross_float_mask", "mha_nobias_bool_mask", "mha_causal_t130",
                                   "mha_head1_t1"};
-    if (tu_forced_core_of(CLATTN_CORE_PREFILL)) cr_skip_test("the fixtures run on ref (no OpenCL backward core yet)");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_fixture(ref_dev, cases[i]);
+    const int ref = !tu_forced_core_of(CLATTN_CORE_PREFILL) && !tu_forced_core_of(CLATTN_CORE_BACKWARD);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (ref) check_fixture(ref_dev, cases[i], CLATTN_ALGORITHM_AUTO);
+        if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0)) check_fixture(cl_dev, cases[i], CLATTN_ALGORITHM_FUSED);
+        if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0)) check_fixture(cl_dev, cases[i], CLATTN_ALGORITHM_UNFUSED);
+    }
 }

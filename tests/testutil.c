@@ -76,7 +76,7 @@ clattn_device *tu_open_opencl(void)
         /* a test that claims OpenCL would compare ref with ref: say so instead of passing */
         cr_skip_test("CLATTN_TEST_DEVICE=%s is not an OpenCL device; this test needs one", spec);
     }
-    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_GEMM; kind++) {
+    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
         const clattn_core_info *forced = tu_forced_core_of((clattn_core_kind)kind);
         for (size_t i = 0; forced && i < clattn_core_count(); i++) {
             clattn_core_info c;
@@ -92,7 +92,7 @@ clattn_device *tu_open_opencl(void)
 
 const clattn_core_info *tu_forced_core_of(clattn_core_kind kind)
 {
-    static clattn_core_info info[CLATTN_CORE_GEMM + 1];
+    static clattn_core_info info[CLATTN_CORE_BACKWARD + 1];
     const char *v = getenv("CLATTN_CORE");
     if (!v || !*v) return NULL;
     for (const char *spec = v; *spec; spec += strcspn(spec, ";"), spec += *spec == ';') {

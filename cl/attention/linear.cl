@@ -159,3 +159,36 @@ __kernel void fill_rows(__global float *dst, ulong dst_off, __global const float
     if (g >= total) return;
     dst[dst_off + g] = bias[g % cols];
 }
+
+/* The projections' gradients (training plans, src/attention/shell_backward.c):
+ * grad_colsum: dst[c] = sum of src's rows (rows, cols; row stride ld) in column c, one work-item per column
+ * (a bias's gradient, the sum of its output's gradient over the rows). */
+__kernel void grad_colsum(__global const float *src, ulong src_off, uint ld, ulong rows, uint cols,
+                          __global float *dst, ulong dst_off)
+{
+    const uint c = get_global_id(0);
+    if (c >= cols) return;
+    __global const float *p = src + src_off + c;
+    float s = 0.0f, e = 0.0f; /* compensated: thousands of rows */
+    for (ulong r = 0; r < rows; r++) {
+        const float y = p[r * ld] - e, t = s + y;
+        e = (t - s) - y;
+        s = t;
+    }
+    dst[dst_off + c] = s;
+}
+
+/* dst (rows, width; row stride dst_ld) = the sum of `blocks` column blocks of src (rows; row stride src_ld),
+ * block b at column b*width: the gradient of an input read as several of the core's operands without
+ * projections (self-attention: x is Q, K and V). One work-item per element of dst. */
+__kernel void grad_sum_blocks(__global const float *src, ulong src_off, uint src_ld, uint blocks, uint width,
+                              __global float *dst, ulong dst_off, uint dst_ld, ulong total)
+{
+    const ulong g = get_global_id(0);
+    if (g >= total) return;
+    const ulong r = g / width;
+    const uint c = (uint)(g % width);
+    float s = 0.0f;
+    for (uint b = 0; b < blocks; b++) s += src[src_off + r * src_ld + (ulong)b * width + c];
+    dst[dst_off + r * dst_ld + c] = s;
+}

@@ -70,6 +70,10 @@ typedef struct clattn_backend_ops {
     /* the backward pass of a training plan (backward.c validated the call); NULL: the backend has none */
     clattn_status (*backward_host)(struct clattn_plan *p, const clattn_attention_args *a,
                                    const clattn_attention_grads *g);
+    /* the same on device buffers (backward.c validated the call); NULL: the backend has no device buffers */
+    clattn_status (*backward_buffers)(struct clattn_plan *p, const clattn_attention_buffers *b,
+                                      const clattn_attention_grad_buffers *g, cl_uint nwait, const cl_event *wait,
+                                      cl_event *event);
 } clattn_backend_ops;
 
 extern const clattn_backend_ops clattn_backend_ref;    /* ref.c */
@@ -102,6 +106,9 @@ clattn_status clattn_weight_counts_check(const clattn_attention_desc *d, const c
 /* args' inputs against the plan (x, kv, the masks: given as the description declares, with their counts); the
  * outputs are the caller's to check (execution, backward). */
 clattn_status clattn_plan_check_inputs(const struct clattn_plan *plan, const clattn_attention_args *args);
+/* buffers declares what the plan has: no kv for self-attention, no mask the plan was made without, lse and context
+ * only on a training plan. */
+clattn_status clattn_plan_check_buffers_declared(const struct clattn_plan *plan, const clattn_attention_buffers *b);
 /* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`; NULL if out of memory. */
 float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
 float *clattn_vector_copy(const float *src, size_t n);
@@ -111,6 +118,7 @@ typedef struct clattn_linear {
     const clattn_device *dev;
     cl_program prog;
     cl_kernel fill, small; /* fill_rows, and for few rows linear_small or linear_gemv (cl/attention/linear.cl) */
+    cl_kernel colsum, sum_blocks; /* grad_colsum, grad_sum_blocks: the projections' gradients */
     int gemv;              /* small is linear_gemv (a work-group per block of columns: GPUs) */
     clattn_core_instance gemm_core; /* the plan's GEMM core (select.c chose it) */
     clattn_gemm gemm;      /* the same, as the cores layer sees it (the unfused core's GEMMs) */
@@ -128,6 +136,17 @@ clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem
 #define CLATTN_LINEAR_SMALL_ROWS 16
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);
+/* The projections' gradients (training plans). dW of y = x W^T from dy (rows, m; row stride ldy) and x (rows, n;
+ * ldx): dW = dy^T x (m, n) in LINEAR layout, x^T dy (n, m) in RAW, into out (a GEMM with op(A) transposed). */
+clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
+                                        size_t rows, size_t m, size_t n, clattn_layout layout, clattn_view out,
+                                        const char *what);
+/* out (cols) = the column sums of src (rows, cols; row stride ld): a bias's gradient. */
+clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size_t ld, size_t rows, size_t cols,
+                                   clattn_view out);
+/* dst (rows, width; dst_ld) = the sum of `blocks` column blocks of src (rows; src_ld), block b at column b*width. */
+clattn_status clattn_linear_sum_blocks(const clattn_linear *l, clattn_view src, size_t src_ld, size_t blocks,
+                                       size_t width, clattn_view dst, size_t dst_ld, size_t rows);
 /* The GEMM core's name and parameters as text ("gemm_tiles", "MR=8,..."), for the plans' reports. */
 void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len);
 /* The projections' helpers of an OpenCL plan (its GEMM core), for the encoder layer's feed-forward GEMMs;

@@ -5,11 +5,35 @@
 #include <stdio.h>
 
 /* A gradient given for an input the plan does not have would never be written: refused. */
-static clattn_status check_has(const void *grad, int has, const char *name, const char *why)
+static clattn_status check_has(int grad, int has, const char *name, const char *why)
 {
     if (grad && !has)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.%s is given, but %s: it would not be written",
                            name, why);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* What a backward call's gradients must agree with, either form: the forward's lse and context both or neither,
+ * and no gradient for an input the plan lacks. given[]: grad_kv, then the eight parameters in
+ * clattn_attention_grads' order. */
+static clattn_status check_given(const clattn_plan *plan, const char *owner, int lse, int context, const int given[9])
+{
+    const clattn_attention_desc *d = &plan->d;
+    if (lse != context)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is given without %s.%s: give the forward's lse "
+                           "and context together, or neither (the backward then recomputes them)", owner,
+                           lse ? "lse" : "context", owner, lse ? "context" : "lse");
+    TRY(check_has(given[0], d->cross, "grad_kv", "the plan is self-attention (its keys and values come from x)"));
+    /* the plan's own parameters, in the same order: a gradient for one it lacks is refused */
+    static const char *names[8] = {"grad_w_query", "grad_w_key", "grad_w_value", "grad_b_query", "grad_b_key",
+                                   "grad_b_value", "grad_w_out", "grad_b_out"};
+    static const char *lacks[8] = {"the plan has no projection weights", "the plan has no projection weights",
+                                   "the plan has no projection weights", "the plan has no b_query",
+                                   "the plan has no b_key", "the plan has no b_value",
+                                   "the plan has no output projection", "the plan has no b_out"};
+    const int has[8] = {plan->has_qkv, plan->has_qkv, plan->has_qkv, plan->b_query != NULL, plan->b_key != NULL,
+                        plan->b_value != NULL, plan->has_out, plan->b_out != NULL};
+    for (int i = 0; i < 8; i++) TRY(check_has(given[1 + i], has[i], names[i], lacks[i]));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -20,26 +44,14 @@ static clattn_status check_grads(const clattn_plan *plan, const clattn_attention
     const size_t dv = d->head_dim_v;
     if (!g) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
     if (!g->grad_out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out is NULL");
-    if ((g->lse != NULL) != (g->context != NULL))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.%s is given without grads.%s: give the forward's "
-                           "lse and context together, or neither (the backward then recomputes them)",
-                           g->lse ? "lse" : "context", g->lse ? "context" : "lse");
-    TRY(check_has(g->grad_kv, d->cross, "grad_kv", "the plan is self-attention (its keys and values come from x)"));
     const void *const arrays[8] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                    g->grad_b_value, g->grad_w_out, g->grad_b_out};
     const size_t counts[8] = {g->grad_w_query_count, g->grad_w_key_count, g->grad_w_value_count,
                               g->grad_b_query_count, g->grad_b_key_count, g->grad_b_value_count, g->grad_w_out_count,
                               g->grad_b_out_count};
-    /* the plan's own parameters, in the same order: a gradient for one it lacks is refused */
-    static const char *names[8] = {"grad_w_query", "grad_w_key", "grad_w_value", "grad_b_query", "grad_b_key",
-                                   "grad_b_value", "grad_w_out", "grad_b_out"};
-    static const char *lacks[8] = {"the plan has no projection weights", "the plan has no projection weights",
-                                   "the plan has no projection weights", "the plan has no b_query",
-                                   "the plan has no b_key", "the plan has no b_value",
-                                   "the plan has no output projection", "the plan has no b_out"};
-    const int has[8] = {plan->has_qkv, plan->has_qkv, plan->has_qkv, plan->b_query != NULL, plan->b_key != NULL,
-                        plan->b_value != NULL, plan->has_out, plan->b_out != NULL};
-    for (int i = 0; i < 8; i++) TRY(check_has(arrays[i], has[i], names[i], lacks[i]));
+    int given[9] = {g->grad_kv != NULL};
+    for (int i = 0; i < 8; i++) given[1 + i] = arrays[i] != NULL;
+    TRY(check_given(plan, "grads", g->lse != NULL, g->context != NULL, given));
     char how[120];
     snprintf(how, sizeof how, "batch x seq_q x out width = %zu x %zu x %zu", B, Tq, plan->out_width);
     TRY(clattn_count_check("grads", "grad_out", g->grad_out, g->grad_out_count, B * Tq * plan->out_width, how));
@@ -52,6 +64,51 @@ static clattn_status check_grads(const clattn_plan *plan, const clattn_attention
     snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, Ekv);
     TRY(clattn_count_check("grads", "grad_kv", g->grad_kv, g->grad_kv_count, B * Tk * Ekv, how));
     return clattn_weight_counts_check(d, "grads", "grad_", arrays, counts);
+}
+
+/* The buffer form: every given buffer holds its array past its offset. */
+static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_attention_buffers *b,
+                                        const clattn_attention_grad_buffers *g)
+{
+    const clattn_attention_desc *d = &plan->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
+    if (!g) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
+    if (!g->grad_out.mem) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out.mem is NULL");
+    if (b->out.mem || b->attn.mem || b->lse.mem || b->context.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s is given to the backward pass, which writes "
+                           "gradients only (the forward's lse and context go in grads)",
+                           b->out.mem ? "out" : b->attn.mem ? "attn" : b->lse.mem ? "lse" : "context");
+    const clattn_buffer ps[9] = {g->grad_kv, g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query,
+                                 g->grad_b_key, g->grad_b_value, g->grad_w_out, g->grad_b_out};
+    int given[9];
+    for (int i = 0; i < 9; i++) given[i] = ps[i].mem != NULL;
+    TRY(check_given(plan, "grads", g->lse.mem != NULL, g->context.mem != NULL, given));
+    const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
+    const struct { clattn_buffer buf; size_t elems, size; const char *what; } all[] = {
+        {b->x, B * Tq * d->embed, 4, "x"},
+        {b->kv, d->cross ? B * Tk * d->kv_embed : 0, 4, "kv"},
+        {b->key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1, "key_padding_mask"},
+        {b->attn_mask, d->attn_mask ? Tq * Tk : 0, mask_size, "attn_mask"},
+        {g->grad_out, B * Tq * plan->out_width, 4, "grad_out"},
+        {g->lse, B * H * Tq, 4, "lse"},
+        {g->context, B * Tq * H * dv, 4, "context"},
+        {g->grad_x, B * Tq * d->embed, 4, "grad_x"},
+        {g->grad_kv, B * Tk * d->kv_embed, 4, "grad_kv"},
+        {g->grad_w_query, H * dk * d->embed, 4, "grad_w_query"},
+        {g->grad_w_key, HK * dk * d->kv_embed, 4, "grad_w_key"},
+        {g->grad_w_value, HK * dv * d->kv_embed, 4, "grad_w_value"},
+        {g->grad_b_query, H * dk, 4, "grad_b_query"},
+        {g->grad_b_key, HK * dk, 4, "grad_b_key"},
+        {g->grad_b_value, HK * dv, 4, "grad_b_value"},
+        {g->grad_w_out, Eo * H * dv, 4, "grad_w_out"},
+        {g->grad_b_out, Eo, 4, "grad_b_out"}};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (i < 4 && !all[i].elems) continue; /* an input the plan does not declare (refused before) */
+        if (i == 0 || i == 4 || all[i].buf.mem)
+            TRY(clattn_buffer_check(all[i].buf.mem, all[i].buf.offset, all[i].elems, all[i].size, all[i].what));
+    }
+    return CLATTN_STATUS_SUCCESS;
 }
 
 clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_args *args,
@@ -68,12 +125,27 @@ clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_arg
                            "gradients only (the forward's lse and context go in grads)",
                            args->out ? "out" : args->attn ? "attn" : args->lse ? "lse" : "context");
     TRY(check_grads(plan, grads));
-    if (!plan->ops->backward_host)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the %s backend has no backward pass in this version: the ref "
-                           "device computes the gradients (the OpenCL backward core is not written yet)",
-                           plan->ops->name);
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->backward_host(plan, args, grads);
+    pthread_mutex_unlock(&plan->lock);
+    return st;
+}
+
+clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,
+                                          const clattn_attention_grad_buffers *grads, cl_uint num_events_in_wait_list,
+                                          const cl_event *event_wait_list, cl_event *event)
+{
+    clattn_clear_error();
+    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->backward_buffers, plan ? plan->device : NULL,
+                                  num_events_in_wait_list, event_wait_list));
+    if (!plan->d.training)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the plan was created without desc.training = 1: only a "
+                           "training plan has a backward pass");
+    TRY(clattn_plan_check_buffers_declared(plan, buffers));
+    TRY(check_grad_buffers(plan, buffers, grads));
+    pthread_mutex_lock(&plan->lock);
+    const clattn_status st = plan->ops->backward_buffers(plan, buffers, grads, num_events_in_wait_list,
+                                                         event_wait_list, event);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }

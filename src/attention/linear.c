@@ -27,6 +27,8 @@ clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attenti
              GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS);
     TRY(clattn_program_build(dev, src, 1, opts, &l->prog));
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
+    TRY(clattn_kernel_create(l->prog, "grad_colsum", &l->colsum));
+    TRY(clattn_kernel_create(l->prog, "grad_sum_blocks", &l->sum_blocks));
     /* a CPU runs linear_small's work-items one after another, each streaming its own weight row; a GPU
      * runs them side by side, where only linear_gemv's reads are coalesced */
     l->gemv = dev->caps.dclass != CLATTN_CLASS_CPU;
@@ -46,6 +48,8 @@ void clattn_linear_release(clattn_linear *l)
     l->gemm = (clattn_gemm){NULL, NULL};
     clattn_kernel_release(&l->fill);
     clattn_kernel_release(&l->small);
+    clattn_kernel_release(&l->colsum);
+    clattn_kernel_release(&l->sum_blocks);
     clattn_program_release(&l->prog);
 }
 
@@ -100,6 +104,47 @@ clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size
                                 .a = x, .b = {w, 0}, .c = y, .lda = k, .ldb = k, .ldc = n, .count = 1,
                                 .bias = {fused ? bias : NULL, 0}, .what = what};
     return clattn_gemm_run(&l->gemm, &c);
+}
+
+clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
+                                        size_t rows, size_t m, size_t n, clattn_layout layout, clattn_view out,
+                                        const char *what)
+{
+    const int raw = layout == CLATTN_LAYOUT_RAW;
+    const clattn_gemm_call c = {.m = raw ? n : m, .n = raw ? m : n, .k = rows, .trans_a = 1, .alpha = 1.0f,
+                                .a = raw ? x : dy, .b = raw ? dy : x, .c = out, .lda = raw ? ldx : ldy,
+                                .ldb = raw ? ldy : ldx, .ldc = raw ? m : n, .count = 1, .what = what};
+    return clattn_gemm_run(&l->gemm, &c);
+}
+
+clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size_t ld, size_t rows, size_t cols,
+                                   clattn_view out)
+{
+    clattn_args a;
+    clattn_args_begin(&a, l->colsum, "grad_colsum");
+    clattn_arg_view(&a, src);
+    clattn_arg_u32(&a, (cl_uint)ld);
+    clattn_arg_u64(&a, rows);
+    clattn_arg_u32(&a, (cl_uint)cols);
+    clattn_arg_view(&a, out);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(l->dev, l->colsum, cols, "enqueue grad_colsum");
+}
+
+clattn_status clattn_linear_sum_blocks(const clattn_linear *l, clattn_view src, size_t src_ld, size_t blocks,
+                                       size_t width, clattn_view dst, size_t dst_ld, size_t rows)
+{
+    clattn_args a;
+    clattn_args_begin(&a, l->sum_blocks, "grad_sum_blocks");
+    clattn_arg_view(&a, src);
+    clattn_arg_u32(&a, (cl_uint)src_ld);
+    clattn_arg_u32(&a, (cl_uint)blocks);
+    clattn_arg_u32(&a, (cl_uint)width);
+    clattn_arg_view(&a, dst);
+    clattn_arg_u32(&a, (cl_uint)dst_ld);
+    clattn_arg_u64(&a, rows * width);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(l->dev, l->sum_blocks, rows * width, "enqueue grad_sum_blocks");
 }
 
 void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len)

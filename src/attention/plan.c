@@ -433,7 +433,7 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
 }
 
 /* What the description does not declare, on the buffer path: refused, never ignored. */
-static clattn_status check_buffers_declared(const clattn_plan *plan, const clattn_attention_buffers *b)
+clattn_status clattn_plan_check_buffers_declared(const clattn_plan *plan, const clattn_attention_buffers *b)
 {
     if (!plan->d.cross && b->kv.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.kv is given, but the plan is self-attention "
@@ -467,7 +467,7 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
     clattn_clear_error();
     TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers, plan ? plan->device : NULL,
                                   num_events_in_wait_list, event_wait_list));
-    TRY(check_buffers_declared(plan, buffers));
+    TRY(clattn_plan_check_buffers_declared(plan, buffers));
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,

@@ -69,7 +69,7 @@ static clattn_status read_env(env_request *r, clattn_core_kind kind)
         if (strlen(v) >= sizeof buf) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_CORE='%.60s...': too "
                                                         "long", v);
         snprintf(buf, sizeof buf, "%s", v);
-        const clattn_core *seen[CLATTN_CORE_GEMM + 1] = {NULL};
+        const clattn_core *seen[CLATTN_CORE_BACKWARD + 1] = {NULL};
         char *save = NULL;
         for (char *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
             const clattn_core *c = NULL;
@@ -106,11 +106,13 @@ static clattn_status read_env(env_request *r, clattn_core_kind kind)
 }
 
 /* Can a plan of this kind and description use the core at all (before the core's own limits)? A GEMM core
- * serves any plan: the algorithm and the weights are its attention core's concern. */
+ * serves any plan: the algorithm and the weights are its attention core's concern; a backward core any training
+ * plan. */
 static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_attention_desc *d)
 {
     if (c->kind != kind) return 0;
     if (kind == CLATTN_CORE_GEMM) return 1;
+    if (kind == CLATTN_CORE_BACKWARD) return d->training;
     return (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
            (!d->need_weights || c->produces_weights) && (!d->training || c->saves_row_stats);
 }

@@ -9,36 +9,11 @@
  * Everything stays on the device between the input upload and the output read. Without projections the
  * core reads x (and kv) where they are.
  */
-#include "attention.h"
+#include "shell.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef clattn_view view;
-
-typedef struct shell {
-    clattn_linear lin;            /* fill_rows for the bias rows, and the plan's GEMM core */
-    clattn_core_instance core;
-    clattn_core_layout lay;
-    size_t n_qkv;                 /* self: H*dk + HK*(dk+dv) columns of the fused projection */
-    /* weights (LINEAR layout) */
-    cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
-    cl_mem w_kv;                  /* cross: [Wk;Wv] (HK*(dk+dv), Ekv) */
-    cl_mem b_proj, b_proj_kv;     /* the biases as projection rows ([bq|bk|bv]; cross [bq], [bk|bv]) */
-    cl_mem b_q, b_k, b_v;         /* the biases for a core that adds them */
-    cl_mem w_out, b_out;
-    /* workspace */
-    cl_mem proj, proj_kv;         /* projection outputs, token-major */
-    cl_mem merged;                /* the core's output when an output projection follows: (B, Tq, H*dv) */
-    /* staging for execution from host arrays */
-    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
-    cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
-    /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
-    cl_event marks[16];
-    int mark_stage[16];
-    int nmarks;
-} shell;
 
 static shell *state(const struct clattn_plan *p) { return p->backend_state; }
 
@@ -56,13 +31,20 @@ static size_t shell_floats(const struct clattn_plan *p)
     return total;
 }
 
+/* Does the core add the Q/K/V biases? Not on a training plan, whose backward reads Q, K and V with them. */
+static int adds_biases(const struct clattn_plan *p)
+{
+    return state(p)->core.core->adds_biases && !p->d.training;
+}
+
 /* Where the core finds Q, K and V: the inputs themselves, or the projections' rows. */
 static clattn_core_layout layout(const struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    clattn_core_layout l = {.out_ld = H * dv, .bias_q = p->b_query != NULL, .bias_k = p->b_key != NULL,
-                            .bias_v = p->b_value != NULL};
+    const int biases = !d->training; /* a training plan's projections add them (adds_biases) */
+    clattn_core_layout l = {.out_ld = H * dv, .bias_q = biases && p->b_query, .bias_k = biases && p->b_key,
+                            .bias_v = biases && p->b_value};
     if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = l.v_ld = d->kv_embed;
     else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
     else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
@@ -80,12 +62,12 @@ static clattn_status upload_projections(struct clattn_plan *p)
     if (!p->has_qkv) return CLATTN_STATUS_SUCCESS;
     const size_t rows[3] = {H * dk, HK * dk, HK * dv};
     const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
-    if (c->core.core->adds_biases) {
+    if (adds_biases(p)) {
         if (b[0]) TRY(clattn_buffer_new(dev, rows[0], sizeof(float), b[0], "b_query", &c->b_q));
         if (b[1]) TRY(clattn_buffer_new(dev, rows[1], sizeof(float), b[1], "b_key", &c->b_k));
         if (b[2]) TRY(clattn_buffer_new(dev, rows[2], sizeof(float), b[2], "b_value", &c->b_v));
     }
-    const int biased = !c->core.core->adds_biases;
+    const int biased = !adds_biases(p);
     if (!d->cross) {
         c->n_qkv = rows[0] + rows[1] + rows[2];
         TRY(clattn_upload_blocks(dev, w, rows, 3, E, "the Q|K|V weights", &c->w_proj));
@@ -155,9 +137,11 @@ static clattn_status shell_init(struct clattn_plan *p)
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
     /* a training plan's cores write the rows' log-sum-exp at every execution: here when the caller takes none */
-    if (p->d.training)
+    if (p->d.training) {
         TRY(clattn_buffer_new(p->device, p->d.batch * p->d.heads * p->d.seq_q, sizeof(float), NULL,
                               "the rows' log-sum-exp", &c->lse_buf));
+        TRY(clattn_shell_train_init(p));
+    }
     return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
 }
 
@@ -186,7 +170,7 @@ static size_t shell_device_bytes(const struct clattn_plan *p)
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) total += clattn_mem_bytes(*mems[i]);
     const clattn_core *core = c->core.core;
     if (core && core->device_bytes) total += core->device_bytes(c->core.state);
-    return total;
+    return total + clattn_shell_train_bytes(&c->train);
 }
 
 static void shell_release(struct clattn_plan *p)
@@ -194,6 +178,7 @@ static void shell_release(struct clattn_plan *p)
     shell *c = state(p);
     if (!c) return;
     release_marks(c);
+    clattn_shell_train_release(&c->train);
     clattn_core_destroy(&c->core);
     cl_mem *mems[] = SHELL_MEMS(c);
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
@@ -204,12 +189,6 @@ static void shell_release(struct clattn_plan *p)
 
 /* ---- execution */
 
-typedef struct run_io {
-    view x, kv, kpm, mask, out, attn; /* attn.mem NULL: not wanted (or read to attn_host) */
-    float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
-    view lse, context;                /* training plans: the rows' log-sum-exp (always somewhere), the merged
-                                         heads before the output projection (mem NULL: not wanted) */
-} run_io;
 
 /* A profiling marker at the end of `stage` (-1: the start of the pass, which drops the last
  * pass's markers). Stage s's time is its marker's minus the marker before it. */
@@ -228,8 +207,7 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 
 static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
 
-/* 1. projections (or the inputs themselves): the views the core reads Q, K and V from. */
-static clattn_status project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
+clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
 {
     shell *c = state(p);
     const clattn_attention_desc *d = &p->d;
@@ -269,7 +247,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     clattn_core_io cio = {.b_q = c->b_q, .b_k = c->b_k, .b_v = c->b_v, .kpm = io->kpm, .mask = io->mask,
                           .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse};
     if (p->profiling) cio.mark = core_mark, cio.mark_ctx = p;
-    TRY(project(p, io, &cio));
+    TRY(clattn_shell_project(p, io, &cio));
     /* the merged heads: straight into the caller's context buffer when it wants them and an output projection
      * reads them from there */
     cio.out = !p->has_out ? io->out : io->context.mem ? io->context : (view){c->merged, 0};
@@ -399,4 +377,6 @@ const clattn_backend_ops clattn_backend_opencl = {
     .execute_buffers = shell_execute_buffers,
     .stage_times = shell_stage_times,
     .device_bytes = shell_device_bytes,
+    .backward_host = clattn_shell_backward_host,
+    .backward_buffers = clattn_shell_backward_buffers,
 };

@@ -13,7 +13,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: clattn cores [--device SPEC] [--json]\n"
-               "  lists every core clattn has: name, kind (prefill, decode or gemm), whether the device runs it\n"
+               "  lists every core clattn has: name, kind (prefill, decode, gemm or backward), whether the device runs it\n"
                "  (or why not), and the head-size classes (max(dk, dv)) AUTO gives it on this device.\n"
                "  CLATTN_CORE=NAME[:P=V,...][;NAME[:P=V,...]...] forces cores (one per kind) on the plans that can\n"
                "  use them.\n");
@@ -83,7 +83,8 @@ int clattn_cli_cores(int argc, char **argv)
             rc = 1;
             break;
         }
-        const char *kind = c.kind == CLATTN_CORE_DECODE ? "decode" : c.kind == CLATTN_CORE_GEMM ? "gemm" : "prefill";
+        const char *kind = c.kind == CLATTN_CORE_DECODE ? "decode" : c.kind == CLATTN_CORE_GEMM ? "gemm"
+                           : c.kind == CLATTN_CORE_BACKWARD ? "backward" : "prefill";
         char classes[128] = "";
         for (int k = 0; k < CLATTN_HEAD_CLASS_COUNT; k++)
             if (c.default_for & (1u << k))

@@ -7,6 +7,8 @@
  *   decode cores    run a decode step against a KV cache (decode_attend)
  *   GEMM cores      run every GEMM a plan makes: the projections, the feed-forward layers, the unfused
  *                   core's batched score and context products (gemm_tiles, gemm_clblast)
+ *   backward cores  run a training plan's attention backward, dQ, dK, dV from the context's gradient
+ *                   (flash_backward)
  * Each is one const clattn_core, listed in registry.c's table of its kind. A plan never names a core:
  * select.c (attention layer) picks one from the table, the tuning file and the environment, builds it with
  * its parameters, and runs it on buffer views. A core knows the device only through its capabilities and
@@ -103,6 +105,19 @@ typedef struct clattn_decode_io {
 } clattn_decode_io;
 clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage stage);
 
+/* One backward pass of a backward core (training plans): the forward's Q, K and V rows (the layout's q_ld, k_ld,
+ * v_ld), its merged context and the context's gradient (B, Tq, H*dv) rows, each row's log-sum-exp (B, H, Tq), the
+ * masks; out: dQ, dK, dV as rows laid out like Q, K and V, of row strides dq_ld and dkv_ld. */
+typedef struct clattn_backward_io {
+    clattn_view q, k, v;
+    clattn_view ctx, dctx;
+    size_t ctx_ld, dctx_ld;
+    clattn_view lse;
+    clattn_view kpm, mask;       /* as the caller gave them (mem NULL: none) */
+    clattn_view dq, dk, dv;
+    size_t dq_ld, dkv_ld;
+} clattn_backward_io;
+
 typedef struct clattn_core clattn_core;
 
 /* A GEMM core (kind CLATTN_CORE_GEMM) fills in run_gemm, not run; its supports, defaults, fits and build take
@@ -110,7 +125,7 @@ typedef struct clattn_core clattn_core;
  * for whatever calls come, and build gets no layout (NULL). Its algorithm field is unused. */
 struct clattn_core {
     const char *name;            /* what CLATTN_CORE, the tuning file and `clattn cores` call it */
-    clattn_core_kind kind;       /* CLATTN_CORE_PREFILL, CLATTN_CORE_DECODE or CLATTN_CORE_GEMM */
+    clattn_core_kind kind;       /* CLATTN_CORE_PREFILL, _DECODE, _GEMM or _BACKWARD */
     clattn_algorithm algorithm;  /* what its plans report: FUSED (no score matrix) or UNFUSED */
     int produces_weights;        /* can return the attention weights */
     int saves_row_stats;         /* writes each row's log-sum-exp (io->lse): it serves training plans */
@@ -148,6 +163,7 @@ struct clattn_core {
     clattn_status (*run)(void *state, const clattn_core_io *io);          /* prefill: enqueue the core */
     clattn_status (*run_decode)(void *state, clattn_decode_io *io);       /* decode: enqueue one step */
     clattn_status (*run_gemm)(void *state, const clattn_gemm_call *call); /* GEMM: enqueue one call */
+    clattn_status (*run_backward)(void *state, const clattn_backward_io *io); /* backward: enqueue one pass */
     size_t (*device_bytes)(const void *state);                            /* its buffers (NULL: none) */
     void (*release)(void *state);
 };
@@ -156,7 +172,7 @@ struct clattn_core {
 size_t clattn_core_total(void);                  /* cores of both kinds */
 const clattn_core *clattn_core_at(size_t i);     /* the i-th (prefill first), NULL past the end */
 const clattn_core *clattn_core_find(const char *name);
-const char *clattn_core_kind_name(clattn_core_kind kind); /* "prefill", "decode", "gemm" */
+const char *clattn_core_kind_name(clattn_core_kind kind); /* "prefill", "decode", "gemm", "backward" */
 /* AUTO's i-th choice of `kind` on this device class for head-size class cls (NULL past the last): the
  * first that supports a plan and builds serves it. */
 const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i);

@@ -11,6 +11,7 @@ extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_cor
     clattn_core_flash_mma;
 extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
 extern const clattn_core clattn_core_gemm_tiles, clattn_core_gemm_clblast;
+extern const clattn_core clattn_core_flash_backward;
 
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
@@ -28,6 +29,10 @@ static const clattn_core *const decode[] = {
 static const clattn_core *const gemm[] = {
     &clattn_core_gemm_tiles,
     &clattn_core_gemm_clblast,
+};
+
+static const clattn_core *const backward[] = {
+    &clattn_core_flash_backward,
 };
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
@@ -66,12 +71,17 @@ static const order_rule decode_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
+/* Backward: flash_backward, the one backward core (per-work-item rows: a CPU's shape; on GPUs unmeasured). */
+static const order_rule backward_order[] = {
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_backward"}},
+};
+
 static const order_rule gemm_order[] = {
     {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_tiles", "gemm_clblast"}},
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_clblast"}},
 };
 
-size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode) + COUNT(gemm); }
+size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode) + COUNT(gemm) + COUNT(backward); }
 
 const clattn_core *clattn_core_at(size_t i)
 {
@@ -79,12 +89,15 @@ const clattn_core *clattn_core_at(size_t i)
     i -= COUNT(prefill);
     if (i < COUNT(decode)) return decode[i];
     i -= COUNT(decode);
-    return i < COUNT(gemm) ? gemm[i] : NULL;
+    if (i < COUNT(gemm)) return gemm[i];
+    i -= COUNT(gemm);
+    return i < COUNT(backward) ? backward[i] : NULL;
 }
 
 const char *clattn_core_kind_name(clattn_core_kind kind)
 {
-    return kind == CLATTN_CORE_DECODE ? "decode" : kind == CLATTN_CORE_GEMM ? "gemm" : "prefill";
+    return kind == CLATTN_CORE_DECODE ? "decode" : kind == CLATTN_CORE_GEMM ? "gemm"
+           : kind == CLATTN_CORE_BACKWARD ? "backward" : "prefill";
 }
 
 const clattn_core *clattn_core_find(const char *name)
@@ -98,9 +111,11 @@ const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_cl
 {
     const order_rule *rules = kind == CLATTN_CORE_DECODE ? decode_order
                               : kind == CLATTN_CORE_GEMM ? gemm_order
+                              : kind == CLATTN_CORE_BACKWARD ? backward_order
                                                          : prefill_order;
     const size_t n = kind == CLATTN_CORE_DECODE ? COUNT(decode_order)
                      : kind == CLATTN_CORE_GEMM ? COUNT(gemm_order)
+                     : kind == CLATTN_CORE_BACKWARD ? COUNT(backward_order)
                                                 : COUNT(prefill_order);
     for (size_t r = 0; r < n; r++) {
         if ((rules[r].dclass >= 0 && rules[r].dclass != (int)dclass) || cls < rules[r].cls_lo ||

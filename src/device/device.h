@@ -9,7 +9,7 @@
  * per head-size class, as clattn_tune measured them on this device. Read when the device opens; plans
  * read it (attention/select.c) through clattn_tune_active. */
 #define CLATTN_TUNE_MAX_ENTRIES 64
-#define CLATTN_CORE_KINDS 3
+#define CLATTN_CORE_KINDS 4
 
 typedef struct clattn_tune_entry {
     const clattn_core *core;

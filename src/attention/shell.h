@@ -1,0 +1,67 @@
+/* shell.h: the OpenCL backend's state of an attention plan, shared by its forward (shell.c) and its backward
+ * pass (shell_backward.c). */
+#ifndef CLATTN_SHELL_H
+#define CLATTN_SHELL_H
+
+#include "attention.h"
+
+typedef clattn_view view;
+
+/* A training plan's backward: its core and its buffers (shell_backward.c). */
+typedef struct shell_train {
+    clattn_core_instance core;    /* the backward core (select.c chose it) */
+    cl_mem dproj, dproj_kv;       /* dQ|dK|dV laid out like the projections (cross: dQ, and dK|dV) */
+    cl_mem dctx;                  /* the context's gradient (B, Tq, H*dv), with an output projection */
+    cl_mem ctx;                   /* the recomputed context without one (with one: the shell's merged) */
+    cl_mem gout_in, gx_out, gkv_out; /* host staging: dOut, dx, dkv */
+    cl_mem gw[8];                 /* host staging: the parameters' gradients, in clattn_attention_grads' order */
+} shell_train;
+
+typedef clattn_view view;
+
+typedef struct shell {
+    clattn_linear lin;            /* fill_rows for the bias rows, and the plan's GEMM core */
+    clattn_core_instance core;
+    clattn_core_layout lay;
+    size_t n_qkv;                 /* self: H*dk + HK*(dk+dv) columns of the fused projection */
+    /* weights (LINEAR layout) */
+    cl_mem w_proj;                /* self: [Wq;Wk;Wv] (n_qkv, E); cross: Wq (H*dk, E) */
+    cl_mem w_kv;                  /* cross: [Wk;Wv] (HK*(dk+dv), Ekv) */
+    cl_mem b_proj, b_proj_kv;     /* the biases as projection rows ([bq|bk|bv]; cross [bq], [bk|bv]) */
+    cl_mem b_q, b_k, b_v;         /* the biases for a core that adds them */
+    cl_mem w_out, b_out;
+    /* workspace */
+    cl_mem proj, proj_kv;         /* projection outputs, token-major */
+    cl_mem merged;                /* the core's output when an output projection follows: (B, Tq, H*dv) */
+    /* staging for execution from host arrays */
+    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
+    cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
+    shell_train train;            /* training plans: the backward pass (shell_backward.c) */
+    /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
+    cl_event marks[16];
+    int mark_stage[16];
+    int nmarks;
+} shell;
+
+typedef struct run_io {
+    view x, kv, kpm, mask, out, attn; /* attn.mem NULL: not wanted (or read to attn_host) */
+    float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
+    view lse, context;                /* training plans: the rows' log-sum-exp (always somewhere), the merged
+                                         heads before the output projection (mem NULL: not wanted) */
+} run_io;
+
+/* 1. of the forward: the projections (or the inputs themselves), the views the core reads Q, K and V from. */
+clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio);
+
+/* shell_backward.c: a training plan's backward core and buffers (plan creation), their release and bytes, and the
+ * backend's backward entry points. */
+clattn_status clattn_shell_train_init(struct clattn_plan *p);
+void clattn_shell_train_release(shell_train *t);
+size_t clattn_shell_train_bytes(const shell_train *t);
+clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_attention_args *a,
+                                         const clattn_attention_grads *g);
+clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_attention_buffers *b,
+                                            const clattn_attention_grad_buffers *g, cl_uint nwait,
+                                            const cl_event *wait, cl_event *event);
+
+#endif

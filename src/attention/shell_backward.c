@@ -1,0 +1,257 @@
+/* shell_backward.c: the OpenCL backward pass of a training plan (clattn_plan_backward, _buffers), the shell
+ * around its backward core. Shapes as in backward_ref.c, which computes the same on the CPU:
+ *
+ *   1. the forward's projections again: Q, K, V with their biases (a training plan's projections add them)
+ *   2. the forward's statistics: the caller's lse and context, or the prefill core run again for them
+ *   3. through the output projection: dctx = dOut Wo (GEMM); dWo = dOut^T ctx; dbo = dOut's column sums
+ *   4. the backward core (select.c chose it: flash_backward): dQ, dK, dV into rows laid out like the
+ *      projections' (self-attention one buffer [dQ|dK|dV], cross [dQ] and [dK|dV])
+ *   5. the projections' gradients: dW = dY^T x for each weight (RAW layout: x^T dY), db = dY's column sums;
+ *      dx = [dQ|dK|dV] [Wq;Wk;Wv], one GEMM (cross: dx = dQ Wq, dkv = [dK|dV] [Wk;Wv]); without projections
+ *      x is Q, K and V at once, and dx the sum of their gradients' blocks.
+ * Every step is enqueued; nothing is read back before the end. */
+#include "shell.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { GW_Q, GW_K, GW_V, GB_Q, GB_K, GB_V, GW_OUT, GB_OUT, NGRAD }; /* clattn_attention_grads' order */
+
+/* One backward pass: where its inputs are and where its gradients go (mem NULL: not wanted; ctx NULL: the
+ * forward's statistics are recomputed). */
+typedef struct bwd_io {
+    view x, kv, kpm, mask;
+    view gout, lse, ctx;
+    view gx, gkv;
+    view gw[NGRAD];
+} bwd_io;
+
+/* Elements of each parameter's gradient (0: the plan has no such parameter). */
+static void grad_sizes(const struct clattn_plan *p, size_t n[NGRAD])
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t qkv = p->has_qkv;
+    n[GW_Q] = qkv * H * dk * d->embed;
+    n[GW_K] = qkv * HK * dk * d->kv_embed;
+    n[GW_V] = qkv * HK * dv * d->kv_embed;
+    n[GB_Q] = p->b_query ? H * dk : 0;
+    n[GB_K] = p->b_key ? HK * dk : 0;
+    n[GB_V] = p->b_value ? HK * dv : 0;
+    n[GW_OUT] = p->has_out ? d->out_dim * H * dv : 0;
+    n[GB_OUT] = p->b_out ? d->out_dim : 0;
+}
+
+/* Columns of the dQ rows (self-attention: the whole [dQ|dK|dV]) and of the [dK|dV] rows. */
+static size_t dq_cols(const clattn_attention_desc *d)
+{
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    return d->cross ? H * dk : H * dk + HK * (dk + dv);
+}
+
+clattn_status clattn_shell_train_init(struct clattn_plan *p)
+{
+    shell *c = p->backend_state;
+    shell_train *t = &c->train;
+    const clattn_attention_desc *d = &p->d;
+    const clattn_device *dev = p->device;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
+    TRY(clattn_core_create(dev, CLATTN_CORE_BACKWARD, d, &c->lay, 0, &t->core));
+    TRY(clattn_buffer_new(dev, B * Tq * dq_cols(d), sizeof(float), NULL, "the Q|K|V gradients", &t->dproj));
+    if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V gradients", &t->dproj_kv));
+    TRY(clattn_buffer_new(dev, B * Tq * H * dv, sizeof(float), NULL, p->has_out ? "the context's gradient" :
+                          "the recomputed context", p->has_out ? &t->dctx : &t->ctx));
+    if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
+    TRY(clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the grad_out staging buffer", &t->gout_in));
+    TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "the grad_x staging buffer", &t->gx_out));
+    if (d->cross)
+        TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "the grad_kv staging buffer", &t->gkv_out));
+    size_t n[NGRAD];
+    grad_sizes(p, n);
+    for (int i = 0; i < NGRAD; i++)
+        if (n[i]) TRY(clattn_buffer_new(dev, n[i], sizeof(float), NULL, "a parameter gradient's staging buffer", &t->gw[i]));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+#define TRAIN_MEMS(t) \
+    {&t->dproj, &t->dproj_kv, &t->dctx, &t->ctx, &t->gout_in, &t->gx_out, &t->gkv_out, &t->gw[0], &t->gw[1], \
+     &t->gw[2], &t->gw[3], &t->gw[4], &t->gw[5], &t->gw[6], &t->gw[7]}
+
+void clattn_shell_train_release(shell_train *t)
+{
+    clattn_core_destroy(&t->core);
+    cl_mem *mems[] = TRAIN_MEMS(t);
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
+}
+
+size_t clattn_shell_train_bytes(const shell_train *t)
+{
+    shell_train *u = (shell_train *)t;
+    cl_mem *mems[] = TRAIN_MEMS(u);
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) total += clattn_mem_bytes(*mems[i]);
+    if (t->core.core && t->core.core->device_bytes) total += t->core.core->device_bytes(t->core.state);
+    return total;
+}
+
+/* dst (rows, n) = a (rows, k; row stride lda) W (k, n), W a LINEAR [out = k, in = n] weight: an input's gradient
+ * through a projection. */
+static clattn_status grad_input(const clattn_linear *l, view a, size_t lda, cl_mem w, size_t rows, size_t k, size_t n,
+                                view dst, const char *what)
+{
+    const clattn_gemm_call g = {.m = rows, .n = n, .k = k, .alpha = 1.0f, .a = a, .b = {w, 0}, .c = dst, .lda = lda,
+                                .ldb = n, .ldc = n, .count = 1, .what = what};
+    return clattn_gemm_run(&l->gemm, &g);
+}
+
+static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
+{
+    shell *c = p->backend_state;
+    shell_train *t = &c->train;
+    const clattn_linear *l = &c->lin;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t Hdv = H * dv, Eo = p->out_width;
+    /* 1. Q, K, V */
+    clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask};
+    const run_io rio = {.x = io->x, .kv = io->kv};
+    TRY(clattn_shell_project(p, &rio, &cio));
+    /* 2. the forward's lse and context */
+    view ctx = io->ctx, lse = io->lse;
+    if (!ctx.mem) {
+        ctx = p->has_out ? (view){c->merged, 0} : (view){t->ctx, 0};
+        lse = (view){c->lse_buf, 0};
+        cio.out = ctx;
+        cio.lse = lse;
+        TRY(c->core.core->run(c->core.state, &cio));
+    }
+    /* 3. the output projection's gradients, and the context's */
+    view dctx = io->gout;
+    if (p->has_out) {
+        dctx = (view){t->dctx, 0};
+        TRY(grad_input(l, io->gout, Eo, c->w_out, B * Tq, Eo, Hdv, dctx, "the context's gradient"));
+        if (io->gw[GW_OUT].mem)
+            TRY(clattn_linear_grad_weight(l, io->gout, Eo, ctx, Hdv, B * Tq, Eo, Hdv, d->layout, io->gw[GW_OUT],
+                                          "w_out's gradient"));
+        if (io->gw[GB_OUT].mem) TRY(clattn_linear_colsum(l, io->gout, Eo, B * Tq, Eo, io->gw[GB_OUT]));
+    }
+    /* 4. the backward core */
+    const int self = !d->cross;
+    const size_t nq = dq_cols(d), nkv = self ? nq : HK * (dk + dv);
+    const view dq = {t->dproj, 0};
+    const view dK = self ? (view){t->dproj, H * dk} : (view){t->dproj_kv, 0};
+    const view dV = self ? (view){t->dproj, (H + HK) * dk} : (view){t->dproj_kv, HK * dk};
+    const clattn_backward_io bio = {.q = cio.q, .k = cio.k, .v = cio.v, .ctx = ctx, .dctx = dctx, .ctx_ld = Hdv,
+                                    .dctx_ld = Hdv, .lse = lse, .kpm = io->kpm, .mask = io->mask, .dq = dq, .dk = dK,
+                                    .dv = dV, .dq_ld = nq, .dkv_ld = nkv};
+    TRY(t->core.core->run_backward(t->core.state, &bio));
+    /* 5. the projections' gradients and the inputs' */
+    const view kvin = self ? io->x : io->kv;
+    if (!p->has_qkv) {
+        if (io->gx.mem) TRY(clattn_linear_sum_blocks(l, dq, nq, self ? 3 : 1, E, io->gx, E, B * Tq));
+        if (io->gkv.mem) TRY(clattn_linear_sum_blocks(l, dK, nkv, 2, Ekv, io->gkv, Ekv, B * Tk));
+        return CLATTN_STATUS_SUCCESS;
+    }
+    const clattn_layout lay = d->layout;
+    if (io->gw[GW_Q].mem)
+        TRY(clattn_linear_grad_weight(l, dq, nq, io->x, E, B * Tq, H * dk, E, lay, io->gw[GW_Q], "w_query's gradient"));
+    if (io->gw[GW_K].mem)
+        TRY(clattn_linear_grad_weight(l, dK, nkv, kvin, Ekv, B * Tk, HK * dk, Ekv, lay, io->gw[GW_K], "w_key's gradient"));
+    if (io->gw[GW_V].mem)
+        TRY(clattn_linear_grad_weight(l, dV, nkv, kvin, Ekv, B * Tk, HK * dv, Ekv, lay, io->gw[GW_V],
+                                      "w_value's gradient"));
+    if (io->gw[GB_Q].mem) TRY(clattn_linear_colsum(l, dq, nq, B * Tq, H * dk, io->gw[GB_Q]));
+    if (io->gw[GB_K].mem) TRY(clattn_linear_colsum(l, dK, nkv, B * Tk, HK * dk, io->gw[GB_K]));
+    if (io->gw[GB_V].mem) TRY(clattn_linear_colsum(l, dV, nkv, B * Tk, HK * dv, io->gw[GB_V]));
+    if (io->gx.mem) TRY(grad_input(l, dq, nq, c->w_proj, B * Tq, nq, E, io->gx, "x's gradient"));
+    if (io->gkv.mem) TRY(grad_input(l, dK, nkv, c->w_kv, B * Tk, nkv, Ekv, io->gkv, "kv's gradient"));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The pass for clattn_exec_host and _buffers. The forward's profiling markers are the forward's: a backward pass
+ * on a profiling plan leaves them as they are (and adds none). */
+static clattn_status bwd_pass(void *ctx)
+{
+    void **pc = ctx;
+    struct clattn_plan *p = pc[0];
+    const int profiling = p->profiling;
+    p->profiling = 0;
+    const clattn_status st = bwd_run(p, pc[1]);
+    p->profiling = profiling;
+    return st;
+}
+
+clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_attention_args *a,
+                                         const clattn_attention_grads *g)
+{
+    shell *c = p->backend_state;
+    shell_train *t = &c->train;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
+    if (!p->host_staging)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
+    const int saved = g->lse != NULL;
+    const cl_mem ctx_buf = p->has_out ? c->merged : t->ctx;
+    const clattn_transfer in[] = {
+        {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
+        {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
+        {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
+         (void *)a->attn_mask, "the attention mask"},
+        {t->gout_in, B * Tq * p->out_width * sizeof(float), (void *)g->grad_out, "grad_out"},
+        {saved ? c->lse_buf : NULL, B * H * Tq * sizeof(float), (void *)g->lse, "lse"},
+        {saved ? ctx_buf : NULL, B * Tq * H * dv * sizeof(float), (void *)g->context, "context"}};
+    size_t n[NGRAD];
+    grad_sizes(p, n);
+    float *const host[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
+                                g->grad_b_value, g->grad_w_out, g->grad_b_out};
+    clattn_transfer out[2 + NGRAD] = {
+        {t->gx_out, B * Tq * d->embed * sizeof(float), g->grad_x, "grad_x"},
+        {t->gkv_out, B * Tk * d->kv_embed * sizeof(float), g->grad_kv, "grad_kv"}};
+    bwd_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
+                 .gout = {t->gout_in, 0}, .lse = {saved ? c->lse_buf : NULL, 0}, .ctx = {saved ? ctx_buf : NULL, 0},
+                 .gx = {g->grad_x ? t->gx_out : NULL, 0}, .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}};
+    for (int i = 0; i < NGRAD; i++) {
+        out[2 + i] = (clattn_transfer){t->gw[i], n[i] * sizeof(float), host[i], "a parameter's gradient"};
+        io.gw[i] = (view){host[i] ? t->gw[i] : NULL, 0};
+    }
+    void *pc[2] = {p, &io};
+    return clattn_exec_host(p->device, in, 7, bwd_pass, pc, out, 2 + NGRAD);
+}
+
+clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_attention_buffers *b,
+                                            const clattn_attention_grad_buffers *g, cl_uint nwait,
+                                            const cl_event *wait, cl_event *event)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
+    const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
+    size_t n[NGRAD];
+    grad_sizes(p, n);
+    const clattn_buffer gws[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
+                                      g->grad_b_value, g->grad_w_out, g->grad_b_out};
+    const clattn_mem_range ins[] = {
+        {b->x.mem, b->x.offset * 4, B * Tq * d->embed * 4, "x"},
+        {d->cross ? b->kv.mem : NULL, b->kv.offset * 4, B * Tk * d->kv_embed * 4, "kv"},
+        {d->key_padding_mask ? b->key_padding_mask.mem : NULL, b->key_padding_mask.offset, B * Tk, "key_padding_mask"},
+        {d->attn_mask ? b->attn_mask.mem : NULL, b->attn_mask.offset * mask_size, Tq * Tk * mask_size, "attn_mask"},
+        {g->grad_out.mem, g->grad_out.offset * 4, B * Tq * p->out_width * 4, "grad_out"},
+        {g->lse.mem, g->lse.offset * 4, B * H * Tq * 4, "lse"},
+        {g->context.mem, g->context.offset * 4, B * Tq * H * dv * 4, "context"}};
+    static const char *names[NGRAD] = {"grad_w_query", "grad_w_key", "grad_w_value", "grad_b_query", "grad_b_key",
+                                       "grad_b_value", "grad_w_out", "grad_b_out"};
+    clattn_mem_range outs[2 + NGRAD] = {{g->grad_x.mem, g->grad_x.offset * 4, B * Tq * d->embed * 4, "grad_x"},
+                                        {g->grad_kv.mem, g->grad_kv.offset * 4, B * Tk * d->kv_embed * 4, "grad_kv"}};
+    for (int i = 0; i < NGRAD; i++) outs[2 + i] = (clattn_mem_range){gws[i].mem, gws[i].offset * 4, n[i] * 4, names[i]};
+    TRY(clattn_check_no_overlap(outs, 2 + NGRAD, ins, 7));
+    bwd_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
+                 .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
+                 .mask = {b->attn_mask.mem, b->attn_mask.offset}, .gout = {g->grad_out.mem, g->grad_out.offset},
+                 .lse = {g->lse.mem, g->lse.offset}, .ctx = {g->context.mem, g->context.offset},
+                 .gx = {g->grad_x.mem, g->grad_x.offset}, .gkv = {g->grad_kv.mem, g->grad_kv.offset}};
+    for (int i = 0; i < NGRAD; i++) io.gw[i] = (view){gws[i].mem, gws[i].offset};
+    void *pc[2] = {p, &io};
+    return clattn_exec_buffers(p->device, nwait, wait, bwd_pass, pc, event);
+}

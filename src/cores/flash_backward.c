@@ -1,0 +1,181 @@
+/* flash_backward.c: the fused backward core (cl/cores/flash_backward.cl), FlashAttention-2's backward for
+ * training plans: D = rowsum(dctx * ctx), then a dQ pass over query rows and a dK/dV pass over key rows, each
+ * recomputing the weights from Q, K and the forward's log-sum-exp; no Tq x Tk buffer, only D (B, H, Tq).
+ * Its work-items keep ROWS rows and their gradients in registers and stream the other side's rows through the
+ * cache (flash_rows' shape: CPU devices). GQA: a dK/dV work-item sums the GROUP query heads of its key/value
+ * head, so no two work-items write one gradient (no atomics).
+ *
+ * Kernel arguments of bwd_dq and bwd_dkdv (flash_backward.cl's BWD_ARGS), then the gradients' rows:
+ *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, dctx, dctx_off, dctx_ld     (clattn_core_arg_rows)
+ *   lse, lse_off, D                                                              the rows' statistics
+ *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                      (clattn_core_arg_masks)
+ *   scale, extent, seed_lo, seed_hi, threshold, keep_scale                       (clattn_core_arg_dropout) */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { ROWS, VW };
+static const size_t rows_v[] = {1, 2, 4, 8, 16}, rows_tried[] = {2, 4, 8, 16};
+static const size_t vw_v[] = {1, 4, 8}, vw_tried[] = {4, 8};
+static const clattn_core_param params[] = {
+    [ROWS] = {"ROWS", rows_v, 5, rows_tried, 4, NULL},
+    [VW] = {"VW", vw_v, 3, vw_tried, 2, NULL},
+};
+
+#define MAX_HEAD 256 /* dk and dv it takes: its rows' registers (4 * ROWS * head floats in the dK/dV pass) */
+
+typedef struct bwd_state {
+    const clattn_device *dev;
+    clattn_attention_desc d;
+    clattn_core_layout lay; /* where Q, K and V are */
+    clattn_core_params p;
+    cl_program prog;
+    cl_kernel k_dot, k_dq, k_dkdv;
+    cl_mem dd; /* D, (B, H, Tq) */
+} bwd_state;
+
+static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                              char *why, size_t len)
+{
+    (void)caps;
+    if (d && (d->head_dim_qk > MAX_HEAD || d->head_dim_v > MAX_HEAD)) {
+        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, MAX_HEAD,
+                 d->head_dim_qk, d->head_dim_v);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Defaults on every device class (PoCL, 2 vCPU Zen 4, B=4 T=1024 E=512 H=8 and T=256 dh 128:
+ * bench/results/pocl-2core-backward.md): 8 rows for head sizes up to 64 (each loaded row feeds 8 rows' FMAs
+ * and the dK/dV pass's 4 x 8 x 64 floats stay in the cache), 4 above; the widest vector that divides both heads. */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    const size_t head = d->head_dim_qk > d->head_dim_v ? d->head_dim_qk : d->head_dim_v;
+    p->v[ROWS] = head <= 64 ? 8 : 4;
+    p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
+    return 1;
+}
+
+static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return !d || (d->head_dim_qk % p->v[VW] == 0 && d->head_dim_v % p->v[VW] == 0);
+}
+
+static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                        const clattn_core_layout *lay)
+{
+    (void)core, (void)caps, (void)lay;
+    return d->batch * d->heads * d->seq_q;
+}
+
+static void release(void *state)
+{
+    bwd_state *s = state;
+    if (!s) return;
+    clattn_kernel_release(&s->k_dot);
+    clattn_kernel_release(&s->k_dq);
+    clattn_kernel_release(&s->k_dkdv);
+    clattn_mem_release(&s->dd);
+    clattn_program_release(&s->prog);
+    free(s);
+}
+
+static clattn_status build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                           const clattn_core_layout *lay, const clattn_core_params *p, void **state)
+{
+    (void)core;
+    bwd_state *s = clattn_calloc(1, sizeof *s);
+    if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the backward core's state");
+    *state = s;
+    s->dev = dev;
+    s->d = *d;
+    s->lay = *lay;
+    s->p = *p;
+    char opts[512];
+    int n = clattn_core_attention_defines(d, opts, sizeof opts);
+    if (n > 0 && (size_t)n < sizeof opts)
+        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu -DVW=%zu", p->v[ROWS], p->v[VW]);
+    const char *src[] = {"common/philox", "common/mask", "cores/flash_backward"};
+    clattn_status st = clattn_program_build(dev, src, 3, opts, &s->prog);
+    if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);
+    if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dq", &s->k_dq);
+    if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dkdv", &s->k_dkdv);
+    if (st == CLATTN_STATUS_SUCCESS)
+        st = clattn_buffer_new(dev, d->batch * d->heads * d->seq_q, sizeof(float), NULL, "the backward's row dots",
+                               &s->dd);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        release(s);
+        *state = NULL;
+    }
+    return st;
+}
+
+static clattn_status run_backward(void *state, const clattn_backward_io *io)
+{
+    bwd_state *s = state;
+    const clattn_attention_desc *d = &s->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t rows = s->p.v[ROWS];
+    /* D = rowsum(dctx * ctx) */
+    clattn_args a;
+    clattn_args_begin(&a, s->k_dot, "bwd_dot");
+    clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
+    clattn_core_arg_rows(&a, io->ctx, io->ctx_ld);
+    clattn_arg_mem(&a, s->dd);
+    clattn_arg_u32(&a, (cl_uint)Tq);
+    clattn_arg_u32(&a, (cl_uint)H);
+    clattn_arg_u64(&a, B * H * Tq);
+    TRY(clattn_args_end(&a));
+    TRY(clattn_enqueue_1d(s->dev, s->k_dot, B * H * Tq, "enqueue bwd_dot"));
+    /* the dQ pass over query rows, then the dK/dV pass over key rows */
+    const size_t extent[2] = {B * H * ((Tq + rows - 1) / rows), B * HK * ((Tk + rows - 1) / rows)};
+    cl_kernel ks[2] = {s->k_dq, s->k_dkdv};
+    static const char *names[2] = {"bwd_dq", "bwd_dkdv"};
+    for (int pass = 0; pass < 2; pass++) {
+        clattn_args_begin(&a, ks[pass], names[pass]);
+        clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
+        clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
+        clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
+        clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
+        clattn_arg_view(&a, io->lse);
+        clattn_arg_mem(&a, s->dd);
+        clattn_core_arg_masks(&a, io->kpm, io->mask, d);
+        clattn_arg_f32(&a, d->scale);
+        clattn_arg_u64(&a, extent[pass]);
+        clattn_core_arg_dropout(&a, d);
+        if (pass == 0) {
+            clattn_core_arg_rows(&a, io->dq, io->dq_ld);
+        } else {
+            clattn_core_arg_rows(&a, io->dk, io->dkv_ld);
+            clattn_core_arg_rows(&a, io->dv, io->dkv_ld);
+        }
+        TRY(clattn_args_end(&a));
+        TRY(clattn_enqueue_1d(s->dev, ks[pass], extent[pass], names[pass]));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static size_t device_bytes(const void *state) { return clattn_mem_bytes(((const bwd_state *)state)->dd); }
+
+const clattn_core clattn_core_flash_backward = {
+    .name = "flash_backward",
+    .kind = CLATTN_CORE_BACKWARD,
+    .algorithm = CLATTN_ALGORITHM_FUSED,
+    .saves_row_stats = 1,
+    .params = params,
+    .nparams = 2,
+    .supports = supports,
+    .defaults = defaults,
+    .fits = fits,
+    .workspace = workspace,
+    .build = build,
+    .run_backward = run_backward,
+    .device_bytes = device_bytes,
+    .release = release,
+};
