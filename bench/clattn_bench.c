@@ -21,6 +21,7 @@
 #include "args.h"
 #include "attention_op.h"
 #include "bench_util.h"
+#include "backward_bench.h"
 #include "decode_bench.h"
 
 #include <clblast_c.h>
@@ -234,7 +235,8 @@ static void usage(FILE *f)
             "FLOPs: projections 2*M*N*K each, attention core 4*B*H*T^2*d (halved when causal),\n"
             "encoder feed-forward 4*B*T*F*E.\n"
             "Softmax bytes: B*H*T^2 floats read twice and written once (+ masks).\n"
-            "--decode: a decode step against a KV cache instead (clattn-bench --decode --help).\n");
+            "--decode: a decode step against a KV cache instead (clattn-bench --decode --help).\n"
+            "--backward: a training plan's forward and backward instead (clattn-bench --backward --help).\n");
 }
 
 static size_t parse_size(const char *opt, const char *s)
@@ -930,6 +932,8 @@ int main(int argc, char **argv)
     if (!argv) bench_die("out of memory reading the arguments");
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--decode")) return clattn_bench_decode(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--backward")) return clattn_bench_backward(argc, argv);
     options o;
     parse_options(argc, argv, &o);
 

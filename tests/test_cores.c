@@ -58,7 +58,7 @@ Test(cores, list)
     const size_t n = clattn_core_count();
     cr_assert_geq(n, 4);
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
-    unsigned defaults[3] = {0, 0, 0}; /* per kind: the classes some core is AUTO's default for */
+    unsigned defaults[4] = {0, 0, 0, 0}; /* per kind: the classes some core is AUTO's default for */
     for (size_t i = 0; i < n; i++) {
         clattn_core_info none, onref, c;
         cr_assert_eq(clattn_core_describe(NULL, i, &none), CLATTN_STATUS_SUCCESS);
@@ -67,7 +67,8 @@ Test(cores, list)
         cr_assert_str_eq(none.name, c.name);
         cr_assert(!none.supported && !onref.supported && none.default_for == 0 && onref.default_for == 0);
         cr_assert(strstr(onref.reason, "ref"), "%s: %s", onref.name, onref.reason);
-        cr_assert(c.kind == CLATTN_CORE_PREFILL || c.kind == CLATTN_CORE_DECODE || c.kind == CLATTN_CORE_GEMM);
+        cr_assert(c.kind == CLATTN_CORE_PREFILL || c.kind == CLATTN_CORE_DECODE || c.kind == CLATTN_CORE_GEMM ||
+                  c.kind == CLATTN_CORE_BACKWARD);
         if (c.kind == CLATTN_CORE_GEMM) cr_assert(c.algorithm == CLATTN_ALGORITHM_AUTO && !c.produces_weights);
         else cr_assert(c.algorithm == CLATTN_ALGORITHM_FUSED || c.algorithm == CLATTN_ALGORITHM_UNFUSED);
         cr_assert(c.supported == (c.reason[0] == '\0'), "%s: supported %d, reason '%s'", c.name, c.supported, c.reason);
@@ -82,6 +83,7 @@ Test(cores, list)
     cr_assert_eq(defaults[CLATTN_CORE_PREFILL], 0x1Fu, "every head-size class has a prefill default");
     cr_assert_eq(defaults[CLATTN_CORE_DECODE], 0x0Fu, "head sizes up to 256 have a decode default");
     cr_assert_eq(defaults[CLATTN_CORE_GEMM], 0x1Fu, "every head-size class has a GEMM default");
+    cr_assert_eq(defaults[CLATTN_CORE_BACKWARD], 0x0Fu, "head sizes up to 256 have a backward default");
     const clattn_core_info tiles = info_of(cl, "gemm_tiles"), clblast = info_of(cl, "gemm_clblast");
     cr_assert(clblast.supported, "CLBlast runs on every OpenCL device");
     cr_assert_str_eq(tiles.params, "MR VW NV QP KC WS");

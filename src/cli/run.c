@@ -37,7 +37,8 @@ static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
                "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
-               "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--device SPEC] [-v]\n"
+               "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
+               "                  [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
                "               at all: each to a temporary file, renamed into place when every output is written)\n"
                "  --heads H: query heads (default 1); --causal: query i sees keys j <= i\n"
@@ -54,10 +55,16 @@ static void usage_line(FILE *f)
                "               mantissa), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma)\n"
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
                "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
+               "  --backward: also the gradients: reads grad_out.npy (the shape of out.npy) and writes grad_NAME.npy\n"
+               "               for every differentiable input NAME.npy given (x, kv, w_*, b_*), through a training\n"
+               "               plan with the same seed (dropout keeps the forward's weights)\n"
+               "  --lse: also write lse.npy ((B, H, Tq): each query row's log-sum-exp of its scaled, masked scores;\n"
+               "               -inf for a row with no visible key)\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
-               "outputs in DIR: out.npy, and attn.npy with --need-weights\n");
+               "  grad_out.npy (with --backward)\n"
+               "outputs in DIR: out.npy, attn.npy with --need-weights, lse.npy with --lse, grad_*.npy with --backward\n");
 }
 
 /* ---------------------------------------------------------------- flags */
@@ -66,6 +73,7 @@ typedef struct run_opts {
     const char *in, *out, *device;
     size_t heads, kv_heads, window, decode_from;
     int causal, need_weights, verbose, kv_half;
+    int backward, lse;  /* a training plan: the gradients (grad_out.npy in), the rows' log-sum-exp */
     float scale;        /* 0 = default 1/sqrt(dk) */
     float dropout;
     uint64_t seed;
@@ -110,6 +118,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     memset(o, 0, sizeof *o);
     o->heads = 1;
     int seen_in = 0, seen_out = 0, seen_dev = 0, seen_causal = 0, seen_nw = 0, seen_v = 0, seen_half = 0;
+    int seen_bwd = 0, seen_lse = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -133,6 +142,8 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
         else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
+        else if (strcmp(a, "--backward") == 0) seen = &seen_bwd, takes_value = 0;
+        else if (strcmp(a, "--lse") == 0) seen = &seen_lse, takes_value = 0;
         else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) seen = &seen_v, takes_value = 0;
         else {
             if (a[0] == '-') say("unknown option '%s' (see clattn run --help)", a);
@@ -148,6 +159,8 @@ static int parse_flags(int argc, char **argv, run_opts *o)
             if (seen == &seen_causal) o->causal = 1;
             else if (seen == &seen_v) o->verbose = 1;
             else if (seen == &seen_half) o->kv_half = 1;
+            else if (seen == &seen_bwd) o->backward = 1;
+            else if (seen == &seen_lse) o->lse = 1;
             else o->need_weights = 1;
             continue;
         }
@@ -245,6 +258,11 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         say("--decode-from with --algorithm unfused: decoding runs its own fused kernel (use auto or fused)");
         return EXIT_USAGE;
     }
+    if (o->seen_decode && (o->backward || o->lse)) {
+        say("--decode-from with %s: decode steps are inference (no training statistics, no backward)",
+            o->backward ? "--backward" : "--lse");
+        return EXIT_USAGE;
+    }
     if (o->need_weights && o->algorithm == CLATTN_ALGORITHM_FUSED) {
         say("--need-weights with --algorithm fused: the fused kernel does not produce the weights (use auto or unfused)");
         return EXIT_USAGE;
@@ -254,11 +272,11 @@ static int parse_flags(int argc, char **argv, run_opts *o)
 
 /* ---------------------------------------------------------------- inputs */
 
-enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_COUNT };
+enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_GOUT, F_COUNT };
 
 static const char *const file_names[F_COUNT] = {
     "x.npy",     "kv.npy",    "w_query.npy", "w_key.npy", "w_value.npy",          "b_query.npy",
-    "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy"};
+    "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy", "grad_out.npy"};
 
 typedef struct inputs {
     clattn_npy a[F_COUNT];
@@ -502,58 +520,75 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
+/* One output file: its name in --out, its data and shape. */
+typedef struct out_file {
+    const char *name;
+    const float *data;
+    int nd;
+    size_t shape[4];
+} out_file;
+
+#define MAX_OUT_FILES 16
+
+/* Every output to a temporary file first, renamed into place only when all are written: on any error --out is
+ * as it was (or is renamed partly only if a rename itself fails); a link or a FIFO at a name is replaced, never
+ * followed or opened. */
+static int write_files(const char *dir, const out_file *files, int n)
+{
+    char err[512], tmp[MAX_OUT_FILES][4200];
+    char *path[MAX_OUT_FILES] = {NULL};
+    int rc = -1, made = 0;
+    for (int i = 0; i < n; i++) tmp[i][0] = '\0';
+    for (int i = 0; i < n; i++)
+        if (!(path[i] = join(dir, files[i].name))) {
+            say("out of memory");
+            goto out;
+        }
+    if (clattn_cli_make_dir("clattn run", "--out", dir, &made) != 0) goto out; /* said */
+    struct stat st;
+    for (int i = 0; i < n; i++)
+        if (lstat(path[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+            say("%s: '%s' is a directory", files[i].name, path[i]);
+            goto out;
+        }
+    for (int i = 0; i < n; i++)
+        if (clattn_npy_save_f32_temp(path[i], files[i].data, files[i].nd, files[i].shape, tmp[i], sizeof tmp[i], err,
+                                     sizeof err) != 0) {
+            say("%s: %s", files[i].name, err);
+            goto out;
+        }
+    for (int i = 0; i < n; i++) {
+        if (rename(tmp[i], path[i]) != 0) {
+            say("%s: cannot rename %s into place: %s", files[i].name, tmp[i], strerror(errno));
+            goto out;
+        }
+        tmp[i][0] = '\0';
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < n; i++) {
+        if (tmp[i][0]) unlink(tmp[i]);
+        free(path[i]);
+    }
+    if (rc) clattn_cli_unmake_dir(dir, made);
+    return rc;
+}
+
+/* The shape of a (B, Tq, ...) output: without the batch dimension when x.npy has none. */
+static out_file shaped(const char *name, const float *data, const dims *d, size_t a, size_t b, size_t c)
+{
+    out_file f = {name, data, 0, {0}};
+    if (!d->two_d) f.shape[f.nd++] = d->B;
+    f.shape[f.nd++] = a, f.shape[f.nd++] = b;
+    if (c) f.shape[f.nd++] = c;
+    return f;
+}
+
 static int write_outputs(const char *dir, const dims *d, size_t out_width, const float *out, const float *attn)
 {
-    char err[512];
-    char *out_path = join(dir, "out.npy"), *attn_path = attn ? join(dir, "attn.npy") : NULL;
-    if (!out_path || (attn && !attn_path)) {
-        free(out_path);
-        free(attn_path);
-        say("out of memory");
-        return -1;
-    }
-    int rc = -1;
-    size_t out_shape[3], attn_shape[4];
-    int out_nd, attn_nd;
-    if (d->two_d) {
-        out_shape[0] = d->Tq, out_shape[1] = out_width, out_nd = 2;
-        attn_shape[0] = d->H, attn_shape[1] = d->Tq, attn_shape[2] = d->Tk, attn_nd = 3;
-    } else {
-        out_shape[0] = d->B, out_shape[1] = d->Tq, out_shape[2] = out_width, out_nd = 3;
-        attn_shape[0] = d->B, attn_shape[1] = d->H, attn_shape[2] = d->Tq, attn_shape[3] = d->Tk, attn_nd = 4;
-    }
-    /* every output to a temporary file first, renamed into place only when all are written: on any error
-     * --out is as it was; a link or a FIFO at out.npy is replaced, never followed or opened */
-    char out_tmp[4200] = "", attn_tmp[4200] = "";
-    struct stat st;
-    int made = 0;  /* --out directories created here, removed again on an error */
-    if (clattn_cli_make_dir("clattn run", "--out", dir, &made) != 0) {
-        /* said */
-    } else if (lstat(out_path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        say("out.npy: '%s' is a directory", out_path);
-    } else if (attn && lstat(attn_path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        say("attn.npy: '%s' is a directory", attn_path);
-    } else if (clattn_npy_save_f32_temp(out_path, out, out_nd, out_shape, out_tmp, sizeof out_tmp, err,
-                                        sizeof err) != 0) {
-        say("out.npy: %s", err);
-    } else if (attn &&
-               clattn_npy_save_f32_temp(attn_path, attn, attn_nd, attn_shape, attn_tmp, sizeof attn_tmp, err,
-                                        sizeof err) != 0) {
-        say("attn.npy: %s", err);
-    } else if (rename(out_tmp, out_path) != 0) {
-        say("out.npy: cannot rename %s into place: %s", out_tmp, strerror(errno));
-    } else {
-        out_tmp[0] = '\0';
-        if (attn && rename(attn_tmp, attn_path) != 0) say("attn.npy: cannot rename %s into place: %s", attn_tmp,
-                                                          strerror(errno));
-        else rc = 0, attn_tmp[0] = '\0';
-    }
-    if (out_tmp[0]) unlink(out_tmp);
-    if (attn_tmp[0]) unlink(attn_tmp);
-    if (rc) clattn_cli_unmake_dir(dir, made);
-    free(out_path);
-    free(attn_path);
-    return rc;
+    out_file files[2] = {shaped("out.npy", out, d, d->Tq, out_width, 0)};
+    if (attn) files[1] = shaped("attn.npy", attn, d, d->H, d->Tq, d->Tk);
+    return write_files(dir, files, attn ? 2 : 1);
 }
 
 static int mul_ok(size_t a, size_t b, size_t *out)
@@ -620,7 +655,7 @@ int clattn_cli_run(int argc, char **argv)
     dims d;
     clattn_device *dev = NULL;
     clattn_plan *plan = NULL;
-    float *out = NULL, *attn = NULL;
+    float *out = NULL, *attn = NULL, *lse = NULL, *ctx = NULL, *grads[10] = {NULL};
     code = EXIT_INPUT;
 
     if (load_inputs(o.in, &in) || check_shapes(&in, o.heads, o.kv_heads, &d)) goto done;
@@ -633,6 +668,15 @@ int clattn_cli_run(int argc, char **argv)
     if (o.seen_decode && o.decode_from > d.Tq) {
         say("--decode-from %zu: must be from 1 to T = %zu (the tokens of x.npy)", o.decode_from, d.Tq);
         code = EXIT_USAGE;
+        goto done;
+    }
+    if (in.has[F_GOUT] && !o.backward) {
+        say("grad_out.npy is in --in, but --backward is not given: it would be ignored");
+        code = EXIT_USAGE;
+        goto done;
+    }
+    if (o.backward && !in.has[F_GOUT]) {
+        say("--backward needs grad_out.npy in --in (the gradient of the loss by out, the shape of out.npy)");
         goto done;
     }
     if (o.seen_decode && (in.has[F_KPM] || in.has[F_MASK])) {
@@ -667,6 +711,7 @@ int clattn_cli_run(int argc, char **argv)
     desc.kv_heads = o.kv_heads;
     desc.window = o.window;
     desc.kv_half = o.kv_half;
+    desc.training = o.backward || o.lse;
 
     clattn_attention_weights w;
     memset(&w, 0, sizeof w);
@@ -763,6 +808,18 @@ int clattn_cli_run(int argc, char **argv)
     args.attn_mask_count = in.has[F_MASK] ? in.a[F_MASK].count : 0;
     args.out_count = n_out;
     args.attn_count = attn ? n_attn : 0;
+    /* a training plan: the rows' log-sum-exp (and for the backward the context, so that it recomputes neither) */
+    const size_t n_lse = d.B * d.H * d.Tq, n_ctx = d.B * d.Tq * d.H * d.dv;
+    if (desc.training) {
+        lse = malloc(n_lse * sizeof *lse);
+        ctx = o.backward ? malloc(n_ctx * sizeof *ctx) : NULL;
+        if (!lse || (o.backward && !ctx)) {
+            say("out of memory allocating the training statistics");
+            goto done;
+        }
+        args.lse = lse, args.lse_count = n_lse;
+        args.context = ctx, args.context_count = ctx ? n_ctx : 0;
+    }
     const double t2 = clattn_cli_now_ms();
     st = clattn_plan_execute(plan, &args);
     const double t3 = clattn_cli_now_ms();
@@ -770,6 +827,50 @@ int clattn_cli_run(int argc, char **argv)
         say("running attention on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
             clattn_last_error());
         goto done;
+    }
+    /* --backward: a gradient for every differentiable input given, the shape of its file */
+    static const int grad_of[] = {F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
+    static const char *const grad_names[] = {"grad_x.npy", "grad_kv.npy", "grad_w_query.npy", "grad_w_key.npy",
+                                             "grad_w_value.npy", "grad_b_query.npy", "grad_b_key.npy",
+                                             "grad_b_value.npy", "grad_w_out.npy", "grad_b_out.npy"};
+    enum { NGRADS = sizeof grad_of / sizeof grad_of[0] };
+    double t5 = 0.0, t4 = 0.0;
+    if (o.backward) {
+        const clattn_npy *go = &in.a[F_GOUT];
+        const size_t want_nd = d.two_d ? 2 : 3;
+        if (go->dtype != CLATTN_NPY_F32 || (size_t)go->ndim != want_nd || go->count != n_out ||
+            go->shape[go->ndim - 1] != out_width || go->shape[go->ndim - 2] != d.Tq) {
+            char have[96];
+            say("grad_out.npy: %s %s, expected float32 with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
+                shape_str(go, have, sizeof have), d.two_d ? "" : "B, ", d.Tq, out_width);
+            goto done;
+        }
+        clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = lse,
+                                    .lse_count = n_lse, .context = ctx, .context_count = n_ctx};
+        float **slots[NGRADS] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
+                                 &g.grad_b_query, &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
+        size_t *counts[NGRADS] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+                                  &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count,
+                                  &g.grad_b_value_count, &g.grad_w_out_count, &g.grad_b_out_count};
+        for (int i = 0; i < NGRADS; i++) {
+            if (!in.has[grad_of[i]]) continue;
+            if (!(grads[i] = malloc((in.a[grad_of[i]].count ? in.a[grad_of[i]].count : 1) * sizeof(float)))) {
+                say("out of memory allocating the gradients");
+                goto done;
+            }
+            *slots[i] = grads[i], *counts[i] = in.a[grad_of[i]].count;
+        }
+        clattn_attention_args ba = args;
+        ba.out = NULL, ba.attn = NULL, ba.lse = NULL, ba.context = NULL;
+        ba.out_count = ba.attn_count = ba.lse_count = ba.context_count = 0;
+        t4 = clattn_cli_now_ms();
+        st = clattn_plan_backward(plan, &ba, &g);
+        t5 = clattn_cli_now_ms();
+        if (st != CLATTN_STATUS_SUCCESS) {
+            say("the backward pass on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+                clattn_last_error());
+            goto done;
+        }
     }
     if (o.verbose) {
         clattn_attention_desc r;
@@ -792,13 +893,29 @@ int clattn_cli_run(int argc, char **argv)
             fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
                     clattn_plan_tuned(plan) ? tf : "");
             if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
+            if (o.backward) fprintf(stderr, "clattn run: backward %.1f ms\n", t5 - t4);
         }
     }
-    if (write_outputs(o.out, &d, out_width, out, attn) == 0) code = EXIT_OK;
+    out_file files[MAX_OUT_FILES];
+    int nf = 0;
+    files[nf++] = shaped("out.npy", out, &d, d.Tq, out_width, 0);
+    if (attn) files[nf++] = shaped("attn.npy", attn, &d, d.H, d.Tq, d.Tk);
+    if (o.lse) files[nf++] = shaped("lse.npy", lse, &d, d.H, d.Tq, 0);
+    for (int i = 0; i < NGRADS && o.backward; i++) {
+        if (!grads[i]) continue;
+        const clattn_npy *src = &in.a[grad_of[i]];
+        out_file f = {grad_names[i], grads[i], src->ndim, {0}};
+        for (int k = 0; k < src->ndim && k < 4; k++) f.shape[k] = src->shape[k];
+        files[nf++] = f;
+    }
+    if (write_files(o.out, files, nf) == 0) code = EXIT_OK;
 
 done:
     free(out);
     free(attn);
+    free(lse);
+    free(ctx);
+    for (int i = 0; i < 10; i++) free(grads[i]);
     clattn_plan_free(plan);
     clattn_device_free(dev);
     inputs_free(&in);

@@ -22,6 +22,9 @@ static const clattn_core_param params[] = {
     [ROWS] = {"ROWS", rows_v, 5, rows_tried, 4, NULL},
     [VW] = {"VW", vw_v, 3, vw_tried, 2, NULL},
 };
+/* the test suite's entries: the defaults, one row per work-item (no register reuse) and 16 (rows past the end of
+ * every short case) */
+static const char *const test_configs[] = {"ROWS=8", "ROWS=1", "ROWS=16", NULL};
 
 #define MAX_HEAD 256 /* dk and dv it takes: its rows' registers (4 * ROWS * head floats in the dK/dV pass) */
 
@@ -170,6 +173,7 @@ const clattn_core clattn_core_flash_backward = {
     .saves_row_stats = 1,
     .params = params,
     .nparams = 2,
+    .test_configs = test_configs,
     .supports = supports,
     .defaults = defaults,
     .fits = fits,
