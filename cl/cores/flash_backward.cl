@@ -14,8 +14,9 @@
  * head h at column h*DK (Q, K, dQ, dK) or h*DV (V, dV, dctx, ctx); lse and D are (B, H, Tq).
  * Specialised by -D: DK, DV, GROUP, CAUSAL, WINDOW, KPM, MASK_KIND, DROPOUT (philox.cl and mask.cl go
  * first) and the core's tuning parameters:
- *   ROWS   rows per work-item (their gradients, and Q or K/V rows, in registers: each loaded row feeds ROWS)
- *   VW     vector width along the head dimension (divides DK and DV)
+ *   ROWS   rows per work-item, the lanes of its vectors (1, 2, 4, 8, 16): its rows are kept transposed, one
+ *          ROWS-wide vector per head column, so that a partner row's element, broadcast, feeds ROWS lanes and
+ *          the scores, exp and dS of ROWS rows are one vector each (no horizontal sums)
  * One work-item streams its rows' partners through the cache, no local memory: the CPU devices' way
  * (like flash_rows). */
 #ifndef DK
@@ -28,30 +29,30 @@
 #define GROUP 1
 #endif
 #ifndef ROWS
-#define ROWS 4
-#endif
-#ifndef VW
-#define VW 1
+#define ROWS 8
 #endif
 
-#if VW == 8
-typedef float8 bv_t;
-#define BV_LOAD(i, p) vload8((i), (p))
-#define BV_STORE(x, i, p) vstore8((x), (i), (p))
-inline float bv_sum(float8 x) { const float4 t = x.lo + x.hi; const float2 u = t.lo + t.hi; return u.x + u.y; }
-#elif VW == 4
-typedef float4 bv_t;
-#define BV_LOAD(i, p) vload4((i), (p))
-#define BV_STORE(x, i, p) vstore4((x), (i), (p))
-inline float bv_sum(float4 x) { const float2 u = x.lo + x.hi; return u.x + u.y; }
+#if ROWS == 16
+typedef float16 rv_t;
+#define RV_LOAD(p) vload16(0, (p))
+#define RV_STORE(x, p) vstore16((x), 0, (p))
+#elif ROWS == 8
+typedef float8 rv_t;
+#define RV_LOAD(p) vload8(0, (p))
+#define RV_STORE(x, p) vstore8((x), 0, (p))
+#elif ROWS == 4
+typedef float4 rv_t;
+#define RV_LOAD(p) vload4(0, (p))
+#define RV_STORE(x, p) vstore4((x), 0, (p))
+#elif ROWS == 2
+typedef float2 rv_t;
+#define RV_LOAD(p) vload2(0, (p))
+#define RV_STORE(x, p) vstore2((x), 0, (p))
 #else
-typedef float bv_t;
-#define BV_LOAD(i, p) ((p)[(i)])
-#define BV_STORE(x, i, p) ((p)[(i)] = (x))
-inline float bv_sum(float x) { return x; }
+typedef float rv_t;
+#define RV_LOAD(p) (*(p))
+#define RV_STORE(x, p) (*(p) = (x))
 #endif
-#define NK (DK / VW)
-#define NV (DV / VW)
 
 /* Every pass's arguments: Q, K, V, the context's gradient, the rows' log-sum-exp and D, the masks, sizes,
  * scale and dropout (src/cores/flash_backward.c's order). extent: the work-items that have work. */
@@ -62,21 +63,55 @@ inline float bv_sum(float x) { return x; }
     __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, uint H, float scale, ulong extent, \
     uint seed_lo, uint seed_hi, uint threshold, float keep_scale
 
-/* P = exp(s - lse): 0 for a hidden key (s = -inf) and in a row with no visible key (lse = -inf); NaN in a NaN
- * row. */
-inline float bwd_prob(float s, float l)
+/* Does any pair of query rows i0..i1 and keys j0..j1 need the masks (or lie past the keys' end)? Else the
+ * scores are q.k * scale as they are. */
+inline int bwd_masked(uint i0, uint i1, uint j0, uint j1, uint Tk)
 {
-    return isnan(l) ? l : s == -INFINITY || l == -INFINITY ? 0.0f : exp(s - l);
+    int m = KPM || MASK_KIND || j1 >= Tk;
+#if CAUSAL
+    m |= j1 > i0; /* some key after some row */
+#endif
+#if WINDOW
+    m |= i1 >= j0 + WINDOW; /* some key out of some row's window */
+#endif
+    return m;
 }
 
-/* The dropout factor m_ij of the forward's keep decision for weight (b, h, i, j): keep_scale or 0. */
-inline float bwd_keep(uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold, float keep_scale)
+/* The scaled, masked scores of lanes r = row/key pairs (i0 + r*di, j0 + r*dj): lanes past the keys' end hidden. */
+inline rv_t bwd_scores(rv_t s, float scale, uint i0, uint di, uint j0, uint dj, uint Tq, uint Tk, ulong b, int masked,
+                       __global const uchar *kpm, __global const mask_t *mask)
+{
+    s *= scale;
+    if (!masked) return s;
+    float a[ROWS];
+    RV_STORE(s, a);
+    for (uint r = 0; r < ROWS; r++) {
+        const uint i = min(i0 + r * di, Tq - 1), j = j0 + r * dj;
+        a[r] = j < Tk ? clattn_mask_score(a[r], i, j, b, Tk, kpm, mask) : -INFINITY;
+    }
+    return RV_LOAD(a);
+}
+
+/* The dropout factors m of the lanes' pairs (as bwd_scores): keep_scale or 0 by the forward's keep decision. */
+inline rv_t bwd_keep(uint seed_lo, uint seed_hi, uint b, uint h, uint i0, uint di, uint j0, uint dj, uint threshold,
+                     float keep_scale)
 {
 #if DROPOUT
-    return clattn_dropout_keep(seed_lo, seed_hi, b, h, i, j, threshold) ? keep_scale : 0.0f;
+    float a[ROWS];
+    for (uint r = 0; r < ROWS; r++)
+        a[r] = clattn_dropout_keep(seed_lo, seed_hi, b, h, i0 + r * di, j0 + r * dj, threshold) ? keep_scale : 0.0f;
+    return RV_LOAD(a);
 #else
-    return 1.0f;
+    return (rv_t)(1.0f);
 #endif
+}
+
+/* dS = P (m dP' - D), m dP' the dropout factor times dctx_i . v_j: 0 where P is 0 (a hidden key passes nothing,
+ * whatever dP is). */
+inline rv_t bwd_ds(rv_t p, rv_t m, rv_t dp, rv_t d)
+{
+    const rv_t ds = p * (m * dp - d);
+    return p == (rv_t)(0.0f) ? (rv_t)(0.0f) : ds;
 }
 
 /* D[(b*H + h)*Tq + i] = dctx_i . ctx_i over head h's DV columns; one work-item per (b, h, i): extent of them. */
@@ -91,37 +126,42 @@ __kernel void bwd_dot(__global const float *dctx, ulong dctx_off, uint dctx_ld, 
     const ulong b = bh / H;
     __global const float *a = dctx + dctx_off + (b * Tq + i) * dctx_ld + (ulong)h * DV;
     __global const float *c = ctx + ctx_off + (b * Tq + i) * ctx_ld + (ulong)h * DV;
-    bv_t s = (bv_t)(0.0f);
-    for (uint x = 0; x < NV; x++) s = fma(BV_LOAD(x, a), BV_LOAD(x, c), s);
-    dd[g] = bv_sum(s);
+    float s = 0.0f;
+    for (uint x = 0; x < DV; x++) s = fma(a[x], c[x], s);
+    dd[g] = s;
 }
 
-/* One work-item: query rows i0 .. i0+ROWS-1 of (b, h); global id = (b*H + h)*nblk + block. */
+/* One work-item: query rows i0 .. i0+ROWS-1 of (b, h), the lanes; global id = (b*H + h)*nblk + block. */
 __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
 {
     const ulong g = get_global_id(0);
     if (g >= extent) return;
     const uint nblk = (Tq + ROWS - 1) / ROWS;
-    const uint i0 = (uint)(g % nblk) * ROWS;
+    const uint i0 = (uint)(g % nblk) * ROWS, i1 = min(i0 + ROWS, Tq) - 1;
     const ulong bh = g / nblk;
     const uint h = (uint)(bh % H);
     const ulong b = bh / H;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
-    bv_t qr[ROWS][NK], dc[ROWS][NV], acc[ROWS][NK];
-    float lr[ROWS], dr[ROWS];
-    for (uint r = 0; r < ROWS; r++) {
-        const uint i = min(i0 + r, Tq - 1); /* rows past Tq repeat the last one, never written */
-        __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
-        __global const float *cp = dctx + dctx_off + (b * Tq + i) * dctx_ld + (ulong)h * DV;
-        for (uint c = 0; c < NK; c++) qr[r][c] = BV_LOAD(c, qp), acc[r][c] = (bv_t)(0.0f);
-        for (uint c = 0; c < NV; c++) dc[r][c] = BV_LOAD(c, cp);
-        lr[r] = lse[lse_off + bh * Tq + i];
-        dr[r] = dd[bh * Tq + i];
+    /* the rows transposed: qt[c] lane r = Q[i0 + r, c] (rows past Tq repeat the last one, never written) */
+    rv_t qt[DK], ct[DV], acc[DK];
+    float t[ROWS];
+    for (uint c = 0; c < DK; c++) {
+        for (uint r = 0; r < ROWS; r++) t[r] = q[q_off + (b * Tq + min(i0 + r, Tq - 1)) * q_ld + (ulong)h * DK + c];
+        qt[c] = RV_LOAD(t), acc[c] = (rv_t)(0.0f);
     }
+    for (uint c = 0; c < DV; c++) {
+        for (uint r = 0; r < ROWS; r++)
+            t[r] = dctx[dctx_off + (b * Tq + min(i0 + r, Tq - 1)) * dctx_ld + (ulong)h * DV + c];
+        ct[c] = RV_LOAD(t);
+    }
+    for (uint r = 0; r < ROWS; r++) t[r] = lse[lse_off + bh * Tq + min(i0 + r, Tq - 1)];
+    const rv_t lr = RV_LOAD(t);
+    for (uint r = 0; r < ROWS; r++) t[r] = dd[bh * Tq + min(i0 + r, Tq - 1)];
+    const rv_t dr = RV_LOAD(t);
     uint jbeg = 0, jend = Tk;
 #if CAUSAL
-    jend = min(Tk, min(i0 + ROWS, Tq)); /* keys after the block's last query are hidden from all its rows */
+    jend = min(Tk, i1 + 1); /* keys after the block's last query are hidden from all its rows */
 #endif
 #if WINDOW
     jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0; /* keys before the first query's window are hidden from all */
@@ -130,39 +170,24 @@ __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
     __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     for (uint j = jbeg; j < jend; j++) {
         __global const float *kp = kb + (ulong)j * k_ld, *vp = vb + (ulong)j * v_ld;
-        bv_t kj[NK], sd[ROWS], pd[ROWS];
-        #pragma unroll
-        for (uint r = 0; r < ROWS; r++) sd[r] = (bv_t)(0.0f), pd[r] = (bv_t)(0.0f);
-        for (uint c = 0; c < NK; c++) {
-            kj[c] = BV_LOAD(c, kp);
-            #pragma unroll
-            for (uint r = 0; r < ROWS; r++) sd[r] = fma(qr[r][c], kj[c], sd[r]);
-        }
-        for (uint c = 0; c < NV; c++) {
-            const bv_t vc = BV_LOAD(c, vp);
-            #pragma unroll
-            for (uint r = 0; r < ROWS; r++) pd[r] = fma(dc[r][c], vc, pd[r]);
-        }
-        float ds[ROWS];
-        for (uint r = 0; r < ROWS; r++) {
-            const uint i = min(i0 + r, Tq - 1);
-            const float p = bwd_prob(clattn_mask_score(bv_sum(sd[r]) * scale, i, j, b, Tk, kpm, mask), lr[r]);
-            const float m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i, j, threshold, keep_scale);
-            ds[r] = p == 0.0f ? 0.0f : p * (m == 0.0f ? -dr[r] : m * bv_sum(pd[r]) - dr[r]);
-        }
-        for (uint c = 0; c < NK; c++) {
-            #pragma unroll
-            for (uint r = 0; r < ROWS; r++) acc[r][c] = fma((bv_t)(ds[r]), kj[c], acc[r][c]);
-        }
+        rv_t s = (rv_t)(0.0f), dp = (rv_t)(0.0f);
+        for (uint c = 0; c < DK; c++) s = fma(qt[c], (rv_t)(kp[c]), s);
+        for (uint c = 0; c < DV; c++) dp = fma(ct[c], (rv_t)(vp[c]), dp);
+        s = bwd_scores(s, scale, i0, 1, j, 0, Tq, Tk, b, bwd_masked(i0, i1, j, j, Tk), kpm, mask);
+        /* P = exp(s - lse): 0 in a row with no visible key (lse -inf), NaN in a NaN row */
+        const rv_t p = lr == (rv_t)(-INFINITY) ? (rv_t)(0.0f) : exp(s - lr);
+        const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i0, 1, j, 0, threshold, keep_scale);
+        const rv_t ds = bwd_ds(p, m, dp, dr);
+        for (uint c = 0; c < DK; c++) acc[c] = fma(ds, (rv_t)(kp[c]), acc[c]);
     }
-    for (uint r = 0; r < ROWS && i0 + r < Tq; r++) {
-        __global float *op = dq + dq_off + (b * Tq + i0 + r) * dq_ld + (ulong)h * DK;
-        for (uint c = 0; c < NK; c++) BV_STORE(acc[r][c] * scale, c, op);
+    for (uint c = 0; c < DK; c++) {
+        RV_STORE(acc[c] * scale, t);
+        for (uint r = 0; r < ROWS && i0 + r < Tq; r++) dq[dq_off + (b * Tq + i0 + r) * dq_ld + (ulong)h * DK + c] = t[r];
     }
 }
 
-/* One work-item: key rows j0 .. j0+ROWS-1 of (b, key/value head hk), their gradients summed over the GROUP
- * query heads that read them; global id = (b*HK + hk)*nblk + block. */
+/* One work-item: key rows j0 .. j0+ROWS-1 of (b, key/value head hk), the lanes, their gradients summed over the
+ * GROUP query heads that read them; global id = (b*HK + hk)*nblk + block. */
 __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __global float *dv, ulong dv_off,
                        uint dv_ld)
 {
@@ -176,20 +201,23 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
     const ulong b = bhk / HK;
     if (KPM) kpm += kpm_off;
     if (MASK_KIND) mask += mask_off;
-    bv_t kr[ROWS][NK], vr[ROWS][NV], gk[ROWS][NK], gv[ROWS][NV];
-    for (uint r = 0; r < ROWS; r++) {
-        const uint j = min(j0 + r, Tk - 1); /* rows past Tk repeat the last one, never written */
-        __global const float *kp = k + k_off + (b * Tk + j) * k_ld + (ulong)hk * DK;
-        __global const float *vp = v + v_off + (b * Tk + j) * v_ld + (ulong)hk * DV;
-        for (uint c = 0; c < NK; c++) kr[r][c] = BV_LOAD(c, kp), gk[r][c] = (bv_t)(0.0f);
-        for (uint c = 0; c < NV; c++) vr[r][c] = BV_LOAD(c, vp), gv[r][c] = (bv_t)(0.0f);
+    rv_t kt[DK], vt[DV], gk[DK], gv[DV];
+    float t[ROWS];
+    for (uint c = 0; c < DK; c++) {
+        for (uint r = 0; r < ROWS; r++) t[r] = k[k_off + (b * Tk + min(j0 + r, Tk - 1)) * k_ld + (ulong)hk * DK + c];
+        kt[c] = RV_LOAD(t), gk[c] = (rv_t)(0.0f);
     }
+    for (uint c = 0; c < DV; c++) {
+        for (uint r = 0; r < ROWS; r++) t[r] = v[v_off + (b * Tk + min(j0 + r, Tk - 1)) * v_ld + (ulong)hk * DV + c];
+        vt[c] = RV_LOAD(t), gv[c] = (rv_t)(0.0f);
+    }
+    const uint j1 = j0 + ROWS - 1; /* may pass Tk: those lanes are hidden, never written */
     uint ibeg = 0, iend = Tq;
 #if CAUSAL
     ibeg = min(j0, Tq); /* queries before the block's first key see none of its keys */
 #endif
 #if WINDOW
-    iend = min(Tq, j0 + ROWS - 1 + WINDOW); /* queries past the last key's window see none of them */
+    iend = min(Tq, j1 + WINDOW); /* queries past the last key's window see none of them */
 #endif
     for (uint x = 0; x < GROUP; x++) {
         const uint h = hk * GROUP + x;
@@ -199,41 +227,24 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
             if (l == -INFINITY) continue; /* a row with no visible key passes no gradient */
             __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
             __global const float *cp = dctx + dctx_off + (b * Tq + i) * dctx_ld + (ulong)h * DV;
-            bv_t qi[NK], ci[NV], sd[ROWS], pd[ROWS];
-            #pragma unroll
-            for (uint r = 0; r < ROWS; r++) sd[r] = (bv_t)(0.0f), pd[r] = (bv_t)(0.0f);
-            for (uint c = 0; c < NK; c++) {
-                qi[c] = BV_LOAD(c, qp);
-                #pragma unroll
-                for (uint r = 0; r < ROWS; r++) sd[r] = fma(kr[r][c], qi[c], sd[r]);
-            }
-            for (uint c = 0; c < NV; c++) {
-                ci[c] = BV_LOAD(c, cp);
-                #pragma unroll
-                for (uint r = 0; r < ROWS; r++) pd[r] = fma(vr[r][c], ci[c], pd[r]);
-            }
-            float ds[ROWS], w[ROWS];
-            for (uint r = 0; r < ROWS; r++) {
-                const uint j = min(j0 + r, Tk - 1);
-                const float p = bwd_prob(clattn_mask_score(bv_sum(sd[r]) * scale, i, j, b, Tk, kpm, mask), l);
-                const float m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i, j, threshold, keep_scale);
-                w[r] = p == 0.0f ? 0.0f : p * m;
-                ds[r] = p == 0.0f ? 0.0f : p * (m == 0.0f ? -d : m * bv_sum(pd[r]) - d);
-            }
-            for (uint c = 0; c < NK; c++) {
-                #pragma unroll
-                for (uint r = 0; r < ROWS; r++) gk[r][c] = fma((bv_t)(ds[r]), qi[c], gk[r][c]);
-            }
-            for (uint c = 0; c < NV; c++) {
-                #pragma unroll
-                for (uint r = 0; r < ROWS; r++) gv[r][c] = fma((bv_t)(w[r]), ci[c], gv[r][c]);
-            }
+            rv_t s = (rv_t)(0.0f), dp = (rv_t)(0.0f);
+            for (uint c = 0; c < DK; c++) s = fma(kt[c], (rv_t)(qp[c]), s);
+            for (uint c = 0; c < DV; c++) dp = fma(vt[c], (rv_t)(cp[c]), dp);
+            s = bwd_scores(s, scale, i, 0, j0, 1, Tq, Tk, b, bwd_masked(i, i, j0, j1, Tk), kpm, mask);
+            const rv_t p = exp(s - l);
+            const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i, 0, j0, 1, threshold, keep_scale);
+            const rv_t ds = bwd_ds(p, m, dp, (rv_t)(d));
+            const rv_t w = p == (rv_t)(0.0f) ? (rv_t)(0.0f) : p * m;
+            for (uint c = 0; c < DK; c++) gk[c] = fma(ds, (rv_t)(qp[c]), gk[c]);
+            for (uint c = 0; c < DV; c++) gv[c] = fma(w, (rv_t)(cp[c]), gv[c]);
         }
     }
-    for (uint r = 0; r < ROWS && j0 + r < Tk; r++) {
-        __global float *kp = dk + dk_off + (b * Tk + j0 + r) * dk_ld + (ulong)hk * DK;
-        __global float *vp = dv + dv_off + (b * Tk + j0 + r) * dv_ld + (ulong)hk * DV;
-        for (uint c = 0; c < NK; c++) BV_STORE(gk[r][c] * scale, c, kp);
-        for (uint c = 0; c < NV; c++) BV_STORE(gv[r][c], c, vp);
+    for (uint c = 0; c < DK; c++) {
+        RV_STORE(gk[c] * scale, t);
+        for (uint r = 0; r < ROWS && j0 + r < Tk; r++) dk[dk_off + (b * Tk + j0 + r) * dk_ld + (ulong)hk * DK + c] = t[r];
+    }
+    for (uint c = 0; c < DV; c++) {
+        RV_STORE(gv[c], t);
+        for (uint r = 0; r < ROWS && j0 + r < Tk; r++) dv[dv_off + (b * Tk + j0 + r) * dv_ld + (ulong)hk * DV + c] = t[r];
     }
 }

@@ -1,8 +1,8 @@
 /* flash_backward.c: the fused backward core (cl/cores/flash_backward.cl), FlashAttention-2's backward for
  * training plans: D = rowsum(dctx * ctx), then a dQ pass over query rows and a dK/dV pass over key rows, each
  * recomputing the weights from Q, K and the forward's log-sum-exp; no Tq x Tk buffer, only D (B, H, Tq).
- * Its work-items keep ROWS rows and their gradients in registers and stream the other side's rows through the
- * cache (flash_rows' shape: CPU devices). GQA: a dK/dV work-item sums the GROUP query heads of its key/value
+ * Its work-items keep ROWS rows and their gradients, transposed (the rows are a vector's lanes), and stream the
+ * other side's rows through the cache (flash_rows' shape: CPU devices). GQA: a dK/dV work-item sums the GROUP query heads of its key/value
  * head, so no two work-items write one gradient (no atomics).
  *
  * Kernel arguments of bwd_dq and bwd_dkdv (flash_backward.cl's BWD_ARGS), then the gradients' rows:
@@ -15,18 +15,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { ROWS, VW };
-static const size_t rows_v[] = {1, 2, 4, 8, 16}, rows_tried[] = {2, 4, 8, 16};
-static const size_t vw_v[] = {1, 4, 8}, vw_tried[] = {4, 8};
+enum { ROWS };
+static const size_t rows_v[] = {1, 2, 4, 8, 16}, rows_tried[] = {4, 8, 16};
 static const clattn_core_param params[] = {
-    [ROWS] = {"ROWS", rows_v, 5, rows_tried, 4, NULL},
-    [VW] = {"VW", vw_v, 3, vw_tried, 2, NULL},
+    [ROWS] = {"ROWS", rows_v, 5, rows_tried, 3, NULL},
 };
-/* the test suite's entries: the defaults, one row per work-item (no register reuse) and 16 (rows past the end of
- * every short case) */
+/* the test suite's entries: the defaults, one row per work-item (scalar lanes) and 16 (rows past the end of every
+ * short case) */
 static const char *const test_configs[] = {"ROWS=8", "ROWS=1", "ROWS=16", NULL};
 
-#define MAX_HEAD 256 /* dk and dv it takes: its rows' registers (4 * ROWS * head floats in the dK/dV pass) */
+#define MAX_HEAD 256 /* dk and dv it takes: its rows' private arrays (4 * ROWS * head floats in the dK/dV pass) */
 
 typedef struct bwd_state {
     const clattn_device *dev;
@@ -50,24 +48,14 @@ static clattn_status supports(const clattn_core *core, const clattn_caps *caps, 
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* Defaults on every device class (PoCL, 2 vCPU Zen 4, B=4 T=1024 E=512 H=8 and T=256 dh 128:
- * bench/results/pocl-2core-backward.md): 8 rows for head sizes up to 64 (each loaded row feeds 8 rows' FMAs
- * and the dK/dV pass's 4 x 8 x 64 floats stay in the cache), 4 above; the widest vector that divides both heads. */
+/* Defaults on every device class: 8 rows, one AVX float8 per head column (PoCL, 2 vCPU Zen 4, B=4 T=1024 E=512
+ * H=8: bench/results/pocl-2core-backward.md). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
-    (void)core, (void)caps;
-    const size_t head = d->head_dim_qk > d->head_dim_v ? d->head_dim_qk : d->head_dim_v;
-    p->v[ROWS] = head <= 64 ? 8 : 4;
-    p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
+    (void)core, (void)caps, (void)d;
+    p->v[ROWS] = 8;
     return 1;
-}
-
-static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                const clattn_core_params *p)
-{
-    (void)core, (void)caps;
-    return !d || (d->head_dim_qk % p->v[VW] == 0 && d->head_dim_v % p->v[VW] == 0);
 }
 
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -103,7 +91,7 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     char opts[512];
     int n = clattn_core_attention_defines(d, opts, sizeof opts);
     if (n > 0 && (size_t)n < sizeof opts)
-        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu -DVW=%zu", p->v[ROWS], p->v[VW]);
+        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu", p->v[ROWS]);
     const char *src[] = {"common/philox", "common/mask", "cores/flash_backward"};
     clattn_status st = clattn_program_build(dev, src, 3, opts, &s->prog);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);
@@ -172,11 +160,10 @@ const clattn_core clattn_core_flash_backward = {
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
     .params = params,
-    .nparams = 2,
+    .nparams = 1,
     .test_configs = test_configs,
     .supports = supports,
     .defaults = defaults,
-    .fits = fits,
     .workspace = workspace,
     .build = build,
     .run_backward = run_backward,
