@@ -19,6 +19,10 @@ constraints=$(dirname "$venv")/constraints.txt
     echo "ci-python: no torch in $venv (bash scripts/setup.sh --python-tests installs Debian's): the torch tests skip"
 # run from outside the source tree: the installed package, not python/clattn, must be what imports
 (cd "$(dirname "$venv")" && "$venv/bin/python" -m pytest -q "$OLDPWD/python/tests")
+# the training example: clattn's attention trained next to torch's, through clattn.autograd (a few steps)
+if "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    "$venv/bin/python" examples/training/train_tiny.py --steps 3 | tail -1
+fi
 # clattn demo --plot: the tutorials' weights as heat maps through the package (and a clear failure without it)
 plots=$(mktemp -d)
 CLATTN_PYTHON="$venv/bin/python" ./build/clattn demo --device ref --plot "$plots" | tail -1

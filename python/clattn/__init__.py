@@ -540,8 +540,8 @@ class Attention(_Shaped, _PlanCached):
         same inputs, weights and dropout seed (dropout keeps exactly the forward's weights): a dict with "x", "kv"
         (cross-attention), and each weight and bias the module has ("w_query", ..., "b_out", in its layout), as
         float32 NumPy arrays of their inputs' shapes. Masks get no gradient; a row that sees no key contributes
-        nothing. Batched (B, T, E) inputs only. Computed by the device's backward pass: the ref device has one; an
-        OpenCL device raises UnsupportedError until clattn has an OpenCL backward core."""
+        nothing. Batched (B, T, E) inputs only. Computed by the device's backward pass (an OpenCL device's
+        backward core, or ref's); clattn.autograd wraps it for torch.autograd."""
         if kv is x:
             kv = None
         kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(
