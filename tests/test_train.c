@@ -34,6 +34,7 @@ typedef struct config {
     clattn_mask_kind mask;
     float dropout;
     clattn_layout layout; /* the weights' layout (the random arrays read as RAW's (in, out) when RAW) */
+    int noproj;           /* no weights at all: x (and kv) are Q, K and V, heads of E/H (dk = dv = E/H, Eo = 0) */
 } config;
 
 /* One problem: random weights and inputs, its masks; everything the oracle and the plans read. */
@@ -59,10 +60,12 @@ static void problem_make(problem *p, const config *c, uint64_t seed)
     const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
     const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->dk, dv = c->dv;
     const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
-    p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
-    p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
-    p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
-    if (c->biases) {
+    if (!c->noproj) {
+        p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
+        p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
+        p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
+    }
+    if (c->biases && !c->noproj) {
         p->w.b_query = p->bufs[p->nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
         p->w.b_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk, -0.5f, 0.5f);
         p->w.b_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv, -0.5f, 0.5f);
@@ -151,11 +154,11 @@ static void check(const config *c, uint64_t seed)
 Test(train, lse_and_context_shapes)
 {
     static const config cfgs[] = {
-        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 130, 0, 64, 0, 2, 0, 64, 64, 32, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 61, 0, 128, 0, 1, 0, 128, 128, 0, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
+        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 130, 0, 64, 0, 2, 0, 64, 64, 32, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 61, 0, 128, 0, 1, 0, 128, 128, 0, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 100 + i);
 }
@@ -163,10 +166,10 @@ Test(train, lse_and_context_shapes)
 Test(train, lse_and_context_masks)
 {
     static const config cfgs[] = {
-        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 5, 13, 8, 6, 2, 0, 4, 3, 8, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR},
+        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 5, 13, 8, 6, 2, 0, 4, 3, 8, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 200 + i);
 }
@@ -176,10 +179,10 @@ Test(train, lse_and_context_masks)
 Test(train, lse_and_context_gqa_window_dropout)
 {
     static const config cfgs[] = {
-        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR},
-        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW},
+        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 300 + i);
 }
@@ -188,9 +191,9 @@ Test(train, lse_and_context_gqa_window_dropout)
  * and the combine writes lse */
 Test(train, lse_split_keys)
 {
-    static const config c = {1, 1000, 0, 32, 0, 2, 0, 16, 16, 0, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR};
+    static const config c = {1, 1000, 0, 32, 0, 2, 0, 16, 16, 0, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
     check(&c, 400);
-    static const config x = {1, 3, 1000, 16, 16, 2, 0, 8, 8, 16, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR};
+    static const config x = {1, 3, 1000, 16, 16, 2, 0, 8, 8, 16, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
     check(&x, 401);
 }
 
@@ -204,7 +207,7 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
     const size_t B = 2, Tq = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 5, Eo = 7;
     size_t Tk = 0;
     for (size_t s = 0; s < parts; s++) Tk += lens[s];
-    const config c = {B, Tq, Tk, E, Ekv, H, 0, dk, dv, Eo, 0, 1, 0, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR};
+    const config c = {B, Tq, Tk, E, Ekv, H, 0, dk, dv, Eo, 0, 1, 0, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0};
     problem p;
     problem_make(&p, &c, seed);
     const size_t n_lse = B * H * Tq, n_ctx = B * Tq * H * dv, n_out = B * Tq * Eo;
@@ -370,7 +373,7 @@ Test(train, refusals)
 /* The buffer form: lse and context into caller buffers at offsets, the rest of those buffers untouched. */
 Test(train, buffers_at_offsets)
 {
-    const config c = {2, 61, 0, 16, 0, 4, 2, 4, 6, 8, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR};
+    const config c = {2, 61, 0, 16, 0, 4, 2, 4, 6, 8, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
     problem p;
     problem_make(&p, &c, 600);
     const size_t B = 2, Tq = 61, E = 16, H = 4, dv = 6, Eo = 8;
@@ -520,11 +523,14 @@ static void check_backward(const config *c, uint64_t seed)
 Test(train, backward_shapes)
 {
     static const config cfgs[] = {
-        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 130, 0, 16, 0, 2, 0, 64, 64, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 7, 0, 16, 0, 1, 0, 128, 128, 8, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
+        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 130, 0, 16, 0, 2, 0, 64, 64, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 7, 0, 16, 0, 1, 0, 128, 128, 8, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        /* without projections: x is Q, K and V (dx sums their gradients), or kv is K and V */
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 1},
+        {2, 5, 9, 8, 8, 2, 0, 4, 4, 0, 0, 1, 0, 0, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 700 + i);
 }
@@ -532,11 +538,11 @@ Test(train, backward_shapes)
 Test(train, backward_masks_cross)
 {
     static const config cfgs[] = {
-        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 5, 13, 8, 6, 2, 0, 4, 3, 7, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 61, 8, 5, 2, 0, 3, 4, 0, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
+        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 5, 13, 8, 6, 2, 0, 4, 3, 7, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 61, 8, 5, 2, 0, 3, 4, 0, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 800 + i);
 }
@@ -544,11 +550,11 @@ Test(train, backward_masks_cross)
 Test(train, backward_gqa_window_dropout)
 {
     static const config cfgs[] = {
-        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR},
-        {2, 9, 11, 12, 7, 3, 0, 4, 4, 5, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.5f, CLATTN_LAYOUT_LINEAR},
-        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW},
+        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 9, 11, 12, 7, 3, 0, 4, 4, 5, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.5f, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 900 + i);
 }
@@ -558,8 +564,8 @@ Test(train, backward_gqa_window_dropout)
 Test(train, backward_long)
 {
     static const config cfgs[] = {
-        {1, 1000, 0, 16, 0, 2, 0, 8, 8, 16, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR},
-        {1, 130, 1000, 16, 12, 4, 2, 64, 64, 16, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.2f, CLATTN_LAYOUT_LINEAR},
+        {1, 1000, 0, 16, 0, 2, 0, 8, 8, 16, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 130, 1000, 16, 12, 4, 2, 64, 64, 16, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.2f, CLATTN_LAYOUT_LINEAR, 0},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         problem p;
@@ -579,7 +585,7 @@ Test(train, backward_long)
  * the oracle's and nothing written outside its range; overlaps and missing buffers refused. */
 Test(train, backward_buffers_at_offsets)
 {
-    const config c = {2, 13, 9, 12, 10, 3, 0, 4, 4, 7, 0, 1, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_RAW};
+    const config c = {2, 13, 9, 12, 10, 3, 0, 4, 4, 7, 0, 1, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_RAW, 0};
     problem p;
     problem_make(&p, &c, 640);
     const size_t B = 2, Tq = 13, Tk = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 4, Eo = 7, off = 11, pad = 5;
@@ -683,8 +689,8 @@ static double loss(const clattn_attention_desc *d, const clattn_attention_weight
 Test(train, oracle_backward_finite_differences)
 {
     static const config cfgs[] = {
-        {2, 5, 0, 6, 0, 2, 0, 3, 2, 4, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_LINEAR},
-        {1, 4, 6, 4, 5, 2, 1, 3, 3, 3, 0, 1, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR},
+        {2, 5, 0, 6, 0, 2, 0, 3, 2, 4, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_LINEAR, 0},
+        {1, 4, 6, 4, 5, 2, 1, 3, 3, 3, 0, 1, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
     };
     for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
         problem p;
@@ -727,7 +733,7 @@ Test(train, oracle_backward_finite_differences)
 /* What the backward refuses, before it writes anything. */
 Test(train, backward_refusals)
 {
-    const config c = {2, 5, 7, 8, 6, 2, 0, 4, 4, 8, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR};
+    const config c = {2, 5, 7, 8, 6, 2, 0, 4, 4, 8, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
     problem p;
     problem_make(&p, &c, 990);
     const size_t B = 2, Tq = 5, E = 8;
