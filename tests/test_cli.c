@@ -1255,3 +1255,50 @@ Test(cli, demo_plot_makes_its_directory, .timeout = 120)
     cr_assert(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), "demo --plot did not make %s", dir);
     cr_assert(stat(path_in(dir, "sa_v1.npy"), &sb) == 0, "no weights in %s", dir);
 }
+
+/* --backward and --lse: PyTorch autograd's fixture (tests/golden/backward/mha_causal_kpm, made by
+ * make_golden_backward.py) through the command, on ref and on OpenCL: every grad_NAME.npy for the inputs given,
+ * in their shapes, and lse.npy (B, H, Tq); grad_out.npy without --backward, and --backward without it, refused. */
+Test(cli, backward_and_lse, .timeout = 120)
+{
+    const char *fixture = CLATTN_GOLDEN_DIR "/../backward/mha_causal_kpm";
+    static const char *inputs[] = {"x", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
+                                   "b_out", "key_padding_mask", "grad_out"};
+    char name[64];
+    for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++) {
+        snprintf(name, sizeof name, "%s.npy", inputs[i]);
+        copy_file(path_in(fixture, name), path_in(in_dir, name));
+    }
+    const char *devs[2] = {"ref", cl_spec()};
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--heads", "3", "--causal", "--backward",
+                              "--lse", "--device", devs[k], NULL};
+        char *err;
+        const int rc = run_cli(args, ENV_UNSET, &err);
+        cr_assert_eq(rc, 0, "%s: exit %d: %s", devs[k], rc, err);
+        free(err);
+        for (size_t i = 0; i < 9; i++) { /* the differentiable inputs */
+            snprintf(name, sizeof name, "grad_%s.npy", inputs[i]);
+            clattn_npy got, want;
+            load(path_in(out_dir, name), &got);
+            load(path_in(fixture, name), &want);
+            cr_assert_eq(got.ndim, want.ndim, "%s %s", devs[k], name);
+            for (int d = 0; d < got.ndim; d++) cr_assert_eq(got.shape[d], want.shape[d], "%s %s", devs[k], name);
+            char msg[256];
+            const size_t bad_n = tu_compare(got.data, want.data, want.count, 1e-4, 1e-3, msg, sizeof msg);
+            cr_assert_eq(bad_n, 0, "%s %s vs PyTorch: %s", devs[k], name, msg);
+            clattn_npy_free(&got), clattn_npy_free(&want);
+        }
+        clattn_npy lse;
+        load(path_in(out_dir, "lse.npy"), &lse);
+        cr_assert(lse.ndim == 3 && lse.shape[0] == 2 && lse.shape[1] == 3 && lse.shape[2] == 7, "lse.npy's shape");
+        clattn_npy_free(&lse);
+    }
+    rm_rf(out_dir);
+    cr_assert_eq(mkdir(out_dir, 0700), 0);
+    bad("--backward with --decode-from", 2, "--decode-from", FLAGS("--heads", "3", "--causal", "--backward",
+                                                                     "--decode-from", "2"));
+    bad("grad_out.npy without --backward", 2, "grad_out.npy", FLAGS("--heads", "3", "--causal"));
+    remove(path_in(in_dir, "grad_out.npy"));
+    bad("--backward without grad_out.npy", 1, "grad_out.npy", FLAGS("--heads", "3", "--causal", "--backward"));
+}
