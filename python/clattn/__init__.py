@@ -99,7 +99,8 @@ def devices() -> List[Dict[str, Any]]:
 
 def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
     """Every core clattn has, as `clattn cores --json` lists them on `device` (a spec as for devices(); None: the
-    default device): dicts with name, kind ("prefill", "decode" or "gemm": the matrix products), supported,
+    default device): dicts with name, kind ("prefill", "decode", "gemm": the matrix products, or
+        "backward": a training plan's attention backward), supported,
     emulated (forcing it runs an emulation here, for tests), reason (why not, "" when supported), default_for (the
     head-size classes, "<=32" ... ">256", whose plans AUTO gives it there), algorithm (None for GEMM cores),
     weights, params and test_configs. CLATTN_CORE=NAME[:P=V,...][;NAME...] in the environment forces cores (one

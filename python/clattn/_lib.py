@@ -44,7 +44,7 @@ class CoreInfo(Structure):
                 ("test_configs", c_char * 128), ("emulated", c_int)]
 
 
-CORE_KINDS = {0: "prefill", 1: "decode", 2: "gemm"}
+CORE_KINDS = {0: "prefill", 1: "decode", 2: "gemm", 3: "backward"}
 CORE_GEMM = 2
 HEAD_CLASS_COUNT = 5
 

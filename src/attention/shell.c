@@ -207,36 +207,6 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 
 static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
 
-clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
-{
-    shell *c = state(p);
-    const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
-    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk;
-    if (!p->has_qkv) {
-        cio->q = io->x;
-        cio->k = cio->v = d->cross ? io->kv : io->x;
-        return CLATTN_STATUS_SUCCESS;
-    }
-    view proj = {c->proj, 0};
-    if (!d->cross) {
-        TRY(clattn_linear_run(&c->lin, B * Tq, c->n_qkv, E, io->x, c->w_proj, c->b_proj, proj, 0, 0,
-                              "QKV projection"));
-        cio->q = proj;
-        cio->k = (view){c->proj, H * dk};
-        cio->v = (view){c->proj, (H + HK) * dk};
-    } else {
-        view proj_kv = {c->proj_kv, 0};
-        TRY(clattn_linear_run(&c->lin, B * Tq, H * dk, E, io->x, c->w_proj, c->b_proj, proj, 0, 0, "Q projection"));
-        TRY(clattn_linear_run(&c->lin, B * Tk, c->lay.k_ld, Ekv, io->kv, c->w_kv, c->b_proj_kv, proj_kv, 0, 0,
-                              "K|V projection"));
-        cio->q = proj;
-        cio->k = proj_kv;
-        cio->v = (view){c->proj_kv, HK * dk};
-    }
-    return mark(p, CLATTN_STAGE_QKV_PROJECTION);
-}
-
 /* The whole forward pass, enqueued on the device queue. */
 static clattn_status run(struct clattn_plan *p, const run_io *io)
 {
@@ -248,6 +218,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
                           .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse};
     if (p->profiling) cio.mark = core_mark, cio.mark_ctx = p;
     TRY(clattn_shell_project(p, io, &cio));
+    if (p->has_qkv) TRY(mark(p, CLATTN_STAGE_QKV_PROJECTION));
     /* the merged heads: straight into the caller's context buffer when it wants them and an output projection
      * reads them from there */
     cio.out = !p->has_out ? io->out : io->context.mem ? io->context : (view){c->merged, 0};

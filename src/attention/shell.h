@@ -50,7 +50,7 @@ typedef struct run_io {
                                          heads before the output projection (mem NULL: not wanted) */
 } run_io;
 
-/* 1. of the forward: the projections (or the inputs themselves), the views the core reads Q, K and V from. */
+/* The projections (or the inputs themselves), the views the core reads Q, K and V from (shell_project.c). */
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio);
 
 /* shell_backward.c: a training plan's backward core and buffers (plan creation), their release and bytes, and the
