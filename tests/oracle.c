@@ -30,10 +30,36 @@ static void copy_to_double(const float *a, size_t n, double *y)
 
 /* Q (B*Tq, H*dk), K (B*Tk, HK*dk), V (B*Tk, HK*dv): the projections of x and kv (or x), or the inputs themselves
  * without weights. */
-static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
-                        const clattn_attention_args *args, size_t B, size_t Tq, size_t Tk, size_t E, size_t Ekv,
-                        size_t H, size_t HK, size_t dk, size_t dv, double *q, double *k, double *v)
+/* A description's sizes with every default resolved, as the forward and the backward read them. */
+typedef struct odims {
+    size_t B, Tq, Tk, E, Ekv, H, HK, G, dk, dv;
+    int proj;     /* Q/K/V weights given */
+    double scale;
+} odims;
+
+/* d's sizes; -1 for a description the library refuses, which is not computed here either (no silent garbage). */
+static int dims_of(const clattn_attention_desc *d, const clattn_attention_weights *w, odims *o)
 {
+    o->B = d->batch, o->Tq = d->seq_q, o->E = d->embed, o->H = d->heads;
+    o->HK = d->kv_heads ? d->kv_heads : o->H;
+    o->Tk = d->cross ? d->seq_kv : o->Tq;
+    o->Ekv = d->cross && d->kv_embed ? d->kv_embed : o->E;
+    o->proj = w && w->w_query;
+    o->dk = d->head_dim_qk ? d->head_dim_qk : o->E / o->H;
+    o->dv = d->head_dim_v ? d->head_dim_v : o->dk;
+    o->scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)o->dk);
+    if (!o->proj && (o->E % o->H != 0 || o->Ekv != o->E)) return -1;
+    if (o->proj && d->head_dim_qk == 0) return -1;
+    if (o->HK > o->H || o->H % o->HK || (o->HK != o->H && !o->proj) || (d->window && !d->causal)) return -1;
+    o->G = o->H / o->HK; /* query head h reads key/value head h / G */
+    return 0;
+}
+
+static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
+                        const clattn_attention_args *args, const odims *o, double *q, double *k, double *v)
+{
+    const size_t B = o->B, Tq = o->Tq, Tk = o->Tk, E = o->E, Ekv = o->Ekv, H = o->H, HK = o->HK, dk = o->dk;
+    const size_t dv = o->dv;
     const float *src_kv = d->cross ? args->kv : args->x;
     if (w && w->w_query) {
         linear(args->x, NULL, B * Tq, E, w->w_query, w->b_query, H * dk, d->layout, q);
@@ -66,20 +92,10 @@ int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weig
 int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attention_weights *w,
                            const clattn_attention_args *args, double *out, double *attn, double *lse, double *context)
 {
-    const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
-    const size_t HK = d->kv_heads ? d->kv_heads : H;
-    const size_t Tk = d->cross ? d->seq_kv : Tq;
-    const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
-    const int proj = w && w->w_query;
-    const size_t dk = d->head_dim_qk ? d->head_dim_qk : E / H;
-    const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
-    const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
-    /* descriptions the library refuses are not computed here either (no silent garbage) */
-    if (!proj && (E % H != 0 || Ekv != E)) return -1;
-    if (proj && d->head_dim_qk == 0) return -1;
-    if (w && w->w_out && d->out_dim == 0) return -1;
-    if (HK > H || H % HK || (HK != H && !proj) || (d->window && !d->causal)) return -1;
-    const size_t G = H / HK; /* query head h reads key/value head h / G */
+    odims o;
+    if (dims_of(d, w, &o) || (w && w->w_out && d->out_dim == 0)) return -1;
+    const size_t B = o.B, Tq = o.Tq, Tk = o.Tk, H = o.H, HK = o.HK, G = o.G, dk = o.dk, dv = o.dv;
+    const double scale = o.scale;
 
     double *q = malloc(B * Tq * H * dk * sizeof *q);
     double *k = malloc(B * Tk * HK * dk * sizeof *k);
@@ -91,7 +107,7 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
         return -1;
     }
     /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
-    project_qkv(d, w, args, B, Tq, Tk, E, Ekv, H, HK, dk, dv, q, k, v);
+    project_qkv(d, w, args, &o, q, k, v);
     if (d->kv_half) {
         for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_half(k[n]);
         for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_half(v[n]);
@@ -308,20 +324,13 @@ size_t oracle_compare_nonfinite(const float *got, const double *want, size_t n, 
 int oracle_attention_backward(const clattn_attention_desc *d, const clattn_attention_weights *w,
                               const clattn_attention_args *args, const float *grad_out, oracle_grads *g)
 {
-    const size_t B = d->batch, Tq = d->seq_q, E = d->embed, H = d->heads;
-    const size_t HK = d->kv_heads ? d->kv_heads : H;
-    const size_t Tk = d->cross ? d->seq_kv : Tq;
-    const size_t Ekv = d->cross && d->kv_embed ? d->kv_embed : E;
-    const int proj = w && w->w_query;
-    const size_t dk = d->head_dim_qk ? d->head_dim_qk : E / H;
-    const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
-    const size_t Hdv = H * dv, Eo = w && w->w_out ? d->out_dim : Hdv;
-    const double scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)dk);
+    odims od;
+    if (dims_of(d, w, &od) || d->kv_half) return -1;
+    const size_t B = od.B, Tq = od.Tq, Tk = od.Tk, E = od.E, Ekv = od.Ekv, H = od.H, HK = od.HK, G = od.G;
+    const size_t dk = od.dk, dv = od.dv, Hdv = H * dv, Eo = w && w->w_out ? d->out_dim : Hdv;
+    const int proj = od.proj;
+    const double scale = od.scale;
     const float *src_kv = d->cross ? args->kv : args->x;
-    if (!proj && (E % H != 0 || Ekv != E)) return -1;
-    if (proj && d->head_dim_qk == 0) return -1;
-    if (HK > H || H % HK || (HK != H && !proj) || (d->window && !d->causal) || d->kv_half) return -1;
-    const size_t G = H / HK;
     /* the forward's weights A = P o M (M the dropout factors) and the context, per (b, h) matrices */
     double *q = malloc(B * Tq * H * dk * sizeof *q), *k = malloc(B * Tk * HK * dk * sizeof *k);
     double *v = malloc(B * Tk * HK * dv * sizeof *v), *ctx = calloc(B * Tq * Hdv, sizeof *ctx);
@@ -331,7 +340,7 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
     double *dP = malloc((Tk ? Tk : 1) * sizeof *dP);
     int rc = -1;
     if (!q || !k || !v || !ctx || !P || !M || !dctx || !dq || !dk_ || !dv_ || !dP) goto done;
-    project_qkv(d, w, args, B, Tq, Tk, E, Ekv, H, HK, dk, dv, q, k, v);
+    project_qkv(d, w, args, &od, q, k, v);
     {
         clattn_attention_desc d2 = *d;
         d2.dropout = 0.0f; /* P before dropout, M apart */

@@ -501,6 +501,17 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
     clattn_plan_free(plan);
 }
 
+/* The backward core behind each forward algorithm: with the forward's statistics, and recomputing them. */
+static void check_backward_opencl(const problem *p, uint64_t seed)
+{
+    for (int saved = 0; saved < 2; saved++) {
+        if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0))
+            check_backward_on(p, cl_dev, CLATTN_ALGORITHM_FUSED, saved, seed, "opencl fused");
+        if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
+            check_backward_on(p, cl_dev, CLATTN_ALGORITHM_UNFUSED, saved, seed, "opencl unfused");
+    }
+}
+
 static void check_backward(const config *c, uint64_t seed)
 {
     problem p;
@@ -509,13 +520,7 @@ static void check_backward(const config *c, uint64_t seed)
         check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 0, seed, "ref");
         check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 1, seed, "ref");
     }
-    /* the backward core behind each forward algorithm: with the forward's statistics, and recomputing them */
-    for (int saved = 0; saved < 2; saved++) {
-        if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0))
-            check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, saved, seed, "opencl fused");
-        if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
-            check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, saved, seed, "opencl unfused");
-    }
+    check_backward_opencl(&p, seed);
     problem_free(&p);
 }
 
@@ -570,12 +575,7 @@ Test(train, backward_long)
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         problem p;
         problem_make(&p, &cfgs[i], 950 + i);
-        for (int saved = 0; saved < 2; saved++) {
-            if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0))
-                check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, saved, 950 + i, "opencl fused");
-            if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
-                check_backward_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, saved, 950 + i, "opencl unfused");
-        }
+        check_backward_opencl(&p, 950 + i);
         problem_free(&p);
     }
 }

@@ -24,7 +24,6 @@ static const clattn_core_param params[] = {
  * short case) */
 static const char *const test_configs[] = {"ROWS=8", "ROWS=1", "ROWS=16", NULL};
 
-#define MAX_HEAD 256 /* dk and dv it takes: its rows' private arrays (4 * ROWS * head floats in the dK/dV pass) */
 
 typedef struct bwd_state {
     const clattn_device *dev;
@@ -35,18 +34,6 @@ typedef struct bwd_state {
     cl_kernel k_dot, k_dq, k_dkdv;
     cl_mem dd; /* D, (B, H, Tq) */
 } bwd_state;
-
-static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                              char *why, size_t len)
-{
-    (void)caps;
-    if (d && (d->head_dim_qk > MAX_HEAD || d->head_dim_v > MAX_HEAD)) {
-        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, MAX_HEAD,
-                 d->head_dim_qk, d->head_dim_v);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
 
 /* Defaults on every device class: 16 rows, one float16 (an AVX-512 register) per head column. PoCL, 2 vCPU
  * Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md): ROWS=16 394 ms,
@@ -163,7 +150,7 @@ const clattn_core clattn_core_flash_backward = {
     .params = params,
     .nparams = 1,
     .test_configs = test_configs,
-    .supports = supports,
+    .supports = clattn_flash_supports, /* head sizes up to CLATTN_FLASH_MAX_HEAD: its rows' private arrays */
     .defaults = defaults,
     .workspace = workspace,
     .build = build,
