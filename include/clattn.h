@@ -383,7 +383,8 @@ CLATTN_API clattn_status clattn_attention_merge(size_t parts, const float *const
 /* Tile sizes and kernel variants differ between a CPU running PoCL, an integrated GPU and an H100.
  * clattn_tune searches, for one device, each prefill core's parameters per head-size class (max(dk, dv)
  * up to 32, 64, 128, 256, above; `clattn cores` lists the parameters) on the shapes given, then which core
- * AUTO should give each class; the decode cores and the GEMM cores the same way on the first shape; and
+ * AUTO should give each class; the decode cores, the backward cores (a training plan's backward) and the GEMM
+ * cores the same way on the first shape; and
  * CLBlast's own parameters (a random search of the spaces its tuners search, for its Xgemm and XgemmDirect
  * kernels) where CLBlast runs the GEMMs. CLBlast's parameters are per device and process: clattn_tune leaves
  * CLBlast, in this process, with what it kept, or with CLBlast's generic parameters when it kept nothing

@@ -181,6 +181,9 @@ Test(train, lse_and_context_gqa_window_dropout)
     static const config cfgs[] = {
         {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
         {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
+         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
+        {1, 61, 0, 16, 0, 4, 2, 4, 4, 16, 19, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
         {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
         {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
     };
@@ -557,6 +560,9 @@ Test(train, backward_gqa_window_dropout)
     static const config cfgs[] = {
         {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
         {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
+         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
+        {1, 61, 0, 16, 0, 4, 2, 4, 4, 16, 19, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
         {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
         {2, 9, 11, 12, 7, 3, 0, 4, 4, 5, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.5f, CLATTN_LAYOUT_LINEAR, 0},
         {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},

@@ -324,6 +324,59 @@ Test(tune, search_writes_a_file_the_plans_use, .timeout = 600)
     cr_assert_str_empty(notice);
 }
 
+/* A training plan (head size 8: class 0) on a fresh device reading the file: its backward's grad_x against the
+ * oracle's float64 backward; returns whether the plan was tuned. */
+static int training_plan_with_file(void)
+{
+    clattn_device *dev = tu_open_opencl();
+    tu_rng r = {7};
+    const size_t B = 2, T = 37, H = 4, d = 8, E = H * d;
+    float *wq = tu_random(&r, E * E, -0.3f, 0.3f), *wk = tu_random(&r, E * E, -0.3f, 0.3f);
+    float *wv = tu_random(&r, E * E, -0.3f, 0.3f), *x = tu_random(&r, B * T * E, -1, 1);
+    float *gout = tu_random(&r, B * T * E, -1, 1), *gx = tu_poisoned(B * T * E);
+    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = d, .causal = 1,
+                                  .training = 1};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    clattn_plan *p = NULL;
+    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_args a = {.x = x, .x_count = B * T * E};
+    clattn_attention_grads g = {.grad_out = gout, .grad_x = gx, .grad_out_count = B * T * E, .grad_x_count = B * T * E};
+    cr_assert_eq(clattn_plan_backward(p, &a, &g), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    double *want = malloc(B * T * E * sizeof *want);
+    oracle_grads og = {.x = want};
+    cr_assert_eq(oracle_attention_backward(&desc, &w, &a, gout, &og), 0);
+    char msg[256];
+    cr_assert_eq(oracle_compare(gx, want, B * T * E, 1e-4, 1e-3, msg, sizeof msg), 0, "grad_x: %s", msg);
+    const int tuned = clattn_plan_tuned(p);
+    clattn_plan_free(p);
+    clattn_device_free(dev);
+    free(wq), free(wk), free(wv), free(x), free(gout), free(gx), free(want);
+    return tuned;
+}
+
+/* A backward core's entry: training plans of its class take it (tuned, gradients right), inference plans do not
+ * count it; parameters out of the core's space are refused with a notice. */
+Test(tune, backward_core_entry)
+{
+    char head[1200], text[2000], notice[1100];
+    header(head, sizeof head);
+    snprintf(text, sizeof text, "%score flash_backward 0 ROWS=4,PART=2\n", head);
+    write_file(text);
+    cr_assert_eq(training_plan_with_file(), 1, "a training plan does not use the file's flash_backward entry");
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0,
+                 "an inference plan counts the backward core's entry");
+    cr_assert_str_empty(notice);
+    snprintf(text, sizeof text, "%score flash_backward 1 ROWS=4,PART=2\n", head);
+    write_file(text);
+    cr_assert_eq(training_plan_with_file(), 0, "an entry for another class applies");
+    snprintf(text, sizeof text, "%score flash_backward 0 ROWS=4,PART=3\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 0);
+    cr_assert(strstr(notice, "the values are"), "PART=3: %s", notice);
+    cr_assert_eq(training_plan_with_file(), 0, "a refused entry applies");
+    unlink(path);
+}
+
 Test(tune, errors)
 {
     clattn_device *ref = tu_open_ref();

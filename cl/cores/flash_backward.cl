@@ -17,6 +17,11 @@
  *   ROWS   rows per work-item, the lanes of its vectors (1, 2, 4, 8, 16): its rows are kept transposed, one
  *          ROWS-wide vector per head column, so that a partner row's element, broadcast, feeds ROWS lanes and
  *          the scores, exp and dS of ROWS rows are one vector each (no horizontal sums)
+ *   PART   partner rows per step (1, 2, 4, 8): the other side's rows a work-item takes at once, so that each of
+ *          its own rows' vectors, loaded, feeds PART FMAs, and each gradient vector is loaded and stored once per
+ *          PART partners; the dot products run 2 * PART independent FMA chains. The last step's partners past
+ *          the range repeat the last row and pass nothing (P 0: the masks hide keys past the range, a row past
+ *          it has lse -inf)
  * One work-item streams its rows' partners through the cache, no local memory: the CPU devices' way
  * (like flash_rows). */
 #ifndef DK
@@ -30,6 +35,15 @@
 #endif
 #ifndef ROWS
 #define ROWS 8
+#endif
+#ifndef PART
+#define PART 2
+#endif
+/* partial sums per partner in a dot product: 4 chains at least */
+#if PART >= 4
+#define SPLIT 1
+#else
+#define SPLIT (4 / PART)
 #endif
 
 #if ROWS == 16
@@ -62,6 +76,39 @@ typedef float rv_t;
     __global const float *lse, ulong lse_off, __global const float *dd, __global const uchar *kpm, ulong kpm_off, \
     __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, uint H, float scale, ulong extent, \
     uint seed_lo, uint seed_hi, uint threshold, float keep_scale
+
+/* The PART partner rows u of one step, spelled out as variables (private arrays indexed by u stay in memory on
+ * PoCL): PARTS(X, S, B) is X(0, S, B) .. X(PART-1, S, B). */
+#if PART == 1
+#define PARTS(X, S, B) X(0, S, B)
+#elif PART == 2
+#define PARTS(X, S, B) X(0, S, B) X(1, S, B)
+#elif PART == 4
+#define PARTS(X, S, B) X(0, S, B) X(1, S, B) X(2, S, B) X(3, S, B)
+#else
+#define PARTS(X, S, B) X(0, S, B) X(1, S, B) X(2, S, B) X(3, S, B) X(4, S, B) X(5, S, B) X(6, S, B) X(7, S, B)
+#endif
+
+/* S##u = sum_c a[c] * B##u[c] over n columns for every partner u: a[c] (the transposed rows) loaded once for PART
+ * FMAs, two chains per partner (even and odd columns: a CPU's FMA latency is several issue intervals). */
+#define BWD_DOT_ZERO(u, S, B) z0##u = (rv_t)(0.0f), z1##u = (rv_t)(0.0f),
+#define BWD_DOT_EVEN(u, S, B) z0##u = fma(a0_, (rv_t)(B##u[c_]), z0##u);
+#define BWD_DOT_ODD(u, S, B) z1##u = fma(a1_, (rv_t)(B##u[c_ + 1]), z1##u);
+#define BWD_DOT_SUM(u, S, B) S##u = z0##u + z1##u;
+#define BWD_DOTS(a, n, S, B) \
+    do { \
+        rv_t PARTS(BWD_DOT_ZERO, S, B) a0_, a1_; \
+        uint c_ = 0; \
+        for (; c_ + 2 <= (n); c_ += 2) { \
+            a0_ = a[c_], a1_ = a[c_ + 1]; \
+            PARTS(BWD_DOT_EVEN, S, B) PARTS(BWD_DOT_ODD, S, B) \
+        } \
+        if (c_ < (n)) { \
+            a0_ = a[c_]; \
+            PARTS(BWD_DOT_EVEN, S, B) \
+        } \
+        PARTS(BWD_DOT_SUM, S, B) \
+    } while (0)
 
 /* Does any pair of query rows i0..i1 and keys j0..j1 need the masks (or lie past the keys' end)? Else the
  * scores are q.k * scale as they are. */
@@ -168,17 +215,29 @@ __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
 #endif
     __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
     __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
-    for (uint j = jbeg; j < jend; j++) {
-        __global const float *kp = kb + (ulong)j * k_ld, *vp = vb + (ulong)j * v_ld;
-        rv_t s = (rv_t)(0.0f), dp = (rv_t)(0.0f);
-        for (uint c = 0; c < DK; c++) s = fma(qt[c], (rv_t)(kp[c]), s);
-        for (uint c = 0; c < DV; c++) dp = fma(ct[c], (rv_t)(vp[c]), dp);
-        s = bwd_scores(s, scale, i0, 1, j, 0, Tq, Tk, b, bwd_masked(i0, i1, j, j, Tk), kpm, mask);
-        /* P = exp(s - lse): 0 in a row with no visible key (lse -inf), NaN in a NaN row */
-        const rv_t p = lr == (rv_t)(-INFINITY) ? (rv_t)(0.0f) : exp(s - lr);
-        const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i0, 1, j, 0, threshold, keep_scale);
-        const rv_t ds = bwd_ds(p, m, dp, dr);
-        for (uint c = 0; c < DK; c++) acc[c] = fma(ds, (rv_t)(kp[c]), acc[c]);
+    /* keys j .. j+PART-1; those past jend read key jend-1's row, and the masks hide them (P 0, so dS 0): past Tk
+     * (bwd_scores), or after every row of the block (CAUSAL's jend), bwd_masked true for the step either way */
+    for (uint j = jbeg; j < jend; j += PART) {
+        const int masked = bwd_masked(i0, i1, j, j + PART - 1, Tk);
+#define DQ_ROWS(u, S, B) \
+    __global const float *kp##u = kb + (ulong)min(j + u, jend - 1) * k_ld; \
+    __global const float *vp##u = vb + (ulong)min(j + u, jend - 1) * v_ld; \
+    rv_t s##u, dp##u, ds##u;
+        PARTS(DQ_ROWS, , )
+        BWD_DOTS(qt, DK, s, kp);
+        BWD_DOTS(ct, DV, dp, vp);
+        /* dS; P = exp(s - lse): 0 in a row with no visible key (lse -inf), NaN in a NaN row */
+#define DQ_DS(u, S, B) \
+    s##u = bwd_scores(s##u, scale, i0, 1, j + u, 0, Tq, Tk, b, masked, kpm, mask); \
+    ds##u = bwd_ds(lr == (rv_t)(-INFINITY) ? (rv_t)(0.0f) : exp(s##u - lr), \
+                   bwd_keep(seed_lo, seed_hi, (uint)b, h, i0, 1, j + u, 0, threshold, keep_scale), dp##u, dr);
+        PARTS(DQ_DS, , )
+#define DQ_ACC(u, S, B) x = fma(ds##u, (rv_t)(kp##u[c]), x);
+        for (uint c = 0; c < DK; c++) {
+            rv_t x = acc[c];
+            PARTS(DQ_ACC, , )
+            acc[c] = x;
+        }
     }
     for (uint c = 0; c < DK; c++) {
         RV_STORE(acc[c] * scale, t);
@@ -222,21 +281,39 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
     for (uint x = 0; x < GROUP; x++) {
         const uint h = hk * GROUP + x;
         const ulong bh = b * H + h;
-        for (uint i = ibeg; i < iend; i++) {
-            const float l = lse[lse_off + bh * Tq + i], d = dd[bh * Tq + i];
-            if (l == -INFINITY) continue; /* a row with no visible key passes no gradient */
-            __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
-            __global const float *cp = dctx + dctx_off + (b * Tq + i) * dctx_ld + (ulong)h * DV;
-            rv_t s = (rv_t)(0.0f), dp = (rv_t)(0.0f);
-            for (uint c = 0; c < DK; c++) s = fma(kt[c], (rv_t)(qp[c]), s);
-            for (uint c = 0; c < DV; c++) dp = fma(vt[c], (rv_t)(cp[c]), dp);
-            s = bwd_scores(s, scale, i, 0, j0, 1, Tq, Tk, b, bwd_masked(i, i, j0, j1, Tk), kpm, mask);
-            const rv_t p = exp(s - l);
-            const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, i, 0, j0, 1, threshold, keep_scale);
-            const rv_t ds = bwd_ds(p, m, dp, (rv_t)(d));
-            const rv_t w = p == (rv_t)(0.0f) ? (rv_t)(0.0f) : p * m;
-            for (uint c = 0; c < DK; c++) gk[c] = fma(ds, (rv_t)(qp[c]), gk[c]);
-            for (uint c = 0; c < DV; c++) gv[c] = fma(w, (rv_t)(cp[c]), gv[c]);
+        for (uint i = ibeg; i < iend; i += PART) { /* query rows i .. i+PART-1, those past iend with P 0 */
+            const int masked = bwd_masked(i, min(i + PART - 1, iend - 1), j0, j1, Tk);
+#define KV_ROWS(u, S, B) \
+    const ulong i##u = min(i + u, iend - 1); \
+    __global const float *qp##u = q + q_off + (b * Tq + i##u) * q_ld + (ulong)h * DK; \
+    __global const float *cp##u = dctx + dctx_off + (b * Tq + i##u) * dctx_ld + (ulong)h * DV; \
+    const float l##u = i + u < iend ? lse[lse_off + bh * Tq + i##u] : -INFINITY; \
+    rv_t s##u, dp##u, ds##u, w##u;
+            PARTS(KV_ROWS, , )
+            BWD_DOTS(kt, DK, s, qp);
+            BWD_DOTS(vt, DV, dp, cp);
+            /* dS and P m; a row with no visible key (lse -inf), and a row past iend, passes no gradient */
+#define KV_DS(u, S, B) \
+    { \
+        s##u = bwd_scores(s##u, scale, (uint)i##u, 0, j0, 1, Tq, Tk, b, masked, kpm, mask); \
+        const rv_t p = l##u == -INFINITY ? (rv_t)(0.0f) : exp(s##u - l##u); \
+        const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, (uint)i##u, 0, j0, 1, threshold, keep_scale); \
+        ds##u = bwd_ds(p, m, dp##u, (rv_t)(dd[bh * Tq + i##u])); \
+        w##u = p == (rv_t)(0.0f) ? (rv_t)(0.0f) : p * m; \
+    }
+            PARTS(KV_DS, , )
+#define KV_GK(u, S, B) x = fma(ds##u, (rv_t)(qp##u[c]), x);
+#define KV_GV(u, S, B) x = fma(w##u, (rv_t)(cp##u[c]), x);
+            for (uint c = 0; c < DK; c++) {
+                rv_t x = gk[c];
+                PARTS(KV_GK, , )
+                gk[c] = x;
+            }
+            for (uint c = 0; c < DV; c++) {
+                rv_t x = gv[c];
+                PARTS(KV_GV, , )
+                gv[c] = x;
+            }
         }
     }
     for (uint c = 0; c < DK; c++) {

@@ -58,6 +58,9 @@ clattn_status clattn_shell_train_init(struct clattn_plan *p)
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
     TRY(clattn_core_create(dev, CLATTN_CORE_BACKWARD, d, &c->lay, 0, &t->core));
+    p->backward_core = t->core.core;
+    p->backward_core_params = t->core.params;
+    p->tuned |= t->core.tuned;
     TRY(clattn_buffer_new(dev, B * Tq * dq_cols(d), sizeof(float), NULL, "the Q|K|V gradients", &t->dproj));
     if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V gradients", &t->dproj_kv));
     TRY(clattn_buffer_new(dev, B * Tq * H * dv, sizeof(float), NULL, p->has_out ? "the context's gradient" :

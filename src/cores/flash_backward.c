@@ -2,8 +2,8 @@
  * training plans: D = rowsum(dctx * ctx), then a dQ pass over query rows and a dK/dV pass over key rows, each
  * recomputing the weights from Q, K and the forward's log-sum-exp; no Tq x Tk buffer, only D (B, H, Tq).
  * Its work-items keep ROWS rows and their gradients, transposed (the rows are a vector's lanes), and stream the
- * other side's rows through the cache (flash_rows' shape: CPU devices). GQA: a dK/dV work-item sums the GROUP query heads of its key/value
- * head, so no two work-items write one gradient (no atomics).
+ * other side's rows through the cache, PART of them per step (flash_rows' shape: CPU devices). GQA: a dK/dV
+ * work-item sums the GROUP query heads of its key/value head, so no two work-items write one gradient (no atomics).
  *
  * Kernel arguments of bwd_dq and bwd_dkdv (flash_backward.cl's BWD_ARGS), then the gradients' rows:
  *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, dctx, dctx_off, dctx_ld     (clattn_core_arg_rows)
@@ -15,14 +15,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { ROWS };
+enum { ROWS, PART };
 static const size_t rows_v[] = {1, 2, 4, 8, 16}, rows_tried[] = {4, 8, 16};
+static const size_t part_v[] = {1, 2, 4, 8}, part_tried[] = {2, 4, 8};
 static const clattn_core_param params[] = {
     [ROWS] = {"ROWS", rows_v, 5, rows_tried, 3, NULL},
+    [PART] = {"PART", part_v, 4, part_tried, 3, NULL},
 };
-/* the test suite's entries: the defaults, one row per work-item (scalar lanes) and 16 (rows past the end of every
- * short case) */
-static const char *const test_configs[] = {"ROWS=8", "ROWS=1", "ROWS=16", NULL};
+/* the test suite's entries: the defaults (16 rows, 4 partners), one row per work-item (scalar lanes) with 2
+ * partners, and 8 and 8 (partners past the end of every short case; PART=1 is the partner loop's 1-step form) */
+static const char *const test_configs[] = {"-", "ROWS=1,PART=2", "ROWS=8,PART=8", "ROWS=2,PART=1", NULL};
 
 
 typedef struct bwd_state {
@@ -35,14 +37,16 @@ typedef struct bwd_state {
     cl_mem dd; /* D, (B, H, Tq) */
 } bwd_state;
 
-/* Defaults on every device class: 16 rows, one float16 (an AVX-512 register) per head column. PoCL, 2 vCPU
- * Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md): ROWS=16 394 ms,
- * 8 640 ms, 4 1197 ms. */
+/* Defaults on every device class: 16 rows, one float16 (an AVX-512 register) per head column, 4 partner rows per
+ * step. PoCL, 2 vCPU Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md):
+ * PART=1 (one partner, one FMA chain per dot) ROWS=16 394 ms, 8 640 ms, 4 1197 ms; ROWS=16 with PART=1 (two
+ * chains) 339 ms, 2 210 ms, 4 170 ms, 8 170 ms; ROWS=8 PART=4 223 ms, ROWS=4 PART=4 428 ms. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
     (void)core, (void)caps, (void)d;
     p->v[ROWS] = 16;
+    p->v[PART] = 4;
     return 1;
 }
 
@@ -79,7 +83,7 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     char opts[512];
     int n = clattn_core_attention_defines(d, opts, sizeof opts);
     if (n > 0 && (size_t)n < sizeof opts)
-        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu", p->v[ROWS]);
+        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu -DPART=%zu", p->v[ROWS], p->v[PART]);
     const char *src[] = {"common/philox", "common/mask", "cores/flash_backward"};
     clattn_status st = clattn_program_build(dev, src, 3, opts, &s->prog);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);
@@ -148,7 +152,7 @@ const clattn_core clattn_core_flash_backward = {
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
     .params = params,
-    .nparams = 1,
+    .nparams = 2,
     .test_configs = test_configs,
     .supports = clattn_flash_supports, /* head sizes up to CLATTN_FLASH_MAX_HEAD: its rows' private arrays */
     .defaults = defaults,

@@ -7,8 +7,10 @@
  *      default choice the same way;
  *   3. the decode cores the same way, on a decode step derived from the first shape: B sequences of T cached
  *      tokens, E, H heads sharing H/4 KV heads (H where 4 does not divide H), one new token per sequence;
- *   4. the GEMM cores the same way, on the first shape's attention call (its projections);
- *   5. where CLBlast runs the device's GEMMs (or options->clblast asks): CLBlast's own parameters, a random
+ *   4. the backward cores the same way, on a training plan of the first shape: its backward (every gradient, from
+ *      the forward's saved statistics) timed, its grad_x checked (the backward's tolerance, 1e-4 + 1e-3 |ref|);
+ *   5. the GEMM cores the same way, on the first shape's attention call (its projections);
+ *   6. where CLBlast runs the device's GEMMs (or options->clblast asks): CLBlast's own parameters, a random
  *      search of the spaces its tuners search (runtime/blas_params.c), Xgemm on the first shape's attention call
  *      and XgemmDirect on its unfused call (whose batched score and context GEMMs are the small ones).
  * Each candidate is a plan made with a candidate table (dev->tune_try) that names its core and parameters;
@@ -30,10 +32,14 @@ typedef struct search {
     float *x, *wq, *wk, *wv, *wo, *bq, *bo, *ref, *out;
     clattn_attention_desc d;
     int cls;             /* the shape's head-size class */
-    clattn_core_kind kind; /* the cores searched: PREFILL or GEMM (an attention plan on d) or DECODE (a step) */
+    clattn_core_kind kind; /* the cores searched: PREFILL or GEMM (an attention plan on d), DECODE (a step) or
+                              BACKWARD (a training plan's backward) */
     /* DECODE: a step of d (seq_q = 1) over a cache of s->context tokens per sequence, from the same x rows */
     size_t context;
     float *kc, *vc;      /* the cache's contents (B, HK, context + 1, dk) */
+    /* BACKWARD: d.training = 1; the output's gradient (B, T, E) and the forward's lse (B, H, T) and context
+     * (B, T, E), which the backward then reads; ref and out hold grad_x */
+    float *gout, *lse, *ctx;
 } search;
 
 static double now_ms(void)
@@ -100,10 +106,14 @@ static double time_steps(clattn_status (*step)(void *ctx), void *ctx)
     return t[k / 2];
 }
 
+/* Does out differ from s->ref beyond the fp32 tolerance (gradients: the backward's, 1e-4 + 1e-3 |ref|, as the
+ * tests': their sums run in another order from one candidate to the next)? */
 static int differs(const search *s, const float *out, size_t n)
 {
+    const double abs_tol = s->kind == CLATTN_CORE_BACKWARD ? 1e-4 : 1e-5;
+    const double rel_tol = s->kind == CLATTN_CORE_BACKWARD ? 1e-3 : 1e-4;
     for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)out[i] - (double)s->ref[i]) <= 1e-5 + 1e-4 * fabs((double)s->ref[i]))) return 1;
+        if (!(fabs((double)out[i] - (double)s->ref[i]) <= abs_tol + rel_tol * fabs((double)s->ref[i]))) return 1;
     return 0;
 }
 
@@ -160,6 +170,48 @@ static double run_decode_candidate(search *s, const candidate *c, int check, flo
     return ms;
 }
 
+typedef struct backward_run {
+    clattn_plan *plan;
+    clattn_attention_args a;
+    clattn_attention_grads g;
+} backward_run;
+
+static clattn_status backward_step(void *ctx)
+{
+    backward_run *r = ctx;
+    return clattn_plan_backward(r->plan, &r->a, &r->g);
+}
+
+/* run_candidate for the backward cores: a training plan's forward (the statistics), then its backward timed. */
+static double run_backward_candidate(search *s, const candidate *c, int check, float *out)
+{
+    clattn_tune_table try;
+    candidate_table(s, c, &try);
+    s->dev->tune_try = &try;
+    const clattn_attention_weights w = search_weights(s);
+    clattn_plan *p = NULL;
+    clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
+    s->dev->tune_try = NULL;
+    if (st != CLATTN_STATUS_SUCCESS) return -1;
+    if ((c->core && p->backward_core != c->core) ||
+        (c->params && memcmp(&p->backward_core_params, c->params, sizeof *c->params) != 0)) {
+        clattn_plan_free(p);
+        return -3;
+    }
+    const size_t B = s->d.batch, T = s->d.seq_q, E = s->d.embed, H = s->d.heads, n = B * T * E;
+    backward_run r = {.plan = p,
+                      .a = {.x = s->x, .x_count = n},
+                      .g = {.grad_out = s->gout, .lse = s->lse, .context = s->ctx, .grad_x = out,
+                            .grad_out_count = n, .lse_count = B * H * T, .context_count = n, .grad_x_count = n}};
+    clattn_attention_args fw = {.x = s->x, .out = s->out, .lse = s->lse, .context = s->ctx, .x_count = n,
+                                .out_count = n, .lse_count = B * H * T, .context_count = n};
+    double ms = -1;
+    if (clattn_plan_execute(p, &fw) == CLATTN_STATUS_SUCCESS && backward_step(&r) == CLATTN_STATUS_SUCCESS)
+        ms = check && differs(s, out, n) ? -2 : time_steps(backward_step, &r);
+    clattn_plan_free(p);
+    return ms;
+}
+
 typedef struct plan_run {
     clattn_plan *plan;
     clattn_attention_args a;
@@ -177,6 +229,7 @@ static clattn_status plan_step(void *ctx)
 static double run_candidate(search *s, const candidate *c, int check, float *out)
 {
     if (s->kind == CLATTN_CORE_DECODE) return run_decode_candidate(s, c, check, out);
+    if (s->kind == CLATTN_CORE_BACKWARD) return run_backward_candidate(s, c, check, out);
     clattn_tune_table try;
     candidate_table(s, c, &try);
     s->dev->tune_try = &try;
@@ -224,7 +277,9 @@ static const clattn_core *probe_core(search *s, const clattn_tune_table *t)
     } else {
         clattn_plan *p = NULL;
         if (clattn_plan_create(s->dev, &s->d, &w, &p) == CLATTN_STATUS_SUCCESS)
-            own = s->kind == CLATTN_CORE_GEMM ? clattn_core_find(p->gemm) : p->core;
+            own = s->kind == CLATTN_CORE_GEMM       ? clattn_core_find(p->gemm)
+                  : s->kind == CLATTN_CORE_BACKWARD ? p->backward_core
+                                                    : p->core;
         clattn_plan_free(p);
     }
     s->dev->tune_try = NULL;
@@ -260,14 +315,23 @@ static double search_core(search *s, const clattn_core *c, clattn_tune_table *ke
     int searchable = c->nparams > 0;
     for (int i = 0; i < c->nparams; i++) searchable &= c->params[i].ntried > 0;
     if (!searchable) return base_ms;
-    clattn_core_params best_p = {{0}};
+    /* the defaults (measured above) are not measured again as a candidate: s->d as a plan resolves it (the
+     * search's shapes are self-attention with weights) */
+    clattn_attention_desc rd = s->d;
+    if (!rd.kv_heads) rd.kv_heads = rd.heads;
+    if (!rd.head_dim_v) rd.head_dim_v = rd.head_dim_qk;
+    if (!rd.seq_kv) rd.seq_kv = rd.seq_q;
+    if (!rd.kv_embed) rd.kv_embed = rd.embed;
+    clattn_core_params best_p = {{0}}, dflt = {{0}};
+    const int has_dflt = c->defaults(c, &s->dev->caps, &rd, &dflt);
     double best_ms = base_ms;
     int tried = 0, wrong = 0, have = 0;
     s->deadline = end;
     for (int done = 0; !done && !over_budget(s);) {
         clattn_core_params p = {{0}};
         for (int i = 0; i < c->nparams; i++) p.v[i] = c->params[i].tried[idx[i]];
-        if (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p)) {
+        const int is_dflt = has_dflt && memcmp(p.v, dflt.v, (size_t)c->nparams * sizeof p.v[0]) == 0;
+        if (!is_dflt && (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p))) {
             const candidate cand = {c, &p};
             const double ms = run_candidate(s, &cand, 1, s->out);
             char text[160];
@@ -304,6 +368,9 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     if (s->kind == CLATTN_CORE_DECODE)
         say(s, "decode step, B=%zu context=%zu E=%zu H=%zu KV heads %zu (head-size class %d): AUTO's defaults %.2f ms",
             d->batch, s->context, d->embed, d->heads, d->kv_heads, s->cls, auto_ms);
+    else if (s->kind == CLATTN_CORE_BACKWARD)
+        say(s, "backward cores, on a training plan of B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults "
+            "%.2f ms", d->batch, d->seq_q, d->embed, d->heads, s->cls, auto_ms);
     else if (s->kind == CLATTN_CORE_GEMM)
         say(s, "GEMM cores, on B=%zu T=%zu E=%zu H=%zu (head-size class %d): AUTO's defaults %.2f ms", d->batch,
             d->seq_q, d->embed, d->heads, s->cls, auto_ms);
@@ -374,8 +441,9 @@ static clattn_status make_shape(search *s, const size_t *q, uint64_t seed)
 static void free_shape(search *s)
 {
     free(s->x), free(s->wq), free(s->wk), free(s->wv), free(s->wo), free(s->bq), free(s->bo), free(s->ref);
-    free(s->out), free(s->kc), free(s->vc);
+    free(s->out), free(s->kc), free(s->vc), free(s->gout), free(s->lse), free(s->ctx);
     s->x = s->wq = s->wk = s->wv = s->wo = s->bq = s->bo = s->ref = s->out = s->kc = s->vc = NULL;
+    s->gout = s->lse = s->ctx = NULL;
     s->kind = CLATTN_CORE_PREFILL;
 }
 
@@ -393,6 +461,21 @@ static clattn_status make_decode(search *s, const size_t *q, uint64_t seed)
     s->kc = malloc(n * sizeof(float)), s->vc = malloc(n * sizeof(float));
     if (!s->kc || !s->vc) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the decode cache's arrays");
     fill(s->kc, n, 1.0f, &seed), fill(s->vc, n, 1.0f, &seed);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The training plan of shape q = (B, T, E, H): make_shape's, d.training = 1, a random output gradient. */
+static clattn_status make_backward(search *s, const size_t *q, uint64_t seed)
+{
+    TRY(make_shape(s, q, seed));
+    const size_t B = q[0], T = q[1], E = q[2], H = q[3];
+    s->kind = CLATTN_CORE_BACKWARD;
+    s->d.training = 1;
+    s->gout = malloc(B * T * E * sizeof(float)), s->lse = malloc(B * H * T * sizeof(float));
+    s->ctx = malloc(B * T * E * sizeof(float));
+    if (!s->gout || !s->lse || !s->ctx)
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "tuning: the backward's arrays");
+    fill(s->gout, B * T * E, 1.0f, &seed);
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -508,8 +591,8 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     keep.notice[0] = '\0';
     clattn_status st = CLATTN_STATUS_SUCCESS;
     /* the shapes' prefill cores share 35% of the budget; then the decode cores on the first shape (until 45%), the
-     * GEMM cores on it (until 55%, or the end when CLBlast's parameters are not searched), CLBlast's parameters the
-     * rest (each of its candidates compiles CLBlast's kernels anew) */
+     * backward cores on it (until 52%), the GEMM cores on it (until 60%, or the end when CLBlast's parameters are
+     * not searched), CLBlast's parameters the rest (each of its candidates compiles CLBlast's kernels anew) */
     const double kernels_ms = 0.35 * s.budget_ms;
     for (size_t i = 0; i < n_shapes && now_ms() - s.t0 < kernels_ms && st == CLATTN_STATUS_SUCCESS; i++) {
         const double shape_ms = (kernels_ms - (now_ms() - s.t0)) / (double)(n_shapes - i);
@@ -519,11 +602,14 @@ clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *opti
     if (st == CLATTN_STATUS_SUCCESS && (st = make_decode(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
         search_shape(&s, &keep, 0.45 * s.budget_ms - (now_ms() - s.t0));
     free_shape(&s);
+    if (st == CLATTN_STATUS_SUCCESS && (st = make_backward(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS)
+        search_shape(&s, &keep, 0.52 * s.budget_ms - (now_ms() - s.t0));
+    free_shape(&s);
     if (st == CLATTN_STATUS_SUCCESS && (st = make_shape(&s, shapes, 42)) == CLATTN_STATUS_SUCCESS) {
         /* CLBlast's own parameters where CLBlast runs the GEMMs (after the GEMM search), or when asked */
         const int likely = o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep));
         s.kind = CLATTN_CORE_GEMM;
-        search_shape(&s, &keep, (likely ? 0.55 : 1.0) * s.budget_ms - (now_ms() - s.t0));
+        search_shape(&s, &keep, (likely ? 0.60 : 1.0) * s.budget_ms - (now_ms() - s.t0));
         if (o->clblast > 0 || (o->clblast == 0 && clblast_runs_gemms(&s, &keep))) {
             const double rest = s.budget_ms - (now_ms() - s.t0);
             search_blas(&s, &keep, 0.6 * rest, CLATTN_BLAS_XGEMM);
