@@ -103,7 +103,11 @@ static double median(double *v, int n)
 }
 
 /* One plan's forward and backward times on buffers; its device bytes. x (B, T, E) and dOut (B, T, E). */
-typedef struct btimes { double fwd_ms, bwd_ms; size_t bytes; } btimes;
+typedef struct btimes {
+    double fwd_ms, bwd_ms;
+    size_t bytes;
+    char bwd_core[64], bwd_params[128]; /* the backward core that ran, and its parameters */
+} btimes;
 
 static btimes time_plan(const bopts *o, clattn_device *dev, const clattn_attention_desc *desc,
                         const clattn_attention_weights *w, const float *x, const float *dout, float *gx_out)
@@ -142,7 +146,9 @@ static btimes time_plan(const bopts *o, clattn_device *dev, const clattn_attenti
         double t2 = bench_now_ms();
         if (i >= 0) tf[i] = t1 - t0, tb[i] = t2 - t1;
     }
-    btimes r = {median(tf, o->iters), median(tb, o->iters), clattn_plan_device_bytes(plan)};
+    btimes r = {median(tf, o->iters), median(tb, o->iters), clattn_plan_device_bytes(plan), "", ""};
+    snprintf(r.bwd_core, sizeof r.bwd_core, "%s", clattn_plan_backward_core(plan));
+    snprintf(r.bwd_params, sizeof r.bwd_params, "%s", clattn_plan_backward_core_params(plan));
     if (gx_out) clEnqueueReadBuffer(q, gx, CL_TRUE, 0, B * T * E * sizeof(float), gx_out, 0, NULL, NULL);
     free(tf), free(tb);
     cl_mem all[] = {xb, out, lse, cx, go, gx};
@@ -305,10 +311,12 @@ int clattn_bench_backward(int argc, char **argv)
                inf_bytes, score_bytes);
         if (o.check) printf(",\"check_rows\":%zu,\"check_worst\":%.4g,\"check_ok\":%s", o.check, check,
                             check <= 1.0 ? "true" : "false");
-        printf(",\"iters\":%d}\n", o.iters);
+        printf(",\"backward_core\":\"%s\",\"backward_core_params\":\"%s\",\"iters\":%d}\n", mod.bwd_core,
+               mod.bwd_params, o.iters);
     } else {
-        printf("device: %s\nB=%zu T=%zu E=%zu H=%zu%s, forward core %s, GEMMs %s\n", devname, B, T, E, H,
-               op->causal ? " causal" : "", core_name, gemm_name);
+        printf("device: %s\nB=%zu T=%zu E=%zu H=%zu%s, forward core %s, backward core %s%s%s, GEMMs %s\n", devname,
+               B, T, E, H, op->causal ? " causal" : "", core_name, mod.bwd_core, mod.bwd_params[0] ? ":" : "",
+               mod.bwd_params, gemm_name);
         printf("module:  forward %.2f ms, backward %.2f ms (%.2fx the forward)\n", mod.fwd_ms, mod.bwd_ms,
                mod.bwd_ms / mod.fwd_ms);
         printf("core:    forward %.2f ms, backward %.2f ms (%.2fx), backward %.1f GFLOP/s (2.5x the forward core's FLOPs)\n",

@@ -460,6 +460,10 @@ CLATTN_API const char *clattn_head_class_label(int head_class);
  * the tuning file write them ("ROWS=16,BK=16,VW=8"; "" on ref). */
 CLATTN_API const char *clattn_plan_core(const clattn_plan *plan);
 CLATTN_API const char *clattn_plan_core_params(const clattn_plan *plan);
+/* A training plan's backward core and its parameters, the same way ("flash_backward", "ROWS=16,PART=4"; "ref"
+ * and "" on ref; "" and "" for a plan that does not train). clattn 0.5. */
+CLATTN_API const char *clattn_plan_backward_core(const clattn_plan *plan);
+CLATTN_API const char *clattn_plan_backward_core_params(const clattn_plan *plan);
 /* The GEMM core the plan's matrix products run on (the projections, and the unfused core's score and context
  * products: "gemm_tiles", "gemm_clblast"; "ref" on the ref device), and its parameters ("" when none). */
 CLATTN_API const char *clattn_plan_gemm(const clattn_plan *plan);

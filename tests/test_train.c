@@ -737,6 +737,35 @@ Test(train, oracle_backward_finite_differences)
 }
 
 /* What the backward refuses, before it writes anything. */
+/* The backward core a plan names: the one that runs on OpenCL training plans (CLATTN_CORE's when it forces one),
+ * "ref" on ref, none for a plan that does not train. */
+Test(train, backward_core_named)
+{
+    config c = {2, 5, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    problem p;
+    problem_make(&p, &c, 995);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(cl_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_core_info *forced = tu_forced_core_of(CLATTN_CORE_BACKWARD);
+    cr_assert_str_eq(clattn_plan_backward_core(plan), forced ? forced->name : "flash_backward");
+    const char *params = clattn_plan_backward_core_params(plan);
+    cr_assert(strstr(params, "ROWS=") && strstr(params, "PART="), "parameters '%s'", params);
+    clattn_plan_free(plan);
+    cr_assert_eq(tu_plan_create(ref_dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_backward_core(plan), "ref");
+    cr_assert_str_eq(clattn_plan_backward_core_params(plan), "");
+    clattn_plan_free(plan);
+    clattn_attention_desc inference = p.d;
+    inference.training = 0;
+    cr_assert_eq(tu_plan_create(cl_dev, &inference, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_backward_core(plan), "");
+    cr_assert_str_eq(clattn_plan_backward_core_params(plan), "");
+    clattn_plan_free(plan);
+    cr_assert_str_eq(clattn_plan_backward_core(NULL), "");
+    cr_assert_str_eq(clattn_plan_backward_core_params(NULL), "");
+    problem_free(&p);
+}
+
 Test(train, backward_refusals)
 {
     const config c = {2, 5, 7, 8, 6, 2, 0, 4, 4, 8, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};

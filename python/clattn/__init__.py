@@ -428,6 +428,7 @@ class Attention(_Shaped, _PlanCached):
         self._device = _Device(device)
         self.device = self._device.name
         self._last = (None, None, None)  # (algorithm, core, GEMM core) of the last call
+        self._last_backward = None  # (backward core, its parameters) of the last backward
 
     @property
     def algorithm_used(self) -> Optional[str]:
@@ -443,6 +444,12 @@ class Attention(_Shaped, _PlanCached):
     def gemm_used(self) -> Optional[str]:
         """The GEMM core of the last call's projections ("gemm_tiles", "gemm_clblast", "ref" on ref)."""
         return self._last[2]
+
+    @property
+    def backward_core_used(self) -> Optional[str]:
+        """The backward core of the last backward() with its parameters ("flash_backward:ROWS=16,PART=4", "ref"
+        on ref; None before any)."""
+        return self._last_backward
 
     def __repr__(self) -> str:
         opts = [self._wt.describe()]
@@ -572,6 +579,8 @@ class Attention(_Shaped, _PlanCached):
                                 **{"grad_" + k: _a.pointer(v) for k, v in grads.items()},
                                 **{"grad_" + k + "_count": _a.count(v) for k, v in grads.items()})
         _check(_lib.plan_backward(plan.handle, ctypes.byref(args), ctypes.byref(g)), "running the backward pass")
+        core, params = _lib.plan_backward_core(plan.handle).decode(), _lib.plan_backward_core_params(plan.handle).decode()
+        self._last_backward = core + (":" + params if params else "")
         if not self.batch_first:
             grads["x"] = np.ascontiguousarray(grads["x"].transpose(1, 0, 2))
             if "kv" in grads:

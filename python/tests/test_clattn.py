@@ -471,14 +471,17 @@ def test_backward_refusals():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 5, 8), dtype=np.float32)
     attn = clattn.Attention(2, device="ref")
+    assert attn.backward_core_used is None
     g = attn.backward(x, np.ones((1, 5, 8), np.float32))
     assert sorted(g) == ["x"] and g["x"].shape == (1, 5, 8) and np.isfinite(g["x"]).all()
+    assert attn.backward_core_used == "ref"
     with pytest.raises(clattn.ShapeMismatchError):
         attn.backward(x, np.ones((1, 5, 7), np.float32))
     if len(clattn.devices()) > 1:  # an OpenCL device: its backward core computes what ref does
         dout = rng.standard_normal((1, 5, 8), dtype=np.float32)
         a_ref, a_cl = clattn.Attention(2, causal=True, device="ref"), clattn.Attention(2, causal=True, device="opencl")
         np.testing.assert_allclose(a_cl.backward(x, dout)["x"], a_ref.backward(x, dout)["x"], rtol=1e-3, atol=1e-4)
+        assert a_cl.backward_core_used.startswith("flash_backward:ROWS="), a_cl.backward_core_used
 
 
 def test_autograd_module_trains_like_torch():

@@ -51,6 +51,7 @@ struct clattn_plan {
     char core_params_text[128];  /* the same as text ("" on ref) */
     const clattn_core *backward_core;           /* a training plan's backward core (NULL: none, or on ref) */
     clattn_core_params backward_core_params;    /* the parameters it was built with */
+    char backward_core_params_text[128];        /* the same as text */
     const char *gemm;            /* its GEMM core's name ("ref" on ref) */
     char gemm_params_text[128];  /* that core's parameters as text ("" on ref, or when it has none) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */

@@ -331,6 +331,16 @@ const char *clattn_plan_core(const clattn_plan *plan)
 
 const char *clattn_plan_core_params(const clattn_plan *plan) { return plan ? plan->core_params_text : ""; }
 
+const char *clattn_plan_backward_core(const clattn_plan *plan)
+{
+    return !plan || !plan->d.training ? "" : plan->backward_core ? plan->backward_core->name : "ref";
+}
+
+const char *clattn_plan_backward_core_params(const clattn_plan *plan)
+{
+    return plan && plan->backward_core ? plan->backward_core_params_text : "";
+}
+
 const char *clattn_plan_gemm(const clattn_plan *plan)
 {
     return !plan ? "" : plan->gemm ? plan->gemm : "ref";

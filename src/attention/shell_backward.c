@@ -60,6 +60,8 @@ clattn_status clattn_shell_train_init(struct clattn_plan *p)
     TRY(clattn_core_create(dev, CLATTN_CORE_BACKWARD, d, &c->lay, 0, &t->core));
     p->backward_core = t->core.core;
     p->backward_core_params = t->core.params;
+    clattn_core_params_format(p->backward_core, &p->backward_core_params, p->backward_core_params_text,
+                              sizeof p->backward_core_params_text);
     p->tuned |= t->core.tuned;
     TRY(clattn_buffer_new(dev, B * Tq * dq_cols(d), sizeof(float), NULL, "the Q|K|V gradients", &t->dproj));
     if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V gradients", &t->dproj_kv));

@@ -893,7 +893,11 @@ int clattn_cli_run(int argc, char **argv)
             fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
                     clattn_plan_tuned(plan) ? tf : "");
             if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
-            if (o.backward) fprintf(stderr, "clattn run: backward %.1f ms\n", t5 - t4);
+            if (o.backward) {
+                const char *bp = clattn_plan_backward_core_params(plan);
+                fprintf(stderr, "clattn run: backward core %s%s%s%s, %.1f ms\n", clattn_plan_backward_core(plan),
+                        bp[0] ? " (" : "", bp, bp[0] ? ")" : "", t5 - t4);
+            }
         }
     }
     out_file files[MAX_OUT_FILES];
