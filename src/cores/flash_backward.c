@@ -37,15 +37,17 @@ typedef struct bwd_state {
     cl_mem dd; /* D, (B, H, Tq) */
 } bwd_state;
 
-/* Defaults on every device class: 16 rows, one float16 (an AVX-512 register) per head column, 4 partner rows per
- * step. PoCL, 2 vCPU Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md):
- * PART=1 (one partner, one FMA chain per dot) ROWS=16 394 ms, 8 640 ms, 4 1197 ms; ROWS=16 with PART=1 (two
- * chains) 339 ms, 2 210 ms, 4 170 ms, 8 170 ms; ROWS=8 PART=4 223 ms, ROWS=4 PART=4 428 ms. */
+/* Defaults. CPUs: 16 rows, one float16 (an AVX-512 register) per head column, 4 partner rows per step. PoCL,
+ * 2 vCPU Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md): one partner
+ * per step and one FMA chain per dot, ROWS=16 394 ms, 8 640 ms, 4 1197 ms; ROWS=16 with PART=1 (two chains)
+ * 339 ms, 2 210 ms, 4 170 ms, 8 170 ms; ROWS=8 PART=4 223 ms, ROWS=4 PART=4 428 ms.
+ * GPUs (no GPU has run it yet): 8 rows and 4 partners, the largest that spill no registers in sm_90's PTX
+ * (ptx-check, head sizes 64 to 256: 210 and 231 registers; ROWS=16 PART=4 spills, 255). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
-    (void)core, (void)caps, (void)d;
-    p->v[ROWS] = 16;
+    (void)core, (void)d;
+    p->v[ROWS] = caps->dclass == CLATTN_CLASS_CPU ? 16 : 8;
     p->v[PART] = 4;
     return 1;
 }

@@ -117,6 +117,24 @@ static int differs(const search *s, const float *out, size_t n)
     return 0;
 }
 
+/* Did the plan run candidate c (its core and parameters, where c names them)? */
+static int ran(const candidate *c, const clattn_core *core, const clattn_core_params *params)
+{
+    return (!c->core || core == c->core) && (!c->params || memcmp(params, c->params, sizeof *c->params) == 0);
+}
+
+/* An attention plan of the shape made with candidate c's table. */
+static clattn_status plan_with(search *s, const candidate *c, clattn_plan **p)
+{
+    clattn_tune_table try;
+    candidate_table(s, c, &try);
+    s->dev->tune_try = &try;
+    const clattn_attention_weights w = search_weights(s);
+    const clattn_status st = clattn_plan_create(s->dev, &s->d, &w, p);
+    s->dev->tune_try = NULL;
+    return st;
+}
+
 typedef struct decode_run {
     clattn_decode_plan *plan;
     clattn_kv_cache *cache;
@@ -143,9 +161,7 @@ static double run_decode_candidate(search *s, const candidate *c, int check, flo
     clattn_status st = clattn_decode_plan_create(s->dev, &s->d, &w, &p);
     s->dev->tune_try = NULL;
     if (st != CLATTN_STATUS_SUCCESS) return -1;
-    const clattn_plan *base = p->base;
-    if ((c->core && base->core != c->core) ||
-        (c->params && memcmp(&base->core_params, c->params, sizeof *c->params) != 0)) {
+    if (!ran(c, p->base->core, &p->base->core_params)) {
         clattn_decode_plan_free(p);
         return -3;
     }
@@ -185,16 +201,9 @@ static clattn_status backward_step(void *ctx)
 /* run_candidate for the backward cores: a training plan's forward (the statistics), then its backward timed. */
 static double run_backward_candidate(search *s, const candidate *c, int check, float *out)
 {
-    clattn_tune_table try;
-    candidate_table(s, c, &try);
-    s->dev->tune_try = &try;
-    const clattn_attention_weights w = search_weights(s);
     clattn_plan *p = NULL;
-    clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
-    s->dev->tune_try = NULL;
-    if (st != CLATTN_STATUS_SUCCESS) return -1;
-    if ((c->core && p->backward_core != c->core) ||
-        (c->params && memcmp(&p->backward_core_params, c->params, sizeof *c->params) != 0)) {
+    if (plan_with(s, c, &p) != CLATTN_STATUS_SUCCESS) return -1;
+    if (!ran(c, p->backward_core, &p->backward_core_params)) {
         clattn_plan_free(p);
         return -3;
     }
@@ -230,14 +239,8 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
 {
     if (s->kind == CLATTN_CORE_DECODE) return run_decode_candidate(s, c, check, out);
     if (s->kind == CLATTN_CORE_BACKWARD) return run_backward_candidate(s, c, check, out);
-    clattn_tune_table try;
-    candidate_table(s, c, &try);
-    s->dev->tune_try = &try;
-    const clattn_attention_weights w = search_weights(s);
     clattn_plan *p = NULL;
-    clattn_status st = clattn_plan_create(s->dev, &s->d, &w, &p);
-    s->dev->tune_try = NULL;
-    if (st != CLATTN_STATUS_SUCCESS) return -1;
+    if (plan_with(s, c, &p) != CLATTN_STATUS_SUCCESS) return -1;
     int applies;
     if (s->kind == CLATTN_CORE_GEMM) {
         char text[128] = "";
@@ -245,8 +248,7 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
         applies = (!c->core || strcmp(p->gemm, c->core->name) == 0) &&
                   (!c->params || strcmp(p->gemm_params_text, text) == 0);
     } else {
-        applies = (!c->core || p->core == c->core) &&
-                  (!c->params || memcmp(&p->core_params, c->params, sizeof *c->params) == 0);
+        applies = ran(c, p->core, &p->core_params);
     }
     if (!applies) {
         clattn_plan_free(p);
