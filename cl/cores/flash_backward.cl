@@ -37,13 +37,7 @@
 #define ROWS 8
 #endif
 #ifndef PART
-#define PART 2
-#endif
-/* partial sums per partner in a dot product: 4 chains at least */
-#if PART >= 4
-#define SPLIT 1
-#else
-#define SPLIT (4 / PART)
+#define PART 4
 #endif
 
 #if ROWS == 16
@@ -109,6 +103,16 @@ typedef float rv_t;
         } \
         PARTS(BWD_DOT_SUM, S, B) \
     } while (0)
+
+/* acc[c] += sum_u W##u * R##u[c] over n columns: each gradient vector loaded and stored once for the PART
+ * partners' FMAs. */
+#define BWD_ACC_TERM(u, W, R) x_ = fma(W##u, (rv_t)(R##u[c_]), x_);
+#define BWD_ACCUM(acc, n, W, R) \
+    for (uint c_ = 0; c_ < (n); c_++) { \
+        rv_t x_ = acc[c_]; \
+        PARTS(BWD_ACC_TERM, W, R) \
+        acc[c_] = x_; \
+    }
 
 /* Does any pair of query rows i0..i1 and keys j0..j1 need the masks (or lie past the keys' end)? Else the
  * scores are q.k * scale as they are. */
@@ -232,12 +236,7 @@ __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
     ds##u = bwd_ds(lr == (rv_t)(-INFINITY) ? (rv_t)(0.0f) : exp(s##u - lr), \
                    bwd_keep(seed_lo, seed_hi, (uint)b, h, i0, 1, j + u, 0, threshold, keep_scale), dp##u, dr);
         PARTS(DQ_DS, , )
-#define DQ_ACC(u, S, B) x = fma(ds##u, (rv_t)(kp##u[c]), x);
-        for (uint c = 0; c < DK; c++) {
-            rv_t x = acc[c];
-            PARTS(DQ_ACC, , )
-            acc[c] = x;
-        }
+        BWD_ACCUM(acc, DK, ds, kp)
     }
     for (uint c = 0; c < DK; c++) {
         RV_STORE(acc[c] * scale, t);
@@ -302,18 +301,8 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
         w##u = p == (rv_t)(0.0f) ? (rv_t)(0.0f) : p * m; \
     }
             PARTS(KV_DS, , )
-#define KV_GK(u, S, B) x = fma(ds##u, (rv_t)(qp##u[c]), x);
-#define KV_GV(u, S, B) x = fma(w##u, (rv_t)(cp##u[c]), x);
-            for (uint c = 0; c < DK; c++) {
-                rv_t x = gk[c];
-                PARTS(KV_GK, , )
-                gk[c] = x;
-            }
-            for (uint c = 0; c < DV; c++) {
-                rv_t x = gv[c];
-                PARTS(KV_GV, , )
-                gv[c] = x;
-            }
+            BWD_ACCUM(gk, DK, ds, qp)
+            BWD_ACCUM(gv, DV, w, cp)
         }
     }
     for (uint c = 0; c < DK; c++) {

@@ -40,6 +40,7 @@ typedef struct search {
     /* BACKWARD: d.training = 1; the output's gradient (B, T, E) and the forward's lse (B, H, T) and context
      * (B, T, E), which the backward then reads; ref and out hold grad_x */
     float *gout, *lse, *ctx;
+    char ran_params[160]; /* the parameters the last candidate's plan ran, as text (clattn_core_params_format) */
 } search;
 
 static double now_ms(void)
@@ -161,6 +162,7 @@ static double run_decode_candidate(search *s, const candidate *c, int check, flo
     clattn_status st = clattn_decode_plan_create(s->dev, &s->d, &w, &p);
     s->dev->tune_try = NULL;
     if (st != CLATTN_STATUS_SUCCESS) return -1;
+    snprintf(s->ran_params, sizeof s->ran_params, "%s", p->base->core_params_text);
     if (!ran(c, p->base->core, &p->base->core_params)) {
         clattn_decode_plan_free(p);
         return -3;
@@ -203,6 +205,7 @@ static double run_backward_candidate(search *s, const candidate *c, int check, f
 {
     clattn_plan *p = NULL;
     if (plan_with(s, c, &p) != CLATTN_STATUS_SUCCESS) return -1;
+    snprintf(s->ran_params, sizeof s->ran_params, "%s", p->backward_core_params_text);
     if (!ran(c, p->backward_core, &p->backward_core_params)) {
         clattn_plan_free(p);
         return -3;
@@ -242,6 +245,8 @@ static double run_candidate(search *s, const candidate *c, int check, float *out
     clattn_plan *p = NULL;
     if (plan_with(s, c, &p) != CLATTN_STATUS_SUCCESS) return -1;
     int applies;
+    snprintf(s->ran_params, sizeof s->ran_params, "%s",
+             s->kind == CLATTN_CORE_GEMM ? p->gemm_params_text : p->core_params_text);
     if (s->kind == CLATTN_CORE_GEMM) {
         char text[128] = "";
         if (c->core && c->params) clattn_core_params_format(c->core, c->params, text, sizeof text);
@@ -317,27 +322,20 @@ static double search_core(search *s, const clattn_core *c, clattn_tune_table *ke
     int searchable = c->nparams > 0;
     for (int i = 0; i < c->nparams; i++) searchable &= c->params[i].ntried > 0;
     if (!searchable) return base_ms;
-    /* the defaults (measured above) are not measured again as a candidate: s->d as a plan resolves it (the
-     * search's shapes are self-attention with weights) */
-    clattn_attention_desc rd = s->d;
-    if (!rd.kv_heads) rd.kv_heads = rd.heads;
-    if (!rd.head_dim_v) rd.head_dim_v = rd.head_dim_qk;
-    if (!rd.seq_kv) rd.seq_kv = rd.seq_q;
-    if (!rd.kv_embed) rd.kv_embed = rd.embed;
-    clattn_core_params best_p = {{0}}, dflt = {{0}};
-    const int has_dflt = c->defaults(c, &s->dev->caps, &rd, &dflt);
+    char dflt[sizeof s->ran_params]; /* what the defaults ran: not measured again as a candidate */
+    snprintf(dflt, sizeof dflt, "%s", s->ran_params);
+    clattn_core_params best_p = {{0}};
     double best_ms = base_ms;
     int tried = 0, wrong = 0, have = 0;
     s->deadline = end;
     for (int done = 0; !done && !over_budget(s);) {
         clattn_core_params p = {{0}};
         for (int i = 0; i < c->nparams; i++) p.v[i] = c->params[i].tried[idx[i]];
-        const int is_dflt = has_dflt && memcmp(p.v, dflt.v, (size_t)c->nparams * sizeof p.v[0]) == 0;
-        if (!is_dflt && (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p))) {
+        char text[160];
+        clattn_core_params_format(c, &p, text, sizeof text);
+        if (strcmp(text, dflt) != 0 && (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p))) {
             const candidate cand = {c, &p};
             const double ms = run_candidate(s, &cand, 1, s->out);
-            char text[160];
-            clattn_core_params_format(c, &p, text, sizeof text);
             say(s, "  %s %s: %s%.2f ms", c->name, text, verdict(ms), ms < 0 ? 0.0 : ms);
             tried++;
             wrong += ms == -2;
