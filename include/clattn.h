@@ -21,6 +21,11 @@
  * build log of the last failed kernel build.
  *
  * Shapes are row-major (C order). x is (B, Tq, E); kv is (B, Tk, Ekv).
+ *
+ * Memory: in every call, its host-pointer form and its buffer form alike, an output may not share memory with an
+ * input or with another output (out == x, a gradient inside another, context == out): such a call is refused
+ * (CLATTN_STATUS_INVALID_ARGUMENT, naming the two arrays) before anything is read or written. There is no in-place
+ * form. Inputs may share memory with each other (x given again as kv). On buffers, sub-buffers are seen through.
  */
 #ifndef CLATTN_H
 #define CLATTN_H
@@ -272,7 +277,8 @@ CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
 
 /* Execution from host arrays. An array the description does not declare (kv for self-attention, a mask
- * the plan was made without) is refused (INVALID_ARGUMENT), never ignored. Every array comes with its
+ * the plan was made without) is refused (INVALID_ARGUMENT), never ignored; so is an output that shares memory with
+ * an input or another output (out, attn, lse, context: "Memory" at the top). Every array comes with its
  * element count (clattn 0.4; 0 for one not given): a count that is not the plan's is refused
  * (CLATTN_STATUS_SHAPE_MISMATCH, naming both) before anything is read or written. */
 typedef struct clattn_attention_args {
@@ -298,8 +304,9 @@ CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_att
 /* Execution on device buffers (OpenCL devices only). Offsets count elements
  * (bytes for the uint8 masks). Enqueued on the device's queue after the wait
  * list; `event` (optional) completes when out and attn are written. An output
- * (out, attn) may not share memory with an input or with the other output
- * (sub-buffers are seen through): such a call is refused (INVALID_ARGUMENT).
+ * (out, attn, lse, context) may not share memory with an input or with another output
+ * (sub-buffers are seen through): such a call is refused (INVALID_ARGUMENT), as in
+ * clattn_plan_execute (see "Memory" at the top).
  * A buffer the description does not declare (kv for self-attention, a mask
  * the plan was made without) is refused too, never ignored. */
 typedef struct clattn_buffer {
@@ -328,7 +335,8 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
  * output projection, grad_b_* without that bias, grad_w_* for a plan without projection weights) is refused.
  * Masks and the scale get no gradient. A query row with no visible key contributes nothing (zero gradients,
  * never NaN). lse and context: the forward's args.lse and args.context for these inputs (both or neither); given,
- * the backward trusts them and does not recompute the forward's statistics. */
+ * the backward trusts them and does not recompute the forward's statistics. A gradient may not share memory with
+ * an input (args' arrays, grad_out, lse, context) or with another gradient ("Memory" at the top). */
 typedef struct clattn_attention_grads {
     const float *grad_out;      /* (B, Tq, Eo or H*dv), required */
     const float *lse;           /* optional (B, H, Tq): the forward's */
@@ -371,7 +379,8 @@ CLATTN_API clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const c
  * them into what one call over all the keys gives: with L = log(sum_p exp(lse_p)) per row,
  *   out = sum_p exp(lse_p - L) out_p,   lse = L        (the math of decode's split-K combine)
  * A row no shard saw a key of gets out 0 and lse -inf; a NaN lse makes its row NaN. out and lse (either may be
- * NULL) may not overlap the inputs. The shards' plans must see the keys as one call would: a causal or windowed
+ * NULL) may not overlap the inputs or each other; an lse of +inf (a sum that overflowed float) is refused, naming its
+ * part and row, before anything is written. The shards' plans must see the keys as one call would: a causal or windowed
  * pattern across shards is an attn_mask of each shard's keys (their causal flag counts keys from 0), and dropout
  * does not split exactly (a weight's keep decision depends on the key's index within its shard). */
 CLATTN_API clattn_status clattn_attention_merge(size_t parts, const float *const *outs, const float *const *lses,
@@ -502,8 +511,8 @@ CLATTN_API clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache);
 CLATTN_API clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths);
 /* The current lengths, B entries. */
 CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths);
-/* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL);
- * positions at or past a sequence's length read as 0. */
+/* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL; the two may not
+ * overlap); positions at or past a sequence's length read as 0. */
 CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float *v);
 /* Write the cache from float arrays in the layout clattn_kv_cache_read uses, k (B, HK, Tmax, dk) and
  * v (B, HK, Tmax, dv), and set the lengths to lengths[b] <= Tmax (B entries): a cache computed

@@ -323,6 +323,11 @@ Test(train, merge_rules)
     cr_assert_eq(clattn_attention_merge(2, outs, lses, 1, 3, 1, 2, (float *)o1, lse), CLATTN_STATUS_INVALID_ARGUMENT,
                  "an output over an input is refused");
     cr_assert_eq(clattn_attention_merge(2, outs, lses, SIZE_MAX / 2, 3, 1, 2, out, lse), CLATTN_STATUS_SIZE_OVERFLOW);
+    /* an lse of +inf (a sum that overflowed float) cannot be weighed: refused, naming its part and row, where the
+     * arithmetic would give NaN */
+    const float linf[] = {0.0f, -INFINITY, INFINITY}, *lses_inf[] = {l0, linf};
+    cr_assert_eq(clattn_attention_merge(2, outs, lses_inf, 1, 3, 1, 2, out, lse), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "lses[1][2] is +inf"), "%s", clattn_last_error());
     cr_assert(!memcmp(out, keep, sizeof out), "a refused merge wrote its output");
 }
 

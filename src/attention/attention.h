@@ -109,6 +109,10 @@ clattn_status clattn_weight_counts_check(const clattn_attention_desc *d, const c
 /* args' inputs against the plan (x, kv, the masks: given as the description declares, with their counts); the
  * outputs are the caller's to check (execution, backward). */
 clattn_status clattn_plan_check_inputs(const struct clattn_plan *plan, const clattn_attention_args *args);
+/* The inputs x, kv, key_padding_mask and attn_mask for the overlap rule (runtime.h), from host args (a) or buffers
+ * (b): the forward and the backward check their outputs against them. */
+void clattn_plan_input_ranges(const struct clattn_plan *p, const clattn_attention_args *a,
+                              const clattn_attention_buffers *b, clattn_mem_range ins[4]);
 /* buffers declares what the plan has: no kv for self-attention, no mask the plan was made without, lse and context
  * only on a training plan. */
 clattn_status clattn_plan_check_buffers_declared(const struct clattn_plan *plan, const clattn_attention_buffers *b);

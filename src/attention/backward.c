@@ -37,6 +37,34 @@ static clattn_status check_given(const clattn_plan *plan, const char *owner, int
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* The gradients against the inputs (x, kv, the masks, grad_out, lse, context) and each other, host form (a, g) or
+ * buffer form (b, gb): one list for both forms. */
+static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_attention_args *a,
+                                         const clattn_attention_grads *g, const clattn_attention_buffers *b,
+                                         const clattn_attention_grad_buffers *gb)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
+    clattn_mem_range ins[7];
+    clattn_plan_input_ranges(p, a, b, ins);
+    ins[4] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, 4);
+    ins[5] = CLATTN_RANGE("grads", g, gb, lse, B * H * Tq, 4);
+    ins[6] = CLATTN_RANGE("grads", g, gb, context, B * Tq * H * dv, 4);
+    const clattn_mem_range outs[] = {
+        CLATTN_RANGE("grads", g, gb, grad_x, B * Tq * d->embed, 4),
+        CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? B * Tk * d->kv_embed : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_w_query, p->has_qkv ? H * dk * d->embed : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_w_key, p->has_qkv ? HK * dk * d->kv_embed : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_w_value, p->has_qkv ? HK * dv * d->kv_embed : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_b_query, p->b_query ? H * dk : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_b_key, p->b_key ? HK * dk : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_b_value, p->b_value ? HK * dv : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_w_out, p->has_out ? Eo * H * dv : 0, 4),
+        CLATTN_RANGE("grads", g, gb, grad_b_out, p->b_out ? Eo : 0, 4)};
+    return clattn_check_no_overlap(outs, (int)(sizeof outs / sizeof outs[0]), ins, 7);
+}
+
 static clattn_status check_grads(const clattn_plan *plan, const clattn_attention_grads *g)
 {
     const clattn_attention_desc *d = &plan->d;
@@ -125,6 +153,7 @@ clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_arg
                            "gradients only (the forward's lse and context go in grads)",
                            args->out ? "out" : args->attn ? "attn" : args->lse ? "lse" : "context");
     TRY(check_grads(plan, grads));
+    TRY(backward_no_overlap(plan, args, grads, NULL, NULL));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->backward_host(plan, args, grads);
     pthread_mutex_unlock(&plan->lock);
@@ -143,6 +172,7 @@ clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const clattn_atten
                            "training plan has a backward pass");
     TRY(clattn_plan_check_buffers_declared(plan, buffers));
     TRY(check_grad_buffers(plan, buffers, grads));
+    TRY(backward_no_overlap(plan, NULL, NULL, buffers, grads));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->backward_buffers(plan, buffers, grads, num_events_in_wait_list,
                                                          event_wait_list, event);

@@ -3,6 +3,7 @@
  * (cl/cores/decode_common.cl), on the host, for results that come from separate plans or devices. */
 #include "attention.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,17 +21,31 @@ clattn_status clattn_attention_merge(size_t parts, const float *const *outs, con
     if (clattn_mul_overflows(batch, seq_q, &rows) || clattn_mul_overflows(rows, heads, &rows) ||
         clattn_mul_overflows(rows, head_dim_v, &n_out))
         return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "batch x seq_q x heads x head_dim_v overflows size_t");
-    for (size_t p = 0; p < parts; p++) {
-        if (!outs[p] || !lses[p])
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "part %zu: its out or lse is NULL", p);
-        /* an output that shares memory with an input would be read after it is written */
-        const float *o0 = outs[p], *o1 = outs[p] + n_out, *l0 = lses[p], *l1 = lses[p] + rows;
-        if ((out && out < o1 && o0 < out + n_out) || (out && out < l1 && l0 < out + n_out) ||
-            (lse && lse < o1 && o0 < lse + rows) || (lse && lse < l1 && l0 < lse + rows))
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "part %zu overlaps out or lse", p);
+    if (parts > INT_MAX / 2) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "parts = %zu: at most %d", parts, INT_MAX / 2);
+    clattn_mem_range *ins = clattn_malloc(2 * parts * sizeof *ins);
+    if (!ins) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "merging %zu parts", parts);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    for (size_t p = 0; p < parts && !st; p++) {
+        if (!outs[p] || !lses[p]) {
+            st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "part %zu: its out or lse is NULL", p);
+            break;
+        }
+        ins[2 * p] = clattn_range("", "outs", outs[p], NULL, n_out, sizeof(float));
+        ins[2 * p + 1] = clattn_range("", "lses", lses[p], NULL, rows, sizeof(float));
+        ins[2 * p].index = ins[2 * p + 1].index = (long)p;
+        /* +inf (a row's sum that overflowed float) has no weight against the other parts: exp(inf - inf) */
+        for (size_t r = 0; r < rows && !st; r++)
+            if (lses[p][r] == INFINITY)
+                st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "lses[%zu][%zu] is +inf (batch %zu, head %zu, query "
+                                 "%zu): a log-sum-exp that overflowed float cannot be weighed against the other parts "
+                                 "(scale that row's scores down); -inf is a row with no visible key", p, r,
+                                 r / (heads * seq_q), r / seq_q % heads, r % seq_q);
     }
-    if (out && lse && out < lse + rows && lse < out + n_out)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out and lse overlap");
+    const clattn_mem_range outr[] = {clattn_range("", "out", out, NULL, n_out, sizeof(float)),
+                                     clattn_range("", "lse", lse, NULL, rows, sizeof(float))};
+    if (!st) st = clattn_check_no_overlap(outr, 2, ins, (int)(2 * parts));
+    free(ins);
+    TRY(st);
     double *w = malloc(parts * sizeof *w);
     if (!w) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "merging %zu parts", parts);
     const size_t H = heads, Tq = seq_q, dv = head_dim_v;

@@ -423,6 +423,35 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     return clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, Tq * Tk, how);
 }
 
+void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args *a, const clattn_attention_buffers *b,
+                              clattn_mem_range ins[4])
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const char *o = a ? "args" : "buffers";
+    ins[0] = CLATTN_RANGE(o, a, b, x, B * Tq * d->embed, 4);
+    ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? B * Tk * d->kv_embed : 0, 4);
+    ins[2] = CLATTN_RANGE(o, a, b, key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1);
+    ins[3] = CLATTN_RANGE(o, a, b, attn_mask, d->attn_mask ? Tq * Tk : 0, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
+}
+
+/* The forward's outputs against its inputs and each other, from host args (a) or buffers (b): one list for both
+ * forms. */
+static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_attention_args *a,
+                                        const clattn_attention_buffers *b)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads;
+    const char *o = a ? "args" : "buffers";
+    clattn_mem_range ins[4];
+    clattn_plan_input_ranges(p, a, b, ins);
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * Tq * p->out_width, 4),
+                                     CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, 4),
+                                     CLATTN_RANGE(o, a, b, lse, B * H * Tq, 4),
+                                     CLATTN_RANGE(o, a, b, context, B * Tq * H * d->head_dim_v, 4)};
+    return clattn_check_no_overlap(outs, 4, ins, 4);
+}
+
 static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
 {
     TRY(clattn_plan_check_inputs(plan, a));
@@ -439,7 +468,8 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
     snprintf(how, sizeof how, "batch x heads x seq_q = %zu x %zu x %zu", B, d->heads, Tq);
     TRY(clattn_count_check("args", "lse", a->lse, a->lse_count, B * d->heads * Tq, how));
     snprintf(how, sizeof how, "batch x seq_q x heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tq, d->heads, d->head_dim_v);
-    return clattn_count_check("args", "context", a->context, a->context_count, B * Tq * d->heads * d->head_dim_v, how);
+    TRY(clattn_count_check("args", "context", a->context, a->context_count, B * Tq * d->heads * d->head_dim_v, how));
+    return forward_no_overlap(plan, a, NULL);
 }
 
 /* What the description does not declare, on the buffer path: refused, never ignored. */
@@ -479,6 +509,7 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
                                   num_events_in_wait_list, event_wait_list));
     TRY(clattn_plan_check_buffers_declared(plan, buffers));
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
+    TRY(forward_no_overlap(plan, NULL, buffers));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,
                                                         event);

@@ -224,27 +224,8 @@ clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_
                                             const clattn_attention_grad_buffers *g, cl_uint nwait,
                                             const cl_event *wait, cl_event *event)
 {
-    const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
-    const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
-    size_t n[NGRAD];
-    grad_sizes(p, n);
     const clattn_buffer gws[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                       g->grad_b_value, g->grad_w_out, g->grad_b_out};
-    const clattn_mem_range ins[] = {
-        {b->x.mem, b->x.offset * 4, B * Tq * d->embed * 4, "x"},
-        {d->cross ? b->kv.mem : NULL, b->kv.offset * 4, B * Tk * d->kv_embed * 4, "kv"},
-        {d->key_padding_mask ? b->key_padding_mask.mem : NULL, b->key_padding_mask.offset, B * Tk, "key_padding_mask"},
-        {d->attn_mask ? b->attn_mask.mem : NULL, b->attn_mask.offset * mask_size, Tq * Tk * mask_size, "attn_mask"},
-        {g->grad_out.mem, g->grad_out.offset * 4, B * Tq * p->out_width * 4, "grad_out"},
-        {g->lse.mem, g->lse.offset * 4, B * H * Tq * 4, "lse"},
-        {g->context.mem, g->context.offset * 4, B * Tq * H * dv * 4, "context"}};
-    static const char *names[NGRAD] = {"grad_w_query", "grad_w_key", "grad_w_value", "grad_b_query", "grad_b_key",
-                                       "grad_b_value", "grad_w_out", "grad_b_out"};
-    clattn_mem_range outs[2 + NGRAD] = {{g->grad_x.mem, g->grad_x.offset * 4, B * Tq * d->embed * 4, "grad_x"},
-                                        {g->grad_kv.mem, g->grad_kv.offset * 4, B * Tk * d->kv_embed * 4, "grad_kv"}};
-    for (int i = 0; i < NGRAD; i++) outs[2 + i] = (clattn_mem_range){gws[i].mem, gws[i].offset * 4, n[i] * 4, names[i]};
-    TRY(clattn_check_no_overlap(outs, 2 + NGRAD, ins, 7));
     bwd_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
                  .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .gout = {g->grad_out.mem, g->grad_out.offset},

@@ -165,6 +165,10 @@ clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float
 {
     clattn_clear_error();
     if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    const size_t rows = cache->d.batch * cache->d.kv_heads * cache->d.capacity;
+    const clattn_mem_range outs[] = {clattn_range("", "k", k, NULL, rows * cache->d.head_dim_qk, sizeof(float)),
+                                     clattn_range("", "v", v, NULL, rows * cache->d.head_dim_v, sizeof(float))};
+    TRY(clattn_check_no_overlap(outs, 2, NULL, 0));
     clattn_kv_cache *c = (clattn_kv_cache *)cache; /* the lock is the cache's own state */
     pthread_mutex_lock(&c->lock);
     clattn_status st = CLATTN_STATUS_SUCCESS;

@@ -180,6 +180,20 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* A step's output against its inputs, host form (a) or buffer form (b and the host array valid): one list for both
+ * forms. */
+static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clattn_decode_args *a,
+                                     const clattn_decode_buffers *b, const size_t *valid)
+{
+    const size_t B = p->d.batch;
+    const char *o = a ? "args" : "buffers";
+    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, B * n * p->d.embed, sizeof(float)),
+                                    clattn_range(a ? "args" : "", "valid", a ? a->valid : valid, NULL,
+                                                 a ? a->valid_count : valid ? B : 0, sizeof(size_t))};
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * n * p->out_width, sizeof(float))};
+    return clattn_check_no_overlap(outs, 1, ins, 2);
+}
+
 /* A step with the plan's and the cache's locks held. */
 static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
 {
@@ -192,6 +206,7 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     TRY(clattn_count_check("args", "valid", args->valid, args->valid_count, B, "batch"));
     snprintf(how, sizeof how, "batch x new_tokens x out_width = %zu x %zu x %zu", B, n, p->out_width);
     TRY(clattn_count_check("args", "out", args->out, args->out_count, B * n * p->out_width, how));
+    TRY(step_no_overlap(p, n, args, NULL, NULL));
     size_t *valid = clattn_malloc(B * sizeof *valid);
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
@@ -237,9 +252,7 @@ clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_
     const size_t nx = B * n * p->d.embed, no = B * n * p->out_width;
     TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, sizeof(float), "x"));
     TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, sizeof(float), "out"));
-    const clattn_mem_range ins[] = {{buffers->x.mem, buffers->x.offset * sizeof(float), nx * sizeof(float), "x"}};
-    const clattn_mem_range outs[] = {{buffers->out.mem, buffers->out.offset * sizeof(float), no * sizeof(float), "out"}};
-    TRY(clattn_check_no_overlap(outs, 1, ins, 1));
+    TRY(step_no_overlap(p, n, NULL, buffers, valid));
     pthread_mutex_lock(&plan->lock);
     pthread_mutex_lock(&cache->lock);
     const clattn_status st = execute_buffers_locked(plan, cache, buffers, n, valid, num_events_in_wait_list,

@@ -165,6 +165,18 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* The layer's output against its inputs, host form (a) or buffer form (b): one list for both forms. */
+static clattn_status layer_no_overlap(const clattn_encoder_plan *p, const clattn_encoder_args *a,
+                                      const clattn_encoder_buffers *b)
+{
+    const size_t N = p->rows, E = p->E;
+    const char *o = a ? "args" : "buffers";
+    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, N * E, sizeof(float)),
+                                    CLATTN_RANGE(o, a, b, key_padding_mask, p->d.attn.key_padding_mask ? N : 0, 1)};
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, N * E, sizeof(float))};
+    return clattn_check_no_overlap(outs, 1, ins, 2);
+}
+
 clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *args)
 {
     clattn_clear_error();
@@ -182,6 +194,7 @@ clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clatt
     TRY(clattn_count_check("args", "key_padding_mask", args->key_padding_mask, args->key_padding_mask_count, N,
                            "batch x seq_q"));
     TRY(clattn_count_check("args", "out", args->out, args->out_count, N * E, "batch*seq_q x embed"));
+    TRY(layer_no_overlap(plan, args, NULL));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->execute_host(plan, args);
     pthread_mutex_unlock(&plan->lock);
@@ -203,12 +216,7 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
     if (!plan->d.attn.key_padding_mask && buffers->key_padding_mask.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.key_padding_mask is given, but the plan was "
                            "created without one (desc.attn.key_padding_mask = 0): it would be ignored");
-    const clattn_mem_range ins[] = {{buffers->x.mem, buffers->x.offset * sizeof(float), N * E * sizeof(float), "x"},
-                                    {buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N,
-                                     "key_padding_mask"}};
-    const clattn_mem_range outs[] = {{buffers->out.mem, buffers->out.offset * sizeof(float), N * E * sizeof(float),
-                                      "out"}};
-    TRY(clattn_check_no_overlap(outs, 1, ins, 2));
+    TRY(layer_no_overlap(plan, NULL, buffers));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,
                                                         event);

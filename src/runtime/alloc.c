@@ -112,39 +112,3 @@ clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t 
                            bytes);
     return CLATTN_STATUS_SUCCESS;
 }
-
-/* The buffer a range lives in (the parent of a sub-buffer) and its offset there. */
-static void resolve(cl_mem m, size_t *off, cl_mem *root)
-{
-    cl_mem parent = NULL;
-    size_t origin = 0;
-    if (clGetMemObjectInfo(m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, NULL) == CL_SUCCESS && parent &&
-        clGetMemObjectInfo(m, CL_MEM_OFFSET, sizeof origin, &origin, NULL) == CL_SUCCESS) {
-        *off += origin;
-        *root = parent;
-        return;
-    }
-    *root = m;
-}
-
-static clattn_status check_pair(const clattn_mem_range *a, const clattn_mem_range *b)
-{
-    if (!a->mem || !b->mem || a->bytes == 0 || b->bytes == 0) return CLATTN_STATUS_SUCCESS;
-    size_t ao = a->off, bo = b->off;
-    cl_mem ar, br;
-    resolve(a->mem, &ao, &ar);
-    resolve(b->mem, &bo, &br);
-    if (ar != br || ao >= bo + b->bytes || bo >= ao + a->bytes) return CLATTN_STATUS_SUCCESS;
-    return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s overlaps buffers.%s (bytes %zu..%zu and %zu..%zu of "
-                       "one buffer): an output may not share memory with an input or another output", a->what,
-                       b->what, ao, ao + a->bytes - 1, bo, bo + b->bytes - 1);
-}
-
-clattn_status clattn_check_no_overlap(const clattn_mem_range *outs, int nout, const clattn_mem_range *ins, int nin)
-{
-    for (int i = 0; i < nout; i++) {
-        for (int j = 0; j < nin; j++) TRY(check_pair(&outs[i], &ins[j]));
-        for (int j = i + 1; j < nout; j++) TRY(check_pair(&outs[i], &outs[j]));
-    }
-    return CLATTN_STATUS_SUCCESS;
-}

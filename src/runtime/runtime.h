@@ -49,11 +49,27 @@ size_t clattn_mem_bytes(cl_mem m);  /* CL_MEM_SIZE (0 for NULL) */
 /* A caller's buffer (buffers.`what`) must hold `elems` elements of `size` bytes from element `offset`:
  * INVALID_ARGUMENT when m is NULL, its OpenCL code when m is not a buffer, SHAPE_MISMATCH when too small. */
 clattn_status clattn_buffer_check(cl_mem m, size_t offset, size_t elems, size_t size, const char *what);
-/* A caller's buffer range for the overlap check: bytes [off, off + bytes) of mem (NULL: none). */
-typedef struct clattn_mem_range { cl_mem mem; size_t off, bytes; const char *what; } clattn_mem_range;
-/* INVALID_ARGUMENT, naming both, when an output range shares memory with an input range or with another
- * output (sub-buffers are resolved to the buffer they are made from); the kernels read inputs while they
- * write outputs, so an overlap would compute wrong numbers without an error. */
+/* ---- the overlap rule (overlap.c): one rule for every call of the API, in its host-pointer and its buffer form.
+ * An output may not share memory with an input or with another output: the kernels (and the reference) read
+ * inputs while they write outputs, and outputs are written one after the other, so an overlap would give wrong
+ * numbers without an error. Inputs may share memory with each other (x given as kv). */
+typedef struct clattn_mem_range {
+    const void *host;        /* host form: the array (NULL: not given) */
+    cl_mem mem;              /* buffer form: the buffer (NULL: not given); sub-buffers are resolved to their parent */
+    size_t off, bytes;       /* bytes [off, off + bytes) from host or of mem (bytes 0: nothing to check) */
+    const char *owner, *what; /* named "owner.what" ("args.out") in errors; owner "" for a plain parameter */
+    long index;              /* >= 0: `what` is an array of arrays and this is its entry ("outs[2]"); else -1 */
+} clattn_mem_range;
+/* An array of `elems` elements of `size` bytes: from host pointer `host` when buf is NULL, else buf's cl_mem from
+ * element buf->offset (the masks' offsets count bytes: size 1). */
+clattn_mem_range clattn_range(const char *owner, const char *what, const void *host, const clattn_buffer *buf,
+                              size_t elems, size_t size);
+/* Field `field` of a host-args struct `a` (when a is not NULL) or of a buffers struct `b`: the one list of an
+ * entry point's arrays serves both of its forms, the fields having the same names in both structs. */
+#define CLATTN_RANGE(owner, a, b, field, elems, size)                                                 \
+    clattn_range(owner, #field, (a) ? (const void *)(a)->field : NULL, (a) ? NULL : &(b)->field, elems, \
+                 size)
+/* INVALID_ARGUMENT, naming both arrays, when an output shares memory with an input or with another output. */
 clattn_status clattn_check_no_overlap(const clattn_mem_range *outs, int nout, const clattn_mem_range *ins, int nin);
 /* size arithmetic that cannot wrap: *out = a * b, or 1 on overflow */
 int clattn_mul_overflows(size_t a, size_t b, size_t *out);
