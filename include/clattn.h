@@ -261,6 +261,15 @@ CLATTN_API clattn_status clattn_plan_create(clattn_device *device, const clattn_
                                             clattn_plan **plan);
 CLATTN_API void clattn_plan_free(clattn_plan *plan);
 
+/* Replace the plan's weights with new values of the same shapes (a training step's updated parameters), keeping
+ * everything else the plan built (kernels, buffers, cores): far cheaper than a new plan. `weights` as at creation:
+ * every array the plan was created with, each with its element count, in the description's layout; an array the
+ * plan was created without, or one of its own left NULL, is refused, and after any refusal the plan keeps its old
+ * weights. Executions and backward passes called after it returns use the new weights; on OpenCL, work enqueued
+ * before it on the device's queue (clattn_plan_execute_buffers) still reads the old ones, and the arrays may be
+ * freed when it returns. Not for decode or encoder plans. clattn 0.5. */
+CLATTN_API clattn_status clattn_plan_set_weights(clattn_plan *plan, const clattn_attention_weights *weights);
+
 /* The description with every default resolved (Tk, Ekv, dk, dv, scale). */
 CLATTN_API clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc);
 /* The algorithm the plan runs: FUSED or UNFUSED on OpenCL (AUTO resolved), AUTO on ref. */

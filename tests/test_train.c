@@ -45,7 +45,26 @@ typedef struct problem {
     float *bufs[16];
     int nb;
     uint8_t *kpm, *bmask;
+    const clattn_attention_weights *first; /* plans are created with these, then given w (clattn_plan_set_weights);
+                                              NULL: created with w */
 } problem;
+
+/* A plan of p (with d, its algorithm chosen) holding p's weights: created with them, or with p->first and then given
+ * them by clattn_plan_set_weights. */
+static clattn_plan *plan_of(const problem *p, clattn_device *dev, const clattn_attention_desc *d, const char *what)
+{
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, d, p->first ? p->first : &p->w, &plan);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    if (p->first) {
+        clattn_attention_weights w = p->w;
+        tu_count_weights(&w, d);
+        st = clattn_plan_set_weights(plan, &w);
+        cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s set_weights: %s: %s", what, clattn_status_string(st),
+                     clattn_last_error());
+    }
+    return plan;
+}
 
 static void problem_make(problem *p, const config *c, uint64_t seed)
 {
@@ -107,9 +126,8 @@ static void check_on(const problem *p, clattn_device *dev, clattn_algorithm alg,
 {
     clattn_attention_desc d = p->d;
     d.algorithm = alg;
-    clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, &d, &p->w, &plan);
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    clattn_plan *plan = plan_of(p, dev, &d, what);
+    clattn_status st;
     const size_t B = d.batch, Tq = d.seq_q, H = d.heads, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
     const size_t n_out = B * Tq * ow, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
     float *out = tu_poisoned(n_out), *lse = tu_poisoned(n_lse), *ctx = tu_poisoned(n_ctx);
@@ -449,9 +467,8 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
 {
     clattn_attention_desc d = p->d;
     d.algorithm = alg;
-    clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, &d, &p->w, &plan);
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s", what, clattn_last_error());
+    clattn_plan *plan = plan_of(p, dev, &d, what);
+    clattn_status st;
     clattn_plan_desc(plan, &d);
     const size_t B = d.batch, Tq = d.seq_q, Tk = d.seq_kv, E = d.embed, Ekv = d.kv_embed, H = d.heads;
     const size_t HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
@@ -821,6 +838,87 @@ Test(train, backward_refusals)
     clattn_plan_free(plan);
     free(dout); free(gx); free(junk);
     problem_free(&p);
+}
+
+/* ---- new weights in a plan (clattn_plan_set_weights): a training step's updated parameters */
+
+/* Plans created with another problem's weights (same shapes, other values) and given p's: the forward and the
+ * backward, on ref and OpenCL, against the oracle with p's weights (self-attention into the Q|K|V blocks, cross into
+ * Q and K|V, RAW layout normalised, with and without biases and an output projection). */
+Test(train, set_weights)
+{
+    /* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout | layout */
+    static const config cfgs[] = {
+        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {2, 6, 8, 10, 6, 2, 1, 3, 5, 7, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
+        {1, 9, 0, 8, 0, 2, 0, 4, 4, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        problem p, other;
+        problem_make(&p, &cfgs[i], 1200 + i);
+        problem_make(&other, &cfgs[i], 1300 + i);
+        p.first = &other.w;
+        if (!tu_forced_core_of(CLATTN_CORE_PREFILL)) check_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, "ref, new weights");
+        if (tu_core_applies(CLATTN_ALGORITHM_FUSED, 0)) check_on(&p, cl_dev, CLATTN_ALGORITHM_FUSED, "opencl fused, new weights");
+        if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0))
+            check_on(&p, cl_dev, CLATTN_ALGORITHM_UNFUSED, "opencl unfused, new weights");
+        if (!tu_forced_core_of(CLATTN_CORE_PREFILL) && !tu_forced_core_of(CLATTN_CORE_BACKWARD))
+            check_backward_on(&p, ref_dev, CLATTN_ALGORITHM_AUTO, 1, 1400 + i, "ref, new weights");
+        check_backward_opencl(&p, 1400 + i);
+        problem_free(&p);
+        problem_free(&other);
+    }
+}
+
+/* What set_weights refuses: another set of arrays than the plan's, a count that is not the plan's, NULL; after each
+ * refusal the plan computes with its old weights, bit for bit. */
+static void set_weights_refusals_on(clattn_device *dev)
+{
+    const config c = {2, 5, 0, 8, 0, 2, 0, 4, 4, 6, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    problem p, other;
+    problem_make(&p, &c, 1500);
+    problem_make(&other, &c, 1501);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(dev, &p.d, &p.w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const size_t n_out = 2 * 5 * 6;
+    float *before = tu_poisoned(n_out), *after = tu_poisoned(n_out);
+    clattn_attention_args a = p.a;
+    a.out = before;
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_weights w = other.w;
+    tu_count_weights(&w, &p.d);
+    clattn_attention_weights bad = w;
+    bad.b_key = NULL, bad.b_key_count = 0; /* the plan has b_key: left out it would keep its old value */
+    cr_assert_eq(clattn_plan_set_weights(plan, &bad), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "weights.b_key is NULL"), "%s", clattn_last_error());
+    bad = w, bad.w_query = NULL, bad.w_query_count = 0;
+    cr_assert_eq(clattn_plan_set_weights(plan, &bad), CLATTN_STATUS_INVALID_ARGUMENT);
+    bad = w, bad.w_out_count--;
+    cr_assert_eq(clattn_plan_set_weights(plan, &bad), CLATTN_STATUS_SHAPE_MISMATCH);
+    cr_assert(strstr(clattn_last_error(), "w_out"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_set_weights(plan, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_plan_set_weights(NULL, &w), CLATTN_STATUS_INVALID_ARGUMENT);
+    a.out = after;
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert(memcmp(before, after, n_out * sizeof(float)) == 0, "a refused set_weights changed the plan's output");
+    clattn_plan_free(plan);
+    /* a plan without b_out (nor biases) refuses them */
+    clattn_attention_weights nob = p.w;
+    nob.b_query = nob.b_key = nob.b_value = nob.b_out = NULL;
+    cr_assert_eq(tu_plan_create(dev, &p.d, &nob, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_set_weights(plan, &w), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "weights.b_query is given, but the plan was created without it"), "%s",
+              clattn_last_error());
+    clattn_plan_free(plan);
+    free(before), free(after);
+    problem_free(&p);
+    problem_free(&other);
+}
+
+Test(train, set_weights_refusals)
+{
+    set_weights_refusals_on(ref_dev);
+    set_weights_refusals_on(cl_dev);
 }
 
 /* PyTorch's autograd gradients (tests/golden/backward, made by make_golden_backward.py: nn.MultiheadAttention in

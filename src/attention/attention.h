@@ -77,6 +77,9 @@ typedef struct clattn_backend_ops {
     clattn_status (*backward_buffers)(struct clattn_plan *p, const clattn_attention_buffers *b,
                                       const clattn_attention_grad_buffers *g, cl_uint nwait, const cl_event *wait,
                                       cl_event *event);
+    /* the plan's host weights (clattn_plan_set_weights replaced them) into its device state; NULL: the backend reads
+     * the host copies (ref) */
+    clattn_status (*set_weights)(struct clattn_plan *p);
 } clattn_backend_ops;
 
 extern const clattn_backend_ops clattn_backend_ref;    /* ref.c */
@@ -160,7 +163,8 @@ void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char
  * NULL on ref. */
 const clattn_linear *clattn_plan_linear(const struct clattn_plan *p);
 /* One device buffer holding blocks of rows one after another: block i has rows[i] rows of cols floats from
- * parts[i], or zeros where parts[i] is NULL (a bias that is absent). */
+ * parts[i], or zeros where parts[i] is NULL (a bias that is absent); made when *out is NULL, else written again
+ * (clattn_buffer_put). */
 clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,
                                    size_t cols, const char *what, cl_mem *out);
 

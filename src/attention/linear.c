@@ -167,7 +167,7 @@ clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const 
         if (parts[i]) memcpy(buf + at, parts[i], rows[i] * cols * sizeof *buf);
         at += rows[i] * cols;
     }
-    const clattn_status st = clattn_buffer_new(dev, total * cols, sizeof(float), buf, what, out);
+    const clattn_status st = clattn_buffer_put(dev, total * cols, sizeof(float), buf, what, out);
     free(buf);
     return st;
 }

@@ -222,6 +222,30 @@ clattn_status clattn_buffers_call_check(const void *plan, const void *buffers, i
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* The plan's host copies of its weights, in clattn_attention_weights' order. */
+#define WEIGHT_SLOTS(p) \
+    {&(p)->w_query, &(p)->w_key, &(p)->w_value, &(p)->b_query, &(p)->b_key, &(p)->b_value, &(p)->w_out, &(p)->b_out}
+
+/* New copies of the given weights (validated against the resolved d), normalised to LINEAR, into *out[i] (NULL for an
+ * array not given); on failure nothing is kept. */
+static clattn_status copy_weights(const clattn_attention_desc *d, const clattn_attention_weights *w, float **out[8])
+{
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
+    const float *src[8] = {w->w_query, w->w_key, w->w_value, w->b_query, w->b_key, w->b_value, w->w_out, w->b_out};
+    const size_t rows[8] = {H * dk, HK * dk, HK * dv, H * dk, HK * dk, HK * dv, Eo, Eo};
+    const size_t cols[8] = {d->embed, d->kv_embed, d->kv_embed, 0, 0, 0, H * dv, 0}; /* 0: a vector */
+    int oom = 0;
+    for (int i = 0; i < 8; i++) {
+        *out[i] = NULL;
+        if (src[i] && !oom)
+            oom = !(*out[i] = cols[i] ? clattn_weight_copy(src[i], rows[i], cols[i], d->layout)
+                                      : clattn_vector_copy(src[i], rows[i]));
+    }
+    if (!oom) return CLATTN_STATUS_SUCCESS;
+    for (int i = 0; i < 8; i++) free(*out[i]), *out[i] = NULL;
+    return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
+}
+
 clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_desc *desc,
                                   const clattn_attention_weights *weights, int host_staging, clattn_plan **plan)
 {
@@ -251,23 +275,11 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
     p->has_out = has_out;
     p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
     p->host_staging = host_staging;
-    const size_t H = d.heads, HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v;
-    int oom = 0;
-    if (has_qkv) {
-        oom |= !(p->w_query = clattn_weight_copy(weights->w_query, H * dk, d.embed, d.layout));
-        oom |= !(p->w_key = clattn_weight_copy(weights->w_key, HK * dk, d.kv_embed, d.layout));
-        oom |= !(p->w_value = clattn_weight_copy(weights->w_value, HK * dv, d.kv_embed, d.layout));
-        if (weights->b_query) oom |= !(p->b_query = clattn_vector_copy(weights->b_query, H * dk));
-        if (weights->b_key) oom |= !(p->b_key = clattn_vector_copy(weights->b_key, HK * dk));
-        if (weights->b_value) oom |= !(p->b_value = clattn_vector_copy(weights->b_value, HK * dv));
-    }
-    if (has_out) {
-        oom |= !(p->w_out = clattn_weight_copy(weights->w_out, d.out_dim, H * dv, d.layout));
-        if (weights->b_out) oom |= !(p->b_out = clattn_vector_copy(weights->b_out, d.out_dim));
-    }
-    if (oom) {
+    float **slots[8] = WEIGHT_SLOTS(p);
+    const clattn_attention_weights none = {0};
+    if (copy_weights(&d, weights ? weights : &none, slots) != CLATTN_STATUS_SUCCESS) {
         clattn_plan_free(p);
-        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the weights");
+        return CLATTN_STATUS_OUT_OF_HOST_MEMORY;
     }
     *plan = p;
     return CLATTN_STATUS_SUCCESS;
@@ -301,6 +313,39 @@ clattn_status clattn_plan_create_device_resident(clattn_device *device, const cl
                                                  const clattn_attention_weights *weights, clattn_plan **plan)
 {
     return plan_create(device, desc, weights, 0, plan);
+}
+
+clattn_status clattn_plan_set_weights(clattn_plan *plan, const clattn_attention_weights *weights)
+{
+    clattn_clear_error();
+    if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+    if (!weights) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights is NULL");
+    static const char *names[8] = {"w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out"};
+    const void *given[8] = {weights->w_query, weights->w_key, weights->w_value, weights->b_query, weights->b_key,
+                            weights->b_value, weights->w_out, weights->b_out};
+    const int has[8] = {plan->has_qkv, plan->has_qkv, plan->has_qkv, plan->b_query != NULL, plan->b_key != NULL,
+                        plan->b_value != NULL, plan->has_out, plan->b_out != NULL};
+    /* the arrays the plan was created with, no more and no fewer: a weight left out would keep its old value */
+    for (int i = 0; i < 8; i++)
+        if (!given[i] != !has[i])
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.%s is %s, but the plan was created %s it: "
+                               "clattn_plan_set_weights replaces the arrays the plan has, all of them and no other",
+                               names[i], given[i] ? "given" : "NULL", has[i] ? "with" : "without");
+    TRY(check_weight_counts(&plan->d, weights));
+    float *fresh[8], **fslots[8];
+    for (int i = 0; i < 8; i++) fslots[i] = &fresh[i];
+    TRY(copy_weights(&plan->d, weights, fslots));
+    pthread_mutex_lock(&plan->lock);
+    float **slots[8] = WEIGHT_SLOTS(plan), *old[8];
+    for (int i = 0; i < 8; i++) old[i] = *slots[i], *slots[i] = fresh[i];
+    clattn_status st = plan->ops->set_weights ? plan->ops->set_weights(plan) : CLATTN_STATUS_SUCCESS;
+    if (st != CLATTN_STATUS_SUCCESS) { /* a device error: the old weights back, on the host and (if it can) the device */
+        for (int i = 0; i < 8; i++) *slots[i] = old[i], old[i] = fresh[i];
+        (void)plan->ops->set_weights(plan);
+    }
+    pthread_mutex_unlock(&plan->lock);
+    for (int i = 0; i < 8; i++) free(old[i]);
+    return st;
 }
 
 clattn_status clattn_plan_desc(const clattn_plan *plan, clattn_attention_desc *desc)

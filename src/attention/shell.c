@@ -51,7 +51,8 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     return l;
 }
 
-/* The Q/K/V weights, uploaded once, their biases, and the projections' outputs. */
+/* The Q/K/V weights and their biases, uploaded at plan creation and written again by clattn_plan_set_weights (every
+ * buffer made when it is NULL, else written: clattn_buffer_put), and the projections' outputs. */
 static clattn_status upload_projections(struct clattn_plan *p)
 {
     shell *c = state(p);
@@ -63,35 +64,42 @@ static clattn_status upload_projections(struct clattn_plan *p)
     const size_t rows[3] = {H * dk, HK * dk, HK * dv};
     const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
     if (adds_biases(p)) {
-        if (b[0]) TRY(clattn_buffer_new(dev, rows[0], sizeof(float), b[0], "b_query", &c->b_q));
-        if (b[1]) TRY(clattn_buffer_new(dev, rows[1], sizeof(float), b[1], "b_key", &c->b_k));
-        if (b[2]) TRY(clattn_buffer_new(dev, rows[2], sizeof(float), b[2], "b_value", &c->b_v));
+        if (b[0]) TRY(clattn_buffer_put(dev, rows[0], sizeof(float), b[0], "b_query", &c->b_q));
+        if (b[1]) TRY(clattn_buffer_put(dev, rows[1], sizeof(float), b[1], "b_key", &c->b_k));
+        if (b[2]) TRY(clattn_buffer_put(dev, rows[2], sizeof(float), b[2], "b_value", &c->b_v));
     }
     const int biased = !adds_biases(p);
     if (!d->cross) {
         c->n_qkv = rows[0] + rows[1] + rows[2];
         TRY(clattn_upload_blocks(dev, w, rows, 3, E, "the Q|K|V weights", &c->w_proj));
         if (biased && (b[0] || b[1] || b[2])) TRY(clattn_upload_blocks(dev, b, rows, 3, 1, "the Q|K|V biases", &c->b_proj));
-        return clattn_buffer_new(dev, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj);
+        return clattn_buffer_put(dev, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj);
     }
-    TRY(clattn_buffer_new(dev, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj));
+    TRY(clattn_buffer_put(dev, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj));
     TRY(clattn_upload_blocks(dev, w + 1, rows + 1, 2, Ekv, "the K|V weights", &c->w_kv));
-    if (biased && b[0]) TRY(clattn_buffer_new(dev, rows[0], sizeof(float), b[0], "the Q bias", &c->b_proj));
+    if (biased && b[0]) TRY(clattn_buffer_put(dev, rows[0], sizeof(float), b[0], "the Q bias", &c->b_proj));
     if (biased && (b[1] || b[2])) TRY(clattn_upload_blocks(dev, b + 1, rows + 1, 2, 1, "the K|V biases", &c->b_proj_kv));
-    TRY(clattn_buffer_new(dev, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj));
-    return clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V projections", &c->proj_kv);
+    TRY(clattn_buffer_put(dev, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj));
+    return clattn_buffer_put(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V projections", &c->proj_kv);
 }
 
-/* The output projection's weights and its input, the merged heads. */
+/* The output projection's weights (uploaded or written again, as above) and its input, the merged heads. */
 static clattn_status upload_out_projection(struct clattn_plan *p)
 {
     shell *c = state(p);
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
     if (!p->has_out) return CLATTN_STATUS_SUCCESS;
-    TRY(clattn_buffer_new(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out));
-    if (p->b_out) TRY(clattn_buffer_new(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out));
-    return clattn_buffer_new(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged);
+    TRY(clattn_buffer_put(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out));
+    if (p->b_out) TRY(clattn_buffer_put(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out));
+    return clattn_buffer_put(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged);
+}
+
+/* clattn_plan_set_weights: the plan's host copies (already replaced) into its weight buffers. */
+static clattn_status shell_set_weights(struct clattn_plan *p)
+{
+    TRY(upload_projections(p));
+    return upload_out_projection(p);
 }
 
 /* For execution from host arrays: the inputs and the output on the device. */
@@ -338,4 +346,5 @@ const clattn_backend_ops clattn_backend_opencl = {
     .device_bytes = shell_device_bytes,
     .backward_host = clattn_shell_backward_host,
     .backward_buffers = clattn_shell_backward_buffers,
+    .set_weights = shell_set_weights,
 };

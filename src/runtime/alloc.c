@@ -80,6 +80,16 @@ clattn_status clattn_buffer_new(const clattn_device *dev, size_t elems, size_t e
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_buffer_put(const clattn_device *dev, size_t elems, size_t elem_size, const void *host,
+                                const char *what, cl_mem *m)
+{
+    if (!*m) return clattn_buffer_new(dev, elems, elem_size, host, what, m);
+    if (!host) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clEnqueueWriteBuffer(dev->queue, *m, CL_TRUE, 0, (elems ? elems : 1) * elem_size, host, 0, NULL, NULL),
+             what);
+    return CLATTN_STATUS_SUCCESS;
+}
+
 void clattn_mem_release(cl_mem *m)
 {
     if (*m) clReleaseMemObject(*m);

@@ -44,6 +44,11 @@ int clattn_test_alloc_fault_fired(void); /* did the armed failure happen? */
 struct clattn_device;
 clattn_status clattn_buffer_new(const struct clattn_device *dev, size_t elems, size_t elem_size, const void *host,
                                 const char *what, cl_mem *out);
+/* *m NULL: a new buffer as clattn_buffer_new; else host's elements written into *m (blocking, after the work enqueued
+ * before on the device's in-order queue), or nothing when host is NULL: one helper for the weights a plan uploads at
+ * creation and writes again (clattn_plan_set_weights). */
+clattn_status clattn_buffer_put(const struct clattn_device *dev, size_t elems, size_t elem_size, const void *host,
+                                const char *what, cl_mem *m);
 void clattn_mem_release(cl_mem *m); /* release and NULL (NULL is fine) */
 size_t clattn_mem_bytes(cl_mem m);  /* CL_MEM_SIZE (0 for NULL) */
 /* A caller's buffer (buffers.`what`) must hold `elems` elements of `size` bytes from element `offset`:
