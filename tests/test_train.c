@@ -49,13 +49,16 @@ typedef struct problem {
                                               NULL: created with w */
 } problem;
 
-/* A plan of p (with d, its algorithm chosen) holding p's weights: created with them, or with p->first and then given
- * them by clattn_plan_set_weights. */
+/* A plan of p (with d, its algorithm chosen) holding p's weights and dropout seed: created with them, or with p->first
+ * and then given them by clattn_plan_set_weights; with dropout, created with another seed and given d's. */
 static clattn_plan *plan_of(const problem *p, clattn_device *dev, const clattn_attention_desc *d, const char *what)
 {
     clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, d, p->first ? p->first : &p->w, &plan);
+    clattn_attention_desc made = *d;
+    if (d->dropout > 0.0f) made.seed = ~d->seed; /* made with another seed and given this one (clattn_plan_set_seed) */
+    clattn_status st = tu_plan_create(dev, &made, p->first ? p->first : &p->w, &plan);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    if (d->dropout > 0.0f) cr_assert_eq(clattn_plan_set_seed(plan, d->seed), CLATTN_STATUS_SUCCESS);
     if (p->first) {
         clattn_attention_weights w = p->w;
         tu_count_weights(&w, d);

@@ -223,7 +223,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
     TRY(mark(p, -1));
     clattn_core_io cio = {.b_q = c->b_q, .b_k = c->b_k, .b_v = c->b_v, .kpm = io->kpm, .mask = io->mask,
-                          .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse};
+                          .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse, .seed = d->seed};
     if (p->profiling) cio.mark = core_mark, cio.mark_ctx = p;
     TRY(clattn_shell_project(p, io, &cio));
     if (p->has_qkv) TRY(mark(p, CLATTN_STAGE_QKV_PROJECTION));

@@ -120,7 +120,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     const size_t Hdv = H * dv, Eo = p->out_width;
     /* 1. Q, K, V */
-    clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask};
+    clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask, .seed = d->seed};
     const run_io rio = {.x = io->x, .kv = io->kv};
     TRY(clattn_shell_project(p, &rio, &cio));
     /* 2. the forward's lse and context */
@@ -150,7 +150,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const view dV = self ? (view){t->dproj, (H + HK) * dk} : (view){t->dproj_kv, HK * dk};
     const clattn_backward_io bio = {.q = cio.q, .k = cio.k, .v = cio.v, .ctx = ctx, .dctx = dctx, .ctx_ld = Hdv,
                                     .dctx_ld = Hdv, .lse = lse, .kpm = io->kpm, .mask = io->mask, .dq = dq, .dk = dK,
-                                    .dv = dV, .dq_ld = nq, .dkv_ld = nkv};
+                                    .dv = dV, .dq_ld = nq, .dkv_ld = nkv, .seed = d->seed};
     TRY(t->core.core->run_backward(t->core.state, &bio));
     /* 5. the projections' gradients and the inputs' */
     const view kvin = self ? io->x : io->kv;

@@ -81,6 +81,8 @@ typedef struct clattn_core_io {
     clattn_view attn;            /* the weights (B, H, Tq, Tk) into a caller's buffer (mem NULL: none) */
     clattn_view lse;             /* training plans: each row's log-sum-exp (B, H, Tq) (mem NULL: not wanted) */
     float *attn_host;            /* or read to this host array, block by block (NULL: none) */
+    uint64_t seed;               /* this execution's dropout seed (the plan's now: clattn_plan_set_seed), not the
+                                    description's at build */
     /* profiling: a marker at the end of a stage (NULL: profiling off) */
     clattn_status (*mark)(void *ctx, clattn_stage stage);
     void *mark_ctx;
@@ -116,6 +118,7 @@ typedef struct clattn_backward_io {
     clattn_view kpm, mask;       /* as the caller gave them (mem NULL: none) */
     clattn_view dq, dk, dv;
     size_t dq_ld, dkv_ld;
+    uint64_t seed;               /* the forward's dropout seed (the plan's now), as clattn_core_io's */
 } clattn_backward_io;
 
 typedef struct clattn_core clattn_core;
@@ -190,9 +193,9 @@ int clattn_core_param_valid(const clattn_core_param *param, size_t v);  /* one o
 /* The mask arguments every attention kernel takes (common/mask.cl): key padding mask and offset,
  * attention mask and offset, then Tq, Tk and H. */
 void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d);
-/* The four dropout arguments every attention kernel ends with: seed (low, high word), the drop threshold
- * and the keep scale (runtime/numeric.c). */
-void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d);
+/* The four dropout arguments every attention kernel ends with: seed (low, high word: the execution's, from its io),
+ * the drop threshold and the keep scale (runtime/numeric.c). */
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed);
 /* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
 void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
 /* The -D options every attention kernel is specialised by: head sizes, grouping, half K/V, masks,

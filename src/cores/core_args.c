@@ -14,10 +14,10 @@ void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, co
     clattn_arg_u32(a, (cl_uint)d->heads);
 }
 
-void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d)
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed)
 {
-    clattn_arg_u32(a, (cl_uint)d->seed);
-    clattn_arg_u32(a, (cl_uint)(d->seed >> 32));
+    clattn_arg_u32(a, (cl_uint)seed);
+    clattn_arg_u32(a, (cl_uint)(seed >> 32));
     clattn_arg_u32(a, clattn_dropout_threshold(d->dropout));
     clattn_arg_f32(a, clattn_dropout_keep_scale(d->dropout));
 }

@@ -205,7 +205,7 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
     clattn_core_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
-    clattn_core_arg_dropout(&a, d);
+    clattn_core_arg_dropout(&a, d, io->seed);
     clattn_arg_view(&a, s->parts > 1 ? (clattn_view){NULL, 0} : io->lse); /* split: flash_combine writes it */
     TRY(clattn_args_end(&a));
     char what[64];

@@ -133,7 +133,7 @@ static clattn_status run_backward(void *state, const clattn_backward_io *io)
         clattn_core_arg_masks(&a, io->kpm, io->mask, d);
         clattn_arg_f32(&a, d->scale);
         clattn_arg_u64(&a, extent[pass]);
-        clattn_core_arg_dropout(&a, d);
+        clattn_core_arg_dropout(&a, d, io->seed);
         if (pass == 0) {
             clattn_core_arg_rows(&a, io->dq, io->dq_ld);
         } else {
