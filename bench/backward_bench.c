@@ -113,7 +113,7 @@ static btimes time_plan(const bopts *o, clattn_device *dev, const clattn_attenti
                         const clattn_attention_weights *w, const float *x, const float *dout, float *gx_out)
 {
     clattn_plan *plan = NULL;
-    bench_check(clattn_plan_create(dev, desc, w, &plan), "clattn_plan_create (training)");
+    bench_plan_check(clattn_plan_create(dev, desc, w, &plan), "clattn_plan_create (training)");
     clattn_attention_desc rd;
     clattn_plan_desc(plan, &rd); /* every default resolved */
     const clattn_attention_desc *d = &rd;
@@ -288,7 +288,7 @@ int clattn_bench_backward(int argc, char **argv)
     const btimes core = time_plan(&o, dev, &dc, &(clattn_attention_weights){0}, data.x, dout, NULL);
     /* an inference plan's bytes, for the memory comparison */
     clattn_plan *inf = NULL;
-    bench_check(clattn_plan_create(dev, &data.desc, &data.weights, &inf), "clattn_plan_create (inference)");
+    bench_plan_check(clattn_plan_create(dev, &data.desc, &data.weights, &inf), "clattn_plan_create (inference)");
     const size_t inf_bytes = clattn_plan_device_bytes(inf);
     char core_name[64], gemm_name[64];
     snprintf(core_name, sizeof core_name, "%s", clattn_plan_core(inf));

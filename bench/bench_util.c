@@ -35,6 +35,13 @@ void bench_check(clattn_status st, const char *what)
         bench_die("%s: %s (%d): %s", what, clattn_status_string(st), (int)st, clattn_last_error());
 }
 
+void bench_plan_check(clattn_status st, const char *what)
+{
+    bench_check(st, what);
+    const char *note = clattn_last_notice();
+    if (note[0]) fprintf(stderr, "clattn-bench: note: %s\n", note);
+}
+
 double bench_now_ms(void)
 {
     struct timespec ts;

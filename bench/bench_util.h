@@ -15,6 +15,8 @@ void bench_usage_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), 
 void bench_vsay(const char *fmt, va_list ap);
 /* bench_die with the status and clattn's detail when st is not success. */
 void bench_check(clattn_status st, const char *what);
+/* bench_check for a plan's creation, then the plan's notice (clattn_last_notice) on stderr when it has one. */
+void bench_plan_check(clattn_status st, const char *what);
 /* Monotonic wall time in milliseconds. */
 double bench_now_ms(void);
 /* s as a JSON string (quoted, escaped). */

@@ -434,10 +434,10 @@ typedef struct runner {
 static void runner_create(runner *run, const bench_ctx *b, const clattn_op_data *data)
 {
     if (run->encoder)
-        bench_check(clattn_encoder_plan_create(b->dev, &data->encoder_desc, &data->encoder_weights, &run->enc),
+        bench_plan_check(clattn_encoder_plan_create(b->dev, &data->encoder_desc, &data->encoder_weights, &run->enc),
                  "clattn_encoder_plan_create");
     else
-        bench_check(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
+        bench_plan_check(clattn_plan_create(b->dev, &data->desc, &data->weights, &run->attn), "clattn_plan_create");
 }
 
 /* Does the device take a plan for `op`? 0 with the reason in note when it refuses it for its size. */
@@ -457,7 +457,7 @@ static int fits_device(const bench_ctx *b, const clattn_op *op, char *note, size
         snprintf(note, len, "sweep stopped before T=%zu: %s", op->seq, clattn_last_error());
         return 0;
     }
-    bench_check(st, "clattn_plan_create");
+    bench_plan_check(st, "clattn_plan_create");
     return 1;
 }
 

@@ -219,7 +219,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
                                .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_half};
     clattn_decode_plan *plan = NULL;
-    bench_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
+    bench_plan_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
     bench_check(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
     clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + 1, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
                                .type = o->kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};

@@ -79,6 +79,12 @@ CLATTN_API const char *clattn_status_string(int status);
 /* Detail of the last failing clattn call in the calling thread ("" if none). */
 CLATTN_API const char *clattn_last_error(void);
 
+/* What the last plan (attention, decode or encoder) created in the calling thread was asked for and does not do
+ * ("" if nothing): today, CLATTN_CORE set but naming none of the cores the plan runs (a decode core on a prefill
+ * plan, a prefill core a plan with need_weights cannot use), or set for a plan on the ref device. The plan is made
+ * with its usual cores; a program may show the notice (the CLI does, and Python logs it). clattn 0.5. */
+CLATTN_API const char *clattn_last_notice(void);
+
 /* OpenCL build log of the last failed kernel build in the calling thread ("" if none). */
 CLATTN_API const char *clattn_last_build_log(void);
 
@@ -467,6 +473,11 @@ typedef struct clattn_core_info {
     int emulated;                 /* not supported here, but CLATTN_CORE=<name> runs an emulation of it (flash_mma
                                      without tensor cores: for tests; AUTO never picks it) */
 } clattn_core_info;
+
+/* CLATTN_CORE checked as plans will read it, without a plan: SUCCESS when it is unset or every spec names a core and
+ * parameters that core has (each parameter once, at most one core per kind); else INVALID_ARGUMENT with the reason in
+ * clattn_last_error (`clattn cores` shows it). Whether a core fits a plan is known only at plan creation. clattn 0.5. */
+CLATTN_API clattn_status clattn_core_env_check(void);
 
 /* How many cores this library has registered (of both kinds). */
 CLATTN_API size_t clattn_core_count(void);

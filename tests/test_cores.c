@@ -255,6 +255,7 @@ Test(cores, forced)
         {"flash_rows:ROWS=3", CLATTN_STATUS_INVALID_ARGUMENT, "the values are"},
         {"flash_rows:ROWS", CLATTN_STATUS_INVALID_ARGUMENT, "PARAMETER=VALUE"},
         {"flash_rows:TILE=4", CLATTN_STATUS_INVALID_ARGUMENT, "has no parameter"},
+        {"flash_rows:ROWS=4,BK=8,ROWS=8", CLATTN_STATUS_INVALID_ARGUMENT, "ROWS is given twice"}, /* not: last wins */
         {"unfused:SOFTMAX=fast", CLATTN_STATUS_INVALID_ARGUMENT, "rows, item"},
         {"flash_tiled:BQ=64,NS=16", CLATTN_STATUS_UNSUPPORTED, "does not fit"},
     };
@@ -313,11 +314,38 @@ Test(cores, forced)
         cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
         cr_assert(strstr(clattn_last_error(), "CPU"), "%s", clattn_last_error());
     }
-    /* a decode core forced: prefill plans keep theirs, decode plans run it */
+    /* a decode core forced: prefill plans keep theirs, decode plans run it; a plan it does nothing for says so in
+     * its notice (clattn_last_notice), as does one whose description excludes the forced prefill core */
     setenv("CLATTN_CORE", "decode_attend", 1);
     cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
     cr_assert_str_neq(core, "decode_attend");
+    cr_assert(strstr(clattn_last_notice(), "names no core this plan runs") &&
+                  strstr(clattn_last_notice(), "decode_attend (a decode core)") && strstr(clattn_last_notice(), core),
+              "%s", clattn_last_notice());
+    setenv("CLATTN_CORE", "flash_rows", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 1, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert(strstr(clattn_last_notice(), "flash_rows (a prefill core)"), "need_weights: %s", clattn_last_notice());
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(clattn_last_notice(), "", "the forced core runs: no notice");
+    setenv("CLATTN_CORE", "decode_attend;gemm_clblast", 1); /* one spec applies: the variable does something */
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(clattn_last_notice(), "");
+    clattn_device *ref = tu_open_ref();
+    cr_assert_eq(plan_run(ref, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert(strstr(clattn_last_notice(), "not used on the ref device"), "%s", clattn_last_notice());
+    clattn_device_free(ref);
+    /* the variable checked without a plan */
+    cr_assert_eq(clattn_core_env_check(), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    static const char *const bad_env[] = {"garbage", "flash_rows:ROWS=4,ROWS=8", "decode_group:NOPE=1",
+                                          "flash_rows;flash_tiled"};
+    for (size_t i = 0; i < sizeof bad_env / sizeof bad_env[0]; i++) {
+        setenv("CLATTN_CORE", bad_env[i], 1);
+        cr_assert_eq(clattn_core_env_check(), CLATTN_STATUS_INVALID_ARGUMENT, "%s", bad_env[i]);
+    }
     unsetenv("CLATTN_CORE");
+    cr_assert_eq(clattn_core_env_check(), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+    cr_assert_str_eq(clattn_last_notice(), "", "no variable: no notice");
     /* the older names keep their meaning: a core tried first, the usual choice when it cannot serve */
     setenv("CLATTN_FLASH", "tiled", 1);
     cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
@@ -387,6 +415,13 @@ Test(cores, cli)
     out = cli("cores --bogus", &rc);
     cr_assert_eq(rc, 2, "%s", out);
     free(out);
+    /* a variable every plan would refuse: `clattn cores` says so, and fails */
+    setenv("CLATTN_CORE", "garbage", 1);
+    out = cli("cores --device ref", &rc);
+    cr_assert(rc == 2 && strstr(out, "no core 'garbage'") && strstr(out, "every plan will refuse it"), "%d: %s", rc,
+              out);
+    free(out);
+    unsetenv("CLATTN_CORE");
     out = cli("cores --device nosuchthing", &rc);
     cr_assert_neq(rc, 0, "%s", out);
     free(out);

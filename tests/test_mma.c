@@ -186,6 +186,8 @@ Test(precision, refusals)
     cr_assert(plan == NULL);
     cr_assert(strstr(clattn_last_error(), "fp32 only") && strstr(clattn_last_error(), "flash_mma"), "%s",
               clattn_last_error());
+    cr_assert(!strstr(strstr(clattn_last_error(), "fp32 only") + 1, "fp32 only"), "the reason once, not per core: %s",
+              clattn_last_error());
     static const char *const fp32_cores[] = {"unfused", "flash_rows", "flash_tiled", "flash_gemm"};
     for (size_t i = 0; i < sizeof fp32_cores / sizeof fp32_cores[0]; i++) {
         setenv("CLATTN_CORE", fp32_cores[i], 1);

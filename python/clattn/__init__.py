@@ -51,6 +51,7 @@ logger = logging.getLogger("clattn")
 
 _noticed_devices = set()
 _noticed_cache = [""]
+_noticed_plans = set()
 
 
 @_lib.BuildNoticeFn
@@ -152,12 +153,16 @@ class _Handle:
 
 def _create(device: "_Device", create, free, desc, weights, what: str) -> "_Handle":
     """A library object from create(device, &desc, &weights, &handle), freed with free; the kernel cache's notice
-    (if any) reported whatever happened."""
+    (if any) reported whatever happened, and the plan's own (clattn_last_notice) once per text."""
     handle = ctypes.c_void_p()
     try:
         _check(create(device.handle, ctypes.byref(desc), ctypes.byref(weights), ctypes.byref(handle)), what)
     finally:
         _cache_notice()
+    note = (_lib.last_notice() or b"").decode(errors="replace")
+    if note and note not in _noticed_plans:  # what the plan was asked for and does not do (CLATTN_CORE), once
+        _noticed_plans.add(note)
+        logger.warning("%s", note)
     return _Handle(handle, free, device)
 
 
@@ -169,11 +174,14 @@ class _PlanCache:
         self._plans: "collections.OrderedDict[tuple, _Handle]" = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key, make):
+    def get(self, key, make, refresh=None):
+        """The plan for key: the cached one (after refresh(plan), when given), else make()'s."""
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None:
                 self._plans.move_to_end(key)
+                if refresh is not None:
+                    refresh(plan)
                 return plan
             plan = make()
             if self.size:
@@ -429,6 +437,7 @@ class Attention(_Shaped, _PlanCached):
         self.device = self._device.name
         self._last = (None, None, None)  # (algorithm, core, GEMM core) of the last call
         self._last_backward = None  # (backward core, its parameters) of the last backward
+        self._wt_version = 0  # set_weights counts up; each plan holds the weights of the version it has
 
     @property
     def algorithm_used(self) -> Optional[str]:
@@ -474,9 +483,20 @@ class Attention(_Shaped, _PlanCached):
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
                                    kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision],
                                    training=int(training))
-            return _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
+            plan = _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
+            plan.weights_version = self._wt_version
+            return plan
 
-        return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal, training), make)
+        def refresh(plan):  # a plan made before set_weights takes the new weights, keeping its kernels
+            if plan.weights_version != self._wt_version:
+                _check(_lib.plan_set_weights(plan.handle, ctypes.byref(self._wt.struct())), "setting the new weights")
+                plan.weights_version = self._wt_version
+
+        # the options a plan is made with are part of its key: one changed on the module gets a new plan (the
+        # dropout seed is set on the plan at each call instead)
+        opts = (self.scale, self.dropout, self.window, self.kv_half, self.algorithm, self.precision)
+        return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal, training, opts), make,
+                               refresh)
 
     def _inputs(self, x, kv, key_padding_mask, attn_mask, names):
         """The call's inputs checked and converted: (kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk,
@@ -505,19 +525,36 @@ class Attention(_Shaped, _PlanCached):
             mask_kind = _lib.MASK_BOOL if am_kind == "bool" else _lib.MASK_FLOAT
         return kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv
 
-    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names):
+    def _training_plan(self, B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, causal, seed):
+        """The training plan of these inputs (shared by forward_train and backward), with the dropout seed set."""
+        plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, False, causal, training=True)
+        seed = self.seed if seed is None else _a.integer("seed", seed, 0, _a.U64_MAX)
+        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
+        return plan
+
+    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names, stats=False, seed=None):
         kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(x, kv, key_padding_mask,
                                                                                        attn_mask, names)
         cross = kv3 is not None
         need_weights = bool(need_weights)
-        plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, need_weights, causal)
+        if stats:
+            plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
+        else:
+            plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, need_weights, causal)
+            if self.dropout:
+                _check(_lib.plan_set_seed(plan.handle, _a.integer("seed", self.seed, 0, _a.U64_MAX)),
+                       "setting the dropout seed")
         width = _lib.plan_out_width(plan.handle)
         out = np.full((B, Tq, width), np.nan, dtype=np.float32)
         weights = np.full((B, self.heads, Tq, Tk), np.nan, dtype=np.float32) if need_weights else None
-        arrays = dict(x=x3, kv=kv3, key_padding_mask=kpm, attn_mask=mask, out=out, attn=weights)
+        lse = np.full((B, self.heads, Tq), np.nan, dtype=np.float32) if stats else None
+        context = np.full((B, Tq, self._context_width(E)), np.nan, dtype=np.float32) if stats else None
+        arrays = dict(x=x3, kv=kv3, key_padding_mask=kpm, attn_mask=mask, out=out, attn=weights, lse=lse,
+                      context=context)
         args = _lib.AttentionArgs(x=_a.pointer(x3), kv=_a.pointer(kv3), key_padding_mask=_a.pointer(kpm, ctypes.c_uint8),
                                   attn_mask=None if mask is None else mask.ctypes.data_as(ctypes.c_void_p),
-                                  out=_a.pointer(out), attn=_a.pointer(weights),
+                                  out=_a.pointer(out), attn=_a.pointer(weights), lse=_a.pointer(lse),
+                                  context=_a.pointer(context),
                                   **{k + "_count": _a.count(v) for k, v in arrays.items()})
         _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
         self._last = ({0: "reference", 1: "fused", 2: "unfused"}[_lib.plan_algorithm(plan.handle)],
@@ -525,7 +562,13 @@ class Attention(_Shaped, _PlanCached):
         out = _unbatched(out, batched, self.batch_first)
         if weights is not None and not batched:
             weights = weights[0]
+        if stats:
+            return out, kind, batched, lse if batched else lse[0], _unbatched(context, batched, self.batch_first)
         return out, weights, kind
+
+    def _context_width(self, E: int) -> int:
+        """heads * head_dim_v: with Q/K/V weights from them, else from the input's width E."""
+        return self.heads * self._wt.head_dim_v if self._wt.has_qkv else E
 
     def __call__(self, x: Any, kv: Any = None, value: Any = None, *, key_padding_mask: Any = None,
                  attn_mask: Any = None, need_weights: bool = False) -> Tuple[Any, Any]:
@@ -542,30 +585,94 @@ class Attention(_Shaped, _PlanCached):
         out, weights, kind = self._run(x, kv, key_padding_mask, attn_mask, need_weights, self.causal, ("x", "kv"))
         return kind.out(out), kind.out(weights)
 
+    def set_weights(self, **weights: Any) -> None:
+        """Replace the module's weights with new values of the same shapes (a training step's parameters): every
+        weight and bias the module has (w_query, ..., b_out, as the constructor takes them), and no other. The plans
+        already made keep their compiled kernels and take the new values at their next call
+        (clattn_plan_set_weights): far cheaper than a new module. Not while calls on this module run in other
+        threads."""
+        old = self._wt
+        unknown = sorted(set(weights) - set(_lib.WEIGHT_NAMES))
+        if unknown:
+            _invalid(f"set_weights: no weight named {', '.join(unknown)} (the names: {', '.join(_lib.WEIGHT_NAMES)})")
+        given = {k: weights.get(k) for k in _lib.WEIGHT_NAMES}
+        have = {**old.w, **old.b}
+        for k in _lib.WEIGHT_NAMES:
+            if (given[k] is None) != (have[k] is None):
+                _invalid(f"set_weights: {k} is {'given' if given[k] is not None else 'missing'}, but the module "
+                         f"{'has no' if have[k] is None else 'has a'} {k}: give every weight it has, and no other")
+        new = _Weights(old.heads, old.kv_heads, old.layout, None, None, **given)
+        for k, v in {**new.w, **new.b}.items():
+            if v is not None and v.shape != have[k].shape:
+                _shape(f"set_weights: {k} has shape {v.shape}, the module's is {have[k].shape}")
+        self._wt = new
+        self._wt_version += 1
+
+    def _stats_in(self, name: str, a: Any, want: Tuple[int, ...], batched: bool, batch_first: bool):
+        """A saved statistic (lse, context) back in the library's (B, ...) layout, checked against want."""
+        arr = _a.floats(name, a)
+        if arr.ndim == len(want) - 1 and not batched:
+            arr = arr[None]
+        elif batch_first is False and batched and arr.ndim == 3:
+            arr = np.ascontiguousarray(arr.transpose(1, 0, 2))
+        if arr.shape != want:
+            _shape(f"{name}: shape {arr.shape} (in the library's batch-first layout), expected {want}: pass the "
+                   f"{name} that forward_train returned for these inputs")
+        return arr
+
+    def forward_train(self, x: Any, kv: Any = None, *, key_padding_mask: Any = None, attn_mask: Any = None,
+                      is_causal: bool = False, seed: Optional[int] = None) -> Tuple[Any, Any, Any]:
+        """A training call: (out, lse, context). out as __call__'s; lse (B, heads, Tq), each query row's
+        log-sum-exp of its scaled, masked scores (-inf for a row with no visible key); context the heads' output
+        before the output projection, in out's layout with heads*head_dim_v columns. backward(..., lse=lse,
+        context=context) takes them back and then does not compute them again. Runs the training plan backward
+        uses (on the same inputs the same numbers as __call__). seed: the dropout seed of this call (default the
+        module's), which backward must be given too. lse and context are float32 NumPy arrays whatever the input's
+        kind and dtype. is_causal as in forward()."""
+        if kv is x:
+            kv = None
+        causal = self.causal or _a.flag("is_causal", is_causal)
+        out, kind, batched, lse, context = self._run(x, kv, key_padding_mask, attn_mask, False, causal, ("x", "kv"),
+                                                     stats=True, seed=seed)
+        return kind.out(out), lse, context
+
     def backward(self, x: Any, grad_out: Any, kv: Any = None, *, key_padding_mask: Any = None,
-                 attn_mask: Any = None) -> Dict[str, np.ndarray]:
+                 attn_mask: Any = None, lse: Any = None, context: Any = None, is_causal: bool = False,
+                 seed: Optional[int] = None) -> Dict[str, Any]:
         """The gradients of a loss through attn(x, kv, ...) from grad_out = dLoss/dout (the shape of out), for the
         same inputs, weights and dropout seed (dropout keeps exactly the forward's weights): a dict with "x", "kv"
         (cross-attention), and each weight and bias the module has ("w_query", ..., "b_out", in its layout), as
-        float32 NumPy arrays of their inputs' shapes. Masks get no gradient; a row that sees no key contributes
-        nothing. Batched (B, T, E) inputs only. Computed by the device's backward pass (an OpenCL device's
-        backward core, or ref's); clattn.autograd wraps it for torch.autograd."""
+        float32 NumPy arrays of their inputs' shapes. Batched (B, T, E) or one sequence (T, E), as __call__ takes
+        them. lse and context: forward_train's for these inputs (both or
+        neither); given, the forward's statistics are not computed again. Masks get no gradient; a row that sees no
+        key contributes nothing. Computed by the device's backward pass (an OpenCL device's backward core, or
+        ref's); clattn.autograd wraps it for torch.autograd."""
         if kv is x:
             kv = None
+        causal = self.causal or _a.flag("is_causal", is_causal)
         kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(
             x, kv, key_padding_mask, attn_mask, ("x", "kv"))
-        if not batched:
-            _shape("backward: x must be batched (B, T, E)")
         cross = kv3 is not None
-        plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, False, self.causal, training=True)
+        if (lse is None) != (context is None):
+            _invalid("lse and context: give both (forward_train's) or neither")
+        plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
         width = _lib.plan_out_width(plan.handle)
-        dout = _a.floats("grad_out", grad_out, ndim=3)
+        dout = _a.floats("grad_out", grad_out, ndim=(2, 3))
         if dout is None:
             _invalid("grad_out: required")
-        if not self.batch_first:
+        if (dout.ndim == 3) != batched:
+            _shape(f"grad_out: {dout.ndim}-D, but x is {3 if batched else 2}-D")
+        if not batched:
+            dout = dout[None]
+        elif not self.batch_first:
             dout = np.ascontiguousarray(dout.transpose(1, 0, 2))
         if dout.shape != (B, Tq, width):
-            _shape(f"grad_out: shape {dout.shape}, but out is {(B, Tq, width)}")
+            _shape(f"grad_out: shape {dout.shape} (batch first), but out is {(B, Tq, width)}")
+        saved = {}
+        if lse is not None:
+            saved["lse"] = self._stats_in("lse", lse, (B, self.heads, Tq), batched, True)
+            saved["context"] = self._stats_in("context", context, (B, Tq, self._context_width(E)), batched,
+                                              self.batch_first)
         wt = self._wt
         shapes = dict(x=x3.shape, kv=kv3.shape if cross else None)
         for k, v in {**wt.w, **wt.b}.items():
@@ -576,15 +683,16 @@ class Attention(_Shaped, _PlanCached):
                                   attn_mask=None if mask is None else mask.ctypes.data_as(ctypes.c_void_p),
                                   **{k + "_count": _a.count(v) for k, v in arrays.items()})
         g = _lib.AttentionGrads(grad_out=_a.pointer(dout), grad_out_count=_a.count(dout),
+                                **{k: _a.pointer(v) for k, v in saved.items()},
+                                **{k + "_count": _a.count(v) for k, v in saved.items()},
                                 **{"grad_" + k: _a.pointer(v) for k, v in grads.items()},
                                 **{"grad_" + k + "_count": _a.count(v) for k, v in grads.items()})
         _check(_lib.plan_backward(plan.handle, ctypes.byref(args), ctypes.byref(g)), "running the backward pass")
         core, params = _lib.plan_backward_core(plan.handle).decode(), _lib.plan_backward_core_params(plan.handle).decode()
         self._last_backward = core + (":" + params if params else "")
-        if not self.batch_first:
-            grads["x"] = np.ascontiguousarray(grads["x"].transpose(1, 0, 2))
-            if "kv" in grads:
-                grads["kv"] = np.ascontiguousarray(grads["kv"].transpose(1, 0, 2))
+        for k in ("x", "kv"):
+            if k in grads:
+                grads[k] = _unbatched(grads[k], batched, self.batch_first)
         return grads
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,

@@ -3,68 +3,135 @@ MultiheadAttention, an nn.Module shaped like torch.nn.MultiheadAttention whose a
 
     import clattn.autograd
     mha = clattn.autograd.MultiheadAttention(64, 4, batch_first=True, device="opencl")
-    out, _ = mha(x, x, x, key_padding_mask=kpm)      # x: a float32 CPU tensor (B, T, E)
+    out, _ = mha(x, x, x, key_padding_mask=kpm)      # x: a CPU tensor (B, T, E), or one sequence (T, E)
     out.sum().backward()                              # mha's parameters and x get their .grad
 
-Each call hands the current parameters to clattn (a plan per call: the weights live in the plan), runs the forward
-on the device, and its backward runs clattn's backward pass with the same inputs and dropout seed, so that dropout
-keeps exactly the forward's weights. Tensors are float32 on the CPU (clattn moves them to its device). Needs torch.
+The module keeps one clattn.Attention, whose training plan per input shape is made once and reused: each call hands
+it the parameters when they changed since its last call (clattn_plan_set_weights: the kernels and buffers stay), the
+forward returns each row's log-sum-exp and the heads' context besides the output, and the backward takes them back,
+so the forward's statistics are computed once. The backward runs with the forward's dropout seed, so dropout keeps
+exactly the forward's weights.
+
+Dtypes as clattn.Attention's: float32 as is, float16 and bfloat16 widened exactly and the results (and gradients)
+rounded back to each input's dtype, float64 refused (clattn computes in float32 and would round it). Masks get no
+gradient: a float attn_mask that requires grad is refused, as is a second derivative (create_graph=True through
+this module gives gradients whose own backward raises clattn.UnsupportedError). Needs torch.
 """
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
 
 from . import Attention
-from ._errors import invalid as _invalid
+from ._errors import UnsupportedError, invalid as _invalid
+from ._lib import INVALID_ARGUMENT
 
 _PARAMS = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
 
+_DOUBLE_BACKWARD = ("clattn.autograd: a second derivative (double backward: create_graph=True and then a gradient "
+                    "of a gradient, e.g. a gradient penalty) is not supported; clattn computes first derivatives "
+                    "only. Use torch.nn.MultiheadAttention for that term")
 
-def _np(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
-    return None if t is None else t.detach().to(torch.float32).contiguous().numpy()
+
+def _unsupported(message: str):
+    raise UnsupportedError(-3008, message)
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The identity on a gradient, connected to the inputs it depends on, whose own backward refuses: what a
+    gradient of clattn's backward gives when create_graph=True (else that gradient would silently be a constant)."""
+
+    @staticmethod
+    def forward(ctx, grad, *inputs):
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _unsupported(_DOUBLE_BACKWARD)
+
+
+def _param_key(params) -> Tuple:
+    """What identifies the values of the parameters: each tensor's storage address, in-place version, shape and
+    dtype. The tensors themselves are held with the key, so an address cannot be reused while it is remembered."""
+    return tuple(None if p is None else (p.data_ptr(), p._version, tuple(p.shape), p.stride(), p.dtype)
+                 for p in params)
+
+
+def _sync_weights(attn: Attention, params) -> None:
+    """Hand attn the parameters when they changed since its last call (an optimizer step, a load_state_dict)."""
+    key = _param_key(params)
+    held = getattr(attn, "_autograd_params", None)
+    if held is not None and held[0] == key:
+        return
+    attn.set_weights(**{k: p.detach() for k, p in zip(_PARAMS, params) if p is not None})
+    attn._autograd_params = (key, tuple(params))
 
 
 class AttentionFunction(torch.autograd.Function):
     """out = attention(x, kv; w_query, w_key, w_value, b_query, b_key, b_value, w_out, b_out) on a clattn device.
 
-    apply(x, kv, key_padding_mask, attn_mask, opts, *params): kv None for self-attention; the masks NumPy arrays or
-    None (no gradient); opts a dict of clattn.Attention's keyword arguments (heads, causal, dropout, seed, device,
-    ...); params the eight tensors in _PARAMS' order (None where absent). Gradients for x, kv and every parameter
-    that requires one."""
+    apply(attn, x, kv, key_padding_mask, attn_mask, is_causal, seed, *params): attn a clattn.Attention made with
+    weights of the parameters' shapes (its options: heads, dropout, batch_first, device, ...; its training plans are
+    reused from call to call, and it is given the parameters when they changed); kv None for self-attention; the
+    masks as Attention takes them (no gradient); is_causal as Attention.forward's; seed this call's dropout seed;
+    params the eight tensors in _PARAMS' order (None where the module has none). Gradients for x, kv and every
+    parameter that requires one, in their dtypes."""
 
     @staticmethod
-    def forward(ctx, x, kv, key_padding_mask, attn_mask, opts, *params):
-        weights = {k: _np(p) for k, p in zip(_PARAMS, params)}
-        attn = Attention(**opts, **{k: v for k, v in weights.items() if v is not None})
-        xn, kvn = _np(x), _np(kv)
-        out, _ = attn(xn, kvn, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-        ctx.attn, ctx.inputs = attn, (xn, kvn, key_padding_mask, attn_mask)
-        ctx.has = [p is not None for p in params]
-        return torch.from_numpy(out)
+    def forward(ctx, attn, x, kv, key_padding_mask, attn_mask, is_causal, seed, *params):
+        _sync_weights(attn, params)
+        out, lse, context = attn.forward_train(x, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                               is_causal=is_causal, seed=seed)
+        ctx.attn, ctx.masks, ctx.is_causal, ctx.seed, ctx.stats = attn, (key_padding_mask, attn_mask), is_causal, seed, \
+            (lse, context)
+        ctx.has_kv = kv is not None
+        ctx.save_for_backward(x, kv, *params)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xn, kvn, kpm, mask = ctx.inputs
-        g = ctx.attn.backward(xn, _np(grad_out), kvn, key_padding_mask=kpm, attn_mask=mask)
-        t = {k: torch.from_numpy(v) for k, v in g.items()}
-        return (t.get("x"), t.get("kv"), None, None, None) + tuple(t.get(k) if h else None
-                                                                  for k, h in zip(_PARAMS, ctx.has))
+        x, kv, *params = ctx.saved_tensors
+        attn = ctx.attn
+        _sync_weights(attn, params)  # another call may have given attn other weights since this one's forward
+        lse, context = ctx.stats
+        g = attn.backward(x, grad_out, kv, key_padding_mask=ctx.masks[0], attn_mask=ctx.masks[1], lse=lse,
+                          context=context, is_causal=ctx.is_causal, seed=ctx.seed)
+        inputs = {"x": x, "kv": kv, **dict(zip(_PARAMS, params))}
+        want = {k: ctx.needs_input_grad[i] for i, k in enumerate(("x", "kv"), start=1)}
+        want.update({k: ctx.needs_input_grad[7 + i] for i, k in enumerate(_PARAMS)})
+        out = {}
+        for k, t in inputs.items():
+            if t is None or not want[k] or k not in g:
+                out[k] = None
+                continue
+            gk = torch.from_numpy(g[k]).to(t.dtype)
+            if torch.is_grad_enabled():  # create_graph=True: a gradient that refuses its own gradient
+                gk = _NoSecondDerivative.apply(gk, *[v for v in (x, kv, *params) if v is not None and v.requires_grad])
+            out[k] = gk
+        return (None, out["x"], out["kv"], None, None, None, None) + tuple(out[k] for k in _PARAMS)
 
 
-def _mask(m: Any) -> Optional[np.ndarray]:
+def _mask(name: str, m: Any) -> Optional[Any]:
+    """A mask for clattn, which computes no gradient for it: one that asks for one is refused."""
     if m is None:
         return None
-    return m.detach().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m)
+    if isinstance(m, torch.Tensor):
+        if m.requires_grad and torch.is_grad_enabled():
+            _unsupported(f"{name} requires grad: clattn computes no gradient for masks (a learned additive bias "
+                         f"needs torch.nn.MultiheadAttention); pass {name}.detach() if it is not learned")
+        return m.detach()
+    return m
 
 
 class MultiheadAttention(torch.nn.Module):
     """torch.nn.MultiheadAttention's parameters (in_proj_weight, in_proj_bias, out_proj) and call, its attention
     computed by clattn with gradients through clattn's backward pass. dropout p applies to the attention weights in
     training mode (a new seed each call, the same in that call's backward); eval mode has none. forward(query, key,
-    value, key_padding_mask=None, need_weights=False, attn_mask=None, is_causal=False) -> (out, None): key is
-    query for self-attention, value must be key; need_weights=True is refused (no weights from a training call).
-    load_state_dict takes torch.nn.MultiheadAttention's state dict."""
+    value, key_padding_mask=None, need_weights=False, attn_mask=None, is_causal=False) -> (out, None): query
+    (B, T, E) (or (T, B, E) unless batch_first), or one sequence (T, E) as torch takes it; key is query for
+    self-attention, value must be key; need_weights=True is refused (no weights from a training call).
+    load_state_dict takes torch.nn.MultiheadAttention's state dict. The module's clattn state (its plans) is not
+    part of a copy or a pickle: a copy makes its own at its first call."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  batch_first: bool = False, device: Optional[str] = None, seed: int = 0):
@@ -77,6 +144,26 @@ class MultiheadAttention(torch.nn.Module):
         self.out_proj.load_state_dict(ref.out_proj.state_dict())
         self.clattn_device = device
         self._seed = seed
+        self._attn: Optional[Attention] = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_attn"] = None  # device handles and plans: made again where the copy runs
+        return state
+
+    def _params(self):
+        wq, wk, wv = self.in_proj_weight.chunk(3, dim=0)
+        bq, bk, bv = self.in_proj_bias.chunk(3, dim=0) if self.in_proj_bias is not None else (None,) * 3
+        return wq, wk, wv, bq, bk, bv, self.out_proj.weight, self.out_proj.bias
+
+    def _attention(self, params) -> Attention:
+        """The clattn module every call runs on (made at the first call, with the parameters then)."""
+        if self._attn is None:
+            weights = {k: p.detach() for k, p in zip(_PARAMS, params) if p is not None}
+            self._attn = Attention(self.num_heads, **weights, dropout=self.dropout, batch_first=self.batch_first,
+                                   device=self.clattn_device)
+            self._attn._autograd_params = (_param_key(params), tuple(params))
+        return self._attn
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = False, attn_mask=None,
                 is_causal: bool = False):
@@ -84,13 +171,14 @@ class MultiheadAttention(torch.nn.Module):
             _invalid("need_weights=True: a training call returns no attention weights (pass need_weights=False)")
         if value is not key:
             _invalid("value: clattn projects keys and values from one input, so value must be key itself")
-        wq, wk, wv = self.in_proj_weight.chunk(3, dim=0)
-        bq, bk, bv = self.in_proj_bias.chunk(3, dim=0) if self.in_proj_bias is not None else (None,) * 3
+        if not isinstance(query, torch.Tensor):
+            _invalid(f"query: a {type(query).__name__}; clattn.autograd takes torch tensors")
+        params = self._params()
+        attn = self._attention(params)
         p = self.dropout if self.training else 0.0
+        attn.dropout = p  # train() / eval(): Attention keys its plans by their dropout
         self._seed += 1
-        opts = dict(heads=self.num_heads, causal=bool(is_causal), dropout=p, seed=self._seed,
-                    batch_first=self.batch_first, device=self.clattn_device, plan_cache_size=0)
         kv = None if key is query else key
-        out = AttentionFunction.apply(query, kv, _mask(key_padding_mask), _mask(attn_mask), opts, wq, wk, wv, bq,
-                                      bk, bv, self.out_proj.weight, self.out_proj.bias)
+        out = AttentionFunction.apply(attn, query, kv, _mask("key_padding_mask", key_padding_mask),
+                                      _mask("attn_mask", attn_mask), bool(is_causal), self._seed, *params)
         return out, None

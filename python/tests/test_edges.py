@@ -283,6 +283,21 @@ def test_a_cold_compile_is_announced_once(tmp_path):
     assert warm.returncode == 0 and "compiling" not in warm.stderr, warm.stderr
 
 
+def test_a_core_variable_that_does_nothing_for_a_plan_is_said_once(caplog):
+    """CLATTN_CORE naming no core a plan runs (here: any plan on ref) is logged as a warning, once per text."""
+    import logging
+    os.environ["CLATTN_CORE"] = "decode_group"
+    try:
+        with caplog.at_level(logging.WARNING, logger="clattn"):
+            a = clattn.Attention(2, device="ref")
+            a(np.ones((1, 5, 8), np.float32))
+            a(np.ones((1, 6, 8), np.float32))
+    finally:
+        del os.environ["CLATTN_CORE"]
+    said = [r.getMessage() for r in caplog.records if "CLATTN_CORE" in r.getMessage()]
+    assert len(said) == 1 and "not used on the ref device" in said[0], said
+
+
 # ---------------------------------------------------------------- torch
 
 def need_torch():  # imported per test: the rest runs without torch

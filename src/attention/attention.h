@@ -28,6 +28,9 @@ typedef struct clattn_core_instance {
 clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, size_t other_floats, clattn_core_instance *out);
 void clattn_core_destroy(clattn_core_instance *inst);
+/* The notice of a plan just created (clattn_last_notice): when CLATTN_CORE is set but names none of the cores the
+ * plan runs (ran: their names, n of them, NULL entries skipped), or the device is ref, it says so; else it is cleared. */
+void clattn_core_env_note(const clattn_device *dev, const char *const *ran, int n);
 
 /* ---- the plan (plan.c) */
 struct clattn_backend_ops;

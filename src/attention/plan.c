@@ -299,6 +299,8 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
         clattn_plan_free(p);
         return st;
     }
+    const char *ran[3] = {p->core ? p->core->name : NULL, p->gemm, p->backward_core ? p->backward_core->name : NULL};
+    clattn_core_env_note(device, ran, 3);
     *plan = p;
     return CLATTN_STATUS_SUCCESS;
 }

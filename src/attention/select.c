@@ -230,6 +230,7 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
     const clattn_core *tried[16];
     size_t ntried = 0;
     char reasons[900] = "";
+    int fp32_only = 0; /* cores skipped for a TF32 plan: they compute in fp32 only */
     clattn_status refusal = CLATTN_STATUS_SUCCESS; /* the refusals' status, when they all agree */
     for (size_t i = 0;; i++) {
         const clattn_core *c = NULL;
@@ -245,6 +246,10 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
         for (size_t k = 0; k < ntried; k++) seen |= tried[k] == c;
         if (seen || !eligible(c, kind, d) || ntried >= sizeof tried / sizeof tried[0]) continue;
         tried[ntried++] = c;
+        if (kind != CLATTN_CORE_GEMM && d->precision == CLATTN_PRECISION_TF32 && !c->tf32) {
+            fp32_only++; /* one reason for them all, said once below */
+            continue;
+        }
         const clattn_status st = try_core(dev, &r, c, 0, d, lay, other_floats, out, &refused);
         if (st == CLATTN_STATUS_SUCCESS) {
             out->tuned |= i == 1;
@@ -255,10 +260,59 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
         snprintf(reasons + strlen(reasons), sizeof reasons - strlen(reasons), "%s%s", reasons[0] ? "; " : "",
                  clattn_last_error());
     }
+    char tf32[240] = "";
+    if (fp32_only)
+        snprintf(tf32, sizeof tf32, "precision TF32 needs TF32 products, which %d of its cores do not have (they "
+                 "compute in fp32 only; flash_mma has them, and AUTO does not choose it yet: CLATTN_CORE=flash_mma "
+                 "forces it)%s", fp32_only, reasons[0] ? "; " : "");
     return clattn_fail(refusal == CLATTN_STATUS_SUCCESS ? CLATTN_STATUS_UNSUPPORTED : refusal,
-                       "%sno %s core can compute this plan on this device%s%s",
+                       "%sno %s core can compute this plan on this device%s%s%s",
                        kind != CLATTN_CORE_GEMM && d->algorithm == CLATTN_ALGORITHM_FUSED ? "algorithm FUSED: " : "",
-                       clattn_core_kind_name(kind), reasons[0] ? ": " : "", reasons);
+                       clattn_core_kind_name(kind), reasons[0] || tf32[0] ? ": " : "", tf32, reasons);
+}
+
+void clattn_core_env_note(const clattn_device *dev, const char *const *ran, int n)
+{
+    clattn_set_notice("%s", "");
+    const char *v = getenv("CLATTN_CORE");
+    if (!v || !*v) return;
+    if (dev->backend != CLATTN_BACKEND_OPENCL) {
+        clattn_set_notice("CLATTN_CORE='%.400s' is not used on the ref device: it computes every plan with the CPU "
+                          "reference (cores run on OpenCL devices)", v);
+        return;
+    }
+    char buf[600], named[400] = "", runs[200] = "";
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
+        char *colon = strchr(spec, ':');
+        if (colon) *colon = '\0';
+        for (int i = 0; i < n; i++)
+            if (ran[i] && strcmp(ran[i], spec) == 0) return; /* it names a core the plan runs: it applies */
+        const clattn_core *c = clattn_core_find(spec);
+        snprintf(named + strlen(named), sizeof named - strlen(named), "%s%s (a %s core)", named[0] ? ", " : "", spec,
+                 c ? clattn_core_kind_name(c->kind) : "unknown");
+    }
+    for (int i = 0; i < n; i++)
+        if (ran[i] && ran[i][0])
+            snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", runs[0] ? ", " : "", ran[i]);
+    clattn_set_notice("CLATTN_CORE='%.200s' names no core this plan runs, so it does nothing here: it names %s; this "
+                      "plan runs %s (each plan kind takes its own kinds: prefill, gemm and, when training, backward "
+                      "for attention and encoder plans; decode and gemm for decode plans)", v, named, runs);
+}
+
+clattn_status clattn_core_env_check(void)
+{
+    clattn_clear_error();
+    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
+        env_request r;
+        TRY(read_env(&r, (clattn_core_kind)kind));
+        clattn_core_params p = {{0}};
+        char why[300];
+        if (r.param_core && r.params[0] && !clattn_core_params_parse(r.param_core, r.params, &p, why, sizeof why))
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s", r.param_var, why);
+    }
+    return CLATTN_STATUS_SUCCESS;
 }
 
 void clattn_core_destroy(clattn_core_instance *inst)

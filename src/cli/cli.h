@@ -19,6 +19,8 @@ int clattn_cli_tune(int argc, char **argv);
 /* One line "cmd: ..." on stderr; control characters (a newline in a file name) become '?'. */
 void clattn_cli_vsay(const char *cmd, const char *fmt, va_list ap);
 void clattn_cli_say(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The notice of the plan just created (clattn_last_notice: CLATTN_CORE naming no core it runs), said when it has one. */
+void clattn_cli_notice(const char *cmd);
 /* 0 when --in/--out `path` is a directory we can read (or write); else -1 after saying why. A writable one
  * (--out, --plot) may also be missing when its nearest existing ancestor is a directory we can write in: the
  * command creates it (clattn_cli_make_dir) only when it writes its outputs. */

@@ -29,6 +29,12 @@ void clattn_cli_say(const char *cmd, const char *fmt, ...)
     va_end(ap);
 }
 
+void clattn_cli_notice(const char *cmd)
+{
+    const char *note = clattn_last_notice();
+    if (note[0]) clattn_cli_say(cmd, "note: %s", note);
+}
+
 /* The nearest existing ancestor of a missing path, when it is a directory we may write in: 0, else -1 after
  * saying why. */
 static int creatable(const char *cmd, const char *flag, const char *path)

@@ -112,8 +112,15 @@ int clattn_cli_cores(int argc, char **argv)
         }
     }
     const char *forced = getenv("CLATTN_CORE");
-    if (!json && forced && *forced)
-        printf("CLATTN_CORE=%s forces its cores on the plans that can use them\n", forced);
+    if (forced && *forced) { /* what every plan would refuse is said here, not only at plan creation */
+        if (clattn_core_env_check() != CLATTN_STATUS_SUCCESS) {
+            SAY("%s: every plan will refuse it", clattn_last_error());
+            rc = rc ? rc : 2;
+        } else if (!json) {
+            printf("CLATTN_CORE=%s forces its cores on the plans that can use them (each plan kind takes its own "
+                   "kinds: prefill, gemm and backward for attention plans, decode and gemm for decode plans)\n", forced);
+        }
+    }
     clattn_device_free(dev);
     return rc;
 }

@@ -348,6 +348,7 @@ int clattn_cli_encoder(int argc, char **argv)
                   clattn_last_error());
         goto done;
     }
+    clattn_cli_notice("clattn encoder");
     const size_t n = in.a[X].count;
     if (!(out = malloc(n * sizeof *out))) {
         rc = fail(1, "out of memory allocating the output (%zu floats)", n);

@@ -614,6 +614,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
     if (!xs || !os) goto done;
     if ((st = clattn_decode_plan_create(dev, &desc, w, &plan)) != CLATTN_STATUS_SUCCESS) goto done;
+    clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
     clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
                                .type = desc.kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
@@ -783,6 +784,7 @@ int clattn_cli_run(int argc, char **argv)
             clattn_last_error());
         goto done;
     }
+    clattn_cli_notice("clattn run");
     if (clattn_plan_out_width(plan) != out_width) { /* cannot happen: the shapes were checked */
         say("internal error: the plan's output width %zu is not the expected %zu", clattn_plan_out_width(plan),
             out_width);

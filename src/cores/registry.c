@@ -197,6 +197,7 @@ int clattn_core_params_parse(const clattn_core *core, const char *text, clattn_c
     }
     snprintf(buf, sizeof buf, "%s", text);
     char *save = NULL;
+    unsigned given = 0; /* the parameters seen: one given twice would silently take its last value */
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
         if (!eq) {
@@ -213,6 +214,11 @@ int clattn_core_params_parse(const clattn_core *core, const char *text, clattn_c
             snprintf(why, len, "%s has no parameter '%s' (%s)", core->name, item, core->nparams ? names : "it has none");
             return 0;
         }
+        if (given & (1u << i)) {
+            snprintf(why, len, "%s: %s is given twice ('%s'): give each parameter once", core->name, item, text);
+            return 0;
+        }
+        given |= 1u << i;
         size_t v;
         if (!parse_value(&core->params[i], eq + 1, &v)) {
             char values[160];

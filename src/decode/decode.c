@@ -87,6 +87,8 @@ clattn_status clattn_decode_plan_create(clattn_device *device, const clattn_atte
         clattn_decode_plan_free(dp);
         return st;
     }
+    const char *ran[2] = {clattn_decode_plan_core(dp), clattn_decode_plan_gemm(dp)};
+    clattn_core_env_note(device, ran, 2);
     *plan = dp;
     return CLATTN_STATUS_SUCCESS;
 }

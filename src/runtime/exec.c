@@ -20,14 +20,21 @@ clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *
     cl_int err = clFinish(q);
     if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
         st = clattn_fail((clattn_status)err, "running the pass failed (%d: %s)", err, clattn_status_string(err));
-    /* the outputs last: a failure before them leaves the caller's arrays untouched */
+    /* the outputs last: a failure before them leaves the caller's arrays untouched; the reads are enqueued together
+     * and waited for once (a blocking read each costs a round trip to the driver) */
+    int reads = 0;
     for (int i = 0; i < nout && st == CLATTN_STATUS_SUCCESS; i++) {
         if (!out[i].buf || !out[i].host) continue;
-        err = clEnqueueReadBuffer(q, out[i].buf, CL_TRUE, 0, out[i].bytes, out[i].host, 0, NULL, NULL);
+        err = clEnqueueReadBuffer(q, out[i].buf, CL_FALSE, 0, out[i].bytes, out[i].host, 0, NULL, NULL);
         if (err != CL_SUCCESS)
             st = clattn_fail((clattn_status)err, "reading %s failed (%d: %s)", out[i].what, err,
                              clattn_status_string(err));
+        reads++;
     }
+    /* always: a read enqueued writes the caller's array until it is done, whatever failed after it */
+    err = reads ? clFinish(q) : CL_SUCCESS;
+    if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
+        st = clattn_fail((clattn_status)err, "reading the outputs failed (%d: %s)", err, clattn_status_string(err));
     return st;
 }
 

@@ -14,6 +14,8 @@
 clattn_status clattn_fail(clattn_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void clattn_clear_error(void);
 void clattn_set_build_log(const char *log);
+/* The thread's notice (clattn_last_notice): what the last plan created was asked for and does not do; "" clears it. */
+void clattn_set_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* return the status of `expr` when it is not success */
 #define TRY(expr)                                   \

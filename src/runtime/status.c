@@ -6,6 +6,7 @@
 
 static _Thread_local char last_error[1024];
 static _Thread_local char build_log[16384];
+static _Thread_local char notice[1024];
 
 clattn_status clattn_fail(clattn_status status, const char *fmt, ...)
 {
@@ -24,6 +25,16 @@ void clattn_set_build_log(const char *log)
 }
 
 const char *clattn_last_error(void) { return last_error; }
+
+void clattn_set_notice(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(notice, sizeof notice, fmt, ap);
+    va_end(ap);
+}
+
+const char *clattn_last_notice(void) { return notice; }
 const char *clattn_last_build_log(void) { return build_log; }
 
 static const char *opencl_name(int s)
