@@ -1,6 +1,6 @@
 #!/usr/bin/env sh
 # scripts/run-python-tests.sh LIBRARY [pytest args...]: the Python package's pytest suite (python/tests) against
-# the libclattn at LIBRARY, from the source tree (ctest's test_python). The interpreter is $CLATTN_TEST_PYTHON,
+# the libclattn at LIBRARY, from the source tree (ctest's test_python and test_python_training). The interpreter is $CLATTN_TEST_PYTHON,
 # else Debian's /usr/bin/python3 (whose python3-torch the torch tests use), else python3. Without NumPy and
 # pytest for it the entry is skipped (exit 77), saying what to install; CI installs them
 # (scripts/setup.sh --python-tests), so there it always runs.
@@ -18,4 +18,6 @@ if ! "$py" -c "import numpy, pytest" 2>/dev/null; then
 fi
 "$py" -c "import torch" 2>/dev/null || echo "test_python: no torch for $py: the torch tests are skipped"
 cd "$root/python"
-CLATTN_LIBRARY=$lib PYTHONPATH=$root/python exec "$py" -m pytest -q -p no:cacheprovider tests "$@"
+# CLATTN_PYTEST_PATHS: what to collect, relative to python/ (default: the whole suite)
+# shellcheck disable=SC2086
+CLATTN_LIBRARY=$lib PYTHONPATH=$root/python exec "$py" -m pytest -q -p no:cacheprovider ${CLATTN_PYTEST_PATHS:-tests} "$@"
