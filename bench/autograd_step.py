@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="append one JSON line per shape to this file")
+    ap.add_argument("--label", default="", help="a name for this build in the JSON (before/after comparisons)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for spec in args.shapes.split(","):
@@ -82,13 +83,15 @@ def main():
                     ts.append((time.perf_counter() - t0) * 1e3)
                 rounds[n].append(statistics.median(ts))
         best = {n: min(v) for n, v in rounds.items()}
-        rec = dict(bench="autograd_step", B=B, T=T, E=E, H=H, causal=causal, device=mine._attn.device,
-                   core=mine._attn.core_used, backward_core=mine._attn.backward_core_used,
-                   plans=mine._attn.plans_cached, torch=torch.__version__, threads=args.threads,
+        attn = getattr(mine, "_attn", None)  # None in builds before one Attention per module (a plan per call)
+        rec = dict(bench="autograd_step", label=args.label, B=B, T=T, E=E, H=H, causal=causal,
+                   device=attn.device if attn is not None else args.device,
+                   plans=attn.plans_cached if attn is not None else None,
+                   torch=torch.__version__, threads=args.threads,
                    cpu=platform.processor() or platform.machine(), iters=args.iters,
                    clattn_ms=[round(v, 3) for v in rounds["clattn"]], torch_ms=[round(v, 3) for v in rounds["torch"]],
                    ratio=round(best["clattn"] / best["torch"], 3))
-        print(f"B={B} T={T} E={E} H={H}{' causal' if causal else ''}: clattn {best['clattn']:.2f} ms, torch "
+        print(f"{args.label + ': ' if args.label else ''}B={B} T={T} E={E} H={H}{' causal' if causal else ''}: clattn {best['clattn']:.2f} ms, torch "
               f"{best['torch']:.2f} ms, clattn/torch {rec['ratio']:.2f} ({rec['device']}; rounds clattn "
               f"{rec['clattn_ms']}, torch {rec['torch_ms']})")
         if args.json:
