@@ -50,14 +50,9 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
-    const uint nrows = n * GROUP, nblk = (nrows + R - 1) / R;
-    ulong x = gid;
-    const uint part = (uint)(x % parts); x /= parts;
-    const uint blk = (uint)(x % nblk); x /= nblk;
-    const uint g = (uint)(x % HK);
-    const ulong b = x / HK;
-    const uint len = lens[b], nv = valid[b];
-    const uint q0 = blk * R;
+    const dec_block blk = dec_block_of(gid, R, n, HK, parts, lens, valid);
+    const ulong b = blk.b;
+    const uint g = blk.g, part = blk.part, nrows = blk.nrows, len = blk.len, nv = blk.nv, q0 = blk.q0;
 
     vw_t qr[R][DNKW], acc[R][DNVW];
     float m[R], l[R];
@@ -72,19 +67,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
     }
-    /* keys of the block: up to its last token's position (never past the appended ones), from its
-     * first token's window on; this part's share of them */
-    const uint q_last = min(q0 + R, nrows) - 1;
-    const uint hi = min(len + q_last / GROUP + 1, len + nv);
-    const uint first = len + q0 / GROUP;
-#if WINDOW
-    const uint lo = first >= WINDOW ? first - WINDOW + 1 : 0;
-#else
-    const uint lo = 0;
-#endif
-    const uint span = hi > lo ? hi - lo : 0;
-    const uint per = (span + parts - 1) / parts;
-    const uint js = min(hi, lo + part * per), je = min(hi, js + per);
+    const uint q_last = blk.q_last, js = blk.js, je = blk.je;
 
     __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;

@@ -86,6 +86,46 @@ inline int dec_visible(uint j, uint p)
 #endif
 }
 
+/* A decode kernel's unit of work (a work-item of decode_attend, a work-group of decode_group), x in
+ * 0 .. B*HK*nblk*parts: its sequence b, KV head g, block of `rows` query rows from q0 (rows run over (token, head
+ * in the group): row q -> token q / GROUP, head g*GROUP + q % GROUP; nrows = n*GROUP of them), its part of the
+ * block's keys [js, je): up to its last token's position (never past the appended ones), from its first token's
+ * window on, cut into `parts` equal parts (split-K). len and nv: the sequence's cached and real new tokens. */
+typedef struct dec_block {
+    ulong b;
+    uint g, part, q0, q_last, nrows, len, nv, js, je;
+} dec_block;
+
+inline dec_block dec_block_of(ulong x, uint rows, uint n, uint HK, uint parts, __global const uint *lens,
+                              __global const uint *valid)
+{
+    dec_block k;
+    k.nrows = n * GROUP;
+    const uint nblk = (k.nrows + rows - 1) / rows;
+    k.part = (uint)(x % parts);
+    x /= parts;
+    const uint blk = (uint)(x % nblk);
+    x /= nblk;
+    k.g = (uint)(x % HK);
+    k.b = x / HK;
+    k.len = lens[k.b];
+    k.nv = valid[k.b];
+    k.q0 = blk * rows;
+    k.q_last = min(k.q0 + rows, k.nrows) - 1;
+    const uint hi = min(k.len + k.q_last / GROUP + 1, k.len + k.nv);
+#if WINDOW
+    const uint first = k.len + k.q0 / GROUP;
+    const uint lo = first >= WINDOW ? first - WINDOW + 1 : 0;
+#else
+    const uint lo = 0;
+#endif
+    const uint span = hi > lo ? hi - lo : 0;
+    const uint per = (span + parts - 1) / parts;
+    k.js = min(hi, lo + k.part * per);
+    k.je = min(hi, k.js + per);
+    return k;
+}
+
 /* One work-item per output element (b, t, h, c). */
 __kernel void decode_combine(__global const float *part_ml, __global const float *part_acc,
                              __global const uint *valid, __global float *out, ulong out_off, uint out_ld,

@@ -1,5 +1,5 @@
 /* decode_group.cl: the decode core for GPUs (src/cores/decode_group.c): attention over a KV cache for
- * decode plans, one work-group per (sequence b, KV head g, block of RB query rows, part of the keys).
+ * decode plans, one work-group per (sequence b, KV head g, block of R query rows, part of the keys).
  * decode_common.cl (the cache layout, loads, visibility, decode_combine) goes first.
  *
  * The WG work-items form NT = WG / LANES teams of LANES lanes. A team reads one key at a time, each lane a
@@ -10,17 +10,17 @@
  *
  * Per step, each lane loads its slices of its team's KT keys and values (the values before the scores
  * are known, so that both reads are in flight together), reduces its partial dot products into local
- * memory, and after one barrier every lane of the team sums the LANES partials of each of its KT x RB
+ * memory, and after one barrier every lane of the team sums the LANES partials of each of its KT x R
  * scores (double-buffered, so one barrier per step suffices). Each team keeps its own online softmax
  * (natural base, the score scaled after the dot product: the differences to the running max are then exact
  * wherever the scores are, as the decode tests' large-score cases require) and its lanes their slices of
- * the RB output rows; at
+ * the R output rows; at
  * the end the NT teams are merged in local memory. A part writes the normalised output rows (parts = 1)
  * or its max, sum and unnormalised output for decode_combine.
  *
  * Specialised by -D (beyond decode_common.cl's): WG (work-items per group), LANES (lanes per key; where
  * it does not divide DK/VW or DV/VW, the last lanes hold one vector fewer), KT (keys per team per step),
- * RB (query rows per work-group).
+ * R (query rows per work-group).
  */
 #ifndef WG
 #define WG 128
@@ -31,8 +31,8 @@
 #ifndef KT
 #define KT 2
 #endif
-#ifndef RB
-#define RB 4
+#ifndef R
+#define R 4
 #endif
 #define NT (WG / LANES)           /* teams */
 #define NSK ((DNKW + LANES - 1) / LANES) /* key vectors per lane (the last lanes may hold one fewer) */
@@ -42,8 +42,8 @@
 #define OWNV(s) (DNVW % LANES == 0 || lane + (s) * LANES < DNVW)
 /* A team's partials of one (key, row): its lanes write consecutive words (no bank conflict, no padding
  * needed) and every lane reads them back, as float4 where LANES allows (a quarter of the local loads). */
-#define RED (NT * KT * RB * LANES)        /* one buffer of partial dot products */
-#define MRG (NT * (DV + 1) + 2 * NT * RB) /* the teams' merge: one row's outputs, every row's max and sum */
+#define RED (NT * KT * R * LANES)        /* one buffer of partial dot products */
+#define MRG (NT * (DV + 1) + 2 * NT * R) /* the teams' merge: one row's outputs, every row's max and sum */
 #define LOCAL_FLOATS (2 * RED > MRG ? 2 * RED : MRG)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
@@ -58,20 +58,15 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     const ulong grp = first + get_group_id(0);
     if (grp >= groups) return; /* the whole work-group together */
     const uint lid = get_local_id(0), lane = lid % LANES, team = lid / LANES;
-    const uint nrows = n * GROUP, nblk = (nrows + RB - 1) / RB;
-    ulong x = grp;
-    const uint part = (uint)(x % parts); x /= parts;
-    const uint blk = (uint)(x % nblk); x /= nblk;
-    const uint g = (uint)(x % HK);
-    const ulong b = x / HK;
-    const uint len = lens[b], nv = valid[b];
-    const uint q0 = blk * RB;
+    const dec_block blk = dec_block_of(grp, R, n, HK, parts, lens, valid);
+    const ulong b = blk.b;
+    const uint g = blk.g, part = blk.part, nrows = blk.nrows, len = blk.len, nv = blk.nv, q0 = blk.q0;
 
-    vw_t qr[RB][NSK], acc[RB][NSV];
-    float m[RB], l[RB];
-    uint pos[RB];
+    vw_t qr[R][NSK], acc[R][NSV];
+    float m[R], l[R];
+    uint pos[R];
     #pragma unroll
-    for (uint r = 0; r < RB; r++) {
+    for (uint r = 0; r < R; r++) {
         const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
         const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
         pos[r] = len + t;
@@ -83,20 +78,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
     }
-    /* keys of the block: up to its last token's position (never past the appended ones), from its
-     * first token's window on; this part's share of them */
-    const uint q_last = min(q0 + RB, nrows) - 1;
-    const uint hi = min(len + q_last / GROUP + 1, len + nv);
-    const uint first_pos = len + q0 / GROUP;
-#if WINDOW
-    const uint lo = first_pos >= WINDOW ? first_pos - WINDOW + 1 : 0;
-#else
-    const uint lo = 0;
-    (void)first_pos;
-#endif
-    const uint span = hi > lo ? hi - lo : 0;
-    const uint per = (span + parts - 1) / parts;
-    const uint js = min(hi, lo + part * per), je = min(hi, js + per);
+    const uint js = blk.js, je = blk.je;
     const uint step = NT * KT;
     const uint steps = (je - js + step - 1) / step;
 
@@ -104,7 +86,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
     for (uint it = 0; it < steps; it++) {
         const uint j0 = js + it * step;
-        __local float *red = sh + (it & 1) * RED + team * (KT * RB * LANES);
+        __local float *red = sh + (it & 1) * RED + team * (KT * R * LANES);
         vw_t kv[KT][NSK], vv[KT][NSV];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
@@ -118,21 +100,21 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             #pragma unroll
-            for (uint r = 0; r < RB; r++) {
+            for (uint r = 0; r < R; r++) {
                 vw_t dot = qr[r][0] * kv[kk][0];
                 #pragma unroll
                 for (uint s = 1; s < NSK; s++) dot = fma(qr[r][s], kv[kk][s], dot);
-                red[(kk * RB + r) * LANES + lane] = dhsum(dot);
+                red[(kk * R + r) * LANES + lane] = dhsum(dot);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        float sc[KT][RB];
+        float sc[KT][R];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             const uint j = j0 + kk * NT + team;
             #pragma unroll
-            for (uint r = 0; r < RB; r++) {
-                __local const float *pr = red + (kk * RB + r) * LANES;
+            for (uint r = 0; r < R; r++) {
+                __local const float *pr = red + (kk * R + r) * LANES;
 #if LANES % 4 == 0
                 float4 s4 = vload4(0, pr);
                 for (uint i = 1; i < LANES / 4; i++) s4 += vload4(i, pr);
@@ -145,7 +127,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             }
         }
         #pragma unroll
-        for (uint r = 0; r < RB; r++) {
+        for (uint r = 0; r < R; r++) {
             float mb = m[r];
             #pragma unroll
             for (uint kk = 0; kk < KT; kk++) mb = fmax(mb, sc[kk][r]);
@@ -167,18 +149,18 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
 
     /* merge the teams: every row's max and sum first, then row by row the outputs */
     barrier(CLK_LOCAL_MEM_FENCE); /* the last step's partials are read */
-    __local float *tm = sh + NT * (DV + 1), *tl = tm + NT * RB;
+    __local float *tm = sh + NT * (DV + 1), *tl = tm + NT * R;
     if (lane == 0) {
         #pragma unroll
-        for (uint r = 0; r < RB; r++) tm[team * RB + r] = m[r], tl[team * RB + r] = l[r];
+        for (uint r = 0; r < R; r++) tm[team * R + r] = m[r], tl[team * R + r] = l[r];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     #pragma unroll
-    for (uint r = 0; r < RB; r++) {
+    for (uint r = 0; r < R; r++) {
         float M = -FLT_MAX;
-        for (uint t = 0; t < NT; t++) M = fmax(M, tm[t * RB + r]);
+        for (uint t = 0; t < NT; t++) M = fmax(M, tm[t * R + r]);
         float Ls = 0.0f;
-        for (uint t = 0; t < NT; t++) Ls += tl[t * RB + r] * exp(tm[t * RB + r] - M);
+        for (uint t = 0; t < NT; t++) Ls += tl[t * R + r] * exp(tm[t * R + r] - M);
         const float f = exp(m[r] - M);
         #pragma unroll
         for (uint s = 0; s < NSV; s++) {

@@ -21,7 +21,8 @@
  * Specialised by -D (philox.cl, half.cl, mask.cl and online.cl go first; defaults let each compile alone):
  *   DK, DV           head sizes of queries/keys and of values
  *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
- *   KV_ROUND         1: K and V rounded to half as they are read (kv_half plans; half.cl)
+ *   KV_HALF          1: the plan's keys and values are half values (kv_half): the float K and V are rounded
+ *                    to half as they are read (half.cl); the decode kernels read a half cache (decode_common.cl)
  *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
  *   LSE              1 (training plans): each row's log-sum-exp, m + log(l) in natural units, to
  *                    lse[lse_off + (b*H + h)*Tq + i] (flash_lse below; flash_combine for split rows)
@@ -36,8 +37,8 @@
 #ifndef GROUP
 #define GROUP 1
 #endif
-#ifndef KV_ROUND
-#define KV_ROUND 0
+#ifndef KV_HALF
+#define KV_HALF 0
 #endif
 #ifndef SPLIT
 #define SPLIT 1
@@ -45,7 +46,7 @@
 #ifndef LSE
 #define LSE 0
 #endif
-#if KV_ROUND
+#if KV_HALF
 #define KVR(x) clattn_round_half(x)
 #else
 #define KVR(x) (x)

@@ -69,7 +69,7 @@ typedef float4 fv_t;
 #define FV_LOAD(i, p) vload4((i), (p))
 #define FV_STORE(x, i, p) vstore4((x), (i), (p))
 #define FV_DOT(a, b, s) fma((a).s3, (b).s3, fma((a).s2, (b).s2, fma((a).s1, (b).s1, fma((a).s0, (b).s0, (s)))))
-#if KV_ROUND
+#if KV_HALF
 inline float4 fv_round(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3)); }
 #else
 #define fv_round(x) (x)

@@ -32,9 +32,9 @@ typedef float vw_t;
 #define VSTOREW(v, i, p) ((p)[(i)] = (v))
 inline float hsum(float v) { return v; }
 #endif
-#if KV_ROUND && VW == 8
+#if KV_HALF && VW == 8
 inline float8 kvr_w(float8 x) { return (float8)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3), KVR(x.s4), KVR(x.s5), KVR(x.s6), KVR(x.s7)); }
-#elif KV_ROUND && VW == 4
+#elif KV_HALF && VW == 4
 inline float4 kvr_w(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3)); }
 #else
 #define kvr_w(x) KVR(x)

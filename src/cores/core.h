@@ -198,9 +198,26 @@ void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, co
 void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed);
 /* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
 void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
-/* The -D options every attention kernel is specialised by: head sizes, grouping, half K/V, masks,
- * dropout. Appends to opts; returns the length written (or more, when it does not fit). */
-int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len);
+/* The -D options of an attention kernel, the one list every core builds from ("-cl-std=CL1.2" first); `what`
+ * names the groups its kernels read:
+ *   CLATTN_DEFINES_SHAPE   DK, DV, GROUP (query heads per key/value head), WINDOW, KV_HALF (the plan's kv_half)
+ *   CLATTN_DEFINES_MASKS   CAUSAL, WINDOW, KPM, MASK_KIND
+ *   CLATTN_DEFINES_TRAIN   DROPOUT, LSE
+ *   CLATTN_DEFINES_TF32    TF32 (the plan's precision)
+ * Writes opts; returns the length written (or more, when it does not fit: snprintf's). */
+enum {
+    CLATTN_DEFINES_SHAPE = 1,
+    CLATTN_DEFINES_MASKS = 2,
+    CLATTN_DEFINES_TRAIN = 4,
+    CLATTN_DEFINES_TF32 = 8,
+    CLATTN_DEFINES_ALL = 15
+};
+int clattn_core_attention_defines(const clattn_attention_desc *d, unsigned what, char *opts, size_t len);
+/* " -DNAME=V" for each of a core's tuning parameters p, in the order of its params[], appended at opts[0..len):
+ * the parameter `rows` (-1: none) takes the value `rows_value` instead (a variant's rows). Returns the length
+ * written (or more, as snprintf). */
+int clattn_core_param_defines(const clattn_core *core, const clattn_core_params *p, int rows, size_t rows_value,
+                              char *opts, size_t len);
 /* The vector width along the head dimension that divides both head sizes: 8, 4 or 1. */
 size_t clattn_core_head_vector(size_t dk, size_t dv);
 /* Query rows a work-item keeps in registers (flash_rows, decode_attend): 16, or 8 for value heads above
@@ -247,25 +264,36 @@ clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *
 clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_caps *caps,
                                           const clattn_attention_desc *d, char *why, size_t len);
 
-/* ---- the decode family (decode_parts.c): split-K parts, merged by decode_combine (cores/decode_common.cl) */
-typedef struct clattn_decode_parts {
-    cl_mem ml, acc;              /* (slot, 2) each part's max and sum, (slot, dv) its unnormalised output */
-    size_t slots;                /* (row, part) slots: steps of up to 4 new tokens, 64 parts */
-    cl_kernel k_combine;         /* decode_combine, created by the core from its program */
-} clattn_decode_parts;
-size_t clattn_decode_parts_floats(const clattn_attention_desc *d); /* the buffers' floats (workspace) */
-/* The buffers (pp->k_combine, the core's, is left as it is). */
-clattn_status clattn_decode_parts_alloc(const clattn_device *dev, const clattn_attention_desc *d,
-                                        clattn_decode_parts *pp);
-void clattn_decode_parts_release(clattn_decode_parts *pp);
-size_t clattn_decode_parts_bytes(const clattn_decode_parts *pp);
-/* A step's parts: io->max_parts when forced (within the buffers), else enough for `target` work units
- * when the step has `units` of them unsplit, each part at least min_keys keys of the longest sequence;
- * 1 .. CLATTN_DECODE_MAX_PARTS, and within the buffers. */
-size_t clattn_decode_parts_choose(const clattn_decode_parts *pp, const clattn_attention_desc *d,
-                                  const clattn_decode_io *io, size_t units, size_t target, size_t min_keys);
-/* decode_combine over `parts` parts into io->out (launched with no work when io->warm). */
-clattn_status clattn_decode_parts_combine(const clattn_device *dev, const clattn_decode_parts *pp,
-                                          const clattn_attention_desc *d, const clattn_decode_io *io, size_t parts);
+/* ---- the decode family (decode_family.c): decode cores with one kernel signature (cores/decode_common.cl), each
+ * one .cl file and a spec; the family builds them, sets their arguments, chooses a step's split-K parts,
+ * merges the parts (decode_combine) and releases them. Kernel arguments, in order:
+ *   q, q_off, q_ld, kc, vc, lens, valid, out, out_off, out_ld, part_ml, part_acc, n, H, HK, Tmax, parts, scale,
+ *   then PER_ITEM: total (work-items in all); PER_GROUP: first (the launch's first group), groups (in all).
+ * Two variants are built at plan creation: the rows of one token's group of query heads, min(GROUP, R), and R
+ * rows (steps of several new tokens), R being the member's `rows` parameter (its kernel's -DR). */
+typedef struct clattn_decode_spec {
+    const char *const *sources;  /* under cl/, in order (cores/decode_common before the member's own) */
+    int nsources;
+    const char *kernel;
+    clattn_flash_launch launch;  /* PER_ITEM: a work-item per block of rows and part; PER_GROUP: a work-group */
+    int rows;                    /* the parameter of query rows per work-item or work-group (R) */
+    int group;                   /* PER_GROUP: the parameter of work-items per work-group (WG); -1: none */
+    const char *defines;         /* -D options of its own beyond its parameters (NULL: none) */
+    /* split-K: units (work-items or groups) wanted per compute unit on a CPU and on a GPU, and the fewest keys of
+     * the longest sequence a part takes, for parameters p on this device class */
+    size_t per_cu_cpu, per_cu_gpu;
+    size_t (*min_keys)(int cpu, const clattn_core_params *p);
+} clattn_decode_spec;
+#define CLATTN_DECODE_MAX_HEAD 256 /* dk and dv the decode kernels take */
+/* Head sizes up to CLATTN_DECODE_MAX_HEAD, and the member's defaults exist for d (the smallest head when NULL). */
+clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                                     char *why, size_t len);
+size_t clattn_decode_workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                               const clattn_core_layout *lay); /* the split-K buffers' floats */
+clattn_status clattn_decode_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state);
+clattn_status clattn_decode_run(void *state, clattn_decode_io *io);
+size_t clattn_decode_device_bytes(const void *state);
+void clattn_decode_release(void *state);
 
 #endif

@@ -3,6 +3,7 @@
  * must not use). */
 #include "core.h"
 
+#include <limits.h>
 #include <stdio.h>
 
 void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d)
@@ -28,12 +29,39 @@ void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld)
     clattn_arg_u32(a, (cl_uint)ld);
 }
 
-int clattn_core_attention_defines(const clattn_attention_desc *d, char *opts, size_t len)
+int clattn_core_attention_defines(const clattn_attention_desc *d, unsigned what, char *opts, size_t len)
 {
-    return snprintf(opts, len, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_ROUND=%d -DCAUSAL=%d -DWINDOW=%zu "
-                    "-DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DTF32=%d -DLSE=%d", d->head_dim_qk, d->head_dim_v,
-                    d->heads / d->kv_heads, d->kv_half, d->causal, d->window, d->key_padding_mask, (int)d->attn_mask,
-                    d->dropout > 0.0f, d->precision == CLATTN_PRECISION_TF32, d->training);
+    size_t n = 0;
+#define PUT(...)                                                                          \
+    do {                                                                                  \
+        const int w_ = snprintf(opts + (n < len ? n : len), n < len ? len - n : 0, __VA_ARGS__); \
+        if (w_ < 0) return w_;                                                            \
+        n += (size_t)w_;                                                                  \
+    } while (0)
+    PUT("-cl-std=CL1.2");
+    if (what & CLATTN_DEFINES_SHAPE)
+        PUT(" -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_HALF=%d", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads,
+            d->kv_half);
+    if (what & (CLATTN_DEFINES_SHAPE | CLATTN_DEFINES_MASKS)) PUT(" -DWINDOW=%zu", d->window);
+    if (what & CLATTN_DEFINES_MASKS)
+        PUT(" -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d", d->causal, d->key_padding_mask, (int)d->attn_mask);
+    if (what & CLATTN_DEFINES_TRAIN) PUT(" -DDROPOUT=%d -DLSE=%d", d->dropout > 0.0f, d->training);
+    if (what & CLATTN_DEFINES_TF32) PUT(" -DTF32=%d", d->precision == CLATTN_PRECISION_TF32);
+#undef PUT
+    return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+int clattn_core_param_defines(const clattn_core *core, const clattn_core_params *p, int rows, size_t rows_value,
+                              char *opts, size_t len)
+{
+    size_t n = 0;
+    for (int i = 0; i < core->nparams; i++) {
+        const int w = snprintf(opts + (n < len ? n : len), n < len ? len - n : 0, " -D%s=%zu", core->params[i].name,
+                               i == rows ? rows_value : p->v[i]);
+        if (w < 0) return w;
+        n += (size_t)w;
+    }
+    return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 size_t clattn_core_head_vector(size_t dk, size_t dv)

@@ -113,9 +113,9 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         s->p.v[spec->split] /= 2;
     for (;;) {
         char opts[512];
-        int n = clattn_core_attention_defines(d, opts, sizeof opts);
-        for (int i = 0; i < core->nparams && n > 0 && (size_t)n < sizeof opts; i++)
-            n += snprintf(opts + n, sizeof opts - (size_t)n, " -D%s=%zu", core->params[i].name, s->p.v[i]);
+        int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof opts);
+        if (n > 0 && (size_t)n < sizeof opts)
+            n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, sizeof opts - (size_t)n);
         if (spec->defines && n > 0 && (size_t)n < sizeof opts) n += spec->defines(&dev->caps, opts + n, sizeof opts - (size_t)n);
         const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "cores/flash_common",
                              spec->source};

@@ -83,9 +83,8 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     s->lay = *lay;
     s->p = *p;
     char opts[512];
-    int n = clattn_core_attention_defines(d, opts, sizeof opts);
-    if (n > 0 && (size_t)n < sizeof opts)
-        snprintf(opts + n, sizeof opts - (size_t)n, " -DROWS=%zu -DPART=%zu", p->v[ROWS], p->v[PART]);
+    int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof opts);
+    if (n > 0 && (size_t)n < sizeof opts) clattn_core_param_defines(core, p, -1, 0, opts + n, sizeof opts - (size_t)n);
     const char *src[] = {"common/philox", "common/mask", "cores/flash_backward"};
     clattn_status st = clattn_program_build(dev, src, 3, opts, &s->prog);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);

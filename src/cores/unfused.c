@@ -133,8 +133,7 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
     while (wg < d->seq_kv && wg < 256) wg *= 2;
     wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
     char opts[256];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DCAUSAL=%d -DWINDOW=%zu -DKPM=%d -DMASK_KIND=%d -DDROPOUT=%d -DLSE=%d",
-             d->causal, d->window, d->key_padding_mask, (int)d->attn_mask, d->dropout > 0.0f, d->training);
+    clattn_core_attention_defines(d, CLATTN_DEFINES_MASKS | CLATTN_DEFINES_TRAIN, opts, sizeof opts);
     const char *softmax_src[] = {"common/philox", "common/mask", "cores/unfused_softmax"};
     TRY(clattn_program_build_wg(s->dev, softmax_src, 3, opts, "softmax_rows", &wg, &s->softmax_prog,
                                 &s->k_softmax));

@@ -1,0 +1,232 @@
+/* decode_family.c: the decode family (core.h): decode cores of one kernel signature (cores/decode_common.cl),
+ * each a .cl file and a clattn_decode_spec (decode_attend.c, decode_group.c). Here: their build (two variants),
+ * arguments and launch, the choice of a step's split-K parts, the parts' buffers and decode_combine, which
+ * merges them, and their release. */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PART_ROWS 4    /* the partial buffers hold split-K parts for steps of up to 4 new tokens */
+#define ARG_FIRST 18   /* PER_GROUP: the index of the kernel's `first` argument (core.h's list) */
+
+typedef struct variant {
+    cl_program prog;
+    cl_kernel attend;
+    size_t rows; /* query rows per work-item or work-group */
+} variant;
+
+typedef struct decode_state {
+    const clattn_core *core;
+    const clattn_decode_spec *spec;
+    const clattn_device *dev;
+    clattn_attention_desc d;
+    clattn_core_layout lay;
+    clattn_core_params p;
+    variant few, many;  /* rows: min(GROUP, R) and R */
+    cl_kernel combine;  /* decode_combine, from the few variant's program */
+    cl_mem ml, acc;     /* (slot, 2) each part's max and sum, (slot, dv) its unnormalised output */
+    size_t slots;       /* (row, part) slots: steps of up to PART_ROWS new tokens, CLATTN_DECODE_MAX_PARTS parts */
+} decode_state;
+
+static size_t part_slots(const clattn_attention_desc *d)
+{
+    return d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
+}
+
+clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                                     char *why, size_t len)
+{
+    if (d && (d->head_dim_qk > CLATTN_DECODE_MAX_HEAD || d->head_dim_v > CLATTN_DECODE_MAX_HEAD)) {
+        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, CLATTN_DECODE_MAX_HEAD,
+                 d->head_dim_qk, d->head_dim_v);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
+    clattn_core_params p;
+    if (!core->defaults(core, caps, d ? d : &one, &p)) {
+        snprintf(why, len, "%s's work-groups do not fit this device (local memory %zu bytes, max work-group %zu)",
+                 core->name, caps->local_mem, caps->max_work_group);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_decode_workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                               const clattn_core_layout *lay)
+{
+    (void)core, (void)caps, (void)lay;
+    return part_slots(d) * (2 + d->head_dim_v);
+}
+
+void clattn_decode_release(void *state)
+{
+    decode_state *s = state;
+    if (!s) return;
+    variant *vs[] = {&s->few, &s->many};
+    for (int i = 0; i < 2; i++) {
+        clattn_kernel_release(&vs[i]->attend);
+        clattn_program_release(&vs[i]->prog);
+    }
+    clattn_kernel_release(&s->combine);
+    clattn_mem_release(&s->ml);
+    clattn_mem_release(&s->acc);
+    free(s);
+}
+
+size_t clattn_decode_device_bytes(const void *state)
+{
+    const decode_state *s = state;
+    return clattn_mem_bytes(s->ml) + clattn_mem_bytes(s->acc);
+}
+
+/* The member's kernel for `rows` rows; with_combine: decode_combine from the same program. */
+static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int with_combine)
+{
+    const clattn_decode_spec *spec = s->spec;
+    char opts[512];
+    int n = clattn_core_attention_defines(&s->d, CLATTN_DEFINES_SHAPE, opts, sizeof opts);
+    if (n > 0 && (size_t)n < sizeof opts)
+        n += clattn_core_param_defines(s->core, &s->p, spec->rows, rows, opts + n, sizeof opts - (size_t)n);
+    if (spec->defines && n > 0 && (size_t)n < sizeof opts) snprintf(opts + n, sizeof opts - (size_t)n, " %s", spec->defines);
+    TRY(clattn_program_build(s->dev, spec->sources, spec->nsources, opts, &v->prog));
+    v->rows = rows;
+    TRY(clattn_kernel_create(v->prog, spec->kernel, &v->attend));
+    if (spec->launch == CLATTN_FLASH_PER_GROUP) {
+        const size_t wg = s->p.v[spec->group];
+        size_t allowed = 0;
+        CL_CHECK(clGetKernelWorkGroupInfo(v->attend, s->dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed,
+                                          &allowed, NULL), "querying a decode kernel's work-group size");
+        if (allowed < wg)
+            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s with %s=%zu does not fit this device (its kernel "
+                               "takes %zu work-items per work-group)", s->core->name,
+                               s->core->params[spec->group].name, wg, allowed);
+    }
+    if (with_combine) TRY(clattn_kernel_create(v->prog, "decode_combine", &s->combine));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_decode_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state)
+{
+    decode_state *s = clattn_calloc(1, sizeof *s);
+    if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
+    s->core = core, s->spec = core->spec, s->dev = dev, s->d = *d, s->lay = *lay, s->p = *p;
+    const size_t G = d->heads / d->kv_heads, r_many = p->v[s->spec->rows], r_few = G < r_many ? G : r_many;
+    s->slots = part_slots(d);
+    clattn_status st = build_variant(s, r_few, &s->few, 1);
+    if (!st) st = build_variant(s, r_many, &s->many, 0);
+    if (!st) st = clattn_buffer_new(dev, s->slots * 2, 4, NULL, "the split-K partial sums", &s->ml);
+    if (!st) st = clattn_buffer_new(dev, s->slots * d->head_dim_v, 4, NULL, "the split-K partial outputs", &s->acc);
+    if (st) {
+        clattn_decode_release(s);
+        return st;
+    }
+    *state = s;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A step's parts: io->max_parts when forced (within the buffers), else enough for the spec's units per compute unit
+ * when the step has `units` of them unsplit, each part at least min_keys keys of the longest sequence;
+ * 1 .. CLATTN_DECODE_MAX_PARTS, and within the buffers. */
+static size_t choose_parts(const decode_state *s, const clattn_decode_io *io, size_t rows)
+{
+    const clattn_caps *caps = &s->dev->caps;
+    const clattn_attention_desc *d = &s->d;
+    const int cpu = caps->dclass == CLATTN_CLASS_CPU;
+    const size_t units = d->batch * d->kv_heads * ((io->n * (d->heads / d->kv_heads) + rows - 1) / rows);
+    const size_t target = (size_t)caps->compute_units * (cpu ? s->spec->per_cu_cpu : s->spec->per_cu_gpu);
+    const size_t min_keys = s->spec->min_keys(cpu, &s->p);
+    const size_t nrows = d->batch * io->n * d->heads;
+    size_t cap = s->slots / (nrows ? nrows : 1);
+    if (cap > CLATTN_DECODE_MAX_PARTS) cap = CLATTN_DECODE_MAX_PARTS;
+    if (io->max_parts) {
+        const size_t forced = io->max_parts < cap ? io->max_parts : cap;
+        return forced ? forced : 1;
+    }
+    size_t parts = (target + units - 1) / (units ? units : 1);
+    const size_t by_len = (io->max_len + min_keys - 1) / min_keys;
+    if (parts > by_len) parts = by_len;
+    if (parts > cap) parts = cap;
+    return parts ? parts : 1;
+}
+
+static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
+{
+    (void)ctx;
+    const cl_ulong g0 = first;
+    CL_CHECK(clSetKernelArg(k, ARG_FIRST, sizeof g0, &g0), "setting a decode kernel's first group");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status attend(const decode_state *s, const variant *v, const clattn_decode_io *io, size_t parts)
+{
+    const clattn_attention_desc *d = &s->d;
+    const size_t H = d->heads, HK = d->kv_heads;
+    const size_t nblk = (io->n * (H / HK) + v->rows - 1) / v->rows;
+    const size_t units = io->warm ? 0 : d->batch * HK * nblk * parts;
+    const int per_group = s->spec->launch == CLATTN_FLASH_PER_GROUP;
+    clattn_args a;
+    clattn_args_begin(&a, v->attend, s->spec->kernel);
+    clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
+    clattn_arg_mem(&a, io->cache_k);
+    clattn_arg_mem(&a, io->cache_v);
+    clattn_arg_mem(&a, io->lens);
+    clattn_arg_mem(&a, io->valid);
+    clattn_core_arg_rows(&a, io->out, H * d->head_dim_v);
+    clattn_arg_mem(&a, s->ml);
+    clattn_arg_mem(&a, s->acc);
+    clattn_arg_u32(&a, (cl_uint)io->n);
+    clattn_arg_u32(&a, (cl_uint)H);
+    clattn_arg_u32(&a, (cl_uint)HK);
+    clattn_arg_u32(&a, (cl_uint)io->capacity);
+    clattn_arg_u32(&a, (cl_uint)parts);
+    clattn_arg_f32(&a, d->scale);
+    if (per_group) clattn_arg_u64(&a, 0); /* first: set per launch */
+    clattn_arg_u64(&a, units);
+    TRY(clattn_args_end(&a));
+    char what[64];
+    snprintf(what, sizeof what, "enqueue %s", s->spec->kernel);
+    if (per_group)
+        return clattn_enqueue_groups(s->dev, v->attend, units, s->p.v[s->spec->group], set_first_group, NULL, what);
+    return clattn_enqueue_items(s->dev, v->attend, units, what);
+}
+
+/* decode_combine over `parts` parts into io->out (launched with no work when io->warm). */
+static clattn_status combine(const decode_state *s, const clattn_decode_io *io, size_t parts)
+{
+    const size_t H = s->d.heads, dv = s->d.head_dim_v;
+    const size_t total = io->warm ? 0 : s->d.batch * io->n * H * dv;
+    clattn_args a;
+    clattn_args_begin(&a, s->combine, "decode_combine");
+    clattn_arg_mem(&a, s->ml);
+    clattn_arg_mem(&a, s->acc);
+    clattn_arg_mem(&a, io->valid);
+    clattn_core_arg_rows(&a, io->out, H * dv);
+    clattn_arg_u32(&a, (cl_uint)io->n);
+    clattn_arg_u32(&a, (cl_uint)H);
+    clattn_arg_u32(&a, (cl_uint)parts);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    TRY(clattn_enqueue_1d(s->dev, s->combine, total, "enqueue decode_combine"));
+    return clattn_decode_mark(io, CLATTN_DECODE_STAGE_COMBINE);
+}
+
+clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage stage)
+{
+    return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_decode_run(void *state, clattn_decode_io *io)
+{
+    const decode_state *s = state;
+    /* warm: both variants and the combine, with no work */
+    const variant *v = io->warm || io->n * (s->d.heads / s->d.kv_heads) <= s->few.rows ? &s->few : &s->many;
+    const size_t parts = io->warm ? 2 : choose_parts(s, io, v->rows);
+    TRY(attend(s, v, io, parts));
+    if (io->warm) TRY(attend(s, &s->many, io, parts));
+    TRY(clattn_decode_mark(io, CLATTN_DECODE_STAGE_ATTEND));
+    if (parts > 1) TRY(combine(s, io, parts));
+    io->parts = parts;
+    return CLATTN_STATUS_SUCCESS;
+}
