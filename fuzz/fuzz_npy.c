@@ -1,4 +1,4 @@
-/* fuzz_npy.c: libFuzzer harness for clattn_npy_parse (src/cli/npy.c, no OpenCL needed).
+/* fuzz_npy.c: libFuzzer harness for clattn_npy_parse (src/util/npy.c, no OpenCL needed).
  *
  * Each input is a whole .npy file. The parser must never crash, leak or read out of
  * bounds (AddressSanitizer), never hit undefined behaviour (UBSan), and:

@@ -479,7 +479,7 @@ typedef struct clattn_core_info {
  * clattn_last_error (`clattn cores` shows it). Whether a core fits a plan is known only at plan creation. clattn 0.5. */
 CLATTN_API clattn_status clattn_core_env_check(void);
 
-/* How many cores this library has registered (of both kinds). */
+/* How many cores this library has registered (of every kind). */
 CLATTN_API size_t clattn_core_count(void);
 /* Core `index` (0 .. clattn_core_count() - 1) as seen from `device` (NULL: no device; supported = 0). */
 CLATTN_API clattn_status clattn_core_describe(const clattn_device *device, size_t index, clattn_core_info *info);

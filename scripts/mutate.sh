@@ -70,6 +70,29 @@ for k in "${!ids[@]}"; do   # a regex that names no test would make its mutant "
     n=$(cd "$scratch/build" && ctest -N -R "${regexes[$k]}" | sed -n 's/^Total Tests: //p')
     [ "${n:-0}" -gt 0 ] || { echo "mutate.sh: ${ids[$k]}: '${regexes[$k]}' names no ctest entry" >&2; exit 2; }
 done
+# The build targets each mutant's tests need: the test executables its ctest entries run (a target builds what it
+# depends on: the library, the CLI for test_cli, the bench for test_bench), so that a mutant relinks those alone;
+# entries that run anything else (the Python suites, the demo, scripts) take the whole build ("").
+targets=()
+for k in "${!ids[@]}"; do
+    targets+=("$(cd "$scratch/build" && ctest --show-only=json-v1 -R "${regexes[$k]}" | python3 -c '
+import json, os, sys
+names = set()
+for t in json.load(sys.stdin).get("tests", []):
+    b = os.path.basename((t.get("command") or [""])[0])
+    if not b.startswith("test_"):
+        sys.exit(0)
+    names.add(b)
+print(" ".join(sorted(names)))' 2>/dev/null || true)")
+done
+build_for() { # k: the targets of mutant k, or the whole build
+    if [ -n "${targets[$1]}" ]; then
+        # shellcheck disable=SC2086
+        cmake --build "$scratch/build" -j "$jobs" --target ${targets[$1]} >"$scratch/build.log" 2>&1
+    else
+        build
+    fi
+}
 # the union of the lists' regexes, alternatives of the form ^name$ listed once
 union=$(printf '%s\n' "${regexes[@]}" | sed 's/\$|\^/$\n^/g' | sort -u | paste -sd'|')
 echo "mutate.sh: unmutated run of: $union"
@@ -101,7 +124,7 @@ for k in "${!ids[@]}"; do
         continue
     fi
     t0=$(date +%s)
-    if ! build; then
+    if ! build_for "$k"; then
         cp "$scratch/orig" "$f"
         broken+=("$id (does not build)")
         continue

@@ -772,7 +772,7 @@ static void capacity_edges(clattn_device *dev, int half)
     cr_assert_eq(clattn_kv_cache_desc_get(NULL, &got), CLATTN_STATUS_INVALID_ARGUMENT);
     const size_t payload = B * m.HK * CAP * (m.dk + m.dv) * (half ? 2 : 4);
     if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
-        cr_assert_geq(clattn_kv_cache_device_bytes(cache), payload, "%zu bytes", clattn_kv_cache_device_bytes(cache));
+        cr_assert_eq(clattn_kv_cache_device_bytes(cache), payload, "%zu bytes", clattn_kv_cache_device_bytes(cache));
     else
         cr_assert_eq(clattn_kv_cache_device_bytes(cache), 0);
     float *seq = vals(&r, B * CAP * E, half, 6, 1.0f);     /* sequence b's tokens: seq[b][0 .. CAP-1] */
@@ -983,3 +983,32 @@ static void negative_scores(clattn_device *dev)
 
 Test(edges, negative_scores_ref) { clattn_device *d = tu_open_ref(); negative_scores(d); clattn_device_free(d); }
 Test(edges, negative_scores_opencl) { clattn_device *d = tu_open_opencl(); negative_scores(d); clattn_device_free(d); }
+
+/* The device bytes of every cache type, exactly: B * HK * capacity * (dk + dv) elements of 4 (FLOAT) or 2 (HALF)
+ * bytes, with dk and dv apart (either one counted twice, or a type's element size for the other's, shows), and 0
+ * on ref, which keeps the cache in host memory; a cache's bytes are readable through the cache alone. */
+Test(edges, cache_bytes_of_every_type)
+{
+    static const struct { size_t B, HK, cap, dk, dv; } shapes[] = {{2, 3, 7, 8, 4}, {1, 1, 130, 4, 12}};
+    clattn_device *devs[2] = {tu_open_ref(), tu_open_opencl()};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int half = 0; half < 2; half++) {
+                clattn_kv_cache_desc cd = {.batch = shapes[i].B, .capacity = shapes[i].cap, .kv_heads = shapes[i].HK,
+                                           .head_dim_qk = shapes[i].dk, .head_dim_v = shapes[i].dv,
+                                           .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                clattn_kv_cache *c = NULL;
+                cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+                const size_t want = k == 0 ? 0
+                                  : shapes[i].B * shapes[i].HK * shapes[i].cap * (shapes[i].dk + shapes[i].dv) *
+                                        (half ? 2 : 4);
+                cr_assert_eq(clattn_kv_cache_device_bytes(c), want, "%s cache %zu x %zu x %zu x (%zu + %zu) on %s: "
+                             "%zu bytes, expected %zu", half ? "half" : "float", shapes[i].B, shapes[i].HK,
+                             shapes[i].cap, shapes[i].dk, shapes[i].dv, k ? "opencl" : "ref",
+                             clattn_kv_cache_device_bytes(c), want);
+                clattn_kv_cache_free(c);
+            }
+    cr_assert_eq(clattn_kv_cache_device_bytes(NULL), 0);
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}

@@ -1,9 +1,9 @@
 /*
- * test_npy.c: Criterion tests for the .npy reader/writer (src/cli/npy.c).
+ * test_npy.c: Criterion tests for the .npy reader/writer (src/util/npy.c).
  *
  * Build and run, e.g.:
  *   gcc -std=c11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined \
- *       -DCLATTN_TEST_DATA_DIR=\"$PWD/tests/data\" -Isrc/cli tests/test_npy.c src/cli/npy.c \
+ *       -DCLATTN_TEST_DATA_DIR=\"$PWD/tests/data\" -Isrc/util tests/test_npy.c src/util/npy.c \
  *       -lcriterion -o /tmp/test_npy && /tmp/test_npy
  * Fixtures in tests/data/npy/ come from tests/data/npy/make_npy.py.
  */

@@ -28,26 +28,9 @@ static void teardown(void)
 
 TestSuite(train, .init = setup, .fini = teardown);
 
-typedef struct config {
-    size_t B, Tq, Tk, E, Ekv, H, HK, dk, dv, Eo, window;
-    int cross, causal, biases, kpm;
-    clattn_mask_kind mask;
-    float dropout;
-    clattn_layout layout; /* the weights' layout (the random arrays read as RAW's (in, out) when RAW) */
-    int noproj;           /* no weights at all: x (and kv) are Q, K and V, heads of E/H (dk = dv = E/H, Eo = 0) */
-} config;
-
-/* One problem: random weights and inputs, its masks; everything the oracle and the plans read. */
-typedef struct problem {
-    clattn_attention_desc d;
-    clattn_attention_weights w;
-    clattn_attention_args a;
-    float *bufs[16];
-    int nb;
-    uint8_t *kpm, *bmask;
-    const clattn_attention_weights *first; /* plans are created with these, then given w (clattn_plan_set_weights);
-                                              NULL: created with w */
-} problem;
+/* the shared case and problem of the attention families (testutil.h); every problem here is a training plan's */
+typedef tu_attn_case config;
+typedef tu_problem problem;
 
 /* A plan of p (with d, its algorithm chosen) holding p's weights and dropout seed: created with them, or with p->first
  * and then given them by clattn_plan_set_weights; with dropout, created with another seed and given d's. */
@@ -71,58 +54,11 @@ static clattn_plan *plan_of(const problem *p, clattn_device *dev, const clattn_a
 
 static void problem_make(problem *p, const config *c, uint64_t seed)
 {
-    memset(p, 0, sizeof *p);
-    tu_rng rng = {seed};
-    clattn_attention_desc *d = &p->d;
-    d->batch = c->B, d->seq_q = c->Tq, d->seq_kv = c->cross ? c->Tk : 0, d->embed = c->E;
-    d->kv_embed = c->cross ? c->Ekv : 0, d->heads = c->H, d->kv_heads = c->HK, d->head_dim_qk = c->dk;
-    d->head_dim_v = c->dv, d->out_dim = c->Eo, d->window = c->window, d->cross = c->cross, d->causal = c->causal;
-    d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
-    d->training = 1, d->layout = c->layout;
-    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
-    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->dk, dv = c->dv;
-    const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
-    if (!c->noproj) {
-        p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
-        p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
-        p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
-    }
-    if (c->biases && !c->noproj) {
-        p->w.b_query = p->bufs[p->nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
-        p->w.b_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk, -0.5f, 0.5f);
-        p->w.b_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv, -0.5f, 0.5f);
-    }
-    if (c->Eo) {
-        p->w.w_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo * H * dv, -so, so);
-        if (c->biases) p->w.b_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo, -0.5f, 0.5f);
-    }
-    /* inputs of +-2: scores reach a few units, so lse is not just log(Tk) */
-    p->a.x = p->bufs[p->nb++] = tu_random(&rng, B * Tq * E, -2.0f, 2.0f);
-    if (c->cross) p->a.kv = p->bufs[p->nb++] = tu_random(&rng, B * Tk * Ekv, -2.0f, 2.0f);
-    if (c->kpm) {
-        p->kpm = calloc(B * Tk, 1);
-        for (size_t i = 0; i < B * Tk; i++) p->kpm[i] = tu_next(&rng) % 4 == 0;
-        if (B > 1) memset(p->kpm + (B - 1) * Tk, 1, Tk); /* a fully masked batch entry: lse -inf, context 0 */
-        p->a.key_padding_mask = p->kpm;
-    }
-    if (c->mask == CLATTN_MASK_BOOL) {
-        p->bmask = calloc(Tq * Tk, 1);
-        for (size_t i = 0; i < Tq * Tk; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
-        p->a.attn_mask = p->bmask;
-    } else if (c->mask == CLATTN_MASK_FLOAT) {
-        float *fm = p->bufs[p->nb++] = tu_random(&rng, Tq * Tk, -2.0f, 2.0f);
-        for (size_t i = 0; i < Tq * Tk; i++)
-            if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
-        p->a.attn_mask = fm;
-    }
+    tu_problem_make(p, c, seed);
+    p->d.training = 1;
 }
 
-static void problem_free(problem *p)
-{
-    for (int i = 0; i < p->nb; i++) free(p->bufs[i]);
-    free(p->kpm);
-    free(p->bmask);
-}
+static void problem_free(problem *p) { tu_problem_free(p); }
 
 /* Run p on dev with alg; compare out, lse and context with the oracle's. */
 static void check_on(const problem *p, clattn_device *dev, clattn_algorithm alg, const char *what)
@@ -171,15 +107,14 @@ static void check(const config *c, uint64_t seed)
     problem_free(&p);
 }
 
-/* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout */
 Test(train, lse_and_context_shapes)
 {
     static const config cfgs[] = {
-        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 130, 0, 64, 0, 2, 0, 64, 64, 32, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 61, 0, 128, 0, 1, 0, 128, 128, 0, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 1, .Tq = 1, .E = 4, .H = 2, .dk = 1, .dv = 1, .Eo = 4, .biases = 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1},
+        {.B = 2, .Tq = 61, .E = 9, .H = 3, .dk = 3, .dv = 5, .causal = 1},
+        {.B = 1, .Tq = 130, .E = 64, .H = 2, .dk = 64, .dv = 64, .Eo = 32, .causal = 1, .biases = 1},
+        {.B = 1, .Tq = 61, .E = 128, .H = 1, .dk = 128, .dv = 128, .biases = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 100 + i);
 }
@@ -187,10 +122,10 @@ Test(train, lse_and_context_shapes)
 Test(train, lse_and_context_masks)
 {
     static const config cfgs[] = {
-        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 5, 13, 8, 6, 2, 0, 4, 3, 8, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1},
+        {.B = 2, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .biases = 1, .mask = CLATTN_MASK_BOOL},
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 200 + i);
 }
@@ -200,13 +135,13 @@ Test(train, lse_and_context_masks)
 Test(train, lse_and_context_gqa_window_dropout)
 {
     static const config cfgs[] = {
-        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 16, .causal = 1, .biases = 1},
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .window = 5, .causal = 1, .biases = 1},
         /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
          * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
-        {1, 61, 0, 16, 0, 4, 2, 4, 4, 16, 19, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 19, .causal = 1, .biases = 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f},
+        {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 300 + i);
 }
@@ -215,9 +150,9 @@ Test(train, lse_and_context_gqa_window_dropout)
  * and the combine writes lse */
 Test(train, lse_split_keys)
 {
-    static const config c = {1, 1000, 0, 32, 0, 2, 0, 16, 16, 0, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    static const config c = {.B = 1, .Tq = 1000, .E = 32, .H = 2, .dk = 16, .dv = 16, .causal = 1, .biases = 1};
     check(&c, 400);
-    static const config x = {1, 3, 1000, 16, 16, 2, 0, 8, 8, 16, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    static const config x = {.B = 1, .Tq = 3, .Tk = 1000, .E = 16, .Ekv = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16, .cross = 1, .biases = 1, .kpm = 1};
     check(&x, 401);
 }
 
@@ -231,7 +166,7 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
     const size_t B = 2, Tq = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 5, Eo = 7;
     size_t Tk = 0;
     for (size_t s = 0; s < parts; s++) Tk += lens[s];
-    const config c = {B, Tq, Tk, E, Ekv, H, 0, dk, dv, Eo, 0, 1, 0, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0};
+    const config c = {.B = B, .Tq = Tq, .Tk = Tk, .E = E, .Ekv = Ekv, .H = H, .dk = dk, .dv = dv, .Eo = Eo, .cross = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL};
     problem p;
     problem_make(&p, &c, seed);
     const size_t n_lse = B * H * Tq, n_ctx = B * Tq * H * dv, n_out = B * Tq * Eo;
@@ -402,7 +337,7 @@ Test(train, refusals)
 /* The buffer form: lse and context into caller buffers at offsets, the rest of those buffers untouched. */
 Test(train, buffers_at_offsets)
 {
-    const config c = {2, 61, 0, 16, 0, 4, 2, 4, 6, 8, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    const config c = {.B = 2, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 8, .causal = 1, .biases = 1, .kpm = 1};
     problem p;
     problem_make(&p, &c, 600);
     const size_t B = 2, Tq = 61, E = 16, H = 4, dv = 6, Eo = 8;
@@ -552,18 +487,17 @@ static void check_backward(const config *c, uint64_t seed)
     problem_free(&p);
 }
 
-/* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout */
 Test(train, backward_shapes)
 {
     static const config cfgs[] = {
-        {1, 1, 0, 4, 0, 2, 0, 1, 1, 4, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 61, 0, 9, 0, 3, 0, 3, 5, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 130, 0, 16, 0, 2, 0, 64, 64, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 7, 0, 16, 0, 1, 0, 128, 128, 8, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 1, .Tq = 1, .E = 4, .H = 2, .dk = 1, .dv = 1, .Eo = 4, .biases = 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1},
+        {.B = 2, .Tq = 61, .E = 9, .H = 3, .dk = 3, .dv = 5, .causal = 1},
+        {.B = 1, .Tq = 130, .E = 16, .H = 2, .dk = 64, .dv = 64, .Eo = 16, .causal = 1, .biases = 1},
+        {.B = 1, .Tq = 7, .E = 16, .H = 1, .dk = 128, .dv = 128, .Eo = 8, .biases = 1},
         /* without projections: x is Q, K and V (dx sums their gradients), or kv is K and V */
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 1},
-        {2, 5, 9, 8, 8, 2, 0, 4, 4, 0, 0, 1, 0, 0, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .causal = 1, .noproj = 1},
+        {.B = 2, .Tq = 5, .Tk = 9, .E = 8, .Ekv = 8, .H = 2, .dk = 4, .dv = 4, .cross = 1, .kpm = 1, .noproj = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 700 + i);
 }
@@ -571,11 +505,11 @@ Test(train, backward_shapes)
 Test(train, backward_masks_cross)
 {
     static const config cfgs[] = {
-        {3, 8, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 61, 0, 16, 0, 4, 0, 4, 4, 16, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 5, 13, 8, 6, 2, 0, 4, 3, 7, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 61, 8, 5, 2, 0, 3, 4, 0, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1},
+        {.B = 2, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .biases = 1, .mask = CLATTN_MASK_BOOL},
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL},
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 8, .Ekv = 5, .H = 2, .dk = 3, .dv = 4, .cross = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 800 + i);
 }
@@ -583,14 +517,14 @@ Test(train, backward_masks_cross)
 Test(train, backward_gqa_window_dropout)
 {
     static const config cfgs[] = {
-        {2, 33, 0, 16, 0, 4, 2, 4, 6, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 61, 0, 16, 0, 4, 1, 4, 4, 0, 5, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 16, .causal = 1, .biases = 1},
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .window = 5, .causal = 1, .biases = 1},
         /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
          * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
-        {1, 61, 0, 16, 0, 4, 2, 4, 4, 16, 19, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 0, 1, 1, CLATTN_MASK_NONE, 0.3f, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 9, 11, 12, 7, 3, 0, 4, 4, 5, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.5f, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 6, 8, 10, 6, 2, 0, 3, 5, 7, 0, 1, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 19, .causal = 1, .biases = 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f},
+        {.B = 2, .Tq = 9, .Tk = 11, .E = 12, .Ekv = 7, .H = 3, .dk = 4, .dv = 4, .Eo = 5, .cross = 1, .biases = 1, .dropout = 0.5f},
+        {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 900 + i);
 }
@@ -600,8 +534,8 @@ Test(train, backward_gqa_window_dropout)
 Test(train, backward_long)
 {
     static const config cfgs[] = {
-        {1, 1000, 0, 16, 0, 2, 0, 8, 8, 16, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 130, 1000, 16, 12, 4, 2, 64, 64, 16, 0, 1, 0, 1, 0, CLATTN_MASK_NONE, 0.2f, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 1, .Tq = 1000, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1},
+        {.B = 1, .Tq = 130, .Tk = 1000, .E = 16, .Ekv = 12, .H = 4, .HK = 2, .dk = 64, .dv = 64, .Eo = 16, .cross = 1, .biases = 1, .dropout = 0.2f},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         problem p;
@@ -616,7 +550,7 @@ Test(train, backward_long)
  * the oracle's and nothing written outside its range; overlaps and missing buffers refused. */
 Test(train, backward_buffers_at_offsets)
 {
-    const config c = {2, 13, 9, 12, 10, 3, 0, 4, 4, 7, 0, 1, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_RAW, 0};
+    const config c = {.B = 2, .Tq = 13, .Tk = 9, .E = 12, .Ekv = 10, .H = 3, .dk = 4, .dv = 4, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT, .dropout = 0.25f, .layout = CLATTN_LAYOUT_RAW};
     problem p;
     problem_make(&p, &c, 640);
     const size_t B = 2, Tq = 13, Tk = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 4, Eo = 7, off = 11, pad = 5;
@@ -720,8 +654,8 @@ static double loss(const clattn_attention_desc *d, const clattn_attention_weight
 Test(train, oracle_backward_finite_differences)
 {
     static const config cfgs[] = {
-        {2, 5, 0, 6, 0, 2, 0, 3, 2, 4, 0, 0, 1, 1, 1, CLATTN_MASK_FLOAT, 0.25f, CLATTN_LAYOUT_LINEAR, 0},
-        {1, 4, 6, 4, 5, 2, 1, 3, 3, 3, 0, 1, 0, 1, 0, CLATTN_MASK_BOOL, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 2, .Tq = 5, .E = 6, .H = 2, .dk = 3, .dv = 2, .Eo = 4, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT, .dropout = 0.25f},
+        {.B = 1, .Tq = 4, .Tk = 6, .E = 4, .Ekv = 5, .H = 2, .HK = 1, .dk = 3, .dv = 3, .Eo = 3, .cross = 1, .biases = 1, .mask = CLATTN_MASK_BOOL},
     };
     for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
         problem p;
@@ -766,7 +700,7 @@ Test(train, oracle_backward_finite_differences)
  * "ref" on ref, none for a plan that does not train. */
 Test(train, backward_core_named)
 {
-    config c = {2, 5, 0, 8, 0, 2, 0, 4, 4, 8, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    config c = {.B = 2, .Tq = 5, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .causal = 1, .biases = 1};
     problem p;
     problem_make(&p, &c, 995);
     clattn_plan *plan = NULL;
@@ -793,7 +727,7 @@ Test(train, backward_core_named)
 
 Test(train, backward_refusals)
 {
-    const config c = {2, 5, 7, 8, 6, 2, 0, 4, 4, 8, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    const config c = {.B = 2, .Tq = 5, .Tk = 7, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .cross = 1};
     problem p;
     problem_make(&p, &c, 990);
     const size_t B = 2, Tq = 5, E = 8;
@@ -852,9 +786,9 @@ Test(train, set_weights)
 {
     /* B Tq Tk E Ekv H HK dk dv Eo window | cross causal biases kpm | mask dropout | layout */
     static const config cfgs[] = {
-        {2, 7, 0, 12, 0, 3, 0, 4, 4, 12, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
-        {2, 6, 8, 10, 6, 2, 1, 3, 5, 7, 0, 1, 0, 1, 1, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_RAW, 0},
-        {1, 9, 0, 8, 0, 2, 0, 4, 4, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .causal = 1, .biases = 1},
+        {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .HK = 1, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW},
+        {.B = 1, .Tq = 9, .E = 8, .H = 2, .dk = 4, .dv = 4, .causal = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         problem p, other;
@@ -877,7 +811,7 @@ Test(train, set_weights)
  * refusal the plan computes with its old weights, bit for bit. */
 static void set_weights_refusals_on(clattn_device *dev)
 {
-    const config c = {2, 5, 0, 8, 0, 2, 0, 4, 4, 6, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, 0, CLATTN_LAYOUT_LINEAR, 0};
+    const config c = {.B = 2, .Tq = 5, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 6, .causal = 1, .biases = 1};
     problem p, other;
     problem_make(&p, &c, 1500);
     problem_make(&other, &c, 1501);

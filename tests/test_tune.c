@@ -67,29 +67,30 @@ static void write_file(const char *text)
 static char last_core[32], last_params[128]; /* the core of plan_with_file's last plan, and its parameters */
 static char last_gemm[32], last_gemm_params[128]; /* and its GEMM core, with its parameters */
 
-/* A plan (head size d: class 0 for 8 and 4) on a fresh device reading the file; checked against the
+/* A plan (head sizes dk and dv: class 0 for 8 and 4) on a fresh device reading the file; checked against the
  * oracle; returns whether it was tuned, the device's notice (copied into notice) and its core (last_core). */
-static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t len)
+static int plan_with_heads(clattn_algorithm alg, size_t dk, size_t dv, char *notice, size_t len)
 {
     clattn_device *dev = tu_open_opencl();
     const char *n = clattn_device_tune_notice(dev);
     snprintf(notice, len, "%s", n ? n : "");
     tu_rng r = {5};
-    const size_t B = 2, T = 37, H = 4, E = H * d;
-    float *wq = tu_random(&r, E * E, -0.3f, 0.3f), *wk = tu_random(&r, E * E, -0.3f, 0.3f);
-    float *wv = tu_random(&r, E * E, -0.3f, 0.3f), *x = tu_random(&r, B * T * E, -1, 1);
-    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = d, .causal = 1,
-                                  .algorithm = alg};
+    const size_t B = 2, T = 37, H = 4, E = H * dk;
+    float *wq = tu_random(&r, H * dk * E, -0.3f, 0.3f), *wk = tu_random(&r, H * dk * E, -0.3f, 0.3f);
+    float *wv = tu_random(&r, H * dv * E, -0.3f, 0.3f), *x = tu_random(&r, B * T * E, -1, 1);
+    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = dk,
+                                  .head_dim_v = dv, .causal = 1, .algorithm = alg};
     clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
     clattn_plan *p = NULL;
     cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    float *out = tu_poisoned(B * T * E);
+    const size_t n_out = B * T * H * dv;
+    float *out = tu_poisoned(n_out);
     clattn_attention_args a = {.x = x, .out = out};
     cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    double *want = malloc(B * T * E * sizeof *want);
+    double *want = malloc(n_out * sizeof *want);
     cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
     char msg[256];
-    cr_assert_eq(oracle_compare(out, want, B * T * E, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(oracle_compare(out, want, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
     const int tuned = clattn_plan_tuned(p);
     snprintf(last_core, sizeof last_core, "%s", clattn_plan_core(p));
     snprintf(last_params, sizeof last_params, "%s", clattn_plan_core_params(p));
@@ -99,6 +100,11 @@ static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t l
     clattn_device_free(dev);
     free(wq), free(wk), free(wv), free(x), free(out), free(want);
     return tuned;
+}
+
+static int plan_with_file(clattn_algorithm alg, size_t d, char *notice, size_t len)
+{
+    return plan_with_heads(alg, d, d, notice, len);
 }
 
 typedef struct file_case {
@@ -515,4 +521,32 @@ Test(tune, limits_at_their_boundary)
     cr_assert_eq(plan_with_file(F, 8, notice, sizeof notice), 0);
     cr_assert(strstr(notice, "NUL"), "'%s'", notice);
     free(text);
+}
+
+/* One core with entries in several head-size classes: each plan takes its own class's entry, the class of
+ * max(dk, dv), also when dk and dv fall in different classes (dk 8: class 0, dv 40: class 2 is the plan's) and
+ * with the classes the other way round; a class without an entry runs the defaults, untuned. */
+Test(tune, one_core_in_several_classes)
+{
+    char head[1200], text[4096], notice[1100];
+    header(head, sizeof head);
+    snprintf(text, sizeof text, "%score flash_rows 0 ROWS=2,BK=8,VW=4\ncore flash_rows 1 ROWS=4,BK=32,VW=4\n"
+             "core flash_rows 2 ROWS=8,BK=16,VW=4\n", head);
+    write_file(text);
+    static const struct { size_t dk, dv; int tuned; const char *params; } plans[] = {
+        {8, 8, 1, "ROWS=2,BK=8,VW=4"},    /* class 0 */
+        {36, 36, 1, "ROWS=4,BK=32,VW=4"}, /* class 1 */
+        {8, 40, 1, "ROWS=4,BK=32,VW=4"},  /* dk class 0, dv class 1: the plan's class is 1 */
+        {72, 8, 1, "ROWS=8,BK=16,VW=4"},  /* dk class 2, dv class 0: 2 */
+        {132, 4, 0, NULL},                /* class 3: no entry, the defaults */
+    };
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        const int tuned = plan_with_heads(CLATTN_ALGORITHM_FUSED, plans[i].dk, plans[i].dv, notice, sizeof notice);
+        cr_assert_str_empty(notice, "dk %zu dv %zu: notice '%s'", plans[i].dk, plans[i].dv, notice);
+        cr_assert_eq(tuned, plans[i].tuned, "dk %zu dv %zu: tuned %d", plans[i].dk, plans[i].dv, tuned);
+        cr_assert_str_eq(last_core, "flash_rows");
+        if (plans[i].params)
+            cr_assert_str_eq(last_params, plans[i].params, "dk %zu dv %zu: %s", plans[i].dk, plans[i].dv,
+                             last_params);
+    }
 }

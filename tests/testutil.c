@@ -412,3 +412,57 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
     fill(&c.out_count, c.out, d->batch * c.new_tokens * plan->base->out_width);
     return clattn_decode_execute(plan, cache, &c);
 }
+
+void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    tu_rng rng = {seed};
+    clattn_attention_desc *d = &p->d;
+    d->batch = c->B, d->seq_q = c->Tq, d->seq_kv = c->cross ? c->Tk : 0, d->embed = c->E;
+    d->kv_embed = c->cross ? c->Ekv : 0, d->heads = c->H, d->kv_heads = c->HK, d->head_dim_qk = c->dk;
+    d->head_dim_v = c->dv, d->out_dim = c->Eo, d->window = c->window, d->cross = c->cross, d->causal = c->causal;
+    d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
+    d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
+    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->dk, dv = c->dv;
+    const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
+    if (!c->noproj) {
+        p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
+        p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
+        p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
+    }
+    if (c->biases && !c->noproj) {
+        p->w.b_query = p->bufs[p->nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
+        p->w.b_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk, -0.5f, 0.5f);
+        p->w.b_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv, -0.5f, 0.5f);
+    }
+    if (c->Eo) {
+        p->w.w_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo * H * dv, -so, so);
+        if (c->biases) p->w.b_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo, -0.5f, 0.5f);
+    }
+    p->a.x = p->bufs[p->nb++] = tu_random(&rng, B * Tq * E, -2.0f, 2.0f);
+    if (c->cross) p->a.kv = p->bufs[p->nb++] = tu_random(&rng, B * Tk * Ekv, -2.0f, 2.0f);
+    if (c->kpm) {
+        p->kpm = calloc(B * Tk, 1);
+        for (size_t i = 0; i < B * Tk; i++) p->kpm[i] = tu_next(&rng) % 4 == 0;
+        if (B > 1) memset(p->kpm + (B - 1) * Tk, 1, Tk); /* a fully masked batch entry: lse -inf, context 0 */
+        p->a.key_padding_mask = p->kpm;
+    }
+    if (c->mask == CLATTN_MASK_BOOL) {
+        p->bmask = calloc(Tq * Tk, 1);
+        for (size_t i = 0; i < Tq * Tk; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
+        p->a.attn_mask = p->bmask;
+    } else if (c->mask == CLATTN_MASK_FLOAT) {
+        float *fm = p->bufs[p->nb++] = tu_random(&rng, Tq * Tk, -2.0f, 2.0f);
+        for (size_t i = 0; i < Tq * Tk; i++)
+            if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
+        p->a.attn_mask = fm;
+    }
+}
+
+void tu_problem_free(tu_problem *p)
+{
+    for (int i = 0; i < p->nb; i++) free(p->bufs[i]);
+    free(p->kpm);
+    free(p->bmask);
+}

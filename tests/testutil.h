@@ -60,6 +60,37 @@ const clattn_core_info *tu_forced_core(void);
  * Helpers that go over both algorithms return early for the cases another entry runs. */
 int tu_core_applies(clattn_algorithm alg, int need_weights);
 
+/* One attention problem of the test families (test_core, test_train), best written with designated initializers,
+ * {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .causal = 1}: fields left out are 0 (no cross,
+ * no masks, HK = H, no window, LINEAR layout, dropout 0, inference). */
+typedef struct tu_attn_case {
+    size_t B, Tq, Tk, E, Ekv, H, HK, dk, dv, Eo, window;
+    int cross, causal, biases, kpm;
+    clattn_mask_kind mask;
+    float dropout;
+    clattn_layout layout; /* the weights' layout (the random arrays read as RAW's (in, out) when RAW) */
+    int noproj;           /* no weights at all: x (and kv) are Q, K and V, heads of E/H (dk = dv = E/H, Eo = 0) */
+    int training;         /* a training plan: lse and context are outputs too */
+    int kv_half;          /* K and V rounded to half (kv_half; inference only) */
+    int need_weights;     /* the attention weights are wanted (cores that produce them) */
+} tu_attn_case;
+
+/* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask
+ * masks a quarter of the keys and, with B > 1, the last batch entry whole; a bool mask a third; a float mask has
+ * -inf at a fifth), and the description; everything the oracle and the plans read. */
+typedef struct tu_problem {
+    clattn_attention_desc d;
+    clattn_attention_weights w;
+    clattn_attention_args a;
+    float *bufs[16];
+    int nb;
+    uint8_t *kpm, *bmask;
+    const clattn_attention_weights *first; /* plans are created with these, then given w (clattn_plan_set_weights);
+                                              NULL: created with w */
+} tu_problem;
+void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed);
+void tu_problem_free(tu_problem *p);
+
 /* A golden case directory (tests/golden/cases/NAME), loaded. */
 typedef struct tu_case {
     char name[256];

@@ -591,3 +591,38 @@ def test_one_module_from_four_threads(device):
     for th in threads:
         th.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_module_in_eval_and_train_mode(device):
+    """Each Python module against torch in both modes: from_torch carries eval semantics, so a module in training
+    mode converts only when it has no dropout to apply (then torch's train-mode output is its eval output, and
+    clattn's equals it), is refused naming eval() when it has, and converts after eval(); the autograd module
+    applies dropout in train() (two steps differ) and none in eval() (torch's eval output)."""
+    t = need_torch()
+    ca = pytest.importorskip("clattn.autograd")
+    x = t.randn(2, 6, 16)
+    for p in (0.0, 0.25):
+        mha = torch_mha(dropout=p).train()
+        enc = t.nn.TransformerEncoderLayer(16, 4, 24, dropout=p, batch_first=True).train()
+        for m, call in ((mha, lambda m, x: m(x, x, x, need_weights=False)[0]), (enc, lambda m, x: m(x))):
+            if p > 0:
+                with pytest.raises(clattn.InvalidArgumentError, match="training mode.*eval"):
+                    clattn.from_torch(m, device=device)
+                m.eval()
+            with t.no_grad():
+                want = call(m, x)
+            got = clattn.from_torch(m, device=device)(x) if m is enc else \
+                clattn.from_torch(m, device=device).forward(x, x, x)[0]
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), **TOL)
+    t.manual_seed(3)
+    ref = t.nn.MultiheadAttention(16, 4, dropout=0.25, batch_first=True)
+    mine = ca.MultiheadAttention(16, 4, dropout=0.25, batch_first=True, device=device)
+    mine.load_state_dict(ref.state_dict())
+    mine.train()
+    a, b = mine(x, x, x)[0], mine(x, x, x)[0]
+    assert not t.allclose(a, b), "train(): each step draws its own dropout"
+    ref.eval(), mine.eval()
+    with t.no_grad():
+        np.testing.assert_allclose(mine(x, x, x)[0].detach().numpy(), ref(x, x, x, need_weights=False)[0].numpy(),
+                                   **TOL)

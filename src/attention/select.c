@@ -87,20 +87,22 @@ static clattn_status read_env(env_request *r, clattn_core_kind kind)
     if (flash && *flash) {
         if (strcmp(flash, "rows") != 0 && strcmp(flash, "tiled") != 0)
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_FLASH='%s': expected rows or tiled", flash);
-        r->force = clattn_core_find(flash[0] == 'r' ? "flash_rows" : "flash_tiled");
+        r->force = clattn_core_legacy("CLATTN_FLASH", flash, NULL);
         r->var = "CLATTN_FLASH";
     } else if (alg && *alg) {
         if (strcmp(alg, "fused") != 0 && strcmp(alg, "unfused") != 0 && strcmp(alg, "auto") != 0)
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_ATTENTION='%s': expected fused, unfused or "
                                "auto", alg);
-        if (strcmp(alg, "unfused") == 0) r->force = clattn_core_find("unfused"), r->auto_only = 1, r->var = "CLATTN_ATTENTION";
+        r->force = clattn_core_legacy("CLATTN_ATTENTION", alg, NULL); /* fused and auto force none */
+        if (r->force) r->auto_only = 1, r->var = "CLATTN_ATTENTION";
     }
     if (sm && *sm) {
         if (strcmp(sm, "rows") != 0 && strcmp(sm, "item") != 0)
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "CLATTN_SOFTMAX='%s': expected rows or item", sm);
-        r->param_core = clattn_core_find("unfused");
+        const char *params = "";
+        r->param_core = clattn_core_legacy("CLATTN_SOFTMAX", sm, &params);
         r->param_var = "CLATTN_SOFTMAX";
-        snprintf(r->params, sizeof r->params, "SOFTMAX=%s", sm);
+        snprintf(r->params, sizeof r->params, "%s", params);
     }
     return CLATTN_STATUS_SUCCESS;
 }

@@ -140,7 +140,7 @@ static clattn_status shell_init(struct clattn_plan *p)
     /* CLBlast's parameters from the tuning file (set on the device at open) run its GEMMs */
     const clattn_tune_table *tn = clattn_tune_active(p->device);
     if (tn && (tn->has_blas[CLATTN_BLAS_XGEMM] || tn->has_blas[CLATTN_BLAS_XGEMM_DIRECT]) &&
-        c->lin.gemm_core.core == clattn_core_find("gemm_clblast") && (p->has_qkv || p->has_out))
+        c->lin.gemm_core.core && c->lin.gemm_core.core->uses_clblast && (p->has_qkv || p->has_out))
         p->tuned = 1;
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
@@ -156,13 +156,6 @@ static clattn_status shell_init(struct clattn_plan *p)
 const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 {
     return p->ops == &clattn_backend_opencl && p->backend_state ? &state(p)->lin : NULL;
-}
-
-static void release_marks(shell *c)
-{
-    for (int i = 0; i < c->nmarks; i++)
-        if (c->marks[i]) clReleaseEvent(c->marks[i]);
-    c->nmarks = 0;
 }
 
 #define SHELL_MEMS(c)                                                                                         \
@@ -185,7 +178,7 @@ static void shell_release(struct clattn_plan *p)
 {
     shell *c = state(p);
     if (!c) return;
-    release_marks(c);
+    clattn_marks_release(&c->marks);
     clattn_shell_train_release(&c->train);
     clattn_core_destroy(&c->core);
     cl_mem *mems[] = SHELL_MEMS(c);
@@ -203,14 +196,7 @@ static void shell_release(struct clattn_plan *p)
 static clattn_status mark(struct clattn_plan *p, int stage)
 {
     if (!p->profiling) return CLATTN_STATUS_SUCCESS;
-    shell *c = state(p);
-    if (stage < 0) release_marks(c);
-    if (c->nmarks >= (int)(sizeof c->marks / sizeof c->marks[0]))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
-    CL_CHECK(clEnqueueMarkerWithWaitList(p->device->queue, 0, NULL, &c->marks[c->nmarks]),
-             "clEnqueueMarkerWithWaitList");
-    c->mark_stage[c->nmarks++] = stage;
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_marks_put(&state(p)->marks, p->device->queue, stage);
 }
 
 static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
@@ -318,19 +304,11 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
 
 static clattn_status shell_stage_times(struct clattn_plan *p, double ms[CLATTN_NSTAGES])
 {
-    shell *c = state(p);
-    for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = 0.0;
-    if (!p->profiling || c->nmarks == 0) return CLATTN_STATUS_SUCCESS;
-    CL_CHECK(clWaitForEvents((cl_uint)c->nmarks, c->marks), "waiting for the profiled pass");
-    cl_ulong prev = 0;
-    for (int k = 0; k < c->nmarks; k++) {
-        cl_ulong t = 0;
-        CL_CHECK(clGetEventProfilingInfo(c->marks[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
-                 "reading profiling timestamps");
-        if (k > 0 && t > prev) ms[c->mark_stage[k]] += (double)(t - prev) * 1e-6;
-        prev = t;
+    if (!p->profiling) {
+        for (int s = 0; s < CLATTN_NSTAGES; s++) ms[s] = 0.0;
+        return CLATTN_STATUS_SUCCESS;
     }
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_marks_times(&state(p)->marks, ms, CLATTN_NSTAGES);
 }
 
 static int shell_produces_weights(const struct clattn_plan *p) { return p->core && p->core->produces_weights; }

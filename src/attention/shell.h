@@ -37,10 +37,7 @@ typedef struct shell {
     cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
     cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
-    /* profiling markers: marks[0] at the start, marks[k] at the end of stage mark_stage[k] */
-    cl_event marks[16];
-    int mark_stage[16];
-    int nmarks;
+    clattn_marks marks; /* profiling markers of the last pass */
 } shell;
 
 typedef struct run_io {

@@ -136,7 +136,8 @@ static int plot(const char *dir, const float *full, const float *causal)
     return 0;
 }
 
-int clattn_cli_demo(int argc, char **argv)
+/* The flags: --device SPEC and --plot DIR, each at most once; 0 to go on, else the exit status (-1: --help, 0). */
+static int demo_flags(int argc, char **argv, const char **spec_out, const char **plot_out)
 {
     const char *spec = NULL, *plot_dir = NULL;
     for (int i = 1; i < argc; i++) {
@@ -148,7 +149,7 @@ int clattn_cli_demo(int argc, char **argv)
                    "  --device SPEC: the device (default: $CLATTN_DEVICE, else opencl, else ref)\n"
                    "  --plot DIR: also write the attention weights to DIR (created when missing) and draw them as\n"
                    "              PNG heat maps through the Python package (CLATTN_PYTHON picks the interpreter)\n");
-            return 0;
+            return -1;
         }
         if (strcmp(a, "--device") != 0 && strcmp(a, "--plot") != 0) {
             fprintf(stderr, "clattn demo: unknown %s '%s' (usage: clattn demo [--device SPEC] [--plot DIR])\n",
@@ -166,19 +167,15 @@ int clattn_cli_demo(int argc, char **argv)
         if (strcmp(a, "--device") == 0) spec = argv[++i];
         else plot_dir = argv[++i];
     }
-    int made = 0;
-    if (plot_dir && (clattn_cli_check_dir("clattn demo", "--plot", plot_dir, 1) ||
-                     clattn_cli_make_dir("clattn demo", "--plot", plot_dir, &made)))
-        return 1;
-    int code = 1;
-    clattn_device *dev = clattn_cli_open_device("clattn demo", spec, &code);
-    if (!dev) return code;
-    printf("clattn demo on: %s\n", clattn_device_name(dev));
-    printf("Inputs: \"Your journey starts with one step\" (6 tokens x 3), from tutorials 001/002.\n\n");
-    const float *x = &clattn_tut_inputs[0][0];
-    float out[64], attn[3 * 36], plot_full[36], plot_causal[36];
-    int rc = 1;
+    *spec_out = spec, *plot_out = plot_dir;
+    return 0;
+}
 
+/* Tutorials 001 to 003 on their six tokens: attention without weights, SelfAttention_v1 (plain and causal: the
+ * weights the plot draws), SelfAttention_v2, the multi-head class. 0, or 1 when a plan fails. */
+static int demo_tutorial001(clattn_device *dev, const float *x, float *out, float *attn, float *plot_full,
+                            float *plot_causal, const char *plot_dir)
+{
     /* 1. attention without trainable weights: Q = K = V = x, no scaling */
     printf("== 1. Simple attention without trainable weights (tutorial 001) ==\n");
     float scores[36];
@@ -190,7 +187,7 @@ int clattn_cli_demo(int argc, char **argv)
         }
     print_tensor("attn_scores = inputs @ inputs.T   (printed for reference, computed on the host)", scores, 6, 6);
     clattn_attention_desc d = {.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .scale = 1.0f};
-    if (run_once(dev, &d, NULL, x, out, attn)) goto done;
+    if (run_once(dev, &d, NULL, x, out, attn)) return 1;
     print_tensor("attn_weights = softmax(attn_scores, dim=-1)", attn, 6, 6);
     check("attention weights match tutorial 001", attn, &clattn_tut001_simple_attn_printed[0][0], 36, 5.001e-5);
     print_tensor("all_context_vecs = attn_weights @ inputs", out, 6, 3);
@@ -207,9 +204,9 @@ int clattn_cli_demo(int argc, char **argv)
                                    .w_value_count = CNT(clattn_tut001_sa_v1_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2,
                                 .layout = CLATTN_LAYOUT_RAW};
-    if (run_once(dev, &d, &w1, x, out, attn)) goto done;
+    if (run_once(dev, &d, &w1, x, out, attn)) return 1;
     print_tensor("attn_weights = softmax(queries @ keys.T / sqrt(2))", attn, 6, 6);
-    if (plot_dir) memcpy(plot_full, attn, sizeof plot_full);
+    if (plot_dir) memcpy(plot_full, attn, 36 * sizeof *plot_full);
     check("attention weights match tutorial 002", attn, &clattn_tut001_sa_v1_attn_printed[0][0], 36, 5.001e-5);
     print_tensor("context_vec = sa_v1(inputs)", out, 6, 2);
     check("context vectors match tutorials 001/002", out, &clattn_tut001_sa_v1_context_printed[0][0], 12, 5.001e-5);
@@ -217,9 +214,9 @@ int clattn_cli_demo(int argc, char **argv)
     /* 3. the same weights with a causal mask */
     printf("== 3. SelfAttention_v1 with a causal mask (query i sees keys j <= i) ==\n");
     d.causal = 1;
-    if (run_once(dev, &d, &w1, x, out, attn)) goto done;
+    if (run_once(dev, &d, &w1, x, out, attn)) return 1;
     print_tensor("masked attn_weights", attn, 6, 6);
-    if (plot_dir) memcpy(plot_causal, attn, sizeof plot_causal);
+    if (plot_dir) memcpy(plot_causal, attn, 36 * sizeof *plot_causal);
     print_tensor("context_vec (causal)", out, 6, 2);
     printf("  (no tutorial prints this table; tests/golden/cases/tut001_sa_v1_causal checks it against PyTorch)\n\n");
 
@@ -232,7 +229,7 @@ int clattn_cli_demo(int argc, char **argv)
                                    .w_key_count = CNT(clattn_tut001_sa_v2_w_key),
                                    .w_value_count = CNT(clattn_tut001_sa_v2_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 1, .head_dim_qk = 2};
-    if (run_once(dev, &d, &w2, x, out, attn)) goto done;
+    if (run_once(dev, &d, &w2, x, out, attn)) return 1;
     print_tensor("context_vec = sa_v2(inputs)", out, 6, 2);
     check("context vectors match tutorial 001", out, &clattn_tut001_sa_v2_context_printed[0][0], 12, 5.001e-5);
 
@@ -251,11 +248,18 @@ int clattn_cli_demo(int argc, char **argv)
                                    .b_out_count = CNT(clattn_tut001_mha3_b_out)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 6, .embed = 3, .heads = 3, .head_dim_qk = 2, .out_dim = 6,
                                 .causal = 1};
-    if (run_once(dev, &d, &w3, x, out, attn)) goto done;
+    if (run_once(dev, &d, &w3, x, out, attn)) return 1;
     print_tensor("context_vecs = mha(inputs)", out, 6, 6);
     check("context vectors match PyTorch (eval mode, 1e-5)", out, &clattn_tut001_mha3_context_torch[0][0], 36,
           1e-5 + 1e-4);
 
+    return 0;
+}
+
+/* Tutorial 004: d_k != d_v on its eight tokens. */
+static int demo_tutorial004(clattn_device *dev, float *out, float *attn)
+{
+    clattn_attention_desc d;
     /* 6. d_q = d_k = 3, d_v = 4 (tutorial 004) */
     printf("== 6. d_k != d_v (tutorial 004): \"My shoes are small, my feet are big.\" (8 tokens x 2) ==\n");
     printf("  W_query, W_key (3 x 2) and W_value (4 x 2) from torch.manual_seed(123), used as W.matmul(x)\n");
@@ -265,13 +269,20 @@ int clattn_cli_demo(int argc, char **argv)
                                    .w_key_count = CNT(clattn_tut004_w_key),
                                    .w_value_count = CNT(clattn_tut004_w_value)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 1, .head_dim_qk = 3, .head_dim_v = 4};
-    if (run_once(dev, &d, &w4, &clattn_tut004_embedded[0][0], out, attn)) goto done;
+    if (run_once(dev, &d, &w4, &clattn_tut004_embedded[0][0], out, attn)) return 1;
     print_tensor("attention_weights_2 (query 2, \"shoes\")", attn + 8, 1, 8);
     check("weights of query 2 match tutorial 004", attn + 8, clattn_tut004_attn_token2_printed, 8, 5.001e-5);
     print_tensor("context_vector_2", out + 4, 1, 4);
     check("context vector 2 matches tutorial 004", out + 4, clattn_tut004_context_token2_printed, 4, 5.001e-5);
     print_tensor("all context vectors", out, 8, 4);
 
+    return 0;
+}
+
+/* Tutorial 004's encoder block: the attention, the Add & Norm kernel alone, then the whole layer in one plan. */
+static int demo_encoder(clattn_device *dev)
+{
+    clattn_attention_desc d;
     /* 7. the encoder block of tutorial 004: MHA + residual + LayerNorm, FeedForward + residual + LayerNorm */
     printf("\n== 7. Encoder block (tutorial 004): MultiHeadSelfAttention(d_model=2, num_heads=2) + Add & Norm,\n"
            "      FeedForward(2, 4) (Linear, ReLU, Linear) + Add & Norm, on the same 8 tokens ==\n");
@@ -292,7 +303,7 @@ int clattn_cli_demo(int argc, char **argv)
                                    .b_out_count = CNT(clattn_tut004_enc_b_out)};
     d = (clattn_attention_desc){.batch = 1, .seq_q = 8, .embed = 2, .heads = 2, .head_dim_qk = 1, .out_dim = 2};
     float mha_out[16], normed[16], enc_out[16];
-    if (run_once(dev, &d, &we, xe, mha_out, NULL)) goto done;
+    if (run_once(dev, &d, &we, xe, mha_out, NULL)) return 1;
     print_tensor("MHA output", mha_out, 8, 2);
     check("MHA output matches tutorial 004", mha_out, &clattn_tut004_enc_mha_out_printed[0][0], 16, 5.001e-5);
     /* Add & Norm: the encoder's residual + LayerNorm kernel alone on this device (ref: the reference) */
@@ -300,7 +311,7 @@ int clattn_cli_demo(int argc, char **argv)
                                                       clattn_tut004_enc_ln1_bias, 1e-5f, -1, NULL, normed);
     if (st != CLATTN_STATUS_SUCCESS) {
         fprintf(stderr, "clattn demo: %s: %s\n", clattn_status_string(st), clattn_last_error());
-        goto done;
+        return 1;
     }
     print_tensor("Add & Norm = layer_norm_1(x + mha_out)", normed, 8, 2);
     check("Add & Norm matches tutorial 004", normed, &clattn_tut004_enc_add_norm_printed[0][0], 16, 5.001e-5);
@@ -331,11 +342,33 @@ int clattn_cli_demo(int argc, char **argv)
         fprintf(stderr, "clattn demo: %s: %s\n", clattn_status_string(st), clattn_last_error());
         const char *log = clattn_last_build_log();
         if (log[0]) fprintf(stderr, "%s\n", log);
-        goto done;
+        return 1;
     }
     print_tensor("Final encoder output = layer_norm_2(normed + ffn(normed))   (one clattn encoder plan)", enc_out, 8, 2);
     check("final encoder output matches tutorial 004", enc_out, &clattn_tut004_enc_out_printed[0][0], 16, 5.001e-5);
 
+    return 0;
+}
+
+int clattn_cli_demo(int argc, char **argv)
+{
+    const char *spec = NULL, *plot_dir = NULL;
+    const int flagged = demo_flags(argc, argv, &spec, &plot_dir);
+    if (flagged) return flagged < 0 ? 0 : flagged;
+    int made = 0;
+    if (plot_dir && (clattn_cli_check_dir("clattn demo", "--plot", plot_dir, 1) ||
+                     clattn_cli_make_dir("clattn demo", "--plot", plot_dir, &made)))
+        return 1;
+    int code = 1;
+    clattn_device *dev = clattn_cli_open_device("clattn demo", spec, &code);
+    if (!dev) return code;
+    printf("clattn demo on: %s\n", clattn_device_name(dev));
+    printf("Inputs: \"Your journey starts with one step\" (6 tokens x 3), from tutorials 001/002.\n\n");
+    float out[64], attn[3 * 36], plot_full[36], plot_causal[36];
+    int rc = 1;
+    if (demo_tutorial001(dev, &clattn_tut_inputs[0][0], out, attn, plot_full, plot_causal, plot_dir) ||
+        demo_tutorial004(dev, out, attn) || demo_encoder(dev))
+        goto done;
     printf("%s on %s\n", mismatches ? "SOME TABLES DIFFER from the tutorials" : "All tables match the tutorials",
            clattn_device_name(dev));
     rc = mismatches ? 1 : 0;

@@ -641,289 +641,321 @@ done:
     return st;
 }
 
-/* ---------------------------------------------------------------- the command */
+/* ---------------------------------------------------------------- the command, step by step */
 
-int clattn_cli_run(int argc, char **argv)
-{
+/* A gradient for every differentiable input given (--backward), the shape of its file. */
+static const int grad_of[] = {F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
+static const char *const grad_names[] = {"grad_x.npy", "grad_kv.npy", "grad_w_query.npy", "grad_w_key.npy",
+                                         "grad_w_value.npy", "grad_b_query.npy", "grad_b_key.npy",
+                                         "grad_b_value.npy", "grad_w_out.npy", "grad_b_out.npy"};
+enum { NGRADS = sizeof grad_of / sizeof grad_of[0] };
+
+/* Everything one `clattn run` holds, freed together. */
+typedef struct run_state {
     run_opts o;
-    int code = parse_flags(argc, argv, &o);
-    if (code >= 0) return code;
-    if (clattn_cli_check_dir("clattn run", "--in", o.in, 0) || clattn_cli_check_dir("clattn run", "--out", o.out, 1))
-        return EXIT_INPUT;
-
     inputs in;
-    memset(&in, 0, sizeof in);
     dims d;
-    clattn_device *dev = NULL;
-    clattn_plan *plan = NULL;
-    float *out = NULL, *attn = NULL, *lse = NULL, *ctx = NULL, *grads[10] = {NULL};
-    code = EXIT_INPUT;
-
-    if (load_inputs(o.in, &in) || check_shapes(&in, o.heads, o.kv_heads, &d)) goto done;
-    /* the flags that need self-attention, or a length, known only now */
-    if ((o.seen_window || o.seen_decode) && d.cross) {
-        say("%s needs self-attention: kv.npy is given (cross-attention)", o.seen_decode ? "--decode-from" : "--window");
-        code = EXIT_USAGE;
-        goto done;
-    }
-    if (o.seen_decode && o.decode_from > d.Tq) {
-        say("--decode-from %zu: must be from 1 to T = %zu (the tokens of x.npy)", o.decode_from, d.Tq);
-        code = EXIT_USAGE;
-        goto done;
-    }
-    if (in.has[F_GOUT] && !o.backward) {
-        say("grad_out.npy is in --in, but --backward is not given: it would be ignored");
-        code = EXIT_USAGE;
-        goto done;
-    }
-    if (o.backward && !in.has[F_GOUT]) {
-        say("--backward needs grad_out.npy in --in (the gradient of the loss by out, the shape of out.npy)");
-        goto done;
-    }
-    if (o.seen_decode && (in.has[F_KPM] || in.has[F_MASK])) {
-        say("--decode-from with %s: decode steps take no masks", in.has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
-        code = EXIT_USAGE;
-        goto done;
-    }
-
     clattn_attention_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.batch = d.B;
-    desc.seq_q = d.Tq;
-    desc.embed = d.E;
-    desc.cross = d.cross;
-    desc.seq_kv = d.cross ? d.Tk : 0;
-    desc.kv_embed = d.cross ? d.Ekv : 0;
-    desc.heads = d.H;
-    desc.head_dim_qk = d.weights ? d.dk : 0;
-    desc.head_dim_v = d.weights ? d.dv : 0;
-    desc.out_dim = d.out_proj ? d.Eo : 0;
-    desc.causal = o.causal;
-    desc.attn_mask = !in.has[F_MASK] ? CLATTN_MASK_NONE
-                   : in.a[F_MASK].dtype == CLATTN_NPY_F32 ? CLATTN_MASK_FLOAT : CLATTN_MASK_BOOL;
-    desc.key_padding_mask = in.has[F_KPM];
-    desc.scale = o.scale;
-    desc.dropout = o.dropout;
-    desc.seed = o.seed;
-    desc.layout = CLATTN_LAYOUT_LINEAR;
-    desc.algorithm = o.algorithm;
-    desc.precision = o.precision;
-    desc.need_weights = o.need_weights;
-    desc.kv_heads = o.kv_heads;
-    desc.window = o.window;
-    desc.kv_half = o.kv_half;
-    desc.training = o.backward || o.lse;
-
     clattn_attention_weights w;
-    memset(&w, 0, sizeof w);
-    w.w_query = in.has[F_WQ] ? in.a[F_WQ].data : NULL;
-    w.w_key = in.has[F_WK] ? in.a[F_WK].data : NULL;
-    w.w_value = in.has[F_WV] ? in.a[F_WV].data : NULL;
-    w.b_query = in.has[F_BQ] ? in.a[F_BQ].data : NULL;
-    w.b_key = in.has[F_BK] ? in.a[F_BK].data : NULL;
-    w.b_value = in.has[F_BV] ? in.a[F_BV].data : NULL;
-    w.w_out = in.has[F_WO] ? in.a[F_WO].data : NULL;
-    w.b_out = in.has[F_BO] ? in.a[F_BO].data : NULL;
-    /* every array with its element count, as read from its file */
-    w.w_query_count = in.has[F_WQ] ? in.a[F_WQ].count : 0;
-    w.w_key_count = in.has[F_WK] ? in.a[F_WK].count : 0;
-    w.w_value_count = in.has[F_WV] ? in.a[F_WV].count : 0;
-    w.b_query_count = in.has[F_BQ] ? in.a[F_BQ].count : 0;
-    w.b_key_count = in.has[F_BK] ? in.a[F_BK].count : 0;
-    w.b_value_count = in.has[F_BV] ? in.a[F_BV].count : 0;
-    w.w_out_count = in.has[F_WO] ? in.a[F_WO].count : 0;
-    w.b_out_count = in.has[F_BO] ? in.a[F_BO].count : 0;
+    clattn_attention_args args;
+    clattn_device *dev;
+    clattn_plan *plan;
+    float *out, *attn, *lse, *ctx, *grads[NGRADS];
+    size_t out_width, n_out, n_attn, n_lse, n_ctx;
+    double t_plan, t_exec, t_backward; /* ms */
+    int code;                          /* the exit status when a step fails */
+} run_state;
 
-    /* output sizes, before any device work */
-    const size_t out_width = d.out_proj ? d.Eo : d.H * d.dv;
-    size_t n_out, n_attn = 0, t;
-    if (!mul_ok(d.B, d.Tq, &t) || !mul_ok(t, out_width, &n_out) || !mul_ok(n_out, sizeof(float), &t) ||
-        (o.need_weights && (!mul_ok(d.B, d.H, &t) || !mul_ok(t, d.Tq, &t) || !mul_ok(t, d.Tk, &n_attn) ||
-                            !mul_ok(n_attn, sizeof(float), &t)))) {
-        say("the outputs for B=%zu, H=%zu, Tq=%zu, Tk=%zu are too large for this machine", d.B, d.H, d.Tq, d.Tk);
-        goto done;
+/* The flags that need self-attention, or a length, known only once the inputs are read. */
+static int check_combination(run_state *r)
+{
+    const run_opts *o = &r->o;
+    const inputs *in = &r->in;
+    if ((o->seen_window || o->seen_decode) && r->d.cross) {
+        say("%s needs self-attention: kv.npy is given (cross-attention)", o->seen_decode ? "--decode-from" : "--window");
+        return r->code = EXIT_USAGE, -1;
     }
-
-    dev = clattn_cli_open_device("clattn run", o.device, &code);
-    if (!dev) goto done;
-    code = EXIT_INPUT;
-
-    if (o.seen_decode) { /* --decode-from: the same description through a decode plan and a KV cache */
-        /* without Q/K/V weights the heads split x, as the plan path does */
-        out = malloc(n_out * sizeof *out);
-        if (!out) {
-            say("out of memory allocating the outputs (%zu floats)", n_out);
-            goto done;
-        }
-        size_t parts = 1;
-        double ms = 0.0;
-        char core[32] = "";
-        clattn_status st = decode_run(dev, desc, &w, &d, o.decode_from, in.a[F_X].data, out_width, out, &parts, &ms,
-                                      core, sizeof core);
-        if (st != CLATTN_STATUS_SUCCESS) {
-            say("decoding on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st), clattn_last_error());
-            goto done;
-        }
-        if (o.verbose) {
-            fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
-            fprintf(stderr, "clattn run: B=%zu T=%zu E=%zu heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu window=%zu "
-                    "kv=%s\n", d.B, d.Tq, d.E, d.H, o.kv_heads, d.dk, d.dv, out_width, o.window,
-                    o.kv_half ? "half" : "float");
-            fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
-                    "parts); %.1f ms\n", o.decode_from, d.Tq - o.decode_from, parts, ms);
-            fprintf(stderr, "clattn run: core %s\n", core);
-        }
-        if (write_outputs(o.out, &d, out_width, out, NULL) == 0) code = EXIT_OK;
-        goto done;
+    if (o->seen_decode && o->decode_from > r->d.Tq) {
+        say("--decode-from %zu: must be from 1 to T = %zu (the tokens of x.npy)", o->decode_from, r->d.Tq);
+        return r->code = EXIT_USAGE, -1;
     }
-    const double t0 = clattn_cli_now_ms();
-    clattn_status st = clattn_plan_create(dev, &desc, &w, &plan);
-    const double t1 = clattn_cli_now_ms();
+    if (in->has[F_GOUT] && !o->backward) {
+        say("grad_out.npy is in --in, but --backward is not given: it would be ignored");
+        return r->code = EXIT_USAGE, -1;
+    }
+    if (o->backward && !in->has[F_GOUT]) {
+        say("--backward needs grad_out.npy in --in (the gradient of the loss by out, the shape of out.npy)");
+        return -1;
+    }
+    if (o->seen_decode && (in->has[F_KPM] || in->has[F_MASK])) {
+        say("--decode-from with %s: decode steps take no masks", in->has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
+        return r->code = EXIT_USAGE, -1;
+    }
+    return 0;
+}
+
+/* The description and the weights from the flags and the files (every array with its count, as read), and the
+ * outputs' sizes, before any device work. */
+static int describe(run_state *r)
+{
+    const run_opts *o = &r->o;
+    const inputs *in = &r->in;
+    const dims *d = &r->d;
+    clattn_attention_desc *desc = &r->desc;
+    memset(desc, 0, sizeof *desc);
+    desc->batch = d->B, desc->seq_q = d->Tq, desc->embed = d->E, desc->cross = d->cross;
+    desc->seq_kv = d->cross ? d->Tk : 0, desc->kv_embed = d->cross ? d->Ekv : 0, desc->heads = d->H;
+    desc->head_dim_qk = d->weights ? d->dk : 0, desc->head_dim_v = d->weights ? d->dv : 0;
+    desc->out_dim = d->out_proj ? d->Eo : 0, desc->causal = o->causal;
+    desc->attn_mask = !in->has[F_MASK] ? CLATTN_MASK_NONE
+                    : in->a[F_MASK].dtype == CLATTN_NPY_F32 ? CLATTN_MASK_FLOAT : CLATTN_MASK_BOOL;
+    desc->key_padding_mask = in->has[F_KPM], desc->scale = o->scale, desc->dropout = o->dropout, desc->seed = o->seed;
+    desc->layout = CLATTN_LAYOUT_LINEAR, desc->algorithm = o->algorithm, desc->precision = o->precision;
+    desc->need_weights = o->need_weights, desc->kv_heads = o->kv_heads, desc->window = o->window;
+    desc->kv_half = o->kv_half, desc->training = o->backward || o->lse;
+
+    static const int files[] = {F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
+    clattn_attention_weights *w = &r->w;
+    memset(w, 0, sizeof *w);
+    const float **data[] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
+                            &w->b_out};
+    size_t *counts[] = {&w->w_query_count, &w->w_key_count, &w->w_value_count, &w->b_query_count, &w->b_key_count,
+                        &w->b_value_count, &w->w_out_count, &w->b_out_count};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        if (in->has[files[i]]) *data[i] = in->a[files[i]].data, *counts[i] = in->a[files[i]].count;
+
+    r->out_width = d->out_proj ? d->Eo : d->H * d->dv;
+    size_t t;
+    if (!mul_ok(d->B, d->Tq, &t) || !mul_ok(t, r->out_width, &r->n_out) || !mul_ok(r->n_out, sizeof(float), &t) ||
+        (o->need_weights && (!mul_ok(d->B, d->H, &t) || !mul_ok(t, d->Tq, &t) || !mul_ok(t, d->Tk, &r->n_attn) ||
+                             !mul_ok(r->n_attn, sizeof(float), &t)))) {
+        say("the outputs for B=%zu, H=%zu, Tq=%zu, Tk=%zu are too large for this machine", d->B, d->H, d->Tq, d->Tk);
+        return -1;
+    }
+    r->n_lse = d->B * d->H * d->Tq, r->n_ctx = d->B * d->Tq * d->H * d->dv;
+    return 0;
+}
+
+/* --decode-from: the same description through a decode plan and a KV cache (without Q/K/V weights the heads
+ * split x, as the plan path does), out.npy written. */
+static int run_decode_steps(run_state *r)
+{
+    const run_opts *o = &r->o;
+    const dims *d = &r->d;
+    if (!(r->out = malloc(r->n_out * sizeof *r->out))) {
+        say("out of memory allocating the outputs (%zu floats)", r->n_out);
+        return -1;
+    }
+    size_t parts = 1;
+    double ms = 0.0;
+    char core[32] = "";
+    clattn_status st = decode_run(r->dev, r->desc, &r->w, d, o->decode_from, r->in.a[F_X].data, r->out_width, r->out,
+                                  &parts, &ms, core, sizeof core);
     if (st != CLATTN_STATUS_SUCCESS) {
-        say("creating the attention plan on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+        say("decoding on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st), clattn_last_error());
+        return -1;
+    }
+    if (o->verbose) {
+        fprintf(stderr, "clattn run: device %s\n", clattn_device_name(r->dev));
+        fprintf(stderr, "clattn run: B=%zu T=%zu E=%zu heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu window=%zu "
+                "kv=%s\n", d->B, d->Tq, d->E, d->H, o->kv_heads, d->dk, d->dv, r->out_width, o->window,
+                o->kv_half ? "half" : "float");
+        fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
+                "parts); %.1f ms\n", o->decode_from, d->Tq - o->decode_from, parts, ms);
+        fprintf(stderr, "clattn run: core %s\n", core);
+    }
+    return write_outputs(o->out, d, r->out_width, r->out, NULL);
+}
+
+/* The plan and one execution: out, and attn, lse and the context (for the backward) as asked. */
+static int run_forward(run_state *r)
+{
+    const dims *d = &r->d;
+    const inputs *in = &r->in;
+    const double t0 = clattn_cli_now_ms();
+    clattn_status st = clattn_plan_create(r->dev, &r->desc, &r->w, &r->plan);
+    r->t_plan = clattn_cli_now_ms() - t0;
+    if (st != CLATTN_STATUS_SUCCESS) {
+        say("creating the attention plan on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st),
             clattn_last_error());
-        goto done;
+        return -1;
     }
     clattn_cli_notice("clattn run");
-    if (clattn_plan_out_width(plan) != out_width) { /* cannot happen: the shapes were checked */
-        say("internal error: the plan's output width %zu is not the expected %zu", clattn_plan_out_width(plan),
-            out_width);
-        goto done;
+    if (clattn_plan_out_width(r->plan) != r->out_width) { /* cannot happen: the shapes were checked */
+        say("internal error: the plan's output width %zu is not the expected %zu", clattn_plan_out_width(r->plan),
+            r->out_width);
+        return -1;
     }
-    out = malloc(n_out * sizeof *out);
-    attn = o.need_weights ? malloc(n_attn * sizeof *attn) : NULL;
-    if (!out || (o.need_weights && !attn)) {
-        say("out of memory allocating the outputs (%zu + %zu floats)", n_out, n_attn);
-        goto done;
+    r->out = malloc(r->n_out * sizeof *r->out);
+    r->attn = r->o.need_weights ? malloc(r->n_attn * sizeof *r->attn) : NULL;
+    if (!r->out || (r->o.need_weights && !r->attn)) {
+        say("out of memory allocating the outputs (%zu + %zu floats)", r->n_out, r->n_attn);
+        return -1;
     }
-    clattn_attention_args args;
-    memset(&args, 0, sizeof args);
-    args.x = in.a[F_X].data;
-    args.kv = d.cross ? in.a[F_KV].data : NULL;
-    args.key_padding_mask = in.has[F_KPM] ? in.a[F_KPM].data : NULL;
-    args.attn_mask = in.has[F_MASK] ? in.a[F_MASK].data : NULL;
-    args.out = out;
-    args.attn = attn;
-    args.x_count = in.a[F_X].count;
-    args.kv_count = d.cross ? in.a[F_KV].count : 0;
-    args.key_padding_mask_count = in.has[F_KPM] ? in.a[F_KPM].count : 0;
-    args.attn_mask_count = in.has[F_MASK] ? in.a[F_MASK].count : 0;
-    args.out_count = n_out;
-    args.attn_count = attn ? n_attn : 0;
+    clattn_attention_args *args = &r->args;
+    memset(args, 0, sizeof *args);
+    args->x = in->a[F_X].data, args->x_count = in->a[F_X].count;
+    if (d->cross) args->kv = in->a[F_KV].data, args->kv_count = in->a[F_KV].count;
+    if (in->has[F_KPM]) args->key_padding_mask = in->a[F_KPM].data, args->key_padding_mask_count = in->a[F_KPM].count;
+    if (in->has[F_MASK]) args->attn_mask = in->a[F_MASK].data, args->attn_mask_count = in->a[F_MASK].count;
+    args->out = r->out, args->out_count = r->n_out;
+    args->attn = r->attn, args->attn_count = r->attn ? r->n_attn : 0;
     /* a training plan: the rows' log-sum-exp (and for the backward the context, so that it recomputes neither) */
-    const size_t n_lse = d.B * d.H * d.Tq, n_ctx = d.B * d.Tq * d.H * d.dv;
-    if (desc.training) {
-        lse = malloc(n_lse * sizeof *lse);
-        ctx = o.backward ? malloc(n_ctx * sizeof *ctx) : NULL;
-        if (!lse || (o.backward && !ctx)) {
+    if (r->desc.training) {
+        r->lse = malloc(r->n_lse * sizeof *r->lse);
+        r->ctx = r->o.backward ? malloc(r->n_ctx * sizeof *r->ctx) : NULL;
+        if (!r->lse || (r->o.backward && !r->ctx)) {
             say("out of memory allocating the training statistics");
-            goto done;
+            return -1;
         }
-        args.lse = lse, args.lse_count = n_lse;
-        args.context = ctx, args.context_count = ctx ? n_ctx : 0;
+        args->lse = r->lse, args->lse_count = r->n_lse;
+        args->context = r->ctx, args->context_count = r->ctx ? r->n_ctx : 0;
     }
     const double t2 = clattn_cli_now_ms();
-    st = clattn_plan_execute(plan, &args);
-    const double t3 = clattn_cli_now_ms();
+    st = clattn_plan_execute(r->plan, args);
+    r->t_exec = clattn_cli_now_ms() - t2;
     if (st != CLATTN_STATUS_SUCCESS) {
-        say("running attention on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
+        say("running attention on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st),
             clattn_last_error());
-        goto done;
+        return -1;
     }
-    /* --backward: a gradient for every differentiable input given, the shape of its file */
-    static const int grad_of[] = {F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
-    static const char *const grad_names[] = {"grad_x.npy", "grad_kv.npy", "grad_w_query.npy", "grad_w_key.npy",
-                                             "grad_w_value.npy", "grad_b_query.npy", "grad_b_key.npy",
-                                             "grad_b_value.npy", "grad_w_out.npy", "grad_b_out.npy"};
-    enum { NGRADS = sizeof grad_of / sizeof grad_of[0] };
-    double t5 = 0.0, t4 = 0.0;
-    if (o.backward) {
-        const clattn_npy *go = &in.a[F_GOUT];
-        const size_t want_nd = d.two_d ? 2 : 3;
-        if (go->dtype != CLATTN_NPY_F32 || (size_t)go->ndim != want_nd || go->count != n_out ||
-            go->shape[go->ndim - 1] != out_width || go->shape[go->ndim - 2] != d.Tq) {
-            char have[96];
-            say("grad_out.npy: %s %s, expected float32 with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
-                shape_str(go, have, sizeof have), d.two_d ? "" : "B, ", d.Tq, out_width);
-            goto done;
-        }
-        clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = lse,
-                                    .lse_count = n_lse, .context = ctx, .context_count = n_ctx};
-        float **slots[NGRADS] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
-                                 &g.grad_b_query, &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
-        size_t *counts[NGRADS] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
-                                  &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count,
-                                  &g.grad_b_value_count, &g.grad_w_out_count, &g.grad_b_out_count};
-        for (int i = 0; i < NGRADS; i++) {
-            if (!in.has[grad_of[i]]) continue;
-            if (!(grads[i] = malloc((in.a[grad_of[i]].count ? in.a[grad_of[i]].count : 1) * sizeof(float)))) {
-                say("out of memory allocating the gradients");
-                goto done;
-            }
-            *slots[i] = grads[i], *counts[i] = in.a[grad_of[i]].count;
-        }
-        clattn_attention_args ba = args;
-        ba.out = NULL, ba.attn = NULL, ba.lse = NULL, ba.context = NULL;
-        ba.out_count = ba.attn_count = ba.lse_count = ba.context_count = 0;
-        t4 = clattn_cli_now_ms();
-        st = clattn_plan_backward(plan, &ba, &g);
-        t5 = clattn_cli_now_ms();
-        if (st != CLATTN_STATUS_SUCCESS) {
-            say("the backward pass on %s: %s: %s", clattn_device_name(dev), clattn_status_string(st),
-                clattn_last_error());
-            goto done;
-        }
+    return 0;
+}
+
+/* --backward: grad_out.npy checked against out's shape, then a gradient for every differentiable input given. */
+static int run_backward(run_state *r)
+{
+    const dims *d = &r->d;
+    const inputs *in = &r->in;
+    const clattn_npy *go = &in->a[F_GOUT];
+    const size_t want_nd = d->two_d ? 2 : 3;
+    if (go->dtype != CLATTN_NPY_F32 || (size_t)go->ndim != want_nd || go->count != r->n_out ||
+        go->shape[go->ndim - 1] != r->out_width || go->shape[go->ndim - 2] != d->Tq) {
+        char have[96];
+        say("grad_out.npy: %s %s, expected float32 with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
+            shape_str(go, have, sizeof have), d->two_d ? "" : "B, ", d->Tq, r->out_width);
+        return -1;
     }
-    if (o.verbose) {
-        clattn_attention_desc r;
-        if (clattn_plan_desc(plan, &r) == CLATTN_STATUS_SUCCESS) {
-            const clattn_algorithm alg = clattn_plan_algorithm(plan);
-            fprintf(stderr, "clattn run: device %s\n", clattn_device_name(dev));
-            fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu "
-                    "causal=%s window=%zu kv=%s scale=%g precision=%s\n",
-                    r.batch, r.seq_q, r.cross ? r.seq_kv : r.seq_q, r.embed, r.cross ? " (cross)" : "", r.heads,
-                    r.kv_heads, r.head_dim_qk, r.head_dim_v, out_width, r.causal ? "yes" : "no", r.window,
-                    r.kv_half ? "half" : "float", (double)r.scale,
-                    r.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
-            fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",
-                    alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(plan),
-                    clattn_plan_core_params(plan)[0] ? " (" : "", clattn_plan_core_params(plan),
-                    clattn_plan_core_params(plan)[0] ? ")" : "", t1 - t0, t3 - t2);
-            const char *gp = clattn_plan_gemm_params(plan);
-            fprintf(stderr, "clattn run: gemm %s%s%s%s\n", clattn_plan_gemm(plan), gp[0] ? " (" : "", gp, gp[0] ? ")" : "");
-            const char *tf = clattn_device_tune_file(dev), *tn = clattn_device_tune_notice(dev);
-            fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(plan) ? "yes, from " : "no",
-                    clattn_plan_tuned(plan) ? tf : "");
-            if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
-            if (o.backward) {
-                const char *bp = clattn_plan_backward_core_params(plan);
-                fprintf(stderr, "clattn run: backward core %s%s%s%s, %.1f ms\n", clattn_plan_backward_core(plan),
-                        bp[0] ? " (" : "", bp, bp[0] ? ")" : "", t5 - t4);
-            }
+    clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = r->lse,
+                                .lse_count = r->n_lse, .context = r->ctx, .context_count = r->n_ctx};
+    float **slots[NGRADS] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
+                             &g.grad_b_query, &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
+    size_t *counts[NGRADS] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+                              &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count,
+                              &g.grad_b_value_count, &g.grad_w_out_count, &g.grad_b_out_count};
+    for (int i = 0; i < NGRADS; i++) {
+        if (!in->has[grad_of[i]]) continue;
+        if (!(r->grads[i] = malloc((in->a[grad_of[i]].count ? in->a[grad_of[i]].count : 1) * sizeof(float)))) {
+            say("out of memory allocating the gradients");
+            return -1;
         }
+        *slots[i] = r->grads[i], *counts[i] = in->a[grad_of[i]].count;
     }
+    clattn_attention_args ba = r->args;
+    ba.out = NULL, ba.attn = NULL, ba.lse = NULL, ba.context = NULL;
+    ba.out_count = ba.attn_count = ba.lse_count = ba.context_count = 0;
+    const double t4 = clattn_cli_now_ms();
+    clattn_status st = clattn_plan_backward(r->plan, &ba, &g);
+    r->t_backward = clattn_cli_now_ms() - t4;
+    if (st != CLATTN_STATUS_SUCCESS) {
+        say("the backward pass on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st),
+            clattn_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* -v: what ran (device, shapes, algorithm, cores, times, tuning). */
+static void report(const run_state *r)
+{
+    clattn_attention_desc d;
+    if (clattn_plan_desc(r->plan, &d) != CLATTN_STATUS_SUCCESS) return;
+    const clattn_algorithm alg = clattn_plan_algorithm(r->plan);
+    fprintf(stderr, "clattn run: device %s\n", clattn_device_name(r->dev));
+    fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu "
+            "causal=%s window=%zu kv=%s scale=%g precision=%s\n",
+            d.batch, d.seq_q, d.cross ? d.seq_kv : d.seq_q, d.embed, d.cross ? " (cross)" : "", d.heads,
+            d.kv_heads, d.head_dim_qk, d.head_dim_v, r->out_width, d.causal ? "yes" : "no", d.window,
+            d.kv_half ? "half" : "float", (double)d.scale, d.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
+    const char *cp = clattn_plan_core_params(r->plan);
+    fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",
+            alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(r->plan),
+            cp[0] ? " (" : "", cp, cp[0] ? ")" : "", r->t_plan, r->t_exec);
+    const char *gp = clattn_plan_gemm_params(r->plan);
+    fprintf(stderr, "clattn run: gemm %s%s%s%s\n", clattn_plan_gemm(r->plan), gp[0] ? " (" : "", gp, gp[0] ? ")" : "");
+    const char *tf = clattn_device_tune_file(r->dev), *tn = clattn_device_tune_notice(r->dev);
+    fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(r->plan) ? "yes, from " : "no",
+            clattn_plan_tuned(r->plan) ? tf : "");
+    if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
+    if (r->o.backward) {
+        const char *bp = clattn_plan_backward_core_params(r->plan);
+        fprintf(stderr, "clattn run: backward core %s%s%s%s, %.1f ms\n", clattn_plan_backward_core(r->plan),
+                bp[0] ? " (" : "", bp, bp[0] ? ")" : "", r->t_backward);
+    }
+}
+
+/* out.npy, and attn.npy, lse.npy and the gradients as asked: all of them or none. */
+static int write_results(const run_state *r)
+{
+    const dims *d = &r->d;
     out_file files[MAX_OUT_FILES];
     int nf = 0;
-    files[nf++] = shaped("out.npy", out, &d, d.Tq, out_width, 0);
-    if (attn) files[nf++] = shaped("attn.npy", attn, &d, d.H, d.Tq, d.Tk);
-    if (o.lse) files[nf++] = shaped("lse.npy", lse, &d, d.H, d.Tq, 0);
-    for (int i = 0; i < NGRADS && o.backward; i++) {
-        if (!grads[i]) continue;
-        const clattn_npy *src = &in.a[grad_of[i]];
-        out_file f = {grad_names[i], grads[i], src->ndim, {0}};
+    files[nf++] = shaped("out.npy", r->out, d, d->Tq, r->out_width, 0);
+    if (r->attn) files[nf++] = shaped("attn.npy", r->attn, d, d->H, d->Tq, d->Tk);
+    if (r->o.lse) files[nf++] = shaped("lse.npy", r->lse, d, d->H, d->Tq, 0);
+    for (int i = 0; i < NGRADS && r->o.backward; i++) {
+        if (!r->grads[i]) continue;
+        const clattn_npy *src = &r->in.a[grad_of[i]];
+        out_file f = {grad_names[i], r->grads[i], src->ndim, {0}};
         for (int k = 0; k < src->ndim && k < 4; k++) f.shape[k] = src->shape[k];
         files[nf++] = f;
     }
-    if (write_files(o.out, files, nf) == 0) code = EXIT_OK;
+    return write_files(r->o.out, files, nf);
+}
 
-done:
-    free(out);
-    free(attn);
-    free(lse);
-    free(ctx);
-    for (int i = 0; i < 10; i++) free(grads[i]);
-    clattn_plan_free(plan);
-    clattn_device_free(dev);
-    inputs_free(&in);
+static void run_state_free(run_state *r)
+{
+    free(r->out);
+    free(r->attn);
+    free(r->lse);
+    free(r->ctx);
+    for (int i = 0; i < NGRADS; i++) free(r->grads[i]);
+    clattn_plan_free(r->plan);
+    clattn_device_free(r->dev);
+    inputs_free(&r->in);
+}
+
+/* clattn run: the inputs read and checked, the plan (or the decode steps) run, the outputs written whole. */
+static int run_steps(run_state *r)
+{
+    if (load_inputs(r->o.in, &r->in) || check_shapes(&r->in, r->o.heads, r->o.kv_heads, &r->d) ||
+        check_combination(r) || describe(r))
+        return -1;
+    if (!(r->dev = clattn_cli_open_device("clattn run", r->o.device, &r->code))) return -1;
+    r->code = EXIT_INPUT;
+    if (r->o.seen_decode) return run_decode_steps(r);
+    if (run_forward(r) || (r->o.backward && run_backward(r))) return -1;
+    if (r->o.verbose) report(r);
+    return write_results(r);
+}
+
+int clattn_cli_run(int argc, char **argv)
+{
+    run_state *r = calloc(1, sizeof *r);
+    if (!r) {
+        say("out of memory");
+        return EXIT_INPUT;
+    }
+    int code = parse_flags(argc, argv, &r->o);
+    if (code < 0) {
+        code = EXIT_INPUT;
+        if (!clattn_cli_check_dir("clattn run", "--in", r->o.in, 0) &&
+            !clattn_cli_check_dir("clattn run", "--out", r->o.out, 1)) {
+            r->code = EXIT_INPUT;
+            code = run_steps(r) == 0 ? EXIT_OK : r->code;
+        }
+    }
+    run_state_free(r);
+    free(r);
     return code;
 }

@@ -2,13 +2,12 @@
  *
  * A core is one kernel family behind one interface: the attention core of a plan,
  * softmax(Q K^T * scale + masks) V, from Q/K/V rows in device memory to the merged output rows, or the
- * matrix products around it.
- *   prefill cores   run a whole attention plan's core (unfused, flash_rows, flash_tiled)
- *   decode cores    run a decode step against a KV cache (decode_attend)
+ * matrix products around it, or its backward. Four kinds (registry.c lists the cores of each; `clattn cores`):
+ *   prefill cores   run a whole attention plan's core (the flash family, flash.c, and the unfused core)
+ *   decode cores    run a decode step against a KV cache (the decode family, decode_family.c)
  *   GEMM cores      run every GEMM a plan makes: the projections, the feed-forward layers, the unfused
- *                   core's batched score and context products (gemm_tiles, gemm_clblast)
+ *                   core's batched score and context products
  *   backward cores  run a training plan's attention backward, dQ, dK, dV from the context's gradient
- *                   (flash_backward)
  * Each is one const clattn_core, listed in registry.c's table of its kind. A plan never names a core:
  * select.c (attention layer) picks one from the table, the tuning file and the environment, builds it with
  * its parameters, and runs it on buffer views. A core knows the device only through its capabilities and
@@ -135,6 +134,8 @@ struct clattn_core {
     int adds_biases;             /* adds the Q/K/V biases itself (else the projections do); a GEMM core: adds a
                                     call's bias row to C as it stores it (else the caller fills C with it first) */
     int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */
+    int uses_clblast;            /* a GEMM core that runs CLBlast's kernels: the tuning file's CLBlast parameters
+                                    (the device's, set at open) are its tuning, and clattn_tune searches them */
     const clattn_core_param *params; /* its tuning space */
     int nparams;
     const char *const *test_configs; /* NULL-terminated "P=V,..." sets the test suite runs, each as a ctest
@@ -156,6 +157,12 @@ struct clattn_core {
     /* Do parameters from a file or the environment fit d and the device? (NULL: any valid values do) */
     int (*fits)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                 const clattn_core_params *p);
+    /* Bytes of local memory its kernel declares for d and parameters p, as its fits() counts them against the
+     * device's (NULL: none). The family's build checks the compiled kernel's CL_KERNEL_LOCAL_MEM_SIZE against it
+     * (clattn_core_check_local), so that the C side's tile geometry and the kernel's __local arrays cannot drift
+     * apart unseen. */
+    size_t (*local_bytes)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                          const clattn_core_params *p);
     /* Floats of device memory it allocates for d (the plan's memory check; NULL: none). */
     size_t (*workspace)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                         const clattn_core_layout *lay);
@@ -172,9 +179,13 @@ struct clattn_core {
 };
 
 /* ---- the registry (registry.c): every core, in one table per kind */
-size_t clattn_core_total(void);                  /* cores of both kinds */
+size_t clattn_core_total(void);                  /* cores of every kind */
 const clattn_core *clattn_core_at(size_t i);     /* the i-th (prefill first), NULL past the end */
 const clattn_core *clattn_core_find(const char *name);
+/* The core that a variable of clattn 0.1-0.3 forces with this value (CLATTN_FLASH=rows|tiled,
+ * CLATTN_ATTENTION=unfused, CLATTN_SOFTMAX=rows|item: the unfused core with that SOFTMAX), and in *params the
+ * parameters it sets ("" for none); NULL when the value forces no core. */
+const clattn_core *clattn_core_legacy(const char *var, const char *value, const char **params);
 const char *clattn_core_kind_name(clattn_core_kind kind); /* "prefill", "decode", "gemm", "backward" */
 /* AUTO's i-th choice of `kind` on this device class for head-size class cls (NULL past the last): the
  * first that supports a plan and builds serves it. */
@@ -190,6 +201,13 @@ int clattn_core_param_index(const clattn_core *core, const char *name); /* -1: n
 int clattn_core_param_valid(const clattn_core_param *param, size_t v);  /* one of its values? */
 
 /* ---- helpers the cores share (core_args.c) */
+/* What a kernel may use beyond its declared local arrays (the implementation's own): fits() keeps this much of the
+ * device's local memory free, and the check below allows it. */
+#define CLATTN_LOCAL_SLACK 256
+/* The compiled kernel k of core for d and p uses no more local memory (CL_KERNEL_LOCAL_MEM_SIZE) than the core's
+ * local_bytes counts, plus CLATTN_LOCAL_SLACK; else BUILD_FAILURE naming both numbers. */
+clattn_status clattn_core_check_local(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                      const clattn_core_params *p, cl_kernel k);
 /* The mask arguments every attention kernel takes (common/mask.cl): key padding mask and offset,
  * attention mask and offset, then Tq, Tk and H. */
 void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d);

@@ -71,6 +71,24 @@ size_t clattn_core_head_vector(size_t dk, size_t dv)
 
 size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
 
+clattn_status clattn_core_check_local(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
+                                      const clattn_core_params *p, cl_kernel k)
+{
+    cl_ulong used = 0;
+    CL_CHECK(clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof used, &used, NULL),
+             "querying a kernel's local memory");
+    const size_t counted = core->local_bytes ? core->local_bytes(core, &dev->caps, d, p) : 0;
+    if (used > (cl_ulong)counted + CLATTN_LOCAL_SLACK) {
+        char params[200];
+        clattn_core_param_defines(core, p, -1, 0, params, sizeof params);
+        return clattn_fail(CLATTN_STATUS_BUILD_FAILURE, "%s (%s, dk = %zu, dv = %zu): its kernel uses %llu bytes of "
+                           "local memory, its description counts %zu (+%d): the C side's tile geometry and the "
+                           "kernel's __local arrays disagree", core->name, params, d->head_dim_qk, d->head_dim_v,
+                           (unsigned long long)used, counted, CLATTN_LOCAL_SLACK);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage)
 {
     return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;

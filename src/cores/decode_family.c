@@ -102,6 +102,7 @@ static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int
                                "takes %zu work-items per work-group)", s->core->name,
                                s->core->params[spec->group].name, wg, allowed);
     }
+    TRY(clattn_core_check_local(s->core, s->dev, &s->d, &s->p, v->attend));
     if (with_combine) TRY(clattn_kernel_create(v->prog, "decode_combine", &s->combine));
     return CLATTN_STATUS_SUCCESS;
 }

@@ -95,6 +95,14 @@ static const clattn_decode_spec spec = {
  * loops and cost minutes of PoCL compilation per configuration (cold caches). */
 static const char *const test_configs[] = {"-", "WG=64,LANES=1,KT=1,VW=1,R=1", "WG=32,LANES=4,KT=1,R=2", NULL};
 
+/* the local arrays, for the family's check against the compiled kernel */
+static size_t local_of(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                       const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return local_floats(d, p) * sizeof(float);
+}
+
 const clattn_core clattn_core_decode_group = {
     .name = "decode_group",
     .kind = CLATTN_CORE_DECODE,
@@ -106,6 +114,7 @@ const clattn_core clattn_core_decode_group = {
     .supports = clattn_decode_supports,
     .defaults = defaults,
     .fits = fits,
+    .local_bytes = local_of,
     .workspace = clattn_decode_workspace,
     .build = clattn_decode_build,
     .run_decode = clattn_decode_run,

@@ -147,6 +147,11 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         }
         s->p = smaller;
     }
+    clattn_status checked = clattn_core_check_local(core, dev, d, &s->p, s->k);
+    if (checked != CLATTN_STATUS_SUCCESS) {
+        clattn_flash_release(s);
+        return checked;
+    }
     s->parts = spec->split >= 0 ? s->p.v[spec->split] : 1;
     if (s->parts > 1) {
         clattn_status st = clattn_kernel_create(s->prog, "flash_combine", &s->k_combine);

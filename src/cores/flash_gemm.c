@@ -69,7 +69,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (d->head_dim_qk % p->v[VW] || d->head_dim_v % p->v[VW]) return 0;
     if (accumulators(d->head_dim_v, p) > MAX_ACC) return 0;
     if (accumulators(d->head_dim_v, p) + prefetch(d->head_dim_qk, d->head_dim_v, p) > MAX_LIVE) return 0;
-    return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
+    return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
 }
 
 /* Starting points per head-size class, by construction (not yet measured on a GPU: the table is where H100
@@ -116,6 +116,14 @@ static const clattn_flash_spec spec = {
     .group = group, .shrink = BQ, .split = SPLIT,
 };
 
+/* the local arrays, for the family's check against the compiled kernel */
+static size_t local_of(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                       const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return local_bytes(d->head_dim_qk, d->head_dim_v, p);
+}
+
 const clattn_core clattn_core_flash_gemm = {
     .name = "flash_gemm",
     .kind = CLATTN_CORE_PREFILL,
@@ -130,6 +138,7 @@ const clattn_core clattn_core_flash_gemm = {
     .fits = fits,
     .build = clattn_flash_build,
     .run = clattn_flash_run,
+    .local_bytes = local_of,
     .workspace = workspace,
     .device_bytes = clattn_flash_device_bytes,
     .release = clattn_flash_release,

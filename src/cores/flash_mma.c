@@ -59,7 +59,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (caps && wg > caps->max_work_group) return 0;
     if (!d) return 1;
     if (registers(d->head_dim_qk, d->head_dim_v, p) > MAX_REGS) return 0;
-    return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
+    return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
 }
 
 /* Starting points per head-size class, by construction and ptx-check (sm_90, clang + ptxas: indicative, not
@@ -123,6 +123,14 @@ static const clattn_flash_spec spec = {
     .group = group, .shrink = NW, .split = SPLIT, .defines = defines,
 };
 
+/* the local arrays, for the family's check against the compiled kernel */
+static size_t local_of(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                       const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return local_bytes(caps, d->head_dim_qk, d->head_dim_v, p);
+}
+
 const clattn_core clattn_core_flash_mma = {
     .name = "flash_mma",
     .kind = CLATTN_CORE_PREFILL,
@@ -139,6 +147,7 @@ const clattn_core clattn_core_flash_mma = {
     .fits = fits,
     .build = clattn_flash_build,
     .run = clattn_flash_run,
+    .local_bytes = local_of,
     .workspace = workspace,
     .device_bytes = clattn_flash_device_bytes,
     .release = clattn_flash_release,

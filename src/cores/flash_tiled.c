@@ -30,7 +30,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     const size_t wg = p->v[BQ] * p->v[NS];
     if (wg > MAX_GROUP) return 0;
     if (caps && wg > caps->max_work_group) return 0;
-    return !caps || !d || local_bytes(d->head_dim_qk, d->head_dim_v, p) + 256 <= caps->local_mem;
+    return !caps || !d || local_bytes(d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
 }
 
 /* NS work-items per query row so that each holds at most 16 value columns, BQ rows per work-group (at most
@@ -48,7 +48,7 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     size_t bq = 32;
     while (bq * ns > cap) bq /= 2;
     p->v[BQ] = bq, p->v[BKT] = 32, p->v[NS] = ns;
-    while (local_bytes(d->head_dim_qk, dv, p) + 256 > caps->local_mem) {
+    while (local_bytes(d->head_dim_qk, dv, p) + CLATTN_LOCAL_SLACK > caps->local_mem) {
         if (p->v[BKT] > 8) p->v[BKT] /= 2;
         else if (p->v[BQ] > 1) p->v[BQ] /= 2;
         else return 0;
@@ -64,6 +64,14 @@ static const clattn_flash_spec spec = {
     .group = group, .shrink = BQ, .split = -1,
 };
 
+/* the local arrays, for the family's check against the compiled kernel */
+static size_t local_of(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                       const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    return local_bytes(d->head_dim_qk, d->head_dim_v, p);
+}
+
 const clattn_core clattn_core_flash_tiled = {
     .name = "flash_tiled",
     .kind = CLATTN_CORE_PREFILL,
@@ -75,6 +83,7 @@ const clattn_core clattn_core_flash_tiled = {
     .supports = clattn_flash_supports_tiles,
     .defaults = defaults,
     .fits = fits,
+    .local_bytes = local_of,
     .build = clattn_flash_build,
     .run = clattn_flash_run,
     .release = clattn_flash_release,

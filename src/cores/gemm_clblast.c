@@ -46,6 +46,7 @@ static void release(void *state) { (void)state; }
 const clattn_core clattn_core_gemm_clblast = {
     .name = "gemm_clblast",
     .kind = CLATTN_CORE_GEMM,
+    .uses_clblast = 1,
     .supports = supports,
     .defaults = defaults,
     .build = build,

@@ -36,6 +36,31 @@ static const clattn_core *const backward[] = {
 };
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
+
+/* The variables of clattn 0.1-0.3 that forced a core, by value (select.c reads the variables and refuses other
+ * values): the core and the parameters each value names. */
+static const struct legacy {
+    const char *var, *value;
+    const clattn_core *core;
+    const char *params;
+} legacy[] = {
+    {"CLATTN_FLASH", "rows", &clattn_core_flash_rows, ""},
+    {"CLATTN_FLASH", "tiled", &clattn_core_flash_tiled, ""},
+    {"CLATTN_ATTENTION", "unfused", &clattn_core_unfused, ""},
+    {"CLATTN_SOFTMAX", "rows", &clattn_core_unfused, "SOFTMAX=rows"},
+    {"CLATTN_SOFTMAX", "item", &clattn_core_unfused, "SOFTMAX=item"},
+};
+
+const clattn_core *clattn_core_legacy(const char *var, const char *value, const char **params)
+{
+    for (size_t i = 0; i < COUNT(legacy); i++)
+        if (strcmp(legacy[i].var, var) == 0 && strcmp(legacy[i].value, value) == 0) {
+            if (params) *params = legacy[i].params;
+            return legacy[i].core;
+        }
+    if (params) *params = "";
+    return NULL;
+}
 #define MAX_ORDER 8
 
 /* AUTO's order of preference: the first rule whose device class matches (-1: any) and whose head-size

@@ -26,27 +26,13 @@ struct clattn_decode_cl {
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
     cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
-    /* profiling markers of the last step: marks[0] at its start, marks[k] at the end of stage mark_stage[k] */
-    cl_event marks[8];
-    int mark_stage[8], nmarks;
+    clattn_marks marks;        /* profiling markers of the last step */
 };
-
-static void release_marks(struct clattn_decode_cl *c)
-{
-    for (int i = 0; i < c->nmarks; i++)
-        if (c->marks[i]) clReleaseEvent(c->marks[i]);
-    c->nmarks = 0;
-}
 
 /* A marker at the end of `stage` (-1: the step's start, which drops the last step's markers). */
 static clattn_status mark(struct clattn_decode_cl *c, const clattn_device *dev, int stage)
 {
-    if (stage < 0) release_marks(c);
-    if (c->nmarks >= (int)(sizeof c->marks / sizeof c->marks[0]))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
-    CL_CHECK(clEnqueueMarkerWithWaitList(dev->queue, 0, NULL, &c->marks[c->nmarks]), "enqueueing a profiling marker");
-    c->mark_stage[c->nmarks++] = stage;
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_marks_put(&c->marks, dev->queue, stage);
 }
 
 /* One step's pass (or the warm-up at plan creation: every launch with no work). */
@@ -123,7 +109,7 @@ static void cl_release(clattn_decode_plan *dp)
     clattn_linear_release(&c->lin);
     clattn_kernel_release(&c->k_append);
     if (c->counts_written) clReleaseEvent(c->counts_written);
-    release_marks(c);
+    clattn_marks_release(&c->marks);
     free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
@@ -244,19 +230,7 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
 
 static clattn_status cl_stage_times(clattn_decode_plan *dp, double *ms)
 {
-    struct clattn_decode_cl *c = dp->cl;
-    for (int s = 0; s < CLATTN_DECODE_STAGE_COUNT; s++) ms[s] = 0.0;
-    if (c->nmarks == 0) return CLATTN_STATUS_SUCCESS;
-    CL_CHECK(clWaitForEvents((cl_uint)c->nmarks, c->marks), "waiting for the profiled step");
-    cl_ulong prev = 0;
-    for (int k = 0; k < c->nmarks; k++) {
-        cl_ulong t = 0;
-        CL_CHECK(clGetEventProfilingInfo(c->marks[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
-                 "reading profiling timestamps");
-        if (k > 0 && t > prev) ms[c->mark_stage[k]] += (double)(t - prev) * 1e-6;
-        prev = t;
-    }
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_marks_times(&dp->cl->marks, ms, CLATTN_DECODE_STAGE_COUNT);
 }
 
 static const char *cl_core(const clattn_decode_plan *dp) { return dp->base->core ? dp->base->core->name : ""; }

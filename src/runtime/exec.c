@@ -1,6 +1,7 @@
 /* exec.c: the OpenCL execution shell shared by the attention and encoder plans: the host
  * path (uploads, the pass, completion, the output read last) and the buffer path (the
- * caller's wait list, the pass, a completion event). The passes only enqueue. */
+ * caller's wait list, the pass, a completion event). The passes only enqueue. And the stage times of a
+ * profiled pass, from its markers. */
 #include "runtime.h"
 
 clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *in, int nin, clattn_pass_fn pass,
@@ -44,5 +45,37 @@ clattn_status clattn_exec_buffers(const clattn_device *dev, cl_uint nwait, const
     if (nwait) CL_CHECK(clEnqueueBarrierWithWaitList(dev->queue, nwait, wait, NULL), "waiting for the wait list");
     TRY(pass(ctx));
     if (event) CL_CHECK(clEnqueueMarkerWithWaitList(dev->queue, 0, NULL, event), "enqueueing the completion event");
+    return CLATTN_STATUS_SUCCESS;
+}
+
+void clattn_marks_release(clattn_marks *m)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->ev[i]) clReleaseEvent(m->ev[i]);
+    m->n = 0;
+}
+
+clattn_status clattn_marks_put(clattn_marks *m, cl_command_queue q, int stage)
+{
+    if (stage < 0) clattn_marks_release(m);
+    if (m->n >= CLATTN_MAX_MARKS) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "too many profiling markers");
+    CL_CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, &m->ev[m->n]), "enqueueing a profiling marker");
+    m->stage[m->n++] = stage;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_marks_times(const clattn_marks *m, double *ms, int nstages)
+{
+    for (int s = 0; s < nstages; s++) ms[s] = 0.0;
+    if (m->n == 0) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clWaitForEvents((cl_uint)m->n, m->ev), "waiting for the profiled pass");
+    cl_ulong prev = 0;
+    for (int k = 0; k < m->n; k++) {
+        cl_ulong t = 0;
+        CL_CHECK(clGetEventProfilingInfo(m->ev[k], CL_PROFILING_COMMAND_END, sizeof t, &t, NULL),
+                 "reading profiling timestamps");
+        if (k > 0 && t > prev && m->stage[k] >= 0 && m->stage[k] < nstages) ms[m->stage[k]] += (double)(t - prev) * 1e-6;
+        prev = t;
+    }
     return CLATTN_STATUS_SUCCESS;
 }

@@ -279,6 +279,21 @@ clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *
 clattn_status clattn_exec_buffers(const clattn_device *dev, cl_uint nwait, const cl_event *wait,
                                   clattn_pass_fn pass, void *ctx, cl_event *event);
 
+/* Stage times of a profiled pass (exec.c; the attention shell's and the decode plan's): markers enqueued as the
+ * pass goes, ev[0] at its start and ev[k] at the end of stage stage[k]; a stage's time is the sum over its markers
+ * of the marker's end minus the end of the marker before it. */
+#define CLATTN_MAX_MARKS 16
+typedef struct clattn_marks {
+    cl_event ev[CLATTN_MAX_MARKS];
+    int stage[CLATTN_MAX_MARKS];
+    int n;
+} clattn_marks;
+/* A marker at the end of `stage` (-1: the start of a pass, which drops the last pass's markers). */
+clattn_status clattn_marks_put(clattn_marks *m, cl_command_queue q, int stage);
+/* ms[0 .. nstages-1]: each stage's milliseconds in the last pass (all 0 when none was marked); waits for it. */
+clattn_status clattn_marks_times(const clattn_marks *m, double *ms, int nstages);
+void clattn_marks_release(clattn_marks *m);
+
 /* ---- numeric conventions shared by the kernels and the CPU reference (numeric.c) */
 /* IEEE half precision, round to nearest even (vstore_half_rte's rounding), in plain C. */
 uint16_t clattn_float_to_half(float f);

@@ -479,6 +479,14 @@ static clattn_status make_backward(search *s, const size_t *q, uint64_t seed)
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* The GEMM core that runs CLBlast (the registry's flag; NULL: none registered). */
+static const clattn_core *clblast_core(void)
+{
+    for (size_t i = 0; clattn_core_at(i); i++)
+        if (clattn_core_at(i)->kind == CLATTN_CORE_GEMM && clattn_core_at(i)->uses_clblast) return clattn_core_at(i);
+    return NULL;
+}
+
 /* CLBlast's own parameters for kernel k (runtime/blas_params.c) within phase_ms: the shape's attention call
  * (Xgemm: its projections), or its unfused call (XgemmDirect: the batched score and context GEMMs), timed with
  * CLBlast running the GEMMs, for random sets drawn from the space CLBlast's tuner searches. What CLBlast runs
@@ -487,12 +495,13 @@ static clattn_status make_backward(search *s, const size_t *q, uint64_t seed)
  * rounds, CLBlast's generic parameters. The process is left with the kept set, or the file's, or the generic. */
 static void search_blas(search *s, clattn_tune_table *keep, double phase_ms, clattn_blas_kernel k)
 {
+    if (!clblast_core()) return;
     const double start = now_ms();
     s->deadline = start + 0.8 * phase_ms;
     const clattn_algorithm saved = s->d.algorithm;
     if (k == CLATTN_BLAS_XGEMM_DIRECT) s->d.algorithm = CLATTN_ALGORITHM_UNFUSED;
     s->kind = CLATTN_CORE_GEMM;
-    const candidate blas = {clattn_core_find("gemm_clblast"), NULL};
+    const candidate blas = {clblast_core(), NULL};
     const char *name = clattn_blas_kernel_name(k);
     const double base = run_candidate(s, &blas, 0, s->ref);
     say(s, "CLBlast %s parameters, on B=%zu T=%zu E=%zu H=%zu (%s): what CLBlast runs now %.2f ms", name, s->d.batch,
@@ -552,7 +561,7 @@ static int clblast_runs_gemms(search *s, const clattn_tune_table *keep)
 {
     s->kind = CLATTN_CORE_GEMM;
     const clattn_core *c = probe_core(s, keep);
-    return c && strcmp(c->name, "gemm_clblast") == 0;
+    return c && c->uses_clblast;
 }
 
 clattn_status clattn_tune(clattn_device *device, const clattn_tune_options *options)

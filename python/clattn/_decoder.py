@@ -1,0 +1,151 @@
+"""clattn.Decoder: attention over a KV cache, one step at a time."""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _arrays as _a
+from . import _lib
+from ._errors import (BuildFailureError, DeviceAllocationError, Error, InvalidArgumentError, InvalidDeviceSpecError,
+                      NoDeviceError, OpenCLError, OutOfHostMemoryError, ShapeMismatchError, SizeOverflowError,
+                      TooLargeForDeviceError, UnsupportedError)
+from ._errors import check as _check
+from ._errors import invalid as _invalid
+from ._errors import shape as _shape
+
+logger = logging.getLogger("clattn")
+from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
+from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
+
+
+# ---------------------------------------------------------------- decoding over a KV cache
+
+class Decoder(_Shaped):
+    """Causal self-attention over a KV cache on the device (clattn_decode_plan + clattn_kv_cache).
+
+    The projections and options of Attention (w_query, w_key and w_value required; causal implied; no masks,
+    dropout or weights out), plus batch (B sequences), capacity (positions each sequence's cache holds) and
+    max_new_tokens (the most tokens one call appends). Calling it with x (B, n, E), 1 <= n <= max_new_tokens,
+    appends the tokens' keys and values at each sequence's length and returns their outputs (B, n, out_dim or
+    heads*head_dim_v): a prefill and the decode steps after it equal one causal run over the whole sequence.
+    valid (B ints, 0 <= valid[b] <= n) lets sequence b append only its first valid[b] tokens (ragged prompts);
+    its other rows are the output of an empty attention (b_out, or 0). kv_half keeps the cache in float16.
+    """
+
+    def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
+                 batch: int = 1, b_query: Any = None, b_key: Any = None, b_value: Any = None, w_out: Any = None,
+                 b_out: Any = None, kv_heads: Optional[int] = None, head_dim_qk: Optional[int] = None,
+                 head_dim_v: Optional[int] = None, window: int = 0, scale: float = 0.0, kv_half: bool = False,
+                 layout: str = "linear", algorithm: str = "auto", device: Optional[str] = None):
+        if w_query is None or w_key is None or w_value is None:
+            _invalid("Decoder: w_query, w_key and w_value are required")
+        self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
+                            b_key, b_value, w_out, b_out)
+        wt = self._wt
+        if wt.kv_embed != wt.embed:
+            _shape(f"w_key and w_value take inputs of width {wt.kv_embed}, w_query {wt.embed}: decoding is "
+                   f"self-attention, one input for all three")
+        self.batch = _a.integer("batch", batch, 1)
+        self.capacity = _a.integer("capacity", capacity, 1)
+        self.max_new_tokens = _a.integer("max_new_tokens", max_new_tokens, 1)
+        self.window = _a.integer("window", window)
+        self.scale = _a.real("scale", scale)
+        self.kv_half = _a.flag("kv_half", kv_half)
+        self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
+        self._device = _Device(device)
+        self.device = self._device.name
+        d = _lib.AttentionDesc(batch=self.batch, seq_q=self.max_new_tokens, embed=wt.embed, heads=wt.heads,
+                               head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, out_dim=wt.out_dim, causal=1,
+                               scale=self.scale, layout=_layout_code(wt.layout),
+                               algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=wt.kv_heads, window=self.window,
+                               kv_half=int(self.kv_half))
+        self._dplan = _create(self._device, _lib.decode_plan_create, _lib.decode_plan_free, d, wt.struct(),
+                              "creating the decode plan")
+        cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=wt.kv_heads,
+                              head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=int(self.kv_half))
+        ch = ctypes.c_void_p()
+        _check(_lib.kv_cache_create(self._device.handle, ctypes.byref(cd), ctypes.byref(ch)), "creating the KV cache")
+        self._cache = _Handle(ch, _lib.kv_cache_free, self._device)
+        self.out_width = wt.out_dim or wt.heads * wt.head_dim_v
+        self._lock = threading.Lock()
+
+    @property
+    def core_used(self) -> str:
+        """The decode core ("decode_attend", or "ref" on ref)."""
+        return _lib.decode_plan_core(self._dplan.handle).decode()
+
+    @property
+    def gemm_used(self) -> str:
+        """The GEMM core of the projections above a few rows ("gemm_tiles", "gemm_clblast", or "ref" on ref)."""
+        return _lib.decode_plan_gemm(self._dplan.handle).decode()
+
+    def __repr__(self) -> str:
+        return (f"clattn.Decoder({self._wt.describe()}, batch={self.batch}, capacity={self.capacity}, "
+                f"max_new_tokens={self.max_new_tokens}" + (f", window={self.window}" if self.window else "")
+                + (", kv_half=True" if self.kv_half else "") + f", lengths={self.lengths}, device={self.device!r})")
+
+    def __call__(self, x: Any, valid: Optional[Sequence[int]] = None) -> Any:
+        """Append x's tokens to the cache and return their outputs (B, n, out width); see the class."""
+        kind = _a.Kind(x)
+        xa = _a.floats("x", x, ndim=3)
+        B, n, E = xa.shape
+        if B != self.batch or E != self.embed:
+            _shape(f"x: shape {tuple(xa.shape)}, expected (batch, new tokens, embed) = ({self.batch}, n, {self.embed})")
+        if n > self.max_new_tokens:
+            _shape(f"x: {n} new tokens, but this Decoder takes at most max_new_tokens={self.max_new_tokens} per call")
+        v = None
+        if valid is not None:
+            try:
+                items = list(valid.tolist() if hasattr(valid, "tolist") else valid)
+            except TypeError:
+                _invalid(f"valid: {valid!r} is not a sequence of integers")
+            if len(items) != B:
+                _shape(f"valid: {len(items)} values, expected one per sequence ({B})")
+            v = np.array([_a.integer(f"valid[{b}]", t, 0, n) for b, t in enumerate(items)], dtype=np.uintp)
+        with self._lock:
+            lengths = self.lengths
+            for b in range(B):
+                add = n if v is None else int(v[b])
+                if lengths[b] + add > self.capacity:
+                    _shape(f"x: sequence {b} holds {lengths[b]} tokens; {add} more exceed capacity={self.capacity}")
+            out = np.full((B, n, self.out_width), np.nan, dtype=np.float32)
+            args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, valid=_a.pointer(v, ctypes.c_size_t),
+                                   out=_a.pointer(out), x_count=xa.size, valid_count=_a.count(v), out_count=out.size)
+            _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
+        return kind.out(out)
+
+    @property
+    def lengths(self) -> List[int]:
+        """Each sequence's cached length."""
+        n = (ctypes.c_size_t * self.batch)()
+        _check(_lib.kv_cache_lengths(self._cache.handle, n), "reading the cache lengths")
+        return list(n)
+
+    def reset(self) -> None:
+        """Empty every sequence's cache."""
+        _check(_lib.kv_cache_reset(self._cache.handle), "resetting the cache")
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        """Cut each sequence back to lengths[b] (at most its length): speculative decoding's rollback."""
+        try:
+            items = list(lengths.tolist() if hasattr(lengths, "tolist") else lengths)
+        except TypeError:
+            _invalid(f"lengths: {lengths!r} is not a sequence of integers")
+        if len(items) != self.batch:
+            _shape(f"lengths: {len(items)} values, expected one per sequence ({self.batch})")
+        now = self.lengths
+        vals = [_a.integer(f"lengths[{b}]", t, 0, now[b]) for b, t in enumerate(items)]
+        _check(_lib.kv_cache_truncate(self._cache.handle, (ctypes.c_size_t * self.batch)(*vals)), "truncating the cache")
+
+    def read_cache(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The cache as float32 NumPy arrays: k (B, kv_heads, capacity, head_dim_qk), v (B, kv_heads, capacity,
+        head_dim_v); 0 past each sequence's length."""
+        k = np.zeros((self.batch, self.kv_heads, self.capacity, self.head_dim_qk), np.float32)
+        v = np.zeros((self.batch, self.kv_heads, self.capacity, self.head_dim_v), np.float32)
+        _check(_lib.kv_cache_read(self._cache.handle, _a.pointer(k), _a.pointer(v)), "reading the cache")
+        return k, v
