@@ -1,5 +1,5 @@
 /* decode_attend.cl: the decode core for CPUs (src/cores/decode_attend.c): attention over a KV cache for
- * decode plans (src/decode/). decode_common.cl (the cache layout, loads, decode_combine) and online.cl
+ * decode plans (src/decode/). decode_common.cl (the cache layout, loads, the block of a work-item), combine.cl and online.cl
  * go first.
  *
  *   decode_attend   one work-item per (b, g, block of R query rows, part). The rows of a block run
@@ -7,7 +7,7 @@
  *                   so one pass over a key serves every query head that shares it. The block's key
  *                   range is cut into `parts` equal parts (split-K): with parts = 1 the work-item writes
  *                   the output rows; otherwise each part writes its running max m, sum l and unnormalised
- *                   acc (online softmax, as the flash kernels) and decode_combine merges them.
+ *                   acc (online softmax, as the flash kernels) and split_combine (combine.cl) merges them.
  *
  * Specialised by -D (beyond decode_common.cl's): R (rows per work-item), BK (keys per block); KP and
  * RV (below) have defaults from these.

@@ -1,6 +1,6 @@
 /* decode_common.cl: what the decode cores' kernels share (cl/cores/decode_attend.cl, decode_group.cl;
- * src/cores/decode_parts.c): the cache's element type and vector loads, the visibility rule, and the
- * combine kernel that merges split-K parts.
+ * src/cores/decode_family.c): the cache's element type and vector loads, the visibility rule, and a unit of
+ * work's block and key range (the split-K parts are merged by common/combine.cl).
  *
  * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
@@ -12,7 +12,8 @@
  *
  * Split-K parts: query row (b*n + t)*H + h, part p has slot row*parts + p: part_ml[slot*2] its running
  * max m (natural-log units), part_ml[slot*2 + 1] its sum l, part_acc[slot*DV ..] its unnormalised output.
- *   decode_combine  out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p; 0 when no key.
+ * common/combine.cl's split_combine merges them (out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p;
+ * 0 when no key).
  *
  * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, VW (vector width along
  * the head dimension; divides DK and DV). */
@@ -124,29 +125,4 @@ inline dec_block dec_block_of(ulong x, uint rows, uint n, uint HK, uint parts, _
     k.js = min(hi, lo + k.part * per);
     k.je = min(hi, k.js + per);
     return k;
-}
-
-/* One work-item per output element (b, t, h, c). */
-__kernel void decode_combine(__global const float *part_ml, __global const float *part_acc,
-                             __global const uint *valid, __global float *out, ulong out_off, uint out_ld,
-                             uint n, uint H, uint parts, ulong total)
-{
-    const ulong gid = get_global_id(0);
-    if (gid >= total) return;
-    const uint c = (uint)(gid % DV);
-    const ulong row = gid / DV; /* (b*n + t)*H + h */
-    const uint h = (uint)(row % H);
-    const ulong bt = row / H;
-    const uint t = (uint)(bt % n);
-    const ulong b = bt / n;
-    float M = -FLT_MAX;
-    for (uint p = 0; p < parts; p++) M = fmax(M, part_ml[(row * parts + p) * 2]);
-    float Ls = 0.0f, a = 0.0f;
-    for (uint p = 0; p < parts; p++) {
-        const ulong slot = row * parts + p;
-        const float f = exp(part_ml[slot * 2] - M);
-        Ls += part_ml[slot * 2 + 1] * f;
-        a += part_acc[slot * DV + c] * f;
-    }
-    out[out_off + bt * out_ld + (ulong)h * DV + c] = t >= valid[b] || Ls == 0.0f ? 0.0f : a / Ls;
 }

@@ -1,6 +1,6 @@
 /* decode_group.cl: the decode core for GPUs (src/cores/decode_group.c): attention over a KV cache for
  * decode plans, one work-group per (sequence b, KV head g, block of R query rows, part of the keys).
- * decode_common.cl (the cache layout, loads, visibility, decode_combine) goes first.
+ * combine.cl and decode_common.cl (the cache layout, loads, visibility, the block of a work-group) go first.
  *
  * The WG work-items form NT = WG / LANES teams of LANES lanes. A team reads one key at a time, each lane a
  * slice of it: lane l holds the vectors l, l + LANES, l + 2L, ... of the head dimension, so that the LANES
@@ -16,7 +16,7 @@
  * wherever the scores are, as the decode tests' large-score cases require) and its lanes their slices of
  * the R output rows; at
  * the end the NT teams are merged in local memory. A part writes the normalised output rows (parts = 1)
- * or its max, sum and unnormalised output for decode_combine.
+ * or its max, sum and unnormalised output for split_combine (combine.cl).
  *
  * Specialised by -D (beyond decode_common.cl's): WG (work-items per group), LANES (lanes per key; where
  * it does not divide DK/VW or DV/VW, the last lanes hold one vector fewer), KT (keys per team per step),

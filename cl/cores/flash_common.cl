@@ -25,7 +25,7 @@
  *                    to half as they are read (half.cl); the decode kernels read a half cache (decode_common.cl)
  *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
  *   LSE              1 (training plans): each row's log-sum-exp, m + log(l) in natural units, to
- *                    lse[lse_off + (b*H + h)*Tq + i] (flash_lse below; flash_combine for split rows)
+ *                    lse[lse_off + (b*H + h)*Tq + i] (flash_lse below; split rows: common/combine.cl)
  * and by each member's own tuning parameters (src/cores/<member>.c).
  */
 #ifndef DK
@@ -130,32 +130,4 @@ inline void flash_lse(__global float *lse, ulong lse_off, ulong b, uint h, uint 
 inline float flash_out(float acc, float l)
 {
     return l == 0.0f ? 0.0f : acc / l;
-}
-
-/* flash_combine: merges the SPLIT key parts a member wrote for each query row (src/cores/flash.c): row
- * (b*Tq + i)*SPLIT + p of ws (stride ws_ld = H*(DV+2)) holds part p's unnormalised output at h*DV + c
- * and its max (base 2) and sum at H*DV + 2h, +1. out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M),
- * M = max_p m_p: the result one pass over all keys gives (a part with no visible key has l = 0; a NaN
- * sum or output stays NaN); with LSE the row's log-sum-exp too. One work-item per output element (total =
- * B*Tq*H*DV). */
-__kernel void flash_combine(__global const float *ws, uint ws_ld, __global float *out, ulong out_off, uint out_ld,
-                            uint H, ulong total, uint Tq, __global float *lse, ulong lse_off)
-{
-    const ulong g = get_global_id(0);
-    if (g >= total) return;
-    const uint c = (uint)(g % DV);
-    const ulong rh = g / DV;
-    const uint h = (uint)(rh % H);
-    const ulong row = rh / H;
-    __global const float *w = ws + row * SPLIT * ws_ld;
-    float mx = -FLT_MAX;
-    for (uint p = 0; p < SPLIT; p++) mx = fmax(mx, w[p * ws_ld + H * DV + 2 * h]);
-    float a = 0.0f, l = 0.0f;
-    for (uint p = 0; p < SPLIT; p++) {
-        const float f = exp2(w[p * ws_ld + H * DV + 2 * h] - mx);
-        l += w[p * ws_ld + H * DV + 2 * h + 1] * f;
-        a += w[p * ws_ld + h * DV + c] * f;
-    }
-    out[out_off + row * out_ld + (ulong)h * DV + c] = flash_out(a, l);
-    if (c == 0) flash_lse(lse, lse_off, row / Tq, h, H, (uint)(row % Tq), Tq, mx, l, 1);
 }

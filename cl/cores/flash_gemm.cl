@@ -7,7 +7,7 @@
  *
  *   BQ, BK, RM, TC   query rows per work-group, keys per tile, rows per work-item, work-items per row
  *   VW               vector width along the head dimension (4, or 1 when a head size is not a multiple of 4)
- *   SPLIT            key parts per block, each a work-group of its own, merged by flash_combine (1: none)
+ *   SPLIT            key parts per block, each a work-group of its own, merged by split_combine (1: none)
  *   PF               1: the next K and V tiles are loaded into registers while the current tile's math runs
  *                    (double buffering through registers: local memory has no room for a second tile pair)
  *
@@ -268,7 +268,7 @@ void flash_gemm(FLASH_ARGS)
         for (uint t = 0; t < TC; t++) lr += rme[r * RLD + t];
         if (i >= Tq) continue;
 #if SPLIT > 1
-        /* one part: the unnormalised output, the row's max (base 2) and sum, for flash_combine */
+        /* one part: the unnormalised output, the row's max (base 2) and sum, for split_combine */
         __global float *row = out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld;
         #pragma unroll
         for (uint t = 0; t < NVT; t++) {

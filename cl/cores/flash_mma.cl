@@ -34,7 +34,7 @@
  *
  * Tuning: NW (warps per work-group: BQ = 16 NW query rows), BK (keys per tile, a multiple of 8), QREG (1:
  * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
- * memory, read per tile), SPLIT (key parts per block, merged by flash_combine). Head sizes are padded to
+ * memory, read per tile), SPLIT (key parts per block, merged by split_combine, common/combine.cl). Head sizes are padded to
  * multiples of 8 with zeros. Local memory: the K and V tiles (rows padded by 4 floats, so that the lanes of a
  * fragment read 32 different banks), the Q block when QREG = 0, and with MMA_NATIVE = 0 the exchange area. */
 #ifndef NW
@@ -424,7 +424,7 @@ void flash_mma(FLASH_ARGS)
      * 8c + 2t + e%2 */
     const float2 ls = quad_reduce(l[0], l[1], 1, xs, lane);
 #if SPLIT > 1
-    /* one part: the unnormalised output, the row's max (base 2) and sum, for flash_combine */
+    /* one part: the unnormalised output, the row's max (base 2) and sum, for split_combine */
     #pragma unroll
     for (uint e = 0; e < 4; e += 2) {
         const uint i = e < 2 ? r0 : r1;

@@ -201,6 +201,25 @@ int clattn_core_param_index(const clattn_core *core, const char *name); /* -1: n
 int clattn_core_param_valid(const clattn_core_param *param, size_t v);  /* one of its values? */
 
 /* ---- helpers the cores share (core_args.c) */
+/* The split-K merge of the flash and decode families (cl/common/combine.cl, split_combine; src/attention/merge.c is
+ * its host twin): rows*heads*dv output elements from `parts` parts, part p of row r having left its unnormalised
+ * output at acc + r*a_row + p*a_part + h*a_head and its max and sum at st + r*s_row + p*s_part + h*s_head (+1), the
+ * max in base 2 (base2) or natural units. valid: (B) real rows per sequence of n (NULL: all real); lse (mem NULL:
+ * none) each row's log-sum-exp at (b*H + h)*n + t. */
+typedef struct clattn_split_combine {
+    clattn_view acc;
+    size_t a_row, a_part, a_head;
+    clattn_view st;
+    size_t s_row, s_part, s_head;
+    size_t parts, rows, heads, dv, n;
+    int base2;
+    cl_mem valid;
+    clattn_view out;
+    size_t out_ld;
+    clattn_view lse;
+} clattn_split_combine;
+/* Enqueue split_combine (k, from a program with common/combine) for c; rows 0: launched with no work. */
+clattn_status clattn_core_combine(const clattn_device *dev, cl_kernel k, const clattn_split_combine *c);
 /* What a kernel may use beyond its declared local arrays (the implementation's own): fits() keeps this much of the
  * device's local memory free, and the check below allows it. */
 #define CLATTN_LOCAL_SLACK 256
@@ -256,7 +275,7 @@ typedef struct clattn_flash_spec {
     int shrink;                  /* PER_GROUP: the parameter halved while the compiled kernel takes fewer
                                     work-items than `group` (-1: none) */
     int split;                   /* PER_GROUP: the parameter (SPLIT) that splits each block's keys into parts,
-                                    merged by flash_combine (flash_common.cl); halved while the parts' workspace
+                                    merged by split_combine (common/combine.cl); halved while the parts' workspace
                                     exceeds one allocation (-1: none; every spec says) */
     /* -D options of its own that depend on the device, not on its tuning parameters (NULL: none);
      * appends to opts, returns the length written */
@@ -284,7 +303,7 @@ clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_
 
 /* ---- the decode family (decode_family.c): decode cores with one kernel signature (cores/decode_common.cl), each
  * one .cl file and a spec; the family builds them, sets their arguments, chooses a step's split-K parts,
- * merges the parts (decode_combine) and releases them. Kernel arguments, in order:
+ * merges the parts (split_combine, common/combine.cl, as the flash family's) and releases them. Kernel arguments:
  *   q, q_off, q_ld, kc, vc, lens, valid, out, out_off, out_ld, part_ml, part_acc, n, H, HK, Tmax, parts, scale,
  *   then PER_ITEM: total (work-items in all); PER_GROUP: first (the launch's first group), groups (in all).
  * Two variants are built at plan creation: the rows of one token's group of query heads, min(GROUP, R), and R

@@ -71,6 +71,32 @@ size_t clattn_core_head_vector(size_t dk, size_t dv)
 
 size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
 
+clattn_status clattn_core_combine(const clattn_device *dev, cl_kernel k, const clattn_split_combine *c)
+{
+    const size_t total = c->rows * c->heads * c->dv;
+    clattn_args a;
+    clattn_args_begin(&a, k, "split_combine");
+    clattn_arg_view(&a, c->acc);
+    clattn_arg_u64(&a, c->a_row);
+    clattn_arg_u32(&a, (cl_uint)c->a_part);
+    clattn_arg_u32(&a, (cl_uint)c->a_head);
+    clattn_arg_view(&a, c->st);
+    clattn_arg_u64(&a, c->s_row);
+    clattn_arg_u32(&a, (cl_uint)c->s_part);
+    clattn_arg_u32(&a, (cl_uint)c->s_head);
+    clattn_arg_u32(&a, (cl_uint)c->parts);
+    clattn_arg_u32(&a, (cl_uint)c->base2);
+    clattn_arg_u32(&a, (cl_uint)c->heads);
+    clattn_arg_u32(&a, (cl_uint)c->dv);
+    clattn_arg_u32(&a, (cl_uint)c->n);
+    clattn_arg_mem(&a, c->valid);
+    clattn_core_arg_rows(&a, c->out, c->out_ld);
+    clattn_arg_view(&a, c->lse);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(dev, k, total, "enqueue split_combine");
+}
+
 clattn_status clattn_core_check_local(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                       const clattn_core_params *p, cl_kernel k)
 {

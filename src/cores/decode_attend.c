@@ -2,7 +2,7 @@
  * tokens over the KV cache. One work-item per (sequence, KV head, block of R query rows, part): the rows of a
  * block run over the query heads that share the KV head, so one pass over a key serves them all; the
  * keys are cut into parts (split-K) when too few work-items would otherwise stream a long cache, and
- * decode_combine merges the parts (the decode family, decode_family.c, builds, launches and merges).
+ * split_combine merges the parts (the decode family, decode_family.c, builds, launches and merges).
  * Parameters: VW (vector width along the head dimension, dividing dk and dv), R. */
 #include "core.h"
 
@@ -42,9 +42,9 @@ static size_t min_keys(int cpu, const clattn_core_params *p)
     return cpu ? 1024 : 256;
 }
 
-static const char *const sources[] = {"common/online", "cores/decode_common", "cores/decode_attend"};
+static const char *const sources[] = {"common/online", "common/combine", "cores/decode_common", "cores/decode_attend"};
 static const clattn_decode_spec spec = {
-    .sources = sources, .nsources = 3, .kernel = "decode_attend", .launch = CLATTN_FLASH_PER_ITEM, .rows = R,
+    .sources = sources, .nsources = 4, .kernel = "decode_attend", .launch = CLATTN_FLASH_PER_ITEM, .rows = R,
     .group = -1, .defines = "-DBK=16", .per_cu_cpu = 2, .per_cu_gpu = 16, .min_keys = min_keys,
 };
 

@@ -1,7 +1,7 @@
 /* decode_family.c: the decode family (core.h): decode cores of one kernel signature (cores/decode_common.cl),
  * each a .cl file and a clattn_decode_spec (decode_attend.c, decode_group.c). Here: their build (two variants),
- * arguments and launch, the choice of a step's split-K parts, the parts' buffers and decode_combine, which
- * merges them, and their release. */
+ * arguments and launch, the choice of a step's split-K parts, the parts' buffers and their merge (split_combine,
+ * cl/common/combine.cl, shared with the flash family), and their release. */
 #include "core.h"
 
 #include <stdio.h>
@@ -24,7 +24,7 @@ typedef struct decode_state {
     clattn_core_layout lay;
     clattn_core_params p;
     variant few, many;  /* rows: min(GROUP, R) and R */
-    cl_kernel combine;  /* decode_combine, from the few variant's program */
+    cl_kernel combine;  /* split_combine (common/combine.cl), from the few variant's program */
     cl_mem ml, acc;     /* (slot, 2) each part's max and sum, (slot, dv) its unnormalised output */
     size_t slots;       /* (row, part) slots: steps of up to PART_ROWS new tokens, CLATTN_DECODE_MAX_PARTS parts */
 } decode_state;
@@ -80,7 +80,7 @@ size_t clattn_decode_device_bytes(const void *state)
     return clattn_mem_bytes(s->ml) + clattn_mem_bytes(s->acc);
 }
 
-/* The member's kernel for `rows` rows; with_combine: decode_combine from the same program. */
+/* The member's kernel for `rows` rows; with_combine: split_combine from the same program. */
 static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int with_combine)
 {
     const clattn_decode_spec *spec = s->spec;
@@ -103,7 +103,7 @@ static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int
                                s->core->params[spec->group].name, wg, allowed);
     }
     TRY(clattn_core_check_local(s->core, s->dev, &s->d, &s->p, v->attend));
-    if (with_combine) TRY(clattn_kernel_create(v->prog, "decode_combine", &s->combine));
+    if (with_combine) TRY(clattn_kernel_create(v->prog, "split_combine", &s->combine));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -193,23 +193,17 @@ static clattn_status attend(const decode_state *s, const variant *v, const clatt
     return clattn_enqueue_items(s->dev, v->attend, units, what);
 }
 
-/* decode_combine over `parts` parts into io->out (launched with no work when io->warm). */
+/* The parts merged into io->out (launched with no work when io->warm): slot (row*parts + p) of (b*n + t)*H + h
+ * holds part p's max and sum (natural units) at ml + 2*slot and its output at acc + slot*dv. */
 static clattn_status combine(const decode_state *s, const clattn_decode_io *io, size_t parts)
 {
     const size_t H = s->d.heads, dv = s->d.head_dim_v;
-    const size_t total = io->warm ? 0 : s->d.batch * io->n * H * dv;
-    clattn_args a;
-    clattn_args_begin(&a, s->combine, "decode_combine");
-    clattn_arg_mem(&a, s->ml);
-    clattn_arg_mem(&a, s->acc);
-    clattn_arg_mem(&a, io->valid);
-    clattn_core_arg_rows(&a, io->out, H * dv);
-    clattn_arg_u32(&a, (cl_uint)io->n);
-    clattn_arg_u32(&a, (cl_uint)H);
-    clattn_arg_u32(&a, (cl_uint)parts);
-    clattn_arg_u64(&a, total);
-    TRY(clattn_args_end(&a));
-    TRY(clattn_enqueue_1d(s->dev, s->combine, total, "enqueue decode_combine"));
+    const clattn_split_combine c = {
+        .acc = {s->acc, 0}, .a_row = H * parts * dv, .a_part = dv, .a_head = parts * dv,
+        .st = {s->ml, 0}, .s_row = H * parts * 2, .s_part = 2, .s_head = parts * 2,
+        .parts = parts, .rows = io->warm ? 0 : s->d.batch * io->n, .heads = H, .dv = dv, .n = io->n, .base2 = 0,
+        .valid = io->valid, .out = io->out, .out_ld = H * dv, .lse = {NULL, 0}};
+    TRY(clattn_core_combine(s->dev, s->combine, &c));
     return clattn_decode_mark(io, CLATTN_DECODE_STAGE_COMBINE);
 }
 

@@ -3,7 +3,7 @@
  * Its work-items are teams of LANES lanes; a team reads one key (and value) at a time, each lane a slice,
  * so that a work-group streams whole consecutive keys with coalesced vector loads, and every query head of
  * the group is served from that one read. The decode family (decode_family.c) builds it, launches it and
- * merges its parts (decode_combine).
+ * merges its parts (split_combine).
  * Parameters: WG (work-items per group), LANES (lanes per key), KT (keys per team per step), VW (vector
  * width along the head dimension), R (query rows per work-group). */
 #include "core.h"
@@ -84,9 +84,9 @@ static size_t min_keys(int cpu, const clattn_core_params *p)
     return 2 * (p->v[WG] / p->v[LANES] * p->v[KT]);
 }
 
-static const char *const sources[] = {"cores/decode_common", "cores/decode_group"};
+static const char *const sources[] = {"common/combine", "cores/decode_common", "cores/decode_group"};
 static const clattn_decode_spec spec = {
-    .sources = sources, .nsources = 2, .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
+    .sources = sources, .nsources = 3, .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
     .group = WG, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys,
 };
 

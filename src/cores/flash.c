@@ -13,7 +13,7 @@
  * of their own, for plans with too few blocks to fill the device): the kernel then writes, for each query
  * row and part, the unnormalised output and the row's max (base 2) and sum into a workspace of rows
  *   ws[((b*Tq + i)*SPLIT + part) * ws_ld + ...],  ws_ld = H*(DV+2): H*DV outputs, then (max, sum) per head
- * (passed as the kernel's out, out_ld), and flash_combine (flash_common.cl) merges the parts into out. */
+ * (passed as the kernel's out, out_ld), and split_combine (common/combine.cl) merges the parts into out. */
 #include "core.h"
 
 #include <stdio.h>
@@ -117,9 +117,9 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         if (n > 0 && (size_t)n < sizeof opts)
             n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, sizeof opts - (size_t)n);
         if (spec->defines && n > 0 && (size_t)n < sizeof opts) n += spec->defines(&dev->caps, opts + n, sizeof opts - (size_t)n);
-        const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "cores/flash_common",
-                             spec->source};
-        clattn_status st = clattn_program_build(dev, src, 6, opts, &s->prog);
+        const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "common/combine",
+                             "cores/flash_common", spec->source};
+        clattn_status st = clattn_program_build(dev, src, 7, opts, &s->prog);
         if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, spec->kernel, &s->k);
         size_t allowed = 0;
         cl_int err = CL_SUCCESS;
@@ -154,7 +154,7 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
     }
     s->parts = spec->split >= 0 ? s->p.v[spec->split] : 1;
     if (s->parts > 1) {
-        clattn_status st = clattn_kernel_create(s->prog, "flash_combine", &s->k_combine);
+        clattn_status st = clattn_kernel_create(s->prog, "split_combine", &s->k_combine);
         if (st == CLATTN_STATUS_SUCCESS)
             st = clattn_buffer_new(dev, clattn_flash_split_floats(d, s->parts), sizeof(float), NULL,
                                    "the flash split parts", &s->ws);
@@ -175,22 +175,18 @@ static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* flash_combine: out rows from the parts in the workspace, one work-item per output element. */
+/* The parts in the workspace merged into the output rows (and lse): row (b*Tq + i)*parts + p of ws, of H*(DV+2)
+ * floats, holds part p's outputs at h*DV and its max (base 2) and sum at H*DV + 2h. */
 static clattn_status combine(const flash_state *s, const clattn_core_io *io)
 {
     const clattn_attention_desc *d = &s->d;
-    const size_t total = d->batch * d->seq_q * d->heads * d->head_dim_v;
-    clattn_args a;
-    clattn_args_begin(&a, s->k_combine, "flash_combine");
-    clattn_arg_mem(&a, s->ws);
-    clattn_arg_u32(&a, (cl_uint)(d->heads * (d->head_dim_v + 2)));
-    clattn_core_arg_rows(&a, io->out, s->lay.out_ld);
-    clattn_arg_u32(&a, (cl_uint)d->heads);
-    clattn_arg_u64(&a, total);
-    clattn_arg_u32(&a, (cl_uint)d->seq_q);
-    clattn_arg_view(&a, io->lse);
-    TRY(clattn_args_end(&a));
-    return clattn_enqueue_1d(s->dev, s->k_combine, total, "enqueue flash_combine");
+    const size_t ws_ld = d->heads * (d->head_dim_v + 2);
+    const clattn_split_combine c = {
+        .acc = {s->ws, 0}, .a_row = s->parts * ws_ld, .a_part = ws_ld, .a_head = d->head_dim_v,
+        .st = {s->ws, d->heads * d->head_dim_v}, .s_row = s->parts * ws_ld, .s_part = ws_ld, .s_head = 2,
+        .parts = s->parts, .rows = d->batch * d->seq_q, .heads = d->heads, .dv = d->head_dim_v, .n = d->seq_q,
+        .base2 = 1, .out = io->out, .out_ld = s->lay.out_ld, .lse = io->lse};
+    return clattn_core_combine(s->dev, s->k_combine, &c);
 }
 
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
@@ -211,7 +207,7 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
     clattn_core_arg_dropout(&a, d, io->seed);
-    clattn_arg_view(&a, s->parts > 1 ? (clattn_view){NULL, 0} : io->lse); /* split: flash_combine writes it */
+    clattn_arg_view(&a, s->parts > 1 ? (clattn_view){NULL, 0} : io->lse); /* split: split_combine writes it */
     TRY(clattn_args_end(&a));
     char what[64];
     snprintf(what, sizeof what, "enqueue %s", s->spec->kernel);

@@ -2,7 +2,7 @@
  * (BQ/RM) x TC work-items per BQ query rows; work-item (ty, tx) keeps an RM x (BK/TC) micro-tile of the
  * scores and an RM x (DV/TC) micro-tile of the output in registers, so each value it reads from local memory
  * feeds several FMAs, as in a GEMM kernel (CLBlast's Xgemm, FlashAttention-2's tiling). SPLIT > 1 splits
- * each block's keys into parts of their own work-groups, merged by flash_combine (flash.c), for plans whose
+ * each block's keys into parts of their own work-groups, merged by split_combine (flash.c), for plans whose
  * blocks are too few to fill a GPU. */
 #include "core.h"
 
@@ -26,7 +26,7 @@ static const clattn_core_param params[] = {
 };
 
 /* the defaults; one row per work-item, narrow rows and scalar loads (other micro-tile edges and
- * remainders); the keys of every block split into 4 parts and merged (flash_combine), with the next tiles
+ * remainders); the keys of every block split into 4 parts and merged (split_combine), with the next tiles
  * loaded through registers */
 static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1", "SPLIT=4,PF=1", NULL};
 

@@ -24,7 +24,7 @@ static const clattn_core_param params[] = {
 };
 
 /* the defaults; one warp with 8-key tiles, the Q block in local memory and the keys of every block split
- * into 4 parts, merged by flash_combine (two entries, not three: the emulation is the suite's slowest core) */
+ * into 4 parts, merged by split_combine (two entries, not three: the emulation is the suite's slowest core) */
 static const char *const test_configs[] = {"-", "NW=1,BK=8,QREG=0,SPLIT=4", NULL};
 
 #define MAX_REGS 160 /* floats a lane keeps: its Q fragments (QREG), output and score fragments */
