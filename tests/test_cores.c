@@ -112,6 +112,7 @@ Test(cores, list)
 }
 
 static char last_gemm[32];
+static char last_params[128]; /* plan_run's last plan's core parameters */
 
 /* The core AUTO gives kind's plans of head-size class cls on dev. */
 static const char *info_default(const clattn_device *dev, clattn_core_kind kind, int cls)
@@ -143,6 +144,7 @@ static clattn_status plan_run(clattn_device *dev, size_t d, clattn_algorithm alg
     if (st == CLATTN_STATUS_SUCCESS) {
         snprintf(core, len, "%s", clattn_plan_core(p));
         snprintf(last_gemm, sizeof last_gemm, "%s", clattn_plan_gemm(p));
+        snprintf(last_params, sizeof last_params, "%s", clattn_plan_core_params(p));
         float *out = tu_poisoned(B * T * E);
         clattn_attention_args a = {.x = x, .out = out};
         cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -361,6 +363,20 @@ Test(cores, forced)
     cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_FUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
     cr_assert_str_neq(core, "unfused");
     unsetenv("CLATTN_ATTENTION");
+    /* CLATTN_SOFTMAX=rows|item: the unfused core's softmax, each value its own */
+    static const char *const softmax[] = {"item", "rows", "item"};
+    for (int i = 0; i < 3; i++) {
+        setenv("CLATTN_SOFTMAX", softmax[i], 1);
+        cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_UNFUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        char want[32];
+        snprintf(want, sizeof want, "SOFTMAX=%s", softmax[i]);
+        cr_assert_str_eq(core, "unfused");
+        cr_assert_str_eq(last_params, want, "CLATTN_SOFTMAX=%s: %s", softmax[i], last_params);
+    }
+    setenv("CLATTN_SOFTMAX", "wide", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_UNFUSED, 0, core, sizeof core), CLATTN_STATUS_INVALID_ARGUMENT);
+    unsetenv("CLATTN_SOFTMAX");
     clattn_device_free(cl);
 }
 

@@ -37,5 +37,5 @@ __kernel void split_combine(__global const float *acc, ulong a_off, ulong a_row,
     const int pad = valid && t >= valid[b];
     out[out_off + row * out_ld + (ulong)h * dv + c] = pad || L == 0.0f ? 0.0f : sum / L;
     if (lse && c == 0)
-        lse[lse_off + (b * H + h) * (ulong)n + t] = L == 0.0f ? -INFINITY : base2 ? (M + log2(L)) * M_LN2_F : M + log(L);
+        lse[lse_off + (b * H + h) * (ulong)n + t] = L == 0.0f ? -INFINITY : (base2 ? M * M_LN2_F : M) + log(L);
 }
