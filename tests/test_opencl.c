@@ -12,14 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct config {
-    size_t B, Tq, Tk, E, Ekv, H, dk, dv, Eo;
-    int cross, causal, weights, biases, kpm;
-    clattn_mask_kind mask;
-    clattn_layout layout;
-    float dropout, scale;
-    int need_weights;
-} config;
+typedef tu_attn_case config; /* the attention families' shared case (testutil.h) */
 
 static clattn_device *cl_dev, *ref_dev;
 
@@ -43,71 +36,17 @@ TestSuite(opencl, .init = setup, .fini = teardown);
 /* Build one random problem from cfg, run it on both devices with `alg`, compare everything. */
 static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
 {
-    tu_rng rng = {seed};
-    clattn_attention_desc d = {0};
-    d.batch = cfg->B;
-    d.seq_q = cfg->Tq;
-    d.seq_kv = cfg->cross ? cfg->Tk : 0;
-    d.embed = cfg->E;
-    d.kv_embed = cfg->cross ? cfg->Ekv : 0;
-    d.heads = cfg->H;
-    d.head_dim_qk = cfg->weights ? cfg->dk : 0;
-    d.head_dim_v = cfg->weights ? cfg->dv : 0;
-    d.out_dim = cfg->Eo;
-    d.cross = cfg->cross;
-    d.causal = cfg->causal;
-    d.key_padding_mask = cfg->kpm;
-    d.attn_mask = cfg->mask;
-    d.dropout = cfg->dropout;
-    d.scale = cfg->scale;
-    d.seed = seed * 7919u + 1;
-    d.layout = cfg->layout;
-    d.algorithm = alg;
     const int need_weights = cfg->need_weights && alg != CLATTN_ALGORITHM_FUSED;
     if (!tu_core_applies(alg, need_weights)) return;
-    d.need_weights = need_weights;
-    const size_t B = cfg->B, Tq = cfg->Tq, Tk = cfg->cross ? cfg->Tk : cfg->Tq, E = cfg->E;
-    const size_t Ekv = cfg->cross ? cfg->Ekv : cfg->E, H = cfg->H;
-    const size_t dk = cfg->weights ? cfg->dk : E / H, dv = cfg->weights ? cfg->dv : E / H;
-    const float wq = 1.0f / sqrtf((float)E), wkv = 1.0f / sqrtf((float)Ekv), wo = 1.0f / sqrtf((float)(H * dv));
-
-    clattn_attention_weights w = {0};
-    float *bufs[16] = {0};
-    int nb = 0;
-    if (cfg->weights) {
-        w.w_query = bufs[nb++] = tu_random(&rng, H * dk * E, -wq, wq);
-        w.w_key = bufs[nb++] = tu_random(&rng, H * dk * Ekv, -wkv, wkv);
-        w.w_value = bufs[nb++] = tu_random(&rng, H * dv * Ekv, -wkv, wkv);
-        if (cfg->biases) {
-            w.b_query = bufs[nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
-            w.b_key = bufs[nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
-            w.b_value = bufs[nb++] = tu_random(&rng, H * dv, -0.5f, 0.5f);
-        }
-    }
-    if (cfg->Eo) {
-        w.w_out = bufs[nb++] = tu_random(&rng, cfg->Eo * H * dv, -wo, wo);
-        if (cfg->biases) w.b_out = bufs[nb++] = tu_random(&rng, cfg->Eo, -0.5f, 0.5f);
-    }
-    clattn_attention_args a = {0};
-    a.x = bufs[nb++] = tu_random(&rng, B * Tq * E, -1.0f, 1.0f);
-    if (cfg->cross) a.kv = bufs[nb++] = tu_random(&rng, B * Tk * Ekv, -1.0f, 1.0f);
-    uint8_t *kpm = NULL, *bmask = NULL;
-    if (cfg->kpm) {
-        kpm = calloc(B * Tk, 1);
-        for (size_t i = 0; i < B * Tk; i++) kpm[i] = (tu_next(&rng) % 4) == 0;
-        if (B > 1) memset(kpm + (B - 1) * Tk, 1, Tk); /* one batch entry fully masked: its rows give 0 */
-        a.key_padding_mask = kpm;
-    }
-    if (cfg->mask == CLATTN_MASK_BOOL) {
-        bmask = calloc(Tq * Tk, 1);
-        for (size_t i = 0; i < Tq * Tk; i++) bmask[i] = (tu_next(&rng) % 3) == 0;
-        a.attn_mask = bmask;
-    } else if (cfg->mask == CLATTN_MASK_FLOAT) {
-        float *fm = bufs[nb++] = tu_random(&rng, Tq * Tk, -2.0f, 2.0f);
-        for (size_t i = 0; i < Tq * Tk; i++)
-            if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
-        a.attn_mask = fm;
-    }
+    tu_attn_case c = *cfg;
+    c.need_weights = need_weights;
+    tu_problem prob;
+    tu_problem_make(&prob, &c, seed);
+    clattn_attention_desc d = prob.d;
+    d.algorithm = alg;
+    const clattn_attention_weights w = prob.w;
+    const clattn_attention_args a = prob.a;
+    const size_t B = cfg->B, Tq = cfg->Tq, Tk = cfg->cross ? cfg->Tk : cfg->Tq, H = cfg->H;
 
     clattn_plan *pc = NULL, *pr = NULL;
     clattn_status st = tu_plan_create(cl_dev, &d, &w, &pc);
@@ -169,8 +108,8 @@ static void check_alg(const config *cfg, uint64_t seed, clattn_algorithm alg)
     }
     clattn_plan_free(pc);
     clattn_plan_free(pr);
-    free(out_c); free(out_r); free(attn_c); free(attn_r); free(kpm); free(bmask);
-    for (int i = 0; i < nb; i++) free(bufs[i]);
+    free(out_c); free(out_r); free(attn_c); free(attn_r);
+    tu_problem_free(&prob);
 }
 
 static void check(const config *cfg, uint64_t seed)
@@ -179,17 +118,16 @@ static void check(const config *cfg, uint64_t seed)
     check_alg(cfg, seed, CLATTN_ALGORITHM_UNFUSED);
 }
 
-/* B, Tq, Tk, E, Ekv, H, dk, dv, Eo | cross causal weights biases kpm | mask layout dropout scale need_weights */
 Test(opencl, self_attention_shapes)
 {
     static const config cfgs[] = {
-        {1, 1, 0, 8, 0, 1, 4, 4, 0, 0, 0, 1, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {1, 7, 0, 12, 0, 3, 4, 4, 12, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 61, 0, 32, 0, 4, 8, 8, 32, 0, 1, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {3, 130, 0, 24, 0, 8, 3, 3, 0, 0, 1, 1, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_RAW, 0, 0, 1},
-        {2, 9, 0, 5, 0, 5, 1, 1, 5, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {1, 33, 0, 128, 0, 1, 128, 128, 0, 0, 1, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 0},
-        {2, 17, 0, 64, 0, 2, 96, 40, 16, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_RAW, 0, 0.3f, 1},
+        {.B = 1, .Tq = 1, .E = 8, .H = 1, .dk = 4, .dv = 4, .need_weights = 1},
+        {.B = 1, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .need_weights = 1},
+        {.B = 2, .Tq = 61, .E = 32, .H = 4, .dk = 8, .dv = 8, .Eo = 32, .causal = 1, .biases = 1, .need_weights = 1},
+        {.B = 3, .Tq = 130, .E = 24, .H = 8, .dk = 3, .dv = 3, .causal = 1, .layout = CLATTN_LAYOUT_RAW, .need_weights = 1},
+        {.B = 2, .Tq = 9, .E = 5, .H = 5, .dk = 1, .dv = 1, .Eo = 5, .biases = 1, .need_weights = 1},
+        {.B = 1, .Tq = 33, .E = 128, .H = 1, .dk = 128, .dv = 128, .causal = 1, .biases = 1},
+        {.B = 2, .Tq = 17, .E = 64, .H = 2, .dk = 96, .dv = 40, .Eo = 16, .biases = 1, .layout = CLATTN_LAYOUT_RAW, .scale = 0.3f, .need_weights = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 1000 + i);
 }
@@ -197,9 +135,9 @@ Test(opencl, self_attention_shapes)
 Test(opencl, no_weights)
 {
     static const config cfgs[] = {
-        {1, 6, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 1.0f, 1},
-        {2, 7, 0, 8, 0, 2, 0, 0, 0, 0, 1, 0, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 5, 0, 12, 0, 3, 0, 0, 6, 0, 0, 0, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
+        {.B = 1, .Tq = 6, .E = 3, .H = 1, .noproj = 1, .scale = 1.0f, .need_weights = 1},
+        {.B = 2, .Tq = 7, .E = 8, .H = 2, .causal = 1, .noproj = 1, .need_weights = 1},
+        {.B = 2, .Tq = 5, .E = 12, .H = 3, .Eo = 6, .noproj = 1, .biases = 1, .need_weights = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 2000 + i);
 }
@@ -207,10 +145,10 @@ Test(opencl, no_weights)
 Test(opencl, cross_attention)
 {
     static const config cfgs[] = {
-        {2, 5, 11, 12, 7, 3, 4, 4, 12, 1, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 6, 9, 8, 10, 2, 4, 5, 0, 1, 1, 1, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {1, 1, 130, 16, 16, 4, 4, 4, 16, 1, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {3, 61, 7, 6, 5, 3, 2, 4, 0, 1, 1, 1, 0, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_RAW, 0, 0, 1},
+        {.B = 2, .Tq = 5, .Tk = 11, .E = 12, .Ekv = 7, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .cross = 1, .biases = 1, .need_weights = 1},
+        {.B = 2, .Tq = 6, .Tk = 9, .E = 8, .Ekv = 10, .H = 2, .dk = 4, .dv = 5, .cross = 1, .causal = 1, .need_weights = 1},
+        {.B = 1, .Tq = 1, .Tk = 130, .E = 16, .Ekv = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .cross = 1, .biases = 1, .need_weights = 1},
+        {.B = 3, .Tq = 61, .Tk = 7, .E = 6, .Ekv = 5, .H = 3, .dk = 2, .dv = 4, .cross = 1, .causal = 1, .layout = CLATTN_LAYOUT_RAW, .need_weights = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 3000 + i);
 }
@@ -218,11 +156,11 @@ Test(opencl, cross_attention)
 Test(opencl, masks)
 {
     static const config cfgs[] = {
-        {3, 8, 0, 12, 0, 3, 4, 4, 12, 0, 0, 1, 1, 1, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 7, 0, 8, 0, 2, 4, 4, 8, 0, 0, 1, 1, 0, CLATTN_MASK_BOOL, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 7, 0, 8, 0, 2, 4, 4, 8, 0, 0, 1, 1, 0, CLATTN_MASK_FLOAT, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 61, 0, 16, 0, 4, 4, 4, 16, 0, 1, 1, 1, 1, CLATTN_MASK_BOOL, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
-        {2, 5, 13, 8, 6, 2, 4, 4, 8, 1, 1, 1, 1, 1, CLATTN_MASK_FLOAT, CLATTN_LAYOUT_LINEAR, 0, 0, 1},
+        {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .need_weights = 1},
+        {.B = 2, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .biases = 1, .mask = CLATTN_MASK_BOOL, .need_weights = 1},
+        {.B = 2, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .biases = 1, .mask = CLATTN_MASK_FLOAT, .need_weights = 1},
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL, .need_weights = 1},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT, .need_weights = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 4000 + i);
 }
@@ -230,8 +168,8 @@ Test(opencl, masks)
 Test(opencl, dropout)
 {
     static const config cfgs[] = {
-        {2, 7, 0, 12, 0, 3, 4, 4, 12, 0, 0, 1, 1, 0, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0.2f, 0, 1},
-        {2, 61, 0, 16, 0, 4, 4, 4, 0, 0, 1, 1, 0, 1, CLATTN_MASK_NONE, CLATTN_LAYOUT_LINEAR, 0.5f, 0, 1},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dropout = 0.2f, .need_weights = 1},
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .causal = 1, .kpm = 1, .dropout = 0.5f, .need_weights = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check(&cfgs[i], 5000 + i);
 }

@@ -423,8 +423,9 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     d->head_dim_v = c->dv, d->out_dim = c->Eo, d->window = c->window, d->cross = c->cross, d->causal = c->causal;
     d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
     d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
+    d->scale = c->scale;
     const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
-    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->dk, dv = c->dv;
+    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? E / H : c->dk, dv = c->noproj ? E / H : c->dv;
     const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
     if (!c->noproj) {
         p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);

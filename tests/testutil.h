@@ -73,6 +73,7 @@ typedef struct tu_attn_case {
     int training;         /* a training plan: lse and context are outputs too */
     int kv_half;          /* K and V rounded to half (kv_half; inference only) */
     int need_weights;     /* the attention weights are wanted (cores that produce them) */
+    float scale;          /* the scores' scale (0: the default, 1/sqrt(dk)) */
 } tu_attn_case;
 
 /* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask
