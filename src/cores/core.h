@@ -201,6 +201,12 @@ int clattn_core_param_index(const clattn_core *core, const char *name); /* -1: n
 int clattn_core_param_valid(const clattn_core_param *param, size_t v);  /* one of its values? */
 
 /* ---- helpers the cores share (core_args.c) */
+/* Head sizes up to max_head (SUCCESS, or UNSUPPORTED naming the limit); with fit_defaults, also that the core's
+ * defaults exist for d on this device (the smallest head when d is NULL: a work-group core's tiles must fit the
+ * local memory and the work-group limit). The supports of the flash and decode families. */
+clattn_status clattn_core_supports_heads(const clattn_core *core, const clattn_caps *caps,
+                                         const clattn_attention_desc *d, size_t max_head, int fit_defaults, char *why,
+                                         size_t len);
 /* The split-K merge of the flash and decode families (cl/common/combine.cl, split_combine; src/attention/merge.c is
  * its host twin): rows*heads*dv output elements from `parts` parts, part p of row r having left its unnormalised
  * output at acc + r*a_row + p*a_part + h*a_head and its max and sum at st + r*s_row + p*s_part + h*s_head (+1), the

@@ -71,6 +71,25 @@ size_t clattn_core_head_vector(size_t dk, size_t dv)
 
 size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
 
+clattn_status clattn_core_supports_heads(const clattn_core *core, const clattn_caps *caps,
+                                         const clattn_attention_desc *d, size_t max_head, int fit_defaults, char *why,
+                                         size_t len)
+{
+    if (d && (d->head_dim_qk > max_head || d->head_dim_v > max_head)) {
+        snprintf(why, len, "%s takes head sizes up to %zu (dk = %zu, dv = %zu)", core->name, max_head, d->head_dim_qk,
+                 d->head_dim_v);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
+    clattn_core_params p;
+    if (fit_defaults && !core->defaults(core, caps, d ? d : &one, &p)) {
+        snprintf(why, len, "%s's work-groups do not fit this device (local memory %zu bytes, max work-group %zu)",
+                 core->name, caps->local_mem, caps->max_work_group);
+        return CLATTN_STATUS_UNSUPPORTED;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_core_combine(const clattn_device *dev, cl_kernel k, const clattn_split_combine *c)
 {
     const size_t total = c->rows * c->heads * c->dv;

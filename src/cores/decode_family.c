@@ -37,19 +37,7 @@ static size_t part_slots(const clattn_attention_desc *d)
 clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                                      char *why, size_t len)
 {
-    if (d && (d->head_dim_qk > CLATTN_DECODE_MAX_HEAD || d->head_dim_v > CLATTN_DECODE_MAX_HEAD)) {
-        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, CLATTN_DECODE_MAX_HEAD,
-                 d->head_dim_qk, d->head_dim_v);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
-    clattn_core_params p;
-    if (!core->defaults(core, caps, d ? d : &one, &p)) {
-        snprintf(why, len, "%s's work-groups do not fit this device (local memory %zu bytes, max work-group %zu)",
-                 core->name, caps->local_mem, caps->max_work_group);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_core_supports_heads(core, caps, d, CLATTN_DECODE_MAX_HEAD, 1, why, len);
 }
 
 size_t clattn_decode_workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,

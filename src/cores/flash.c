@@ -63,27 +63,13 @@ size_t clattn_flash_device_bytes(const void *state)
 clattn_status clattn_flash_supports(const clattn_core *core, const clattn_caps *caps,
                                     const clattn_attention_desc *d, char *why, size_t len)
 {
-    (void)caps;
-    if (d && (d->head_dim_qk > CLATTN_FLASH_MAX_HEAD || d->head_dim_v > CLATTN_FLASH_MAX_HEAD)) {
-        snprintf(why, len, "%s takes head sizes up to %d (dk = %zu, dv = %zu)", core->name, CLATTN_FLASH_MAX_HEAD,
-                 d->head_dim_qk, d->head_dim_v);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_core_supports_heads(core, caps, d, CLATTN_FLASH_MAX_HEAD, 0, why, len);
 }
 
 clattn_status clattn_flash_supports_tiles(const clattn_core *core, const clattn_caps *caps,
                                           const clattn_attention_desc *d, char *why, size_t len)
 {
-    TRY(clattn_flash_supports(core, caps, d, why, len));
-    const clattn_attention_desc one = {.head_dim_qk = 1, .head_dim_v = 1};
-    clattn_core_params p;
-    if (!core->defaults(core, caps, d ? d : &one, &p)) {
-        snprintf(why, len, "%s's tiles do not fit this device (local memory %zu bytes, max work-group %zu)",
-                 core->name, caps->local_mem, caps->max_work_group);
-        return CLATTN_STATUS_UNSUPPORTED;
-    }
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_core_supports_heads(core, caps, d, CLATTN_FLASH_MAX_HEAD, 1, why, len);
 }
 
 void clattn_flash_release(void *state)
