@@ -6,8 +6,10 @@
 # (an exact text replacement), rebuilds incrementally, runs the tests the list names for it, and
 # reports which test caught it. The working tree is never touched.
 #
-#   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N]
-# The scratch directory (default: a new one under $TMPDIR) keeps each mutant's test log.
+#   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N] [--workers N]
+# The scratch directory (default: a new one under $TMPDIR) keeps each mutant's test log. --workers (default: the
+# CPUs, at most 2 when more than 20 mutants are chosen, else 1): copies of the tree, each with its own build, that
+# take the mutants in turn side by side (a mutant's build and tests are mostly single-threaded).
 #
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
@@ -23,6 +25,7 @@ list=$root/scripts/mutants.txt
 only=
 scratch=
 jobs=$(nproc 2>/dev/null || echo 2)
+workers=
 test_timeout=${MUTATE_TEST_TIMEOUT:-300}
 while [ $# -gt 0 ]; do
     case $1 in
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
         --only) only=$2; shift 2 ;;
         --scratch) scratch=$2; shift 2 ;;
         --jobs) jobs=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --workers) workers=$2; shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -63,7 +67,7 @@ mkdir -p "$scratch/src"
 # tracked files and new ones not ignored: what the next commit would hold
 (cd "$root" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$scratch/src/")
 cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-build() { cmake --build "$scratch/build" -j "$jobs" >"$scratch/build.log" 2>&1; }
+build() { cmake --build "${1:-$scratch/build}" -j "$jobs" >"${1:-$scratch/build}.log" 2>&1; }
 build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy does not build" >&2; exit 2; }
 
 for k in "${!ids[@]}"; do   # a regex that names no test would make its mutant "survive" for nothing
@@ -85,12 +89,12 @@ for t in json.load(sys.stdin).get("tests", []):
     names.add(b)
 print(" ".join(sorted(names)))' 2>/dev/null || true)")
 done
-build_for() { # k: the targets of mutant k, or the whole build
+build_for() { # k build-dir: the targets of mutant k, or the whole build
     if [ -n "${targets[$1]}" ]; then
         # shellcheck disable=SC2086
-        cmake --build "$scratch/build" -j "$jobs" --target ${targets[$1]} >"$scratch/build.log" 2>&1
+        cmake --build "$2" -j "$jobs" --target ${targets[$1]} >"$2.log" 2>&1
     else
-        build
+        build "$2"
     fi
 }
 # the union of the lists' regexes, alternatives of the form ^name$ listed once
@@ -115,37 +119,41 @@ apply() { # file find replace -> 0, or 3 when the text does not occur exactly on
         open(my $out, ">", $path) or die "$path: $!\n"; print $out $s; close $out;'
 }
 
-survived=(); broken=(); report=()
-for k in "${!ids[@]}"; do
-    id=${ids[$k]}; f=$scratch/src/${files[$k]}
-    cp "$f" "$scratch/orig"
+# mutant k in the copy src/build of worker w: its verdict into $scratch/verdict.k ("caught", "survived" or
+# "broken" and a line), the line on stdout
+one() {
+    local k=$1 src=$2 bld=$3 w=$4
+    local id=${ids[$k]} f=$src/${files[$k]} line verdict rc=0
+    cp "$f" "$scratch/orig.$w"
     if ! apply "$f" "${finds[$k]}" "${repls[$k]}"; then
-        broken+=("$id (stale: text not found once)")
-        continue
+        printf 'broken\t%s (stale: text not found once)\n' "$id" >"$scratch/verdict.$k"
+        return
     fi
-    t0=$(date +%s)
-    if ! build_for "$k"; then
-        cp "$scratch/orig" "$f"
-        broken+=("$id (does not build)")
-        continue
+    local t0; t0=$(date +%s)
+    if ! build_for "$k" "$bld"; then
+        cp "$scratch/orig.$w" "$f"
+        printf 'broken\t%s (does not build)\n' "$id" >"$scratch/verdict.$k"
+        echo "$(printf '%-30s BROKEN    (does not build)' "$id")"
+        return
     fi
-    log=$scratch/$id.log
-    rc=0
+    local log=$scratch/$id.log
     # the first failing test is the verdict: ctest stops there, and so does Criterion within a binary
-    (cd "$scratch/build" && CRITERION_FAIL_FAST=1 \
+    (cd "$bld" && CRITERION_FAIL_FAST=1 CTEST_PARALLEL_LEVEL=$per_ctest \
         timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
         rc=$?
+    verdict=caught
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        pkill -KILL -f "$scratch/build/" 2>/dev/null || true   # test binaries left behind by ctest
+        pkill -KILL -f "$bld/" 2>/dev/null || true   # test binaries left behind by ctest
         line=$(printf '%-30s caught: its tests ran past %s s (a hang)' "$id" "$test_timeout")
     elif [ "$rc" -eq 0 ]; then
-        survived+=("$id")
+        verdict=survived
         line=$(printf '%-30s SURVIVED  (ran %s)' "$id" "${regexes[$k]}")
     elif grep -qE "CL_BUILD_PROGRAM_FAILURE|building kernels .* failed" "$log"; then   # the compiler's refusal (a
         # kernel the library refuses after its build, as clattn_core_check_local does, is a catch)
-        broken+=("$id (kernel does not compile)")
+        verdict=broken
         line=$(printf '%-30s BROKEN    (a kernel does not compile)' "$id")
     else
+        local caught fails nfail first
         caught=$(sed -n 's/^[[:space:]]*[0-9][0-9]* - \([^ ]*\) (.*/\1/p' "$log" | paste -sd, -)
         fails=$(sed -n 's/^\[FAIL\] \([^:]*::[^:]*\):.*/\1/p' "$log")
         nfail=$(printf '%s\n' "$fails" | grep -c . || true)
@@ -153,11 +161,59 @@ for k in "${!ids[@]}"; do
         [ -n "$first" ] || first=$(grep -m1 -iE "fail|error|crash|signal" "$log" | cut -c1-100 || true)
         line=$(printf '%-30s caught by %s, %s failing: %s' "$id" "${caught:-?}" "$nfail" "$first")
     fi
-    cp "$scratch/orig" "$f"
+    cp "$scratch/orig.$w" "$f"
+    case $verdict in
+        survived) printf 'survived\t%s\n' "$id" >"$scratch/verdict.$k" ;;
+        broken) printf 'broken\t%s (kernel does not compile)\n' "$id" >"$scratch/verdict.$k" ;;
+        *) printf 'caught\t%s\n' "$id" >"$scratch/verdict.$k" ;;
+    esac
     echo "$line ($(( $(date +%s) - t0 )) s)"
-    report+=("$line")
+}
+
+# worker w takes mutants w, w + workers, ...; worker 0 the copy built above, the others a copy of their own, built
+# first (while worker 0 already runs)
+work() {
+    local w=$1 src=$scratch/src bld=$scratch/build
+    if [ "$w" -gt 0 ]; then
+        src=$scratch/src.w$w bld=$scratch/build.w$w
+        rm -rf "$src" && cp -a "$scratch/src" "$src"
+        cmake -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release >/dev/null && build "$bld" ||
+            { echo "mutate.sh: worker $w's copy does not build (see $bld.log)" >&2; return 1; }
+    fi
+    for k in "${!ids[@]}"; do
+        [ $((k % workers)) -eq "$w" ] && one "$k" "$src" "$bld" "$w"
+    done
+    build "$bld" || true   # leave the copy unmutated
+}
+
+if [ -z "$workers" ]; then
+    workers=1
+    if [ "${#ids[@]}" -gt 20 ] && [ "$jobs" -gt 1 ]; then workers=2; fi
+fi
+# side by side, each mutant's ctest runs its entries one at a time
+per_ctest=${CTEST_PARALLEL_LEVEL:-1}
+[ "$workers" -le 1 ] || per_ctest=1
+rm -f "$scratch"/verdict.*
+pids=()
+for ((w = 0; w < workers; w++)); do
+    work "$w" &
+    pids+=($!)
 done
-build || true   # leave the scratch build unmutated
+for p in "${pids[@]}"; do wait "$p" || true; done
+
+survived=(); broken=()
+for k in "${!ids[@]}"; do
+    if [ ! -f "$scratch/verdict.$k" ]; then
+        broken+=("${ids[$k]} (not run: its worker failed)")
+        continue
+    fi
+    IFS=$'\t' read -r verdict what <"$scratch/verdict.$k"
+    case $verdict in
+        survived) survived+=("$what") ;;
+        broken) broken+=("$what") ;;
+    esac
+done
+
 
 echo
 echo "mutate.sh: ${#ids[@]} mutants, $(( ${#ids[@]} - ${#survived[@]} - ${#broken[@]} )) caught, ${#survived[@]} survived, ${#broken[@]} broken"
