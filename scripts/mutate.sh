@@ -175,8 +175,7 @@ one() {
 work() {
     local w=$1 src=$scratch/src bld=$scratch/build
     if [ "$w" -gt 0 ]; then
-        src=$scratch/src.w$w bld=$scratch/build.w$w
-        rm -rf "$src" && cp -a "$scratch/src" "$src"
+        src=$scratch/src.w$w bld=$scratch/build.w$w   # copied, unmutated, before any worker started
         cmake -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release >/dev/null && build "$bld" ||
             { echo "mutate.sh: worker $w's copy does not build (see $bld.log)" >&2; return 1; }
     fi
@@ -194,6 +193,11 @@ fi
 per_ctest=${CTEST_PARALLEL_LEVEL:-1}
 [ "$workers" -le 1 ] || per_ctest=1
 rm -f "$scratch"/verdict.*
+# the other workers' copies of the unmutated tree, made before worker 0 plants its first bug
+for ((w = 1; w < workers; w++)); do
+    rm -rf "$scratch/src.w$w" "$scratch/build.w$w"
+    cp -a "$scratch/src" "$scratch/src.w$w"
+done
 pids=()
 for ((w = 0; w < workers; w++)); do
     work "$w" &
