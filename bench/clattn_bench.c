@@ -81,6 +81,7 @@ typedef struct result {
     int core_valid;
     double wall_s;        /* how long measuring this configuration took */
     double interference;  /* share of all CPUs that other processes used meanwhile (Linux), < 0 unknown */
+    char profiling[300];  /* why the stages were not timed ("" when they were, or on ref) */
 } result;
 
 /* ------------------------------------------------------------------ helpers */
@@ -551,8 +552,11 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
         }
         r->dev = summarize(t, o->iters);
         /* stages: the same with marker events between the stages (the attention plan only) */
-        if (run.attn) {
-            bench_check(clattn_plan_set_profiling(run.attn, 1), "clattn_plan_set_profiling");
+        const clattn_status prof = run.attn ? clattn_plan_set_profiling(run.attn, 1) : CLATTN_STATUS_SUCCESS;
+        if (prof == CLATTN_STATUS_UNSUPPORTED) /* the stages stay "not timed", and the result says why */
+            snprintf(r->profiling, sizeof r->profiling, "%s", clattn_last_error());
+        else if (run.attn) {
+            bench_check(prof, "clattn_plan_set_profiling");
             for (int i = 0; i < o->iters; i++) {
                 progress(o, i == 0, "T=%zu: profiled runs %d/%d", op->seq, i, o->iters);
                 runner_buffers(&run, xb, ob);
@@ -716,6 +720,12 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     json_num(f, "softmax_bytes", r->softmax_bytes, 1);
     json_num(f, "interference", r->interference, r->interference >= 0);
     json_num(f, "wall_s", r->wall_s, 1);
+    if (r->profiling[0]) {
+        fprintf(f, ",\"stages_unsupported\":");
+        bench_json_string(f, r->profiling);
+    } else {
+        fprintf(f, ",\"stages_unsupported\":null");
+    }
     const char *groups[3] = {"stages", "stages_min", "stages_max"};
     for (int g = 0; g < 3; g++) {
         fprintf(f, ",\"%s\":{", groups[g]);
@@ -833,6 +843,10 @@ static void print_interference(const result *r)
 /* The attention plan's per-stage table and GEMM share. */
 static void print_stages(const bench_ctx *b, const result *r)
 {
+    if (r->profiling[0]) {
+        printf("stages: not timed (%s)\n", r->profiling);
+        return;
+    }
     printf("%-16s %10s %10s %10s %7s  %s\n", "stage", "median ms", "min ms", "max ms", "share", "rate");
     for (int s = 0; s < NSTAGES; s++) {
         const stats *x = &r->stage[s];

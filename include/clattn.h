@@ -162,6 +162,10 @@ CLATTN_API clattn_backend clattn_device_backend(const clattn_device *device);
 CLATTN_API const char *clattn_device_name(const clattn_device *device);
 /* Why the default fell back to ref; NULL when there was no fallback. */
 CLATTN_API const char *clattn_device_notice(const clattn_device *device);
+/* What clattn knows of the device, one "name: value" line each: its class and driver, the capabilities read
+ * when it opened, and the facts its probes measured (the longest loop a work-item completes, whether NaN and
+ * Inf propagate, whether profiling timestamps are real), with what the probes found wrong. "" for ref. */
+CLATTN_API const char *clattn_device_facts(const clattn_device *device);
 /* The OpenCL objects (NULL for ref). */
 CLATTN_API cl_context clattn_device_context(const clattn_device *device);
 CLATTN_API cl_command_queue clattn_device_queue(const clattn_device *device);
@@ -643,7 +647,10 @@ CLATTN_API size_t clattn_stage_count(void);
  * with the last execution's device time per stage (0 for a stage that did not run:
  * a fused plan reports ATTENTION where an unfused one reports HEAD_SPLIT, SCORES,
  * SOFTMAX, CONTEXT and HEAD_MERGE). On ref it reports host wall time per stage.
- * clattn_plan_stage_times fills the first CLATTN_STAGE_COUNT (7) entries only. */
+ * clattn_plan_stage_times fills the first CLATTN_STAGE_COUNT (7) entries only.
+ * Enabling it is CLATTN_STATUS_UNSUPPORTED, with the reason, on a queue without
+ * CL_QUEUE_PROFILING_ENABLE and on a device whose timestamps the probes found not
+ * real (Mesa 22's rusticl reports 0, 1, 2, 3 ns for every event; clattn_device_facts). */
 CLATTN_API clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable);
 CLATTN_API clattn_status clattn_plan_stage_times(const clattn_plan *plan, double ms[CLATTN_STAGE_COUNT]);
 CLATTN_API clattn_status clattn_plan_stage_times_n(const clattn_plan *plan, double *ms, size_t n);

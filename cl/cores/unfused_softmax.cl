@@ -158,8 +158,9 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
     const float inv = 1.0f / sum;
     for (uint j = 0; j < n8; j += 8) vstore8(vload8(0, r + j) * inv, 0, r + j);
     for (uint j = n8; j < n; j++) r[j] *= inv;
-    /* hidden keys: 0, or NaN when the sum is (a +inf score makes exp(inf - inf) NaN) */
-    const float hidden = 0.0f * inv;
+    /* hidden keys: 0, or NaN when the sum is (a +inf score makes exp(inf - inf) NaN). A select, not 0 * inv:
+     * Mesa 22's rusticl folds 0.0f * x to 0 even when x is NaN (issue 45). */
+    const float hidden = isnan(inv) ? NAN : 0.0f;
     for (uint j = n; j < Tk; j++) r[j] = hidden;
 #else
     float m = -INFINITY;

@@ -577,8 +577,7 @@ clattn_status clattn_plan_set_profiling(clattn_plan *plan, int enable)
 {
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
-    if (enable && plan->core && !plan->device->queue_profiling)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    if (enable && plan->core) TRY(clattn_profiling_check(plan->device));
     pthread_mutex_lock(&plan->lock);
     plan->profiling = enable != 0;
     for (int s = 0; s < CLATTN_NSTAGES; s++) plan->stage_ms[s] = 0.0;

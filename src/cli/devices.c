@@ -8,13 +8,16 @@
 int clattn_cli_devices(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        printf("usage: clattn devices\n"
+        printf("usage: clattn devices [-v]\n"
                "  lists ref (the CPU reference) and every OpenCL device with its selector (opencl:P:D), type,\n"
-               "  compute units, memory and OpenCL C version; no options\n");
+               "  compute units, memory and OpenCL C version\n"
+               "  -v  also opens each device and prints what clattn knows of it: its capabilities and the facts\n"
+               "      its probes measured (the loop limit, NaN and Inf arithmetic, profiling timestamps)\n");
         return 0;
     }
-    if (argc > 1) {
-        fprintf(stderr, "clattn devices: unexpected argument '%s' (clattn devices takes no options)\n", argv[1]);
+    const int verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
+    if (argc > 1 + verbose) {
+        fprintf(stderr, "clattn devices: unexpected argument '%s' (clattn devices takes only -v)\n", argv[1 + verbose]);
         return 2;
     }
     size_t n = 0;
@@ -51,6 +54,21 @@ int clattn_cli_devices(int argc, char **argv)
                d->fp64 ? "yes" : "no");
     }
     if (n == 0) printf("(no OpenCL device found: only ref is available)\n");
+    for (size_t i = 0; verbose && i < n; i++) {
+        clattn_device *dev = NULL;
+        printf("\n%s  %s\n", infos[i].selector, infos[i].name);
+        if (clattn_device_open(infos[i].selector, &dev) != CLATTN_STATUS_SUCCESS) {
+            printf("  (does not open: %s)\n", clattn_last_error());
+            continue;
+        }
+        for (const char *line = clattn_device_facts(dev); *line;) {
+            const char *end = strchr(line, '\n');
+            const int len = end ? (int)(end - line) : (int)strlen(line);
+            printf("  %.*s\n", len, line);
+            line += len + (end != NULL);
+        }
+        clattn_device_free(dev);
+    }
     free(infos);
     return 0;
 }

@@ -120,8 +120,7 @@ clattn_status clattn_decode_plan_set_profiling(clattn_decode_plan *plan, int ena
     if (enable && !plan->ops->stage_times)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "decode stage times need an OpenCL device (this plan is on %s)",
                            plan->base->device->name);
-    if (enable && !plan->base->device->queue_profiling)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    if (enable) TRY(clattn_profiling_check(plan->base->device));
     pthread_mutex_lock(&plan->lock);
     plan->profiling = enable != 0;
     pthread_mutex_unlock(&plan->lock);

@@ -278,5 +278,29 @@ const char *clattn_device_notice(const clattn_device *device)
     return device && device->notice[0] ? device->notice : NULL;
 }
 
+const char *clattn_device_facts(const clattn_device *device)
+{
+    if (!device || device->backend != CLATTN_BACKEND_OPENCL) return "";
+    static _Thread_local char text[2048];
+    const clattn_caps *c = &device->caps;
+    char sg[64] = "";
+    for (int i = 0; c->subgroup_sizes[i] && i < CLATTN_MAX_SUBGROUP_SIZES; i++)
+        snprintf(sg + strlen(sg), sizeof sg - strlen(sg), "%s%u", i ? "," : "", c->subgroup_sizes[i]);
+    char loop[96];
+    if (c->loop_limit) snprintf(loop, sizeof loop, "%zu iterations per work-item, all loops together", c->loop_limit);
+    else snprintf(loop, sizeof loop, "none below %zu", (size_t)CLATTN_PROBE_LOOP_TRIPS);
+    snprintf(text, sizeof text,
+             "class: %s\nvendor: %s\ndriver: %s\nopencl c: %s\ncompute units: %u\nlocal memory: %zu bytes\n"
+             "max work-group: %zu\nnative float vector: %u\nfp16: %s\nfp64: %s\nsubgroups: %s%s%s%s\n"
+             "tensor cores (mma tf32): %s\nloop limit: %s\nnan and inf arithmetic: %s\nprofiling timestamps: %s\n"
+             "probe notes: %s\n",
+             clattn_device_class_name(c->dclass), c->vendor, c->driver, c->cl_c_version, c->compute_units, c->local_mem,
+             c->max_work_group, c->native_vec_float, c->fp16 ? "yes" : "no", c->fp64 ? "yes" : "no",
+             c->subgroups ? "yes" : "no", sg[0] ? " (sizes " : "", sg, sg[0] ? ")" : "", c->nv_mma_tf32 ? "yes" : "no",
+             loop, c->ieee_nan ? "IEEE" : "not IEEE", c->profiling_ok ? "real" : "not real (profiling unsupported)",
+             c->probe_note[0] ? c->probe_note : "none");
+    return text;
+}
+
 cl_context clattn_device_context(const clattn_device *device) { return device ? device->context : NULL; }
 cl_command_queue clattn_device_queue(const clattn_device *device) { return device ? device->queue : NULL; }

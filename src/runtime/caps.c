@@ -162,6 +162,7 @@ void clattn_caps_read(clattn_device *dev)
         c->nv_cc = major * 10 + (minor < 10 ? minor : 9);
     }
     if (c->nv_inline_ptx && c->nv_cc >= 80) c->nv_mma_tf32 = clattn_test_probe_mma(dev);
+    clattn_probes_run(dev);
 }
 
 /* Does a probe kernel (cl/runtime/<name>.cl) build here? Built quietly (kept by the compiled-program cache

@@ -154,11 +154,11 @@ int clattn_program_cache_key(const clattn_device *dev, const char *const *names,
     return 1;
 }
 
-static int path_for(const char *key, char *path, size_t len)
+int clattn_cache_path(const char *key, const char *suffix, char *path, size_t len)
 {
     char dir[1024];
     if (!cache_dir(dir, sizeof dir)) return 0;
-    int n = snprintf(path, len, "%s/%016llx.bin", dir, (unsigned long long)fnv64(FNV0, key, strlen(key)));
+    int n = snprintf(path, len, "%s/%016llx%s", dir, (unsigned long long)fnv64(FNV0, key, strlen(key)), suffix);
     return n > 0 && (size_t)n < len;
 }
 
@@ -166,7 +166,7 @@ static int read_u64(FILE *f, uint64_t *v) { return fread(v, sizeof *v, 1, f) == 
 
 /* The entry at path for reading: a regular file of the user's that nobody else may write, opened without
  * following a link or blocking; NULL otherwise (why, in the notice, unless it is simply not there). */
-static FILE *open_entry(const char *path)
+FILE *clattn_cache_open(const char *path)
 {
     const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
@@ -187,8 +187,8 @@ static FILE *open_entry(const char *path)
 cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, const char *options)
 {
     char path[1200];
-    if (!key[0] || !path_for(key, path, sizeof path)) return NULL;
-    FILE *f = open_entry(path);
+    if (!key[0] || !clattn_cache_path(key, ".bin", path, sizeof path)) return NULL;
+    FILE *f = clattn_cache_open(path);
     if (!f) return NULL;
     cl_program prog = NULL;
     unsigned char *bin = NULL;
@@ -232,7 +232,7 @@ void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_pr
 {
     (void)dev;
     char path[1200], tmp[1300];
-    if (!key[0] || !path_for(key, path, sizeof path)) return;
+    if (!key[0] || !clattn_cache_path(key, ".bin", path, sizeof path)) return;
     size_t size = 0;
     if (clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS || size == 0 ||
         size > MAX_BINARY)
@@ -264,4 +264,25 @@ void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_pr
     ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
     free(bin);
+}
+
+int clattn_cache_write(const char *path, const void *data, size_t n)
+{
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    const int fd = mkstemp(tmp);
+    if (fd < 0) return 0;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return 0;
+    }
+    int ok = fwrite(data, 1, n, f) == n;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return 0;
+    }
+    return 1;
 }

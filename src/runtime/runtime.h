@@ -8,6 +8,7 @@
 #include "clattn.h"
 #include <clblast_c.h>
 #include <stdarg.h>
+#include <stdio.h>
 
 /* ---- errors (status.c) */
 /* Record a detail message for clattn_last_error() and return `status`. */
@@ -118,6 +119,14 @@ typedef struct clattn_caps {
                                    0: not NVIDIA, or not reported */
     int nv_mma_tf32;            /* mma.sync m16n8k8 TF32, cvt.rna.tf32 and shfl.sync build here (compute
                                    capability 8.0 or newer and inline PTX; a probe kernel built at open) */
+    /* What the driver does, measured by the device probes (probes.c) when the device opens, kept per device, driver
+     * and clattn version in the kernel cache's directory. The facts no query reports: */
+    size_t loop_limit;          /* the loop iterations (all loops together) one work-item completes before the driver
+                                   ends its loops without an error (Mesa 22's llvmpipe: 65,535); 0: no limit seen
+                                   below CLATTN_PROBE_LOOP_TRIPS. Every core keeps a work-item's trips below it. */
+    int ieee_nan;               /* 0 * NaN, 0 * Inf, NaN + 1, Inf - Inf are NaN (0: the driver folds one away) */
+    int profiling_ok;           /* event timestamps advance across a real kernel (0: fake, or no profiling queue) */
+    char probe_note[200];       /* what the probes found wrong, in words ("" when nothing) */
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
 } clattn_caps;
@@ -145,6 +154,16 @@ int clattn_contains_ci(const char *hay, const char *needle);
 /* Fill dev->caps and dev->name from dev->device (after the context and queue exist: the PTX probe builds
  * a kernel). Never fails: what a driver does not say stays 0. */
 void clattn_caps_read(clattn_device *dev);
+/* Can plans on dev report stage times? SUCCESS, or UNSUPPORTED with the reason: a queue without
+ * CL_QUEUE_PROFILING_ENABLE, or timestamps the probes found not real (caps.profiling_ok). */
+clattn_status clattn_profiling_check(const clattn_device *dev);
+/* Run the device probes (probes.c, cl/runtime/probe_device.cl) or read their facts from the cache: fills caps'
+ * loop_limit, ieee_nan, profiling_ok and probe_note. Never fails: a probe that cannot run leaves the facts of a
+ * device without defects, and says so in probe_note. */
+#define CLATTN_PROBE_LOOP_TRIPS ((size_t)1 << 20)
+void clattn_probes_run(clattn_device *dev);
+/* The loop trips a work-item may make on this device: caps' loop_limit less a margin, or SIZE_MAX without one. */
+size_t clattn_loop_budget(const clattn_caps *caps);
 /* Test-only: build the inline-PTX probe on any device (caps.c asks NVIDIA devices only): 1 if it built. */
 int clattn_test_probe_ptx(const clattn_device *dev);
 /* Test-only: build the tensor-core probe (cl/runtime/probe_mma.cl) on any device: 1 if it built. */
@@ -202,6 +221,12 @@ int clattn_program_cache_key(const clattn_device *dev, const char *const *names,
 cl_program clattn_program_cache_load(const clattn_device *dev, const char *key, const char *options);
 /* Save a built program's binary for `key` (atomically: a temporary file renamed); errors are ignored. */
 void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_program program);
+/* Other files of the same private directory (the device probes' facts, probes.c): the path of the entry for `key`
+ * with `suffix` (0: no cache), opened for reading under the same trust rules (NULL: not there or not private), and
+ * written atomically (0 on any failure; the cache is best effort). */
+int clattn_cache_path(const char *key, const char *suffix, char *path, size_t len);
+FILE *clattn_cache_open(const char *path);
+int clattn_cache_write(const char *path, const void *data, size_t n);
 /* Test-only: programs loaded from the cache and built from source since the last reset (reset = 1). */
 void clattn_test_program_counts(int reset, long *loaded, long *built);
 /* Called (when set) before the library compiles kernels from source (clattn_set_build_notice). */

@@ -1,0 +1,209 @@
+/* probes.c: the device probes (cl/runtime/probe_device.cl), run once when a device opens. They measure what no
+ * query reports and drivers get wrong without an error (issue 45, Mesa 22's rusticl on llvmpipe):
+ *   loop_limit    how many loop iterations one work-item completes (llvmpipe: 65,535, all loops together);
+ *   ieee_nan      whether NaN and Inf propagate through multiply and add (rusticl folds 0.0f * x to 0);
+ *   profiling_ok  whether event timestamps advance across a real kernel (rusticl reports 0, 1, 2, 3 ns).
+ * The facts are kept in the kernel cache's directory (the same trust rules), keyed by clattn's version, the
+ * device and its driver version, so a second process reads them instead of probing (a few ms otherwise). */
+#include "runtime.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROBES_MAGIC "CLATTN-PROBES 1\n"
+
+static void cache_key(const clattn_device *dev, char *key, size_t len)
+{
+    snprintf(key, len, "%sclattn %s\ndevice %s\nvendor %s\ndriver %s\n", PROBES_MAGIC, clattn_version(), dev->name,
+             dev->caps.vendor, dev->caps.driver);
+}
+
+/* The facts from the cache: 1 when a whole entry for this key was there. */
+static int cache_load(clattn_caps *c, const char *key)
+{
+    char path[1200], text[2048];
+    if (!clattn_cache_path(key, ".probes", path, sizeof path)) return 0;
+    FILE *f = clattn_cache_open(path);
+    if (!f) return 0;
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const size_t kl = strlen(key);
+    if (n <= kl || memcmp(text, key, kl) != 0) return 0;
+    unsigned long long limit = 0;
+    int nan = 0, prof = 0, used = 0;
+    if (sscanf(text + kl, "loop_limit %llu\nieee_nan %d\nprofiling_ok %d\nnote %n", &limit, &nan, &prof, &used) != 3 ||
+        used == 0)
+        return 0;
+    const char *note = text + kl + used, *end = strchr(note, '\n');
+    if (!end || strcmp(end, "\nend\n") != 0 || (size_t)(end - note) >= sizeof c->probe_note) return 0;
+    c->loop_limit = (size_t)limit;
+    c->ieee_nan = nan != 0;
+    c->profiling_ok = prof != 0;
+    memcpy(c->probe_note, note, (size_t)(end - note));
+    c->probe_note[end - note] = '\0';
+    return 1;
+}
+
+static void cache_store(const clattn_caps *c, const char *key)
+{
+    char path[1200], text[2048];
+    if (!clattn_cache_path(key, ".probes", path, sizeof path)) return;
+    const int n = snprintf(text, sizeof text, "%sloop_limit %llu\nieee_nan %d\nprofiling_ok %d\nnote %s\nend\n", key,
+                           (unsigned long long)c->loop_limit, c->ieee_nan, c->profiling_ok, c->probe_note);
+    if (n > 0 && (size_t)n < sizeof text) clattn_cache_write(path, text, (size_t)n);
+}
+
+static void note(clattn_caps *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(clattn_caps *c, const char *fmt, ...)
+{
+    const size_t used = strlen(c->probe_note);
+    if (used + 3 >= sizeof c->probe_note) return;
+    if (used) strcat(c->probe_note, "; ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->probe_note + strlen(c->probe_note), sizeof c->probe_note - strlen(c->probe_note), fmt, ap);
+    va_end(ap);
+}
+
+static cl_ulong event_time(cl_event e, cl_profiling_info what, int *ok)
+{
+    cl_ulong t = 0;
+    if (clGetEventProfilingInfo(e, what, sizeof t, &t, NULL) != CL_SUCCESS) *ok = 0;
+    return t;
+}
+
+/* The loop probe, on a queue of its own with profiling: the trips one work-item completed, and whether the
+ * launch's timestamps advanced (a kernel of 2^20 dependent-free loads takes far more than a microsecond). */
+static int probe_loop(clattn_device *dev, cl_kernel k, cl_mem ones, cl_mem out)
+{
+    clattn_caps *c = &dev->caps;
+    cl_int err;
+    cl_command_queue q = clCreateCommandQueue(dev->context, dev->device, CL_QUEUE_PROFILING_ENABLE, &err);
+    if (err != CL_SUCCESS) {
+        q = NULL;
+        c->profiling_ok = 0;
+        note(c, "no profiling queue (%d)", err);
+    }
+    cl_command_queue use = q ? q : dev->queue;
+    const cl_int n = (cl_int)CLATTN_PROBE_LOOP_TRIPS;
+    cl_int got = -1;
+    cl_event ev = NULL;
+    size_t one = 1;
+    err = clSetKernelArg(k, 0, sizeof ones, &ones);
+    if (err == CL_SUCCESS) err = clSetKernelArg(k, 1, sizeof out, &out);
+    if (err == CL_SUCCESS) err = clSetKernelArg(k, 2, sizeof n, &n);
+    if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(use, k, 1, NULL, &one, &one, 0, NULL, &ev);
+    if (err == CL_SUCCESS) err = clEnqueueReadBuffer(use, out, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        note(c, "the loop probe did not run (%d)", err);
+    } else if (got < 0 || got > n) {
+        note(c, "the loop probe returned %d of %d trips", (int)got, (int)n);
+    } else if (got < n) {
+        c->loop_limit = (size_t)got;
+        note(c, "a work-item's loops end after %d iterations in all, without an error", (int)got);
+    }
+    if (q && ev && err == CL_SUCCESS) {
+        int ok = 1;
+        const cl_ulong queued = event_time(ev, CL_PROFILING_COMMAND_QUEUED, &ok),
+                       submit = event_time(ev, CL_PROFILING_COMMAND_SUBMIT, &ok),
+                       start = event_time(ev, CL_PROFILING_COMMAND_START, &ok),
+                       end = event_time(ev, CL_PROFILING_COMMAND_END, &ok);
+        size_t res = 0;
+        if (clGetDeviceInfo(dev->device, CL_DEVICE_PROFILING_TIMER_RESOLUTION, sizeof res, &res, NULL) != CL_SUCCESS)
+            res = 0;
+        c->profiling_ok = ok && res > 0 && queued <= submit && submit <= start && start < end && end - start >= 1000;
+        if (!c->profiling_ok)
+            note(c, "profiling timestamps are not real (a %d-trip kernel: %llu ns, timer resolution %zu ns)", (int)got,
+                 (unsigned long long)(end - start), res);
+    }
+    if (ev) clReleaseEvent(ev);
+    if (q) clReleaseCommandQueue(q);
+    return err == CL_SUCCESS;
+}
+
+static void probe_nan(clattn_device *dev, cl_kernel k, cl_mem in, cl_mem out)
+{
+    static const char *const what[] = {"0 * NaN", "0 * Inf", "0.0f * NaN (a literal 0)", "NaN + 1", "Inf - Inf",
+                                       "fma(0, Inf, 1)", "Inf * 1"};
+    cl_int got[7] = {0};
+    cl_int err = clSetKernelArg(k, 0, sizeof in, &in);
+    if (err == CL_SUCCESS) err = clSetKernelArg(k, 1, sizeof out, &out);
+    size_t one = 1;
+    if (err == CL_SUCCESS) err = clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &one, &one, 0, NULL, NULL);
+    if (err == CL_SUCCESS) err = clEnqueueReadBuffer(dev->queue, out, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        note(&dev->caps, "the NaN probe did not run (%d)", err);
+        return;
+    }
+    for (int i = 0; i < 7; i++)
+        if (got[i] != 1) {
+            dev->caps.ieee_nan = 0;
+            note(&dev->caps, "%s is not %s", what[i], i == 6 ? "Inf" : "NaN");
+        }
+}
+
+void clattn_probes_run(clattn_device *dev)
+{
+    clattn_caps *c = &dev->caps;
+    c->loop_limit = 0;
+    c->ieee_nan = 1;
+    c->profiling_ok = 1;
+    c->probe_note[0] = '\0';
+    char key[1024];
+    cache_key(dev, key, sizeof key);
+    if (cache_load(c, key)) return;
+
+    const char *src[] = {"runtime/probe_device"};
+    cl_program prog = clattn_program_try_build(dev, src, 1, "-cl-std=CL1.2");
+    cl_kernel kl = NULL, kn = NULL;
+    cl_mem ones = NULL, out = NULL, in = NULL;
+    cl_int err = prog ? CL_SUCCESS : CL_BUILD_PROGRAM_FAILURE;
+    static const cl_int ones_host[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    const float in_host[4] = {0.0f, NAN, INFINITY, 1.0f};
+    if (err == CL_SUCCESS) kl = clCreateKernel(prog, "clattn_probe_loop", &err);
+    if (err == CL_SUCCESS) kn = clCreateKernel(prog, "clattn_probe_nan", &err);
+    if (err == CL_SUCCESS)
+        ones = clCreateBuffer(dev->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof ones_host,
+                              (void *)ones_host, &err);
+    if (err == CL_SUCCESS)
+        in = clCreateBuffer(dev->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof in_host, (void *)in_host,
+                            &err);
+    if (err == CL_SUCCESS) out = clCreateBuffer(dev->context, CL_MEM_READ_WRITE, 8 * sizeof(cl_int), NULL, &err);
+    int ran = 0;
+    if (err != CL_SUCCESS) {
+        note(c, "the probe kernels did not build or start (%d): the driver's defects are unknown", err);
+        c->profiling_ok = dev->queue_profiling;
+    } else {
+        ran = probe_loop(dev, kl, ones, out);
+        probe_nan(dev, kn, in, out);
+    }
+    if (in) clReleaseMemObject(in);
+    if (out) clReleaseMemObject(out);
+    if (ones) clReleaseMemObject(ones);
+    if (kn) clReleaseKernel(kn);
+    if (kl) clReleaseKernel(kl);
+    if (prog) clReleaseProgram(prog);
+    if (ran) cache_store(c, key);
+}
+
+clattn_status clattn_profiling_check(const clattn_device *dev)
+{
+    if (!dev->queue_profiling)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "the command queue was created without CL_QUEUE_PROFILING_ENABLE");
+    if (!dev->caps.profiling_ok)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED,
+                           "profiling is unsupported on %s: its event timestamps are not real (the device probe: %s)",
+                           dev->name, dev->caps.probe_note);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+size_t clattn_loop_budget(const clattn_caps *caps)
+{
+    /* an eighth kept back for the loops the cores' trip counts leave out (prologues, epilogues, stores) */
+    return caps->loop_limit ? caps->loop_limit - caps->loop_limit / 8 : SIZE_MAX;
+}
