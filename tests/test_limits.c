@@ -392,3 +392,141 @@ Test(faults, host_allocations_opencl) { walk(1, 0, CLATTN_ALGORITHM_UNFUSED); }
 Test(faults, device_buffers_opencl) { walk(1, 1, CLATTN_ALGORITHM_UNFUSED); }
 Test(faults, host_allocations_opencl_fused) { walk(1, 0, CLATTN_ALGORITHM_FUSED); }
 Test(faults, device_buffers_opencl_fused) { walk(1, 1, CLATTN_ALGORITHM_FUSED); }
+
+/* ---- the device's loop limit (a driver defect the probes measure: Mesa 22's llvmpipe ends a work-item's loops
+ * after 65,535 iterations without an error). Lowered here to a few thousand, a plan must run with parameters whose
+ * bound (the core's trips) keeps within clattn_loop_budget and compute the right answer, or be refused with the
+ * bound, the sizes and the limit named. */
+#include "cores/core.h"
+
+/* The core `name` ran with `params` ("P=V,..."): its bound for d within the device's budget. */
+static void assert_within_budget(const clattn_device *cl, const char *name, const char *params,
+                                 const clattn_attention_desc *d)
+{
+    const clattn_core *c = clattn_core_find(name);
+    cr_assert(c, "no core %s", name);
+    cr_assert(c->trips, "%s ran on a device with a loop limit but has no bound on its loops", name);
+    clattn_core_params p;
+    memset(&p, 0, sizeof p);
+    c->defaults(c, &cl->caps, d, &p);
+    char why[200];
+    cr_assert(clattn_core_params_parse(c, params, &p, why, sizeof why), "%s: %s", params, why);
+    const size_t n = c->trips(c, &cl->caps, d, &p);
+    cr_assert_leq(n, clattn_loop_budget(&cl->caps), "%s (%s): %zu loop iterations, beyond the budget %zu", name,
+                  params, n, clattn_loop_budget(&cl->caps));
+}
+
+static void assert_loop_refusal(clattn_status st, size_t limit)
+{
+    char lim[32];
+    snprintf(lim, sizeof lim, "%zu", limit);
+    cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
+    cr_assert(strstr(clattn_last_error(), "loop") && strstr(clattn_last_error(), lim), "%s", clattn_last_error());
+}
+
+Test(limits, loop_limit)
+{
+    clattn_device *cl = tu_open_opencl(), *ref = tu_open_ref();
+    cl->caps.loop_limit = 20000;
+    const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 130, .E = 32, .H = 2, .dk = 16, .dv = 16, .Eo = 32, .causal = 1, .kpm = 1},
+        {.B = 1, .Tq = 61, .Tk = 300, .E = 24, .Ekv = 24, .H = 3, .dk = 8, .dv = 8, .Eo = 24, .cross = 1,
+         .dropout = 0.25f},
+        {.B = 1, .Tq = 45, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16, .training = 1},
+        {.B = 1, .Tq = 4000, .E = 8, .H = 1, .dk = 8, .dv = 8, .Eo = 8}, /* too long for any core at this limit */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tu_problem p;
+        tu_problem_make(&p, &cases[ci], 60 + ci);
+        clattn_plan *pc = NULL, *pr = NULL;
+        const clattn_status st = tu_plan_create(cl, &p.d, &p.w, &pc);
+        if (ci == 3 || st != CLATTN_STATUS_SUCCESS) { /* refused: with the limit named, never a plan */
+            assert_loop_refusal(st, 20000);
+            cr_assert_null(pc);
+            tu_problem_free(&p);
+            continue;
+        }
+        assert_within_budget(cl, clattn_plan_core(pc), clattn_plan_core_params(pc), &p.d);
+        if (strcmp(clattn_plan_gemm(pc), "ref") != 0 && clattn_core_find(clattn_plan_gemm(pc)))
+            assert_within_budget(cl, clattn_plan_gemm(pc), clattn_plan_gemm_params(pc), &p.d);
+        if (p.d.training && clattn_plan_backward_core(pc)[0])
+            assert_within_budget(cl, clattn_plan_backward_core(pc), clattn_plan_backward_core_params(pc), &p.d);
+        cr_assert_eq(tu_plan_create(ref, &p.d, &p.w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const size_t n = p.d.batch * p.d.seq_q * p.d.out_dim;
+        float *oc = tu_poisoned(n), *orf = tu_poisoned(n);
+        clattn_attention_args a = p.a;
+        a.out = oc;
+        cr_assert_eq(tu_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "case %zu: %s", ci, clattn_last_error());
+        a.out = orf;
+        cr_assert_eq(tu_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        char msg[256];
+        cr_assert_eq(tu_compare(oc, orf, n, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "case %zu (%s %s): %s", ci,
+                     clattn_plan_core(pc), clattn_plan_core_params(pc), msg);
+        free(oc);
+        free(orf);
+        clattn_plan_free(pc);
+        clattn_plan_free(pr);
+        tu_problem_free(&p);
+    }
+    clattn_device_free(cl);
+    clattn_device_free(ref);
+}
+
+/* Parameters past the limit that the caller names are refused with it named; a core with no bound is refused
+ * on such a device whatever the sizes; without a limit the same parameters run. */
+Test(limits, loop_limit_forced)
+{
+    if (tu_forced_core()) cr_skip_test("sets CLATTN_CORE itself");
+    clattn_device *cl = tu_open_opencl();
+    tu_problem p;
+    tu_problem_make(&p, &(tu_attn_case){.B = 1, .Tq = 200, .E = 16, .H = 1, .dk = 16, .dv = 16, .Eo = 16}, 71);
+    clattn_plan *pc = NULL;
+    cl->caps.loop_limit = 20000;
+    setenv("CLATTN_CORE", "flash_rows:ROWS=16", 1);
+    assert_loop_refusal(tu_plan_create(cl, &p.d, &p.w, &pc), 20000);
+    cr_assert(strstr(clattn_last_error(), "ROWS=16"), "%s", clattn_last_error());
+    setenv("CLATTN_CORE", "flash_tiled", 1);
+    assert_loop_refusal(tu_plan_create(cl, &p.d, &p.w, &pc), 20000);
+    cr_assert(strstr(clattn_last_error(), "no bound"), "%s", clattn_last_error());
+    cl->caps.loop_limit = 0;
+    setenv("CLATTN_CORE", "flash_rows:ROWS=16", 1);
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_core_params(pc), "ROWS=16,BK=16,VW=8");
+    clattn_plan_free(pc);
+    unsetenv("CLATTN_CORE");
+    /* the GEMM core's blocks of k: all of k without a limit, shallow ones with it */
+    if (cl->caps.dclass == CLATTN_CLASS_CPU) {
+        cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert(strstr(clattn_plan_gemm_params(pc), "KC=0"), "%s", clattn_plan_gemm_params(pc));
+        clattn_plan_free(pc);
+        cl->caps.loop_limit = 20000;
+        cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert(!strstr(clattn_plan_gemm_params(pc), "KC=0"), "%s", clattn_plan_gemm_params(pc));
+        /* and CPUs' prefill core keeps running, with fewer rows per work-item */
+        cr_assert_str_eq(clattn_plan_core(pc), "flash_rows", "%s", clattn_plan_core(pc));
+        cr_assert(!strstr(clattn_plan_core_params(pc), "ROWS=16"), "%s", clattn_plan_core_params(pc));
+        clattn_plan_free(pc);
+    }
+    tu_problem_free(&p);
+    clattn_device_free(cl);
+}
+
+/* Profiling on a device whose timestamps the probes found not real: refused with the reason, never zeros. */
+Test(limits, fake_timestamps)
+{
+    clattn_device *cl = tu_open_opencl();
+    tu_problem p;
+    tu_problem_make(&p, &(tu_attn_case){.B = 1, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8}, 72);
+    clattn_plan *pc = NULL;
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert(cl->caps.profiling_ok, "the probes found this device's timestamps not real: %s", cl->caps.probe_note);
+    cr_assert_eq(clattn_plan_set_profiling(pc, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cl->caps.profiling_ok = 0;
+    snprintf(cl->caps.probe_note, sizeof cl->caps.probe_note, "timestamps 1 ns apart");
+    cr_assert_eq(clattn_plan_set_profiling(pc, 1), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "not real") && strstr(clattn_last_error(), "1 ns"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_plan_set_profiling(pc, 0), CLATTN_STATUS_SUCCESS);
+    clattn_plan_free(pc);
+    tu_problem_free(&p);
+    clattn_device_free(cl);
+}

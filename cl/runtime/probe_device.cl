@@ -26,3 +26,15 @@ __kernel void clattn_probe_nan(__global const float *in, __global int *out)
     out[5] = isnan(fma(zero, inf, one));
     out[6] = isinf(inf * one) && inf * one > 0.0f;
 }
+
+/* Built, never launched: the local memory the driver reports (CL_KERNEL_LOCAL_MEM_SIZE) for a kernel that
+ * declares 4096 bytes of it. Drivers differ (rusticl on llvmpipe reports twice what is declared), and the cores'
+ * check of their __local arrays (clattn_core_check_local) reads the reports through this one. */
+__kernel void clattn_probe_local(__global float *out)
+{
+    __local float tile[1024];
+    const uint l = get_local_id(0);
+    for (uint i = l; i < 1024; i += get_local_size(0)) tile[i] = (float)i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    out[get_global_id(0)] = tile[1023 - (l & 1023)];
+}

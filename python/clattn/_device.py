@@ -55,9 +55,12 @@ def version() -> str:
     return _lib.version().decode()
 
 
-def devices() -> List[Dict[str, Any]]:
+def devices(verbose: bool = False) -> List[Dict[str, Any]]:
     """Every device clattn can open: ref first, then each OpenCL device, as dicts (selector, platform, name,
-    type, compute_units, global_mem_bytes, max_alloc_bytes, opencl_c_version, fp16, fp64)."""
+    type, compute_units, global_mem_bytes, max_alloc_bytes, opencl_c_version, fp16, fp64). verbose: each OpenCL
+    device is opened and its dict gets "facts", what clattn knows of it (clattn_device_facts, as `clattn devices
+    -v` prints them): its class and driver, the capabilities read, and what its probes measured ("loop limit",
+    "nan and inf arithmetic", "profiling timestamps", "probe notes"), names to strings."""
     n = ctypes.c_size_t(0)
     _check(_lib.device_list(None, 0, ctypes.byref(n)), "listing devices")
     infos = (_lib.DeviceInfo * max(n.value, 1))()
@@ -69,6 +72,10 @@ def devices() -> List[Dict[str, Any]]:
                         type=d.type.decode(), compute_units=d.compute_units, global_mem_bytes=d.global_mem_bytes,
                         max_alloc_bytes=d.max_alloc_bytes, opencl_c_version=d.opencl_c_version.decode(),
                         fp16=bool(d.fp16), fp64=bool(d.fp64)))
+    for d in out[1:] if verbose else []:
+        dev = _Device(d["selector"])  # held while its facts are read
+        text = _lib.device_facts(dev.handle).decode(errors="replace")
+        d["facts"] = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
     return out
 
 

@@ -136,6 +136,17 @@ def test_devices():
     assert ds[0]["selector"] == "ref"
     for d in ds[1:]:
         assert d["selector"].startswith("opencl:") and d["name"]
+        assert "facts" not in d
+
+
+def test_devices_verbose_shows_the_probes():
+    for d in clattn.devices(verbose=True)[1:]:
+        facts = d["facts"]
+        for key in ("class", "driver", "loop limit", "nan and inf arithmetic", "profiling timestamps", "probe notes"):
+            assert key in facts, (d["selector"], facts)
+        if "Portable Computing Language" in d["platform"]:  # PoCL: no defect the probes know
+            assert facts["loop limit"].startswith("none below"), facts
+            assert facts["nan and inf arithmetic"] == "IEEE" and facts["profiling timestamps"] == "real", facts
 
 
 def test_cores_match_the_cli():

@@ -197,6 +197,16 @@ static clattn_status try_core(const clattn_device *dev, const env_request *r, co
         *refused = pst == CLATTN_STATUS_UNSUPPORTED;
         return pst;
     }
+    /* the device's loop limit (a driver defect the probes measure): the tuning file's parameters past it give
+     * way to the defaults, which keep within it where any parameters can; past it still, the core is refused */
+    clattn_status trips = clattn_core_check_trips(c, &dev->caps, d, &p, why, sizeof why);
+    if (trips != CLATTN_STATUS_SUCCESS && tuned && c->trips) {
+        c->defaults(c, &dev->caps, d, &p);
+        tuned = 0;
+        trips = clattn_core_check_trips(c, &dev->caps, d, &p, why, sizeof why);
+    }
+    if (trips != CLATTN_STATUS_SUCCESS)
+        return forced ? clattn_fail(trips, "%s forces core %s: %s", r->var, c->name, why) : clattn_fail(trips, "%s", why);
     *refused = 0;
     TRY(check_memory(dev, c, d, &lay, other_floats));
     out->core = c;

@@ -163,6 +163,15 @@ struct clattn_core {
      * apart unseen. */
     size_t (*local_bytes)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                           const clattn_core_params *p);
+    /* An upper bound on the loop iterations one work-item of its kernels makes for d with parameters p, every loop
+     * counted whether or not a compiler unrolls it (NULL: no bound known). A driver may end a work-item's loops
+     * early without an error (caps->loop_limit, probed at open: Mesa 22's llvmpipe ends them after 65,535 in all):
+     * there, its defaults() keep the bound within clattn_loop_budget, select.c refuses parameters past it with
+     * the sizes named (clattn_core_check_trips), and a core without a bound is refused. A GEMM core's bound holds
+     * for every call (it cuts k into blocks); a decode core's counts the keys of one split-K part of the longest
+     * part its plans run (decode_family.c chooses the parts so). */
+    size_t (*trips)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    const clattn_core_params *p);
     /* Floats of device memory it allocates for d (the plan's memory check; NULL: none). */
     size_t (*workspace)(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                         const clattn_core_layout *lay);
@@ -177,6 +186,16 @@ struct clattn_core {
     size_t (*device_bytes)(const void *state);                            /* its buffers (NULL: none) */
     void (*release)(void *state);
 };
+
+/* On a device with a loop limit: lower parameter `param` of p through its smaller values (never to 0) until core's
+ * trips fit clattn_loop_budget, or it is at its smallest (then clattn_core_check_trips refuses). The cores' defaults
+ * call it; a device without the limit keeps p as it is. */
+void clattn_core_fit_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                           clattn_core_params *p, int param);
+/* SUCCESS when core's work-items stay within the device's loop limit for d and p (or it has none), else
+ * TOO_LARGE_FOR_DEVICE with a sentence naming the bound, the sizes and the limit in why. */
+clattn_status clattn_core_check_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                                      const clattn_core_params *p, char *why, size_t len);
 
 /* ---- the registry (registry.c): every core, in one table per kind */
 size_t clattn_core_total(void);                  /* cores of every kind */

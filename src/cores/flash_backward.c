@@ -46,10 +46,26 @@ typedef struct bwd_state {
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
-    (void)core, (void)d;
     p->v[ROWS] = caps->dclass == CLATTN_CLASS_CPU ? 16 : 8;
     p->v[PART] = 4;
+    clattn_core_fit_trips(core, caps, d, p, ROWS); /* fewer rows where the driver ends loops early */
     return 1;
+}
+
+/* A work-item's loop iterations, every loop of flash_backward.cl counted: per step of PART partners, the two dot
+ * products (DK/2 + DV/2 + 2), the masks and dropout draws of ROWS lanes per partner (a Philox draw is 10 rounds)
+ * and the gradient accumulations (DK + DV); the dQ pass steps over Tk keys, the dK/dV pass over Tq queries of
+ * each of the GROUP heads sharing a KV head; before and after, the rows' transposed loads and stores. */
+static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    const clattn_core_params *p)
+{
+    (void)core, (void)caps;
+    const size_t r = p->v[ROWS], part = p->v[PART], dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q, group = d->kv_heads ? d->heads / d->kv_heads : 1;
+    const size_t step = 4 + dk / 2 + dv / 2 + part * r * (2 + (d->dropout > 0.0f ? 11 : 0)) + dk + dv;
+    const size_t edges = 3 * (dk + dv) * (1 + r) + 4 * r;
+    const size_t dq = (tk + part - 1) / part * step, dkdv = group * ((d->seq_q + part - 1) / part * (step + 1) + 1);
+    return (dq > dkdv ? dq : dkdv) + edges;
 }
 
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -157,6 +173,7 @@ const clattn_core clattn_core_flash_backward = {
     .test_configs = test_configs,
     .supports = clattn_flash_supports, /* head sizes up to CLATTN_FLASH_MAX_HEAD: its rows' private arrays */
     .defaults = defaults,
+    .trips = trips,
     .workspace = workspace,
     .build = build,
     .run_backward = run_backward,

@@ -77,7 +77,25 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     p->v[QP] = 4;
     p->v[KC] = 0;
     p->v[WS] = 8192;
+    if (caps && caps->loop_limit) { /* the driver ends loops early: blocks of k shallow enough for its limit */
+        p->v[KC] = 2048;
+        clattn_core_fit_trips(core, caps, d, p, KC);
+    }
     return 1;
+}
+
+/* A work-item's loop iterations, every loop of gemm_tiles.cl counted: a tiles work-item runs QP panels of KC k-steps
+ * (1 + NV + MR (1 + NV) each) and its stores; a pack work-item copies KC columns of a panel (1 + its rows each).
+ * KC = 0 takes all of a call's k: no bound for every call. */
+static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    const clattn_core_params *p)
+{
+    (void)core, (void)caps, (void)d;
+    if (p->v[KC] == 0) return SIZE_MAX;
+    const size_t mr = p->v[MR], nv = p->v[NV], nr = nv * p->v[VW], kc = p->v[KC];
+    const size_t tiles = p->v[QP] * (1 + kc * (1 + nv + mr * (1 + nv)) + mr * (3 + 2 * nv + nv * p->v[VW]) + nv);
+    const size_t pack = kc * (1 + (mr > nr ? mr : nr));
+    return tiles > pack ? tiles : pack;
 }
 
 /* The workspace holds one row panel and one column panel at least, one k deep. */
@@ -249,6 +267,7 @@ const clattn_core clattn_core_gemm_tiles = {
     .supports = supports,
     .defaults = defaults,
     .fits = fits,
+    .trips = trips,
     .workspace = workspace,
     .build = build,
     .run_gemm = run_gemm,

@@ -89,6 +89,17 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     return 1;
 }
 
+/* A softmax work-item's loop iterations (its GEMMs are the GEMM core's): at most five passes over a row of Tk
+ * scores, with a Philox draw (10 rounds) per score under dropout, as softmax_rows_item runs them (softmax_rows
+ * runs fewer per work-item). */
+static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    const clattn_core_params *p)
+{
+    (void)core, (void)caps, (void)p;
+    const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
+    return tk * (5 + (d->dropout > 0.0f ? 11 : 0)) + 64;
+}
+
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                         const clattn_core_layout *lay)
 {
@@ -326,6 +337,7 @@ const clattn_core clattn_core_unfused = {
     .test_configs = test_configs,
     .supports = supports,
     .defaults = defaults,
+    .trips = trips,
     .workspace = workspace,
     .build = build,
     .run = run,

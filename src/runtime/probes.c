@@ -2,7 +2,8 @@
  * query reports and drivers get wrong without an error (issue 45, Mesa 22's rusticl on llvmpipe):
  *   loop_limit    how many loop iterations one work-item completes (llvmpipe: 65,535, all loops together);
  *   ieee_nan      whether NaN and Inf propagate through multiply and add (rusticl folds 0.0f * x to 0);
- *   profiling_ok  whether event timestamps advance across a real kernel (rusticl reports 0, 1, 2, 3 ns).
+ *   profiling_ok  whether event timestamps advance across a real kernel (rusticl reports 0, 1, 2, 3 ns);
+ *   local_report  the local memory the driver reports for a kernel declaring 4096 bytes (rusticl: 8192).
  * The facts are kept in the kernel cache's directory (the same trust rules), keyed by clattn's version, the
  * device and its driver version, so a second process reads them instead of probing (a few ms otherwise). */
 #include "runtime.h"
@@ -14,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PROBES_MAGIC "CLATTN-PROBES 1\n"
+#define PROBES_MAGIC "CLATTN-PROBES 2\n"
 
 static void cache_key(const clattn_device *dev, char *key, size_t len)
 {
@@ -34,16 +35,18 @@ static int cache_load(clattn_caps *c, const char *key)
     text[n] = '\0';
     const size_t kl = strlen(key);
     if (n <= kl || memcmp(text, key, kl) != 0) return 0;
-    unsigned long long limit = 0;
+    unsigned long long limit = 0, local = 0;
     int nan = 0, prof = 0, used = 0;
-    if (sscanf(text + kl, "loop_limit %llu\nieee_nan %d\nprofiling_ok %d\nnote %n", &limit, &nan, &prof, &used) != 3 ||
-        used == 0)
+    if (sscanf(text + kl, "loop_limit %llu\nieee_nan %d\nprofiling_ok %d\nlocal_report %llu\nnote %n", &limit, &nan,
+               &prof, &local, &used) != 4 ||
+        used == 0 || local < 4096)
         return 0;
     const char *note = text + kl + used, *end = strchr(note, '\n');
     if (!end || strcmp(end, "\nend\n") != 0 || (size_t)(end - note) >= sizeof c->probe_note) return 0;
     c->loop_limit = (size_t)limit;
     c->ieee_nan = nan != 0;
     c->profiling_ok = prof != 0;
+    c->local_report = (size_t)local;
     memcpy(c->probe_note, note, (size_t)(end - note));
     c->probe_note[end - note] = '\0';
     return 1;
@@ -53,8 +56,10 @@ static void cache_store(const clattn_caps *c, const char *key)
 {
     char path[1200], text[2048];
     if (!clattn_cache_path(key, ".probes", path, sizeof path)) return;
-    const int n = snprintf(text, sizeof text, "%sloop_limit %llu\nieee_nan %d\nprofiling_ok %d\nnote %s\nend\n", key,
-                           (unsigned long long)c->loop_limit, c->ieee_nan, c->profiling_ok, c->probe_note);
+    const int n = snprintf(text, sizeof text,
+                           "%sloop_limit %llu\nieee_nan %d\nprofiling_ok %d\nlocal_report %llu\nnote %s\nend\n", key,
+                           (unsigned long long)c->loop_limit, c->ieee_nan, c->profiling_ok,
+                           (unsigned long long)c->local_report, c->probe_note);
     if (n > 0 && (size_t)n < sizeof text) clattn_cache_write(path, text, (size_t)n);
 }
 
@@ -147,12 +152,28 @@ static void probe_nan(clattn_device *dev, cl_kernel k, cl_mem in, cl_mem out)
         }
 }
 
+/* The local memory the driver reports for 4096 bytes declared (the kernel is built, never launched). */
+static void probe_local(clattn_device *dev, cl_program prog)
+{
+    cl_int err;
+    cl_kernel k = clCreateKernel(prog, "clattn_probe_local", &err);
+    cl_ulong used = 0;
+    if (err == CL_SUCCESS)
+        err = clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof used, &used, NULL);
+    if (k) clReleaseKernel(k);
+    if (err == CL_SUCCESS && used > 4096) {
+        dev->caps.local_report = (size_t)used;
+        note(&dev->caps, "CL_KERNEL_LOCAL_MEM_SIZE reports %llu bytes for 4096 declared", (unsigned long long)used);
+    }
+}
+
 void clattn_probes_run(clattn_device *dev)
 {
     clattn_caps *c = &dev->caps;
     c->loop_limit = 0;
     c->ieee_nan = 1;
     c->profiling_ok = 1;
+    c->local_report = 4096;
     c->probe_note[0] = '\0';
     char key[1024];
     cache_key(dev, key, sizeof key);
@@ -181,6 +202,7 @@ void clattn_probes_run(clattn_device *dev)
     } else {
         ran = probe_loop(dev, kl, ones, out);
         probe_nan(dev, kn, in, out);
+        probe_local(dev, prog);
     }
     if (in) clReleaseMemObject(in);
     if (out) clReleaseMemObject(out);

@@ -126,7 +126,9 @@ typedef struct clattn_caps {
                                    below CLATTN_PROBE_LOOP_TRIPS. Every core keeps a work-item's trips below it. */
     int ieee_nan;               /* 0 * NaN, 0 * Inf, NaN + 1, Inf - Inf are NaN (0: the driver folds one away) */
     int profiling_ok;           /* event timestamps advance across a real kernel (0: fake, or no profiling queue) */
-    char probe_note[200];       /* what the probes found wrong, in words ("" when nothing) */
+    size_t local_report;        /* the bytes CL_KERNEL_LOCAL_MEM_SIZE reports for a kernel declaring 4096 bytes of
+                                   __local arrays (rusticl: 8192); clattn_core_check_local scales by it */
+    char probe_note[300];       /* what the probes found wrong, in words ("" when nothing) */
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
 } clattn_caps;

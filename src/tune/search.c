@@ -333,7 +333,9 @@ static double search_core(search *s, const clattn_core *c, clattn_tune_table *ke
         for (int i = 0; i < c->nparams; i++) p.v[i] = c->params[i].tried[idx[i]];
         char text[160];
         clattn_core_params_format(c, &p, text, sizeof text);
-        if (strcmp(text, dflt) != 0 && (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p))) {
+        char why[400];
+        if (strcmp(text, dflt) != 0 && (!c->fits || c->fits(c, &s->dev->caps, &s->d, &p)) &&
+            clattn_core_check_trips(c, &s->dev->caps, &s->d, &p, why, sizeof why) == CLATTN_STATUS_SUCCESS) {
             const candidate cand = {c, &p};
             const double ms = run_candidate(s, &cand, 1, s->out);
             say(s, "  %s %s: %s%.2f ms", c->name, text, verdict(ms), ms < 0 ? 0.0 : ms);
