@@ -126,33 +126,6 @@ void clattn_core_fit_trips(const clattn_core *core, const clattn_caps *caps, con
         if (q->values[i] < p->v[param] && q->values[i] > 0) p->v[param] = q->values[i];
 }
 
-clattn_status clattn_core_check_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                                      const clattn_core_params *p, char *why, size_t len)
-{
-    if (!caps || !caps->loop_limit) return CLATTN_STATUS_SUCCESS;
-    char params[200] = "";
-    clattn_core_params_format(core, p, params, sizeof params);
-    const size_t budget = clattn_loop_budget(caps);
-    if (!core->trips) {
-        snprintf(why, len, "%s has no bound on its work-items' loop iterations, and this device's driver ends a "
-                 "work-item's loops after %zu iterations without an error (probed when the device opened)",
-                 core->name, caps->loop_limit);
-        return CLATTN_STATUS_TOO_LARGE_FOR_DEVICE;
-    }
-    const size_t n = core->trips(core, caps, d, p);
-    if (n <= budget) return CLATTN_STATUS_SUCCESS;
-    if (d)
-        snprintf(why, len, "%s (%s) would run up to %zu loop iterations in one work-item for Tq = %zu, Tk = %zu, head "
-                 "sizes %zu/%zu; this device's driver ends a work-item's loops after %zu without an error (probed when "
-                 "the device opened; clattn keeps within %zu)", core->name, params, n, d->seq_q,
-                 d->seq_kv ? d->seq_kv : d->seq_q, d->head_dim_qk, d->head_dim_v, caps->loop_limit, budget);
-    else
-        snprintf(why, len, "%s (%s) would run up to %zu loop iterations in one work-item; this device's driver ends a "
-                 "work-item's loops after %zu without an error (probed when the device opened; clattn keeps within "
-                 "%zu)", core->name, params, n, caps->loop_limit, budget);
-    return CLATTN_STATUS_TOO_LARGE_FOR_DEVICE;
-}
-
 clattn_status clattn_core_check_local(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                       const clattn_core_params *p, cl_kernel k)
 {

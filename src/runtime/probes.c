@@ -9,6 +9,7 @@
 #include "runtime.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,52 @@ static void cache_key(const clattn_device *dev, char *key, size_t len)
 {
     snprintf(key, len, "%sclattn %s\ndevice %s\nvendor %s\ndriver %s\n", PROBES_MAGIC, clattn_version(), dev->name,
              dev->caps.vendor, dev->caps.driver);
+}
+
+/* The facts of the devices probed in this process (a device opened again is not probed again, even when the
+ * cache directory is off: each probe builds a program, and some drivers keep memory per program built). */
+#define MEMO_SLOTS 16
+static struct {
+    uint64_t key;
+    clattn_caps facts;
+} memo[MEMO_SLOTS];
+static int memo_used;
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const char *key)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *key; key++) h = (h ^ (unsigned char)*key) * 0x100000001b3ull;
+    return h;
+}
+
+static int memo_get(clattn_caps *c, const char *key)
+{
+    const uint64_t h = key_hash(key);
+    int found = 0;
+    pthread_mutex_lock(&memo_lock);
+    for (int i = 0; i < memo_used && !found; i++)
+        if (memo[i].key == h) {
+            c->loop_limit = memo[i].facts.loop_limit;
+            c->ieee_nan = memo[i].facts.ieee_nan;
+            c->profiling_ok = memo[i].facts.profiling_ok;
+            c->local_report = memo[i].facts.local_report;
+            memcpy(c->probe_note, memo[i].facts.probe_note, sizeof c->probe_note);
+            found = 1;
+        }
+    pthread_mutex_unlock(&memo_lock);
+    return found;
+}
+
+static void memo_put(const clattn_caps *c, const char *key)
+{
+    pthread_mutex_lock(&memo_lock);
+    if (memo_used < MEMO_SLOTS) {
+        memo[memo_used].key = key_hash(key);
+        memo[memo_used].facts = *c;
+        memo_used++;
+    }
+    pthread_mutex_unlock(&memo_lock);
 }
 
 /* The facts from the cache: 1 when a whole entry for this key was there. */
@@ -177,10 +224,14 @@ void clattn_probes_run(clattn_device *dev)
     c->probe_note[0] = '\0';
     char key[1024];
     cache_key(dev, key, sizeof key);
-    if (cache_load(c, key)) return;
+    if (memo_get(c, key)) return;
+    if (cache_load(c, key)) {
+        memo_put(c, key);
+        return;
+    }
 
     const char *src[] = {"runtime/probe_device"};
-    cl_program prog = clattn_program_try_build(dev, src, 1, "-cl-std=CL1.2");
+    cl_program prog = clattn_program_try_build_uncached(dev, src, 1, "-cl-std=CL1.2");
     cl_kernel kl = NULL, kn = NULL;
     cl_mem ones = NULL, out = NULL, in = NULL;
     cl_int err = prog ? CL_SUCCESS : CL_BUILD_PROGRAM_FAILURE;
@@ -210,7 +261,10 @@ void clattn_probes_run(clattn_device *dev)
     if (kn) clReleaseKernel(kn);
     if (kl) clReleaseKernel(kl);
     if (prog) clReleaseProgram(prog);
-    if (ran) cache_store(c, key);
+    if (ran) {
+        cache_store(c, key);
+        memo_put(c, key);
+    }
 }
 
 clattn_status clattn_profiling_check(const clattn_device *dev)

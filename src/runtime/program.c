@@ -15,10 +15,10 @@ static const clattn_embedded_source *find_source(const char *name)
     return NULL;
 }
 
-/* Build (or load from the cache) the program of the embedded sources `names`. quiet: a failure records
- * no error and no build log (the caller only wants to know whether the device takes the source). */
+/* Build (or load from the cache, when cached) the program of the embedded sources `names`. quiet: a failure
+ * records no error and no build log (the caller only wants to know whether the device takes the source). */
 static clattn_status build(const clattn_device *dev, const char *const *names, int count, const char *options,
-                           int quiet, cl_program *program)
+                           int quiet, int cached, cl_program *program)
 {
     const char *texts[8];
     size_t lens[8];
@@ -32,11 +32,11 @@ static clattn_status build(const clattn_device *dev, const char *const *names, i
         texts[i] = (const char *)e->text;
         lens[i] = e->len;
     }
-    char key[2048];
-    clattn_program_cache_key(dev, names, texts, lens, count, options, key, sizeof key);
-    cl_program cached = clattn_program_cache_load(dev, key, options);
-    if (cached) {
-        *program = cached;
+    char key[2048] = "";
+    if (cached) clattn_program_cache_key(dev, names, texts, lens, count, options, key, sizeof key);
+    cl_program loaded = key[0] ? clattn_program_cache_load(dev, key, options) : NULL;
+    if (loaded) {
+        *program = loaded;
         return CLATTN_STATUS_SUCCESS;
     }
     if (!quiet) clattn_notify_build(dev);
@@ -66,7 +66,7 @@ static clattn_status build(const clattn_device *dev, const char *const *names, i
                            "building kernels '%s'%s with options \"%s\" failed (%d); see clattn_last_build_log()",
                            names[0], count > 1 ? " and others" : "", options ? options : "", err);
     }
-    clattn_program_cache_store(dev, key, p);
+    if (key[0]) clattn_program_cache_store(dev, key, p);
     *program = p;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -74,14 +74,21 @@ static clattn_status build(const clattn_device *dev, const char *const *names, i
 clattn_status clattn_program_build(const clattn_device *dev, const char *const *names, int count,
                                    const char *options, cl_program *program)
 {
-    return build(dev, names, count, options, 0, program);
+    return build(dev, names, count, options, 0, 1, program);
 }
 
 cl_program clattn_program_try_build(const clattn_device *dev, const char *const *names, int count,
                                     const char *options)
 {
     cl_program p = NULL;
-    return build(dev, names, count, options, 1, &p) == CLATTN_STATUS_SUCCESS ? p : NULL;
+    return build(dev, names, count, options, 1, 1, &p) == CLATTN_STATUS_SUCCESS ? p : NULL;
+}
+
+cl_program clattn_program_try_build_uncached(const clattn_device *dev, const char *const *names, int count,
+                                             const char *options)
+{
+    cl_program p = NULL;
+    return build(dev, names, count, options, 1, 0, &p) == CLATTN_STATUS_SUCCESS ? p : NULL;
 }
 
 clattn_status clattn_kernel_create(cl_program prog, const char *name, cl_kernel *k)

@@ -243,6 +243,10 @@ clattn_status clattn_program_build(const clattn_device *dev, const char *const *
 /* The same, quietly: NULL when the build fails, with no error or build log recorded (capability probes). */
 cl_program clattn_program_try_build(const clattn_device *dev, const char *const *names, int count,
                                     const char *options);
+/* The same, never through the compiled-program cache (the device probes: their facts are cached instead, and the
+ * cache's entries stay the plans' programs). */
+cl_program clattn_program_try_build_uncached(const clattn_device *dev, const char *const *names, int count,
+                                             const char *options);
 /* The same for a kernel that takes its work-group size as -DWG: builds `options` plus -DWG=*wg, with *wg
  * (a power of two) first lowered to the device's limit, then rebuilt smaller while the compiled kernel
  * `kernel` allows less (CL_KERNEL_WORK_GROUP_SIZE). On success *wg is the size built for. */
