@@ -13,6 +13,7 @@
  * nothing. */
 #include "oracle.h"
 #include "attention/attention.h"
+#include "cores/core.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -397,7 +398,6 @@ Test(faults, device_buffers_opencl_fused) { walk(1, 1, CLATTN_ALGORITHM_FUSED); 
  * after 65,535 iterations without an error). Lowered here to a few thousand, a plan must run with parameters whose
  * bound (the core's trips) keeps within clattn_loop_budget and compute the right answer, or be refused with the
  * bound, the sizes and the limit named. */
-#include "cores/core.h"
 
 /* The core `name` ran with `params` ("P=V,..."): its bound for d within the device's budget. */
 static void assert_within_budget(const clattn_device *cl, const char *name, const char *params,

@@ -34,16 +34,9 @@ static struct {
 static int memo_used;
 static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t key_hash(const char *key)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *key; key++) h = (h ^ (unsigned char)*key) * 0x100000001b3ull;
-    return h;
-}
-
 static int memo_get(clattn_caps *c, const char *key)
 {
-    const uint64_t h = key_hash(key);
+    const uint64_t h = clattn_hash_text(key);
     int found = 0;
     pthread_mutex_lock(&memo_lock);
     for (int i = 0; i < memo_used && !found; i++)
@@ -63,7 +56,7 @@ static void memo_put(const clattn_caps *c, const char *key)
 {
     pthread_mutex_lock(&memo_lock);
     if (memo_used < MEMO_SLOTS) {
-        memo[memo_used].key = key_hash(key);
+        memo[memo_used].key = clattn_hash_text(key);
         memo[memo_used].facts = *c;
         memo_used++;
     }

@@ -104,6 +104,8 @@ static uint64_t fnv64(uint64_t h, const void *data, size_t n)
 }
 #define FNV0 0xcbf29ce484222325ull
 
+uint64_t clattn_hash_text(const char *text) { return fnv64(FNV0, text, strlen(text)); }
+
 /* The cache directory (created), or 0 when the cache is off or there is none. */
 static int cache_dir(char *dir, size_t len)
 {
@@ -158,7 +160,7 @@ int clattn_cache_path(const char *key, const char *suffix, char *path, size_t le
 {
     char dir[1024];
     if (!cache_dir(dir, sizeof dir)) return 0;
-    int n = snprintf(path, len, "%s/%016llx%s", dir, (unsigned long long)fnv64(FNV0, key, strlen(key)), suffix);
+    int n = snprintf(path, len, "%s/%016llx%s", dir, (unsigned long long)clattn_hash_text(key), suffix);
     return n > 0 && (size_t)n < len;
 }
 

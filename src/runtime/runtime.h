@@ -227,6 +227,7 @@ void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_pr
  * with `suffix` (0: no cache), opened for reading under the same trust rules (NULL: not there or not private), and
  * written atomically (0 on any failure; the cache is best effort). */
 int clattn_cache_path(const char *key, const char *suffix, char *path, size_t len);
+uint64_t clattn_hash_text(const char *text); /* the cache's hash (FNV-1a, 64 bits) of a string */
 FILE *clattn_cache_open(const char *path);
 int clattn_cache_write(const char *path, const void *data, size_t n);
 /* Test-only: programs loaded from the cache and built from source since the last reset (reset = 1). */
