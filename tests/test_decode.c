@@ -12,6 +12,8 @@
  * kv_half cases use dyadic inputs (x in units of 2^-6, weights of 2^-10, E = 16) so that every
  * projection is exact in float: the half rounding of the library and the oracle's then see the same
  * value, and the comparison is of the rounding itself, not of float summation order. */
+#include "cores/core.h"
+#include "decode/decode.h"
 #include "runtime/runtime.h"
 #include "oracle.h"
 #include "testutil.h"
@@ -722,6 +724,66 @@ Test(decode, errors_opencl)
 {
     clattn_device *dev = tu_open_opencl();
     errors(dev);
+    clattn_device_free(dev);
+}
+
+/* ---- the device's loop limit (a driver defect the probes measure: Mesa 22's llvmpipe ends a work-item's loops after
+ * 65,535 iterations without an error), lowered here to 20000: a step cuts its keys into split-K parts short enough for
+ * it, a long prefill step too, and computes the right answer; a step that would need more parts than it may take is
+ * refused with the limit named, and nothing of it is written. */
+Test(decode, loop_limit_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    dev->caps.loop_limit = 20000;
+    static const size_t chunks[] = {700, 1, 3, 500, 1};
+    decode_case(dev, &(dcase){.B = 2, .T = 1205, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = chunks}, 950);
+
+    /* one step over a cache of `len` keys, every part's bound within the budget */
+    tu_rng r = {951};
+    model m;
+    model_make(&m, &r, 16, 4, 2, 8, 8, 0);
+    clattn_attention_desc d = model_desc(&m, 1, 1, 0, 0);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const size_t cap = 48000, lens[2][1] = {{1500}, {47000}};
+    clattn_kv_cache *c = make_cache(dev, &m, 1, cap, 0);
+    float *k = vals(&r, 2 * cap * 8, 0, 1, 1.0f), *v = vals(&r, 2 * cap * 8, 0, 1, 1.0f);
+    float x[16], out[13];
+    tu_fill(&r, x, 16, -1.0f, 1.0f);
+    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out};
+    cr_assert_eq(clattn_kv_cache_write(c, k, v, lens[0]), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_core *core = p->base->core;
+    const clattn_decode_spec *spec = core->spec;
+    clattn_core_params prm = p->base->core_params;
+    if (prm.v[spec->rows] > 2) prm.v[spec->rows] = 2; /* a step's 2 rows (GQA) run as the few-rows variant */
+    const size_t parts = clattn_decode_plan_last_splits(p), keys = (1501 + parts - 1) / parts;
+    cr_assert_leq(spec->part_trips(&p->base->d, &prm, keys), clattn_loop_budget(&dev->caps),
+                  "%s (%s): %zu parts of %zu keys run past the budget", core->name, p->base->core_params_text, parts, keys);
+    /* refused: one part forced, then a cache longer than 64 parts can hold */
+    for (int i = 0; i < 2; i++) {
+        const size_t len0 = i ? lens[1][0] : 1501;
+        if (i) cr_assert_eq(clattn_kv_cache_write(c, k, v, lens[1]), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_decode_plan_set_splits(p, i ? 0 : 1), CLATTN_STATUS_SUCCESS);
+        for (int j = 0; j < 13; j++) out[j] = NAN;
+        const clattn_status st = tu_decode_execute(p, c, &a);
+        cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "%s", clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), "20000") && strstr(clattn_last_error(), "split-K"), "%s",
+                  clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), i ? "may take 64" : "may take 1 (clattn_decode_plan_set_splits)"), "%s",
+                  clattn_last_error());
+        size_t now[1];
+        cr_assert_eq(clattn_kv_cache_lengths(c, now), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(now[0], len0, "the refused step changed the cache's length");
+        for (int j = 0; j < 13; j++) cr_assert(isnan(out[j]), "the refused step wrote its output");
+    }
+    /* without the limit, the same step runs */
+    dev->caps.loop_limit = 0;
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    free(k), free(v);
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    model_free(&m);
     clattn_device_free(dev);
 }
 

@@ -99,6 +99,8 @@ typedef struct clattn_decode_io {
     size_t max_len;              /* the longest sequence after this step */
     size_t max_parts;            /* split-K parts: 0 = the core chooses, else at most this many */
     int warm;                    /* plan creation: every launch with no work, so that the driver compiles */
+    int check_only;              /* choose and check the step's parts only (nothing enqueued): a step the device
+                                    cannot run is refused before anything of it is */
     size_t parts;                /* out: the parts this step used */
     /* profiling: a marker at the end of a decode stage (NULL: profiling off) */
     clattn_status (*mark)(void *ctx, clattn_decode_stage stage);
@@ -193,7 +195,8 @@ struct clattn_core {
 void clattn_core_fit_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                            clattn_core_params *p, int param);
 /* SUCCESS when core's work-items stay within the device's loop limit for d and p (or it has none), else
- * TOO_LARGE_FOR_DEVICE with a sentence naming the bound, the sizes and the limit in why. */
+ * TOO_LARGE_FOR_DEVICE with a sentence naming the bound, the sizes and the limit in why. p NULL: the core alone (is
+ * it bounded at all?). */
 clattn_status clattn_core_check_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                                       const clattn_core_params *p, char *why, size_t len);
 
@@ -285,6 +288,12 @@ size_t clattn_core_head_vector(size_t dk, size_t dv);
 /* Query rows a work-item keeps in registers (flash_rows, decode_attend): 16, or 8 for value heads above
  * 128, whose accumulators would not stay in registers (PoCL measurements, bench/results/pocl-2core.md). */
 size_t clattn_core_register_rows(size_t dv);
+/* The loop iterations of one work-item of a row-blocked kernel (flash_rows.cl, decode_attend.cl: `rows` query rows
+ * in registers, head vectors nk and nv of a key and a value, blocks of bk keys) over `keys` keys, every loop counted
+ * whether or not a compiler unrolls it: per key, the dot products (1 + 3 rows + nk (1 + rows)), the block max and exp
+ * (2 rows), the value pass (rows (1 + 2 nv)) and extra_per_key (flash_rows' dropout draws); per block, the
+ * corrections; before and after, the rows' loads and stores. */
+size_t clattn_core_rows_trips(size_t rows, size_t nk, size_t nv, size_t keys, size_t bk, size_t extra_per_key);
 
 /* ---- the flash family (flash.c): fused kernels with one signature, each one .cl file and one entry.
  * The kernel reads Q, K, V rows and writes merged rows (cores/flash_common.cl); a spec says how it is
@@ -345,6 +354,9 @@ typedef struct clattn_decode_spec {
      * the longest sequence a part takes, for parameters p on this device class */
     size_t per_cu_cpu, per_cu_gpu;
     size_t (*min_keys)(int cpu, const clattn_core_params *p);
+    /* The loop iterations of one work-item (of any work-group) whose block of p's R rows runs over a part of `keys`
+     * keys, every loop counted (core.h's trips) */
+    size_t (*part_trips)(const clattn_attention_desc *d, const clattn_core_params *p, size_t keys);
 } clattn_decode_spec;
 #define CLATTN_DECODE_MAX_HEAD 256 /* dk and dv the decode kernels take */
 /* Head sizes up to CLATTN_DECODE_MAX_HEAD, and the member's defaults exist for d (the smallest head when NULL). */
@@ -355,6 +367,12 @@ size_t clattn_decode_workspace(const clattn_core *core, const clattn_caps *caps,
 clattn_status clattn_decode_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                   const clattn_core_layout *lay, const clattn_core_params *p, void **state);
 clattn_status clattn_decode_run(void *state, clattn_decode_io *io);
+/* The decode family's trips (core.h): the member's part_trips over a part of CLATTN_DECODE_PLAN_KEYS keys. A step
+ * cuts the keys into parts short enough for the device's loop limit (more parts, CLATTN_DECODE_MAX_PARTS at most),
+ * and is refused when even those are too long. */
+#define CLATTN_DECODE_PLAN_KEYS 256
+size_t clattn_decode_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                           const clattn_core_params *p);
 size_t clattn_decode_device_bytes(const void *state);
 void clattn_decode_release(void *state);
 

@@ -71,6 +71,13 @@ size_t clattn_core_head_vector(size_t dk, size_t dv)
 
 size_t clattn_core_register_rows(size_t dv) { return dv > 128 ? 8 : 16; }
 
+size_t clattn_core_rows_trips(size_t rows, size_t nk, size_t nv, size_t keys, size_t bk, size_t extra_per_key)
+{
+    const size_t r = rows, blocks = (keys + bk - 1) / bk;
+    const size_t key = 1 + 3 * r + nk * (1 + r) + 2 * r + r * (1 + 2 * nv) + extra_per_key;
+    return blocks * (bk * key + 1 + 2 * r + 2 * r * nv) + r * (2 + nk + 2 * nv);
+}
+
 clattn_status clattn_core_supports_heads(const clattn_core *core, const clattn_caps *caps,
                                          const clattn_attention_desc *d, size_t max_head, int fit_defaults, char *why,
                                          size_t len)

@@ -21,9 +21,9 @@ static const clattn_core_param params[] = {
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
-    (void)core, (void)caps;
     p->v[VW] = clattn_core_head_vector(d->head_dim_qk, d->head_dim_v);
     p->v[R] = clattn_core_register_rows(d->head_dim_v);
+    clattn_core_fit_trips(core, caps, d, p, R); /* fewer rows where the driver ends loops early */
     return 1;
 }
 
@@ -42,10 +42,24 @@ static size_t min_keys(int cpu, const clattn_core_params *p)
     return cpu ? 1024 : 256;
 }
 
+#define KEYS_PER_BLOCK 16 /* the kernel's BK */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* A work-item's loop iterations over a part of `keys` keys: the row-blocked count (clattn_core_rows_trips), and per
+ * key the loops of KP keys at a time (the second chains' sums, the odd vector's tail). */
+static size_t part_trips(const clattn_attention_desc *d, const clattn_core_params *p, size_t keys)
+{
+    const size_t r = p->v[R];
+    return clattn_core_rows_trips(r, d->head_dim_qk / p->v[VW], d->head_dim_v / p->v[VW], keys, KEYS_PER_BLOCK,
+                                  1 + 3 * r);
+}
+
 static const char *const sources[] = {"common/online", "common/combine", "cores/decode_common", "cores/decode_attend"};
 static const clattn_decode_spec spec = {
     .sources = sources, .nsources = 4, .kernel = "decode_attend", .launch = CLATTN_FLASH_PER_ITEM, .rows = R,
-    .group = -1, .defines = "-DBK=16", .per_cu_cpu = 2, .per_cu_gpu = 16, .min_keys = min_keys,
+    .group = -1, .defines = "-DBK=" STR(KEYS_PER_BLOCK), .per_cu_cpu = 2, .per_cu_gpu = 16, .min_keys = min_keys,
+    .part_trips = part_trips,
 };
 
 const clattn_core clattn_core_decode_attend = {
@@ -58,6 +72,7 @@ const clattn_core clattn_core_decode_attend = {
     .supports = clattn_decode_supports,
     .defaults = defaults,
     .fits = fits,
+    .trips = clattn_decode_trips,
     .workspace = clattn_decode_workspace,
     .build = clattn_decode_build,
     .run_decode = clattn_decode_run,

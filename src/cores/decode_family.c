@@ -4,6 +4,7 @@
  * cl/common/combine.cl, shared with the flash family), and their release. */
 #include "core.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,12 +27,19 @@ typedef struct decode_state {
     variant few, many;  /* rows: min(GROUP, R) and R */
     cl_kernel combine;  /* split_combine (common/combine.cl), from the few variant's program */
     cl_mem ml, acc;     /* (slot, 2) each part's max and sum, (slot, dv) its unnormalised output */
-    size_t slots;       /* (row, part) slots: steps of up to PART_ROWS new tokens, CLATTN_DECODE_MAX_PARTS parts */
+    size_t slots;       /* (row, part) slots (part_slots) */
 } decode_state;
 
-static size_t part_slots(const clattn_attention_desc *d)
+/* (row, part) slots of the partial buffers: steps of up to PART_ROWS new tokens, CLATTN_DECODE_MAX_PARTS parts. On a
+ * device with a loop limit, a long step (a prefill) must be split too, or its last rows' loops run past the limit:
+ * there the slots cover every row of the longest step, with as many parts as fit in half of one allocation. */
+static size_t part_slots(const clattn_caps *caps, const clattn_attention_desc *d)
 {
-    return d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
+    if (!caps->loop_limit) return d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
+    const size_t rows = d->batch * d->seq_q * d->heads;
+    size_t parts = CLATTN_DECODE_MAX_PARTS;
+    while (parts > 2 && rows * parts * (d->head_dim_v + 2) * sizeof(float) > caps->max_alloc / 2) parts /= 2;
+    return rows * parts;
 }
 
 clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -43,8 +51,8 @@ clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps 
 size_t clattn_decode_workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                                const clattn_core_layout *lay)
 {
-    (void)core, (void)caps, (void)lay;
-    return part_slots(d) * (2 + d->head_dim_v);
+    (void)core, (void)lay;
+    return part_slots(caps, d) * (2 + d->head_dim_v);
 }
 
 void clattn_decode_release(void *state)
@@ -102,7 +110,7 @@ clattn_status clattn_decode_build(const clattn_core *core, const clattn_device *
     if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
     s->core = core, s->spec = core->spec, s->dev = dev, s->d = *d, s->lay = *lay, s->p = *p;
     const size_t G = d->heads / d->kv_heads, r_many = p->v[s->spec->rows], r_few = G < r_many ? G : r_many;
-    s->slots = part_slots(d);
+    s->slots = part_slots(&dev->caps, d);
     clattn_status st = build_variant(s, r_few, &s->few, 1);
     if (!st) st = build_variant(s, r_many, &s->many, 0);
     if (!st) st = clattn_buffer_new(dev, s->slots * 2, 4, NULL, "the split-K partial sums", &s->ml);
@@ -115,10 +123,37 @@ clattn_status clattn_decode_build(const clattn_core *core, const clattn_device *
     return CLATTN_STATUS_SUCCESS;
 }
 
+size_t clattn_decode_trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                           const clattn_core_params *p)
+{
+    (void)caps;
+    const clattn_decode_spec *spec = core->spec;
+    return spec->part_trips(d, p, CLATTN_DECODE_PLAN_KEYS);
+}
+
+/* The most keys a part may hold for the variant of `rows` rows within the device's loop limit (SIZE_MAX: no limit;
+ * 0: not even one key). */
+static size_t part_keys_max(const decode_state *s, size_t rows, size_t max_len)
+{
+    const clattn_caps *caps = &s->dev->caps;
+    if (!caps->loop_limit) return SIZE_MAX;
+    clattn_core_params p = s->p;
+    p.v[s->spec->rows] = rows;
+    const size_t budget = clattn_loop_budget(caps);
+    size_t lo = 0, hi = max_len;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo + 1) / 2;
+        if (s->spec->part_trips(&s->d, &p, mid) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* A step's parts: io->max_parts when forced (within the buffers), else enough for the spec's units per compute unit
  * when the step has `units` of them unsplit, each part at least min_keys keys of the longest sequence;
- * 1 .. CLATTN_DECODE_MAX_PARTS, and within the buffers. */
-static size_t choose_parts(const decode_state *s, const clattn_decode_io *io, size_t rows)
+ * 1 .. CLATTN_DECODE_MAX_PARTS, and within the buffers. On a device with a loop limit, at least as many as keep each
+ * part's keys within it: a step that needs more than it may take is refused (TOO_LARGE_FOR_DEVICE). */
+static clattn_status choose_parts(const decode_state *s, const clattn_decode_io *io, size_t rows, size_t *out)
 {
     const clattn_caps *caps = &s->dev->caps;
     const clattn_attention_desc *d = &s->d;
@@ -129,15 +164,33 @@ static size_t choose_parts(const decode_state *s, const clattn_decode_io *io, si
     const size_t nrows = d->batch * io->n * d->heads;
     size_t cap = s->slots / (nrows ? nrows : 1);
     if (cap > CLATTN_DECODE_MAX_PARTS) cap = CLATTN_DECODE_MAX_PARTS;
+    const size_t keys_max = part_keys_max(s, rows, io->max_len);
+    const size_t need = keys_max == SIZE_MAX ? 1 : keys_max ? (io->max_len + keys_max - 1) / keys_max : SIZE_MAX;
+    size_t parts;
     if (io->max_parts) {
-        const size_t forced = io->max_parts < cap ? io->max_parts : cap;
-        return forced ? forced : 1;
+        parts = io->max_parts < cap ? io->max_parts : cap;
+    } else {
+        parts = (target + units - 1) / (units ? units : 1);
+        const size_t by_len = (io->max_len + min_keys - 1) / min_keys;
+        if (parts > by_len) parts = by_len;
+        if (parts > cap) parts = cap;
+        if (parts < need && need <= cap) parts = need;
     }
-    size_t parts = (target + units - 1) / (units ? units : 1);
-    const size_t by_len = (io->max_len + min_keys - 1) / min_keys;
-    if (parts > by_len) parts = by_len;
-    if (parts > cap) parts = cap;
-    return parts ? parts : 1;
+    if (!parts) parts = 1;
+    if (parts < need) {
+        char params[200];
+        clattn_core_params_format(s->core, &s->p, params, sizeof params);
+        const size_t most = io->max_parts && io->max_parts < cap ? io->max_parts : cap;
+        return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                           "decode step: %s (%s, %zu query rows per block) keeps at most %zu keys in one split-K part "
+                           "within this device's loop limit (its driver ends a work-item's loops after %zu iterations "
+                           "without an error; probed when the device opened), so the longest sequence, %zu keys, needs "
+                           "%zu parts; this step may take %zu%s", s->core->name, params, rows, keys_max,
+                           caps->loop_limit, io->max_len, need, most,
+                           io->max_parts && io->max_parts < cap ? " (clattn_decode_plan_set_splits)" : "");
+    }
+    *out = parts;
+    return CLATTN_STATUS_SUCCESS;
 }
 
 static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
@@ -205,11 +258,13 @@ clattn_status clattn_decode_run(void *state, clattn_decode_io *io)
     const decode_state *s = state;
     /* warm: both variants and the combine, with no work */
     const variant *v = io->warm || io->n * (s->d.heads / s->d.kv_heads) <= s->few.rows ? &s->few : &s->many;
-    const size_t parts = io->warm ? 2 : choose_parts(s, io, v->rows);
+    size_t parts = 2;
+    if (!io->warm) TRY(choose_parts(s, io, v->rows, &parts));
+    io->parts = parts;
+    if (io->check_only) return CLATTN_STATUS_SUCCESS;
     TRY(attend(s, v, io, parts));
     if (io->warm) TRY(attend(s, &s->many, io, parts));
     TRY(clattn_decode_mark(io, CLATTN_DECODE_STAGE_ATTEND));
     if (parts > 1) TRY(combine(s, io, parts));
-    io->parts = parts;
     return CLATTN_STATUS_SUCCESS;
 }

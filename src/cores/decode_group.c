@@ -70,8 +70,10 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
         p->v[WG] = wg;
         for (p->v[KT] = 2; p->v[KT] >= 1; p->v[KT]--)
             for (p->v[R] = 4; p->v[R] >= 1; p->v[R] /= 2)
-                if ((p->v[R] + p->v[KT]) * (d->head_dim_qk + d->head_dim_v) <= 128 * lanes && fits(core, caps, d, p))
+                if ((p->v[R] + p->v[KT]) * (d->head_dim_qk + d->head_dim_v) <= 128 * lanes && fits(core, caps, d, p)) {
+                    clattn_core_fit_trips(core, caps, d, p, R); /* fewer rows where the driver ends loops early */
                     return 1;
+                }
     }
     return 0;
 }
@@ -84,10 +86,23 @@ static size_t min_keys(int cpu, const clattn_core_params *p)
     return 2 * (p->v[WG] / p->v[LANES] * p->v[KT]);
 }
 
+/* A work-item's loop iterations over a part of `keys` keys, every loop of decode_group.cl counted: per step of
+ * NT*KT keys, the loads (KT (1 + NSK + NSV)), the dot products (KT R (1 + NSK)), the sums of the lanes' partials
+ * (KT R (1 + LANES)) and the softmax and value update (R (1 + 2 KT + NSV (1 + KT))); before, the rows' loads; after,
+ * the teams' merge. */
+static size_t part_trips(const clattn_attention_desc *d, const clattn_core_params *p, size_t keys)
+{
+    const size_t wg = p->v[WG], lanes = p->v[LANES], kt = p->v[KT], r = p->v[R], nt = wg / lanes;
+    const size_t nsk = (d->head_dim_qk / p->v[VW] + lanes - 1) / lanes, nsv = (d->head_dim_v / p->v[VW] + lanes - 1) / lanes;
+    const size_t steps = (keys + nt * kt - 1) / (nt * kt);
+    const size_t step = 1 + kt * (1 + nsk + nsv) + kt * r * (1 + nsk) + kt * r * (1 + lanes) + r * (1 + 2 * kt + nsv * (1 + kt));
+    return steps * step + r * (1 + nsk + nsv) + r * (1 + 2 * nt + nsv + (d->head_dim_v + wg - 1) / wg * (1 + nt));
+}
+
 static const char *const sources[] = {"common/combine", "cores/decode_common", "cores/decode_group"};
 static const clattn_decode_spec spec = {
     .sources = sources, .nsources = 3, .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
-    .group = WG, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys,
+    .group = WG, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys, .part_trips = part_trips,
 };
 
 /* the defaults; one lane per key, one key per team and step, one row per work-group; lanes that do not
@@ -115,6 +130,7 @@ const clattn_core clattn_core_decode_group = {
     .defaults = defaults,
     .fits = fits,
     .local_bytes = local_of,
+    .trips = clattn_decode_trips,
     .workspace = clattn_decode_workspace,
     .build = clattn_decode_build,
     .run_decode = clattn_decode_run,

@@ -36,18 +36,15 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     return !d || (d->head_dim_qk % p->v[VW] == 0 && d->head_dim_v % p->v[VW] == 0);
 }
 
-/* A work-item's loop iterations, every loop of flash_rows.cl counted: per key of its blocks, the dot products'
- * (1 + 3 ROWS + NKW (1 + ROWS)), the block max and exp (2 ROWS) and the value pass (ROWS (1 + 2 NVW)); per block,
- * the corrections; before and after, the rows' loads and stores; with dropout, a Philox draw (10 rounds) per row
- * and key. */
+/* A work-item's loop iterations (clattn_core_rows_trips), with a Philox draw (10 rounds) per row and key under
+ * dropout. */
 static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     const clattn_core_params *p)
 {
     (void)core, (void)caps;
-    const size_t r = p->v[ROWS], nk = d->head_dim_qk / p->v[VW], nv = d->head_dim_v / p->v[VW];
-    const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q, blocks = (tk + p->v[BK] - 1) / p->v[BK];
-    const size_t key = 1 + 3 * r + nk * (1 + r) + 2 * r + r * (1 + 2 * nv) + (d->dropout > 0.0f ? r * 11 : 0);
-    return blocks * (p->v[BK] * key + 1 + 2 * r + 2 * r * nv) + r * (2 + nk + 2 * nv);
+    const size_t r = p->v[ROWS], tk = d->seq_kv ? d->seq_kv : d->seq_q;
+    return clattn_core_rows_trips(r, d->head_dim_qk / p->v[VW], d->head_dim_v / p->v[VW], tk, p->v[BK],
+                                  d->dropout > 0.0f ? r * 11 : 0);
 }
 
 static size_t rows(const clattn_core_params *p) { return p->v[ROWS]; }

@@ -261,18 +261,24 @@ clattn_status clattn_core_check_trips(const clattn_core *core, const clattn_caps
                                       const clattn_core_params *p, char *why, size_t len)
 {
     if (!caps || !caps->loop_limit) return CLATTN_STATUS_SUCCESS;
-    char params[200] = "";
-    clattn_core_params_format(core, p, params, sizeof params);
-    const size_t budget = clattn_loop_budget(caps);
     if (!core->trips) {
         snprintf(why, len, "%s has no bound on its work-items' loop iterations, and this device's driver ends a "
                  "work-item's loops after %zu iterations without an error (probed when the device opened)",
                  core->name, caps->loop_limit);
         return CLATTN_STATUS_TOO_LARGE_FOR_DEVICE;
     }
+    if (!p) return CLATTN_STATUS_SUCCESS; /* the core alone: it has a bound */
+    char params[200] = "";
+    clattn_core_params_format(core, p, params, sizeof params);
+    const size_t budget = clattn_loop_budget(caps);
     const size_t n = core->trips(core, caps, d, p);
     if (n <= budget) return CLATTN_STATUS_SUCCESS;
-    if (d)
+    if (d && core->kind == CLATTN_CORE_DECODE)
+        snprintf(why, len, "%s (%s) would run up to %zu loop iterations in one work-item for a split-K part of %d keys, "
+                 "%zu new tokens, head sizes %zu/%zu; this device's driver ends a work-item's loops after %zu without an "
+                 "error (probed when the device opened; clattn keeps within %zu)", core->name, params, n,
+                 CLATTN_DECODE_PLAN_KEYS, d->seq_q, d->head_dim_qk, d->head_dim_v, caps->loop_limit, budget);
+    else if (d)
         snprintf(why, len, "%s (%s) would run up to %zu loop iterations in one work-item for Tq = %zu, Tk = %zu, head "
                  "sizes %zu/%zu; this device's driver ends a work-item's loops after %zu without an error (probed when "
                  "the device opened; clattn keeps within %zu)", core->name, params, n, d->seq_q,

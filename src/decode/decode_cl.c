@@ -175,6 +175,16 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* The step's split-K parts chosen and checked by the core before anything of the step is enqueued: a step the device
+ * cannot run (its loop limit) is refused with nothing written. */
+static clattn_status check_parts(const clattn_decode_plan *dp, const clattn_decode_io *io)
+{
+    const struct clattn_decode_cl *c = dp->cl;
+    clattn_decode_io check = *io;
+    check.check_only = 1;
+    return c->core.core->run_decode(c->core.state, &check);
+}
+
 static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, size_t n,
                                 const size_t *valid, size_t max_len, float *out)
 {
@@ -188,11 +198,16 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts}};
+    clattn_status st = check_parts(dp, &dpass.io);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        free(lens32);
+        return st;
+    }
     const clattn_transfer in[] = {{c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
                                   {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
                                   {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"}};
     const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
-    const clattn_status st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o, 1);
+    st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o, 1);
     free(lens32);
     if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
     return st;
@@ -208,6 +223,8 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     const clattn_plan *p = dp->base;
     const clattn_device *dev = p->device;
     const size_t B = p->d.batch;
+    const clattn_decode_io step = {.capacity = cache->d.capacity, .n = n, .max_len = max_len, .max_parts = dp->max_parts};
+    TRY(check_parts(dp, &step));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
         clReleaseEvent(c->counts_written);
