@@ -487,6 +487,37 @@ CLATTN_API clattn_status clattn_core_env_check(void);
 CLATTN_API size_t clattn_core_count(void);
 /* Core `index` (0 .. clattn_core_count() - 1) as seen from `device` (NULL: no device; supported = 0). */
 CLATTN_API clattn_status clattn_core_describe(const clattn_device *device, size_t index, clattn_core_info *info);
+
+/* ---------------------------------------------------------------- self-test */
+
+/* Drivers compute wrong numbers without an error (README, "Drivers with defects"). clattn_device_selftest runs a
+ * compact conformance set on `device` (an OpenCL device): every registered core the device runs, forced in turn,
+ * on its kind's cases (attention: odd sizes, masks, GQA, a window, long rows, NaN inputs, the weights; GEMM: the
+ * projections of those; decode: steps over prefilled and written caches, float and half; backward: training plans'
+ * gradients), each compared element by element with the ref device's result (the fp32 tolerance, 1e-5 + 1e-4 |ref|;
+ * gradients 1e-4 + 1e-3 |ref|; a NaN only where ref has one). quick: fewer and shorter cases. It writes one result
+ * per core into results (at most `capacity`; *count: how many cores there are) and keeps the verdicts with the
+ * device probes' facts: on this device and driver, AUTO then passes over a core that failed (CLATTN_CORE still forces
+ * it; clattn_device_facts names them), until a new self-test records new verdicts. Returns SUCCESS when the test ran,
+ * whatever its verdicts; the first thing to run on a new device (`clattn selftest`). clattn 0.5. */
+typedef enum clattn_verdict {
+    CLATTN_VERDICT_PASS = 0,    /* every case within tolerance, or refused with a status (a limit of the device) */
+    CLATTN_VERDICT_FAIL = 1,    /* a wrong number, or an error that is not a refusal */
+    CLATTN_VERDICT_NOT_RUN = 2  /* the device does not run the core at all (detail: why) */
+} clattn_verdict;
+typedef struct clattn_selftest_result {
+    char core[32];
+    clattn_core_kind kind;
+    size_t cases;               /* cases computed and compared */
+    size_t refused;             /* cases the core refused with the reason (TOO_LARGE_FOR_DEVICE, UNSUPPORTED) */
+    double worst_error;         /* the largest |got - ref| over the cases' outputs */
+    double worst_ratio;         /* the largest |got - ref| / tolerance: at most 1 passes */
+    clattn_verdict verdict;
+    char detail[300];           /* FAIL: the first failure; NOT_RUN: why; PASS: the first refusal ("" none) */
+} clattn_selftest_result;
+CLATTN_API clattn_status clattn_device_selftest(clattn_device *device, int quick, clattn_selftest_result *results,
+                                                size_t capacity, size_t *count);
+
 /* "<=32", "<=64", "<=128", "<=256", ">256" for class 0 .. 4 ("?" otherwise). */
 CLATTN_API const char *clattn_head_class_label(int head_class);
 /* The core a plan runs ("ref" on the ref device), and the parameters it was built with, as CLATTN_CORE and

@@ -530,3 +530,82 @@ Test(limits, fake_timestamps)
     tu_problem_free(&p);
     clattn_device_free(cl);
 }
+
+/* ---- the self-test's verdicts: kept with the probes' facts (in a private cache directory here), read again when the
+ * device opens; AUTO passes over a core that failed, CLATTN_CORE still forces it, `clattn cores` says why; a new
+ * self-test (every core passes here) records new verdicts. */
+static const char *core_reason(const clattn_device *dev, const char *name, int *supported)
+{
+    static clattn_core_info c;
+    for (size_t i = 0; i < clattn_core_count(); i++)
+        if (clattn_core_describe(dev, i, &c) == CLATTN_STATUS_SUCCESS && strcmp(c.name, name) == 0) {
+            *supported = c.supported;
+            return c.reason;
+        }
+    cr_assert_fail("no core %s", name);
+    return "";
+}
+
+Test(limits, selftest_verdicts)
+{
+    if (tu_forced_core()) cr_skip_test("sets the cores itself");
+    char dir[] = "/tmp/clattn-verdicts-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp failed");
+    setenv("CLATTN_CACHE_DIR", dir, 1);
+    clattn_device *cl = tu_open_opencl();
+    tu_problem p;
+    tu_problem_make(&p, &(tu_attn_case){.B = 1, .Tq = 19, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16}, 73);
+    clattn_plan *pc = NULL;
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    char first[32];
+    snprintf(first, sizeof first, "%s", clattn_plan_core(pc));
+    clattn_plan_free(pc);
+    clattn_verdicts_store(cl, first); /* as a self-test that saw it fail */
+    for (int reopened = 0; reopened < 2; reopened++) {
+        if (reopened) {
+            clattn_device_free(cl);
+            cl = tu_open_opencl();
+        }
+        cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_str_neq(clattn_plan_core(pc), first, "AUTO took %s, which failed the self-test here", first);
+        clattn_plan_free(pc);
+        int sup = 1;
+        const char *why = core_reason(cl, first, &sup);
+        cr_assert(!sup && strstr(why, "failed clattn selftest"), "%s: %s", first, why);
+        cr_assert(strstr(clattn_device_facts(cl), first), "%s", clattn_device_facts(cl));
+    }
+    char force[64];
+    snprintf(force, sizeof force, "%s", first);
+    setenv("CLATTN_CORE", force, 1);
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_core(pc), first);
+    clattn_plan_free(pc);
+    unsetenv("CLATTN_CORE");
+    /* a new self-test: every core passes on this device, and AUTO is back to its choice */
+    clattn_selftest_result r[32];
+    size_t n = 0;
+    cr_assert_eq(clattn_device_selftest(cl, 1, r, 32, &n), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(n, clattn_core_count());
+    int ran = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_neq(r[i].verdict, CLATTN_VERDICT_FAIL, "%s: %s", r[i].core, r[i].detail);
+        if (r[i].verdict == CLATTN_VERDICT_PASS) {
+            cr_assert_gt(r[i].cases + r[i].refused, 0, "%s", r[i].core);
+            cr_assert_leq(r[i].worst_ratio, 1.0, "%s", r[i].core);
+            ran++;
+        }
+    }
+    cr_assert_geq(ran, 4, "only %d cores ran", ran);
+    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_core(pc), first);
+    clattn_plan_free(pc);
+    cr_assert_eq(clattn_device_selftest(NULL, 1, r, 32, &n), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_device *ref = tu_open_ref();
+    cr_assert_eq(clattn_device_selftest(ref, 1, r, 32, &n), CLATTN_STATUS_UNSUPPORTED);
+    clattn_device_free(ref);
+    tu_problem_free(&p);
+    clattn_device_free(cl);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    cr_assert_eq(system(rm), 0);
+}

@@ -60,9 +60,16 @@ static clattn_status read_spec(env_request *r, const char *v, const char *spec, 
 
 /* What the environment asks for plans of `kind`. CLATTN_CORE holds specs separated by ';', at most one core
  * of each kind; the older variables are read only when it is not set, and only for prefill plans. */
-static clattn_status read_env(env_request *r, clattn_core_kind kind)
+static clattn_status read_env(const clattn_device *dev, env_request *r, clattn_core_kind kind)
 {
     memset(r, 0, sizeof *r);
+    const clattn_tune_table *tn = dev ? clattn_tune_active(dev) : NULL;
+    if (tn && tn->force[kind]) { /* clattn_device_selftest's core, over the environment */
+        r->force = r->param_core = tn->force[kind];
+        r->var = r->param_var = "clattn_device_selftest";
+        r->strict = 1;
+        return CLATTN_STATUS_SUCCESS;
+    }
     const char *v = getenv("CLATTN_CORE");
     if (v && *v) {
         char buf[600];
@@ -231,7 +238,7 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
 {
     memset(out, 0, sizeof *out);
     env_request r;
-    TRY(read_env(&r, kind));
+    TRY(read_env(dev, &r, kind));
     int refused;
     const int forced = r.force && eligible(r.force, kind, d) && !(r.auto_only && d->algorithm != CLATTN_ALGORITHM_AUTO);
     if (forced && r.strict) return try_core(dev, &r, r.force, 1, d, lay, other_floats, out, &refused);
@@ -258,6 +265,11 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
         for (size_t k = 0; k < ntried; k++) seen |= tried[k] == c;
         if (seen || !eligible(c, kind, d) || ntried >= sizeof tried / sizeof tried[0]) continue;
         tried[ntried++] = c;
+        if (i > 0 && clattn_caps_failed(&dev->caps, c->name)) { /* AUTO never takes it here */
+            snprintf(reasons + strlen(reasons), sizeof reasons - strlen(reasons), "%s%s failed clattn selftest on this "
+                     "device and driver", reasons[0] ? "; " : "", c->name);
+            continue;
+        }
         if (kind != CLATTN_CORE_GEMM && d->precision == CLATTN_PRECISION_TF32 && !c->tf32) {
             fp32_only++; /* one reason for them all, said once below */
             continue;
@@ -318,7 +330,7 @@ clattn_status clattn_core_env_check(void)
     clattn_clear_error();
     for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
         env_request r;
-        TRY(read_env(&r, (clattn_core_kind)kind));
+        TRY(read_env(NULL, &r, (clattn_core_kind)kind));
         clattn_core_params p = {{0}};
         char why[300];
         if (r.param_core && r.params[0] && !clattn_core_params_parse(r.param_core, r.params, &p, why, sizeof why))
@@ -356,7 +368,9 @@ static const clattn_core *auto_choice(const clattn_device *dev, clattn_core_kind
     clattn_core_params p;
     for (size_t i = 0; (c = clattn_core_preferred(kind, dev->caps.dclass, cls, i)); i++)
         if (c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS &&
-            (!c->native || c->native(c, &dev->caps, why, sizeof why)) && c->defaults(c, &dev->caps, &d, &p))
+            (!c->native || c->native(c, &dev->caps, why, sizeof why)) && !clattn_caps_failed(&dev->caps, c->name) &&
+            c->defaults(c, &dev->caps, &d, &p) &&
+            clattn_core_check_trips(c, &dev->caps, &d, &p, why, sizeof why) == CLATTN_STATUS_SUCCESS)
             return c;
     return NULL;
 }
@@ -388,9 +402,16 @@ clattn_status clattn_core_describe(const clattn_device *device, size_t index, cl
                  "(cores run on OpenCL devices)");
         return CLATTN_STATUS_SUCCESS;
     }
-    const int sup = c->supports(c, &device->caps, NULL, info->reason, sizeof info->reason) == CLATTN_STATUS_SUCCESS;
+    /* supported: it takes some plan here, and its loops are bounded where the driver ends them early */
+    const int sup = c->supports(c, &device->caps, NULL, info->reason, sizeof info->reason) == CLATTN_STATUS_SUCCESS &&
+                    clattn_core_check_trips(c, &device->caps, NULL, NULL, info->reason, sizeof info->reason) ==
+                        CLATTN_STATUS_SUCCESS;
     const int nat = !sup || !c->native || c->native(c, &device->caps, info->reason, sizeof info->reason);
-    info->supported = sup && nat;
+    const int failed = sup && nat && clattn_caps_failed(&device->caps, c->name);
+    if (failed)
+        snprintf(info->reason, sizeof info->reason, "%s failed clattn selftest on this device and driver (CLATTN_CORE "
+                 "still forces it; `clattn selftest` again records new verdicts)", c->name);
+    info->supported = sup && nat && !failed;
     info->emulated = sup && !nat;
     if (info->supported) info->reason[0] = '\0';
     for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++)

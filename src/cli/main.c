@@ -42,7 +42,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn <command> [options]      clattn help <command>      clattn --version\n"
-            "  devices                      list every OpenCL device (and ref)\n"
+            "  devices [-v]                 list every OpenCL device (and ref)\n"
+            "  selftest [--device SPEC] [--quick]   check every core against ref (first on a new device)\n"
             "  cores [--device SPEC] [--json]   list the attention cores and what the device runs\n"
             "  demo [--device SPEC] [--plot DIR]   run the tutorials' examples and print their tables\n"
             "  run --in DIR --out DIR [--heads H] [--causal] ...   attention on .npy files\n"
@@ -73,12 +74,14 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "run") == 0) return clattn_cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
     if (strcmp(cmd, "tune") == 0) return clattn_cli_tune(argc - 1, argv + 1);
+    if (strcmp(cmd, "selftest") == 0) return clattn_cli_selftest(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) return version();
     if (strcmp(cmd, "help") == 0 && argc >= 3) { /* clattn help CMD = clattn CMD --help */
         char *sub[] = {argv[2], "--help", NULL};
         if (strcmp(argv[2], "run") == 0) return clattn_cli_run(2, sub);
         if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
         if (strcmp(argv[2], "tune") == 0) return clattn_cli_tune(2, sub);
+        if (strcmp(argv[2], "selftest") == 0) return clattn_cli_selftest(2, sub);
         if (strcmp(argv[2], "cores") == 0) return clattn_cli_cores(2, sub);
         if (strcmp(argv[2], "demo") == 0) return clattn_cli_demo(2, sub);
         if (strcmp(argv[2], "devices") == 0) return clattn_cli_devices(2, sub);

@@ -293,12 +293,12 @@ const char *clattn_device_facts(const clattn_device *device)
              "class: %s\nvendor: %s\ndriver: %s\nopencl c: %s\ncompute units: %u\nlocal memory: %zu bytes\n"
              "max work-group: %zu\nnative float vector: %u\nfp16: %s\nfp64: %s\nsubgroups: %s%s%s%s\n"
              "tensor cores (mma tf32): %s\nloop limit: %s\nnan and inf arithmetic: %s\nprofiling timestamps: %s\n"
-             "probe notes: %s\n",
+             "probe notes: %s\nself-test failures: %s\n",
              clattn_device_class_name(c->dclass), c->vendor, c->driver, c->cl_c_version, c->compute_units, c->local_mem,
              c->max_work_group, c->native_vec_float, c->fp16 ? "yes" : "no", c->fp64 ? "yes" : "no",
              c->subgroups ? "yes" : "no", sg[0] ? " (sizes " : "", sg, sg[0] ? ")" : "", c->nv_mma_tf32 ? "yes" : "no",
              loop, c->ieee_nan ? "IEEE" : "not IEEE", c->profiling_ok ? "real" : "not real (profiling unsupported)",
-             c->probe_note[0] ? c->probe_note : "none");
+             c->probe_note[0] ? c->probe_note : "none", c->selftest_failed[0] ? c->selftest_failed + 1 : "none");
     return text;
 }
 

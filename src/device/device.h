@@ -21,6 +21,8 @@ typedef struct clattn_tune_table {
     clattn_tune_entry entries[CLATTN_TUNE_MAX_ENTRIES]; /* "core NAME CLASS P=V,..." */
     int nentries;
     const clattn_core *auto_core[CLATTN_CORE_KINDS][CLATTN_HEAD_CLASSES]; /* "auto CLASS NAME" (NULL: none) */
+    const clattn_core *force[CLATTN_CORE_KINDS]; /* the self-test's core of each kind (never from a file): that core
+                                                    or a refusal, as CLATTN_CORE (NULL: none) */
     /* "clblast xgemm P=V,..." and "clblast xgemmdirect P=V,...": CLBlast's parameters of its two GEMM kernels
      * (indexed by clattn_blas_kernel), set on the device when it opens */
     int has_blas[2];

@@ -163,6 +163,7 @@ void clattn_caps_read(clattn_device *dev)
     }
     if (c->nv_inline_ptx && c->nv_cc >= 80) c->nv_mma_tf32 = clattn_test_probe_mma(dev);
     clattn_probes_run(dev);
+    clattn_verdicts_load(dev);
 }
 
 /* Does a probe kernel (cl/runtime/<name>.cl) build here? Built quietly (kept by the compiled-program cache

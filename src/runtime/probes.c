@@ -5,7 +5,8 @@
  *   profiling_ok  whether event timestamps advance across a real kernel (rusticl reports 0, 1, 2, 3 ns);
  *   local_report  the local memory the driver reports for a kernel declaring 4096 bytes (rusticl: 8192).
  * The facts are kept in the kernel cache's directory (the same trust rules), keyed by clattn's version, the
- * device and its driver version, so a second process reads them instead of probing (a few ms otherwise). */
+ * device and its driver version, so a second process reads them instead of probing (a few ms otherwise). Beside
+ * them, under the same key, the last self-test's verdicts (tune/selftest.c): the cores that failed on this driver. */
 #include "runtime.h"
 
 #include <math.h>
@@ -275,4 +276,53 @@ size_t clattn_loop_budget(const clattn_caps *caps)
 {
     /* an eighth kept back for the loops the cores' trip counts leave out (prologues, epilogues, stores) */
     return caps->loop_limit ? caps->loop_limit - caps->loop_limit / 8 : SIZE_MAX;
+}
+
+/* ---- the self-test's verdicts: "<key>failed NAME NAME \nend\n" in <hash>.selftest */
+
+#define VERDICTS_MAGIC "CLATTN-SELFTEST 1\n"
+
+static void verdicts_key(const clattn_device *dev, char *key, size_t len)
+{
+    snprintf(key, len, "%sclattn %s\ndevice %s\nvendor %s\ndriver %s\n", VERDICTS_MAGIC, clattn_version(), dev->name,
+             dev->caps.vendor, dev->caps.driver);
+}
+
+void clattn_verdicts_load(clattn_device *dev)
+{
+    clattn_caps *c = &dev->caps;
+    c->selftest_failed[0] = '\0';
+    char key[1024], path[1200], text[1600];
+    verdicts_key(dev, key, sizeof key);
+    if (!clattn_cache_path(key, ".selftest", path, sizeof path)) return;
+    FILE *f = clattn_cache_open(path);
+    if (!f) return;
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const size_t kl = strlen(key);
+    if (n <= kl || memcmp(text, key, kl) != 0 || strncmp(text + kl, "failed ", 7) != 0) return;
+    const char *names = text + kl + 7, *end = strchr(names, '\n');
+    if (!end || strcmp(end, "\nend\n") != 0 || (size_t)(end - names) + 3 >= sizeof c->selftest_failed) return;
+    if (end > names) snprintf(c->selftest_failed, sizeof c->selftest_failed, " %.*s ", (int)(end - names), names);
+}
+
+void clattn_verdicts_store(clattn_device *dev, const char *failed)
+{
+    clattn_caps *c = &dev->caps;
+    c->selftest_failed[0] = '\0';
+    if (failed[0] && strlen(failed) + 3 < sizeof c->selftest_failed)
+        snprintf(c->selftest_failed, sizeof c->selftest_failed, " %s ", failed);
+    char key[1024], path[1200], text[1600];
+    verdicts_key(dev, key, sizeof key);
+    if (!clattn_cache_path(key, ".selftest", path, sizeof path)) return;
+    const int n = snprintf(text, sizeof text, "%sfailed %s\nend\n", key, failed);
+    if (n > 0 && (size_t)n < sizeof text) clattn_cache_write(path, text, (size_t)n);
+}
+
+int clattn_caps_failed(const clattn_caps *caps, const char *name)
+{
+    char word[80];
+    snprintf(word, sizeof word, " %s ", name);
+    return caps->selftest_failed[0] && strstr(caps->selftest_failed, word) != NULL;
 }

@@ -129,6 +129,10 @@ typedef struct clattn_caps {
     size_t local_report;        /* the bytes CL_KERNEL_LOCAL_MEM_SIZE reports for a kernel declaring 4096 bytes of
                                    __local arrays (rusticl: 8192); clattn_core_check_local scales by it */
     char probe_note[300];       /* what the probes found wrong, in words ("" when nothing) */
+    /* The last clattn_device_selftest's verdicts on this device and driver (tune/selftest.c), kept with the probes'
+     * facts: the cores that computed a wrong number, " name name " ("" when none failed or none was run). AUTO
+     * passes over them (select.c); CLATTN_CORE still forces one. */
+    char selftest_failed[400];
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
 } clattn_caps;
@@ -164,6 +168,12 @@ clattn_status clattn_profiling_check(const clattn_device *dev);
  * device without defects, and says so in probe_note. */
 #define CLATTN_PROBE_LOOP_TRIPS ((size_t)1 << 20)
 void clattn_probes_run(clattn_device *dev);
+/* The self-test's verdicts (probes.c, beside the probes' facts): read at open into caps.selftest_failed (from the
+ * cache's directory; nothing there: none), and kept there by clattn_device_selftest (failed: the cores that failed,
+ * space-separated; "" none). clattn_caps_failed: did core `name` fail here? */
+void clattn_verdicts_load(clattn_device *dev);
+void clattn_verdicts_store(clattn_device *dev, const char *failed);
+int clattn_caps_failed(const clattn_caps *caps, const char *name);
 /* The loop trips a work-item may make on this device: caps' loop_limit less a margin, or SIZE_MAX without one. */
 size_t clattn_loop_budget(const clattn_caps *caps);
 /* Test-only: build the inline-PTX probe on any device (caps.c asks NVIDIA devices only): 1 if it built. */
