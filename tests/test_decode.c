@@ -755,6 +755,8 @@ Test(decode, loop_limit_opencl)
     cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_core *core = p->base->core;
     const clattn_decode_spec *spec = core->spec;
+    if (dev->caps.dclass == CLATTN_CLASS_CPU && !tu_forced_core_of(CLATTN_CORE_DECODE)) /* with fewer rows */
+        cr_assert_str_eq(core->name, "decode_attend", "%s (%s)", core->name, p->base->core_params_text);
     clattn_core_params prm = p->base->core_params;
     if (prm.v[spec->rows] > 2) prm.v[spec->rows] = 2; /* a step's 2 rows (GQA) run as the few-rows variant */
     const size_t parts = clattn_decode_plan_last_splits(p), keys = (1501 + parts - 1) / parts;
