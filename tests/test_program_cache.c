@@ -77,6 +77,7 @@ static void plan_once(clattn_device *dev, long *loaded, long *built)
                                   .causal = 1, .algorithm = CLATTN_ALGORITHM_FUSED};
     clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
     long l0, b0;
+    clattn_program_forget(dev->context); /* as a new process: no program shared from an earlier plan */
     clattn_test_program_counts(1, &l0, &b0);
     clattn_plan *p = NULL;
     cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -103,6 +104,48 @@ Test(cache, second_plan_loads_its_programs)
     plan_once(dev, &loaded, &built);
     cr_assert(built == 0 && loaded > 0, "warm: %ld built, %ld loaded", built, loaded);
     clattn_device_free(dev);
+}
+
+/* Within a process, identical plans share their programs (runtime/program.c): the second builds and loads nothing,
+ * and keeps computing after the first is freed; a device freed drops the table's references (LeakSanitizer, in the
+ * sanitizer pass, sees any left). */
+Test(cache, plans_share_programs)
+{
+    clattn_device *dev = tu_open_opencl();
+    long loaded, built;
+    plan_once(dev, &loaded, &built);
+    tu_rng r = {12};
+    const size_t B = 2, T = 9, E = 8, H = 2, HK = 1, d = 4;
+    float *wq = tu_random(&r, H * d * E, -0.5f, 0.5f), *wk = tu_random(&r, HK * d * E, -0.5f, 0.5f);
+    float *wv = tu_random(&r, HK * d * E, -0.5f, 0.5f), *x = tu_random(&r, B * T * E, -1, 1);
+    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = d,
+                                  .causal = 1, .algorithm = CLATTN_ALGORITHM_FUSED};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    clattn_plan *p1 = NULL, *p2 = NULL;
+    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_test_program_counts(1, &loaded, &built);
+    clattn_test_programs_shared(1);
+    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_test_program_counts(1, &loaded, &built);
+    cr_assert(built == 0 && loaded == 0, "the second plan: %ld built, %ld loaded", built, loaded);
+    cr_assert_gt(clattn_test_programs_shared(1), 0, "the second plan shared no program");
+    clattn_plan_free(p1);
+    float *out = tu_poisoned(B * T * H * d);
+    clattn_attention_args a = {.x = x, .out = out};
+    cr_assert_eq(tu_plan_execute(p2, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    double want[2 * 9 * 8];
+    cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
+    char msg[256];
+    cr_assert_eq(oracle_compare(out, want, B * T * H * d, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    clattn_plan_free(p2);
+    /* another device on its own context shares nothing with this one */
+    clattn_device *dev2 = tu_open_opencl();
+    cr_assert_eq(tu_plan_create(dev2, &desc, &w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_test_programs_shared(1), 0, "a program shared across contexts");
+    clattn_plan_free(p1);
+    clattn_device_free(dev2);
+    clattn_device_free(dev);
+    free(wq), free(wk), free(wv), free(x), free(out);
 }
 
 typedef enum damage {

@@ -90,6 +90,20 @@ clattn_device *tu_open_opencl(void)
     return dev;
 }
 
+int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char *what)
+{
+    if (st != CLATTN_STATUS_TOO_LARGE_FOR_DEVICE && st != CLATTN_STATUS_UNSUPPORTED) return 0;
+    const char *why = clattn_last_error();
+    char lim[48];
+    snprintf(lim, sizeof lim, "loops after %zu ", dev->caps.loop_limit);
+    const int loops = dev->caps.loop_limit && strstr(why, lim) && strstr(why, "without an error");
+    const int group = st == CLATTN_STATUS_UNSUPPORTED && strstr(why, "work-items per work-group)") &&
+                      tu_forced_core_of(CLATTN_CORE_DECODE);
+    if (!loops && !group) return 0;
+    cr_log_info("%s: refused by the device, as it must be: %s", what, why);
+    return 1;
+}
+
 const clattn_core_info *tu_forced_core_of(clattn_core_kind kind)
 {
     static clattn_core_info info[CLATTN_CORE_BACKWARD + 1];

@@ -32,6 +32,12 @@ clattn_device *tu_open_opencl(void);
 /* The spec of that device, for the CLI and the bench (--device SPEC): fails or skips as above. */
 const char *tu_opencl_spec(void);
 clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not open */
+/* Did the test device refuse a plan (or a step) for one of its own limits? 1 when st is TOO_LARGE_FOR_DEVICE or
+ * UNSUPPORTED and the reason names a limit the driver has that clattn respects: its loop limit (probed: Mesa 22's
+ * llvmpipe), or fewer work-items per work-group than a forced core's parameters; the reason is printed ([----]) and
+ * the caller skips the case. Else 0, and the caller asserts as before: on a device without such limits (PoCL) every
+ * refusal still fails. `what` names the case in the printed line. */
+int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char *what);
 
 /* The library's calls with every array's element count filled in as a careful caller gives it (clattn 0.4),
  * from the (resolved) description: each array given whose count is 0 gets the count the description needs.

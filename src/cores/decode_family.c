@@ -178,14 +178,12 @@ static clattn_status choose_parts(const decode_state *s, const clattn_decode_io 
     }
     if (!parts) parts = 1;
     if (parts < need) {
-        char params[200];
-        clattn_core_params_format(s->core, &s->p, params, sizeof params);
         const size_t most = io->max_parts && io->max_parts < cap ? io->max_parts : cap;
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
-                           "decode step: %s (%s, %zu query rows per block) keeps at most %zu keys in one split-K part "
+                           "decode step: %s (%zu query rows per work-item or group) keeps at most %zu keys in one split-K part "
                            "within this device's loop limit (its driver ends a work-item's loops after %zu iterations "
                            "without an error; probed when the device opened), so the longest sequence, %zu keys, needs "
-                           "%zu parts; this step may take %zu%s", s->core->name, params, rows, keys_max,
+                           "%zu parts; this step may take %zu%s", s->core->name, rows, keys_max,
                            caps->loop_limit, io->max_len, need, most,
                            io->max_parts && io->max_parts < cap ? " (clattn_decode_plan_set_splits)" : "");
     }

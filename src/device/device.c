@@ -258,6 +258,7 @@ void clattn_device_free(clattn_device *device)
 {
     if (!device) return;
     free(device->tune);
+    if (device->context) clattn_program_forget(device->context);
     if (device->queue) clReleaseCommandQueue(device->queue);
     if (device->context) clReleaseContext(device->context);
     free(device);

@@ -268,6 +268,11 @@ clattn_status clattn_program_build_wg(const clattn_device *dev, const char *cons
 clattn_status clattn_kernel_create(cl_program prog, const char *name, cl_kernel *k);
 void clattn_kernel_release(cl_kernel *k);   /* release and NULL (NULL is fine) */
 void clattn_program_release(cl_program *p); /* release and NULL (NULL is fine) */
+/* Programs are shared within a context (program.c): the same sources and options built once per context and device,
+ * each caller holding its own reference. clattn_program_forget drops the table's references for a context (a device
+ * on it is being freed). Test-only: how many builds the table answered since the last reset. */
+void clattn_program_forget(cl_context context);
+long clattn_test_programs_shared(int reset);
 size_t clattn_pow2_at_most(size_t n);       /* the largest power of two <= n (1 for n = 0) */
 
 /* ---- launches (launch.c) */
