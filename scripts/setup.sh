@@ -8,8 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# mesa-opencl-icd: a second OpenCL implementation (Mesa's rusticl on llvmpipe, with RUSTICL_ENABLE=llvmpipe), whose
+# driver defects CI checks clattn against (.ci/run; README, "Drivers with defects")
 packages=(cmake gcc make pkg-config ocl-icd-opencl-dev opencl-c-headers libclblast-dev libcriterion-dev
-          pocl-opencl-icd)
+          pocl-opencl-icd mesa-opencl-icd)
 case ${1:-} in
   --python-tests) packages+=(python3-numpy python3-pytest python3-venv python3-torch libopenblas0-pthread) ;;
   '') ;;

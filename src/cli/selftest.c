@@ -84,8 +84,10 @@ int clattn_cli_selftest(int argc, char **argv)
                    r[i].detail);
             continue;
         }
+        /* a pass whose every case was refused says so */
+        const int all_refused = r[i].verdict == CLATTN_VERDICT_PASS && r[i].cases == 0;
         printf("%-16s %-9s %5zu %7zu %12.3g %10.3f  %s%s%s\n", r[i].core, kind_name(r[i].kind), r[i].cases,
-               r[i].refused, r[i].worst_error, r[i].worst_ratio, verdict_name(r[i].verdict),
+               r[i].refused, r[i].worst_error, r[i].worst_ratio, all_refused ? "refused" : verdict_name(r[i].verdict),
                r[i].detail[0] ? ": " : "", r[i].detail);
     }
     if (failed) printf("%d core%s computed wrong numbers on this device: AUTO no longer picks %s here\n", failed,
