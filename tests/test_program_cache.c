@@ -65,32 +65,55 @@ static size_t bins(char paths[][512], size_t cap)
     return n;
 }
 
-/* One fused plan (GQA, causal) created and run on the OpenCL device, checked against the oracle;
+/* The small problem of these tests: a fused plan (GQA, causal) of B=2, T=9, E=8, H=2, HK=1, d=4, its weights and x. */
+enum { PB = 2, PT = 9, PE = 8, PH = 2, PHK = 1, PD = 4 };
+typedef struct small {
+    clattn_attention_desc desc;
+    clattn_attention_weights w;
+    float *wq, *wk, *wv, *x;
+} small;
+
+static small small_make(uint64_t seed)
+{
+    tu_rng r = {seed};
+    small s = {.desc = {.batch = PB, .seq_q = PT, .embed = PE, .heads = PH, .kv_heads = PHK, .head_dim_qk = PD,
+                        .causal = 1, .algorithm = CLATTN_ALGORITHM_FUSED}};
+    s.wq = tu_random(&r, PH * PD * PE, -0.5f, 0.5f), s.wk = tu_random(&r, PHK * PD * PE, -0.5f, 0.5f);
+    s.wv = tu_random(&r, PHK * PD * PE, -0.5f, 0.5f), s.x = tu_random(&r, PB * PT * PE, -1, 1);
+    s.w = (clattn_attention_weights){.w_query = s.wq, .w_key = s.wk, .w_value = s.wv};
+    return s;
+}
+
+static void small_free(small *s) { free(s->wq), free(s->wk), free(s->wv), free(s->x); }
+
+/* Run plan p of s, checked against the oracle. */
+static void small_check(clattn_plan *p, small *s)
+{
+    const size_t n = PB * PT * PH * PD;
+    float *out = tu_poisoned(n);
+    clattn_attention_args a = {.x = s->x, .out = out};
+    cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    double want[PB * PT * PH * PD];
+    cr_assert_eq(oracle_attention(&s->desc, &s->w, &a, want, NULL), 0);
+    char msg[256];
+    cr_assert_eq(oracle_compare(out, want, n, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    free(out);
+}
+
+/* One plan of the small problem created and run on the OpenCL device, checked against the oracle;
  * returns how many programs were loaded from the cache and how many compiled. */
 static void plan_once(clattn_device *dev, long *loaded, long *built)
 {
-    tu_rng r = {11};
-    const size_t B = 2, T = 9, E = 8, H = 2, HK = 1, d = 4;
-    float *wq = tu_random(&r, H * d * E, -0.5f, 0.5f), *wk = tu_random(&r, HK * d * E, -0.5f, 0.5f);
-    float *wv = tu_random(&r, HK * d * E, -0.5f, 0.5f), *x = tu_random(&r, B * T * E, -1, 1);
-    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = d,
-                                  .causal = 1, .algorithm = CLATTN_ALGORITHM_FUSED};
-    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    small s = small_make(11);
     long l0, b0;
     clattn_program_forget(dev->context); /* as a new process: no program shared from an earlier plan */
     clattn_test_program_counts(1, &l0, &b0);
     clattn_plan *p = NULL;
-    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &s.desc, &s.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_test_program_counts(1, loaded, built);
-    float *out = tu_poisoned(B * T * H * d);
-    clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(tu_plan_execute(p, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    double want[2 * 9 * 8];
-    cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
-    char msg[256];
-    cr_assert_eq(oracle_compare(out, want, B * T * H * d, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    small_check(p, &s);
     clattn_plan_free(p);
-    free(wq), free(wk), free(wv), free(x), free(out);
+    small_free(&s);
 }
 
 Test(cache, second_plan_loads_its_programs)
@@ -114,38 +137,26 @@ Test(cache, plans_share_programs)
     clattn_device *dev = tu_open_opencl();
     long loaded, built;
     plan_once(dev, &loaded, &built);
-    tu_rng r = {12};
-    const size_t B = 2, T = 9, E = 8, H = 2, HK = 1, d = 4;
-    float *wq = tu_random(&r, H * d * E, -0.5f, 0.5f), *wk = tu_random(&r, HK * d * E, -0.5f, 0.5f);
-    float *wv = tu_random(&r, HK * d * E, -0.5f, 0.5f), *x = tu_random(&r, B * T * E, -1, 1);
-    clattn_attention_desc desc = {.batch = B, .seq_q = T, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = d,
-                                  .causal = 1, .algorithm = CLATTN_ALGORITHM_FUSED};
-    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv};
+    small s = small_make(12);
     clattn_plan *p1 = NULL, *p2 = NULL;
-    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &s.desc, &s.w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_test_program_counts(1, &loaded, &built);
     clattn_test_programs_shared(1);
-    cr_assert_eq(tu_plan_create(dev, &desc, &w, &p2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev, &s.desc, &s.w, &p2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_test_program_counts(1, &loaded, &built);
     cr_assert(built == 0 && loaded == 0, "the second plan: %ld built, %ld loaded", built, loaded);
     cr_assert_gt(clattn_test_programs_shared(1), 0, "the second plan shared no program");
     clattn_plan_free(p1);
-    float *out = tu_poisoned(B * T * H * d);
-    clattn_attention_args a = {.x = x, .out = out};
-    cr_assert_eq(tu_plan_execute(p2, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    double want[2 * 9 * 8];
-    cr_assert_eq(oracle_attention(&desc, &w, &a, want, NULL), 0);
-    char msg[256];
-    cr_assert_eq(oracle_compare(out, want, B * T * H * d, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%s", msg);
+    small_check(p2, &s); /* its programs outlive the first plan */
     clattn_plan_free(p2);
     /* another device on its own context shares nothing with this one */
     clattn_device *dev2 = tu_open_opencl();
-    cr_assert_eq(tu_plan_create(dev2, &desc, &w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_create(dev2, &s.desc, &s.w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_test_programs_shared(1), 0, "a program shared across contexts");
     clattn_plan_free(p1);
     clattn_device_free(dev2);
     clattn_device_free(dev);
-    free(wq), free(wk), free(wv), free(x), free(out);
+    small_free(&s);
 }
 
 typedef enum damage {
