@@ -30,14 +30,14 @@ from ._errors import (BuildFailureError, DeviceAllocationError, Error, InvalidAr
 
 __all__ = ["Error", "InvalidArgumentError", "ShapeMismatchError", "SizeOverflowError", "TooLargeForDeviceError",
            "OutOfHostMemoryError", "DeviceAllocationError", "BuildFailureError", "UnsupportedError", "NoDeviceError",
-           "InvalidDeviceSpecError", "OpenCLError", "devices", "cores", "version", "Attention", "Decoder",
+           "InvalidDeviceSpecError", "OpenCLError", "devices", "cores", "selftest", "version", "Attention", "Decoder",
            "EncoderLayer", "from_torch", "plot_attention"]
 __version__ = "0.5.0"
 
 logger = logging.getLogger("clattn")  # the library's notices (kernels compiled, the kernel cache unused, CLATTN_CORE)
 
 # the package's modules, by concern; the public names are these
-from ._device import cores, devices, version  # noqa: E402
+from ._device import cores, devices, selftest, version  # noqa: E402
 from ._attention import Attention  # noqa: E402
 from ._decoder import Decoder  # noqa: E402
 from ._encoder import EncoderLayer  # noqa: E402

@@ -102,6 +102,22 @@ def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
     return out
 
 
+def selftest(device: Optional[str] = None, quick: bool = False) -> List[Dict[str, Any]]:
+    """Run clattn's self-test on `device` (an OpenCL device spec as for devices(); None: the default device), as
+    `clattn selftest` does: every core the device runs, forced in turn, on a compact conformance set against the CPU
+    reference. One dict per core: core, kind, cases, refused (cases the core refused with the device's limit named),
+    worst_error, worst_ratio (of the tolerance: at most 1 passes), verdict ("pass", "fail", "not run") and detail
+    (the first failure, why it did not run, or the first refusal). The verdicts are kept with the device's probes:
+    AUTO then passes over a core that failed on this device and driver. The first thing to run on a new device."""
+    dev = _Device(device)
+    n = ctypes.c_size_t(0)
+    res = (_lib.SelftestResult * _lib.core_count())()
+    _check(_lib.device_selftest(dev.handle, int(bool(quick)), res, len(res), ctypes.byref(n)), "the self-test")
+    return [dict(core=r.core.decode(), kind=_lib.CORE_KINDS[r.kind], cases=r.cases, refused=r.refused,
+                 worst_error=r.worst_error, worst_ratio=r.worst_ratio, verdict=_lib.VERDICTS[r.verdict],
+                 detail=r.detail.decode(errors="replace")) for r in res[:min(n.value, len(res))]]
+
+
 class _Device:
     """An open clattn device (freed with the object)."""
 

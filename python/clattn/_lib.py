@@ -44,6 +44,13 @@ class CoreInfo(Structure):
                 ("test_configs", c_char * 128), ("emulated", c_int)]
 
 
+class SelftestResult(Structure):
+    _fields_ = [("core", c_char * 32), ("kind", c_int), ("cases", c_size_t), ("refused", c_size_t),
+                ("worst_error", ctypes.c_double), ("worst_ratio", ctypes.c_double), ("verdict", c_int),
+                ("detail", c_char * 300)]
+
+
+VERDICTS = {0: "pass", 1: "fail", 2: "not run"}
 CORE_KINDS = {0: "prefill", 1: "decode", 2: "gemm", 3: "backward"}
 CORE_GEMM = 2
 HEAD_CLASS_COUNT = 5
@@ -147,6 +154,8 @@ device_backend = _fn("clattn_device_backend", c_int, c_void_p)
 device_name = _fn("clattn_device_name", c_char_p, c_void_p)
 device_facts = _fn("clattn_device_facts", c_char_p, c_void_p)
 core_count = _fn("clattn_core_count", c_size_t)
+device_selftest = _fn("clattn_device_selftest", c_int, c_void_p, c_int, POINTER(SelftestResult), c_size_t,
+                      POINTER(c_size_t))
 core_describe = _fn("clattn_core_describe", c_int, c_void_p, c_size_t, POINTER(CoreInfo))
 head_class_label = _fn("clattn_head_class_label", c_char_p, c_int)
 plan_core = _fn("clattn_plan_core", c_char_p, c_void_p)

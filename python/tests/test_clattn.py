@@ -149,6 +149,24 @@ def test_devices_verbose_shows_the_probes():
             assert facts["nan and inf arithmetic"] == "IEEE" and facts["profiling timestamps"] == "real", facts
 
 
+@pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device")
+def test_selftest_passes_and_keeps_no_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLATTN_CACHE_DIR", str(tmp_path))  # its verdicts in a directory of the test's own
+    results = clattn.selftest("opencl", quick=True)
+    assert [r["core"] for r in results] == [c["name"] for c in clattn.cores("opencl")]
+    for r in results:
+        assert r["verdict"] != "fail", r
+        if r["verdict"] == "pass":
+            assert r["cases"] + r["refused"] > 0 and r["worst_ratio"] <= 1.0, r
+        else:
+            assert r["detail"], r
+    assert sum(r["verdict"] == "pass" for r in results) >= 4
+    facts = clattn.devices(verbose=True)[1]["facts"]
+    assert facts["self-test failures"] == "none", facts
+    with pytest.raises(clattn.UnsupportedError):
+        clattn.selftest("ref")
+
+
 def test_cores_match_the_cli():
     keys = ["name", "kind", "supported", "reason", "emulated", "default_for", "algorithm", "weights", "params",
             "test_configs"]
