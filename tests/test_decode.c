@@ -806,6 +806,29 @@ Test(decode, loop_limit_opencl)
     clattn_device_free(dev);
 }
 
+/* A step's projections of a few rows run by their own kernel (linear_small on CPUs), whose work-items loop over E:
+ * under a device's loop limit (lowered here to 10000, above the GEMM core's least) that kernel gives way to the GEMM
+ * core, which cuts E into blocks, when E is long (24000: 9,004 trips for 2 rows), and the steps compute the right
+ * answer. */
+Test(decode, loop_limit_projections_opencl)
+{
+    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
+        const clattn_core_info *f = tu_forced_core_of((clattn_core_kind)kind);
+        if (f && !clattn_core_find(f->name)->trips)
+            cr_skip_test("CLATTN_CORE forces %s, which has no loop bound: refused under a loop limit (the refusal: "
+                         "limits::loop_limit_forced)", f->name);
+    }
+    clattn_device *dev = tu_open_opencl();
+    dev->caps.loop_limit = 10000;
+    clattn_test_trips_reach(1);
+    decode_case(dev, &(dcase){.B = 2, .T = 9, .H = 4, .HK = 2, .dk = 8, .dv = 8, .E = 24000, .P = 5}, 960);
+    const size_t reach = clattn_test_trips_reach(0);
+    cr_assert(reach > 0 && reach <= clattn_loop_budget(&dev->caps),
+              "a few-rows projection of %zu loop iterations per work-item ran; the budget is %zu", reach,
+              clattn_loop_budget(&dev->caps));
+    clattn_device_free(dev);
+}
+
 /* A cache on one device, a plan on another. */
 Test(decode, cache_on_other_device)
 {

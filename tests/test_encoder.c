@@ -531,6 +531,46 @@ Test(layernorm, residual_bias_sum)
     free(x); free(res); free(bias); free(gamma); free(beta); free(ref); free(ref_sum);
 }
 
+/* Under a device's loop limit (lowered here to a few dozen: Mesa 22's llvmpipe ends a work-item's loops after 65,535),
+ * a LayerNorm variant whose work-items would loop past it is refused with the limit named, and one within it computes
+ * the right rows: E = 1000 over 256 work-items is 4 + 4 + 4 (+ 4 to cache the row) trips and 16 halvings. */
+Test(layernorm, loop_limit)
+{
+    const size_t E = 1000, rows = 3;
+    tu_rng r = {78};
+    float *x = tu_random(&r, rows * E, -2.0f, 2.0f), *gamma = tu_random(&r, E, 0.5f, 1.5f);
+    float *beta = tu_random(&r, E, -0.5f, 0.5f);
+    double *y64 = layernorm64(x, rows, E, gamma, beta, 1e-5);
+    const size_t limit = cl_dev->caps.loop_limit;
+    cl_dev->caps.loop_limit = 33;
+    const size_t budget = clattn_loop_budget(&cl_dev->caps);
+    int refused = 0;
+    for (int cache = 0; cache <= 1; cache++) {
+        float *got = tu_poisoned(rows * E);
+        clattn_test_trips_reach(1);
+        const clattn_status st =
+            clattn_residual_layernorm_rows(cl_dev, rows, E, x, NULL, NULL, gamma, beta, 1e-5f, cache, NULL, got);
+        if (st != CLATTN_STATUS_SUCCESS) {
+            cr_assert_eq(st, CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "row_cache=%d: %s", cache, clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), "residual_layernorm") && strstr(clattn_last_error(), "E = 1000") &&
+                      strstr(clattn_last_error(), "loops after 33 "), "%s", clattn_last_error());
+            for (size_t i = 0; i < rows * E; i++) cr_assert(isnan(got[i]), "row_cache=%d: refused, but written", cache);
+            refused++;
+        } else {
+            const size_t reach = clattn_test_trips_reach(0);
+            cr_assert(reach > 0 && reach <= budget, "row_cache=%d: work-items of %zu loop iterations, budget %zu",
+                      cache, reach, budget);
+            char msg[256];
+            const size_t bad = oracle_compare(got, y64, rows * E, TU_ATOL, TU_RTOL, msg, sizeof msg);
+            cr_assert_eq(bad, 0, "row_cache=%d vs float64: %zu of %zu differ; %s", cache, bad, rows * E, msg);
+        }
+        free(got);
+    }
+    cr_assert_geq(refused, 1, "the row-caching variant's 32 trips should be past the budget of %zu", budget);
+    cl_dev->caps.loop_limit = limit;
+    free(x), free(gamma), free(beta), free(y64);
+}
+
 /* ---------------------------------------------------------------- validation */
 
 static void expect_refused(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,

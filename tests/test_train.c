@@ -3,6 +3,7 @@
  * against the float64 oracle (tests/oracle.c, no code shared); and clattn_attention_merge: attention over key
  * shards, merged, equals one call over all the keys. Every element checked, outputs poisoned first. */
 #include "oracle.h"
+#include "runtime/runtime.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -697,6 +698,26 @@ Test(train, oracle_backward_finite_differences)
         free(dout);
         problem_free(&p);
     }
+}
+
+/* Under a device's loop limit (lowered here to 10000, above the GEMM core's least: Mesa 22's llvmpipe ends a
+ * work-item's loops after 65,535, fewer than the rows of 128 sequences of 512 tokens), the biases' gradients sum their
+ * B*T = 10000 rows in blocks within it; every gradient against the oracle's. */
+Test(train, backward_loop_limit)
+{
+    const size_t limit = cl_dev->caps.loop_limit;
+    cl_dev->caps.loop_limit = 10000;
+    const size_t budget = clattn_loop_budget(&cl_dev->caps);
+    problem p;
+    problem_make(&p, &(config){.B = 50, .Tq = 200, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .causal = 1, .biases = 1},
+                 996);
+    clattn_test_trips_reach(1);
+    check_backward_opencl(&p, 996);
+    const size_t reach = clattn_test_trips_reach(0);
+    cl_dev->caps.loop_limit = limit;
+    problem_free(&p);
+    cr_assert_leq(reach, budget, "a work-item of %zu loop iterations ran; the budget is %zu", reach, budget);
+    if (!tu_forced_core()) cr_assert_gt(reach, 0, "no bias gradient was computed");
 }
 
 /* What the backward refuses, before it writes anything. */

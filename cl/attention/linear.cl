@@ -162,9 +162,10 @@ __kernel void fill_rows(__global float *dst, ulong dst_off, __global const float
 
 /* The projections' gradients (training plans, src/attention/shell_backward.c):
  * grad_colsum: dst[c] = sum of src's rows (rows, cols; row stride ld) in column c, one work-item per column
- * (a bias's gradient, the sum of its output's gradient over the rows). */
+ * (a bias's gradient, the sum of its output's gradient over the rows); with add, dst[c] + that sum (the host
+ * cuts the rows into blocks where the device ends long loops: clattn_linear_colsum). */
 __kernel void grad_colsum(__global const float *src, ulong src_off, uint ld, ulong rows, uint cols,
-                          __global float *dst, ulong dst_off)
+                          __global float *dst, ulong dst_off, uint add)
 {
     const uint c = get_global_id(0);
     if (c >= cols) return;
@@ -175,7 +176,7 @@ __kernel void grad_colsum(__global const float *src, ulong src_off, uint ld, ulo
         e = (t - s) - y;
         s = t;
     }
-    dst[dst_off + c] = s;
+    dst[dst_off + c] = add ? dst[dst_off + c] + s : s;
 }
 
 /* dst (rows, width; row stride dst_ld) = the sum of `blocks` column blocks of src (rows; row stride src_ld),

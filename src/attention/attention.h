@@ -144,8 +144,9 @@ clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem
 /* y (m, n) = x (m, k) W^T (+ bias), W (n, k) in nn.Linear layout: the bias as rows first and a GEMM with beta = 1
  * on the plan's GEMM core, or with few_rows and m <= CLATTN_LINEAR_SMALL_ROWS, the few-rows kernel of the
  * device's class (a GEMM pads m to its tile and does dozens of times the work): linear_small on CPUs (a
- * work-item per column), linear_gemv on GPUs (a work-group per block of columns, coalesced along k). warm:
- * the few-rows kernel launched with no work. */
+ * work-item per column), linear_gemv on GPUs (a work-group per block of columns, coalesced along k), unless its
+ * loops would pass the device's loop limit (k too long): then the GEMM. warm: the few-rows kernel launched with no
+ * work. */
 #define CLATTN_LINEAR_SMALL_ROWS 16
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);
@@ -154,7 +155,8 @@ clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size
 clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
                                         size_t rows, size_t m, size_t n, clattn_layout layout, clattn_view out,
                                         const char *what);
-/* out (cols) = the column sums of src (rows, cols; row stride ld): a bias's gradient. */
+/* out (cols) = the column sums of src (rows, cols; row stride ld): a bias's gradient (in blocks of rows within the
+ * device's loop limit). */
 clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size_t ld, size_t rows, size_t cols,
                                    clattn_view out);
 /* dst (rows, width; dst_ld) = the sum of `blocks` column blocks of src (rows; src_ld), block b at column b*width. */

@@ -65,9 +65,32 @@ clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem
     return clattn_enqueue_1d(l->dev, l->fill, rows * cols, "enqueue fill_rows");
 }
 
+/* The loop iterations of one work-item of linear_small (VW 8) or linear_gemv for m rows and k columns of x, every
+ * loop counted whether or not a compiler unrolls it (core.h's trips). */
+static size_t small_pass_trips(size_t nr, size_t k)
+{
+    const size_t kv = k / 8;
+    return 2 * nr + (kv + (k - kv * 8)) * (1 + nr); /* the accumulators set and stored; the vectors and the tail */
+}
+
+static size_t linear_few_trips(const clattn_linear *l, size_t m, size_t k)
+{
+    if (l->gemv) {
+        const size_t kv = k / 4, per_row = 1 + GEMV_COLS, groups = GEMV_WG / GEMV_LK;
+        const size_t rows = CLATTN_LINEAR_SMALL_ROWS, sums = groups * rows * GEMV_COLS;
+        return GEMV_COLS + 2 * rows * per_row + (kv + GEMV_LK - 1) / GEMV_LK * (1 + GEMV_COLS + rows * per_row) +
+               (k % 4 ? 1 + rows * per_row : 0) + (sums + GEMV_WG - 1) / GEMV_WG * (1 + GEMV_LK);
+    }
+    size_t t = m / 8 * (1 + small_pass_trips(8, k)), r = m % 8;
+    for (size_t nr = 4; nr; nr /= 2)
+        if (r >= nr) t += small_pass_trips(nr, k), r -= nr;
+    return t;
+}
+
 static clattn_status linear_small(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                   cl_mem bias, clattn_view y, int warm)
 {
+    if (!warm) clattn_note_trips(linear_few_trips(l, m, k));
     clattn_args a;
     clattn_args_begin(&a, l->small, "linear_small");
     clattn_arg_view(&a, x);
@@ -96,7 +119,11 @@ static clattn_status linear_small(const clattn_linear *l, size_t m, size_t n, si
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what)
 {
-    if (few_rows && (m <= CLATTN_LINEAR_SMALL_ROWS || warm)) return linear_small(l, m, n, k, x, w, bias, y, warm);
+    /* a few rows by their own kernel, unless its loops would run past the device's limit: then by the GEMM core,
+     * which cuts k into blocks within it */
+    if (few_rows && (warm || (m <= CLATTN_LINEAR_SMALL_ROWS &&
+                              linear_few_trips(l, m, k) <= clattn_loop_budget(&l->dev->caps))))
+        return linear_small(l, m, n, k, x, w, bias, y, warm);
     /* the bias: added by the GEMM core as it stores C, or C filled with it first and the product added (beta 1) */
     const int fused = l->gemm.core->adds_biases;
     if (bias && !fused) TRY(clattn_linear_fill(l, y, bias, m, n));
@@ -120,15 +147,26 @@ clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, 
 clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size_t ld, size_t rows, size_t cols,
                                    clattn_view out)
 {
-    clattn_args a;
-    clattn_args_begin(&a, l->colsum, "grad_colsum");
-    clattn_arg_view(&a, src);
-    clattn_arg_u32(&a, (cl_uint)ld);
-    clattn_arg_u64(&a, rows);
-    clattn_arg_u32(&a, (cl_uint)cols);
-    clattn_arg_view(&a, out);
-    TRY(clattn_args_end(&a));
-    return clattn_enqueue_1d(l->dev, l->colsum, cols, "enqueue grad_colsum");
+    /* one work-item per column loops over the rows: in blocks of rows that keep it within the device's loop limit,
+     * each launch adding its block's sums to the last's (one launch where there is no limit) */
+    const size_t budget = clattn_loop_budget(&l->dev->caps), block = rows < budget ? rows : budget;
+    size_t r0 = 0;
+    do {
+        const size_t n = rows - r0 < block ? rows - r0 : block;
+        clattn_args a;
+        clattn_args_begin(&a, l->colsum, "grad_colsum");
+        clattn_arg_view(&a, (clattn_view){src.mem, src.off + r0 * ld});
+        clattn_arg_u32(&a, (cl_uint)ld);
+        clattn_arg_u64(&a, n);
+        clattn_arg_u32(&a, (cl_uint)cols);
+        clattn_arg_view(&a, out);
+        clattn_arg_u32(&a, r0 > 0);
+        TRY(clattn_args_end(&a));
+        clattn_note_trips(n);
+        TRY(clattn_enqueue_1d(l->dev, l->colsum, cols, "enqueue grad_colsum"));
+        r0 += n;
+    } while (r0 < rows);
+    return CLATTN_STATUS_SUCCESS;
 }
 
 clattn_status clattn_linear_sum_blocks(const clattn_linear *l, clattn_view src, size_t src_ld, size_t blocks,

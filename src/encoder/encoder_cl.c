@@ -15,6 +15,7 @@ typedef struct ln_kernel {
     cl_kernel k;
     size_t wg;
     int cache_row;
+    size_t trips; /* a work-item's loop iterations (clattn_loop_check) */
 } ln_kernel;
 
 struct clattn_encoder_cl {
@@ -77,13 +78,21 @@ static clattn_status ln_build(const clattn_device *dev, size_t E, int residual, 
     const char *src[] = {"encoder/layernorm"};
     TRY(clattn_program_build_wg(dev, src, 1, opts, "residual_layernorm", &wg, &l->prog, &l->k));
     l->wg = wg;
-    return CLATTN_STATUS_SUCCESS;
+    /* each work-item's loops: the row's passes (the copy to local memory, the mean, the variance, the output) over
+     * its share of E, and the two reductions' halvings */
+    size_t halvings = 0;
+    for (size_t w = wg; w > 1; w /= 2) halvings++;
+    char what[96];
+    snprintf(what, sizeof what, "residual_layernorm (rows of E = %zu, %zu work-items per row)", E, wg);
+    l->trips = (size_t)(3 + l->cache_row) * ((E + wg - 1) / wg) + 2 * halvings;
+    return clattn_loop_check(&dev->caps, l->trips, what);
 }
 
 /* out = LN((x + r) + bias) * gamma + beta over rows of E; sum = (x + r) + bias when the variant writes it. */
 static clattn_status ln_enqueue(const clattn_device *dev, const ln_kernel *l, size_t rows, size_t E, view x, view r,
                                 cl_mem bias, cl_mem gamma, cl_mem beta, view sum, view out, float eps)
 {
+    clattn_note_trips(l->trips);
     clattn_args a;
     clattn_args_begin(&a, l->k, "residual_layernorm");
     clattn_arg_view(&a, x);

@@ -16,6 +16,17 @@ size_t clattn_test_launch_reach(int reset)
     return reset ? atomic_exchange(&launch_max, 0) : atomic_load(&launch_max);
 }
 
+static _Atomic size_t trips_max;
+void clattn_note_trips(size_t trips)
+{
+    size_t cur = atomic_load(&trips_max);
+    while (trips > cur && !atomic_compare_exchange_weak(&trips_max, &cur, trips)) {}
+}
+size_t clattn_test_trips_reach(int reset)
+{
+    return reset ? atomic_exchange(&trips_max, 0) : atomic_load(&trips_max);
+}
+
 /* total work-items in work-groups of `local`, each enqueue at its global offset (get_global_id includes
  * it). total = 0 enqueues one work-group that does nothing: drivers that compile a kernel for its
  * work-group size at the first launch (PoCL) do it then, when a plan warms its kernels up. */

@@ -278,6 +278,16 @@ size_t clattn_loop_budget(const clattn_caps *caps)
     return caps->loop_limit ? caps->loop_limit - caps->loop_limit / 8 : SIZE_MAX;
 }
 
+clattn_status clattn_loop_check(const clattn_caps *caps, size_t trips, const char *what)
+{
+    const size_t budget = clattn_loop_budget(caps);
+    if (trips <= budget) return CLATTN_STATUS_SUCCESS;
+    return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
+                       "%s would run up to %zu loop iterations in one work-item; this device's driver ends a work-item's "
+                       "loops after %zu without an error (probed when the device opened; clattn keeps within %zu)",
+                       what, trips, caps->loop_limit, budget);
+}
+
 /* ---- the self-test's verdicts: "<key>failed NAME NAME \nend\n" in <hash>.selftest */
 
 #define VERDICTS_MAGIC "CLATTN-SELFTEST 1\n"

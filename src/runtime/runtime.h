@@ -176,6 +176,10 @@ void clattn_verdicts_store(clattn_device *dev, const char *failed);
 int clattn_caps_failed(const clattn_caps *caps, const char *name);
 /* The loop trips a work-item may make on this device: caps' loop_limit less a margin, or SIZE_MAX without one. */
 size_t clattn_loop_budget(const clattn_caps *caps);
+/* The check for a kernel outside the cores (the projections' helpers, the encoder's LayerNorm) whose work-items make
+ * up to `trips` loop iterations: SUCCESS within clattn_loop_budget, else TOO_LARGE_FOR_DEVICE with a sentence naming
+ * `what` (the kernel and the sizes that set its trips), the bound and the device's limit. */
+clattn_status clattn_loop_check(const clattn_caps *caps, size_t trips, const char *what);
 /* Test-only: build the inline-PTX probe on any device (caps.c asks NVIDIA devices only): 1 if it built. */
 int clattn_test_probe_ptx(const clattn_device *dev);
 /* Test-only: build the tensor-core probe (cl/runtime/probe_mma.cl) on any device: 1 if it built. */
@@ -290,6 +294,10 @@ clattn_status clattn_enqueue_groups(const clattn_device *dev, cl_kernel k, size_
 /* Test-only: the most work-items any one kernel launch had since the last reset (reset = 1). */
 size_t clattn_test_launch_reach(int reset);
 void clattn_note_launch(size_t items);
+/* Test-only: the most loop iterations a work-item of a kernel outside the cores (clattn_loop_check's) was launched to
+ * make since the last reset; the launches note their bound. */
+size_t clattn_test_trips_reach(int reset);
+void clattn_note_trips(size_t trips);
 
 /* Kernel arguments pushed in order, typed; the first failure is kept and named (kernel, index):
  *   clattn_args a; clattn_args_begin(&a, k, "flash_rows"); clattn_arg_mem(&a, buf); ...
