@@ -13,6 +13,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -247,6 +248,13 @@ static void long_check(size_t T, int causal, int kpm, clattn_algorithm alg)
     clattn_device *cl = tu_open_opencl();
     clattn_plan *plan = NULL;
     clattn_status st = tu_plan_create(cl, &d, &w, &plan);
+    char what[64];
+    snprintf(what, sizeof what, "T=%zu %s", T, clattn_algorithm_name(alg));
+    if (tu_refused_by_device(cl, st, what)) { /* a driver's loop limit (llvmpipe: the fused cores at T = 8192) */
+        clattn_device_free(cl);
+        long_free(&c);
+        return;
+    }
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "T=%zu %s: %s: %s", T, clattn_algorithm_name(alg),
                  clattn_status_string(st), clattn_last_error());
     cr_assert_eq(clattn_plan_algorithm(plan), alg, "T=%zu: the plan runs %s", T,

@@ -433,19 +433,32 @@ Test(limits, loop_limit)
         {.B = 1, .Tq = 61, .Tk = 300, .E = 24, .Ekv = 24, .H = 3, .dk = 8, .dv = 8, .Eo = 24, .cross = 1,
          .dropout = 0.25f},
         {.B = 1, .Tq = 45, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16, .training = 1},
-        {.B = 1, .Tq = 4000, .E = 8, .H = 1, .dk = 8, .dv = 8, .Eo = 8}, /* too long for any core at this limit */
+        /* too long for a fused core's work-item at this limit, and for one work-item per row of the unfused
+         * core's softmax: its defaults take a work-group per row */
+        {.B = 1, .Tq = 4000, .E = 8, .H = 1, .dk = 8, .dv = 8, .Eo = 8},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tu_problem p;
         tu_problem_make(&p, &cases[ci], 60 + ci);
         clattn_plan *pc = NULL, *pr = NULL;
+        if (ci == 3) { /* the fused algorithm asked for: refused with the limit named, never a plan */
+            clattn_attention_desc fused = p.d;
+            fused.algorithm = CLATTN_ALGORITHM_FUSED;
+            assert_loop_refusal(tu_plan_create(cl, &fused, &p.w, &pc), 20000);
+            cr_assert_null(pc);
+        }
         const clattn_status st = tu_plan_create(cl, &p.d, &p.w, &pc);
-        if (ci == 3 || st != CLATTN_STATUS_SUCCESS) { /* refused: with the limit named, never a plan */
+        if (st != CLATTN_STATUS_SUCCESS) { /* refused (a forced core): with the limit named, never a plan */
+            cr_assert(ci != 3 || tu_forced_core(), "AUTO refused T = 4000: %s", clattn_last_error());
             assert_loop_refusal(st, 20000);
             cr_assert_null(pc);
             tu_problem_free(&p);
             continue;
         }
+        if (ci == 3 && !tu_forced_core())
+            cr_assert(strcmp(clattn_plan_core(pc), "unfused") == 0 &&
+                      strcmp(clattn_plan_core_params(pc), "SOFTMAX=rows") == 0, "T = 4000 ran on %s (%s)",
+                      clattn_plan_core(pc), clattn_plan_core_params(pc));
         assert_within_budget(cl, clattn_plan_core(pc), clattn_plan_core_params(pc), &p.d);
         if (strcmp(clattn_plan_gemm(pc), "ref") != 0 && clattn_core_find(clattn_plan_gemm(pc)))
             assert_within_budget(cl, clattn_plan_gemm(pc), clattn_plan_gemm_params(pc), &p.d);

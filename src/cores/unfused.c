@@ -79,25 +79,45 @@ static clattn_status supports(const clattn_core *core, const clattn_caps *caps, 
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* A work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a
- * work-group per row elsewhere. */
-static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
-                    clattn_core_params *p)
+/* softmax_rows' work-group for rows of Tk scores: a power of two covering the row, from 16 to 256, within the
+ * device's work-group limit (the compiled kernel may take fewer: build_kernels) */
+static size_t softmax_wg(const clattn_caps *caps, size_t tk)
 {
-    (void)core, (void)d;
-    p->v[SOFTMAX] = caps->dclass == CLATTN_CLASS_CPU ? SOFTMAX_ITEM : SOFTMAX_ROWS;
-    return 1;
+    size_t wg = 1;
+    while (wg < tk && wg < 256) wg *= 2;
+    wg = wg < 16 && tk > 1 ? 16 : wg;
+    return caps && wg > caps->max_work_group ? clattn_pow2_at_most(caps->max_work_group) : wg;
 }
 
-/* A softmax work-item's loop iterations (its GEMMs are the GEMM core's): at most five passes over a row of Tk
- * scores, with a Philox draw (10 rounds) per score under dropout, as softmax_rows_item runs them (softmax_rows
- * runs fewer per work-item). */
+/* A softmax work-item's loop iterations over rows of tk scores (its GEMMs are the GEMM core's), a Philox draw (10
+ * rounds) per score under dropout: softmax_rows_item (wg 0) makes at most five passes over its row; a work-item of
+ * softmax_rows' wg makes two over its share of the row, and the reduction's halvings. */
+static size_t softmax_trips(const clattn_attention_desc *d, size_t tk, size_t wg)
+{
+    const size_t drop = d->dropout > 0.0f ? 11 : 0;
+    if (!wg) return tk * (5 + drop) + 64;
+    size_t halvings = 0;
+    for (size_t w = wg; w > 1; w /= 2) halvings++;
+    return (tk + wg - 1) / wg * (2 + drop) + halvings + 64;
+}
+
 static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     const clattn_core_params *p)
 {
-    (void)core, (void)caps, (void)p;
+    (void)core;
     const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
-    return tk * (5 + (d->dropout > 0.0f ? 11 : 0)) + 64;
+    return softmax_trips(d, tk, p->v[SOFTMAX] == SOFTMAX_ITEM ? 0 : softmax_wg(caps, tk));
+}
+
+/* A work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a work-group per row
+ * elsewhere, and where one work-item's passes over a row would run past the driver's loop limit (long rows on Mesa's
+ * llvmpipe). */
+static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
+                    clattn_core_params *p)
+{
+    p->v[SOFTMAX] = caps->dclass == CLATTN_CLASS_CPU ? SOFTMAX_ITEM : SOFTMAX_ROWS;
+    if (d && trips(core, caps, d, p) > clattn_loop_budget(caps)) p->v[SOFTMAX] = SOFTMAX_ROWS;
+    return 1;
 }
 
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -139,10 +159,7 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
     TRY(clattn_program_build(s->dev, heads_src, 2, "-cl-std=CL1.2", &s->heads_prog));
     TRY(clattn_kernel_create(s->heads_prog, "split_heads", &s->k_split));
     TRY(clattn_kernel_create(s->heads_prog, "merge_heads", &s->k_merge));
-    /* softmax work-group: a power of two covering the row, from 16 to 256 (and the device's limit) */
-    size_t wg = 1;
-    while (wg < d->seq_kv && wg < 256) wg *= 2;
-    wg = wg < 16 && d->seq_kv > 1 ? 16 : wg;
+    size_t wg = softmax_wg(NULL, d->seq_kv);
     char opts[256];
     clattn_core_attention_defines(d, CLATTN_DEFINES_MASKS | CLATTN_DEFINES_TRAIN, opts, sizeof opts);
     const char *softmax_src[] = {"common/philox", "common/mask", "cores/unfused_softmax"};
@@ -154,7 +171,11 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
         TRY(clattn_kernel_create(s->softmax_prog, "softmax_rows_item", &s->k_softmax));
         s->softmax_wg = 0;
     }
-    return CLATTN_STATUS_SUCCESS;
+    /* the bound trips() counted, with the work-group the compiled kernel took */
+    char what[96];
+    snprintf(what, sizeof what, "unfused's softmax (SOFTMAX=%s, Tk = %zu, %zu work-items per row)",
+             s->softmax_wg ? "rows" : "item", d->seq_kv, s->softmax_wg ? s->softmax_wg : (size_t)1);
+    return clattn_loop_check(&s->dev->caps, softmax_trips(d, d->seq_kv, s->softmax_wg), what);
 }
 
 static clattn_status build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
