@@ -50,6 +50,8 @@ void tu_count_args(const clattn_plan *plan, clattn_attention_args *a); /* the sa
 clattn_status tu_encoder_plan_create(clattn_device *dev, const clattn_encoder_desc *d, const clattn_encoder_weights *w,
                                      clattn_encoder_plan **plan);
 clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *a);
+/* (A decode plan the device refuses for its own limit, as tu_refused_by_device says, skips the calling test visibly:
+ * a forced decode core whose work-groups the driver does not take refuses every plan of that test.) */
 clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_desc *d,
                                     const clattn_attention_weights *w, clattn_decode_plan **plan);
 clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *a);
