@@ -498,12 +498,19 @@ CLATTN_API clattn_status clattn_core_describe(const clattn_device *device, size_
  * gradients 1e-4 + 1e-3 |ref|; a NaN only where ref has one). quick: fewer and shorter cases. It writes one result
  * per core into results (at most `capacity`; *count: how many cores there are) and keeps the verdicts with the
  * device probes' facts: on this device and driver, AUTO then passes over a core that failed (CLATTN_CORE still forces
- * it; clattn_device_facts names them), until a new self-test records new verdicts. Returns SUCCESS when the test ran,
- * whatever its verdicts; the first thing to run on a new device (`clattn selftest`). clattn 0.5. */
+ * it; clattn_device_facts names them), until a new self-test records new verdicts: a full one replaces them, a quick
+ * one adds its failures to them (its fewer cases prove no earlier failure wrong). The GEMM cores are tested first, and
+ * the other kinds' plans then run on GEMM cores that did not fail (AUTO, CLATTN_CORE not read), so that a wrong GEMM
+ * is not blamed on the cores that use it. Returns SUCCESS when the test ran, whatever its verdicts, with
+ * clattn_last_notice saying so where the verdicts could not be kept on disk (then they hold for this device object
+ * only); the first thing to run on a new device (`clattn selftest`). Do not use the device from other threads while it
+ * runs. clattn 0.5. */
 typedef enum clattn_verdict {
     CLATTN_VERDICT_PASS = 0,    /* every case within tolerance, or refused with a status (a limit of the device) */
-    CLATTN_VERDICT_FAIL = 1,    /* a wrong number, or an error that is not a refusal */
-    CLATTN_VERDICT_NOT_RUN = 2  /* the device does not run the core at all (detail: why) */
+    CLATTN_VERDICT_FAIL = 1,    /* a wrong number: kept, AUTO passes over the core here */
+    CLATTN_VERDICT_NOT_RUN = 2, /* the device does not run the core at all (detail: why) */
+    CLATTN_VERDICT_ERROR = 3    /* a case ended in an error that is neither a refusal nor a wrong number (out of
+                                   memory, a driver's error; detail: which): not kept (clattn 0.5.1) */
 } clattn_verdict;
 typedef struct clattn_selftest_result {
     char core[32];
@@ -513,7 +520,7 @@ typedef struct clattn_selftest_result {
     double worst_error;         /* the largest |got - ref| over the cases' outputs */
     double worst_ratio;         /* the largest |got - ref| / tolerance: at most 1 passes */
     clattn_verdict verdict;
-    char detail[300];           /* FAIL: the first failure; NOT_RUN: why; PASS: the first refusal ("" none) */
+    char detail[300];           /* FAIL, ERROR: the first failure; NOT_RUN: why; PASS: the first refusal ("" none) */
 } clattn_selftest_result;
 CLATTN_API clattn_status clattn_device_selftest(clattn_device *device, int quick, clattn_selftest_result *results,
                                                 size_t capacity, size_t *count);

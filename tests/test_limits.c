@@ -593,25 +593,45 @@ Test(limits, selftest_verdicts)
     cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_str_eq(clattn_plan_core(pc), first);
     clattn_plan_free(pc);
-    unsetenv("CLATTN_CORE");
-    /* a new self-test: every core passes on this device, and AUTO is back to its choice */
+    /* a quick self-test, with a CLATTN_CORE no plan could take (the self-test does not read it): every core passes,
+     * and the earlier failure stays (a quick run has fewer cases: it proves no failure wrong) */
+    setenv("CLATTN_CORE", "no_such_core", 1);
     clattn_selftest_result r[32];
     size_t n = 0;
+    for (int quick = 1; quick >= 0; quick--) {
+        cr_assert_eq(clattn_device_selftest(cl, quick, r, 32, &n), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(n, clattn_core_count());
+        int ran = 0;
+        for (size_t i = 0; i < n; i++) {
+            cr_assert(r[i].verdict == CLATTN_VERDICT_PASS || r[i].verdict == CLATTN_VERDICT_NOT_RUN, "%s: %s", r[i].core,
+                      r[i].detail);
+            if (r[i].verdict == CLATTN_VERDICT_PASS) {
+                cr_assert_gt(r[i].cases + r[i].refused, 0, "%s", r[i].core);
+                cr_assert_leq(r[i].worst_ratio, 1.0, "%s", r[i].core);
+                ran++;
+            }
+        }
+        cr_assert_geq(ran, 4, "only %d cores ran", ran);
+        unsetenv("CLATTN_CORE");
+        cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (quick) /* kept */
+            cr_assert_str_neq(clattn_plan_core(pc), first, "a quick self-test dropped the earlier failure of %s", first);
+        else /* a full self-test replaces the verdicts: AUTO is back to its choice */
+            cr_assert_str_eq(clattn_plan_core(pc), first);
+        clattn_plan_free(pc);
+    }
+    /* a case that ends in an error (a host allocation failed) is an error, not a failure: nothing is kept */
+    clattn_test_fail_nth_alloc(40, 0);
     cr_assert_eq(clattn_device_selftest(cl, 1, r, 32, &n), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(n, clattn_core_count());
-    int ran = 0;
+    cr_assert(clattn_test_alloc_fault_fired(), "the 40th allocation never came");
+    clattn_test_fail_nth_alloc(0, 0);
+    int errors = 0;
     for (size_t i = 0; i < n; i++) {
         cr_assert_neq(r[i].verdict, CLATTN_VERDICT_FAIL, "%s: %s", r[i].core, r[i].detail);
-        if (r[i].verdict == CLATTN_VERDICT_PASS) {
-            cr_assert_gt(r[i].cases + r[i].refused, 0, "%s", r[i].core);
-            cr_assert_leq(r[i].worst_ratio, 1.0, "%s", r[i].core);
-            ran++;
-        }
+        errors += r[i].verdict == CLATTN_VERDICT_ERROR;
     }
-    cr_assert_geq(ran, 4, "only %d cores ran", ran);
-    cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_str_eq(clattn_plan_core(pc), first);
-    clattn_plan_free(pc);
+    cr_assert_eq(errors, 1, "the failed allocation made %d errors", errors);
+    cr_assert(strstr(clattn_device_facts(cl), "self-test failures: none"), "%s", clattn_device_facts(cl));
     cr_assert_eq(clattn_device_selftest(NULL, 1, r, 32, &n), CLATTN_STATUS_INVALID_ARGUMENT);
     clattn_device *ref = tu_open_ref();
     cr_assert_eq(clattn_device_selftest(ref, 1, r, 32, &n), CLATTN_STATUS_UNSUPPORTED);

@@ -106,9 +106,10 @@ def selftest(device: Optional[str] = None, quick: bool = False) -> List[Dict[str
     """Run clattn's self-test on `device` (an OpenCL device spec as for devices(); None: the default device), as
     `clattn selftest` does: every core the device runs, forced in turn, on a compact conformance set against the CPU
     reference. One dict per core: core, kind, cases, refused (cases the core refused with the device's limit named),
-    worst_error, worst_ratio (of the tolerance: at most 1 passes), verdict ("pass", "fail", "not run") and detail
-    (the first failure, why it did not run, or the first refusal). The verdicts are kept with the device's probes:
-    AUTO then passes over a core that failed on this device and driver. The first thing to run on a new device."""
+    worst_error, worst_ratio (of the tolerance: at most 1 passes), verdict ("pass", "fail": a wrong number, "error":
+    a case ended in an error that is not a refusal, "not run") and detail (the first failure, why it did not run, or
+    the first refusal). The failures are kept with the device's probes: AUTO then passes over a core that failed on
+    this device and driver (a full run replaces them, a quick one adds). The first thing to run on a new device."""
     dev = _Device(device)
     n = ctypes.c_size_t(0)
     res = (_lib.SelftestResult * _lib.core_count())()

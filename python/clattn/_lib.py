@@ -50,7 +50,7 @@ class SelftestResult(Structure):
                 ("detail", c_char * 300)]
 
 
-VERDICTS = {0: "pass", 1: "fail", 2: "not run"}
+VERDICTS = {0: "pass", 1: "fail", 2: "not run", 3: "error"}
 CORE_KINDS = {0: "prefill", 1: "decode", 2: "gemm", 3: "backward"}
 CORE_GEMM = 2
 HEAD_CLASS_COUNT = 5

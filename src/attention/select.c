@@ -64,10 +64,12 @@ static clattn_status read_env(const clattn_device *dev, env_request *r, clattn_c
 {
     memset(r, 0, sizeof *r);
     const clattn_tune_table *tn = dev ? clattn_tune_active(dev) : NULL;
-    if (tn && tn->force[kind]) { /* clattn_device_selftest's core, over the environment */
-        r->force = r->param_core = tn->force[kind];
-        r->var = r->param_var = "clattn_device_selftest";
-        r->strict = 1;
+    if (tn && tn->selftest) { /* clattn_device_selftest's core, and the environment not read */
+        if (tn->force[kind]) {
+            r->force = r->param_core = tn->force[kind];
+            r->var = r->param_var = "clattn_device_selftest";
+            r->strict = 1;
+        }
         return CLATTN_STATUS_SUCCESS;
     }
     const char *v = getenv("CLATTN_CORE");

@@ -1,5 +1,6 @@
 /* selftest.c: `clattn selftest`, the device's self-test (clattn_device_selftest): every core the device runs
- * against ref on a compact conformance set, one line per core, exit 1 when any computed a wrong number.
+ * against ref on a compact conformance set, one line per core, exit 1 when any computed a wrong number or a case
+ * ended in an error.
  *   clattn selftest [--device SPEC] [--quick]
  */
 #include "cli.h"
@@ -17,14 +18,16 @@ static void usage(FILE *f)
                "  reference: attention plans of odd sizes, masks, GQA, a window, long rows, NaN and Inf inputs and\n"
                "  the weights; the GEMM cores on their projections; decode steps over prefilled, long and half\n"
                "  caches; training plans' gradients. Prints one line per core (cases, refused, worst error,\n"
-               "  verdict) and exits 1 if any core computed a wrong number. The verdicts are kept with the\n"
-               "  device's probes: AUTO then passes over a core that failed on this device and driver.\n"
+               "  verdict) and exits 1 if any core computed a wrong number (FAIL) or a case ended in an error\n"
+               "  that is not a refusal (error). The failures are kept with the device's probes: AUTO then passes\n"
+               "  over a core that failed on this device and driver (a full run replaces them, a quick one adds).\n"
                "  --quick: fewer and shorter cases. The first thing to run on a new device.\n");
 }
 
 static const char *verdict_name(clattn_verdict v)
 {
-    return v == CLATTN_VERDICT_PASS ? "pass" : v == CLATTN_VERDICT_FAIL ? "FAIL" : "not run";
+    return v == CLATTN_VERDICT_PASS ? "pass" : v == CLATTN_VERDICT_FAIL ? "FAIL" : v == CLATTN_VERDICT_ERROR ? "error"
+                                                                                                       : "not run";
 }
 
 static const char *kind_name(clattn_core_kind k)
@@ -76,9 +79,10 @@ int clattn_cli_selftest(int argc, char **argv)
         return 1;
     }
     printf("%-16s %-9s %5s %7s %12s %10s  %s\n", "core", "kind", "cases", "refused", "worst error", "of the tol", "verdict");
-    int failed = 0;
+    int failed = 0, errors = 0;
     for (size_t i = 0; i < n && i < MAX_CORES; i++) {
         failed += r[i].verdict == CLATTN_VERDICT_FAIL;
+        errors += r[i].verdict == CLATTN_VERDICT_ERROR;
         if (r[i].verdict == CLATTN_VERDICT_NOT_RUN) {
             printf("%-16s %-9s %5s %7s %12s %10s  not run: %s\n", r[i].core, kind_name(r[i].kind), "-", "-", "-", "-",
                    r[i].detail);
@@ -92,7 +96,10 @@ int clattn_cli_selftest(int argc, char **argv)
     }
     if (failed) printf("%d core%s computed wrong numbers on this device: AUTO no longer picks %s here\n", failed,
                        failed > 1 ? "s" : "", failed > 1 ? "them" : "it");
-    else printf("every core the device runs computed the reference's numbers\n");
+    if (errors) printf("%d core%s ended a case in an error (not kept: run the self-test again)\n", errors,
+                       errors > 1 ? "s" : "");
+    if (!failed && !errors) printf("every core the device runs computed the reference's numbers\n");
+    if (clattn_last_notice()[0]) SAY("%s", clattn_last_notice());
     clattn_device_free(dev);
-    return failed ? 1 : 0;
+    return failed || errors ? 1 : 0;
 }

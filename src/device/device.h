@@ -23,6 +23,8 @@ typedef struct clattn_tune_table {
     const clattn_core *auto_core[CLATTN_CORE_KINDS][CLATTN_HEAD_CLASSES]; /* "auto CLASS NAME" (NULL: none) */
     const clattn_core *force[CLATTN_CORE_KINDS]; /* the self-test's core of each kind (never from a file): that core
                                                     or a refusal, as CLATTN_CORE (NULL: none) */
+    int selftest;              /* the self-test's table: the environment (CLATTN_CORE) is not read, the kinds it does
+                                  not force are AUTO's */
     /* "clblast xgemm P=V,..." and "clblast xgemmdirect P=V,...": CLBlast's parameters of its two GEMM kernels
      * (indexed by clattn_blas_kernel), set on the device when it opens */
     int has_blas[2];

@@ -317,7 +317,7 @@ void clattn_verdicts_load(clattn_device *dev)
     if (end > names) snprintf(c->selftest_failed, sizeof c->selftest_failed, " %.*s ", (int)(end - names), names);
 }
 
-void clattn_verdicts_store(clattn_device *dev, const char *failed)
+int clattn_verdicts_store(clattn_device *dev, const char *failed)
 {
     clattn_caps *c = &dev->caps;
     c->selftest_failed[0] = '\0';
@@ -325,9 +325,16 @@ void clattn_verdicts_store(clattn_device *dev, const char *failed)
         snprintf(c->selftest_failed, sizeof c->selftest_failed, " %s ", failed);
     char key[1024], path[1200], text[1600];
     verdicts_key(dev, key, sizeof key);
-    if (!clattn_cache_path(key, ".selftest", path, sizeof path)) return;
+    if (!clattn_cache_path(key, ".selftest", path, sizeof path)) return 0;
     const int n = snprintf(text, sizeof text, "%sfailed %s\nend\n", key, failed);
-    if (n > 0 && (size_t)n < sizeof text) clattn_cache_write(path, text, (size_t)n);
+    return n > 0 && (size_t)n < sizeof text && clattn_cache_write(path, text, (size_t)n);
+}
+
+void clattn_caps_fail(clattn_caps *caps, const char *name)
+{
+    const size_t used = strlen(caps->selftest_failed);
+    if (clattn_caps_failed(caps, name) || used + strlen(name) + 3 > sizeof caps->selftest_failed) return;
+    snprintf(caps->selftest_failed + used, sizeof caps->selftest_failed - used, "%s%s ", used ? "" : " ", name);
 }
 
 int clattn_caps_failed(const clattn_caps *caps, const char *name)

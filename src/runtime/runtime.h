@@ -170,10 +170,12 @@ clattn_status clattn_profiling_check(const clattn_device *dev);
 void clattn_probes_run(clattn_device *dev);
 /* The self-test's verdicts (probes.c, beside the probes' facts): read at open into caps.selftest_failed (from the
  * cache's directory; nothing there: none), and kept there by clattn_device_selftest (failed: the cores that failed,
- * space-separated; "" none). clattn_caps_failed: did core `name` fail here? */
+ * space-separated; "" none): 1 when written to the cache's directory, 0 when they hold for this device only (no
+ * directory, or the write failed). clattn_caps_failed: did core `name` fail here? clattn_caps_fail: mark it so. */
 void clattn_verdicts_load(clattn_device *dev);
-void clattn_verdicts_store(clattn_device *dev, const char *failed);
+int clattn_verdicts_store(clattn_device *dev, const char *failed);
 int clattn_caps_failed(const clattn_caps *caps, const char *name);
+void clattn_caps_fail(clattn_caps *caps, const char *name);
 /* The loop trips a work-item may make on this device: caps' loop_limit less a margin, or SIZE_MAX without one. */
 size_t clattn_loop_budget(const clattn_caps *caps);
 /* The check for a kernel outside the cores (the projections' helpers, the encoder's LayerNorm) whose work-items make

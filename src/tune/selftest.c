@@ -7,12 +7,18 @@
  *   decode    steps over a prefilled cache, over a cache written long (split-K), over a half cache
  *   backward  training plans' forward and every gradient
  * A case the core refuses with a status (TOO_LARGE_FOR_DEVICE, UNSUPPORTED: the device's limits, named) counts as
- * refused, not failed. The verdicts (the cores that failed) are kept with the probes' facts (runtime/probes.c), and
- * AUTO passes over a failed core on this device and driver (attention/select.c). */
+ * refused, not failed; one that ends in another error (out of memory, a driver's error) makes the verdict ERROR, which
+ * is not kept. The GEMM cores go first: every other kind's plans run GEMMs, and from then on they run on GEMM cores
+ * that did not fail (each failure is marked on the device at once, so AUTO passes over it for the kinds after), and a
+ * wrong GEMM is not blamed on the cores that use it; the prefill cores go before the backward core, whose plans run a
+ * forward. The environment (CLATTN_CORE) is not read meanwhile. The verdicts (the cores that failed) are kept with the
+ * probes' facts (runtime/probes.c), and AUTO passes over a failed core on this device and driver
+ * (attention/select.c). */
 #include "attention/attention.h"
 #include "decode/decode.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,21 +52,38 @@ typedef struct tally {
     char where[80]; /* the case being compared, for the detail */
 } tally;
 
-static void fail(tally *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(tally *t, const char *fmt, ...)
+/* The case went wrong: `verdict` FAIL (a wrong number) or ERROR (an error that is neither a refusal nor a wrong
+ * number). The first failure's detail stays, a FAIL's over an ERROR's. */
+static void mark(tally *t, clattn_verdict verdict, const char *fmt, va_list ap)
 {
-    if (t->res->verdict == CLATTN_VERDICT_FAIL) return; /* the first failure stays */
-    t->res->verdict = CLATTN_VERDICT_FAIL;
+    if (t->res->verdict == CLATTN_VERDICT_FAIL || (t->res->verdict == CLATTN_VERDICT_ERROR && verdict != CLATTN_VERDICT_FAIL))
+        return;
+    t->res->verdict = verdict;
     char msg[200];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     snprintf(t->res->detail, sizeof t->res->detail, "%s: %s", t->where, msg);
 }
 
+static void fail(tally *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(tally *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mark(t, CLATTN_VERDICT_FAIL, fmt, ap);
+    va_end(ap);
+}
+
+static void error(tally *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void error(tally *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mark(t, CLATTN_VERDICT_ERROR, fmt, ap);
+    va_end(ap);
+}
+
 /* A status from the device's side of a case: 1 to go on; 0 when it refused (counted, the first reason kept) or
- * failed (an error that is not a refusal). */
+ * ended in another error (ERROR). */
 static int accepted(tally *t, clattn_status st)
 {
     if (st == CLATTN_STATUS_SUCCESS) return 1;
@@ -70,7 +93,7 @@ static int accepted(tally *t, clattn_status st)
             snprintf(t->res->detail, sizeof t->res->detail, "%s refused: %s", t->where, clattn_last_error());
         return 0;
     }
-    fail(t, "%s (%s)", clattn_status_string(st), clattn_last_error());
+    error(t, "%s (%s)", clattn_status_string(st), clattn_last_error());
     return 0;
 }
 
@@ -252,11 +275,11 @@ static void attention_case(clattn_device *dev, clattn_device *ref, const acase *
     int n = 0, rn = 0;
     snprintf(t->where, sizeof t->where, "%s", c->what);
     if (!problem_make(&p, c, long_keys, &r)) {
-        fail(t, "out of host memory");
+        error(t, "out of host memory");
     } else if (accepted(t, compute(dev, &p, got, len, names, &n))) {
         const clattn_status st = compute(ref, &p, want, rlen, rnames, &rn);
         if (st != CLATTN_STATUS_SUCCESS) {
-            fail(t, "the ref device: %s", clattn_last_error());
+            error(t, "the ref device: %s", clattn_last_error());
         } else {
             t->res->cases++;
             for (int i = 0; i < n && i < rn; i++)
@@ -334,15 +357,15 @@ static void decode_case(clattn_device *dev, clattn_device *ref, const dcase *c, 
     float *kc = randoms(&r, c->B * c->HK * (written ? written : 1) * c->dk, 1.0f);
     float *vc = randoms(&r, c->B * c->HK * (written ? written : 1) * c->dv, 1.0f);
     if (!problem_make(&p, &shape, 0, &r) || !got || !want || !kc || !vc) {
-        fail(t, "out of host memory");
+        error(t, "out of host memory");
     } else {
         p.d.causal = 1, p.d.kv_half = c->half;
         free(p.x);
         if (!(p.x = randoms(&r, rows * 16, 1.0f))) {
-            fail(t, "out of host memory");
+            error(t, "out of host memory");
         } else if (accepted(t, decode_run(dev, c, &p, kc, vc, written, got))) {
             if (decode_run(ref, c, &p, kc, vc, written, want) != CLATTN_STATUS_SUCCESS) {
-                fail(t, "the ref device: %s", clattn_last_error());
+                error(t, "the ref device: %s", clattn_last_error());
             } else {
                 t->res->cases++;
                 compare(t, "out", got, want, nout, ATOL, RTOL);
@@ -383,6 +406,7 @@ static void test_core(clattn_device *dev, clattn_device *ref, const clattn_core 
     if (dev->tune) force = *dev->tune;
     else clattn_tune_table_init(&force);
     force.force[c->kind] = c;
+    force.selftest = 1;
     dev->tune_try = &force;
     tally t = {.res = res};
     const size_t long_keys = quick ? 700 : 1500;
@@ -396,7 +420,7 @@ static void test_core(clattn_device *dev, clattn_device *ref, const clattn_core 
                 attention_case(dev, ref, &attention_cases[i], long_keys, 4000 + i, &t);
     }
     dev->tune_try = NULL;
-    if (res->verdict != CLATTN_VERDICT_FAIL && res->cases == 0 && res->refused == 0) {
+    if (res->verdict == CLATTN_VERDICT_PASS && res->cases == 0 && res->refused == 0) {
         res->verdict = CLATTN_VERDICT_NOT_RUN;
         snprintf(res->detail, sizeof res->detail, "no case of the self-test is one %s takes", c->name);
     }
@@ -416,16 +440,34 @@ clattn_status clattn_device_selftest(clattn_device *device, int quick, clattn_se
     *count = clattn_core_total();
     clattn_device *ref = NULL;
     TRY(clattn_device_open("ref", &ref));
-    char failed[400] = "";
-    for (size_t i = 0; i < clattn_core_total(); i++) {
-        clattn_selftest_result r;
-        test_core(device, ref, clattn_core_at(i), quick, &r);
-        if (r.verdict == CLATTN_VERDICT_FAIL)
-            snprintf(failed + strlen(failed), sizeof failed - strlen(failed), "%s%s", failed[0] ? " " : "", r.core);
-        if (i < capacity) results[i] = r;
-    }
+    /* a quick run keeps the failures it has no case to contradict; a full run starts again */
+    char earlier[sizeof device->caps.selftest_failed];
+    snprintf(earlier, sizeof earlier, "%s", quick ? device->caps.selftest_failed : "");
+    device->caps.selftest_failed[0] = '\0'; /* from here, this run's failures (AUTO passes over them) */
+    static const clattn_core_kind order[] = {CLATTN_CORE_GEMM, CLATTN_CORE_PREFILL, CLATTN_CORE_DECODE,
+                                             CLATTN_CORE_BACKWARD};
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
+        for (size_t i = 0; i < clattn_core_total(); i++) {
+            const clattn_core *c = clattn_core_at(i);
+            if (c->kind != order[k]) continue;
+            clattn_selftest_result r;
+            test_core(device, ref, c, quick, &r);
+            if (r.verdict == CLATTN_VERDICT_FAIL) clattn_caps_fail(&device->caps, r.core);
+            if (i < capacity) results[i] = r;
+        }
     clattn_device_free(ref);
-    clattn_verdicts_store(device, failed);
+    char failed[sizeof device->caps.selftest_failed + sizeof earlier];
+    snprintf(failed, sizeof failed, "%s", device->caps.selftest_failed);
+    char *save = NULL;
+    for (char *w = strtok_r(earlier, " ", &save); w; w = strtok_r(NULL, " ", &save))
+        if (!clattn_caps_failed(&device->caps, w)) snprintf(failed + strlen(failed), sizeof failed - strlen(failed), " %s ", w);
+    /* "a b c": the words, one space apart */
+    char words[sizeof failed] = "";
+    for (char *w = strtok_r(failed, " ", &save); w; w = strtok_r(NULL, " ", &save))
+        snprintf(words + strlen(words), sizeof words - strlen(words), "%s%s", words[0] ? " " : "", w);
+    const int kept = clattn_verdicts_store(device, words);
     clattn_clear_error();
+    clattn_set_notice("%s", kept ? "" : "the self-test's verdicts hold for this device object only: the cache "
+                      "directory is off or not writable ($CLATTN_CACHE_DIR, CLATTN_PROGRAM_CACHE)");
     return CLATTN_STATUS_SUCCESS;
 }
