@@ -30,16 +30,21 @@ typedef struct decode_state {
     size_t slots;       /* (row, part) slots (part_slots) */
 } decode_state;
 
-/* (row, part) slots of the partial buffers: steps of up to PART_ROWS new tokens, CLATTN_DECODE_MAX_PARTS parts. On a
- * device with a loop limit, a long step (a prefill) must be split too, or its last rows' loops run past the limit:
- * there the slots cover every row of the longest step, with as many parts as fit in half of one allocation. */
+/* The most (row, part) slots the partial buffers may have: half of one allocation. */
+static size_t slots_most(const clattn_caps *caps, const clattn_attention_desc *d)
+{
+    return caps->max_alloc / 2 / ((d->head_dim_v + 2) * sizeof(float));
+}
+
+/* (row, part) slots of the partial buffers at plan creation: steps of up to PART_ROWS new tokens,
+ * CLATTN_DECODE_MAX_PARTS parts (within slots_most). On a device with a loop limit a long step (a prefill) must be
+ * split too, or its last rows' loops run past the limit: there a step that needs more slots makes the buffers larger
+ * (up to slots_most) before anything of it is enqueued (grow_slots). */
 static size_t part_slots(const clattn_caps *caps, const clattn_attention_desc *d)
 {
-    if (!caps->loop_limit) return d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
-    const size_t rows = d->batch * d->seq_q * d->heads;
-    size_t parts = CLATTN_DECODE_MAX_PARTS;
-    while (parts > 2 && rows * parts * (d->head_dim_v + 2) * sizeof(float) > caps->max_alloc / 2) parts /= 2;
-    return rows * parts;
+    const size_t n = d->batch * (d->seq_q < PART_ROWS ? d->seq_q : PART_ROWS) * d->heads * CLATTN_DECODE_MAX_PARTS;
+    const size_t most = slots_most(caps, d);
+    return caps->loop_limit && n > most ? most : n;
 }
 
 clattn_status clattn_decode_supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -162,7 +167,9 @@ static clattn_status choose_parts(const decode_state *s, const clattn_decode_io 
     const size_t target = (size_t)caps->compute_units * (cpu ? s->spec->per_cu_cpu : s->spec->per_cu_gpu);
     const size_t min_keys = s->spec->min_keys(cpu, &s->p);
     const size_t nrows = d->batch * io->n * d->heads;
-    size_t cap = s->slots / (nrows ? nrows : 1);
+    /* the buffers' slots, or on a device with a loop limit as many as grow_slots may make */
+    const size_t room = caps->loop_limit && slots_most(caps, d) > s->slots ? slots_most(caps, d) : s->slots;
+    size_t cap = room / (nrows ? nrows : 1);
     if (cap > CLATTN_DECODE_MAX_PARTS) cap = CLATTN_DECODE_MAX_PARTS;
     const size_t keys_max = part_keys_max(s, rows, io->max_len);
     const size_t need = keys_max == SIZE_MAX ? 1 : keys_max ? (io->max_len + keys_max - 1) / keys_max : SIZE_MAX;
@@ -251,14 +258,36 @@ clattn_status clattn_decode_mark(const clattn_decode_io *io, clattn_decode_stage
     return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;
 }
 
+/* The partial buffers made large enough for `slots` (row, part) slots: new buffers, the old ones released (kernels
+ * enqueued on them keep them until they finish); a failure keeps the old ones. */
+static clattn_status grow_slots(decode_state *s, size_t slots)
+{
+    cl_mem ml = NULL, acc = NULL;
+    clattn_status st = clattn_buffer_new(s->dev, slots * 2, 4, NULL, "the split-K partial sums", &ml);
+    if (!st) st = clattn_buffer_new(s->dev, slots * s->d.head_dim_v, 4, NULL, "the split-K partial outputs", &acc);
+    if (st) {
+        clattn_mem_release(&ml);
+        clattn_mem_release(&acc);
+        return st;
+    }
+    clattn_mem_release(&s->ml);
+    clattn_mem_release(&s->acc);
+    s->ml = ml, s->acc = acc, s->slots = slots;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_decode_run(void *state, clattn_decode_io *io)
 {
-    const decode_state *s = state;
+    decode_state *s = state;
     /* warm: both variants and the combine, with no work */
     const variant *v = io->warm || io->n * (s->d.heads / s->d.kv_heads) <= s->few.rows ? &s->few : &s->many;
     size_t parts = 2;
     if (!io->warm) TRY(choose_parts(s, io, v->rows, &parts));
     io->parts = parts;
+    /* more slots than the buffers have (a long step under a loop limit): larger buffers, in the check that comes
+     * before anything of the step is enqueued */
+    const size_t slots = s->d.batch * io->n * s->d.heads * parts;
+    if (!io->warm && parts > 1 && slots > s->slots) TRY(grow_slots(s, slots));
     if (io->check_only) return CLATTN_STATUS_SUCCESS;
     TRY(attend(s, v, io, parts));
     if (io->warm) TRY(attend(s, &s->many, io, parts));
