@@ -560,7 +560,9 @@ Test(decode, stage_times_opencl)
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_kv_cache *cache = make_cache(dev, &m, 2, 64, 0);
-    cr_assert_eq(clattn_decode_plan_set_profiling(p, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_status prof = clattn_decode_plan_set_profiling(p, 1);
+    if (tu_profiling_refused(dev, prof, "decode stage times")) cr_skip_test("timestamps not real here (printed above)");
+    cr_assert_eq(prof, CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float x[2 * 4 * 24], out[2 * 4 * 13];
     for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = val(&r, 0, 0, 1.0f);
     for (size_t splits = 1; splits <= 3; splits += 2) {

@@ -227,7 +227,9 @@ Test(device, profiling_stage_times)
     clattn_attention_weights wt = {.w_query = w, .w_key = w, .w_value = w, .w_out = w};
     clattn_plan *plan = NULL;
     cr_assert_eq(tu_plan_create(dev, &d, &wt, &plan), CLATTN_STATUS_SUCCESS);
-    cr_assert_eq(clattn_plan_set_profiling(plan, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_status prof = clattn_plan_set_profiling(plan, 1);
+    if (tu_profiling_refused(dev, prof, "stage times")) cr_skip_test("timestamps not real here (printed above)");
+    cr_assert_eq(prof, CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_attention_args a = {.x = x, .out = out};
     cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS);
     double ms[CLATTN_STAGE_COUNT];

@@ -532,8 +532,9 @@ Test(limits, fake_timestamps)
     tu_problem_make(&p, &(tu_attn_case){.B = 1, .Tq = 7, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8}, 72);
     clattn_plan *pc = NULL;
     cr_assert_eq(tu_plan_create(cl, &p.d, &p.w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert(cl->caps.profiling_ok, "the probes found this device's timestamps not real: %s", cl->caps.probe_note);
-    cr_assert_eq(clattn_plan_set_profiling(pc, 1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_status prof = clattn_plan_set_profiling(pc, 1);
+    if (!tu_profiling_refused(cl, prof, "fake timestamps")) /* a device whose timestamps are real: faked below */
+        cr_assert_eq(prof, CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cl->caps.profiling_ok = 0;
     snprintf(cl->caps.probe_note, sizeof cl->caps.probe_note, "timestamps 1 ns apart");
     cr_assert_eq(clattn_plan_set_profiling(pc, 1), CLATTN_STATUS_UNSUPPORTED);

@@ -105,6 +105,13 @@ int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char 
     return 1;
 }
 
+int tu_profiling_refused(const clattn_device *dev, clattn_status st, const char *what)
+{
+    if (st != CLATTN_STATUS_UNSUPPORTED || dev->caps.profiling_ok || !strstr(clattn_last_error(), "not real")) return 0;
+    cr_log_info("%s: profiling refused by the device, as it must be: %s", what, clattn_last_error());
+    return 1;
+}
+
 const clattn_core_info *tu_forced_core_of(clattn_core_kind kind)
 {
     static clattn_core_info info[CLATTN_CORE_BACKWARD + 1];

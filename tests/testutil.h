@@ -38,6 +38,10 @@ clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not op
  * the caller skips the case. Else 0, and the caller asserts as before: on a device without such limits (PoCL) every
  * refusal still fails. `what` names the case in the printed line. */
 int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char *what);
+/* Was profiling (clattn_plan_set_profiling's or the decode plan's status st) refused because the device probes found
+ * its timestamps not real (Mesa 22's rusticl: 0, 1, 2 ns)? 1, with the reason printed: the caller skips its stage-time
+ * checks. Else 0, and the caller asserts as before (on PoCL every refusal fails). */
+int tu_profiling_refused(const clattn_device *dev, clattn_status st, const char *what);
 
 /* The library's calls with every array's element count filled in as a careful caller gives it (clattn 0.4),
  * from the (resolved) description: each array given whose count is 0 gets the count the description needs.
