@@ -733,7 +733,8 @@ Test(decode, errors_opencl)
  * 65,535 iterations without an error), lowered here to 20000: a step cuts its keys into split-K parts short enough for
  * it, a long prefill step too, and computes the right answer; a step that would need more parts than it may take is
  * refused with the limit named, and nothing of it is written. */
-Test(decode, loop_limit_opencl)
+/* A core CLATTN_CORE forces that states no loop bound is refused under any loop limit: the tests below skip. */
+static void skip_unbounded_forced_core(void)
 {
     for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
         const clattn_core_info *f = tu_forced_core_of((clattn_core_kind)kind);
@@ -741,6 +742,11 @@ Test(decode, loop_limit_opencl)
             cr_skip_test("CLATTN_CORE forces %s, which has no loop bound: refused under a loop limit (the refusal: "
                          "limits::loop_limit_forced)", f->name);
     }
+}
+
+Test(decode, loop_limit_opencl)
+{
+    skip_unbounded_forced_core();
     clattn_device *dev = tu_open_opencl();
     dev->caps.loop_limit = 20000;
     static const size_t chunks[] = {700, 1, 3, 500, 1};
@@ -815,12 +821,7 @@ Test(decode, loop_limit_opencl)
  * partial buffers hold at creation: they grow. */
 Test(decode, loop_limit_projections_opencl)
 {
-    for (int kind = CLATTN_CORE_PREFILL; kind <= CLATTN_CORE_BACKWARD; kind++) {
-        const clattn_core_info *f = tu_forced_core_of((clattn_core_kind)kind);
-        if (f && !clattn_core_find(f->name)->trips)
-            cr_skip_test("CLATTN_CORE forces %s, which has no loop bound: refused under a loop limit (the refusal: "
-                         "limits::loop_limit_forced)", f->name);
-    }
+    skip_unbounded_forced_core();
     clattn_device *dev = tu_open_opencl();
     dev->caps.loop_limit = 10000;
     clattn_test_trips_reach(1);
