@@ -518,7 +518,7 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     if (clattn_op_make(op, 0x0C1A77E5EEDull + op->seq, &data, msg, sizeof msg)) bench_die("%s", msg);
     float *out = malloc(data.out_count * sizeof *out);
     double *t = malloc((size_t)o->iters * sizeof *t);
-    double *st = malloc((size_t)o->iters * NSTAGES * sizeof *st);
+    double *st = calloc((size_t)o->iters * NSTAGES, sizeof *st); /* 0: a stage not timed */
     if (!out || !t || !st) bench_die("out of memory (output of %zu floats)", data.out_count);
     runner run = {.encoder = op->encoder, .x = data.x, .out = out, .count = data.x_count};
 
