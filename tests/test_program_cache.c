@@ -262,6 +262,11 @@ Test(cache, bad_files_fall_back_to_compiling)
     clattn_device *dev = tu_open_opencl();
     long loaded, built;
     for (int how = 0; how < NDAMAGE; how++) {
+        if (how == GARBAGE_BINARY && strstr(clattn_device_name(dev), "[rusticl]")) { /* README, "Drivers with defects" */
+            cr_log_info("not on rusticl: it aborts the process (a Rust panic) on a binary that is not its own; the "
+                        "cache hands a driver only the files it wrote whose checksum holds, and this one is forged");
+            continue;
+        }
         plan_once(dev, &loaded, &built); /* the files exist (written now, or by the last round) */
         char paths[16][512];
         const size_t n = bins(paths, 16);

@@ -105,6 +105,8 @@ int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char 
     return 1;
 }
 
+size_t tu_loop_limit(const clattn_device *dev) { return dev->caps.loop_limit; }
+
 int tu_profiling_refused(const clattn_device *dev, clattn_status st, const char *what)
 {
     if (st != CLATTN_STATUS_UNSUPPORTED || dev->caps.profiling_ok || !strstr(clattn_last_error(), "not real")) return 0;

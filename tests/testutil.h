@@ -38,6 +38,8 @@ clattn_device *tu_open_ref(void);   /* fails the calling test if ref does not op
  * the caller skips the case. Else 0, and the caller asserts as before: on a device without such limits (PoCL) every
  * refusal still fails. `what` names the case in the printed line. */
 int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char *what);
+/* The device's loop limit as the probes found it (0: none; Mesa 22's llvmpipe: 65535). */
+size_t tu_loop_limit(const clattn_device *dev);
 /* Was profiling (clattn_plan_set_profiling's or the decode plan's status st) refused because the device probes found
  * its timestamps not real (Mesa 22's rusticl: 0, 1, 2 ns)? 1, with the reason printed: the caller skips its stage-time
  * checks. Else 0, and the caller asserts as before (on PoCL every refusal fails). */
