@@ -815,19 +815,19 @@ Test(decode, loop_limit_opencl)
 }
 
 /* A step's projections of a few rows run by their own kernel (linear_small on CPUs), whose work-items loop over E:
- * under a device's loop limit (lowered here to 10000, above the GEMM core's least) that kernel gives way to the GEMM
- * core, which cuts E into blocks, when E is long (24000: 9,004 trips for 2 rows), and the steps compute the right
- * answer. And a long step (600 new tokens over 1301 keys) takes split-K parts for every row, more than the plan's
- * partial buffers hold at creation: they grow. */
+ * under a device's loop limit (lowered here to 20000, above the GEMM core's least on CPUs) that kernel gives way to
+ * the GEMM core, which cuts E into blocks, when E is long (48000: 18,004 trips for 2 rows), and the steps compute the
+ * right answer. And a long step (1400 new tokens over 2901 keys) takes split-K parts for every row, more than the
+ * plan's partial buffers hold at creation: they grow. */
 Test(decode, loop_limit_projections_opencl)
 {
     skip_unbounded_forced_core();
     clattn_device *dev = tu_open_opencl();
-    dev->caps.loop_limit = 10000;
+    dev->caps.loop_limit = 20000;
     clattn_test_trips_reach(1);
-    decode_case(dev, &(dcase){.B = 2, .T = 9, .H = 4, .HK = 2, .dk = 8, .dv = 8, .E = 24000, .P = 5}, 960);
-    static const size_t chunks[] = {700, 1, 600, 1};
-    decode_case(dev, &(dcase){.B = 2, .T = 1302, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = chunks}, 961);
+    decode_case(dev, &(dcase){.B = 2, .T = 9, .H = 4, .HK = 2, .dk = 8, .dv = 8, .E = 48000, .P = 5}, 960);
+    static const size_t chunks[] = {1500, 1, 1400, 1};
+    decode_case(dev, &(dcase){.B = 2, .T = 2902, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = chunks}, 961);
     const size_t reach = clattn_test_trips_reach(0);
     cr_assert(reach > 0 && reach <= clattn_loop_budget(&dev->caps),
               "a few-rows projection of %zu loop iterations per work-item ran; the budget is %zu", reach,
