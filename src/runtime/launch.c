@@ -5,27 +5,19 @@
 
 #include <stdatomic.h>
 
-static _Atomic size_t launch_max;
-void clattn_note_launch(size_t items)
+/* The test hooks' high-water marks: the most work-items of one launch, the most loop trips a launch noted. */
+static _Atomic size_t launch_max, trips_max;
+static void raise_to(_Atomic size_t *mark, size_t v)
 {
-    size_t cur = atomic_load(&launch_max);
-    while (items > cur && !atomic_compare_exchange_weak(&launch_max, &cur, items)) {}
+    size_t cur = atomic_load(mark);
+    while (v > cur && !atomic_compare_exchange_weak(mark, &cur, v)) {}
 }
-size_t clattn_test_launch_reach(int reset)
-{
-    return reset ? atomic_exchange(&launch_max, 0) : atomic_load(&launch_max);
-}
+static size_t reach(_Atomic size_t *mark, int reset) { return reset ? atomic_exchange(mark, 0) : atomic_load(mark); }
 
-static _Atomic size_t trips_max;
-void clattn_note_trips(size_t trips)
-{
-    size_t cur = atomic_load(&trips_max);
-    while (trips > cur && !atomic_compare_exchange_weak(&trips_max, &cur, trips)) {}
-}
-size_t clattn_test_trips_reach(int reset)
-{
-    return reset ? atomic_exchange(&trips_max, 0) : atomic_load(&trips_max);
-}
+void clattn_note_launch(size_t items) { raise_to(&launch_max, items); }
+size_t clattn_test_launch_reach(int reset) { return reach(&launch_max, reset); }
+void clattn_note_trips(size_t trips) { raise_to(&trips_max, trips); }
+size_t clattn_test_trips_reach(int reset) { return reach(&trips_max, reset); }
 
 /* total work-items in work-groups of `local`, each enqueue at its global offset (get_global_id includes
  * it). total = 0 enqueues one work-group that does nothing: drivers that compile a kernel for its
