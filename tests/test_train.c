@@ -718,7 +718,8 @@ Test(train, backward_loop_limit)
     cl_dev->caps.loop_limit = limit;
     problem_free(&p);
     cr_assert_leq(reach, budget, "a work-item of %zu loop iterations ran; the budget is %zu", reach, budget);
-    if (!tu_forced_core()) cr_assert_gt(reach, 0, "no bias gradient was computed");
+    const char *forced = getenv("CLATTN_CORE"); /* a forced core may be one the limit refuses (printed above) */
+    if (!forced || !*forced) cr_assert_gt(reach, 0, "no bias gradient was computed");
 }
 
 /* What the backward refuses, before it writes anything. */
