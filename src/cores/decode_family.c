@@ -285,9 +285,15 @@ clattn_status clattn_decode_run(void *state, clattn_decode_io *io)
     if (!io->warm) TRY(choose_parts(s, io, v->rows, &parts));
     io->parts = parts;
     /* more slots than the buffers have (a long step under a loop limit): larger buffers, in the check that comes
-     * before anything of the step is enqueued */
+     * before anything of the step is enqueued. Without a loop limit choose_parts keeps within the buffers: a step
+     * that would not is a defect refused here, never written past their end. */
     const size_t slots = s->d.batch * io->n * s->d.heads * parts;
-    if (!io->warm && parts > 1 && slots > s->slots) TRY(grow_slots(s, slots));
+    if (!io->warm && parts > 1 && slots > s->slots) {
+        if (!s->dev->caps.loop_limit)
+            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "decode step: %zu split-K slots chosen for buffers of %zu "
+                               "(a defect in clattn's choice of parts; please report it)", slots, s->slots);
+        TRY(grow_slots(s, slots));
+    }
     if (io->check_only) return CLATTN_STATUS_SUCCESS;
     TRY(attend(s, v, io, parts));
     if (io->warm) TRY(attend(s, &s->many, io, parts));
