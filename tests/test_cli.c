@@ -1253,7 +1253,7 @@ Test(cli, tune_clblast_values)
 /* Every subcommand's --help lists every option its parser takes (exit 0, on stdout). */
 Test(cli, help_lists_every_option)
 {
-    static const struct { const char *cmd; const char *flags[20]; } subs[] = {
+    static const struct { const char *cmd; const char *flags[24]; } subs[] = {
         {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
                  "--window", "--decode-from", "--kv-half", "--causal", "--need-weights", "--verbose", "--precision",
                  NULL}},
@@ -1263,6 +1263,9 @@ Test(cli, help_lists_every_option)
         {"cores", {"--device", "--json", NULL}},
         {"demo", {"--device", "--plot", NULL}},
         {"devices", {NULL}},
+        {"emit", {"--out", "--target", "--device", "--core", "--batch", "--seq", "--seq-kv", "--heads", "--kv-heads",
+                  "--head-dim-qk", "--head-dim-v", "--dim", "--causal", "--window", "--dropout", "--training", "--tf32",
+                  "--need-weights", "--algorithm", "--decode", "--no-weights", NULL}},
     };
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         for (int form = 0; form < 2; form++) {  /* clattn CMD --help, clattn help CMD */
@@ -1348,4 +1351,53 @@ Test(cli, backward_and_lse, .timeout = 120)
     bad("grad_out.npy without --backward", 2, "grad_out.npy", FLAGS("--heads", "3", "--causal"));
     remove(path_in(in_dir, "grad_out.npy"));
     bad("--backward without grad_out.npy", 1, "grad_out.npy", FLAGS("--heads", "3", "--causal", "--backward"));
+}
+
+/* clattn emit: the programs of a plan into an empty or missing directory, or nothing at all */
+Test(cli, emit_writes_programs_or_nothing, .timeout = 300)
+{
+    const char *spec = tu_opencl_spec();
+    char *err;
+    int rc = run_cli(FLAGS("emit", "--device", spec), ENV_UNSET, &err);
+    cr_assert_eq(rc, 2, "no --out: exit %d: %s", rc, err);
+    cr_assert(strstr(err, "--out"), "%s", err);
+    free(err);
+    const char *fresh = path_in(root, "emit/new");
+    rc = run_cli(FLAGS("emit", "--out", fresh, "--device", spec, "--target", "sm_99"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 2, "--target sm_99: exit %d: %s", rc, err);
+    cr_assert(strstr(err, "sm_90"), "%s", err);
+    free(err);
+    rc = run_cli(FLAGS("emit", "--out", fresh, "--device", "ref"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 1, "ref: exit %d: %s", rc, err);
+    free(err);
+    rc = run_cli(FLAGS("emit", "--out", fresh, "--device", spec, "--heads", "2", "--head-dim-qk", "4", "--seq", "9",
+                       "--need-weights", "--algorithm", "fused"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 1, "a refused plan: exit %d: %s", rc, err);
+    free(err);
+    struct stat st;
+    cr_assert_neq(stat(path_in(root, "emit"), &st), 0, "a failed emit left its directory");
+
+    rc = run_cli(FLAGS("emit", "--out", fresh, "--device", spec, "--heads", "2", "--head-dim-qk", "4", "--seq", "9",
+                       "--causal"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "emit: exit %d: %s", rc, err);
+    free(err);
+    size_t n;
+    char *out = (char *)read_all(stdout_path, &n);
+    cr_assert(strstr(out, "programs for target host"), "%s", out);
+    free(out);
+    char *index = (char *)read_all(path_in(fresh, "index.txt"), &n);
+    int lines = 0;
+    for (char *c = index; *c; c++) lines += *c == '\n';
+    cr_assert_geq(lines, 2, "index.txt: %s", index);
+    char stem[128];
+    cr_assert_eq(sscanf(index, "%127[^.].cl:", stem), 1, "%s", index);
+    char file[160];
+    snprintf(file, sizeof file, "%s.opts", stem);
+    cr_assert_eq(stat(path_in(fresh, file), &st), 0, "no %s", file);
+    free(index);
+    /* an existing directory that is not empty is refused */
+    rc = run_cli(FLAGS("emit", "--out", fresh, "--device", spec), ENV_UNSET, &err);
+    cr_assert_eq(rc, 2, "non-empty --out: exit %d: %s", rc, err);
+    cr_assert(strstr(err, "not empty"), "%s", err);
+    free(err);
 }

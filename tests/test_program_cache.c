@@ -494,3 +494,161 @@ Test(cache, key_covers_every_input)
     free(copy);
     clattn_device_free(dev);
 }
+
+/* ---- clattn_device_emit: the programs a plan builds, written out */
+TestSuite(emit, .init = setup, .fini = teardown, .timeout = 300);
+
+/* A new empty directory under the suite's cache directory. */
+static void emit_dir(char *out, size_t len, const char *name)
+{
+    snprintf(out, len, "%s/%s", dir, name);
+    cr_assert_eq(mkdir(out, 0700), 0, "mkdir %s", out);
+}
+
+/* The files of an emit directory removed (teardown removes only plain files of the cache directory). */
+static void emit_clear(const char *edir)
+{
+    DIR *d = opendir(edir);
+    if (!d) return;
+    struct dirent *e;
+    char p[1000];
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') snprintf(p, sizeof p, "%s/%s", edir, e->d_name), remove(p);
+    closedir(d);
+    rmdir(edir);
+}
+
+/* Each program index.txt lists: its .cl is its sources under cl/ concatenated, byte for byte, and its .opts one
+ * line of options; *n: how many. The stem of the prefill core's program must be among them. */
+static void emit_check_index(const char *edir, const char *core, size_t *n)
+{
+    char path[2000], line[1200];
+    snprintf(path, sizeof path, "%s/index.txt", edir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    int has_core = 0;
+    *n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strstr(line, ".cl: ");
+        cr_assert(colon, "index line '%s'", line);
+        *colon = '\0';
+        has_core |= strcmp(line, core) == 0;
+        size_t got_n = 0, want_n = 0;
+        snprintf(path, sizeof path, "%s/%s.cl", edir, line);
+        unsigned char *got = slurp(path, &got_n), *want = NULL;
+        cr_assert(got, "no %s", path);
+        char *save = NULL;
+        for (char *src = strtok_r(colon + 5, " \n", &save); src; src = strtok_r(NULL, " \n", &save)) {
+            snprintf(path, sizeof path, "%s/%s", CLATTN_CL_DIR, src + 3); /* "cl/..." */
+            size_t k = 0;
+            unsigned char *t = slurp(path, &k);
+            cr_assert(t, "no source %s", path);
+            want = realloc(want, want_n + k + 1);
+            memcpy(want + want_n, t, k), want_n += k;
+            free(t);
+        }
+        cr_assert(want_n == got_n && memcmp(got, want, got_n) == 0, "%s.cl is not its sources concatenated", line);
+        free(got), free(want);
+        snprintf(path, sizeof path, "%s/%s.opts", edir, line);
+        size_t on = 0;
+        unsigned char *opts = slurp(path, &on);
+        cr_assert(opts && on > 1 && opts[on - 1] == '\n' && !memchr(opts, '\n', on - 1), "%s.opts: one line", line);
+        free(opts);
+        ++*n;
+    }
+    fclose(f);
+    cr_assert(has_core, "index.txt does not name the core's program %s", core);
+}
+
+Test(emit, host_programs_build_the_same_plan)
+{
+    clattn_device *dev = tu_open_opencl();
+    char edir[600];
+    emit_dir(edir, sizeof edir, "emit");
+    cr_assert_eq(clattn_device_emit(dev, edir, NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    small s = small_make(21);
+    clattn_plan *p = NULL;
+    cr_assert_eq(tu_plan_create(dev, &s.desc, &s.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    char core[64];
+    snprintf(core, sizeof core, "%s", clattn_plan_core(p));
+    small_check(p, &s);
+    clattn_plan_free(p);
+    cr_assert_eq(clattn_device_emit(dev, NULL, NULL), CLATTN_STATUS_SUCCESS);
+    size_t n = 0;
+    emit_check_index(edir, core, &n);
+    cr_assert_geq(n, 2, "a plan with projections builds its core's and the projections' programs (%zu)", n);
+
+    /* the same plan built from the files alone computes the oracle's numbers */
+    clattn_program_forget(dev->context);
+    clattn_test_program_dir(edir);
+    p = NULL;
+    clattn_status st = tu_plan_create(dev, &s.desc, &s.w, &p);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "built from %s: %s", edir, clattn_last_error());
+    small_check(p, &s);
+    clattn_plan_free(p);
+    /* and the files are what it was built from: a planted error in the core's program fails the build */
+    char path[1000];
+    snprintf(path, sizeof path, "%s/%s.cl", edir, core);
+    FILE *f = fopen(path, "a");
+    cr_assert(f);
+    fputs("\n#error planted by the test\n", f);
+    fclose(f);
+    clattn_program_forget(dev->context);
+    p = NULL;
+    st = tu_plan_create(dev, &s.desc, &s.w, &p);
+    clattn_test_program_dir(NULL);
+    clattn_plan_free(p);
+    cr_assert_eq(st, CLATTN_STATUS_BUILD_FAILURE, "a planted #error in %s built (%d)", path, st);
+    clattn_program_forget(dev->context);
+    small_free(&s);
+    clattn_device_free(dev);
+    emit_clear(edir);
+}
+
+Test(emit, simulated_target_emits_and_runs_nothing)
+{
+    clattn_device *dev = tu_open_opencl();
+    char edir[600];
+    emit_dir(edir, sizeof edir, "sm90");
+    cr_assert_eq(clattn_device_emit(dev, edir, "sm_99"), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "sm_90"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_device_emit(dev, "/nonexistent/clattn-emit", NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_device_emit(dev, edir, "sm_90"), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const char *was = getenv("CLATTN_CORE");
+    char saved[256] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    setenv("CLATTN_CORE", "flash_mma", 1);
+    small s = small_make(22);
+    clattn_plan *p = NULL;
+    const clattn_status st = tu_plan_create(dev, &s.desc, &s.w, &p);
+    if (was) setenv("CLATTN_CORE", saved, 1);
+    else unsetenv("CLATTN_CORE");
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_plan_core(p), "flash_mma");
+    /* its options are the H100's: the tensor cores' native instructions, not the emulation the host built */
+    char path[1000];
+    snprintf(path, sizeof path, "%s/flash_mma.opts", edir);
+    size_t on = 0;
+    unsigned char *opts = slurp(path, &on);
+    cr_assert(opts, "no %s", path);
+    char *text = calloc(on + 1, 1);
+    memcpy(text, opts, on);
+    cr_assert(strstr(text, "-DMMA_NATIVE=1"), "%s: %s", path, text);
+    free(text), free(opts);
+    /* nothing runs on a simulated device, and no output is written */
+    float *out = tu_poisoned(PB * PT * PH * PD);
+    clattn_attention_args a = {.x = s.x, .out = out};
+    const clattn_status run = tu_plan_execute(p, &a);
+    cr_assert_eq(run, CLATTN_STATUS_UNSUPPORTED, "%d: %s", run, clattn_last_error());
+    cr_assert(strstr(clattn_last_error(), "simulates"), "%s", clattn_last_error());
+    for (size_t i = 0; i < PB * PT * PH * PD; i++) cr_assert(isnan(out[i]), "out[%zu] written", i);
+    free(out);
+    clattn_plan_free(p);
+    small_free(&s);
+    clattn_device_free(dev);
+    emit_clear(edir);
+
+    clattn_device *ref = tu_open_ref();
+    cr_assert_eq(clattn_device_emit(ref, "/tmp", NULL), CLATTN_STATUS_UNSUPPORTED);
+    clattn_device_free(ref);
+}

@@ -15,6 +15,7 @@ int clattn_cli_run(int argc, char **argv);
 int clattn_cli_encoder(int argc, char **argv);
 int clattn_cli_tune(int argc, char **argv);
 int clattn_cli_selftest(int argc, char **argv);
+int clattn_cli_emit(int argc, char **argv);
 
 /* ---- common.c. `cmd` is the message prefix ("clattn run"). */
 /* One line "cmd: ..." on stderr; control characters (a newline in a file name) become '?'. */

@@ -49,6 +49,7 @@ static void usage(FILE *f)
             "  run --in DIR --out DIR [--heads H] [--causal] ...   attention on .npy files\n"
             "  encoder --in DIR --out DIR [--heads H] ...   a transformer encoder layer on .npy files\n"
             "  tune [--device SPEC] [--budget S] [--shapes ...]   tune the kernels for the device\n"
+            "  emit --out DIR [--target host|sm_90] [--core NAME] ...   write the OpenCL programs a plan builds\n"
             "every option of a command: clattn <command> --help. Options take their value as the next argument\n"
             "or after '=' (--heads 8, --heads=8). Exit status: 0 done, 1 failed, 2 usage error.\n"
             "device SPEC: ref, opencl, opencl:P:D, gpu, cpu, accelerator, name=TEXT\n"
@@ -75,6 +76,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "encoder") == 0) return clattn_cli_encoder(argc - 1, argv + 1);
     if (strcmp(cmd, "tune") == 0) return clattn_cli_tune(argc - 1, argv + 1);
     if (strcmp(cmd, "selftest") == 0) return clattn_cli_selftest(argc - 1, argv + 1);
+    if (strcmp(cmd, "emit") == 0) return clattn_cli_emit(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) return version();
     if (strcmp(cmd, "help") == 0 && argc >= 3) { /* clattn help CMD = clattn CMD --help */
         char *sub[] = {argv[2], "--help", NULL};
@@ -82,6 +84,7 @@ int main(int argc, char **argv)
         if (strcmp(argv[2], "encoder") == 0) return clattn_cli_encoder(2, sub);
         if (strcmp(argv[2], "tune") == 0) return clattn_cli_tune(2, sub);
         if (strcmp(argv[2], "selftest") == 0) return clattn_cli_selftest(2, sub);
+        if (strcmp(argv[2], "emit") == 0) return clattn_cli_emit(2, sub);
         if (strcmp(argv[2], "cores") == 0) return clattn_cli_cores(2, sub);
         if (strcmp(argv[2], "demo") == 0) return clattn_cli_demo(2, sub);
         if (strcmp(argv[2], "devices") == 0) return clattn_cli_devices(2, sub);

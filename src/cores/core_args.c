@@ -136,6 +136,7 @@ void clattn_core_fit_trips(const clattn_core *core, const clattn_caps *caps, con
 clattn_status clattn_core_check_local(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                       const clattn_core_params *p, cl_kernel k)
 {
+    if (clattn_device_simulated(dev)) return CLATTN_STATUS_SUCCESS; /* the host compiled it, not the target */
     cl_ulong used = 0;
     CL_CHECK(clGetKernelWorkGroupInfo(k, dev->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof used, &used, NULL),
              "querying a kernel's local memory");

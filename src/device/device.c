@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
@@ -258,6 +259,7 @@ void clattn_device_free(clattn_device *device)
 {
     if (!device) return;
     free(device->tune);
+    clattn_emit_free(device->emit);
     if (device->context) clattn_program_forget(device->context);
     if (device->queue) clReleaseCommandQueue(device->queue);
     if (device->context) clReleaseContext(device->context);
@@ -305,3 +307,22 @@ const char *clattn_device_facts(const clattn_device *device)
 
 cl_context clattn_device_context(const clattn_device *device) { return device ? device->context : NULL; }
 cl_command_queue clattn_device_queue(const clattn_device *device) { return device ? device->queue : NULL; }
+
+clattn_status clattn_device_emit(clattn_device *device, const char *dir, const char *target)
+{
+    clattn_clear_error();
+    if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
+    if (device->backend != CLATTN_BACKEND_OPENCL)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "clattn_device_emit: the ref device builds no OpenCL programs");
+    const int host = !target || strcmp(target, "host") == 0;
+    clattn_caps caps = device->caps;
+    if (!host) TRY(clattn_caps_simulate(&caps, target));
+    if (dir) {
+        struct stat st;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "clattn_device_emit: '%.300s' is not a directory", dir);
+    }
+    TRY(clattn_emit_start(device, dir, !host));
+    if (!host) device->caps = caps;
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -35,6 +35,7 @@ void clattn_tune_table_init(clattn_tune_table *t)
 
 const clattn_tune_table *clattn_tune_active(const clattn_device *dev)
 {
+    if (clattn_device_simulated(dev)) return NULL; /* the host's tuning is not the simulated target's */
     return dev->tune_try ? dev->tune_try : dev->tune;
 }
 

@@ -139,6 +139,7 @@ static clattn_status call(const clattn_device *dev, CLBlastTranspose ta, CLBlast
 {
     const size_t ea = extent_a(ta, m, k, lda), eb = extent_b(tb, n, k, ldb);
     const size_t ec = extent(m, n, ldc);
+    TRY(clattn_device_runs(dev, what));
     operand ops[3] = {a, b, c};
     clattn_status st;
     if ((st = rebase(dev, &ops[0], (count - 1) * sa + ea, what)) ||

@@ -182,3 +182,51 @@ int clattn_test_probe_ptx(const clattn_device *dev) { return probe_builds(dev, "
 
 /* mma.sync m16n8k8 TF32, cvt.rna.tf32.f32 and shfl.sync: flash_mma's instructions. */
 int clattn_test_probe_mma(const clattn_device *dev) { return probe_builds(dev, "runtime/probe_mma"); }
+
+/* ---- simulated targets (clattn_device_emit): the capabilities a device of the target reports, so that plans made
+ * on the host take the target's cores, defaults and build options. The host's strings stay in vendor and driver
+ * with the target named, and the probes' facts are a well-behaved driver's. */
+static const struct target {
+    const char *name;
+    clattn_device_class dclass;
+    unsigned compute_units, nv_cc, warp;
+    size_t local_mem, max_alloc, global_mem, max_work_group;
+} targets[] = {
+    /* an H100 SXM through NVIDIA's OpenCL (../shared/gpu.md, measured 2026-11-23): OpenCL C 1.2, 132 compute units,
+     * 48 KiB local memory, 19.8 GiB max one allocation, 79 GiB global, warps of 32, inline PTX and mma.sync built,
+     * no cl_khr_fp16, no sub-group extension */
+    {"sm_90", CLATTN_CLASS_NVIDIA, 132, 90, 32, 48u << 10, (size_t)19800 << 20, (size_t)79 << 30, 1024},
+};
+
+clattn_status clattn_caps_simulate(clattn_caps *caps, const char *target)
+{
+    const struct target *t = NULL;
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++)
+        if (target && strcmp(target, targets[i].name) == 0) t = &targets[i];
+    if (!t)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "target '%.40s': the simulated targets are sm_90 (an "
+                           "H100's capabilities), or host (the device as it is)", target ? target : "(null)");
+    clattn_caps c = *caps;
+    char was[sizeof c.vendor];
+    snprintf(was, sizeof was, "%s", caps->vendor);
+    snprintf(c.vendor, sizeof c.vendor, "NVIDIA (simulated %s on %.60s)", t->name, was);
+    snprintf(c.driver, sizeof c.driver, "simulated %s on %.100s", t->name, caps->driver);
+    snprintf(c.cl_c_version, sizeof c.cl_c_version, "OpenCL C 1.2");
+    c.type = CL_DEVICE_TYPE_GPU;
+    c.dclass = t->dclass;
+    c.compute_units = t->compute_units;
+    c.local_mem = t->local_mem;
+    c.max_alloc = t->max_alloc;
+    c.global_mem = t->global_mem;
+    c.max_work_group = t->max_work_group;
+    c.base_align = 512;
+    c.fp16 = 0, c.fp64 = 1, c.subgroups = 0;
+    memset(c.subgroup_sizes, 0, sizeof c.subgroup_sizes);
+    c.subgroup_sizes[0] = t->warp;
+    c.vec_float = 1, c.vec_half = 0, c.native_vec_float = 1;
+    c.nv_inline_ptx = 1, c.nv_cc = t->nv_cc, c.nv_mma_tf32 = t->nv_cc >= 80;
+    c.loop_limit = 0, c.ieee_nan = 1, c.profiling_ok = 1, c.local_report = 4096;
+    c.probe_note[0] = '\0', c.selftest_failed[0] = '\0';
+    *caps = c;
+    return CLATTN_STATUS_SUCCESS;
+}

@@ -29,6 +29,7 @@ static clattn_status enqueue(const clattn_device *dev, cl_kernel k, size_t total
         CL_CHECK(clEnqueueNDRangeKernel(dev->queue, k, 1, NULL, &global, &local, 0, NULL, NULL), what);
         return CLATTN_STATUS_SUCCESS;
     }
+    TRY(clattn_device_runs(dev, what));
     size_t step = dev->caps.max_launch_items / local * local;
     if (step == 0) step = local;
     for (size_t start = 0; start < total; start += step) {
@@ -55,6 +56,7 @@ clattn_status clattn_enqueue_groups(const clattn_device *dev, cl_kernel k, size_
                                     clattn_status (*set_first)(cl_kernel k, size_t first, void *ctx), void *ctx,
                                     const char *what)
 {
+    if (groups) TRY(clattn_device_runs(dev, what));
     size_t step = dev->caps.max_launch_items / wg;
     if (step == 0) step = 1;
     for (size_t g0 = 0; g0 < groups; g0 += step) {

@@ -4,6 +4,7 @@
 
 #include "clattn_kernels.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -93,6 +94,185 @@ void clattn_program_forget(cl_context context)
 
 long clattn_test_programs_shared(int reset) { return reset ? atomic_exchange(&n_shared, 0) : atomic_load(&n_shared); }
 
+/* ---- emitting (runtime.h, clattn_device_emit) */
+#define EMIT_MAX 256
+struct clattn_emit {
+    pthread_mutex_t lock;
+    char *dir;               /* NULL: not writing */
+    int simulated;
+    size_t n;                /* programs written */
+    char *keys[EMIT_MAX];    /* their sources and options */
+    char stems[EMIT_MAX][64];
+};
+
+/* The basename of a program's last source: "cores/flash_mma" -> "flash_mma". */
+static void program_stem(const char *const *names, int count, char *stem, size_t len)
+{
+    const char *last = names[count - 1], *slash = strrchr(last, '/');
+    snprintf(stem, len, "%s", slash ? slash + 1 : last);
+}
+
+/* Write len bytes to dir/name through a temporary file renamed into place: a file is whole or absent. */
+static clattn_status write_whole(const char *dir, const char *name, const char *const *parts, const size_t *lens,
+                                 int nparts)
+{
+    char path[4400], tmp[4420];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: the path %s/%s is too long", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: cannot write %s: %s", tmp, strerror(errno));
+    int ok = 1;
+    for (int i = 0; i < nparts; i++) ok = ok && fwrite(parts[i], 1, lens[i], f) == lens[i];
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        const int e = errno;
+        remove(tmp);
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: writing %s failed: %s", path, strerror(e));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Write the program of `names` (texts, lens) built with `options` to the device's emit directory, once. */
+static clattn_status emit_program(const clattn_device *dev, const char *const *names, const char *const *texts,
+                                  const size_t *lens, int count, const char *options)
+{
+    struct clattn_emit *e = dev->emit;
+    if (!e) return CLATTN_STATUS_SUCCESS;
+    char key[1024];
+    if (!shared_key(names, count, options, key, sizeof key))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: the program's sources and options are "
+                           "longer than %zu characters", sizeof key);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    pthread_mutex_lock(&e->lock);
+    int seen = !e->dir;
+    for (size_t i = 0; i < e->n && !seen; i++) seen = strcmp(e->keys[i], key) == 0;
+    if (!seen && e->n == EMIT_MAX)
+        st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: more than %d programs", EMIT_MAX);
+    if (!seen && !st) {
+        char base[48], stem[64], file[80], list[600] = "";
+        program_stem(names, count, base, sizeof base);
+        int same = 0;
+        for (size_t i = 0; i < e->n; i++) {
+            const size_t bl = strlen(base);
+            same += strncmp(e->stems[i], base, bl) == 0 && (e->stems[i][bl] == '\0' || e->stems[i][bl] == '-');
+        }
+        if (same) snprintf(stem, sizeof stem, "%s-%d", base, same + 1);
+        else snprintf(stem, sizeof stem, "%s", base);
+        const char *opt_parts[] = {options ? options : "", "\n"};
+        const size_t opt_lens[] = {strlen(opt_parts[0]), 1};
+        snprintf(file, sizeof file, "%s.cl", stem);
+        st = write_whole(e->dir, file, texts, lens, count);
+        snprintf(file, sizeof file, "%s.opts", stem);
+        if (!st) st = write_whole(e->dir, file, opt_parts, opt_lens, 2);
+        for (int i = 0; i < count; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%scl/%s.cl", i ? " " : "", names[i]);
+        if (!st) {
+            char path[4400];
+            snprintf(path, sizeof path, "%s/index.txt", e->dir);
+            FILE *f = fopen(path, "a");
+            if (!f || fprintf(f, "%s.cl: %s\n", stem, list) < 0 || fclose(f) != 0) {
+                st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: cannot write %s", path);
+            } else {
+                char *k = strdup(key);
+                if (!k) st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "emitting kernels");
+                else e->keys[e->n] = k, snprintf(e->stems[e->n], sizeof e->stems[0], "%s", stem), e->n++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+void clattn_emit_free(struct clattn_emit *e)
+{
+    if (!e) return;
+    for (size_t i = 0; i < e->n; i++) free(e->keys[i]);
+    free(e->dir);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+clattn_status clattn_emit_start(clattn_device *dev, const char *dir, int simulated)
+{
+    struct clattn_emit *e = dev->emit;
+    if (!e) {
+        if (!(e = clattn_calloc(1, sizeof *e))) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "emitting kernels");
+        pthread_mutex_init(&e->lock, NULL);
+        dev->emit = e;
+    }
+    char *d = NULL;
+    if (dir && !(d = strdup(dir))) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "emitting kernels");
+    pthread_mutex_lock(&e->lock);
+    free(e->dir);
+    e->dir = d;
+    for (size_t i = 0; i < e->n; i++) free(e->keys[i]);
+    e->n = 0;
+    e->simulated = e->simulated || simulated;
+    pthread_mutex_unlock(&e->lock);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+int clattn_device_simulated(const clattn_device *dev) { return dev->emit && dev->emit->simulated; }
+
+clattn_status clattn_device_runs(const clattn_device *dev, const char *what)
+{
+    if (!clattn_device_simulated(dev)) return CLATTN_STATUS_SUCCESS;
+    return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s: this device simulates another's capabilities "
+                       "(clattn_device_emit): its plans are built to be read, not run", what);
+}
+
+/* The options the host compiles a simulated target's program with: the target's native instructions as their
+ * emulation (flash_mma's MMA_NATIVE=1 is inline PTX only NVIDIA's compiler takes), the rest as the target's. */
+static const char *host_options(const char *options, char *buf, size_t len)
+{
+    static const char native[] = "-DMMA_NATIVE=1";
+    const char *at = options ? strstr(options, native) : NULL;
+    if (!at || strlen(options) >= len) return options;
+    snprintf(buf, len, "%s", options);
+    buf[at - options + sizeof native - 2] = '0';
+    return buf;
+}
+
+/* ---- a test's own sources (clattn_test_program_dir) */
+static char *test_dir;
+
+void clattn_test_program_dir(const char *dir)
+{
+    free(test_dir);
+    test_dir = dir ? strdup(dir) : NULL;
+}
+
+/* The text of DIR/STEM.<ext> of the test's directory (NULL: none), NUL-terminated. */
+static char *test_file(const char *stem, const char *ext, size_t *len)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s.%s", test_dir, stem, ext);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    char chunk[4096];
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (n + got + 1 > cap) {
+            char *b = realloc(buf, cap = (n + got + 1) * 2);
+            if (!b) break;
+            buf = b;
+        }
+        memcpy(buf + n, chunk, got);
+        n += got;
+    }
+    fclose(f);
+    if (!buf) buf = calloc(1, 1);
+    if (buf) buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static clattn_status build_texts(const clattn_device *dev, const char *const *names, const char **texts,
+                                 size_t *lens, int count, const char *options, int quiet, int cached,
+                                 cl_program *program);
+
 /* Build (or load from the cache, when cached) the program of the embedded sources `names`. quiet: a failure
  * records no error and no build log (the caller only wants to know whether the device takes the source). */
 static clattn_status build(const clattn_device *dev, const char *const *names, int count, const char *options,
@@ -110,6 +290,35 @@ static clattn_status build(const clattn_device *dev, const char *const *names, i
         texts[i] = (const char *)e->text;
         lens[i] = e->len;
     }
+    if (!quiet) TRY(emit_program(dev, names, texts, lens, count, options));
+    char host_buf[600];
+    if (clattn_device_simulated(dev)) {
+        options = host_options(options, host_buf, sizeof host_buf);
+        cached = 0; /* what the host compiles for a target is not kept */
+    }
+    char *own_text = NULL;
+    if (test_dir) { /* a test's own sources for this program (clattn_test_program_dir) */
+        char stem[48];
+        size_t olen = 0;
+        program_stem(names, count, stem, sizeof stem);
+        own_text = test_file(stem, "cl", &lens[0]);
+        char *own_opts = own_text ? test_file(stem, "opts", &olen) : NULL;
+        if (own_text) {
+            if (own_opts && olen && own_opts[olen - 1] == '\n') own_opts[olen - 1] = '\0';
+            snprintf(host_buf, sizeof host_buf, "%s", own_opts ? own_opts : "");
+            free(own_opts);
+            texts[0] = own_text, count = 1, options = host_buf, cached = 0;
+        }
+    }
+    clattn_status st = build_texts(dev, names, texts, lens, count, options, quiet, cached, program);
+    free(own_text);
+    return st;
+}
+
+static clattn_status build_texts(const clattn_device *dev, const char *const *names, const char **texts,
+                                 size_t *lens, int count, const char *options, int quiet, int cached,
+                                 cl_program *program)
+{
     char skey[1024];
     const int share = cached && shared_key(names, count, options, skey, sizeof skey);
     if (share && (*program = shared_get(dev, skey)) != NULL) return CLATTN_STATUS_SUCCESS;

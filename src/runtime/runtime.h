@@ -150,6 +150,7 @@ struct clattn_device {
     clattn_caps caps;           /* read once at open (caps.c); zero on ref */
     struct clattn_tune_table *tune;           /* the device's tuning file, read at open; NULL on ref */
     const struct clattn_tune_table *tune_try; /* clattn_tune's candidate while it searches (else NULL) */
+    struct clattn_emit *emit;   /* clattn_device_emit: where its programs are written, and the simulated target */
 };
 
 /* Small queries (caps.c): a string property ("" when unknown), whether CL_DEVICE_EXTENSIONS names `name`,
@@ -279,6 +280,24 @@ void clattn_program_release(cl_program *p); /* release and NULL (NULL is fine) *
  * on it is being freed). Test-only: how many builds the table answered since the last reset. */
 void clattn_program_forget(cl_context context);
 long clattn_test_programs_shared(int reset);
+/* ---- emitting (program.c, clattn_device_emit). From clattn_emit_start on, every program dev builds is also written
+ * to dir: DIR/STEM.cl, the sources concatenated in the order the builder passes them, and DIR/STEM.opts, the options;
+ * STEM is the basename of the last source (which defines the kernel of that name), STEM-2, STEM-3... for other
+ * programs of the same stem; DIR/index.txt has a line per file (its sources). The same sources and options are
+ * written once. simulated: dev's caps are a target's (clattn_caps_simulate): the host compiles what it can of the
+ * target's programs (clattn_emit_host_options), the compiled kernels are not checked against the target's limits,
+ * and nothing is launched (clattn_device_runs). dir NULL: stop writing (a simulated device stays simulated). */
+clattn_status clattn_emit_start(clattn_device *dev, const char *dir, int simulated);
+void clattn_emit_free(struct clattn_emit *emit);
+int clattn_device_simulated(const clattn_device *dev);
+/* SUCCESS, or UNSUPPORTED when dev simulates a target and `what` would launch work on it. */
+clattn_status clattn_device_runs(const clattn_device *dev, const char *what);
+/* A simulated target's caps on the host device's (caps.c): "sm_90" (an H100 SXM as NVIDIA's OpenCL reports it,
+ * ../shared/gpu.md). INVALID_ARGUMENT naming the targets for another name. */
+clattn_status clattn_caps_simulate(clattn_caps *caps, const char *target);
+/* Test-only: build every program whose DIR/STEM.cl exists (STEM as above, the first of its stem) from that file and
+ * DIR/STEM.opts instead of the embedded sources (NULL: stop). */
+void clattn_test_program_dir(const char *dir);
 size_t clattn_pow2_at_most(size_t n);       /* the largest power of two <= n (1 for n = 0) */
 
 /* ---- launches (launch.c) */
