@@ -605,7 +605,7 @@ Test(cores, flash_mma_defaults_and_native)
 {
     const clattn_core *c = clattn_core_find("flash_mma");
     cr_assert(c && c->native && c->tf32);
-    enum { NW, BK, QREG, SPLIT };
+    enum { NW, BK, QREG, SPLIT, PS };
     clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
                         .compute_units = 132, .max_alloc = (size_t)1 << 34, .nv_inline_ptx = 1, .nv_cc = 90,
                         .nv_mma_tf32 = 1};
@@ -621,7 +621,18 @@ Test(cores, flash_mma_defaults_and_native)
         cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_SUCCESS, "%s", why);
         const size_t mx = heads[k][0] > heads[k][1] ? heads[k][0] : heads[k][1];
         cr_assert_eq(p.v[QREG], mx <= 64, "head %zu: QREG=%zu", mx, p.v[QREG]);
-        cr_assert_eq(p.v[NW], mx <= 64 ? 4u : mx <= 128 ? 2u : 1u, "head %zu: NW=%zu", mx, p.v[NW]);
+        /* the tiles split once (PS) up to 128, where the low parts then leave room for fewer warps (one of 8-key
+         * tiles at 128/128) */
+        cr_assert(mx <= 64 ? p.v[NW] == 4 : mx <= 128 ? p.v[NW] <= 2 : p.v[NW] == 1, "head %zu: NW=%zu", mx, p.v[NW]);
+        if (heads[k][0] == 128 && heads[k][1] == 128) cr_assert_eq(p.v[NW], 1, "head 128: NW=%zu", p.v[NW]);
+        cr_assert_eq(p.v[PS], mx <= 128, "head %zu: PS=%zu", mx, p.v[PS]);
+        /* in TF32 mode the tiles have no low parts: 2 warps at 128 */
+        clattn_attention_desc t = d;
+        t.precision = CLATTN_PRECISION_TF32;
+        clattn_core_params pt;
+        cr_assert(c->defaults(c, &caps, &t, &pt) && c->fits(c, &caps, &t, &pt), "head %zu TF32: no defaults", mx);
+        cr_assert_eq(pt.v[NW], mx <= 64 ? 4u : mx <= 128 ? 2u : 1u, "head %zu TF32: NW=%zu", mx, pt.v[NW]);
+        cr_assert_eq(pt.v[PS], 1, "head %zu TF32: PS=%zu", mx, pt.v[PS]);
         /* the keys split until 4 work-groups per compute unit, and no further */
         const size_t groups = 8 * (4096 / (16 * p.v[NW]));
         cr_assert(groups * p.v[SPLIT] >= 4 * 132 || p.v[SPLIT] == 8, "head %zu: SPLIT=%zu", mx, p.v[SPLIT]);

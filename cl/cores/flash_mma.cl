@@ -34,7 +34,9 @@
  *
  * Tuning: NW (warps per work-group: BQ = 16 NW query rows), BK (keys per tile, a multiple of 8), QREG (1:
  * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
- * memory, read per tile), SPLIT (key parts per block, merged by split_combine, common/combine.cl). Head sizes are padded to
+ * memory, read per tile), SPLIT (key parts per block, merged by split_combine, common/combine.cl), PS (1: the K
+ * and V tiles, and the Q block when QREG = 0, are split into TF32 high and low parts once, by the whole work-group
+ * as it stages them, into local arrays of their own; 0: each warp splits every element it reads, NW times per tile). Head sizes are padded to
  * multiples of 8 with zeros. Local memory: the K and V tiles (rows padded by 4 floats, so that the lanes of a
  * fragment read 32 different banks), the Q block when QREG = 0, and with MMA_NATIVE = 0 the exchange area. */
 #ifndef NW
@@ -52,6 +54,10 @@
 #ifndef TF32
 #define TF32 0
 #endif
+#ifndef PS
+#define PS 1
+#endif
+#define KV_LO (PS && !TF32) /* the tiles' low parts in local memory of their own */
 
 #define WGS (32 * NW)            /* work-items per work-group */
 #define BQ (16 * NW)             /* query rows per work-group */
@@ -75,12 +81,6 @@
 
 /* ---- the three operations the kernel needs from a warp: TF32 rounding, mma, a quad's reduction */
 #if MMA_NATIVE
-inline float tf32_rna(float x)
-{
-    uint u;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
-    return as_float(u);
-}
 #define MMA1(d, a, b) \
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
                  "{%0,%1,%2,%3};" \
@@ -93,33 +93,43 @@ inline float shfl_xor(float x, uint m)
     asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(y) : "f"(x), "r"(m));
     return y;
 }
-#else
-/* cvt.rna.tf32.f32 bit for bit: add half of the 13 dropped bits' weight to the magnitude and drop them (a
- * carry into the exponent is the rounding up; the largest floats round to infinity); inf and NaN unchanged */
-inline float tf32_rna(float x)
-{
-    uint u = as_uint(x);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
-    return as_float(u);
-}
 #endif
 
-/* x = hi + lo, both TF32 (lo = 0 in TF32 mode, unused) */
+/* x = hi + lo, both TF32 (lo = 0 in TF32 mode, unused): hi = rna(x), lo = rna(x - hi), where rna is
+ * cvt.rna.tf32.f32 bit for bit: add half of the 13 dropped bits' weight to the magnitude and drop them (a carry
+ * into the exponent is the rounding up). An x whose high part would round past the largest float is split by
+ * truncation (both parts), a non-finite x is its own high part with lo = 0.
+ * Integer selects only, natively too, not the PTX instruction: ptxas (13, sm_90) expands cvt.rna.tf32.f32 into the
+ * same integer operations, and an asm() statement cannot be speculated, so the compiler put a branch (BSSY/BSYNC/BRA) around each conditional split (clang 15 + ptxas 13, sm_90: 412
+ * convergence barriers and 224 branches per 32-key tile at d = 64, 60 and 48 without; NVIDIA's own OpenCL
+ * compiler may differ). */
 inline void tf32_split(float x, float *hi, float *lo)
 {
-    float h = tf32_rna(x);
-    const int over = isinf(h) && !isinf(x); /* |x| rounds past the largest float: truncate (both parts) */
-    h = over ? as_float(as_uint(x) & 0xffffe000u) : h;
+    const uint u = as_uint(x), mag = u & 0x7fffffffu;
+    const uint fin = mag < 0x7f800000u;
+    const uint up = fin && mag + 0x1000u < 0x7f800000u ? 0x1000u : 0u; /* rounding stays finite: rna, else truncate */
+    const float h = as_float((u + up) & (fin ? 0xffffe000u : 0xffffffffu));
     *hi = h;
 #if TF32
     *lo = 0.0f;
 #else
-    const float r = x - h; /* exact */
-    *lo = !isfinite(x) ? 0.0f : over ? as_float(as_uint(r) & 0xffffe000u) : tf32_rna(r);
+    const uint r = as_uint(x - h); /* exact */
+    *lo = as_float((r + up) & (fin ? 0xffffe000u : 0u));
 #endif
 }
 
 #define FIN(x) (isinf(x) ? 0.0f : (x))
+
+/* Two elements of a fragment at offsets i0 and i1 of a tile (or of the Q block), as high and low parts: read (PS)
+ * or split here */
+#if KV_LO
+#define TILE_B(bh, bl, hs, ls, i0, i1) \
+    ((bh)[0] = (hs)[i0], (bl)[0] = (ls)[i0], (bh)[1] = (hs)[i1], (bl)[1] = (ls)[i1])
+#elif PS
+#define TILE_B(bh, bl, hs, ls, i0, i1) ((bh)[0] = (hs)[i0], (bl)[0] = 0.0f, (bh)[1] = (hs)[i1], (bl)[1] = 0.0f)
+#else
+#define TILE_B(bh, bl, hs, ls, i0, i1) (tf32_split((hs)[i0], &(bh)[0], &(bl)[0]), tf32_split((hs)[i1], &(bh)[1], &(bl)[1]))
+#endif
 
 /* A row of m16n8k8 products that share their A fragment: d[n] += A B[n] for the blocks n of one loop,
  * from the lane's fragments (ah/al: 4 values, bh/bl: 2; high and low parts, the low ones unused in TF32
@@ -253,10 +263,17 @@ inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
 void flash_mma(FLASH_ARGS)
 {
-    __local float ks[BK * KLD];
+    __local float ks[BK * KLD]; /* PS: the high parts (rna), else the values */
     __local float vs[BK * VLD];
+#if KV_LO
+    __local float kls[BK * KLD]; /* the low parts */
+    __local float vls[BK * VLD];
+#endif
 #if !QREG
-    __local float qs[BQ * QLD];
+    __local float qs[BQ * QLD]; /* PS: the high parts (rna), else the values */
+#if KV_LO
+    __local float qls[BQ * QLD]; /* the low parts */
+#endif
 #endif
 #if MMA_NATIVE
     __local float *xs = NULL;
@@ -298,9 +315,22 @@ void flash_mma(FLASH_ARGS)
     for (uint x = lid; x < BQ * DKP; x += WGS) {
         const uint rr = x / DKP, c = x % DKP;
         const uint ii = min(i0 + rr, Tq - 1);
-        qs[rr * QLD + c] = c < DK ? q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c] : 0.0f;
+        const float qv = c < DK ? q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c] : 0.0f;
+#if PS
+        float hi, lo;
+        tf32_split(qv, &hi, &lo);
+        qs[rr * QLD + c] = hi;
+#if KV_LO
+        qls[rr * QLD + c] = lo;
+#endif
+#else
+        qs[rr * QLD + c] = qv;
+#endif
     }
     __local const float *qme = qs + (warp * 16 + g) * QLD + t;
+#if KV_LO
+    __local const float *qlme = qls + (warp * 16 + g) * QLD + t;
+#endif
 #endif
     float o[NVB][4];
     #pragma unroll
@@ -313,16 +343,40 @@ void flash_mma(FLASH_ARGS)
     /* the lane's corners of the tiles: B of S at key 8n + g, column 8c + t; B of P V at key 2t, column g */
     __local const float *kme = ks + g * KLD + t;
     __local const float *vme = vs + 2 * t * VLD + g;
+#if KV_LO
+    __local const float *klme = kls + g * KLD + t;
+    __local const float *vlme = vls + 2 * t * VLD + g;
+#endif
 
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
         for (uint x = lid; x < BK * DKP; x += WGS) {
             const uint jj = x / DKP, c = x % DKP;
-            ks[jj * KLD + c] = j0 + jj < jend && c < DK ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
+            const float kv = j0 + jj < jend && c < DK ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
+#if PS
+            float hi, lo;
+            tf32_split(kv, &hi, &lo);
+            ks[jj * KLD + c] = hi;
+#if KV_LO
+            kls[jj * KLD + c] = lo;
+#endif
+#else
+            ks[jj * KLD + c] = kv;
+#endif
         }
         for (uint x = lid; x < BK * DVP; x += WGS) {
             const uint jj = x / DVP, c = x % DVP;
-            vs[jj * VLD + c] = j0 + jj < jend && c < DV ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
+            const float vv = j0 + jj < jend && c < DV ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
+#if PS
+            float hi, lo;
+            tf32_split(vv, &hi, &lo);
+            vs[jj * VLD + c] = hi;
+#if KV_LO
+            vls[jj * VLD + c] = lo;
+#endif
+#else
+            vs[jj * VLD + c] = vv;
+#endif
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -335,18 +389,15 @@ void flash_mma(FLASH_ARGS)
             float ah[4], al[4];
 #if QREG
             #pragma unroll
-            for (uint e = 0; e < 4; e++) tf32_split(qa[c][e], &ah[e], &al[e]);
+            for (uint e = 0; e < 4; e++) tf32_split(qa[c][e], &ah[e], &al[e]); /* hoisted by the compiler */
 #else
-            tf32_split(qme[8 * c], &ah[0], &al[0]);
-            tf32_split(qme[8 * QLD + 8 * c], &ah[1], &al[1]);
-            tf32_split(qme[8 * c + 4], &ah[2], &al[2]);
-            tf32_split(qme[8 * QLD + 8 * c + 4], &ah[3], &al[3]);
+            TILE_B(ah, al, qme, qlme, 8 * c, 8 * QLD + 8 * c);
+            TILE_B(ah + 2, al + 2, qme, qlme, 8 * c + 4, 8 * QLD + 8 * c + 4);
 #endif
             MMA_LOOP
             for (uint n = 0; n < NSB; n++) {
                 float bh[2], bl[2];
-                tf32_split(kme[8 * n * KLD + 8 * c], &bh[0], &bl[0]);
-                tf32_split(kme[8 * n * KLD + 8 * c + 4], &bh[1], &bl[1]);
+                TILE_B(bh, bl, kme, klme, 8 * n * KLD + 8 * c, 8 * n * KLD + 8 * c + 4);
                 mma_block(s[n], ah, al, bh, bl, n, xs, lane);
             }
             mma_row_end(s, NSB, xs, lane);
@@ -412,8 +463,7 @@ void flash_mma(FLASH_ARGS)
             MMA_LOOP
             for (uint c = 0; c < NVB; c++) {
                 float bh[2], bl[2];
-                tf32_split(vme[8 * n * VLD + 8 * c], &bh[0], &bl[0]);
-                tf32_split(vme[(8 * n + 1) * VLD + 8 * c], &bh[1], &bl[1]);
+                TILE_B(bh, bl, vme, vlme, 8 * n * VLD + 8 * c, (8 * n + 1) * VLD + 8 * c);
                 mma_block(o[c], ah, al, bh, bl, c, xs, lane);
             }
             mma_row_end(o, NVB, xs, lane);

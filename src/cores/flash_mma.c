@@ -11,21 +11,24 @@
 
 #include <stdio.h>
 
-enum { NW, BK, QREG, SPLIT };
+enum { NW, BK, QREG, SPLIT, PS };
 static const size_t nw_v[] = {1, 2, 4, 8}, nw_tried[] = {2, 4};
 static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
 static const size_t qreg_v[] = {0, 1};
 static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
+static const size_t ps_v[] = {0, 1};
 static const clattn_core_param params[] = {
     [NW] = {"NW", nw_v, 4, nw_tried, 2, NULL},
     [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
     [QREG] = {"QREG", qreg_v, 2, qreg_v, 2, NULL},
     [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
+    [PS] = {"PS", ps_v, 2, ps_v, 2, NULL},
 };
 
-/* the defaults; one warp with 8-key tiles, the Q block in local memory and the keys of every block split
- * into 4 parts, merged by split_combine (two entries, not three: the emulation is the suite's slowest core) */
-static const char *const test_configs[] = {"-", "NW=1,BK=8,QREG=0,SPLIT=4", NULL};
+/* the defaults (tiles split once, PS = 1); one warp with 8-key tiles, the Q block in local memory, the keys of
+ * every block split into 4 parts, merged by split_combine, and every warp splitting the tiles itself (PS = 0) (two
+ * entries, not three: the emulation is the suite's slowest core) */
+static const char *const test_configs[] = {"-", "NW=1,BK=8,QREG=0,SPLIT=4,PS=0", NULL};
 
 #define MAX_REGS 160 /* floats a lane keeps: its Q fragments (QREG), output and score fragments */
 
@@ -33,12 +36,13 @@ static size_t pad8(size_t x) { return (x + 7) / 8 * 8; }
 
 static int native_here(const clattn_caps *caps) { return caps && caps->nv_mma_tf32; }
 
-/* The kernel's local arrays in bytes: K and V tiles, the Q block (QREG = 0), the exchange areas (emulation). */
-static size_t local_bytes(const clattn_caps *caps, size_t dk, size_t dv, const clattn_core_params *p)
+/* The kernel's local arrays in bytes: K and V tiles and the Q block (QREG = 0), each twice with PS in 3xTF32 (their
+ * low parts), the exchange areas (emulation). */
+static size_t local_bytes(const clattn_caps *caps, size_t dk, size_t dv, int tf32, const clattn_core_params *p)
 {
     const size_t bq = 16 * p->v[NW];
-    size_t floats = p->v[BK] * (pad8(dk) + 4) + p->v[BK] * (pad8(dv) + 4);
-    if (!p->v[QREG]) floats += bq * (pad8(dk) + 4);
+    size_t floats = (p->v[PS] && !tf32 ? 2 : 1) * (p->v[BK] * (pad8(dk) + 4) + p->v[BK] * (pad8(dv) + 4));
+    if (!p->v[QREG]) floats += (p->v[PS] && !tf32 ? 2 : 1) * bq * (pad8(dk) + 4);
     const size_t nsb = p->v[BK] / 8, nvb = pad8(dv) / 8;
     if (!native_here(caps)) floats += p->v[NW] * (256 + 128 * (nsb > nvb ? nsb : nvb));
     return floats * sizeof(float);
@@ -51,6 +55,8 @@ static size_t registers(size_t dk, size_t dv, const clattn_core_params *p)
     return (p->v[QREG] ? pad8(dk) : 0) + pad8(dv) / 2 + p->v[BK] / 2;
 }
 
+static int tf32_of(const clattn_attention_desc *d) { return d->precision == CLATTN_PRECISION_TF32; }
+
 static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                 const clattn_core_params *p)
 {
@@ -59,17 +65,24 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (caps && wg > caps->max_work_group) return 0;
     if (!d) return 1;
     if (registers(d->head_dim_qk, d->head_dim_v, p) > MAX_REGS) return 0;
-    return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
+    return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, tf32_of(d), p) + CLATTN_LOCAL_SLACK <=
+                        caps->local_mem;
 }
 
-/* Starting points per head-size class, by construction and ptx-check (sm_90, clang + ptxas: indicative, not
- * yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame:
- *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers: 189 registers at 64, 134 at 32; 17 KiB
- *          (236 with split, causal, padding and float masks, dropout)
- *   <=128: 2 warps, 16-key tiles, Q block in local memory: 126 registers, 33 KiB (Q in registers: 255
- *          registers and spills; 4 warps with the Q block: 50 KiB, over NVIDIA's 48)
- *   >128:  1 warp, 8-key tiles, Q block in local memory: 165 registers, 33 KiB at 256
- * then shrunk (BK, then QREG, then NW) while they do not fit the device; keys split on GPUs as flash_gemm
+/* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
+ * indicative, not yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame; the
+ * tiles (and the Q block) split once per work-group (PS = 1) wherever the local memory holds their low parts:
+ *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, PS: 222 registers, 34 KiB; hot-loop ceiling
+ *          61 useful TFLOP/s in 3xTF32 (26 with each warp splitting every element it reads, and a branch around
+ *          each split), 98 in TF32 mode (bench/results/gpu-static-sm90.md)
+ *   <=128: 2 warps, 16-key tiles, Q block in local memory: with PS in 3xTF32 the tiles' and the block's low parts
+ *          do not fit NVIDIA's 48 KiB, so 1 warp and 8-key tiles (123 registers, 33 KiB): 61 useful TFLOP/s (38 at
+ *          2 warps and 8-key tiles with Q split per use, 25 before); TF32 mode keeps 2 warps and 16-key tiles:
+ *          124 registers, 155 TFLOP/s
+ *   >128:  1 warp, 8-key tiles, Q block in local memory; at 256 in 3xTF32 the low parts do not fit: PS = 0, 165
+ *          registers, 33 KiB
+ * then shrunk (BK, then QREG, then NW, then PS, from the class's warps and 16-key tiles) while they do not fit the
+ * device; keys split on GPUs as flash_gemm
  * does. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
@@ -79,10 +92,12 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     p->v[BK] = cls <= 1 ? 32 : cls == 2 ? 16 : 8;
     p->v[QREG] = cls <= 1;
     p->v[SPLIT] = 1;
+    p->v[PS] = 1;
     while (!fits(core, caps, d, p)) {
         if (p->v[BK] > 8) p->v[BK] /= 2;
         else if (p->v[QREG]) p->v[QREG] = 0, p->v[BK] = 16;
         else if (p->v[NW] > 1) p->v[NW] /= 2;
+        else if (p->v[PS]) p->v[PS] = 0, p->v[NW] = cls <= 1 ? 4 : cls == 2 ? 2 : 1, p->v[BK] = 16; /* split per use */
         else return 0;
     }
     p->v[SPLIT] = clattn_flash_split_default(caps, d, 16 * p->v[NW], p->v[BK]);
@@ -128,7 +143,7 @@ static size_t local_of(const clattn_core *core, const clattn_caps *caps, const c
                        const clattn_core_params *p)
 {
     (void)core, (void)caps;
-    return local_bytes(caps, d->head_dim_qk, d->head_dim_v, p);
+    return local_bytes(caps, d->head_dim_qk, d->head_dim_v, tf32_of(d), p);
 }
 
 const clattn_core clattn_core_flash_mma = {
@@ -138,7 +153,7 @@ const clattn_core clattn_core_flash_mma = {
     .saves_row_stats = 1,
     .tf32 = 1,
     .params = params,
-    .nparams = 4,
+    .nparams = 5,
     .test_configs = test_configs,
     .spec = &spec,
     .supports = clattn_flash_supports_tiles,
