@@ -1373,6 +1373,7 @@ Test(cli, emit_writes_programs_or_nothing, .timeout = 300)
     rc = run_cli(FLAGS("emit", "--out", fresh, "--device", spec, "--heads", "2", "--head-dim-qk", "4", "--seq", "9",
                        "--need-weights", "--algorithm", "fused"), ENV_UNSET, &err);
     cr_assert_eq(rc, 1, "a refused plan: exit %d: %s", rc, err);
+    cr_assert(strstr(err, "weights"), "the refusal is said: %s", err);
     free(err);
     struct stat st;
     cr_assert_neq(stat(path_in(root, "emit"), &st), 0, "a failed emit left its directory");

@@ -120,6 +120,45 @@ inline void tf32_split(float x, float *hi, float *lo)
 
 #define FIN(x) (isinf(x) ? 0.0f : (x))
 
+/* Four consecutive elements of a tile row staged in local memory at hs[at..] (and their low parts at ls[at..]
+ * with PS in 3xTF32): src[0..3] where the key is valid (ok) and the column within the head (i < left), else 0;
+ * split once (PS). at is a multiple of 4. */
+inline void stage4(__local float *hs, __local float *ls, uint at, __global const float *src, int ok, int left)
+{
+    float4 x;
+    x.s0 = ok && 0 < left ? KVR(src[0]) : 0.0f;
+    x.s1 = ok && 1 < left ? KVR(src[1]) : 0.0f;
+    x.s2 = ok && 2 < left ? KVR(src[2]) : 0.0f;
+    x.s3 = ok && 3 < left ? KVR(src[3]) : 0.0f;
+#if PS
+    float hi[4], lo[4];
+    tf32_split(x.s0, &hi[0], &lo[0]);
+    tf32_split(x.s1, &hi[1], &lo[1]);
+    tf32_split(x.s2, &hi[2], &lo[2]);
+    tf32_split(x.s3, &hi[3], &lo[3]);
+    vstore4((float4)(hi[0], hi[1], hi[2], hi[3]), 0, hs + at);
+#if KV_LO
+    vstore4((float4)(lo[0], lo[1], lo[2], lo[3]), 0, ls + at);
+#else
+    (void)ls;
+#endif
+#else
+    (void)ls;
+    vstore4(x, 0, hs + at);
+#endif
+}
+#if KV_LO
+#define KV_LO_OR(lo, hi) (lo)
+#else
+#define KV_LO_OR(lo, hi) (hi)
+#endif
+/* the tiles' staging: unrolled natively (a fixed count of float4 per work-item), a loop in the emulation */
+#if MMA_NATIVE
+#define STAGE_LOOP _Pragma("unroll")
+#else
+#define STAGE_LOOP _Pragma("unroll 1")
+#endif
+
 /* Two elements of a fragment at offsets i0 and i1 of a tile (or of the Q block), as high and low parts: read (PS)
  * or split here */
 #if KV_LO
@@ -263,11 +302,11 @@ inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
 void flash_mma(FLASH_ARGS)
 {
-    __local float ks[BK * KLD]; /* PS: the high parts (rna), else the values */
-    __local float vs[BK * VLD];
+    __local float ks[BK * KLD] __attribute__((aligned(16))); /* PS: the high parts (rna), else the values */
+    __local float vs[BK * VLD] __attribute__((aligned(16)));
 #if KV_LO
-    __local float kls[BK * KLD]; /* the low parts */
-    __local float vls[BK * VLD];
+    __local float kls[BK * KLD] __attribute__((aligned(16))); /* the low parts */
+    __local float vls[BK * VLD] __attribute__((aligned(16)));
 #endif
 #if !QREG
     __local float qs[BQ * QLD]; /* PS: the high parts (rna), else the values */
@@ -350,33 +389,17 @@ void flash_mma(FLASH_ARGS)
 
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
-        for (uint x = lid; x < BK * DKP; x += WGS) {
-            const uint jj = x / DKP, c = x % DKP;
-            const float kv = j0 + jj < jend && c < DK ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
-#if PS
-            float hi, lo;
-            tf32_split(kv, &hi, &lo);
-            ks[jj * KLD + c] = hi;
-#if KV_LO
-            kls[jj * KLD + c] = lo;
-#endif
-#else
-            ks[jj * KLD + c] = kv;
-#endif
+        STAGE_LOOP
+        for (uint x0 = 0; x0 < BK * DKP / 4; x0 += WGS) {
+            const uint x = x0 + lid, jj = x / (DKP / 4), c = x % (DKP / 4) * 4;
+            if ((BK * DKP / 4) % WGS == 0 || x < BK * DKP / 4)
+                stage4(ks, KV_LO_OR(kls, ks), jj * KLD + c, kb + (ulong)(j0 + jj) * k_ld + c, j0 + jj < jend, (int)DK - (int)c);
         }
-        for (uint x = lid; x < BK * DVP; x += WGS) {
-            const uint jj = x / DVP, c = x % DVP;
-            const float vv = j0 + jj < jend && c < DV ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
-#if PS
-            float hi, lo;
-            tf32_split(vv, &hi, &lo);
-            vs[jj * VLD + c] = hi;
-#if KV_LO
-            vls[jj * VLD + c] = lo;
-#endif
-#else
-            vs[jj * VLD + c] = vv;
-#endif
+        STAGE_LOOP
+        for (uint x0 = 0; x0 < BK * DVP / 4; x0 += WGS) {
+            const uint x = x0 + lid, jj = x / (DVP / 4), c = x % (DVP / 4) * 4;
+            if ((BK * DVP / 4) % WGS == 0 || x < BK * DVP / 4)
+                stage4(vs, KV_LO_OR(vls, vs), jj * VLD + c, vb + (ulong)(j0 + jj) * v_ld + c, j0 + jj < jend, (int)DV - (int)c);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 

@@ -26,7 +26,9 @@ static void usage(FILE *f)
             "                   [--tf32] [--need-weights] [--algorithm auto|fused|unfused] [--decode] [--no-weights]\n"
             "  writes the OpenCL programs the plan described would build: DIR/STEM.cl (the sources as clattn passes\n"
             "  them to the compiler) and DIR/STEM.opts (the build options), STEM the program's main kernel; DIR/index.txt\n"
-            "  names each file's sources in cl/. DIR must be empty or missing. Nothing is run.\n"
+            "  names each file's sources in cl/. DIR must be empty or missing. Nothing is run. A plan that fails\n"
+            "  leaves nothing, except a program the driver does not build: then the files written are kept, with\n"
+            "  the build log on stderr.\n"
             "  --target host (default): the device as it is. --target sm_90: the device takes an H100's capabilities\n"
             "    (NVIDIA's OpenCL, compute capability 9.0, 132 compute units, 48 KiB local memory), so the plan picks\n"
             "    the cores, parameters and options it would there (compile them with ../shared/gpu/ptx-check.sh, or\n"
@@ -262,12 +264,19 @@ int clattn_cli_emit(int argc, char **argv)
         }
         clattn_plan_free(plan);
     }
-    clattn_device_emit(dev, NULL, NULL);
+    if (st == CLATTN_STATUS_BUILD_FAILURE) {
+        /* the program the driver refused is what a compiler bug report needs: kept, with the others */
+        SAY("%s: %s", clattn_status_string(st), clattn_last_error());
+        fprintf(stderr, "%s\n", clattn_last_build_log());
+        SAY("the programs written are kept in %s; the last in index.txt is the one that did not build", o.out);
+        goto done;
+    }
     if (st != CLATTN_STATUS_SUCCESS) {
         SAY("%s: %s", clattn_status_string(st), clattn_last_error());
         remove_written(o.out, created);
         goto done;
     }
+    clattn_device_emit(dev, NULL, NULL); /* (clears the last error) */
     clattn_cli_notice("clattn emit");
     char path[4200];
     snprintf(path, sizeof path, "%s/index.txt", o.out);

@@ -70,20 +70,16 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
- * indicative, not yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame; the
- * tiles (and the Q block) split once per work-group (PS = 1) wherever the local memory holds their low parts:
- *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, PS: 222 registers, 34 KiB; hot-loop ceiling
- *          61 useful TFLOP/s in 3xTF32 (26 with each warp splitting every element it reads, and a branch around
- *          each split), 98 in TF32 mode (bench/results/gpu-static-sm90.md)
- *   <=128: 2 warps, 16-key tiles, Q block in local memory: with PS in 3xTF32 the tiles' and the block's low parts
- *          do not fit NVIDIA's 48 KiB, so 1 warp and 8-key tiles (123 registers, 33 KiB): 61 useful TFLOP/s (38 at
- *          2 warps and 8-key tiles with Q split per use, 25 before); TF32 mode keeps 2 warps and 16-key tiles:
- *          124 registers, 155 TFLOP/s
- *   >128:  1 warp, 8-key tiles, Q block in local memory; at 256 in 3xTF32 the low parts do not fit: PS = 0, 165
- *          registers, 33 KiB
- * then shrunk (BK, then QREG, then NW, then PS, from the class's warps and 16-key tiles) while they do not fit the
- * device; keys split on GPUs as flash_gemm
- * does. */
+ * indicative, not yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame.
+ * Ceilings of the whole tile, its staging included (bench/results/gpu-static-sm90.md), in useful TFLOP/s:
+ *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, tiles split once (PS): 239 registers,
+ *          34 KiB; 57 in 3xTF32 (41 with PS = 0; 26 before the split was branch-free), 93 in TF32 mode (65)
+ *   <=128: 2 warps, 16-key tiles, Q block in local memory: in 3xTF32 the low parts of the tiles and the block do
+ *          not fit NVIDIA's 48 KiB beside them, and fewer keys or warps gain nothing (1 warp of 8-key tiles with
+ *          PS: 33, as PS = 0 here: 34); 168 registers, 34 KiB. TF32 mode (no low parts) keeps PS: 87 (56 without)
+ *   >128:  1 warp, 8-key tiles, Q block in local memory (3xTF32 at 256: PS = 0, 165 registers, 33 KiB)
+ * then shrunk (BK, then QREG, then PS, then NW) while they do not fit the device; keys split on GPUs as
+ * flash_gemm does. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
@@ -96,8 +92,8 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     while (!fits(core, caps, d, p)) {
         if (p->v[BK] > 8) p->v[BK] /= 2;
         else if (p->v[QREG]) p->v[QREG] = 0, p->v[BK] = 16;
+        else if (p->v[PS]) p->v[PS] = 0, p->v[BK] = cls <= 1 ? 32 : cls == 2 ? 16 : 8; /* split per use */
         else if (p->v[NW] > 1) p->v[NW] /= 2;
-        else if (p->v[PS]) p->v[PS] = 0, p->v[NW] = cls <= 1 ? 4 : cls == 2 ? 2 : 1, p->v[BK] = 16; /* split per use */
         else return 0;
     }
     p->v[SPLIT] = clattn_flash_split_default(caps, d, 16 * p->v[NW], p->v[BK]);
