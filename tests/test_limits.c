@@ -568,6 +568,7 @@ Test(limits, selftest_verdicts)
     char dir[] = "/tmp/clattn-verdicts-XXXXXX";
     cr_assert(mkdtemp(dir), "mkdtemp failed");
     setenv("CLATTN_CACHE_DIR", dir, 1);
+    unsetenv("CLATTN_PROGRAM_CACHE"); /* the verdicts are kept in the cache directory (the sanitizer stage turns it off) */
     clattn_device *cl = tu_open_opencl();
     tu_problem p;
     tu_problem_make(&p, &(tu_attn_case){.B = 1, .Tq = 19, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16}, 73);
