@@ -174,15 +174,18 @@ CLATTN_API cl_command_queue clattn_device_queue(const clattn_device *device);
  * compiler's bug (README, "What the kernels are"; `clattn emit`). From this call on, every program `device` builds
  * for a plan is also written to the existing directory dir: STEM.cl, the embedded sources concatenated in the order
  * the builder passes them to clCreateProgramWithSource, and STEM.opts, its build options on one line. STEM names the
- * program's main source, which defines the kernel of that name (flash_mma.cl: kernel flash_mma); another program of
- * the same stem is STEM-2, STEM-3... index.txt gets a line per program: its file and its sources under cl/. A program
- * is written once, when it is first built (or found in a cache); a file that cannot be written fails the build.
- * dir NULL: stop writing.
+ * program's main source (flash_mma.cl holds kernel flash_mma, linear.cl the projections' helpers); another program of
+ * the same stem is STEM-2, STEM-3... index.txt gets a line per program: its file and its sources under cl/ (lines
+ * are appended, and files of the same name replaced: give each call an empty directory). A program is written once,
+ * when it is first built (or found in a cache), before it is compiled; a file that cannot be written fails the build
+ * and leaves none of that program's files. dir NULL: stop writing.
  * target NULL or "host": the device as it is. "sm_90": the device also takes the capabilities NVIDIA's OpenCL
  * reports for an H100 (compute capability 9.0 with tensor-core mma.sync, 132 compute units, 48 KiB of local memory,
- * warps of 32), so that plans created on it choose the cores, parameters and build options they would there. The
- * host compiles what it can of those programs (the tensor cores' inline PTX as its emulation), and nothing runs on it
- * any more: every execution on it is refused (CLATTN_STATUS_UNSUPPORTED). It stays so until freed.
+ * warps of 32, 1024 work-items a work-group), so that plans created on it choose the cores, parameters and build
+ * options they would there. The host compiles what it can of those programs (the tensor cores' inline PTX as its
+ * emulation), its compiler's limits are not applied to them, and nothing runs on the device any more: every
+ * execution on it is refused (CLATTN_STATUS_UNSUPPORTED). It stays so until freed.
+ * Like clattn_tune, call it while no other thread uses the device.
  * ref: CLATTN_STATUS_UNSUPPORTED; another target: CLATTN_STATUS_INVALID_ARGUMENT naming the targets. */
 CLATTN_API clattn_status clattn_device_emit(clattn_device *device, const char *dir, const char *target);
 

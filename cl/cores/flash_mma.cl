@@ -38,7 +38,8 @@
  * and V tiles, and the Q block when QREG = 0, are split into TF32 high and low parts once, by the whole work-group
  * as it stages them, into local arrays of their own; 0: each warp splits every element it reads, NW times per tile). Head sizes are padded to
  * multiples of 8 with zeros. Local memory: the K and V tiles (rows padded by 4 floats, so that the lanes of a
- * fragment read 32 different banks), the Q block when QREG = 0, and with MMA_NATIVE = 0 the exchange area. */
+ * fragment read 32 different banks), the Q block when QREG = 0, each twice with PS in 3xTF32 (the low parts), and
+ * with MMA_NATIVE = 0 the exchange area. */
 #ifndef NW
 #define NW 4
 #endif

@@ -104,6 +104,8 @@ static clattn_status linear_small(const clattn_linear *l, size_t m, size_t n, si
     clattn_arg_u32(&a, warm ? 0 : (cl_uint)n);
     clattn_arg_u32(&a, (cl_uint)k);
     TRY(clattn_args_end(&a));
+    if (warm && clattn_device_simulated(l->dev)) return CLATTN_STATUS_SUCCESS; /* nothing runs there */
+    if (!warm) TRY(clattn_device_runs(l->dev, "enqueue linear_gemv"));
     if (l->gemv) {
         /* warm: one work-group with n = 0, which returns at once */
         const size_t cols = GEMV_COLS * GEMV_WG / GEMV_LK, groups = warm ? 1 : (n + cols - 1) / cols;

@@ -192,6 +192,10 @@ int clattn_cli_emit(int argc, char **argv)
         if (p < 0) usage(stderr);
         return p < 0 ? 2 : 0;
     }
+    if (strcmp(o.target, "host") && strcmp(o.target, "sm_90")) {
+        SAY("--target '%s': the targets are host (the device as it is) and sm_90 (an H100's capabilities)", o.target);
+        return 2;
+    }
     if (clattn_cli_check_dir("clattn emit", "--out", o.out, 1)) return 2;
     if (dir_has_entries(o.out)) {
         SAY("--out %s: not empty (emit writes into an empty or missing directory)", o.out);
@@ -231,11 +235,6 @@ int clattn_cli_emit(int argc, char **argv)
         SAY("the ref device builds no OpenCL programs: choose an OpenCL device (--device)");
         goto done;
     }
-    if (strcmp(o.target, "host") && strcmp(o.target, "sm_90")) {
-        SAY("--target '%s': the targets are host (the device as it is) and sm_90 (an H100's capabilities)", o.target);
-        code = 2;
-        goto done;
-    }
     if (clattn_cli_make_dir("clattn emit", "--out", o.out, &created)) goto done;
     if ((st = clattn_device_emit(dev, o.out, o.target)) != CLATTN_STATUS_SUCCESS) {
         SAY("%s: %s", clattn_status_string(st), clattn_last_error());
@@ -264,8 +263,9 @@ int clattn_cli_emit(int argc, char **argv)
         }
         clattn_plan_free(plan);
     }
-    if (st == CLATTN_STATUS_BUILD_FAILURE) {
-        /* the program the driver refused is what a compiler bug report needs: kept, with the others */
+    if (st != CLATTN_STATUS_SUCCESS && strstr(clattn_last_error(), "clattn_last_build_log()")) {
+        /* the program the driver refused (program.c's build failure, whatever its code) is what a compiler bug
+         * report needs: kept, with the others */
         SAY("%s: %s", clattn_status_string(st), clattn_last_error());
         fprintf(stderr, "%s\n", clattn_last_build_log());
         SAY("the programs written are kept in %s; the last in index.txt is the one that did not build", o.out);
@@ -283,6 +283,7 @@ int clattn_cli_emit(int argc, char **argv)
     FILE *f = fopen(path, "r");
     if (!f) {
         SAY("the plan built no program (%s missing)", path);
+        clattn_cli_unmake_dir(o.out, created);
         goto done;
     }
     printf("programs for target %s in %s:\n", o.target, o.out);

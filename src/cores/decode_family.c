@@ -98,6 +98,7 @@ static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int
         size_t allowed = 0;
         CL_CHECK(clGetKernelWorkGroupInfo(v->attend, s->dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed,
                                           &allowed, NULL), "querying a decode kernel's work-group size");
+        if (clattn_device_simulated(s->dev)) allowed = s->dev->caps.max_work_group; /* the target's, not the host's */
         if (allowed < wg)
             return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s with %s=%zu does not fit this device (its kernel "
                                "takes %zu work-items per work-group)", s->core->name,

@@ -115,6 +115,7 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         if (st == CLATTN_STATUS_SUCCESS && err != CL_SUCCESS)
             st = clattn_fail((clattn_status)err, "querying %s's work-group size failed (%d: %s)", spec->kernel, err,
                              clattn_status_string(err));
+        if (clattn_device_simulated(dev)) allowed = dev->caps.max_work_group; /* the target's, not the host's */
         if (st != CLATTN_STATUS_SUCCESS) {
             clattn_flash_release(s);
             return st;

@@ -261,6 +261,7 @@ static clattn_status softmax_launch(const unfused_state *s, view sc, size_t row0
     clattn_arg_view(&a, io->lse); /* each row's log-sum-exp (training plans), indexed by the global row */
     TRY(clattn_args_end(&a));
     size_t global = s->softmax_wg ? rows * s->softmax_wg : rows;
+    TRY(clattn_device_runs(s->dev, "enqueue softmax_rows"));
     clattn_note_launch(global);
     if (s->softmax_wg == 0) { /* one work-item per row */
         CL_CHECK(clEnqueueNDRangeKernel(s->dev->queue, s->k_softmax, 1, NULL, &global, NULL, 0, NULL, NULL),

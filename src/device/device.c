@@ -316,7 +316,8 @@ clattn_status clattn_device_emit(clattn_device *device, const char *dir, const c
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "clattn_device_emit: the ref device builds no OpenCL programs");
     const int host = !target || strcmp(target, "host") == 0;
     clattn_caps caps = device->caps;
-    if (!host) TRY(clattn_caps_simulate(&caps, target));
+    if (!host && !clattn_device_simulated(device)) TRY(clattn_caps_simulate(&caps, target));
+    else if (!host && strcmp(target, "sm_90") != 0) TRY(clattn_caps_simulate(&caps, target)); /* names the targets */
     if (dir) {
         struct stat st;
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))

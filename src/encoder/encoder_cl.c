@@ -107,6 +107,7 @@ static clattn_status ln_enqueue(const clattn_device *dev, const ln_kernel *l, si
     clattn_arg_local(&a, (l->cache_row ? E : 1) * sizeof(float));
     TRY(clattn_args_end(&a));
     size_t local = l->wg, global = rows * local;
+    TRY(clattn_device_runs(dev, "enqueue residual_layernorm"));
     clattn_note_launch(global);
     CL_CHECK(clEnqueueNDRangeKernel(dev->queue, l->k, 1, NULL, &global, &local, 0, NULL, NULL),
              "enqueue residual_layernorm");

@@ -171,13 +171,24 @@ static clattn_status emit_program(const clattn_device *dev, const char *const *n
             char path[4400];
             snprintf(path, sizeof path, "%s/index.txt", e->dir);
             FILE *f = fopen(path, "a");
-            if (!f || fprintf(f, "%s.cl: %s\n", stem, list) < 0 || fclose(f) != 0) {
-                st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: cannot write %s", path);
+            int ok = f && fprintf(f, "%s.cl: %s\n", stem, list) >= 0;
+            const int err = errno;
+            ok = f && fclose(f) == 0 && ok;
+            if (!ok) {
+                st = clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: cannot write %s: %s", path,
+                                 strerror(err));
             } else {
                 char *k = strdup(key);
                 if (!k) st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "emitting kernels");
                 else e->keys[e->n] = k, snprintf(e->stems[e->n], sizeof e->stems[0], "%s", stem), e->n++;
             }
+        }
+        if (st) { /* a program's files are in the index or gone */
+            char path[4400];
+            snprintf(path, sizeof path, "%s/%s.cl", e->dir, stem);
+            remove(path);
+            snprintf(path, sizeof path, "%s/%s.opts", e->dir, stem);
+            remove(path);
         }
     }
     pthread_mutex_unlock(&e->lock);
@@ -431,6 +442,7 @@ clattn_status clattn_program_build_wg(const clattn_device *dev, const char *cons
         if (err == CL_SUCCESS)
             err = clGetKernelWorkGroupInfo(kern, dev->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof allowed, &allowed,
                                            NULL);
+        if (clattn_device_simulated(dev)) allowed = dev->caps.max_work_group; /* the target's, not the host's */
         if (err == CL_SUCCESS && (size <= allowed || size == 1)) {
             *program = prog;
             *k = kern;

@@ -282,10 +282,10 @@ void clattn_program_forget(cl_context context);
 long clattn_test_programs_shared(int reset);
 /* ---- emitting (program.c, clattn_device_emit). From clattn_emit_start on, every program dev builds is also written
  * to dir: DIR/STEM.cl, the sources concatenated in the order the builder passes them, and DIR/STEM.opts, the options;
- * STEM is the basename of the last source (which defines the kernel of that name), STEM-2, STEM-3... for other
+ * STEM is the basename of the last source (its main source), STEM-2, STEM-3... for other
  * programs of the same stem; DIR/index.txt has a line per file (its sources). The same sources and options are
  * written once. simulated: dev's caps are a target's (clattn_caps_simulate): the host compiles what it can of the
- * target's programs (clattn_emit_host_options), the compiled kernels are not checked against the target's limits,
+ * target's programs (program.c's host_options), the compiled kernels are not checked against the target's limits,
  * and nothing is launched (clattn_device_runs). dir NULL: stop writing (a simulated device stays simulated). */
 clattn_status clattn_emit_start(clattn_device *dev, const char *dir, int simulated);
 void clattn_emit_free(struct clattn_emit *emit);
