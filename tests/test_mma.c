@@ -299,3 +299,38 @@ Test(fp32, infinities_pass_as_in_fp32)
     clattn_device_free(dev);
     clattn_device_free(ref);
 }
+
+/* A head size that is no multiple of 4 (3 here, padded to 8): the tile staging reads no column past the head, so
+ * another head's infinite keys and values (head 1, right after head 0 in each row) do not reach head 0, whose
+ * output stays the reference's. (Read past the head, 0 * inf in the padding makes NaN.) */
+Test(fp32, another_heads_infinities_stay_there)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl(), *ref = tu_open_ref();
+    enum { TK = 7, E = 6, H = 2 };
+    float x[E], kv[TK * E];
+    tu_rng r = {911u};
+    tu_fill(&r, x, E, -1.0f, 1.0f);
+    tu_fill(&r, kv, TK * E, -1.0f, 1.0f);
+    for (size_t j = 0; j < TK; j++) kv[j * E + 4] = INFINITY, kv[j * E + 5] = -INFINITY;
+    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = TK, .embed = E, .kv_embed = E, .heads = H,
+                               .cross = 1};
+    float got[E], want[E];
+    for (int side = 0; side < 2; side++) {
+        float *out = side ? got : want;
+        for (size_t i = 0; i < E; i++) out[i] = NAN;
+        clattn_attention_args a = {.x = x, .kv = kv, .out = out};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(side ? dev : ref, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_plan_free(plan);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert(isfinite(want[i]), "the reference's head 0: %g", want[i]);
+        cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]), "head 0, element %zu: %g, want %g", i,
+                  got[i], want[i]);
+    }
+    clattn_device_free(dev);
+    clattn_device_free(ref);
+}
