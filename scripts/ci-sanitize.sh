@@ -43,7 +43,7 @@ cmake --build "$build" -j"$(nproc)"
 built=$(date +%s)
 
 logs=$root/$build/sanitizer-logs
-rm -rf "$logs"
+rm -rf "$logs" "$logs-tracer-crash"
 mkdir -p "$logs"
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan"
 export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=1"
@@ -77,6 +77,20 @@ rc=0
 # shellcheck disable=SC2086
 ctest --test-dir "$build" --output-on-failure -LE matrix -E '_core_flash_mma' ${CTEST_ARGS:-} || rc=$?
 cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/LastTest-first.log" 2>/dev/null || true
+# LeakSanitizer's exit-time tracer itself sometimes crashes under PoCL ("Tracer caught signal 11", no report about
+# any code; seen in test_tune's search once in three CI runs, passing when run again). Then, and only when no log
+# holds a sanitizer report, the failed entries run once more; anything that fails again fails the stage.
+shopt -s nullglob
+tracer_logs=$(grep -l 'Tracer caught signal' "$logs"/* 2>/dev/null || true)
+if [ "$rc" -ne 0 ] && [ -n "$tracer_logs" ] &&
+   ! grep -q -E 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' "$logs"/* 2>/dev/null; then
+  echo "sanitize: LeakSanitizer's tracer crashed in $(echo "$tracer_logs" | wc -l) process(es) (no report): the failed entries once more"
+  mkdir -p "$logs-tracer-crash"
+  for f in $tracer_logs; do mv "$f" "$logs-tracer-crash/"; done
+  rc=0
+  ctest --test-dir "$build" --output-on-failure --rerun-failed || rc=$?
+  cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/LastTest-rerun.log" 2>/dev/null || true
+fi
 # shellcheck disable=SC2086
 ctest --test-dir "$build" --output-on-failure -R '^test_limits_core_gemm_' ${CTEST_ARGS:-} || rc=$?
 
@@ -93,7 +107,8 @@ done
 used=""
 ((${#logfiles[@]})) && used=$(cat "${logfiles[@]}" | awk '/Suppressions used:/ {on = 1; next} on && NF == 3 && $1 ~ /^[0-9]+$/ {n[$3] += $1; b[$3] += $2} /^-+$/ {on = 0} END {for (k in n) printf "%s: %d allocations, %d bytes; ", k, n[k], b[k]}')
 if [ -n "$used" ]; then echo "sanitize: suppressed at exit (tests/lsan.supp): $used"; fi
-for ctest_log in "$root/$build/Testing/Temporary/LastTest-first.log" "$root/$build/Testing/Temporary/LastTest.log"; do
+for ctest_log in "$root/$build/Testing/Temporary/LastTest-first.log" "$root/$build/Testing/Temporary/LastTest-rerun.log" \
+                 "$root/$build/Testing/Temporary/LastTest.log"; do
   if [ -f "$ctest_log" ] && grep -q 'runtime error:' "$ctest_log"; then
     reports=$((reports + 1))
     echo "sanitize: ---- UndefinedBehaviorSanitizer in $ctest_log:"
