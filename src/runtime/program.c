@@ -112,24 +112,16 @@ static void program_stem(const char *const *names, int count, char *stem, size_t
     snprintf(stem, len, "%s", slash ? slash + 1 : last);
 }
 
-/* Write len bytes to dir/name through a temporary file renamed into place: a file is whole or absent. */
+/* dir/name written whole or not at all (clattn_write_parts): the parts in order. */
 static clattn_status write_whole(const char *dir, const char *name, const char *const *parts, const size_t *lens,
                                  int nparts)
 {
-    char path[4400], tmp[4420];
+    char path[4400];
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: the path %s/%s is too long", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: cannot write %s: %s", tmp, strerror(errno));
-    int ok = 1;
-    for (int i = 0; i < nparts; i++) ok = ok && fwrite(parts[i], 1, lens[i], f) == lens[i];
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        const int e = errno;
-        remove(tmp);
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: writing %s failed: %s", path, strerror(e));
-    }
+    if (!clattn_write_parts(path, (const void *const *)parts, lens, nparts))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "emitting kernels: writing %s failed: %s", path,
+                           strerror(errno));
     return CLATTN_STATUS_SUCCESS;
 }
 

@@ -268,23 +268,36 @@ void clattn_program_cache_store(const clattn_device *dev, const char *key, cl_pr
     free(bin);
 }
 
-int clattn_cache_write(const char *path, const void *data, size_t n)
+int clattn_write_parts(const char *path, const void *const *parts, const size_t *lens, int nparts)
 {
-    char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    char tmp[4500];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return 0;
+    }
     const int fd = mkstemp(tmp);
     if (fd < 0) return 0;
     FILE *f = fdopen(fd, "wb");
     if (!f) {
+        const int e = errno;
         close(fd);
         unlink(tmp);
+        errno = e;
         return 0;
     }
-    int ok = fwrite(data, 1, n, f) == n;
+    int ok = 1;
+    for (int i = 0; i < nparts; i++) ok &= fwrite(parts[i], 1, lens[i], f) == lens[i];
     ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0) {
+        const int e = errno;
         unlink(tmp);
+        errno = e;
         return 0;
     }
     return 1;
+}
+
+int clattn_cache_write(const char *path, const void *data, size_t n)
+{
+    return clattn_write_parts(path, &data, &n, 1);
 }

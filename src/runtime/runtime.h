@@ -247,6 +247,9 @@ int clattn_cache_path(const char *key, const char *suffix, char *path, size_t le
 uint64_t clattn_hash_text(const char *text); /* the cache's hash (FNV-1a, 64 bits) of a string */
 FILE *clattn_cache_open(const char *path);
 int clattn_cache_write(const char *path, const void *data, size_t n);
+/* path written whole or not at all (a private temporary file renamed into place): the parts in order; 0 on any
+ * failure, with errno set. clattn_cache_write's, and clattn emit's. */
+int clattn_write_parts(const char *path, const void *const *parts, const size_t *lens, int nparts);
 /* Test-only: programs loaded from the cache and built from source since the last reset (reset = 1). */
 void clattn_test_program_counts(int reset, long *loaded, long *built);
 /* Called (when set) before the library compiles kernels from source (clattn_set_build_notice). */
