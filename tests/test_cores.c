@@ -620,18 +620,20 @@ Test(cores, flash_mma_defaults_and_native)
         cr_assert(c->fits(c, &caps, &d, &p), "head %zu/%zu: the defaults do not fit", heads[k][0], heads[k][1]);
         cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_SUCCESS, "%s", why);
         const size_t mx = heads[k][0] > heads[k][1] ? heads[k][0] : heads[k][1];
-        cr_assert_eq(p.v[QREG], mx <= 64, "head %zu: QREG=%zu", mx, p.v[QREG]);
-        cr_assert_eq(p.v[NW], mx <= 64 ? 4u : mx <= 128 ? 2u : 1u, "head %zu: NW=%zu", mx, p.v[NW]);
-        /* the tiles split once (PS) where their low parts fit beside them at the class's warps */
-        cr_assert_eq(p.v[PS], mx <= 64 || (heads[k][0] == 80 && heads[k][1] == 128), "head %zu/%zu: PS=%zu",
-                     heads[k][0], heads[k][1], p.v[PS]);
-        /* in TF32 mode the tiles have no low parts: 2 warps at 128 */
+        /* Q fragments in registers, 4 warps and the tiles split once (PS) up to head size 128, 8-key tiles there in
+         * 3xTF32 (the registers' budget); at 256 one warp, the Q block in local memory, split per use */
+        cr_assert_eq(p.v[QREG], mx <= 128, "head %zu: QREG=%zu", mx, p.v[QREG]);
+        cr_assert_eq(p.v[NW], mx <= 128 ? 4u : 1u, "head %zu: NW=%zu", mx, p.v[NW]);
+        cr_assert_eq(p.v[PS], mx <= 128, "head %zu/%zu: PS=%zu", heads[k][0], heads[k][1], p.v[PS]);
+        cr_assert_eq(p.v[BK], mx <= 64 ? 32u : 8u, "head %zu: BK=%zu", mx, p.v[BK]);
+        /* in TF32 mode the tiles and Q fragments have no low parts: 16-key tiles at 128 */
         clattn_attention_desc t = d;
         t.precision = CLATTN_PRECISION_TF32;
         clattn_core_params pt;
         cr_assert(c->defaults(c, &caps, &t, &pt) && c->fits(c, &caps, &t, &pt), "head %zu TF32: no defaults", mx);
-        cr_assert_eq(pt.v[NW], mx <= 64 ? 4u : mx <= 128 ? 2u : 1u, "head %zu TF32: NW=%zu", mx, pt.v[NW]);
+        cr_assert_eq(pt.v[NW], mx <= 128 ? 4u : 1u, "head %zu TF32: NW=%zu", mx, pt.v[NW]);
         cr_assert_eq(pt.v[PS], 1, "head %zu TF32: PS=%zu", mx, pt.v[PS]);
+        cr_assert_eq(pt.v[BK], mx <= 64 ? 32u : mx <= 128 ? 16u : 8u, "head %zu TF32: BK=%zu", mx, pt.v[BK]);
         /* the keys split until 4 work-groups per compute unit, and no further */
         const size_t groups = 8 * (4096 / (16 * p.v[NW]));
         cr_assert(groups * p.v[SPLIT] >= 4 * 132 || p.v[SPLIT] == 8, "head %zu: SPLIT=%zu", mx, p.v[SPLIT]);

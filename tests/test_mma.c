@@ -7,7 +7,8 @@
  *                rounding bit for bit against a formula written here; the result differs from fp32's)
  *   precision::  who takes and who refuses TF32 (every other core, AUTO's cores, the ref device, decode
  *                plans), and a precision that is not one
- *   fp32::       infinities pass through 3xTF32 as through fp32
+ *   fp32::       infinities (in queries, keys and values) pass through 3xTF32 as through fp32; the Q block in
+ *                local memory (a tuned configuration no default takes)
  *   auto::       AUTO never picks flash_mma where it would run as an emulation, and the public list says why
  * On a device without tensor cores flash_mma runs its emulation (the same kernel with mma, shfl and cvt in
  * OpenCL C); on an NVIDIA GPU of compute capability 8.0 or newer, the instructions. */
@@ -73,6 +74,8 @@ static clattn_status run_case(clattn_device *dev, const mma_case *c, clattn_prec
 static const mma_case cases[] = {
     {2, 61, 64, 2, 2, 32, 32, 0},   {1, 130, 128, 2, 1, 64, 64, 1}, {3, 7, 48, 3, 3, 16, 24, 0},
     {1, 1, 40, 1, 1, 40, 40, 0},    {1, 33, 96, 2, 2, 40, 8, 1},
+    /* head size class <=128: Q fragments in registers, 8-key tiles in 3xTF32, 16 in TF32 mode (the defaults) */
+    {1, 37, 128, 2, 1, 128, 96, 1},
 };
 
 /* TF32 mode against the float64 oracle at its tolerance, and against fp32 mode: the two differ (by more than
@@ -106,6 +109,29 @@ Test(tf32, within_tolerance_and_not_fp32)
                   "products did not run", k, diff, err);
         free(tf), free(fp), free(want);
     }
+    clattn_device_free(dev);
+}
+
+/* The Q block in local memory, split once as staged (QREG = 0, PS = 1: no default takes it since the Q fragments
+ * fit in registers up to head size 128, but a tuned plan may), fp32 and TF32 modes against the float64 oracle. */
+Test(fp32, q_block_in_local_memory)
+{
+    setenv("CLATTN_CORE", "flash_mma:NW=2,BK=16,QREG=0,PS=1", 1);
+    clattn_device *dev = tu_open_opencl();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int tf = 0; tf < 2; tf++) {
+            const mma_case *c = &cases[k];
+            const size_t n = c->B * c->T * c->H * c->dv;
+            float *got = malloc(n * sizeof *got);
+            double *want = malloc(n * sizeof *want);
+            cr_assert_eq(run_case(dev, c, tf ? CLATTN_PRECISION_TF32 : CLATTN_PRECISION_FP32, 300 + k, got, want),
+                         CLATTN_STATUS_SUCCESS, "case %zu: %s", k, clattn_last_error());
+            char msg[300];
+            const size_t bad = oracle_compare(got, want, n, tf ? TF32_ATOL : 1e-5, tf ? TF32_RTOL : 1e-4, msg,
+                                              sizeof msg);
+            cr_assert_eq(bad, 0, "case %zu, %s: %zu elements off: %s", k, tf ? "TF32" : "fp32", bad, msg);
+            free(got), free(want);
+        }
     clattn_device_free(dev);
 }
 
@@ -297,6 +323,60 @@ Test(fp32, infinities_pass_as_in_fp32)
         cr_assert_eq(bad, 0, "case %c: %zu elements differ from fp32's: %s", 'A' + which, bad, msg);
     }
     clattn_device_free(dev);
+    clattn_device_free(ref);
+}
+
+/* Infinite values (a value bias of +inf and -inf on two columns, Q and K finite) pass as in fp32: every weight is
+ * positive, so those columns are +inf and -inf and the others stay finite. The V tile carries an infinity in its
+ * low part (hi = 0): were it split as (inf, 0), a weight whose low part is 0 (the row's max, weight 1) would make
+ * 0 * inf = NaN in the column. Both ways of splitting: the tiles split once as staged (the defaults) and each
+ * warp splitting what it reads (PS = 0). */
+Test(fp32, infinite_values_pass_as_in_fp32)
+{
+    static const char *const configs[] = {"flash_mma", "flash_mma:NW=1,BK=8,QREG=0,PS=0"};
+    clattn_device *ref = tu_open_ref();
+    enum { B = 1, T = 11, E = 16, H = 2, DK = 8 };
+    tu_rng r = {917u};
+    const float ws = 0.25f;
+    float *x = tu_random(&r, B * T * E, -1.0f, 1.0f);
+    float *wq = tu_random(&r, H * DK * E, -ws, ws), *wk = tu_random(&r, H * DK * E, -ws, ws);
+    float *wv = tu_random(&r, H * DK * E, -ws, ws), *bv = tu_random(&r, H * DK, -1.0f, 1.0f);
+    bv[2] = INFINITY, bv[DK + 5] = -INFINITY;
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .embed = E, .heads = H, .head_dim_qk = DK,
+                               .algorithm = CLATTN_ALGORITHM_FUSED};
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_value = bv};
+    enum { N = B * T * H * DK };
+    float got[N], want[N];
+    for (size_t k = 0; k < 2; k++) {
+        setenv("CLATTN_CORE", configs[k], 1);
+        clattn_device *dev = tu_open_opencl();
+        for (int side = 0; side < 2; side++) {
+            float *out = side ? got : want;
+            for (size_t i = 0; i < N; i++) out[i] = NAN;
+            clattn_attention_args a = {.x = x, .out = out};
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(side ? dev : ref, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+            if (side) cr_assert_str_eq(clattn_plan_core(plan), "flash_mma");
+            cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            clattn_plan_free(plan);
+        }
+        for (size_t i = 0; i < N; i++) {
+            const size_t col = i % (H * DK);
+            if (col == 2 || col == DK + 5) {
+                cr_assert(isinf(want[i]) && (want[i] > 0) == (col == 2), "the reference's element %zu: %g", i,
+                          want[i]);
+                cr_assert_eq(got[i], want[i], "%s, element %zu (an infinite column): %g, want %g", configs[k], i,
+                             got[i], want[i]);
+            } else {
+                cr_assert(isfinite(want[i]), "the reference's element %zu: %g", i, want[i]);
+                cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]), "%s, element %zu: %g, want %g",
+                          configs[k], i, got[i], want[i]);
+            }
+        }
+        clattn_device_free(dev);
+    }
+    free(x), free(wq), free(wk), free(wv), free(bv);
     clattn_device_free(ref);
 }
 

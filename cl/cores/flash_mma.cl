@@ -21,8 +21,13 @@
  * terms first); the dropped lo*lo term is below 2^-22 of the product. With -DTF32=1 (the plan's precision
  * TF32) one mma per product on rna(x): TF32's 10-bit mantissa. rna: round to nearest, ties away from zero,
  * to 10 mantissa bits, as cvt.rna.tf32.f32. An operand whose high part would round past the largest float
- * is split by truncation instead (so that hi + lo stays finite), and an infinite or NaN operand has lo = 0; the small terms take an infinite high
- * part as 0, so that an infinity reaches the sum through hi*hi alone and inf and NaN pass as in fp32.
+ * is split by truncation instead (so that hi + lo stays finite), and an infinite or NaN operand is its own high
+ * part with lo = 0. Infinities pass as in fp32 without a test per product:
+ *   S = Q K^T: the small terms go to an accumulator of their own, added to the hi*hi sum at the end of the tile
+ *     only where finite: an infinite operand reaches the score through hi*hi alone (where the small terms would
+ *     make inf - inf or 0 * inf), and small terms can only overflow where hi*hi did.
+ *   O += P V: P is finite or NaN, so the V tile is split with its infinities in the low part (hi = 0, lo = inf):
+ *     p_hi*v_lo is inf*p where p > 0 and NaN where p = 0, as fp32's p*inf, and the other terms are 0.
  *
  * MMA_NATIVE = 0 (every device without the instruction; forced only, AUTO never picks it there): the same
  * kernel with mma, shfl and cvt emulated in OpenCL C. The emulation keeps the PTX fragment layout: each lane
@@ -119,12 +124,33 @@ inline void tf32_split(float x, float *hi, float *lo)
 #endif
 }
 
-#define FIN(x) (isinf(x) ? 0.0f : (x))
+/* p = hi + lo for a softmax weight (after dropout): finite and far below the largest float, or NaN. rna as
+ * tf32_split without its tests for overflow and infinities. A NaN weight (a NaN score's) may split into anything:
+ * the row's sum took it before the split and is NaN, and so is the row's output, o / l. */
+inline void p_split(float p, float *hi, float *lo)
+{
+    const float h = as_float((as_uint(p) + 0x1000u) & 0xffffe000u);
+    *hi = h;
+#if TF32
+    *lo = 0.0f;
+#else
+    *lo = as_float((as_uint(p - h) + 0x1000u) & 0xffffe000u);
+#endif
+}
+
+/* an infinite x, split as (x, 0), to (0, x): the V tile's form (3xTF32) */
+inline void inf_to_lo(float *hi, float *lo)
+{
+    const int inf = isinf(*hi);
+    *lo = inf ? *hi : *lo;
+    *hi = inf ? 0.0f : *hi;
+}
 
 /* Four consecutive elements of a tile row staged in local memory at hs[at..] (and their low parts at ls[at..]
  * with PS in 3xTF32): src[0..3] where the key is valid (ok) and the column within the head (i < left), else 0;
- * split once (PS). at is a multiple of 4. */
-inline void stage4(__local float *hs, __local float *ls, uint at, __global const float *src, int ok, int left)
+ * split once (PS), infinities in the low part when inf_lo (the V tile, 3xTF32). at is a multiple of 4. */
+inline void stage4(__local float *hs, __local float *ls, uint at, __global const float *src, int ok, int left,
+                   int inf_lo)
 {
     float4 x;
     x.s0 = ok && 0 < left ? KVR(src[0]) : 0.0f;
@@ -137,6 +163,14 @@ inline void stage4(__local float *hs, __local float *ls, uint at, __global const
     tf32_split(x.s1, &hi[1], &lo[1]);
     tf32_split(x.s2, &hi[2], &lo[2]);
     tf32_split(x.s3, &hi[3], &lo[3]);
+#if KV_LO
+    if (inf_lo) {
+        #pragma unroll
+        for (uint e = 0; e < 4; e++) inf_to_lo(&hi[e], &lo[e]);
+    }
+#else
+    (void)inf_lo;
+#endif
     vstore4((float4)(hi[0], hi[1], hi[2], hi[3]), 0, hs + at);
 #if KV_LO
     vstore4((float4)(lo[0], lo[1], lo[2], lo[3]), 0, ls + at);
@@ -144,7 +178,7 @@ inline void stage4(__local float *hs, __local float *ls, uint at, __global const
     (void)ls;
 #endif
 #else
-    (void)ls;
+    (void)ls, (void)inf_lo;
     vstore4(x, 0, hs + at);
 #endif
 }
@@ -155,7 +189,7 @@ inline void stage4(__local float *hs, __local float *ls, uint at, __global const
 #endif
 /* the tiles' staging: unrolled natively (a fixed count of float4 per work-item), a loop in the emulation */
 #if MMA_NATIVE
-#define STAGE_LOOP _Pragma("unroll")
+#define STAGE_LOOP _Pragma("unroll 4")
 #else
 #define STAGE_LOOP _Pragma("unroll 1")
 #endif
@@ -170,12 +204,20 @@ inline void stage4(__local float *hs, __local float *ls, uint at, __global const
 #else
 #define TILE_B(bh, bl, hs, ls, i0, i1) (tf32_split((hs)[i0], &(bh)[0], &(bl)[0]), tf32_split((hs)[i1], &(bh)[1], &(bl)[1]))
 #endif
+/* the V tile's: its infinities in the low parts (3xTF32), split here unless staged so */
+#if PS || TF32
+#define TILE_BV TILE_B
+#else
+#define TILE_BV(bh, bl, hs, ls, i0, i1) \
+    (TILE_B(bh, bl, hs, ls, i0, i1), inf_to_lo(&(bh)[0], &(bl)[0]), inf_to_lo(&(bh)[1], &(bl)[1]))
+#endif
 
 /* A row of m16n8k8 products that share their A fragment: d[n] += A B[n] for the blocks n of one loop,
  * from the lane's fragments (ah/al: 4 values, bh/bl: 2; high and low parts, the low ones unused in TF32
  * mode): 3xTF32, or one product in TF32 mode. The kernel writes each row as
- *     for (n ...) { ...the lane's B fragment of block n...; mma_block(d[n], ah, al, bh, bl, n, xs, lane); }
- *     mma_row_end(d, count, xs, lane);
+ *     for (n ...) { ...the lane's B fragment of block n...; mma_block(d[n], dc[n], ah, al, bh, bl, n, xs, lane); }
+ *     mma_row_end(d, dc, count, xs, lane);
+ * with the small terms (3xTF32) summed into dc, which may be d itself.
  * Natively mma_block issues the instructions and mma_row_end does nothing. The emulation stages the
  * fragments where the PTX layout puts them, in the warp's exchange area xs: A (16 x 8, row-major, the
  * high part then the low part) at xs[0..256), block n's B (8 x 8, stored transposed as [n][k], high then
@@ -184,25 +226,22 @@ inline void stage4(__local float *hs, __local float *ls, uint at, __global const
 #define XA 256
 #define XB 128
 #if MMA_NATIVE
-inline void mma_block(float *d, const float *ah, const float *al, const float *bh, const float *bl, uint n,
-                      __local float *xs, uint lane)
+inline void mma_block(float *d, float *dc, const float *ah, const float *al, const float *bh, const float *bl,
+                      uint n, __local float *xs, uint lane)
 {
-    (void)n, (void)xs, (void)lane;
+    (void)dc, (void)n, (void)xs, (void)lane;
 #if !TF32
-    /* the small terms with an infinite high part as 0: an infinity passes through hi*hi alone, as fp32's
-     * x*inf does (else lo*inf, with lo = 0 or of the other sign, would make NaN) */
-    const float af[4] = {FIN(ah[0]), FIN(ah[1]), FIN(ah[2]), FIN(ah[3])}, bf[2] = {FIN(bh[0]), FIN(bh[1])};
-    MMA1(d, al, bf);
-    MMA1(d, af, bl);
+    MMA1(dc, al, bh);
+    MMA1(dc, ah, bl);
 #endif
     MMA1(d, ah, bh);
 }
-#define mma_row_end(d, count, xs, lane) ((void)0)
+#define mma_row_end(d, dc, count, xs, lane) ((void)0)
 #else
-inline void mma_block(float *d, const float *ah, const float *al, const float *bh, const float *bl, uint n,
-                      __local float *xs, uint lane)
+inline void mma_block(float *d, float *dc, const float *ah, const float *al, const float *bh, const float *bl,
+                      uint n, __local float *xs, uint lane)
 {
-    (void)d;
+    (void)d, (void)dc;
     const uint g = lane >> 2, t = lane & 3;
     if (n == 0) {
         xs[g * 8 + t] = ah[0];
@@ -237,11 +276,10 @@ inline float dot8_fma(float8 a, float8 b, float acc)
     acc = fma(a.s6, b.s6, acc);
     return fma(a.s7, b.s7, acc);
 }
-#define FIN8(x) select((x), (float8)(0.0f), isinf(x))
-
 /* every D element the lane holds of blocks 0 .. count-1: row g or g + 8, column 2t or 2t + 1; the products
- * exact (TF32 times TF32 fits fp32), summed in k order, the small terms first */
-inline void mma_row_end_emul(float (*d)[4], uint count, __local float *xs, uint lane)
+ * exact (TF32 times TF32 fits fp32), summed in k order: the small terms to dc (which may be d), then hi*hi to d,
+ * as the native instructions go */
+inline void mma_row_end_emul(float (*d)[4], float (*dc)[4], uint count, __local float *xs, uint lane)
 {
     const uint g = lane >> 2, t = lane & 3;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -251,17 +289,19 @@ inline void mma_row_end_emul(float (*d)[4], uint count, __local float *xs, uint 
         for (uint e = 0; e < 4; e++) {
             const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
             const float8 ah = vload8(r, xs), bh = vload8(c, xb);
-            float acc = d[n][e];
 #if !TF32
-            acc = dot8_fma(vload8(r, xs + 128), FIN8(bh), acc);
-            acc = dot8_fma(FIN8(ah), vload8(c, xb + 64), acc);
+            float acc = dc[n][e];
+            acc = dot8_fma(vload8(r, xs + 128), bh, acc);
+            dc[n][e] = dot8_fma(ah, vload8(c, xb + 64), acc);
+#else
+            (void)dc;
 #endif
-            d[n][e] = dot8_fma(ah, bh, acc);
+            d[n][e] = dot8_fma(ah, bh, d[n][e]);
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-#define mma_row_end(d, count, xs, lane) mma_row_end_emul((d), (count), (xs), (lane))
+#define mma_row_end(d, dc, count, xs, lane) mma_row_end_emul((d), (dc), (count), (xs), (lane))
 #endif
 
 /* The max (op 0) or sum (op 1) of a and of b across the lane's quad (the four lanes of a row). */
@@ -342,14 +382,14 @@ void flash_mma(FLASH_ARGS)
 
 #if QREG
     /* the lane's Q fragments, read once: chunk c holds (g, 8c+t), (g+8, 8c+t), (g, 8c+t+4), (g+8, 8c+t+4) */
-    float qa[NKC][4];
+    float qh[NKC][4], ql[NKC][4]; /* high and low parts (the low ones unused in TF32 mode) */
     #pragma unroll
     for (uint c = 0; c < NKC; c++) {
         const uint c0 = 8 * c + t, c1 = c0 + 4;
-        qa[c][0] = c0 < DK ? q0[c0] : 0.0f;
-        qa[c][1] = c0 < DK ? q1[c0] : 0.0f;
-        qa[c][2] = c1 < DK ? q0[c1] : 0.0f;
-        qa[c][3] = c1 < DK ? q1[c1] : 0.0f;
+        tf32_split(c0 < DK ? q0[c0] : 0.0f, &qh[c][0], &ql[c][0]);
+        tf32_split(c0 < DK ? q1[c0] : 0.0f, &qh[c][1], &ql[c][1]);
+        tf32_split(c1 < DK ? q0[c1] : 0.0f, &qh[c][2], &ql[c][2]);
+        tf32_split(c1 < DK ? q1[c1] : 0.0f, &qh[c][3], &ql[c][3]);
     }
 #else
     for (uint x = lid; x < BQ * DKP; x += WGS) {
@@ -394,26 +434,29 @@ void flash_mma(FLASH_ARGS)
         for (uint x0 = 0; x0 < BK * DKP / 4; x0 += WGS) {
             const uint x = x0 + lid, jj = x / (DKP / 4), c = x % (DKP / 4) * 4;
             if ((BK * DKP / 4) % WGS == 0 || x < BK * DKP / 4)
-                stage4(ks, KV_LO_OR(kls, ks), jj * KLD + c, kb + (ulong)(j0 + jj) * k_ld + c, j0 + jj < jend, (int)DK - (int)c);
+                stage4(ks, KV_LO_OR(kls, ks), jj * KLD + c, kb + (ulong)(j0 + jj) * k_ld + c, j0 + jj < jend, (int)DK - (int)c, 0);
         }
         STAGE_LOOP
         for (uint x0 = 0; x0 < BK * DVP / 4; x0 += WGS) {
             const uint x = x0 + lid, jj = x / (DVP / 4), c = x % (DVP / 4) * 4;
             if ((BK * DVP / 4) % WGS == 0 || x < BK * DVP / 4)
-                stage4(vs, KV_LO_OR(vls, vs), jj * VLD + c, vb + (ulong)(j0 + jj) * v_ld + c, j0 + jj < jend, (int)DV - (int)c);
+                stage4(vs, KV_LO_OR(vls, vs), jj * VLD + c, vb + (ulong)(j0 + jj) * v_ld + c, j0 + jj < jend, (int)DV - (int)c, 1);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        /* S (16 x BK per warp) = Q K^T, head chunk by head chunk */
-        float s[NSB][4];
+        /* S (16 x BK per warp) = Q K^T, head chunk by head chunk; the small terms in sc (3xTF32) */
+        float s[NSB][4], sc[NSB][4];
         #pragma unroll
-        for (uint n = 0; n < NSB; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (uint n = 0; n < NSB; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        }
         MMA_LOOP
         for (uint c = 0; c < NKC; c++) {
             float ah[4], al[4];
 #if QREG
             #pragma unroll
-            for (uint e = 0; e < 4; e++) tf32_split(qa[c][e], &ah[e], &al[e]); /* hoisted by the compiler */
+            for (uint e = 0; e < 4; e++) ah[e] = qh[c][e], al[e] = ql[c][e];
 #else
             TILE_B(ah, al, qme, qlme, 8 * c, 8 * QLD + 8 * c);
             TILE_B(ah + 2, al + 2, qme, qlme, 8 * c + 4, 8 * QLD + 8 * c + 4);
@@ -422,10 +465,18 @@ void flash_mma(FLASH_ARGS)
             for (uint n = 0; n < NSB; n++) {
                 float bh[2], bl[2];
                 TILE_B(bh, bl, kme, klme, 8 * n * KLD + 8 * c, 8 * n * KLD + 8 * c + 4);
-                mma_block(s[n], ah, al, bh, bl, n, xs, lane);
+                mma_block(s[n], sc[n], ah, al, bh, bl, n, xs, lane);
             }
-            mma_row_end(s, NSB, xs, lane);
+            mma_row_end(s, sc, NSB, xs, lane);
         }
+#if !TF32
+        /* the small terms where finite: an infinite operand made them inf or NaN, and its hi*hi the score */
+        #pragma unroll
+        for (uint n = 0; n < NSB; n++) {
+            #pragma unroll
+            for (uint e = 0; e < 4; e++) s[n][e] += isfinite(sc[n][e]) ? sc[n][e] : 0.0f;
+        }
+#endif
 
         /* scale, masks, the rows' maxima: element e of block n is row (e < 2 ? r0 : r1), key 8n + 2t + e%2 */
 #if KPM || MASK_KIND || WINDOW
@@ -457,7 +508,7 @@ void flash_mma(FLASH_ARGS)
         #pragma unroll
         for (uint r = 0; r < 2; r++) {
             if (mn[r] > m[r]) {
-                const float corr = exp2(m[r] - mn[r]);
+                const float corr = clattn_exp2(m[r] - mn[r]);
                 l[r] *= corr;
                 #pragma unroll
                 for (uint n = 0; n < NVB; n++) o[n][2 * r] *= corr, o[n][2 * r + 1] *= corr;
@@ -469,7 +520,7 @@ void flash_mma(FLASH_ARGS)
         for (uint n = 0; n < NSB; n++) {
             #pragma unroll
             for (uint e = 0; e < 4; e++) {
-                const float p = exp2(s[n][e] - m[e >> 1]);
+                const float p = clattn_exp2(s[n][e] - m[e >> 1]);
                 l[e >> 1] += p;
                 s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, e < 2 ? r0 : r1, j0 + 8 * n + 2 * t + (e & 1),
                                      threshold, keep_scale);
@@ -480,17 +531,17 @@ void flash_mma(FLASH_ARGS)
         MMA_LOOP
         for (uint n = 0; n < NSB; n++) {
             float ah[4], al[4];
-            tf32_split(s[n][0], &ah[0], &al[0]);
-            tf32_split(s[n][2], &ah[1], &al[1]);
-            tf32_split(s[n][1], &ah[2], &al[2]);
-            tf32_split(s[n][3], &ah[3], &al[3]);
+            p_split(s[n][0], &ah[0], &al[0]);
+            p_split(s[n][2], &ah[1], &al[1]);
+            p_split(s[n][1], &ah[2], &al[2]);
+            p_split(s[n][3], &ah[3], &al[3]);
             MMA_LOOP
             for (uint c = 0; c < NVB; c++) {
                 float bh[2], bl[2];
-                TILE_B(bh, bl, vme, vlme, 8 * n * VLD + 8 * c, (8 * n + 1) * VLD + 8 * c);
-                mma_block(o[c], ah, al, bh, bl, c, xs, lane);
+                TILE_BV(bh, bl, vme, vlme, 8 * n * VLD + 8 * c, (8 * n + 1) * VLD + 8 * c);
+                mma_block(o[c], o[c], ah, al, bh, bl, c, xs, lane);
             }
-            mma_row_end(o, NVB, xs, lane);
+            mma_row_end(o, o, NVB, xs, lane);
         }
     }
 

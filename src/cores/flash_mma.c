@@ -30,7 +30,9 @@ static const clattn_core_param params[] = {
  * entries, not three: the emulation is the suite's slowest core) */
 static const char *const test_configs[] = {"-", "NW=1,BK=8,QREG=0,SPLIT=4,PS=0", NULL};
 
-#define MAX_REGS 160 /* floats a lane keeps: its Q fragments (QREG), output and score fragments */
+/* floats a lane keeps: its Q fragments (QREG), output and score fragments. 200: head size 128 in 3xTF32 with 8-key
+ * tiles, 255 registers and no spill on sm_90 (clang 15 + ptxas 13); 16-key tiles (208) spilled 52 bytes there */
+#define MAX_REGS 200
 
 static size_t pad8(size_t x) { return (x + 7) / 8 * 8; }
 
@@ -48,11 +50,12 @@ static size_t local_bytes(const clattn_caps *caps, size_t dk, size_t dv, int tf3
     return floats * sizeof(float);
 }
 
-/* Floats a lane keeps in registers: the Q fragments' high and low parts (QREG: the compiler hoists the
- * split out of the key loop), the output fragments, the tile's scores. */
-static size_t registers(size_t dk, size_t dv, const clattn_core_params *p)
+/* Floats a lane keeps in registers: the Q fragments (QREG; their low parts too in 3xTF32), the output fragments,
+ * the tile's scores (and their small terms in 3xTF32). */
+static size_t registers(size_t dk, size_t dv, int tf32, const clattn_core_params *p)
 {
-    return (p->v[QREG] ? pad8(dk) : 0) + pad8(dv) / 2 + p->v[BK] / 2;
+    const size_t parts = tf32 ? 1 : 2;
+    return (p->v[QREG] ? parts * pad8(dk) / 2 : 0) + pad8(dv) / 2 + parts * p->v[BK] / 2;
 }
 
 static int tf32_of(const clattn_attention_desc *d) { return d->precision == CLATTN_PRECISION_TF32; }
@@ -64,7 +67,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     const size_t wg = 32 * p->v[NW];
     if (caps && wg > caps->max_work_group) return 0;
     if (!d) return 1;
-    if (registers(d->head_dim_qk, d->head_dim_v, p) > MAX_REGS) return 0;
+    if (registers(d->head_dim_qk, d->head_dim_v, tf32_of(d), p) > MAX_REGS) return 0;
     return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, tf32_of(d), p) + CLATTN_LOCAL_SLACK <=
                         caps->local_mem;
 }
@@ -72,11 +75,12 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
  * indicative, not yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame.
  * Ceilings of the whole tile, its staging included (bench/results/gpu-static-sm90.md), in useful TFLOP/s:
- *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, tiles split once (PS): 239 registers,
- *          34 KiB; 57 in 3xTF32 (41 with PS = 0; 26 before the split was branch-free), 93 in TF32 mode (65)
- *   <=128: 2 warps, 16-key tiles, Q block in local memory: in 3xTF32 the low parts of the tiles and the block do
- *          not fit NVIDIA's 48 KiB beside them, and fewer keys or warps gain nothing (1 warp of 8-key tiles with
- *          PS: 33, as PS = 0 here: 34); 168 registers, 34 KiB. TF32 mode (no low parts) keeps PS: 87 (56 without)
+ *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, tiles split once (PS): 3xTF32 at the tensor
+ *          pipe's 74 (210 registers, 34 KiB; 57 with libclc's exp2, 26 before the split was branch-free), TF32
+ *          mode 157 (158 registers)
+ *   <=128: 4 warps, Q fragments in registers, tiles split once: 3xTF32 with 8-key tiles, at the tensor pipe's 74
+ *          (255 registers: 2 work-groups per SM; 16-key tiles spill; 34 before, the Q block in local memory and
+ *          split per use), TF32 mode with 16-key tiles 173 (222 registers; 108 with the Q block in local memory)
  *   >128:  1 warp, 8-key tiles, Q block in local memory (3xTF32 at 256: PS = 0, 165 registers, 33 KiB)
  * then shrunk (BK, then QREG, then PS, then NW) while they do not fit the device; keys split on GPUs as
  * flash_gemm does. */
@@ -84,9 +88,9 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
                     clattn_core_params *p)
 {
     const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
-    p->v[NW] = cls <= 1 ? 4 : cls == 2 ? 2 : 1;
-    p->v[BK] = cls <= 1 ? 32 : cls == 2 ? 16 : 8;
-    p->v[QREG] = cls <= 1;
+    p->v[NW] = cls <= 2 ? 4 : 1;
+    p->v[BK] = cls <= 1 ? 32 : cls == 2 ? (tf32_of(d) ? 16 : 8) : 8;
+    p->v[QREG] = cls <= 2;
     p->v[SPLIT] = 1;
     p->v[PS] = 1;
     while (!fits(core, caps, d, p)) {
@@ -123,7 +127,7 @@ static int native(const clattn_core *core, const clattn_caps *caps, char *why, s
 
 static int defines(const clattn_caps *caps, char *opts, size_t len)
 {
-    return snprintf(opts, len, " -DMMA_NATIVE=%d", native_here(caps));
+    return snprintf(opts, len, " -DMMA_NATIVE=%d -DEX2_PTX=%d", native_here(caps), native_here(caps));
 }
 
 static size_t rows(const clattn_core_params *p) { return 16 * p->v[NW]; }

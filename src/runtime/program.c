@@ -226,15 +226,19 @@ clattn_status clattn_device_runs(const clattn_device *dev, const char *what)
 }
 
 /* The options the host compiles a simulated target's program with: the target's native instructions as their
- * emulation (flash_mma's MMA_NATIVE=1 is inline PTX only NVIDIA's compiler takes), the rest as the target's. */
+ * emulation or portable form (flash_mma's MMA_NATIVE=1 and the flash cores' EX2_PTX=1 are inline PTX only NVIDIA's
+ * compiler takes), the rest as the target's. */
 static const char *host_options(const char *options, char *buf, size_t len)
 {
-    static const char native[] = "-DMMA_NATIVE=1";
-    const char *at = options ? strstr(options, native) : NULL;
-    if (!at || strlen(options) >= len) return options;
+    static const char *const native[] = {"-DMMA_NATIVE=1", "-DEX2_PTX=1"};
+    if (!options || strlen(options) >= len) return options;
     snprintf(buf, len, "%s", options);
-    buf[at - options + sizeof native - 2] = '0';
-    return buf;
+    int changed = 0;
+    for (size_t i = 0; i < sizeof native / sizeof native[0]; i++) {
+        char *at = strstr(buf, native[i]);
+        if (at) at[strlen(native[i]) - 1] = '0', changed = 1;
+    }
+    return changed ? buf : options;
 }
 
 /* ---- a test's own sources (clattn_test_program_dir) */
