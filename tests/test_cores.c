@@ -508,7 +508,9 @@ Test(cores, gemm_order)
 }
 
 /* flash_gemm's defaults on a GPU-like device (48 KiB of local memory, 1024 work-items, 132 compute units):
- * they fit it, keep at most 64 accumulators, and split the keys only where the blocks are too few. */
+ * they fit it, keep at most 64 accumulators, take 8-row micro-tiles up to head size 64 and one array for the K
+ * and V tiles at 128 (the register prefetch fitting beside the former), and split the keys only where the
+ * blocks are too few. */
 Test(cores, flash_gemm_defaults)
 {
     const clattn_core *c = clattn_core_find("flash_gemm");
@@ -526,9 +528,13 @@ Test(cores, flash_gemm_defaults)
         cr_assert_eq(p.v[5], 1, "head %zu: B=4 T=4096 H=8 fills the GPU unsplit (SPLIT=%zu)", dh, p.v[5]);
         cr_assert_eq(p.v[4], dh % 4 ? 1u : 4u, "head %zu: vector width %zu", dh, p.v[4]);
         cr_assert_eq(p.v[6], 0, "head %zu: no register prefetch by default", dh);
-        p.v[6] = 1; /* with it: within the registers' budget for every head at the defaults */
-        cr_assert(c->fits(c, &caps, &d, &p), "head %zu: PF=1 does not fit the defaults", dh);
-        p.v[6] = 0;
+        cr_assert_eq(p.v[2], dh <= 64 ? 8u : dh <= 128 ? 4u : 2u, "head %zu: RM=%zu", dh, p.v[2]);
+        cr_assert_eq(p.v[7], dh > 64 && dh <= 128, "head %zu: KVS=%zu", dh, p.v[7]);
+        if (dh <= 64) {
+            p.v[6] = 1; /* with it: within the registers' budget */
+            cr_assert(c->fits(c, &caps, &d, &p), "head %zu: PF=1 does not fit the defaults", dh);
+            p.v[6] = 0;
+        }
         d.batch = 1, d.seq_q = 512, d.seq_kv = 8192; /* 8 heads x a few blocks: split */
         cr_assert(c->defaults(c, &caps, &d, &p));
         cr_assert_gt(p.v[5], 1, "head %zu: B=1 Tq=512 Tk=8192 H=8 leaves the GPU idle unsplit", dh);

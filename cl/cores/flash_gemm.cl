@@ -10,10 +10,27 @@
  *   SPLIT            key parts per block, each a work-group of its own, merged by split_combine (1: none)
  *   PF               1: the next K and V tiles are loaded into registers while the current tile's math runs
  *                    (double buffering through registers: local memory has no room for a second tile pair)
+ *   KVS              1: the K and V tiles share one local array, V staged once every work-item is past S (at
+ *                    the softmax's first barrier: no barrier more), so that larger tiles fit (head size 128)
  *
- * Local memory: the Q block (BQ x DK, read once), a K tile and a V tile (BK rows, loaded together with
- * coalesced vector loads; rows padded by one vector so that the work-items of a row read different banks),
- * the tile's weights P (BQ x BK) and the row maxima's partials (BQ x TC).
+ * Local memory: the Q block (BQ x DK, read once), a K tile and a V tile (BK rows, loaded with coalesced vector
+ * loads; rows padded by one vector so that the work-items of a row read different banks; one array for both
+ * with KVS), the tile's weights P (BQ x BK) and the row maxima's partials (BQ x TC).
+ *
+ * Loads from local memory per warp (32 work-items: 32 / TC values of ty, TC of tx; the defaults TC = 8: 4 and 8),
+ * the broadcast pattern that keeps local memory off the critical path:
+ *   S, per head vector c: RM Q vectors, each at an address by ty alone: 4 distinct 16-byte words per warp, the
+ *     other 28 lanes broadcasts. A work-item row's RM Q rows are QGL = RM QLD + 1 vectors apart, so that the 4
+ *     words fall in 4 different groups of banks (RM QLD alone is 0 mod 32 floats at RM = 8): one wavefront.
+ *     RN K vectors, by tx: 8 distinct rows, KLD = DKV + 1 vectors apart (4 floats mod 32): 128 bytes over the 32
+ *     banks, each word broadcast to the warp's 4 ty: one wavefront. Together RM + RN wavefronts for 4 RM RN FMAs.
+ *   P V, per key: RM weights, by ty (rows RM PLD floats apart: 8 mod 32 at RM = 8, BK = 32): one wavefront each;
+ *     NVT V vectors, 8 consecutive 16-byte words: one wavefront each. RM + NVT wavefronts for 4 RM NVT FMAs.
+ * Defaults at head size 64 (RM = 8, RN = 4, NVT = 2): 12 wavefronts per 128 FMAs and 10 per 64; an SM's local
+ * memory serves one wavefront per cycle while its FMA pipes take four warp instructions: 3/8 and 5/8 of the FMA
+ * pipe's time, half over the tile. At 128 (RM = RN = NVT = 4): 8 per 64 and 8 per 64, half. Counted without
+ * broadcasts (every 16-byte load 4 wavefronts: scripts/gpu-static.sh's figure, an upper bound) local memory is
+ * the bound, at 46 and 36 TFLOP/s.
  *
  * The softmax runs in base 2: s2 = (q . k) * scale * log2(e), p = exp2(s2 - m2), which is
  * exp(score - max). Each work-item keeps its rows' running max (the same in all TC work-items of a row,
@@ -39,12 +56,12 @@
 #define VW 4
 #endif
 
-#ifndef UNROLL_K
-#define UNROLL_K 4
+#ifndef KVS
+#define KVS 0
 #endif
-#ifndef UNROLL_V
-#define UNROLL_V 2
-#endif
+/* the tiles' staging (without PF), unrolled: a fixed count of vectors per work-item (sm_90, clang 15 + ptxas 13:
+ * 254 registers at head size 64 with the defaults, 193 at 128, no spill; bursts of 4 took 210 and 168) */
+#define STAGE_UNROLL _Pragma("unroll")
 
 #define NTY (BQ / RM)       /* work-item rows */
 #define WGS (NTY * TC)      /* work-items per work-group */
@@ -53,8 +70,10 @@
 #define DVV (DV / VW)       /* vectors per value row */
 #define NVT ((DVV + TC - 1) / TC) /* value vectors per work-item */
 #define QLD (DKV + 1)       /* local row strides, in vectors: one vector of padding */
+#define QGL (RM * QLD + 1)  /* a work-item row's RM rows of the Q block, and one vector more (banks, below) */
 #define KLD (DKV + 1)
 #define VLD (DVV + 1)
+#define KVN (BK * (KLD > VLD ? KLD : VLD)) /* vectors of the shared tile array (KVS) */
 #define PLD (BK + 1)
 #define RLD (TC + 1)
 #define LOG2E 1.4426950408889634f
@@ -88,9 +107,14 @@ typedef float fv_t;
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
 void flash_gemm(FLASH_ARGS)
 {
-    __local fv_t qs[BQ * QLD];
+    __local fv_t qs[BQ / RM * QGL];
+#if KVS
+    __local fv_t kvs[KVN];
+    __local fv_t *const ks = kvs, *const vs = kvs;
+#else
     __local fv_t ks[BK * KLD];
     __local fv_t vs[BK * VLD];
+#endif
     __local float ps[BQ * PLD];
     __local float red[BQ * RLD];
     const uint lid = get_local_id(0);
@@ -105,14 +129,14 @@ void flash_gemm(FLASH_ARGS)
     if (MASK_KIND) mask += mask_off;
     const float scale2 = scale * LOG2E;
     /* this work-item's corners of the local arrays: every access below is a constant offset from one */
-    __local const fv_t *qme = qs + ty * RM * QLD, *kme = ks + tx * KLD, *vme = vs + tx;
+    __local const fv_t *qme = qs + ty * QGL, *kme = ks + tx * KLD, *vme = vs + tx;
     __local float *pme = ps + ty * RM * PLD, *rme = red + ty * RM * RLD;
 
     /* the Q block, rows past Tq repeating the last one (never written) */
     for (uint x = lid; x < BQ * DKV; x += WGS) {
         const uint rr = x / DKV, c = x % DKV;
         const uint ii = min(i0 + rr, Tq - 1);
-        qs[rr * QLD + c] = FV_LOAD(c, q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK);
+        qs[rr / RM * QGL + rr % RM * QLD + c] = FV_LOAD(c, q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK);
     }
     fv_t acc[RM][NVT];
     float m[RM], l[RM];
@@ -131,6 +155,28 @@ void flash_gemm(FLASH_ARGS)
     ? fv_round(FV_LOAD((lid + WGS * (u)) % DKV, kb + (ulong)((j0) + (lid + WGS * (u)) / DKV) * k_ld)) : (fv_t)(0.0f))
 #define V_AT(j0, u) (lid + WGS * (u) < BK * DVV && (j0) + (lid + WGS * (u)) / DVV < jend \
     ? fv_round(FV_LOAD((lid + WGS * (u)) % DVV, vb + (ulong)((j0) + (lid + WGS * (u)) / DVV) * v_ld)) : (fv_t)(0.0f))
+/* The tile at key j0 into ts (row stride TLD vectors) from base (row stride ld floats), NV vectors a row, PER
+ * vectors a work-item: rows past jend as 0. Where the work-group covers whole rows (WGS a multiple of NV), the
+ * work-item keeps one column and steps WGS / NV rows: constant offsets, no division per vector. */
+#define STAGE(ts, TLD, NV, PER, base, ld) \
+    if (WGS % (NV) == 0) { \
+        const uint r0_ = lid / (NV), c_ = lid % (NV); \
+        STAGE_UNROLL \
+        for (uint u = 0; u < (PER); u++) { \
+            const uint jj = r0_ + u * (WGS / (NV)); \
+            if (BK % (WGS / (NV)) == 0 || jj < BK) \
+                (ts)[jj * (TLD) + c_] = j0 + jj < jend ? fv_round(FV_LOAD(c_, (base) + (ulong)(j0 + jj) * (ld))) \
+                                                       : (fv_t)(0.0f); \
+        } \
+    } else { \
+        STAGE_UNROLL \
+        for (uint u = 0; u < (PER); u++) { \
+            const uint x = lid + WGS * u, jj = x / (NV), c = x % (NV); \
+            if (x < BK * (NV)) \
+                (ts)[jj * (TLD) + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, (base) + (ulong)(j0 + jj) * (ld))) \
+                                                      : (fv_t)(0.0f); \
+        } \
+    }
 #if PF
     fv_t kn[KPI], vn[VPI]; /* the next tile, in flight */
     #pragma unroll
@@ -147,28 +193,28 @@ void flash_gemm(FLASH_ARGS)
             const uint x = lid + WGS * u;
             if (x < BK * DKV) ks[x / DKV * KLD + x % DKV] = kn[u];
         }
+#if !KVS
         #pragma unroll
         for (uint u = 0; u < VPI; u++) {
             const uint x = lid + WGS * u;
             if (x < BK * DVV) vs[x / DVV * VLD + x % DVV] = vn[u];
         }
+#endif
 #else
-        for (uint x = lid; x < BK * DKV; x += WGS) {
-            const uint jj = x / DKV, c = x % DKV;
-            ks[jj * KLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, kb + (ulong)(j0 + jj) * k_ld)) : (fv_t)(0.0f);
-        }
-        for (uint x = lid; x < BK * DVV; x += WGS) {
-            const uint jj = x / DVV, c = x % DVV;
-            vs[jj * VLD + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, vb + (ulong)(j0 + jj) * v_ld)) : (fv_t)(0.0f);
-        }
+        STAGE(ks, KLD, DKV, KPI, kb, k_ld)
+#if !KVS
+        STAGE(vs, VLD, DVV, VPI, vb, v_ld)
+#endif
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
 #if PF
         /* the next tile's loads, issued before this tile's math (past jend: zeros, never used) */
         #pragma unroll
         for (uint u = 0; u < KPI; u++) kn[u] = K_AT(j0 + BK, u);
+#if !KVS
         #pragma unroll
         for (uint u = 0; u < VPI; u++) vn[u] = V_AT(j0 + BK, u);
+#endif
 #endif
 
         /* S micro-tile: rows ty*RM + r, keys j0 + tx + TC*n */
@@ -178,7 +224,7 @@ void flash_gemm(FLASH_ARGS)
             #pragma unroll
             for (uint n = 0; n < RN; n++) s[r][n] = 0.0f;
         }
-        #pragma unroll UNROLL_K
+        #pragma unroll
         for (uint c = 0; c < DKV; c++) {
             fv_t qv[RM], kv[RN];
             #pragma unroll
@@ -215,13 +261,27 @@ void flash_gemm(FLASH_ARGS)
             rme[r * RLD + tx] = pm;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#if KVS
+        /* every work-item is past S: the V tile over the K tile */
+#if PF
+        #pragma unroll
+        for (uint u = 0; u < VPI; u++) {
+            const uint x = lid + WGS * u;
+            if (x < BK * DVV) vs[x / DVV * VLD + x % DVV] = vn[u];
+        }
+        #pragma unroll
+        for (uint u = 0; u < VPI; u++) vn[u] = V_AT(j0 + BK, u); /* the next tile's, in flight */
+#else
+        STAGE(vs, VLD, DVV, VPI, vb, v_ld)
+#endif
+#endif
         /* the rows' new max; the weights p = exp2(s - max) to local memory (after dropout) */
         #pragma unroll
         for (uint r = 0; r < RM; r++) {
             float mb = m[r];
             for (uint t = 0; t < TC; t++) mb = fmax(mb, rme[r * RLD + t]);
             if (mb > m[r]) { /* fmax skips NaN: a NaN score comes back through exp2 into the sum */
-                const float corr = exp2(m[r] - mb);
+                const float corr = clattn_exp2(m[r] - mb);
                 l[r] *= corr;
                 #pragma unroll
                 for (uint t = 0; t < NVT; t++) acc[r][t] *= corr;
@@ -230,7 +290,7 @@ void flash_gemm(FLASH_ARGS)
             float sum = 0.0f;
             #pragma unroll
             for (uint n = 0; n < RN; n++) {
-                const float p = exp2(s[r][n] - mb);
+                const float p = clattn_exp2(s[r][n] - mb);
                 sum += p;
                 pme[r * PLD + tx + TC * n] =
                     flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + ty * RM + r, j0 + tx + TC * n, threshold, keep_scale);
@@ -240,7 +300,7 @@ void flash_gemm(FLASH_ARGS)
         barrier(CLK_LOCAL_MEM_FENCE);
         /* O micro-tile += P V: rows ty*RM + r, value vectors tx + TC*t */
         /* all BK keys, a constant count: past jend the weights and the V rows are 0 */
-        #pragma unroll UNROLL_V
+        #pragma unroll
         for (uint jj = 0; jj < BK; jj++) {
             float pr[RM];
             #pragma unroll

@@ -7,14 +7,15 @@
 #include "core.h"
 
 
-enum { BQ, BK, RM, TC, VW, SPLIT, PF };
+enum { BQ, BK, RM, TC, VW, SPLIT, PF, KVS };
 static const size_t bq_v[] = {8, 16, 32, 64, 128}, bq_tried[] = {16, 32, 64};
 static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
-static const size_t rm_v[] = {1, 2, 4, 8}, rm_tried[] = {2, 4};
+static const size_t rm_v[] = {1, 2, 4, 8}, rm_tried[] = {2, 4, 8};
 static const size_t tc_v[] = {2, 4, 8, 16, 32}, tc_tried[] = {8, 16};
 static const size_t vw_v[] = {1, 4}, vw_tried[] = {4};
 static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
 static const size_t pf_v[] = {0, 1};
+static const size_t kvs_v[] = {0, 1};
 static const clattn_core_param params[] = {
     [BQ] = {"BQ", bq_v, 5, bq_tried, 3, NULL},
     [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
@@ -23,24 +24,27 @@ static const clattn_core_param params[] = {
     [VW] = {"VW", vw_v, 2, vw_tried, 1, NULL},
     [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
     [PF] = {"PF", pf_v, 2, pf_v, 2, NULL},
+    [KVS] = {"KVS", kvs_v, 2, kvs_v, 2, NULL},
 };
 
 /* the defaults; one row per work-item, narrow rows and scalar loads (other micro-tile edges and
- * remainders); the keys of every block split into 4 parts and merged (split_combine), with the next tiles
- * loaded through registers */
-static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1", "SPLIT=4,PF=1", NULL};
+ * remainders), the K and V tiles in one array; the keys of every block split into 4 parts and merged
+ * (split_combine), with the next tiles (of 8 keys: within the registers' budget at every head size) loaded
+ * through registers into that one array */
+static const char *const test_configs[] = {"-", "RM=1,TC=4,VW=1,KVS=1", "BK=8,SPLIT=4,PF=1,KVS=1", NULL};
 
 #define MAX_GROUP 256 /* work-items per work-group the kernel is written for */
 #define MAX_ACC 64    /* output accumulators per work-item (floats): more would spill on a GPU */
 #define MAX_LIVE 128  /* accumulators and the next tiles in flight (PF), floats per work-item */
 
-/* The kernel's local arrays in bytes: Q block, K and V tiles (rows padded by one vector), P tile, the row
- * maxima's partials. */
+/* The kernel's local arrays in bytes: Q block (rows padded by one vector, and one more per work-item row), K and V
+ * tiles (rows padded by one vector; one array for both with KVS), P tile, the row maxima's partials. */
 static size_t local_bytes(size_t dk, size_t dv, const clattn_core_params *p)
 {
-    const size_t vw = p->v[VW];
-    return sizeof(float) * (vw * (p->v[BQ] * (dk / vw + 1) + p->v[BK] * (dk / vw + 1) + p->v[BK] * (dv / vw + 1)) +
-                            p->v[BQ] * (p->v[BK] + 1) + p->v[BQ] * (p->v[TC] + 1));
+    const size_t vw = p->v[VW], krow = dk / vw + 1, vrow = dv / vw + 1;
+    const size_t tiles = p->v[KVS] ? p->v[BK] * (krow > vrow ? krow : vrow) : p->v[BK] * (krow + vrow);
+    const size_t qblock = p->v[BQ] * krow + p->v[BQ] / p->v[RM]; /* a vector more per work-item row */
+    return sizeof(float) * (vw * (qblock + tiles) + p->v[BQ] * (p->v[BK] + 1) + p->v[BQ] * (p->v[TC] + 1));
 }
 
 /* Floats of output accumulators per work-item: RM rows x its value vectors. */
@@ -72,21 +76,27 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
 }
 
-/* Starting points per head-size class, by construction (not yet measured on a GPU: the table is where H100
- * measurements go). Each keeps 32-64 accumulators per work-item and fits 48 KiB of local memory (NVIDIA's
- * OpenCL limit per work-group):
- *   <=64:  64 rows x 32 keys, 4x4 score and 4x8 output micro-tiles, 128 work-items, 45 KiB
- *   <=128: 32 rows x 16 keys, 4x2 and 4x16, 64 work-items, 38 KiB
+/* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
+ * indicative, not yet measured on a GPU; the table is where H100 measurements go). Each keeps at most 64
+ * accumulators per work-item and fits 48 KiB of local memory (NVIDIA's OpenCL limit per work-group). Ceilings of
+ * the whole tile (bench/results/gpu-static-sm90.md), FMA peak 67 TFLOP/s:
+ *   <=64:  64 rows x 32 keys, 8x4 score and 8x8 output micro-tiles, 64 work-items, 45 KiB: 46 (254 registers, no
+ *          spill; 4x4 and 4x8 micro-tiles: 34 with the S and P V loops fully unrolled, 17 as counted before)
+ *   <=128: 32 rows x 32 keys, 4x4 and 4x16, K and V tiles in one array (KVS), 64 work-items, 38 KiB: 36 (193
+ *          registers; 16 keys and separate arrays: 28)
  *   >128:  16 rows x 8 keys, 2x1 and 2x32, 64 work-items, 33 KiB (dk = dv = 256)
- * then shrunk (BK, then BQ) while they do not fit the device; VW = 4 where both head sizes allow it. */
+ * bound by local memory as scripts/gpu-static.sh counts it (no broadcast: every 16-byte load 4 wavefronts; with
+ * broadcasts counted it is the FMA pipe, flash_gemm.cl), then shrunk (BK, then BQ) while they do not fit the
+ * device; VW = 4 where both head sizes allow it. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
     const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
-    static const size_t start[CLATTN_HEAD_CLASSES][4] = {
-        {64, 32, 4, 8}, {64, 32, 4, 8}, {32, 16, 4, 8}, {16, 8, 2, 8}, {16, 8, 2, 8},
+    static const size_t start[CLATTN_HEAD_CLASSES][5] = {
+        {64, 32, 8, 8, 0}, {64, 32, 8, 8, 0}, {32, 32, 4, 8, 1}, {16, 8, 2, 8, 0}, {16, 8, 2, 8, 0},
     };
     p->v[BQ] = start[cls][0], p->v[BK] = start[cls][1], p->v[RM] = start[cls][2], p->v[TC] = start[cls][3];
+    p->v[KVS] = start[cls][4];
     p->v[VW] = d->head_dim_qk % 4 == 0 && d->head_dim_v % 4 == 0 ? 4 : 1;
     p->v[SPLIT] = 1;
     p->v[PF] = 0; /* ptx-check: 96-254 registers with it, by shape; for a measurement to choose (tune) */
@@ -111,9 +121,16 @@ static size_t workspace(const clattn_core *core, const clattn_caps *caps, const 
 static size_t rows(const clattn_core_params *p) { return p->v[BQ]; }
 static size_t group(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * p->v[TC]; }
 
+/* NVIDIA's OpenCL takes inline PTX (caps.nv_inline_ptx): the softmax's exp2 on the special-function unit
+ * (common/exp2.cl) */
+static int defines(const clattn_caps *caps, char *opts, size_t len)
+{
+    return snprintf(opts, len, " -DEX2_PTX=%d", caps->nv_inline_ptx ? 1 : 0);
+}
+
 static const clattn_flash_spec spec = {
     .source = "cores/flash_gemm", .kernel = "flash_gemm", .launch = CLATTN_FLASH_PER_GROUP, .rows = rows,
-    .group = group, .shrink = BQ, .split = SPLIT,
+    .group = group, .shrink = BQ, .split = SPLIT, .defines = defines,
 };
 
 /* the local arrays, for the family's check against the compiled kernel */
@@ -130,7 +147,7 @@ const clattn_core clattn_core_flash_gemm = {
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
     .params = params,
-    .nparams = 7,
+    .nparams = 8,
     .test_configs = test_configs,
     .spec = &spec,
     .supports = clattn_flash_supports_tiles,
