@@ -1,7 +1,7 @@
 /* flash_backward.cl: the fused backward core (src/cores/flash_backward.c), FlashAttention-2's backward in
  * two passes that recompute the weights from Q, K and the forward's log-sum-exp, never a Tq x Tk buffer:
  *
- *   bwd_dot    D_i = dctx_i . ctx_i                         (= sum_j P_ij dP_ij)        one work-item per row
+ *   bwd_dot    D_i = dctx_i . ctx_i                         (= sum_j P_ij dP_ij)        cores/backward_common.cl
  *   bwd_dq     dQ_i = scale sum_j dS_ij k_j                                            ROWS query rows per item
  *   bwd_dkdv   dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij m_ij dctx_i, over the
  *              GROUP query heads that read key/value head j's (no atomics)             ROWS key rows per item
@@ -61,15 +61,6 @@ typedef float rv_t;
 #define RV_LOAD(p) (*(p))
 #define RV_STORE(x, p) (*(p) = (x))
 #endif
-
-/* Every pass's arguments: Q, K, V, the context's gradient, the rows' log-sum-exp and D, the masks, sizes,
- * scale and dropout (src/cores/flash_backward.c's order). extent: the work-items that have work. */
-#define BWD_ARGS \
-    __global const float *q, ulong q_off, uint q_ld, __global const float *k, ulong k_off, uint k_ld, \
-    __global const float *v, ulong v_off, uint v_ld, __global const float *dctx, ulong dctx_off, uint dctx_ld, \
-    __global const float *lse, ulong lse_off, __global const float *dd, __global const uchar *kpm, ulong kpm_off, \
-    __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, uint H, float scale, ulong extent, \
-    uint seed_lo, uint seed_hi, uint threshold, float keep_scale
 
 /* The PART partner rows u of one step, spelled out as variables (private arrays indexed by u stay in memory on
  * PoCL): PARTS(X, S, B) is X(0, S, B) .. X(PART-1, S, B). */
@@ -163,23 +154,6 @@ inline rv_t bwd_ds(rv_t p, rv_t m, rv_t dp, rv_t d)
 {
     const rv_t ds = p * (m * dp - d);
     return p == (rv_t)(0.0f) ? (rv_t)(0.0f) : ds;
-}
-
-/* D[(b*H + h)*Tq + i] = dctx_i . ctx_i over head h's DV columns; one work-item per (b, h, i): extent of them. */
-__kernel void bwd_dot(__global const float *dctx, ulong dctx_off, uint dctx_ld, __global const float *ctx,
-                      ulong ctx_off, uint ctx_ld, __global float *dd, uint Tq, uint H, ulong extent)
-{
-    const ulong g = get_global_id(0);
-    if (g >= extent) return;
-    const uint i = (uint)(g % Tq);
-    const ulong bh = g / Tq;
-    const uint h = (uint)(bh % H);
-    const ulong b = bh / H;
-    __global const float *a = dctx + dctx_off + (b * Tq + i) * dctx_ld + (ulong)h * DV;
-    __global const float *c = ctx + ctx_off + (b * Tq + i) * ctx_ld + (ulong)h * DV;
-    float s = 0.0f;
-    for (uint x = 0; x < DV; x++) s = fma(a[x], c[x], s);
-    dd[g] = s;
 }
 
 /* One work-item: query rows i0 .. i0+ROWS-1 of (b, h), the lanes; global id = (b*H + h)*nblk + block. */

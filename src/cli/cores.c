@@ -72,8 +72,14 @@ int clattn_cli_cores(int argc, char **argv)
     int code = 1;
     clattn_device *dev = clattn_cli_open_device("clattn cores", spec, &code);
     if (!dev) return code;
-    if (!json) printf("cores on %s\n%-14s %-8s %-9s %-26s %s\n", clattn_device_name(dev), "CORE", "KIND", "SUPPORTED",
-                      "DEFAULT FOR (HEAD SIZE)", "PARAMETERS");
+    int width = 14; /* the name column: the longest name */
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_info c;
+        if (clattn_core_describe(NULL, i, &c) == CLATTN_STATUS_SUCCESS && (int)strlen(c.name) > width)
+            width = (int)strlen(c.name);
+    }
+    if (!json) printf("cores on %s\n%-*s %-8s %-9s %-26s %s\n", clattn_device_name(dev), width, "CORE", "KIND",
+                      "SUPPORTED", "DEFAULT FOR (HEAD SIZE)", "PARAMETERS");
     int rc = 0;
     for (size_t i = 0; i < clattn_core_count(); i++) {
         clattn_core_info c;
@@ -106,7 +112,7 @@ int clattn_cli_cores(int argc, char **argv)
             json_words(c.test_configs);
             printf("}\n");
         } else {
-            printf("%-14s %-8s %-9s %-26s %s\n", c.name, kind, c.supported ? "yes" : c.emulated ? "emulated" : "no",
+            printf("%-*s %-8s %-9s %-26s %s\n", width, c.name, kind, c.supported ? "yes" : c.emulated ? "emulated" : "no",
                    classes[0] ? classes : "-", c.params[0] ? c.params : "-");
             if (!c.supported) printf("  %s\n", c.reason);
         }

@@ -101,8 +101,8 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     char opts[512];
     int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof opts);
     if (n > 0 && (size_t)n < sizeof opts) clattn_core_param_defines(core, p, -1, 0, opts + n, sizeof opts - (size_t)n);
-    const char *src[] = {"common/philox", "common/mask", "cores/flash_backward"};
-    clattn_status st = clattn_program_build(dev, src, 3, opts, &s->prog);
+    const char *src[] = {"common/philox", "common/mask", "cores/backward_common", "cores/flash_backward"};
+    clattn_status st = clattn_program_build(dev, src, sizeof src / sizeof src[0], opts, &s->prog);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dq", &s->k_dq);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dkdv", &s->k_dkdv);

@@ -11,7 +11,7 @@ extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_cor
     clattn_core_flash_mma;
 extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
 extern const clattn_core clattn_core_gemm_tiles, clattn_core_gemm_clblast;
-extern const clattn_core clattn_core_flash_backward;
+extern const clattn_core clattn_core_flash_backward, clattn_core_flash_backward_gemm;
 
 static const clattn_core *const prefill[] = {
     &clattn_core_unfused,
@@ -33,6 +33,7 @@ static const clattn_core *const gemm[] = {
 
 static const clattn_core *const backward[] = {
     &clattn_core_flash_backward,
+    &clattn_core_flash_backward_gemm,
 };
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
@@ -96,7 +97,9 @@ static const order_rule decode_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
-/* Backward: flash_backward, the one backward core (per-work-item rows: a CPU's shape; on GPUs unmeasured). */
+/* Backward: flash_backward (per-work-item rows: a CPU's shape; on GPUs unmeasured) everywhere. flash_backward_gemm
+ * (tiles in local memory, register micro-tiles: a GPU's shape) is in no order yet: it has not run on a GPU, so only
+ * CLATTN_CORE=flash_backward_gemm runs it. */
 static const order_rule backward_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_backward"}},
 };
