@@ -453,8 +453,20 @@ Test(cores, cli)
     snprintf(args, sizeof args, "cores --device %s", tu_opencl_spec());
     out = cli(args, &rc);
     cr_assert_eq(rc, 0);
-    cr_assert(strstr(out, "CORE") && strstr(out, tu_loop_limit(cl_for_limit) ? "flash_tiled    prefill  no"
-                                                                            : "flash_tiled    prefill  yes"), "%s", out);
+    /* flash_tiled's row; every row's KIND where the header's is, the longest name's too */
+    const char *head = strstr(out, "CORE"), *row = strstr(out, "\nflash_tiled ");
+    cr_assert(head && row, "%s", out);
+    char name[64], kind[16], sup[16];
+    cr_assert_eq(sscanf(row, " %63s %15s %15s", name, kind, sup), 3, "%s", out);
+    cr_assert(strcmp(kind, "prefill") == 0 && strcmp(sup, tu_loop_limit(cl_for_limit) ? "no" : "yes") == 0, "%s", out);
+    const long kind_at = strstr(head, "KIND") - head;
+    for (const char *line = strchr(head, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        if (line[1] == ' ') continue; /* a reason under its core */
+        const char *k = line + 1;
+        while (*k && *k != ' ') k++;
+        while (*k == ' ') k++;
+        cr_assert_eq(k - (line + 1), kind_at, "a row's KIND column is not the header's: %s", out);
+    }
     free(out);
     out = cli("cores --bogus", &rc);
     cr_assert_eq(rc, 2, "%s", out);
@@ -548,6 +560,39 @@ Test(cores, flash_gemm_defaults)
     clattn_attention_desc d = {.batch = 1, .seq_q = 64, .embed = 512, .heads = 2, .head_dim_qk = 256, .head_dim_v = 256};
     clattn_core_params p;
     cr_assert_eq(c->defaults(c, &caps, &d, &p), 0);
+    char why[200];
+    cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(why, "do not fit"), "%s", why);
+}
+
+/* flash_backward_gemm's defaults on a GPU-like device (48 KiB of local memory): they exist and fit for every head
+ * size up to 256 (and odd ones, whose rows take no vectors), with 4 rows a work-item in the dQ pass up to 128 and the
+ * dK/dV pass's accumulators within 64 floats; with too little local memory the core says why it does not fit. */
+Test(cores, flash_backward_gemm_defaults)
+{
+    const clattn_core *c = clattn_core_find("flash_backward_gemm");
+    cr_assert(c && c->kind == CLATTN_CORE_BACKWARD);
+    enum { BQ, BK, RQ, RK, TC };
+    clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
+                        .compute_units = 132, .max_alloc = (size_t)1 << 34};
+    static const size_t heads[] = {8, 64, 80, 96, 128, 256, 7, 13};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
+        const size_t dh = heads[k];
+        clattn_attention_desc d = {.batch = 4, .seq_q = 1024, .embed = 8 * dh, .heads = 8, .head_dim_qk = dh,
+                                   .head_dim_v = dh, .training = 1};
+        clattn_core_params p;
+        cr_assert(c->defaults(c, &caps, &d, &p), "head %zu: no defaults", dh);
+        cr_assert(c->fits(c, &caps, &d, &p), "head %zu: the defaults do not fit", dh);
+        cr_assert_leq(c->local_bytes(c, &caps, &d, &p) + CLATTN_LOCAL_SLACK, caps.local_mem, "head %zu", dh);
+        cr_assert_eq(p.v[RQ], dh <= 128 ? 4u : 1u, "head %zu: RQ=%zu", dh, p.v[RQ]);
+        const size_t cols = 2 * ((dh + p.v[TC] - 1) / p.v[TC]);
+        cr_assert_leq(p.v[RK] * cols, 64, "head %zu: RK=%zu, %zu accumulators", dh, p.v[RK], p.v[RK] * cols);
+        char why[200];
+        cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_SUCCESS, "head %zu: %s", dh, why);
+    }
+    caps.local_mem = 2048;
+    clattn_attention_desc d = {.batch = 1, .seq_q = 64, .embed = 512, .heads = 2, .head_dim_qk = 256, .head_dim_v = 256,
+                               .training = 1};
     char why[200];
     cr_assert_eq(c->supports(c, &caps, &d, why, sizeof why), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(why, "do not fit"), "%s", why);

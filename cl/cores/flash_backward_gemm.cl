@@ -3,11 +3,11 @@
  * every product, so that each value it reads from local memory feeds several FMAs:
  *
  *   bwd_dot         D_i = dctx_i . ctx_i (backward_dot.cl)
- *   bwd_dq_tiles    a work-group of (BQ/RM) x TC work-items per BQ query rows of (b, h), its Q and dctx rows in local
+ *   bwd_dq_tiles    a work-group of (BQ/RQ) x TC work-items per BQ query rows of (b, h), its Q and dctx rows in local
  *                   memory; per tile of BK keys (K and V in local memory): S = Q K^T and dP = dctx V^T as RM x RN
- *                   micro-tiles (rows ty*RM + r, keys tx + TC*n, RN = BK/TC), dS = P (m dP - D) to local memory,
- *                   then dQ += dS K as an RM x (DK/TC) micro-tile (columns tx + TC*t)
- *   bwd_dkdv_tiles  a work-group of (BK/RM) x TC work-items per BK key rows of (b, key/value head hk), its K and V
+ *                   micro-tiles (RM = RQ; rows ty*RM + r, keys tx + TC*n, RN = BK/TC), dS = P (m dP - D) to local
+ *                   memory, then dQ += dS K as an RM x (DK/TC) micro-tile (columns tx + TC*t)
+ *   bwd_dkdv_tiles  a work-group of (BK/RK) x TC work-items (RM = RK) per BK key rows of (b, key/value head hk), its K and V
  *                   rows in local memory; per tile of BQ query rows of each of the GROUP query heads reading hk
  *                   (Q, dctx, their lse and D in local memory): S^T = K Q^T and dP^T = V dctx^T (keys ty*RM + r,
  *                   queries tx + TC*n, BQ/TC of them), W = P m and dS to local memory, then dV += W^T dctx and
@@ -29,8 +29,11 @@
 #ifndef BK
 #define BK 32
 #endif
-#ifndef RM
-#define RM 4
+#ifndef RQ
+#define RQ 4 /* rows per work-item of the dQ pass: RM there */
+#endif
+#ifndef RK
+#define RK 4 /* of the dK/dV pass (its accumulators are RK (DK + DV) / TC) */
 #endif
 #ifndef TC
 #define TC 8
@@ -54,8 +57,8 @@ typedef float fv_t;
 #define GLV (RM * LDV + VW)
 #define BQP (BQ + 1)
 #define BKP (BK + 1)
-#define WGQ (BQ / RM * TC)      /* work-items of bwd_dq_tiles */
-#define WGK (BK / RM * TC)      /* work-items of bwd_dkdv_tiles */
+#define WGQ (BQ / RQ * TC)      /* work-items of bwd_dq_tiles */
+#define WGK (BK / RK * TC)      /* work-items of bwd_dkdv_tiles */
 #define RNQ (BQ / TC)           /* queries per work-item in bwd_dkdv_tiles */
 #define RNK (BK / TC)           /* keys per work-item in bwd_dq_tiles */
 #define NKC ((DK + TC - 1) / TC) /* gradient columns per work-item */
@@ -104,6 +107,7 @@ inline float bwd_keep_of(uint seed_lo, uint seed_hi, uint b, uint h, uint i, uin
 inline float bwd_p(float s, float l2) { return l2 == -INFINITY ? 0.0f : clattn_exp2(s * LOG2E - l2); }
 
 /* One work-group: query rows i0 .. i0+BQ-1 of (b, h); group id = (b*H + h) * nblk + block. */
+#define RM RQ
 __kernel __attribute__((reqd_work_group_size(WGQ, 1, 1)))
 void bwd_dq_tiles(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
 {
@@ -232,6 +236,8 @@ void bwd_dq_tiles(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
     }
 }
 
+#undef RM
+#define RM RK
 /* One work-group: key rows j0 .. j0+BK-1 of (b, key/value head hk), their gradients summed over the GROUP query
  * heads that read them; group id = (b*HK + hk) * nblk + block. */
 __kernel __attribute__((reqd_work_group_size(WGK, 1, 1)))

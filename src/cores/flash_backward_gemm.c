@@ -1,7 +1,7 @@
 /* flash_backward_gemm.c: the backward core for GPUs (cl/cores/flash_backward_gemm.cl), FlashAttention-2's backward in
  * flash_gemm's shape: D = rowsum(dctx * ctx), then a dQ pass of work-groups over BQ query rows streaming K and V tiles
  * through local memory, and a dK/dV pass of work-groups over BK key rows streaming Q and dctx tiles (each of the
- * GROUP query heads of its key/value head: no atomics); every product an RM x (tile / TC) register micro-tile per
+ * GROUP query heads of its key/value head: no atomics); every product an RQ or RK x (tile / TC) register micro-tile per
  * work-item. flash_backward keeps whole rows per work-item in private arrays (16-33 KiB of stack per work-item in
  * sm_90's PTX): a CPU's shape; this is a GPU's. Not in AUTO's order: it has not run on a GPU (registry.c), so only
  * CLATTN_CORE=flash_backward_gemm runs it (the test suite does, on PoCL).
@@ -13,37 +13,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { BQ, BK, RM, TC };
+enum { BQ, BK, RQ, RK, TC };
 static const size_t tile_v[] = {8, 16, 32, 64}, tile_tried[] = {16, 32};
-static const size_t rm_v[] = {1, 2, 4, 8}, rm_tried[] = {2, 4};
+static const size_t rows_v[] = {1, 2, 4, 8}, rows_tried[] = {2, 4};
 static const size_t tc_v[] = {2, 4, 8, 16}, tc_tried[] = {4, 8};
 static const clattn_core_param params[] = {
     [BQ] = {"BQ", tile_v, 4, tile_tried, 2, NULL},
     [BK] = {"BK", tile_v, 4, tile_tried, 2, NULL},
-    [RM] = {"RM", rm_v, 4, rm_tried, 2, NULL},
+    [RQ] = {"RQ", rows_v, 4, rows_tried, 2, NULL},
+    [RK] = {"RK", rows_v, 4, rows_tried, 2, NULL},
     [TC] = {"TC", tc_v, 4, tc_tried, 2, NULL},
 };
 /* the test suite's entries: the defaults, and small unequal tiles with one row per work-item (every edge: tiles past
  * the end, columns past the head size at 4 work-items a row) */
-static const char *const test_configs[] = {"-", "BQ=16,BK=8,RM=1,TC=4", NULL};
+static const char *const test_configs[] = {"-", "BQ=16,BK=8,RQ=1,RK=1,TC=4", NULL};
 
 #define MAX_GROUP 256 /* work-items per work-group the kernels are written for */
 #define MAX_ACC 64    /* gradient accumulators per work-item (floats) in the dK/dV pass: more would spill */
 
-static size_t group_q(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * p->v[TC]; }
-static size_t group_k(const clattn_core_params *p) { return p->v[BK] / p->v[RM] * p->v[TC]; }
+static size_t group_q(const clattn_core_params *p) { return p->v[BQ] / p->v[RQ] * p->v[TC]; }
+static size_t group_k(const clattn_core_params *p) { return p->v[BK] / p->v[RK] * p->v[TC]; }
 
 /* Bytes of the larger of the two passes' local arrays, as flash_backward_gemm.cl declares them: rows padded by one
- * vector (4 floats where both head sizes are multiples of 4, else 1), the blocks read by ty grouped by RM rows with a
+ * vector (4 floats where both head sizes are multiples of 4, else 1), the blocks read by ty grouped by RQ or RK rows with a
  * vector more per group; bwd_dq_tiles: Q and dctx blocks, K and V tiles, dS; bwd_dkdv_tiles: K and V blocks, Q and
  * dctx tiles, W and dS, the tile's lse and D. */
 static size_t local_bytes(size_t dk, size_t dv, const clattn_core_params *p)
 {
-    const size_t bq = p->v[BQ], bk = p->v[BK], rm = p->v[RM];
+    const size_t bq = p->v[BQ], bk = p->v[BK], rq = p->v[RQ], rk = p->v[RK];
     const size_t vw = dk % 4 == 0 && dv % 4 == 0 ? 4 : 1, ldk = dk + vw, ldv = dv + vw;
-    const size_t glk = rm * ldk + vw, glv = rm * ldv + vw;
-    const size_t dq = bq / rm * (glk + glv) + bk * (ldk + ldv) + bq * (bk + 1);
-    const size_t dkdv = bk / rm * (glk + glv) + bq * (ldk + ldv) + 2 * bk * (bq + 1) + 2 * bq;
+    const size_t dq = bq / rq * (rq * (ldk + ldv) + 2 * vw) + bk * (ldk + ldv) + bq * (bk + 1);
+    const size_t dkdv = bk / rk * (rk * (ldk + ldv) + 2 * vw) + bq * (ldk + ldv) + 2 * bk * (bq + 1) + 2 * bq;
     return sizeof(float) * (dq > dkdv ? dq : dkdv);
 }
 
@@ -51,33 +51,37 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
                 const clattn_core_params *p)
 {
     (void)core;
-    const size_t rm = p->v[RM], tc = p->v[TC];
-    if (p->v[BQ] % rm || p->v[BK] % rm || p->v[BQ] % tc || p->v[BK] % tc) return 0;
+    const size_t tc = p->v[TC];
+    if (p->v[BQ] % p->v[RQ] || p->v[BK] % p->v[RK] || p->v[BQ] % tc || p->v[BK] % tc) return 0;
     const size_t wg = group_q(p) > group_k(p) ? group_q(p) : group_k(p);
     if (wg > MAX_GROUP || (caps && wg > caps->max_work_group)) return 0;
     if (!d) return 1;
-    if (rm * ((d->head_dim_qk + tc - 1) / tc + (d->head_dim_v + tc - 1) / tc) > MAX_ACC) return 0;
+    const size_t nk = (d->head_dim_qk + tc - 1) / tc, nv = (d->head_dim_v + tc - 1) / tc;
+    if (p->v[RQ] * nk > MAX_ACC || p->v[RK] * (nk + nv) > MAX_ACC) return 0;
     return !caps || local_bytes(d->head_dim_qk, d->head_dim_v, p) + CLATTN_LOCAL_SLACK <= caps->local_mem;
 }
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
- * indicative, not yet measured on a GPU). 64 work-items a group in both passes, within 48 KiB (NVIDIA's OpenCL
- * limit per work-group):
- *   <=64:  32 query rows x 32 keys, 4 x 4 micro-tiles of S and dP, 8 work-items a row: 42 KiB
- *   <=128: 16 x 16, 2 x 2, 8 a row: 35 KiB
- *   >128:  8 x 8, 1 x 1, 8 a row: 33 KiB
+ * indicative, not yet measured on a GPU), within 48 KiB (NVIDIA's OpenCL limit per work-group), no spill:
+ *   <=64:  32 query rows x 32 keys, 4 rows a work-item in both passes, 8 work-items a row (64 a group): 42 KiB;
+ *          ceilings 33 (dQ) and 34 (dK/dV) TFLOP/s, 220 and 254 registers
+ *   <=128: 16 x 16, 4 rows a work-item in the dQ pass (32 a group) and 2 in the dK/dV pass (64; 4 spilled 140 bytes
+ *          there, its accumulators 4 (DK + DV) / TC = 128): 35 KiB; ceilings 25 and 19, 255 and 168 registers (2
+ *          rows in the dQ pass too: 18)
+ *   >128:  8 x 8, 1 row a work-item: 33 KiB
  * then shrunk (BK, then BQ) while they do not fit the device. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
     const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
-    static const size_t start[CLATTN_HEAD_CLASSES][3] = {
-        {32, 32, 4}, {32, 32, 4}, {16, 16, 2}, {8, 8, 1}, {8, 8, 1},
+    static const size_t start[CLATTN_HEAD_CLASSES][4] = {
+        {32, 32, 4, 4}, {32, 32, 4, 4}, {16, 16, 4, 2}, {8, 8, 1, 1}, {8, 8, 1, 1},
     };
-    p->v[BQ] = start[cls][0], p->v[BK] = start[cls][1], p->v[RM] = start[cls][2], p->v[TC] = 8;
+    p->v[BQ] = start[cls][0], p->v[BK] = start[cls][1], p->v[RQ] = start[cls][2], p->v[RK] = start[cls][3];
+    p->v[TC] = 8;
     while (!fits(core, caps, d, p)) {
-        if (p->v[BK] > p->v[TC] && p->v[BK] > p->v[RM] && p->v[BK] > 8) p->v[BK] /= 2;
-        else if (p->v[BQ] > p->v[TC] && p->v[BQ] > p->v[RM] && p->v[BQ] > 8) p->v[BQ] /= 2;
+        if (p->v[BK] > p->v[TC] && p->v[BK] > p->v[RK] && p->v[BK] > 8) p->v[BK] /= 2;
+        else if (p->v[BQ] > p->v[TC] && p->v[BQ] > p->v[RQ] && p->v[BQ] > 8) p->v[BQ] /= 2;
         else return 0;
     }
     return 1;
@@ -236,7 +240,7 @@ const clattn_core clattn_core_flash_backward_gemm = {
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
     .params = params,
-    .nparams = 4,
+    .nparams = 5,
     .test_configs = test_configs,
     .supports = supports,
     .defaults = defaults,
