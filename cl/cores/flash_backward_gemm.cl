@@ -92,6 +92,19 @@ typedef float fv_t;
         } \
     }
 
+/* acc[r][n] += (row r of a) . (row TC n of b) over NC head columns, a's rows lda floats apart and b's ldb: an RM x NN
+ * micro-tile of S or dP, each vector loaded feeding NN or RM FMAs (unrolled by BWD_CUNROLL) */
+#define BWD_DOTS(acc, a, lda, b, ldb, NN, NC) \
+    do { \
+        BWD_CUNROLL for (uint c_ = 0; c_ < (NC) / VW; c_++) { \
+            fv_t a_[RM], b_[NN]; \
+            _Pragma("unroll") for (uint r_ = 0; r_ < RM; r_++) a_[r_] = FV_AT((a) + r_ * (lda), c_); \
+            _Pragma("unroll") for (uint n_ = 0; n_ < (NN); n_++) b_[n_] = FV_AT((b) + TC * n_ * (ldb), c_); \
+            _Pragma("unroll") for (uint r_ = 0; r_ < RM; r_++) \
+                _Pragma("unroll") for (uint n_ = 0; n_ < (NN); n_++) (acc)[r_][n_] = FV_DOT(a_[r_], b_[n_], (acc)[r_][n_]); \
+        } \
+    } while (0)
+
 /* The dropout factor of (i, j) in head h: keep_scale or 0 by the forward's keep decision; 1 without dropout. */
 inline float bwd_keep_of(uint seed_lo, uint seed_hi, uint b, uint h, uint i, uint j, uint threshold, float keep_scale)
 {
@@ -157,32 +170,8 @@ void bwd_dq_tiles(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
             #pragma unroll
             for (uint n = 0; n < RNK; n++) s[r][n] = dp[r][n] = 0.0f;
         }
-        BWD_CUNROLL
-        for (uint c = 0; c < DK / VW; c++) {
-            fv_t a[RM], e[RNK];
-            #pragma unroll
-            for (uint r = 0; r < RM; r++) a[r] = FV_AT(qme + r * LDK, c);
-            #pragma unroll
-            for (uint n = 0; n < RNK; n++) e[n] = FV_AT(kme + TC * n * LDK, c);
-            #pragma unroll
-            for (uint r = 0; r < RM; r++) {
-                #pragma unroll
-                for (uint n = 0; n < RNK; n++) s[r][n] = FV_DOT(a[r], e[n], s[r][n]);
-            }
-        }
-        BWD_CUNROLL
-        for (uint c = 0; c < DV / VW; c++) {
-            fv_t a[RM], e[RNK];
-            #pragma unroll
-            for (uint r = 0; r < RM; r++) a[r] = FV_AT(ome + r * LDV, c);
-            #pragma unroll
-            for (uint n = 0; n < RNK; n++) e[n] = FV_AT(vme + TC * n * LDV, c);
-            #pragma unroll
-            for (uint r = 0; r < RM; r++) {
-                #pragma unroll
-                for (uint n = 0; n < RNK; n++) dp[r][n] = FV_DOT(a[r], e[n], dp[r][n]);
-            }
-        }
+        BWD_DOTS(s, qme, LDK, kme, LDK, RNK, DK);
+        BWD_DOTS(dp, ome, LDV, vme, LDV, RNK, DV);
         /* dS; the masks only on a tile that crosses an edge (keys past jend, the causal diagonal) or with a mask */
 #if KPM || MASK_KIND || WINDOW
         const int masked = 1;
@@ -298,32 +287,8 @@ void bwd_dkdv_tiles(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __gl
                 #pragma unroll
                 for (uint n = 0; n < RNQ; n++) s[r][n] = dp[r][n] = 0.0f;
             }
-            BWD_CUNROLL
-            for (uint c = 0; c < DK / VW; c++) {
-                fv_t a[RM], e[RNQ];
-                #pragma unroll
-                for (uint r = 0; r < RM; r++) a[r] = FV_AT(kme + r * LDK, c);
-                #pragma unroll
-                for (uint n = 0; n < RNQ; n++) e[n] = FV_AT(qme + TC * n * LDK, c);
-                #pragma unroll
-                for (uint r = 0; r < RM; r++) {
-                    #pragma unroll
-                    for (uint n = 0; n < RNQ; n++) s[r][n] = FV_DOT(a[r], e[n], s[r][n]);
-                }
-            }
-            BWD_CUNROLL
-            for (uint c = 0; c < DV / VW; c++) {
-                fv_t a[RM], e[RNQ];
-                #pragma unroll
-                for (uint r = 0; r < RM; r++) a[r] = FV_AT(vme + r * LDV, c);
-                #pragma unroll
-                for (uint n = 0; n < RNQ; n++) e[n] = FV_AT(ome + TC * n * LDV, c);
-                #pragma unroll
-                for (uint r = 0; r < RM; r++) {
-                    #pragma unroll
-                    for (uint n = 0; n < RNQ; n++) dp[r][n] = FV_DOT(a[r], e[n], dp[r][n]);
-                }
-            }
+            BWD_DOTS(s, kme, LDK, qme, LDK, RNQ, DK);
+            BWD_DOTS(dp, vme, LDV, ome, LDV, RNQ, DV);
             /* W = P m and dS; the masks only on a tile that crosses an edge or with a mask */
 #if KPM || MASK_KIND || WINDOW
             const int masked = 1;

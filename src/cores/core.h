@@ -263,6 +263,13 @@ void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, co
 void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed);
 /* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
 void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
+/* The arguments of a backward core's pass (cl/cores/backward_common.cl, BWD_ARGS): Q, K, V and dctx rows, lse, D
+ * (dd), the masks, the scale, extent, dropout; then the pass's gradients' rows: dQ (pass 0) or dK and dV (pass 1). */
+void clattn_core_arg_backward(clattn_args *a, const clattn_backward_io *io, const clattn_core_layout *lay, cl_mem dd,
+                              const clattn_attention_desc *d, uint64_t extent, int pass);
+/* The backward cores' first pass: D = rowsum(dctx * ctx) into dd (B, H, Tq) with backward_common.cl's bwd_dot, k. */
+clattn_status clattn_core_backward_dot(const clattn_device *dev, cl_kernel k, const clattn_backward_io *io, cl_mem dd,
+                                       const clattn_attention_desc *d);
 /* The -D options of an attention kernel, the one list every core builds from ("-cl-std=CL1.2" first); `what`
  * names the groups its kernels read:
  *   CLATTN_DEFINES_SHAPE   DK, DV, GROUP (query heads per key/value head), WINDOW, KV_HALF (the plan's kv_half)

@@ -29,6 +29,43 @@ void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld)
     clattn_arg_u32(a, (cl_uint)ld);
 }
 
+void clattn_core_arg_backward(clattn_args *a, const clattn_backward_io *io, const clattn_core_layout *lay, cl_mem dd,
+                              const clattn_attention_desc *d, uint64_t extent, int pass)
+{
+    clattn_core_arg_rows(a, io->q, lay->q_ld);
+    clattn_core_arg_rows(a, io->k, lay->k_ld);
+    clattn_core_arg_rows(a, io->v, lay->v_ld);
+    clattn_core_arg_rows(a, io->dctx, io->dctx_ld);
+    clattn_arg_view(a, io->lse);
+    clattn_arg_mem(a, dd);
+    clattn_core_arg_masks(a, io->kpm, io->mask, d);
+    clattn_arg_f32(a, d->scale);
+    clattn_arg_u64(a, extent);
+    clattn_core_arg_dropout(a, d, io->seed);
+    if (pass == 0) {
+        clattn_core_arg_rows(a, io->dq, io->dq_ld);
+    } else {
+        clattn_core_arg_rows(a, io->dk, io->dkv_ld);
+        clattn_core_arg_rows(a, io->dv, io->dkv_ld);
+    }
+}
+
+clattn_status clattn_core_backward_dot(const clattn_device *dev, cl_kernel k, const clattn_backward_io *io, cl_mem dd,
+                                       const clattn_attention_desc *d)
+{
+    const size_t rows = d->batch * d->heads * d->seq_q;
+    clattn_args a;
+    clattn_args_begin(&a, k, "bwd_dot");
+    clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
+    clattn_core_arg_rows(&a, io->ctx, io->ctx_ld);
+    clattn_arg_mem(&a, dd);
+    clattn_arg_u32(&a, (cl_uint)d->seq_q);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u64(&a, rows);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(dev, k, rows, "enqueue bwd_dot");
+}
+
 int clattn_core_attention_defines(const clattn_attention_desc *d, unsigned what, char *opts, size_t len)
 {
     size_t n = 0;

@@ -122,39 +122,15 @@ static clattn_status run_backward(void *state, const clattn_backward_io *io)
     const clattn_attention_desc *d = &s->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     const size_t rows = s->p.v[ROWS];
-    /* D = rowsum(dctx * ctx) */
+    TRY(clattn_core_backward_dot(s->dev, s->k_dot, io, s->dd, d)); /* D = rowsum(dctx * ctx) */
     clattn_args a;
-    clattn_args_begin(&a, s->k_dot, "bwd_dot");
-    clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
-    clattn_core_arg_rows(&a, io->ctx, io->ctx_ld);
-    clattn_arg_mem(&a, s->dd);
-    clattn_arg_u32(&a, (cl_uint)Tq);
-    clattn_arg_u32(&a, (cl_uint)H);
-    clattn_arg_u64(&a, B * H * Tq);
-    TRY(clattn_args_end(&a));
-    TRY(clattn_enqueue_1d(s->dev, s->k_dot, B * H * Tq, "enqueue bwd_dot"));
     /* the dQ pass over query rows, then the dK/dV pass over key rows */
     const size_t extent[2] = {B * H * ((Tq + rows - 1) / rows), B * HK * ((Tk + rows - 1) / rows)};
     cl_kernel ks[2] = {s->k_dq, s->k_dkdv};
     static const char *names[2] = {"bwd_dq", "bwd_dkdv"};
     for (int pass = 0; pass < 2; pass++) {
         clattn_args_begin(&a, ks[pass], names[pass]);
-        clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
-        clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
-        clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
-        clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
-        clattn_arg_view(&a, io->lse);
-        clattn_arg_mem(&a, s->dd);
-        clattn_core_arg_masks(&a, io->kpm, io->mask, d);
-        clattn_arg_f32(&a, d->scale);
-        clattn_arg_u64(&a, extent[pass]);
-        clattn_core_arg_dropout(&a, d, io->seed);
-        if (pass == 0) {
-            clattn_core_arg_rows(&a, io->dq, io->dq_ld);
-        } else {
-            clattn_core_arg_rows(&a, io->dk, io->dkv_ld);
-            clattn_core_arg_rows(&a, io->dv, io->dkv_ld);
-        }
+        clattn_core_arg_backward(&a, io, &s->lay, s->dd, d, extent[pass], pass);
         TRY(clattn_args_end(&a));
         TRY(clattn_enqueue_1d(s->dev, ks[pass], extent[pass], names[pass]));
     }

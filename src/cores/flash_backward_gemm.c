@@ -35,9 +35,9 @@ static size_t group_q(const clattn_core_params *p) { return p->v[BQ] / p->v[RQ] 
 static size_t group_k(const clattn_core_params *p) { return p->v[BK] / p->v[RK] * p->v[TC]; }
 
 /* Bytes of the larger of the two passes' local arrays, as flash_backward_gemm.cl declares them: rows padded by one
- * vector (4 floats where both head sizes are multiples of 4, else 1), the blocks read by ty grouped by RQ or RK rows with a
- * vector more per group; bwd_dq_tiles: Q and dctx blocks, K and V tiles, dS; bwd_dkdv_tiles: K and V blocks, Q and
- * dctx tiles, W and dS, the tile's lse and D. */
+ * vector (4 floats where both head sizes are multiples of 4, else 1), the blocks read by ty grouped by RQ or RK rows
+ * with a vector more per group; bwd_dq_tiles: Q and dctx blocks, K and V tiles, dS; bwd_dkdv_tiles: K and V blocks,
+ * Q and dctx tiles, W and dS, the tile's lse and D. */
 static size_t local_bytes(size_t dk, size_t dv, const clattn_core_params *p)
 {
     const size_t bq = p->v[BQ], bk = p->v[BK], rq = p->v[RQ], rk = p->v[RK];
@@ -153,7 +153,8 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     s->p = *p;
     char opts[600];
     int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof opts);
-    if (n > 0 && (size_t)n < sizeof opts) n += clattn_core_param_defines(core, p, -1, 0, opts + n, sizeof opts - (size_t)n);
+    if (n > 0 && (size_t)n < sizeof opts)
+        n += clattn_core_param_defines(core, p, -1, 0, opts + n, sizeof opts - (size_t)n);
     /* NVIDIA's OpenCL takes inline PTX: the weights' exp2 on the special-function unit (common/exp2.cl) */
     if (n > 0 && (size_t)n < sizeof opts)
         snprintf(opts + n, sizeof opts - (size_t)n, " -DEX2_PTX=%d", dev->caps.nv_inline_ptx ? 1 : 0);
@@ -163,7 +164,8 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dot", &s->k_dot);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dq_tiles", &s->k_dq);
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, "bwd_dkdv_tiles", &s->k_dkdv);
-    if (st == CLATTN_STATUS_SUCCESS && !clattn_device_simulated(dev)) st = check_group(dev, s->k_dq, group_q(p), "bwd_dq_tiles");
+    if (st == CLATTN_STATUS_SUCCESS && !clattn_device_simulated(dev))
+        st = check_group(dev, s->k_dq, group_q(p), "bwd_dq_tiles");
     if (st == CLATTN_STATUS_SUCCESS && !clattn_device_simulated(dev))
         st = check_group(dev, s->k_dkdv, group_k(p), "bwd_dkdv_tiles");
     if (st == CLATTN_STATUS_SUCCESS) st = clattn_core_check_local(core, dev, d, p, s->k_dq);
@@ -192,40 +194,17 @@ static clattn_status run_backward(void *state, const clattn_backward_io *io)
     bwd_state *s = state;
     const clattn_attention_desc *d = &s->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
-    /* D = rowsum(dctx * ctx) */
+    TRY(clattn_core_backward_dot(s->dev, s->k_dot, io, s->dd, d)); /* D = rowsum(dctx * ctx) */
     clattn_args a;
-    clattn_args_begin(&a, s->k_dot, "bwd_dot");
-    clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
-    clattn_core_arg_rows(&a, io->ctx, io->ctx_ld);
-    clattn_arg_mem(&a, s->dd);
-    clattn_arg_u32(&a, (cl_uint)Tq);
-    clattn_arg_u32(&a, (cl_uint)H);
-    clattn_arg_u64(&a, B * H * Tq);
-    TRY(clattn_args_end(&a));
-    TRY(clattn_enqueue_1d(s->dev, s->k_dot, B * H * Tq, "enqueue bwd_dot"));
     /* the dQ pass over query blocks, then the dK/dV pass over key blocks */
-    const size_t groups[2] = {B * H * ((Tq + s->p.v[BQ] - 1) / s->p.v[BQ]), B * HK * ((Tk + s->p.v[BK] - 1) / s->p.v[BK])};
+    const size_t bq = s->p.v[BQ], bk = s->p.v[BK];
+    const size_t groups[2] = {B * H * ((Tq + bq - 1) / bq), B * HK * ((Tk + bk - 1) / bk)};
     const size_t wg[2] = {group_q(&s->p), group_k(&s->p)};
     cl_kernel ks[2] = {s->k_dq, s->k_dkdv};
     static const char *names[2] = {"bwd_dq_tiles", "bwd_dkdv_tiles"};
     for (int pass = 0; pass < 2; pass++) {
         clattn_args_begin(&a, ks[pass], names[pass]);
-        clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
-        clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
-        clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
-        clattn_core_arg_rows(&a, io->dctx, io->dctx_ld);
-        clattn_arg_view(&a, io->lse);
-        clattn_arg_mem(&a, s->dd);
-        clattn_core_arg_masks(&a, io->kpm, io->mask, d);
-        clattn_arg_f32(&a, d->scale);
-        clattn_arg_u64(&a, 0); /* extent: the first work-group, set per launch */
-        clattn_core_arg_dropout(&a, d, io->seed);
-        if (pass == 0) {
-            clattn_core_arg_rows(&a, io->dq, io->dq_ld);
-        } else {
-            clattn_core_arg_rows(&a, io->dk, io->dkv_ld);
-            clattn_core_arg_rows(&a, io->dv, io->dkv_ld);
-        }
+        clattn_core_arg_backward(&a, io, &s->lay, s->dd, d, 0, pass); /* extent: the first group, set per launch */
         TRY(clattn_args_end(&a));
         TRY(clattn_enqueue_groups(s->dev, ks[pass], groups[pass], wg[pass], set_first, NULL, names[pass]));
     }
