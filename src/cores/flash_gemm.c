@@ -122,10 +122,11 @@ static size_t rows(const clattn_core_params *p) { return p->v[BQ]; }
 static size_t group(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * p->v[TC]; }
 
 /* NVIDIA's OpenCL takes inline PTX (caps.nv_inline_ptx): the softmax's exp2 on the special-function unit
- * (common/exp2.cl) */
+ * (common/exp2.cl); the tile's loops unrolled whole on GPUs, in part on CPUs (flash_gemm.cl, UNROLL_ALL) */
 static int defines(const clattn_caps *caps, char *opts, size_t len)
 {
-    return snprintf(opts, len, " -DEX2_PTX=%d", caps->nv_inline_ptx ? 1 : 0);
+    return snprintf(opts, len, " -DEX2_PTX=%d -DUNROLL_ALL=%d", caps->nv_inline_ptx ? 1 : 0,
+                    caps->dclass != CLATTN_CLASS_CPU);
 }
 
 static const clattn_flash_spec spec = {
