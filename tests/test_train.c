@@ -722,6 +722,24 @@ Test(train, backward_loop_limit)
     if (!forced || !*forced) cr_assert_gt(reach, 0, "no bias gradient was computed");
 }
 
+/* Under a device's limit on work-items per launch (lowered here to 256: four work-groups of the GPU backward core's
+ * defaults, against its 12 of each pass here), every kernel of the backward goes in launches within it, the tiled
+ * passes each at its first work-group; every gradient against the oracle's. */
+Test(train, backward_launch_limit)
+{
+    const size_t items = cl_dev->caps.max_launch_items;
+    cl_dev->caps.max_launch_items = 256;
+    problem p;
+    problem_make(&p, &(config){.B = 3, .Tq = 37, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .causal = 1, .biases = 1},
+                 997);
+    clattn_test_launch_reach(1);
+    check_backward_opencl(&p, 997);
+    const size_t reach = clattn_test_launch_reach(0);
+    cl_dev->caps.max_launch_items = items;
+    problem_free(&p);
+    cr_assert_leq(reach, 256, "a launch of %zu work-items; the limit is 256", reach);
+}
+
 /* What the backward refuses, before it writes anything. */
 /* The backward core a plan names: the one that runs on OpenCL training plans (CLATTN_CORE's when it forces one),
  * "ref" on ref, none for a plan that does not train. */
