@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 5
+#define CLATTN_VERSION_MINOR 6
 #define CLATTN_VERSION_PATCH 0
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
@@ -264,10 +264,19 @@ typedef struct clattn_attention_desc {
                             (args.lse) and the heads' output before the output projection (args.context), what
                             clattn_plan_backward takes back to compute the gradients. 0 (default): neither, and
                             the plan keeps nothing for a backward pass. fp32 only, without kv_half */
+    /* clattn 0.6: heads already projected (torch's scaled_dot_product_attention), and masks per batch entry or head */
+    int separate_value;  /* 1: without Q/K/V weights and with cross = 1, keys and values are two inputs: kv is K
+                            (B, Tk, HK*dk) and value is V (B, Tk, HK*dv), so head_dim_v (0 = dk) and kv_heads may
+                            differ; kv_embed is then HK*dk (0 = that). 0: without weights K = V = kv (or x) */
+    int attn_mask_per_batch; /* 1: attn_mask holds one (Tq, Tk) mask per batch entry: (B, Tq, Tk) */
+    int attn_mask_per_head;  /* 1: one per query head: (H, Tq, Tk); with attn_mask_per_batch, (B, H, Tq, Tk) */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
- * module has no Q/K/V projections: Q = x, K = V = kv (or x), split into heads.
+ * module has no Q/K/V projections: Q = x, K = V = kv (or x), split into heads; with desc.separate_value,
+ * K = kv and V = value (clattn 0.6): the attention core alone on the heads, torch's scaled_dot_product_attention
+ * (x (B, Tq, H*dk) is Q with head h at columns h*dk, and the output (B, Tq, H*dv) the heads side by side). Without
+ * weights, kv_heads may differ from heads only in cross-attention: kv then holds HK heads (kv_embed = HK*dk).
  * Biases are optional (NULL = none). w_out NULL = no output projection.
  *   LINEAR layout: w_query (H*dk, E), w_key (HK*dk, Ekv), w_value (HK*dv, Ekv), w_out (Eo, H*dv)
  *   RAW layout:    the transposes of those. (HK = kv_heads, = H unless grouped-query.)
@@ -323,7 +332,8 @@ typedef struct clattn_attention_args {
     const float *x;                   /* (B, Tq, E) */
     const float *kv;                  /* (B, Tk, Ekv), cross-attention only (else NULL) */
     const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask (else NULL) */
-    const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask (else NULL) */
+    const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask (else NULL); (B, Tq, Tk),
+                                         (H, Tq, Tk) or (B, H, Tq, Tk) per desc.attn_mask_per_batch / _per_head */
     float *out;                       /* (B, Tq, Eo or H*dv) */
     float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
                                          need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
@@ -335,6 +345,9 @@ typedef struct clattn_attention_args {
     float *context;                   /* optional (B, Tq, H*dv): the heads' merged output before the output
                                          projection (without one, the same as out) */
     size_t lse_count, context_count;
+    /* clattn 0.6, desc.separate_value only, else refused: */
+    const float *value;               /* (B, Tk, HK*dv): V */
+    size_t value_count;
 } clattn_attention_args;
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
@@ -355,6 +368,7 @@ typedef struct clattn_buffer {
 typedef struct clattn_attention_buffers {
     clattn_buffer x, kv, key_padding_mask, attn_mask, out, attn; /* attn.mem NULL = not wanted */
     clattn_buffer lse, context; /* clattn 0.5, training plans: as args.lse and args.context (mem NULL = not wanted) */
+    clattn_buffer value;        /* clattn 0.6, desc.separate_value only: as args.value */
 } clattn_attention_buffers;
 
 CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
@@ -387,6 +401,9 @@ typedef struct clattn_attention_grads {
     size_t grad_out_count, lse_count, context_count, grad_x_count, grad_kv_count;
     size_t grad_w_query_count, grad_w_key_count, grad_w_value_count;
     size_t grad_b_query_count, grad_b_key_count, grad_b_value_count, grad_w_out_count, grad_b_out_count;
+    /* clattn 0.6, desc.separate_value only: */
+    float *grad_value;          /* (B, Tk, HK*dv); grad_kv is then K's gradient alone */
+    size_t grad_value_count;
 } clattn_attention_grads;
 
 CLATTN_API clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_args *args,
@@ -402,6 +419,7 @@ typedef struct clattn_attention_grad_buffers {
     clattn_buffer grad_x, grad_kv;
     clattn_buffer grad_w_query, grad_w_key, grad_w_value, grad_b_query, grad_b_key, grad_b_value;
     clattn_buffer grad_w_out, grad_b_out;
+    clattn_buffer grad_value;   /* clattn 0.6, desc.separate_value only: as grads.grad_value */
 } clattn_attention_grad_buffers;
 
 CLATTN_API clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const clattn_attention_buffers *buffers,

@@ -43,14 +43,18 @@ static int dims_of(const clattn_attention_desc *d, const clattn_attention_weight
     o->B = d->batch, o->Tq = d->seq_q, o->E = d->embed, o->H = d->heads;
     o->HK = d->kv_heads ? d->kv_heads : o->H;
     o->Tk = d->cross ? d->seq_kv : o->Tq;
-    o->Ekv = d->cross && d->kv_embed ? d->kv_embed : o->E;
     o->proj = w && w->w_query;
     o->dk = d->head_dim_qk ? d->head_dim_qk : o->E / o->H;
     o->dv = d->head_dim_v ? d->head_dim_v : o->dk;
+    /* without weights kv holds K (and V) of HK heads as they are */
+    o->Ekv = d->cross && d->kv_embed ? d->kv_embed : d->cross && !o->proj ? o->HK * o->dk : o->E;
     o->scale = d->scale != 0.0f ? (double)d->scale : 1.0 / sqrt((double)o->dk);
-    if (!o->proj && (o->E % o->H != 0 || o->Ekv != o->E)) return -1;
+    if (!o->proj && (o->E % o->H != 0 || o->dk != o->E / o->H || o->Ekv != o->HK * o->dk)) return -1;
+    if (!o->proj && o->dv != o->dk && !d->separate_value) return -1;
+    if (d->separate_value && (o->proj || !d->cross)) return -1;
     if (o->proj && d->head_dim_qk == 0) return -1;
-    if (o->HK > o->H || o->H % o->HK || (o->HK != o->H && !o->proj) || (d->window && !d->causal)) return -1;
+    if (o->HK > o->H || o->H % o->HK || (o->HK != o->H && !o->proj && !d->cross) || (d->window && !d->causal))
+        return -1;
     o->G = o->H / o->HK; /* query head h reads key/value head h / G */
     return 0;
 }
@@ -68,7 +72,7 @@ static void project_qkv(const clattn_attention_desc *d, const clattn_attention_w
     } else {
         copy_to_double(args->x, B * Tq * E, q);
         copy_to_double(src_kv, B * Tk * Ekv, k);
-        copy_to_double(src_kv, B * Tk * Ekv, v);
+        copy_to_double(d->separate_value ? args->value : src_kv, B * Tk * HK * dv, v);
     }
 }
 
@@ -112,11 +116,14 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
         for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_half(k[n]);
         for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_half(v[n]);
     }
-    const uint8_t *bmask = d->attn_mask == CLATTN_MASK_BOOL ? args->attn_mask : NULL;
-    const float *fmask = d->attn_mask == CLATTN_MASK_FLOAT ? args->attn_mask : NULL;
     for (size_t b = 0; b < B; b++)
         for (size_t h = 0; h < H; h++)
             for (size_t i = 0; i < Tq; i++) {
+                /* the (Tq, Tk) mask of (b, h): (B,) (H,) Tq, Tk as the flags say */
+                const size_t at = ((d->attn_mask_per_batch ? b : 0) * (d->attn_mask_per_head ? H : 1) +
+                                   (d->attn_mask_per_head ? h : 0)) * Tq * Tk;
+                const uint8_t *bmask = d->attn_mask == CLATTN_MASK_BOOL ? (const uint8_t *)args->attn_mask + at : NULL;
+                const float *fmask = d->attn_mask == CLATTN_MASK_FLOAT ? (const float *)args->attn_mask + at : NULL;
                 /* s_j = scale q_i . k_j + float mask, or hidden */
                 double mx = -INFINITY;
                 int nan_row = 0; /* a NaN score makes the whole row NaN, as torch's softmax */
@@ -445,10 +452,12 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
         double *gx = g->x, *gkv = d->cross ? g->kv : g->x;
         if (gx) memset(gx, 0, B * Tq * E * sizeof *gx);
         if (d->cross && gkv) memset(gkv, 0, B * Tk * Ekv * sizeof *gkv);
+        double *gval = d->separate_value ? g->value : gkv; /* V is its own input, or kv (or x) */
+        if (d->separate_value && gval) memset(gval, 0, B * Tk * HK * dv * sizeof *gval);
         struct { double *dst; const double *dy; size_t rows, nout, nin; const float *w; } parts[3] = {
             {gx, dq, B * Tq, H * dk, E, proj ? w->w_query : NULL},
             {gkv, dk_, B * Tk, HK * dk, Ekv, proj ? w->w_key : NULL},
-            {gkv, dv_, B * Tk, HK * dv, Ekv, proj ? w->w_value : NULL}};
+            {gval, dv_, B * Tk, HK * dv, d->separate_value ? HK * dv : Ekv, proj ? w->w_value : NULL}};
         for (int s = 0; s < 3; s++) {
             if (!parts[s].dst) continue;
             for (size_t r = 0; r < parts[s].rows; r++)

@@ -12,8 +12,9 @@
 #include <stdint.h>
 
 /* softmax(scale * Q K^T + masks) V with the projections of `w`, as the desc says (defaults
- * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E, dk = E/H
- * without weights, dv = dk, scale = 1/sqrt(dk)). A fully masked row has weights 0 (clattn's
+ * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E (without weights in
+ * cross-attention HK*dk), dk = E/H without weights, dv = dk, scale = 1/sqrt(dk)). desc.separate_value: V is
+ * args.value; desc.attn_mask_per_batch / _per_head: the mask is (B,) (H,) Tq, Tk. A fully masked row has weights 0 (clattn's
  * documented choice; PyTorch gives NaN). With desc.dropout = p, weight (b, h, i, j) is kept
  * as w / (1 - p) or dropped to 0 as oracle_dropout_keep(desc.seed, p, b, h, i, j) says; a dropped
  * weight is 0 even in a NaN row (clattn's choice, which this oracle encodes rather than derives:
@@ -36,6 +37,7 @@ int oracle_attention_stats(const clattn_attention_desc *desc, const clattn_atten
  * A fully masked row contributes nothing. Returns 0, or -1 (a refused description, out of memory). */
 typedef struct oracle_grads {
     double *x, *kv, *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
+    double *value; /* desc.separate_value: V's gradient (kv's is then K's alone) */
 } oracle_grads;
 int oracle_attention_backward(const clattn_attention_desc *desc, const clattn_attention_weights *w,
                               const clattn_attention_args *args, const float *grad_out, oracle_grads *g);

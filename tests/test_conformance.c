@@ -46,7 +46,7 @@ static void check(const tu_attn_case *c, uint64_t seed)
                  clattn_status_string(st), clattn_last_error(), clattn_last_build_log());
     if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
     const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, H = d.heads;
-    const size_t dv = cc.noproj ? d.embed / H : d.head_dim_v, ow = clattn_plan_out_width(plan);
+    const size_t dv = cc.noproj && !cc.separate_value ? d.embed / H : d.head_dim_v, ow = clattn_plan_out_width(plan);
     const size_t n_out = B * Tq * ow, n_attn = B * H * Tq * Tk, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
     float *out = tu_poisoned(n_out), *attn = tu_poisoned(n_attn), *lse = tu_poisoned(n_lse), *ctx = tu_poisoned(n_ctx);
     double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64), *l64 = malloc(n_lse * sizeof *l64),
@@ -124,6 +124,26 @@ Test(prefill, dropout_and_half)
         {.B = 2, .Tq = 19, .E = 16, .H = 2, .dk = 8, .dv = 8, .kv_half = 1, .causal = 1},
     };
     CHECK_ALL(cases, 300);
+}
+
+/* the heads as torch's scaled_dot_product_attention takes them (no weights; K and V apart, GQA, dv != dk), and
+ * masks per batch entry and per head: every mask kind with each layout, projected plans too */
+Test(prefill, heads_and_batched_masks)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1},
+        {.B = 2, .Tq = 33, .Tk = 33, .E = 16, .H = 4, .HK = 1, .cross = 1, .causal = 1, .noproj = 1,
+         .separate_value = 1, .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1},
+        {.B = 3, .Tq = 9, .Tk = 13, .E = 8, .H = 2, .cross = 1, .noproj = 1, .separate_value = 1, .kpm = 1,
+         .mask = CLATTN_MASK_BOOL, .mask_pb = 1, .need_weights = 1},
+        {.B = 2, .Tq = 130, .Tk = 130, .E = 128, .H = 2, .dv = 64, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_BOOL, .mask_ph = 1, .training = 1},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .mask = CLATTN_MASK_FLOAT, .mask_pb = 1,
+         .mask_ph = 1, .need_weights = 1},
+        {.B = 2, .Tq = 5, .Tk = 11, .E = 8, .Ekv = 6, .H = 2, .HK = 1, .dk = 4, .dv = 3, .cross = 1,
+         .mask = CLATTN_MASK_BOOL, .mask_ph = 1, .training = 1},
+    };
+    CHECK_ALL(cases, 500);
 }
 
 /* training plans: each row's log-sum-exp (-inf for a fully masked row) and the context before the output

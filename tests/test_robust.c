@@ -1546,6 +1546,7 @@ Test(misuse, undeclared_inputs_refused)
             {"args.key_padding_mask", {.x = c.x, .out = out, .key_padding_mask = kpm}},
             {"args.attn_mask", {.x = c.x, .out = out, .attn_mask = fmask}},
             {"args.kv", {.x = c.x, .out = out, .kv = kv}},
+            {"args.value", {.x = c.x, .out = out, .value = kv}},
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             cr_assert_eq(tu_plan_execute(plan, &bad[i].a), CLATTN_STATUS_INVALID_ARGUMENT, "%s", bad[i].needle);
@@ -1569,6 +1570,7 @@ Test(misuse, undeclared_inputs_refused)
         {"buffers.key_padding_mask", {.x = {bx, 0}, .out = {bo, 0}, .key_padding_mask = {bm, 0}}},
         {"buffers.attn_mask", {.x = {bx, 0}, .out = {bo, 0}, .attn_mask = {bm, 0}}},
         {"buffers.kv", {.x = {bx, 0}, .out = {bo, 0}, .kv = {bm, 0}}},
+        {"buffers.value", {.x = {bx, 0}, .out = {bo, 0}, .value = {bm, 0}}},
     };
     for (size_t i = 0; i < sizeof badb / sizeof badb[0]; i++) {
         cr_assert_eq(clattn_plan_execute_buffers(plan, &badb[i].b, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -1577,6 +1579,92 @@ Test(misuse, undeclared_inputs_refused)
     clattn_plan_free(plan);
     clReleaseMemObject(bx), clReleaseMemObject(bo), clReleaseMemObject(bm);
     tcase_free(&c);
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
+/* The heads as given (separate_value) and masks per batch entry / head: what the description cannot mean is refused
+ * at plan creation with the field named; a value, mask or gradient of the wrong size at execution, before anything
+ * is written. */
+Test(misuse, heads_as_given_refusals)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+    const clattn_attention_desc ok = {.batch = 2, .seq_q = 3, .seq_kv = 5, .embed = 8, .heads = 4, .kv_heads = 2,
+                                      .head_dim_v = 3, .cross = 1, .separate_value = 1, .attn_mask = CLATTN_MASK_BOOL,
+                                      .attn_mask_per_batch = 1, .training = 1};
+    float w[64] = {0};
+    const struct { const char *needle; clattn_attention_desc d; const float *wq; } bad[] = {
+        {"separate_value needs cross", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .separate_value = 1}, NULL},
+        {"separate_value needs cross", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .heads = 4, .head_dim_qk = 2,
+                                        .cross = 1, .separate_value = 1}, w},
+        {"another needs separate_value", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .heads = 4, .head_dim_v = 3,
+                                          .cross = 1}, NULL},
+        {"needs cross = 1", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .kv_heads = 2}, NULL},
+        {"kv_embed (8) must be kv_heads", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .kv_embed = 8, .heads = 4,
+                                           .kv_heads = 2, .cross = 1}, NULL},
+        {"attn_mask_per_batch without an attn_mask", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4,
+                                                      .attn_mask_per_batch = 1}, NULL},
+        {"must be 0 or 1", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .attn_mask = CLATTN_MASK_BOOL,
+                            .attn_mask_per_head = 2}, NULL},
+    };
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            clattn_attention_weights wt = {.w_query = bad[i].wq, .w_key = bad[i].wq, .w_value = bad[i].wq};
+            clattn_plan *plan = NULL;
+            const clattn_status st = tu_plan_create(devs[k], &bad[i].d, &wt, &plan);
+            cr_assert_neq(st, CLATTN_STATUS_SUCCESS, "%s: accepted", bad[i].needle);
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+            cr_assert_null(plan);
+        }
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(devs[k], &ok, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_attention_desc r;
+        cr_assert_eq(clattn_plan_desc(plan, &r), CLATTN_STATUS_SUCCESS);
+        cr_assert(r.kv_embed == 4 && r.head_dim_qk == 2 && r.head_dim_v == 3, "kv_embed %zu dk %zu dv %zu",
+                  r.kv_embed, r.head_dim_qk, r.head_dim_v);
+        float x[2 * 3 * 8] = {0}, kv[2 * 5 * 4] = {0}, val[2 * 5 * 6] = {0};
+        uint8_t mask[2 * 3 * 5] = {0};
+        float *out = tu_poisoned(2 * 3 * 12);
+        const clattn_attention_args good = {.x = x, .kv = kv, .value = val, .attn_mask = mask, .out = out,
+                                            .x_count = 48, .kv_count = 40, .value_count = 60, .attn_mask_count = 30,
+                                            .out_count = 72};
+        const struct { const char *needle; clattn_attention_args a; } wrong[] = {
+            {"args.value is NULL", {.x = x, .kv = kv, .attn_mask = mask, .out = out, .x_count = 48, .kv_count = 40,
+                                    .attn_mask_count = 30, .out_count = 72}},
+            {"value_count", {.x = x, .kv = kv, .value = val, .attn_mask = mask, .out = out, .x_count = 48,
+                             .kv_count = 40, .value_count = 59, .attn_mask_count = 30, .out_count = 72}},
+            {"batch x seq_q x seq_kv = 2 x 3 x 5", {.x = x, .kv = kv, .value = val, .attn_mask = mask, .out = out,
+                                                    .x_count = 48, .kv_count = 40, .value_count = 60,
+                                                    .attn_mask_count = 15, .out_count = 72}},
+        };
+        for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+            cr_assert_neq(clattn_plan_execute(plan, &wrong[i].a), CLATTN_STATUS_SUCCESS, "%s", wrong[i].needle);
+            cr_assert(strstr(clattn_last_error(), wrong[i].needle), "%s: %s", wrong[i].needle, clattn_last_error());
+            for (size_t j = 0; j < 72; j++) cr_assert(isnan(out[j]), "out written by a refused call");
+        }
+        cr_assert_eq(clattn_plan_execute(plan, &good), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        /* the backward: grad_value's count checked, and refused on a plan without a value input */
+        float gout[72] = {0}, gval[60];
+        clattn_attention_args a = good;
+        a.out = NULL, a.out_count = 0;
+        clattn_attention_grads g = {.grad_out = gout, .grad_out_count = 72, .grad_value = gval,
+                                    .grad_value_count = 61};
+        cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_SHAPE_MISMATCH);
+        cr_assert(strstr(clattn_last_error(), "grad_value"), "%s", clattn_last_error());
+        g.grad_value_count = 60;
+        cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_plan_free(plan);
+        free(out);
+        const clattn_attention_desc nv = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1};
+        cr_assert_eq(tu_plan_create(devs[k], &nv, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        float x1[24] = {0}, go1[24] = {0}, gv1[24];
+        const clattn_attention_args a1 = {.x = x1, .x_count = 24};
+        const clattn_attention_grads g1 = {.grad_out = go1, .grad_out_count = 24, .grad_value = gv1,
+                                           .grad_value_count = 24};
+        cr_assert_eq(clattn_plan_backward(plan, &a1, &g1), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "grads.grad_value is given"), "%s", clattn_last_error());
+        clattn_plan_free(plan);
+    }
     clattn_device_free(devs[0]);
     clattn_device_free(devs[1]);
 }

@@ -417,29 +417,31 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
     const size_t HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
     tu_rng rng = {seed};
     float *dout = tu_random(&rng, B * Tq * ow, -1.0f, 1.0f);
-    /* the gradients and their sizes: x, kv, wq, wk, wv, bq, bk, bv, wo, bo */
-    const size_t n[10] = {B * Tq * E, B * Tk * Ekv, H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk, HK * dv,
-                          d.out_dim * H * dv, d.out_dim};
-    const int has[10] = {1, d.cross, p->w.w_query != NULL, p->w.w_key != NULL, p->w.w_value != NULL,
+    /* the gradients and their sizes: x, kv, wq, wk, wv, bq, bk, bv, wo, bo, value */
+    enum { NG = 11 };
+    const size_t n[NG] = {B * Tq * E, B * Tk * Ekv, H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk,
+                          HK * dv, d.out_dim * H * dv, d.out_dim, B * Tk * HK * dv};
+    const int has[NG] = {1, d.cross, p->w.w_query != NULL, p->w.w_key != NULL, p->w.w_value != NULL,
                          p->w.b_query != NULL, p->w.b_key != NULL, p->w.b_value != NULL, p->w.w_out != NULL,
-                         p->w.b_out != NULL};
-    static const char *names[10] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
-                                    "b_out"};
-    float *got[10] = {0};
-    double *want[10] = {0};
-    for (int i = 0; i < 10; i++)
+                         p->w.b_out != NULL, d.separate_value};
+    static const char *names[NG] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
+                                    "b_out", "value"};
+    float *got[NG] = {0};
+    double *want[NG] = {0};
+    for (int i = 0; i < NG; i++)
         if (has[i]) got[i] = tu_poisoned(n[i]), want[i] = malloc(n[i] * sizeof(double));
-    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9]};
+    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9],
+                       want[10]};
     cr_assert_eq(oracle_attention_backward(&p->d, &p->w, &p->a, dout, &og), 0);
     clattn_attention_grads g = {.grad_out = dout, .grad_x = got[0], .grad_kv = got[1], .grad_w_query = got[2],
                                 .grad_w_key = got[3], .grad_w_value = got[4], .grad_b_query = got[5],
                                 .grad_b_key = got[6], .grad_b_value = got[7], .grad_w_out = got[8],
-                                .grad_b_out = got[9]};
+                                .grad_b_out = got[9], .grad_value = got[10]};
     g.grad_out_count = B * Tq * ow;
-    size_t *counts[10] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+    size_t *counts[NG] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
                           &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count, &g.grad_b_value_count,
-                          &g.grad_w_out_count, &g.grad_b_out_count};
-    for (int i = 0; i < 10; i++) *counts[i] = has[i] ? n[i] : 0;
+                          &g.grad_w_out_count, &g.grad_b_out_count, &g.grad_value_count};
+    for (int i = 0; i < NG; i++) *counts[i] = has[i] ? n[i] : 0;
     float *lse = NULL, *ctx = NULL, *out = NULL;
     if (saved) {
         lse = tu_poisoned(B * H * Tq), ctx = tu_poisoned(B * Tq * H * dv), out = tu_poisoned(B * Tq * ow);
@@ -453,7 +455,7 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
     st = clattn_plan_backward(plan, &a, &g);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s backward: %s: %s", what, clattn_status_string(st), clattn_last_error());
     char msg[256];
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < NG; i++) {
         if (!has[i]) continue;
         const size_t bad = oracle_compare(got[i], want[i], n[i], GRAD_ATOL, GRAD_RTOL, msg, sizeof msg);
         cr_assert_eq(bad, 0, "%s (%s%s) grad_%s: %zu of %zu differ; %s", what, clattn_plan_core(plan),
@@ -464,7 +466,7 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
     if (p->kpm && B > 1 && !d.cross)
         for (size_t k = (B - 1) * Tq * E; k < B * Tq * E; k++)
             cr_assert(got[0][k] == 0.0f, "%s: grad_x[%zu] = %g in a fully masked batch entry", what, k, got[0][k]);
-    for (int i = 0; i < 10; i++) free(got[i]), free(want[i]);
+    for (int i = 0; i < NG; i++) free(got[i]), free(want[i]);
     free(dout); free(lse); free(ctx); free(out);
     clattn_plan_free(plan);
 }
@@ -534,6 +536,22 @@ Test(train, backward_gqa_window_dropout)
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 900 + i);
 }
 
+/* The heads as given (no weights, K and V apart: grad_kv is K's gradient, grad_value V's), with GQA, dv != dk and
+ * masks per batch entry and per head; a projected plan with a (B, H, Tq, Tk) mask */
+Test(train, backward_heads_and_batched_masks)
+{
+    static const config cfgs[] = {
+        {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1},
+        {.B = 2, .Tq = 33, .Tk = 33, .E = 16, .H = 4, .HK = 1, .cross = 1, .causal = 1, .noproj = 1,
+         .separate_value = 1, .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1},
+        {.B = 3, .Tq = 9, .Tk = 13, .E = 8, .H = 2, .cross = 1, .noproj = 1, .separate_value = 1, .kpm = 1,
+         .mask = CLATTN_MASK_BOOL, .mask_pb = 1, .dropout = 0.25f},
+        {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .mask = CLATTN_MASK_BOOL,
+         .mask_pb = 1, .mask_ph = 1},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 980 + i);
+}
+
 /* Long rows: T = 1000 (keys beyond every block and vector size), causal and not, heads of 64 with GQA; OpenCL
  * only (ref's backward is the same loops as on short rows, and slow here). */
 Test(train, backward_long)
@@ -568,7 +586,7 @@ Test(train, backward_buffers_at_offsets)
     const void *src[NI] = {p.a.x, p.a.kv, p.kpm, p.a.attn_mask, dout, NULL, NULL};
     double *want[NG];
     for (int i = 0; i < NG; i++) want[i] = malloc(n[NI + i] * sizeof(double));
-    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9]};
+    oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9], NULL};
     cr_assert_eq(oracle_attention_backward(&p.d, &p.w, &p.a, dout, &og), 0);
     for (int alg = 0; alg < 2; alg++) {
         clattn_attention_desc d = p.d;

@@ -381,7 +381,9 @@ void tu_count_args(const clattn_plan *plan, clattn_attention_args *a)
     fill(&c.x_count, c.x, B * Tq * d.embed);
     fill(&c.kv_count, c.kv, B * Tk * d.kv_embed);
     fill(&c.key_padding_mask_count, c.key_padding_mask, B * Tk);
-    fill(&c.attn_mask_count, c.attn_mask, Tq * Tk);
+    fill(&c.attn_mask_count, c.attn_mask,
+         (d.attn_mask_per_batch ? B : 1) * (d.attn_mask_per_head ? d.heads : 1) * Tq * Tk);
+    fill(&c.value_count, c.value, B * Tk * d.kv_heads * d.head_dim_v);
     fill(&c.out_count, c.out, B * Tq * clattn_plan_out_width(plan));
     fill(&c.attn_count, c.attn, B * d.heads * Tq * Tk);
     fill(&c.lse_count, c.lse, B * d.heads * Tq);
@@ -451,8 +453,13 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
     d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
     d->scale = c->scale;
-    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E, Ekv = c->cross ? c->Ekv : c->E;
-    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? E / H : c->dk, dv = c->noproj ? E / H : c->dv;
+    d->separate_value = c->separate_value, d->attn_mask_per_batch = c->mask_pb, d->attn_mask_per_head = c->mask_ph;
+    const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? c->E / H : c->dk;
+    const size_t dv = c->noproj ? (c->separate_value && c->dv ? c->dv : c->E / H) : c->dv;
+    if (c->separate_value) d->head_dim_v = dv;
+    /* without weights kv holds HK heads of dk (kv_embed 0: the plan resolves it so) */
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E;
+    const size_t Ekv = !c->cross ? c->E : c->Ekv ? c->Ekv : c->noproj ? HK * dk : c->E;
     const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
     if (!c->noproj) {
         p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
@@ -470,6 +477,8 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     }
     p->a.x = p->bufs[p->nb++] = tu_random(&rng, B * Tq * E, -2.0f, 2.0f);
     if (c->cross) p->a.kv = p->bufs[p->nb++] = tu_random(&rng, B * Tk * Ekv, -2.0f, 2.0f);
+    if (c->separate_value) p->a.value = p->bufs[p->nb++] = tu_random(&rng, B * Tk * HK * dv, -2.0f, 2.0f);
+    const size_t nm = (c->mask_pb ? B : 1) * (c->mask_ph ? H : 1) * Tq * Tk; /* the attention mask's elements */
     if (c->kpm) {
         p->kpm = calloc(B * Tk, 1);
         for (size_t i = 0; i < B * Tk; i++) p->kpm[i] = tu_next(&rng) % 4 == 0;
@@ -477,12 +486,12 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
         p->a.key_padding_mask = p->kpm;
     }
     if (c->mask == CLATTN_MASK_BOOL) {
-        p->bmask = calloc(Tq * Tk, 1);
-        for (size_t i = 0; i < Tq * Tk; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
+        p->bmask = calloc(nm, 1);
+        for (size_t i = 0; i < nm; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
         p->a.attn_mask = p->bmask;
     } else if (c->mask == CLATTN_MASK_FLOAT) {
-        float *fm = p->bufs[p->nb++] = tu_random(&rng, Tq * Tk, -2.0f, 2.0f);
-        for (size_t i = 0; i < Tq * Tk; i++)
+        float *fm = p->bufs[p->nb++] = tu_random(&rng, nm, -2.0f, 2.0f);
+        for (size_t i = 0; i < nm; i++)
             if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
         p->a.attn_mask = fm;
     }

@@ -88,6 +88,9 @@ typedef struct tu_attn_case {
     int kv_half;          /* K and V rounded to half (kv_half; inference only) */
     int need_weights;     /* the attention weights are wanted (cores that produce them) */
     float scale;          /* the scores' scale (0: the default, 1/sqrt(dk)) */
+    int separate_value;   /* with noproj and cross: kv is K of HK heads (dk = E/H), value V (dv, 0 = dk): the heads as
+                             torch's scaled_dot_product_attention takes them */
+    int mask_pb, mask_ph; /* the attention mask per batch entry and/or per head: (B,) (H,) Tq, Tk */
 } tu_attn_case;
 
 /* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask

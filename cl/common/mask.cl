@@ -4,6 +4,7 @@
  *   WINDOW    W > 0 (with CAUSAL): key j is also hidden when i - j >= W (sliding window); 0 = none
  *   KPM       1: key padding mask (B, Tk) of uchar, nonzero = hidden
  *   MASK_KIND 0 none, 1 bool (Tq, Tk) uchar nonzero = hidden, 2 float (Tq, Tk) added
+ *   MASK_PB   1: one (Tq, Tk) mask per batch entry; MASK_PH 1: one per query head ((B,) (H,) Tq, Tk: CLATTN_MASK_AT)
  *   DROPOUT   1: training-mode dropout (philox.cl) */
 #ifndef CLATTN_MASK_CL
 #define CLATTN_MASK_CL
@@ -23,6 +24,18 @@
 #ifndef DROPOUT
 #define DROPOUT 0
 #endif
+#ifndef MASK_PB
+#define MASK_PB 0
+#endif
+#ifndef MASK_PH
+#define MASK_PH 0
+#endif
+
+/* Where query head h of batch entry b finds its (Tq, Tk) mask, in elements from the mask's first: 0 for a mask all
+ * share, else past the masks of the batch entries (MASK_PB) and heads (MASK_PH) before it. */
+#define CLATTN_MASK_AT(b, h, H, Tq, Tk)                                                                     \
+    (((MASK_PB ? (ulong)(b) : 0ul) * (MASK_PH ? (ulong)(H) : 1ul) + (MASK_PH ? (ulong)(h) : 0ul)) * (ulong)(Tq) * \
+     (ulong)(Tk))
 
 #if MASK_KIND == 2
 typedef float mask_t;

@@ -167,7 +167,7 @@ __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
     const uint h = (uint)(bh % H);
     const ulong b = bh / H;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
     /* the rows transposed: qt[c] lane r = Q[i0 + r, c] (rows past Tq repeat the last one, never written) */
     rv_t qt[DK], ct[DV], acc[DK];
     float t[ROWS];
@@ -232,7 +232,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
     const uint hk = (uint)(bhk % HK);
     const ulong b = bhk / HK;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off; /* + each query head's CLATTN_MASK_AT: mh below */
     rv_t kt[DK], vt[DV], gk[DK], gv[DV];
     float t[ROWS];
     for (uint c = 0; c < DK; c++) {
@@ -254,6 +254,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
     for (uint x = 0; x < GROUP; x++) {
         const uint h = hk * GROUP + x;
         const ulong bh = b * H + h;
+        __global const mask_t *mh = mask + CLATTN_MASK_AT(b, h, H, Tq, Tk); /* this head's mask */
         for (uint i = ibeg; i < iend; i += PART) { /* query rows i .. i+PART-1, those past iend with P 0 */
             const int masked = bwd_masked(i, min(i + PART - 1, iend - 1), j0, j1, Tk);
 #define KV_ROWS(u, S, B) \
@@ -268,7 +269,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
             /* dS and P m; a row with no visible key (lse -inf), and a row past iend, passes no gradient */
 #define KV_DS(u, S, B) \
     { \
-        s##u = bwd_scores(s##u, scale, (uint)i##u, 0, j0, 1, Tq, Tk, b, masked, kpm, mask); \
+        s##u = bwd_scores(s##u, scale, (uint)i##u, 0, j0, 1, Tq, Tk, b, masked, kpm, mh); \
         const rv_t p = l##u == -INFINITY ? (rv_t)(0.0f) : exp(s##u - l##u); \
         const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, (uint)i##u, 0, j0, 1, threshold, keep_scale); \
         ds##u = bwd_ds(p, m, dp##u, (rv_t)(dd[bh * Tq + i##u])); \

@@ -135,7 +135,7 @@ void bwd_dq_tiles(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
     const uint h = (uint)(bh % H);
     const ulong b = bh / H;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
     BWD_STAGE(qs, LDK, GLK, 1, q + q_off + b * Tq * q_ld + (ulong)h * DK, q_ld, i0, BQ, Tq, DK, WGQ)
     BWD_STAGE(os, LDV, GLV, 1, dctx + dctx_off + b * Tq * dctx_ld + (ulong)h * DV, dctx_ld, i0, BQ, Tq, DV, WGQ)
     float l2[RM], dr[RM], acc[RM][NKC];
@@ -246,7 +246,7 @@ void bwd_dkdv_tiles(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __gl
     const uint hk = (uint)(bhk % HK);
     const ulong b = bhk / HK;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off; /* + each query head's CLATTN_MASK_AT: mh below */
     BWD_STAGE(ks, LDK, GLK, 1, k + k_off + b * Tk * k_ld + (ulong)hk * DK, k_ld, j0, BK, Tk, DK, WGK)
     BWD_STAGE(vs, LDV, GLV, 1, v + v_off + b * Tk * v_ld + (ulong)hk * DV, v_ld, j0, BK, Tk, DV, WGK)
     float gk[RM][NKC], gv[RM][NVC];
@@ -270,6 +270,7 @@ void bwd_dkdv_tiles(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __gl
     for (uint x = 0; x < GROUP; x++) {
         const uint h = hk * GROUP + x;
         const ulong bh = b * H + h;
+        __global const mask_t *mh = mask + CLATTN_MASK_AT(b, h, H, Tq, Tk); /* this head's mask */
         __global const float *qb = q + q_off + b * Tq * q_ld + (ulong)h * DK;
         __global const float *ob = dctx + dctx_off + b * Tq * dctx_ld + (ulong)h * DV;
         for (uint i0 = ibeg; i0 < iend; i0 += BQ) {
@@ -304,7 +305,7 @@ void bwd_dkdv_tiles(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __gl
                 for (uint n = 0; n < RNQ; n++) {
                     const uint y = tx + TC * n, i = i0 + y;
                     float sc = s[r][n] * scale;
-                    if (masked) sc = j < Tk && i < iend ? clattn_mask_score(sc, i, j, b, Tk, kpm, mask) : -INFINITY;
+                    if (masked) sc = j < Tk && i < iend ? clattn_mask_score(sc, i, j, b, Tk, kpm, mh) : -INFINITY;
                     const float p = bwd_p(sc, ls[y]);
                     const float m = bwd_keep_of(seed_lo, seed_hi, (uint)b, h, i, j, threshold, keep_scale);
                     wme[r * BQP + y] = p == 0.0f ? 0.0f : p * m;

@@ -139,7 +139,7 @@ void flash_gemm(FLASH_ARGS)
     const uint part = blkd.part;
 #endif
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
     const float scale2 = scale * LOG2E;
     /* this work-item's corners of the local arrays: every access below is a constant offset from one */
     __local const fv_t *qme = qs + ty * QGL, *kme = ks + tx * KLD, *vme = vs + tx;

@@ -372,7 +372,7 @@ void flash_mma(FLASH_ARGS)
     const uint part = blkd.part;
 #endif
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
     const float scale2 = scale * LOG2E;
     /* this lane's two rows (rows past Tq compute with the last row and are never written) */
     const uint r0 = i0 + warp * 16 + g, r1 = r0 + 8;

@@ -60,7 +60,7 @@ __kernel void flash_rows(FLASH_ARGS)
     const ulong b = bh / H;
     const uint i0 = blk * ROWS;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
 
     vw_t qr[ROWS][NKW], acc[ROWS][NVW];
     float m[ROWS], l[ROWS];

@@ -36,7 +36,7 @@ void flash_tiled(FLASH_ARGS)
     const ulong b = bh / H;
     const uint i0 = blk * BQ, i = i0 + r;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, h, H, Tq, Tk);
 
     for (uint x = lid; x < BQ * DK; x += BQ * NS) {
         const uint rr = x / DK, c = x % DK;

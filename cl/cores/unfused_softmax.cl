@@ -64,7 +64,7 @@ void softmax_rows(__global float *s, ulong s_off,
     const ulong b = bh / H;
     __global float *r = s + s_off + (ulong)get_group_id(0) * Tk;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, bh % H, H, Tq, Tk);
 
     /* pass 1: online max and sum over this item's keys */
     float2 acc = (float2)(-INFINITY, 0.0f);
@@ -119,7 +119,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
     const ulong b = bh / H;
     __global float *r = s + s_off + (ulong)g * Tk;
     if (KPM) kpm += kpm_off;
-    if (MASK_KIND) mask += mask_off;
+    if (MASK_KIND) mask += mask_off + CLATTN_MASK_AT(b, bh % H, H, Tq, Tk);
 #if !KPM && MASK_KIND == 0 && !DROPOUT && !WINDOW
     const uint n = CAUSAL ? min(i + 1, Tk) : Tk;   /* visible keys 0 .. n-1 */
     const uint n8 = n & ~7u;

@@ -63,7 +63,8 @@ class AttentionDesc(Structure):
                 ("attn_mask", c_int), ("key_padding_mask", c_int), ("scale", c_float), ("dropout", c_float),
                 ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
-                ("precision", c_int), ("training", c_int)]
+                ("precision", c_int), ("training", c_int), ("separate_value", c_int),
+                ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
@@ -77,7 +78,8 @@ class AttentionArgs(Structure):
     _fields_ = [("x", c_float_p), ("kv", c_float_p), ("key_padding_mask", c_uint8_p), ("attn_mask", c_void_p),
                 ("out", c_float_p), ("attn", c_float_p)] + [
         (n + "_count", c_size_t) for n in ("x", "kv", "key_padding_mask", "attn_mask", "out", "attn")] + [
-        ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t)]
+        ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t),
+        ("value", c_float_p), ("value_count", c_size_t)]
 
 
 GRAD_NAMES = ("x", "kv") + WEIGHT_NAMES  # the differentiable inputs, in clattn_attention_grads' order
@@ -86,7 +88,8 @@ GRAD_NAMES = ("x", "kv") + WEIGHT_NAMES  # the differentiable inputs, in clattn_
 class AttentionGrads(Structure):
     _fields_ = [("grad_out", c_float_p), ("lse", c_float_p), ("context", c_float_p)] + [
         ("grad_" + n, c_float_p) for n in GRAD_NAMES] + [
-        (n + "_count", c_size_t) for n in ("grad_out", "lse", "context") + tuple("grad_" + n for n in GRAD_NAMES)]
+        (n + "_count", c_size_t) for n in ("grad_out", "lse", "context") + tuple("grad_" + n for n in GRAD_NAMES)] + [
+        ("grad_value", c_float_p), ("grad_value_count", c_size_t)]
 
 
 class EncoderDesc(Structure):

@@ -115,10 +115,22 @@ clattn_status clattn_weight_counts_check(const clattn_attention_desc *d, const c
 /* args' inputs against the plan (x, kv, the masks: given as the description declares, with their counts); the
  * outputs are the caller's to check (execution, backward). */
 clattn_status clattn_plan_check_inputs(const struct clattn_plan *plan, const clattn_attention_args *args);
-/* The inputs x, kv, key_padding_mask and attn_mask for the overlap rule (runtime.h), from host args (a) or buffers
+#define CLATTN_PLAN_INPUTS 5
+/* The inputs x, kv, key_padding_mask, attn_mask and value for the overlap rule (runtime.h), from host args (a) or buffers
  * (b): the forward and the backward check their outputs against them. */
 void clattn_plan_input_ranges(const struct clattn_plan *p, const clattn_attention_args *a,
-                              const clattn_attention_buffers *b, clattn_mem_range ins[4]);
+                              const clattn_attention_buffers *b, clattn_mem_range ins[CLATTN_PLAN_INPUTS]);
+/* Elements of the attention mask ((B,) (H,) Tq, Tk: desc.attn_mask_per_batch, _per_head; 0 without one) and of
+ * the value input (B, Tk, HK*dv; 0 without separate_value) of the resolved description d. */
+static inline size_t clattn_plan_mask_elems(const clattn_attention_desc *d)
+{
+    if (d->attn_mask == CLATTN_MASK_NONE) return 0;
+    return (d->attn_mask_per_batch ? d->batch : 1) * (d->attn_mask_per_head ? d->heads : 1) * d->seq_q * d->seq_kv;
+}
+static inline size_t clattn_plan_value_elems(const clattn_attention_desc *d)
+{
+    return d->separate_value ? d->batch * d->seq_kv * d->kv_heads * d->head_dim_v : 0;
+}
 /* buffers declares what the plan has: no kv for self-attention, no mask the plan was made without, lse and context
  * only on a training plan. */
 clattn_status clattn_plan_check_buffers_declared(const struct clattn_plan *plan, const clattn_attention_buffers *b);

@@ -15,8 +15,8 @@ static clattn_status check_has(int grad, int has, const char *name, const char *
 
 /* What a backward call's gradients must agree with, either form: the forward's lse and context both or neither,
  * and no gradient for an input the plan lacks. given[]: grad_kv, then the eight parameters in
- * clattn_attention_grads' order. */
-static clattn_status check_given(const clattn_plan *plan, const char *owner, int lse, int context, const int given[9])
+ * clattn_attention_grads' order, then grad_value. */
+static clattn_status check_given(const clattn_plan *plan, const char *owner, int lse, int context, const int given[10])
 {
     const clattn_attention_desc *d = &plan->d;
     if (lse != context)
@@ -24,6 +24,7 @@ static clattn_status check_given(const clattn_plan *plan, const char *owner, int
                            "and context together, or neither (the backward then recomputes them)", owner,
                            lse ? "lse" : "context", owner, lse ? "context" : "lse");
     TRY(check_has(given[0], d->cross, "grad_kv", "the plan is self-attention (its keys and values come from x)"));
+    TRY(check_has(given[9], d->separate_value, "grad_value", "the plan has no value input (desc.separate_value = 0)"));
     /* the plan's own parameters, in the same order: a gradient for one it lacks is refused */
     static const char *names[8] = {"grad_w_query", "grad_w_key", "grad_w_value", "grad_b_query", "grad_b_key",
                                    "grad_b_value", "grad_w_out", "grad_b_out"};
@@ -46,12 +47,14 @@ static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_atte
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
-    clattn_mem_range ins[7];
+    enum { N = CLATTN_PLAN_INPUTS };
+    clattn_mem_range ins[N + 3];
     clattn_plan_input_ranges(p, a, b, ins);
-    ins[4] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, 4);
-    ins[5] = CLATTN_RANGE("grads", g, gb, lse, B * H * Tq, 4);
-    ins[6] = CLATTN_RANGE("grads", g, gb, context, B * Tq * H * dv, 4);
+    ins[N] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, 4);
+    ins[N + 1] = CLATTN_RANGE("grads", g, gb, lse, B * H * Tq, 4);
+    ins[N + 2] = CLATTN_RANGE("grads", g, gb, context, B * Tq * H * dv, 4);
     const clattn_mem_range outs[] = {
+        CLATTN_RANGE("grads", g, gb, grad_value, clattn_plan_value_elems(d), 4),
         CLATTN_RANGE("grads", g, gb, grad_x, B * Tq * d->embed, 4),
         CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? B * Tk * d->kv_embed : 0, 4),
         CLATTN_RANGE("grads", g, gb, grad_w_query, p->has_qkv ? H * dk * d->embed : 0, 4),
@@ -62,7 +65,7 @@ static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_atte
         CLATTN_RANGE("grads", g, gb, grad_b_value, p->b_value ? HK * dv : 0, 4),
         CLATTN_RANGE("grads", g, gb, grad_w_out, p->has_out ? Eo * H * dv : 0, 4),
         CLATTN_RANGE("grads", g, gb, grad_b_out, p->b_out ? Eo : 0, 4)};
-    return clattn_check_no_overlap(outs, (int)(sizeof outs / sizeof outs[0]), ins, 7);
+    return clattn_check_no_overlap(outs, (int)(sizeof outs / sizeof outs[0]), ins, N + 3);
 }
 
 static clattn_status check_grads(const clattn_plan *plan, const clattn_attention_grads *g)
@@ -77,8 +80,9 @@ static clattn_status check_grads(const clattn_plan *plan, const clattn_attention
     const size_t counts[8] = {g->grad_w_query_count, g->grad_w_key_count, g->grad_w_value_count,
                               g->grad_b_query_count, g->grad_b_key_count, g->grad_b_value_count, g->grad_w_out_count,
                               g->grad_b_out_count};
-    int given[9] = {g->grad_kv != NULL};
+    int given[10] = {g->grad_kv != NULL};
     for (int i = 0; i < 8; i++) given[1 + i] = arrays[i] != NULL;
+    given[9] = g->grad_value != NULL;
     TRY(check_given(plan, "grads", g->lse != NULL, g->context != NULL, given));
     char how[120];
     snprintf(how, sizeof how, "batch x seq_q x out width = %zu x %zu x %zu", B, Tq, plan->out_width);
@@ -91,6 +95,8 @@ static clattn_status check_grads(const clattn_plan *plan, const clattn_attention
     TRY(clattn_count_check("grads", "grad_x", g->grad_x, g->grad_x_count, B * Tq * E, how));
     snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, Ekv);
     TRY(clattn_count_check("grads", "grad_kv", g->grad_kv, g->grad_kv_count, B * Tk * Ekv, how));
+    snprintf(how, sizeof how, "batch x seq_kv x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tk, d->kv_heads, dv);
+    TRY(clattn_count_check("grads", "grad_value", g->grad_value, g->grad_value_count, clattn_plan_value_elems(d), how));
     return clattn_weight_counts_check(d, "grads", "grad_", arrays, counts);
 }
 
@@ -107,17 +113,18 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s is given to the backward pass, which writes "
                            "gradients only (the forward's lse and context go in grads)",
                            b->out.mem ? "out" : b->attn.mem ? "attn" : b->lse.mem ? "lse" : "context");
-    const clattn_buffer ps[9] = {g->grad_kv, g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query,
-                                 g->grad_b_key, g->grad_b_value, g->grad_w_out, g->grad_b_out};
-    int given[9];
-    for (int i = 0; i < 9; i++) given[i] = ps[i].mem != NULL;
+    const clattn_buffer ps[10] = {g->grad_kv, g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query,
+                                  g->grad_b_key, g->grad_b_value, g->grad_w_out, g->grad_b_out, g->grad_value};
+    int given[10];
+    for (int i = 0; i < 10; i++) given[i] = ps[i].mem != NULL;
     TRY(check_given(plan, "grads", g->lse.mem != NULL, g->context.mem != NULL, given));
     const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
     const struct { clattn_buffer buf; size_t elems, size; const char *what; } all[] = {
         {b->x, B * Tq * d->embed, 4, "x"},
         {b->kv, d->cross ? B * Tk * d->kv_embed : 0, 4, "kv"},
         {b->key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1, "key_padding_mask"},
-        {b->attn_mask, d->attn_mask ? Tq * Tk : 0, mask_size, "attn_mask"},
+        {b->attn_mask, clattn_plan_mask_elems(d), mask_size, "attn_mask"},
+        {b->value, clattn_plan_value_elems(d), 4, "value"},
         {g->grad_out, B * Tq * plan->out_width, 4, "grad_out"},
         {g->lse, B * H * Tq, 4, "lse"},
         {g->context, B * Tq * H * dv, 4, "context"},
@@ -130,10 +137,11 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
         {g->grad_b_key, HK * dk, 4, "grad_b_key"},
         {g->grad_b_value, HK * dv, 4, "grad_b_value"},
         {g->grad_w_out, Eo * H * dv, 4, "grad_w_out"},
-        {g->grad_b_out, Eo, 4, "grad_b_out"}};
+        {g->grad_b_out, Eo, 4, "grad_b_out"},
+        {g->grad_value, clattn_plan_value_elems(d), 4, "grad_value"}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (i < 4 && !all[i].elems) continue; /* an input the plan does not declare (refused before) */
-        if (i == 0 || i == 4 || all[i].buf.mem)
+        if (i < 5 && !all[i].elems) continue; /* an input the plan does not declare (refused before) */
+        if (i == 0 || i == 5 || all[i].buf.mem)
             TRY(clattn_buffer_check(all[i].buf.mem, all[i].buf.offset, all[i].elems, all[i].size, all[i].what));
     }
     return CLATTN_STATUS_SUCCESS;

@@ -174,10 +174,11 @@ clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attenti
         const int qkv = plan->has_qkv;
         grad_input(dQ, qkv ? plan->w_query : NULL, B * Tq, H * dk, E, gx);
         grad_input(dK, qkv ? plan->w_key : NULL, B * Tk, HK * dk, Ekv, kv_acc);
-        grad_input(dV, qkv ? plan->w_value : NULL, B * Tk, HK * dv, Ekv, kv_acc);
+        if (!d->separate_value) grad_input(dV, qkv ? plan->w_value : NULL, B * Tk, HK * dv, Ekv, kv_acc);
         if (g->grad_x) store(gx, B * Tq * E, g->grad_x);
         if (g->grad_kv) store(gkv, B * Tk * Ekv, g->grad_kv);
     }
+    if (g->grad_value) store(dV, B * Tk * HK * dv, g->grad_value); /* separate_value: V is the value input */
 done:
     free(Q); free(K); free(V); free(ctx); free(dout); free(dctx); free(dQ); free(dK); free(dV); free(P); free(m);
     free(gx); free(gkv);

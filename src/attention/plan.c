@@ -106,6 +106,12 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (d->algorithm == CLATTN_ALGORITHM_FUSED && d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "need_weights with algorithm FUSED: the fused kernel does not "
                            "produce the attention weights (use AUTO or UNFUSED)");
+    if ((unsigned)d->separate_value > 1 || (unsigned)d->attn_mask_per_batch > 1 || (unsigned)d->attn_mask_per_head > 1)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value, attn_mask_per_batch and attn_mask_per_head "
+                           "must be 0 or 1");
+    if ((d->attn_mask_per_batch || d->attn_mask_per_head) && d->attn_mask == CLATTN_MASK_NONE)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask_per_%s without an attn_mask (desc.attn_mask = "
+                           "CLATTN_MASK_NONE): it would be ignored", d->attn_mask_per_batch ? "batch" : "head");
     if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if (d->training && d->kv_half)
@@ -144,23 +150,34 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "w_query, w_key and w_value must be given together (missing %s)",
                            !w->w_query ? "w_query" : !w->w_key ? "w_key" : "w_value");
     *has_qkv = nqkv == 3;
+    if (d->separate_value && (*has_qkv || !d->cross))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value needs cross = 1 and no Q/K/V weights (keys "
+                           "from kv, values from value: the heads as given)");
     if (!*has_qkv && (w->b_query || w->b_key || w->b_value))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "Q/K/V biases given without Q/K/V weights");
     if (*has_qkv) {
         if (d->head_dim_qk == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "head_dim_qk must be >= 1 with Q/K/V weights");
         if (d->head_dim_v == 0) d->head_dim_v = d->head_dim_qk;
     } else {
-        if (d->kv_heads != d->heads)
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads (%zu) != heads (%zu) needs Q/K/V weights "
-                               "(w_key and w_value of kv_heads heads)", d->kv_heads, d->heads);
+        /* Q = x, K = kv (or x), V = value (separate_value) or K: the heads as given */
+        if (d->kv_heads != d->heads && !d->cross)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads (%zu) != heads (%zu) without Q/K/V weights needs "
+                               "cross = 1 (keys and values of kv_heads heads in kv)", d->kv_heads, d->heads);
         if (d->embed % d->heads)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, heads (%zu) must divide embed (%zu)", d->heads, d->embed);
-        if (d->kv_embed != d->embed)
-            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, kv_embed (%zu) must equal embed (%zu)", d->kv_embed, d->embed);
         size_t hd = d->embed / d->heads;
-        if ((d->head_dim_qk && d->head_dim_qk != hd) || (d->head_dim_v && d->head_dim_v != hd))
+        if (d->head_dim_qk && d->head_dim_qk != hd)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights the head size is embed/heads = %zu", hd);
-        d->head_dim_qk = d->head_dim_v = hd;
+        if (d->head_dim_v && d->head_dim_v != hd && !d->separate_value)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights head_dim_v is embed/heads = %zu "
+                               "(another needs separate_value)", hd);
+        d->head_dim_qk = hd;
+        if (d->head_dim_v == 0) d->head_dim_v = hd;
+        /* kv is K (and V) of kv_heads heads; in desc its width was resolved to embed when 0 */
+        if (d->cross && in->kv_embed == 0) d->kv_embed = d->kv_heads * hd;
+        if (d->kv_embed != d->kv_heads * hd)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, kv_embed (%zu) must be kv_heads*"
+                               "head_dim_qk = %zu*%zu", d->kv_embed, d->kv_heads, hd);
     }
     *has_out = w->w_out != NULL;
     if (!*has_out && w->b_out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "b_out given without w_out");
@@ -456,6 +473,11 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     if (plan->d.attn_mask == CLATTN_MASK_NONE && a->attn_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is given, but the plan was created "
                            "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
+    if (plan->d.separate_value && !a->value)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.value is NULL (the plan has desc.separate_value)");
+    if (!plan->d.separate_value && a->value)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.value is given, but the plan was created without "
+                           "desc.separate_value = 1: it would be ignored");
     /* every array's count (0 for one not given), before anything is read or written */
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
@@ -466,12 +488,21 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     TRY(clattn_count_check("args", "kv", a->kv, a->kv_count, B * Tk * d->kv_embed, how));
     snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", B, Tk);
     TRY(clattn_count_check("args", "key_padding_mask", a->key_padding_mask, a->key_padding_mask_count, B * Tk, how));
-    snprintf(how, sizeof how, "seq_q x seq_kv = %zu x %zu", Tq, Tk);
-    return clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, Tq * Tk, how);
+    {
+        char pre[64] = "";
+        if (d->attn_mask_per_batch) snprintf(pre, sizeof pre, "%zu x ", B);
+        if (d->attn_mask_per_head) snprintf(pre + strlen(pre), sizeof pre - strlen(pre), "%zu x ", d->heads);
+        snprintf(how, sizeof how, "%s%sseq_q x seq_kv = %s%zu x %zu", d->attn_mask_per_batch ? "batch x " : "",
+                 d->attn_mask_per_head ? "heads x " : "", pre, Tq, Tk);
+    }
+    TRY(clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, clattn_plan_mask_elems(d), how));
+    snprintf(how, sizeof how, "batch x seq_kv x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tk, d->kv_heads,
+             d->head_dim_v);
+    return clattn_count_check("args", "value", a->value, a->value_count, clattn_plan_value_elems(d), how);
 }
 
 void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args *a, const clattn_attention_buffers *b,
-                              clattn_mem_range ins[4])
+                              clattn_mem_range ins[CLATTN_PLAN_INPUTS])
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
@@ -479,7 +510,9 @@ void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args 
     ins[0] = CLATTN_RANGE(o, a, b, x, B * Tq * d->embed, 4);
     ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? B * Tk * d->kv_embed : 0, 4);
     ins[2] = CLATTN_RANGE(o, a, b, key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1);
-    ins[3] = CLATTN_RANGE(o, a, b, attn_mask, d->attn_mask ? Tq * Tk : 0, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
+    ins[3] = CLATTN_RANGE(o, a, b, attn_mask, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
+    ins[4] = CLATTN_RANGE(o, a, b, value, clattn_plan_value_elems(d), 4);
+    (void)Tq;
 }
 
 /* The forward's outputs against its inputs and each other, from host args (a) or buffers (b): one list for both
@@ -490,13 +523,13 @@ static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_atten
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads;
     const char *o = a ? "args" : "buffers";
-    clattn_mem_range ins[4];
+    clattn_mem_range ins[CLATTN_PLAN_INPUTS];
     clattn_plan_input_ranges(p, a, b, ins);
     const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * Tq * p->out_width, 4),
                                      CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, 4),
                                      CLATTN_RANGE(o, a, b, lse, B * H * Tq, 4),
                                      CLATTN_RANGE(o, a, b, context, B * Tq * H * d->head_dim_v, 4)};
-    return clattn_check_no_overlap(outs, 4, ins, 4);
+    return clattn_check_no_overlap(outs, 4, ins, CLATTN_PLAN_INPUTS);
 }
 
 static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
@@ -531,6 +564,9 @@ clattn_status clattn_plan_check_buffers_declared(const clattn_plan *plan, const 
     if (plan->d.attn_mask == CLATTN_MASK_NONE && b->attn_mask.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.attn_mask is given, but the plan was created "
                            "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
+    if (!plan->d.separate_value && b->value.mem)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.value is given, but the plan was created without "
+                           "desc.separate_value = 1: it would be ignored");
     return check_training_outputs(plan, b->lse.mem != NULL, b->context.mem != NULL, "buffers");
 }
 

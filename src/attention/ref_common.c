@@ -30,7 +30,7 @@ void clattn_ref_qkv(const struct clattn_plan *plan, const clattn_attention_args 
     } else {
         memcpy(Q, a->x, B * Tq * E * sizeof *Q);
         memcpy(K, kv, B * Tk * Ekv * sizeof *K);
-        memcpy(V, kv, B * Tk * Ekv * sizeof *V);
+        memcpy(V, d->separate_value ? a->value : kv, B * Tk * HK * dv * sizeof *V);
     }
     if (d->kv_half) { /* the values a half KV cache holds */
         for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_half(K[n]);
@@ -38,13 +38,22 @@ void clattn_ref_qkv(const struct clattn_plan *plan, const clattn_attention_args 
     }
 }
 
-/* Is key j hidden from query i of batch entry b? */
-static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a, size_t b, size_t i, size_t j)
+/* Where head h of batch entry b finds its (Tq, Tk) mask: per batch entry and/or head, or one for all. */
+static size_t mask_at(const clattn_attention_desc *d, size_t b, size_t h)
+{
+    const size_t nh = d->attn_mask_per_head ? d->heads : 1;
+    return ((d->attn_mask_per_batch ? b : 0) * nh + (d->attn_mask_per_head ? h : 0)) * d->seq_q * d->seq_kv;
+}
+
+/* Is key j hidden from query i of batch entry b, head h? */
+static int hidden(const clattn_attention_desc *d, const clattn_attention_args *a, size_t b, size_t h, size_t i,
+                  size_t j)
 {
     if (d->causal && j > i) return 1;
     if (d->window && i - j >= d->window) return 1; /* j <= i here: window needs causal */
     if (d->key_padding_mask && a->key_padding_mask[b * d->seq_kv + j]) return 1;
-    if (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[i * d->seq_kv + j]) return 1;
+    if (d->attn_mask == CLATTN_MASK_BOOL && ((const uint8_t *)a->attn_mask)[mask_at(d, b, h) + i * d->seq_kv + j])
+        return 1;
     return 0;
 }
 
@@ -61,8 +70,8 @@ double clattn_ref_scores(const struct clattn_plan *plan, const clattn_attention_
         double v = 0.0;
         for (size_t c = 0; c < dk; c++) v += (double)q[c] * (double)k[c];
         v *= d->scale;
-        if (d->attn_mask == CLATTN_MASK_FLOAT) v += ((const float *)a->attn_mask)[i * Tk + j];
-        s[j] = hidden(d, a, b, i, j) ? -INFINITY : v;
+        if (d->attn_mask == CLATTN_MASK_FLOAT) v += ((const float *)a->attn_mask)[mask_at(d, b, h) + i * Tk + j];
+        s[j] = hidden(d, a, b, h, i, j) ? -INFINITY : v;
         if (isnan(s[j])) *any_nan = 1;
         else if (s[j] > max) max = s[j];
     }

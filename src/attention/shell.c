@@ -25,7 +25,7 @@ static size_t shell_floats(const struct clattn_plan *p)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + B * Tq * p->out_width;
+    size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + clattn_plan_value_elems(d) + B * Tq * p->out_width;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * HK * (dk + dv) + H * dk * E + HK * (dk + dv) * Ekv;
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
     return total;
@@ -45,7 +45,7 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     const int biases = !d->training; /* a training plan's projections add them (adds_biases) */
     clattn_core_layout l = {.out_ld = H * dv, .bias_q = biases && p->b_query, .bias_k = biases && p->b_key,
                             .bias_v = biases && p->b_value};
-    if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = l.v_ld = d->kv_embed;
+    if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = d->kv_embed, l.v_ld = d->separate_value ? HK * dv : d->kv_embed;
     else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
     else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     return l;
@@ -111,10 +111,13 @@ static clattn_status staging_buffers(struct clattn_plan *p)
     const clattn_device *dev = p->device;
     TRY(clattn_buffer_new(dev, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in));
     if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in));
+    if (d->separate_value)
+        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "the value staging buffer",
+                              &c->value_in));
     if (d->key_padding_mask)
         TRY(clattn_buffer_new(dev, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in));
     if (d->attn_mask)
-        TRY(clattn_buffer_new(dev, Tq * Tk, d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
+        TRY(clattn_buffer_new(dev, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
                               "the attention mask staging buffer", &c->mask_in));
     return clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf);
 }
@@ -160,7 +163,7 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
-     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf}
+     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -258,17 +261,19 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
         {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
         {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
-        {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
-         (void *)a->attn_mask, "the attention mask"}};
+        {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
+         (void *)a->attn_mask, "the attention mask"},
+        {c->value_in, clattn_plan_value_elems(d) * sizeof(float), (void *)a->value, "value"}};
     const size_t H = d->heads, dv = d->head_dim_v;
     const clattn_transfer out[] = {
         {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"},
         {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
         {p->has_out ? c->merged : c->out_buf, B * Tq * H * dv * sizeof(float), a->context, "the context"}};
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
-                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0}};
+                 .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0},
+                 .value = {c->value_in, 0}};
     pass_ctx pc = {p, &io};
-    clattn_status st = clattn_exec_host(p->device, in, 4, pass, &pc, out, 3);
+    clattn_status st = clattn_exec_host(p->device, in, 5, pass, &pc, out, 3);
     if (st == CLATTN_STATUS_SUCCESS && a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
     free(attn_host);
     return st;
@@ -284,8 +289,9 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
     if (d->key_padding_mask)
         TRY(clattn_buffer_check(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1, "key_padding_mask"));
     if (d->attn_mask)
-        TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, Tq * Tk,
+        TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, clattn_plan_mask_elems(d),
                                 d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
+    if (d->separate_value) TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_plan_value_elems(d), 4, "value"));
     TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
     if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
     const size_t n_lse = B * d->heads * Tq, n_ctx = B * Tq * d->heads * d->head_dim_v;
@@ -297,7 +303,7 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
                  .attn = {b->attn.mem, b->attn.offset},
                  .lse = b->lse.mem ? (view){b->lse.mem, b->lse.offset} : (view){c->lse_buf, 0},
-                 .context = {b->context.mem, b->context.offset}};
+                 .context = {b->context.mem, b->context.offset}, .value = {b->value.mem, b->value.offset}};
     pass_ctx pc = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
 }

@@ -13,7 +13,7 @@ typedef struct shell_train {
     cl_mem dproj, dproj_kv;       /* dQ|dK|dV laid out like the projections (cross: dQ, and dK|dV) */
     cl_mem dctx;                  /* the context's gradient (B, Tq, H*dv), with an output projection */
     cl_mem ctx;                   /* the recomputed context without one (with one: the shell's merged) */
-    cl_mem gout_in, gx_out, gkv_out; /* host staging: dOut, dx, dkv */
+    cl_mem gout_in, gx_out, gkv_out, gvalue_out; /* host staging: dOut, dx, dkv, dvalue */
     cl_mem gw[8];                 /* host staging: the parameters' gradients, in clattn_attention_grads' order */
 } shell_train;
 
@@ -34,7 +34,7 @@ typedef struct shell {
     cl_mem proj, proj_kv;         /* projection outputs, token-major */
     cl_mem merged;                /* the core's output when an output projection follows: (B, Tq, H*dv) */
     /* staging for execution from host arrays */
-    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf;
+    cl_mem x_in, kv_in, kpm_in, mask_in, out_buf, value_in;
     cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
@@ -42,6 +42,7 @@ typedef struct shell {
 
 typedef struct run_io {
     view x, kv, kpm, mask, out, attn; /* attn.mem NULL: not wanted (or read to attn_host) */
+    view value;                       /* separate_value: V (else mem NULL) */
     float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
     view lse, context;                /* training plans: the rows' log-sum-exp (always somewhere), the merged
                                          heads before the output projection (mem NULL: not wanted) */

@@ -20,9 +20,9 @@ enum { GW_Q, GW_K, GW_V, GB_Q, GB_K, GB_V, GW_OUT, GB_OUT, NGRAD }; /* clattn_at
 /* One backward pass: where its inputs are and where its gradients go (mem NULL: not wanted; ctx NULL: the
  * forward's statistics are recomputed). */
 typedef struct bwd_io {
-    view x, kv, kpm, mask;
+    view x, kv, kpm, mask, value;
     view gout, lse, ctx;
-    view gx, gkv;
+    view gx, gkv, gvalue;
     view gw[NGRAD];
 } bwd_io;
 
@@ -72,6 +72,9 @@ clattn_status clattn_shell_train_init(struct clattn_plan *p)
     TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "the grad_x staging buffer", &t->gx_out));
     if (d->cross)
         TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "the grad_kv staging buffer", &t->gkv_out));
+    if (d->separate_value)
+        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "the grad_value staging buffer",
+                              &t->gvalue_out));
     size_t n[NGRAD];
     grad_sizes(p, n);
     for (int i = 0; i < NGRAD; i++)
@@ -81,7 +84,7 @@ clattn_status clattn_shell_train_init(struct clattn_plan *p)
 
 #define TRAIN_MEMS(t) \
     {&t->dproj, &t->dproj_kv, &t->dctx, &t->ctx, &t->gout_in, &t->gx_out, &t->gkv_out, &t->gw[0], &t->gw[1], \
-     &t->gw[2], &t->gw[3], &t->gw[4], &t->gw[5], &t->gw[6], &t->gw[7]}
+     &t->gw[2], &t->gw[3], &t->gw[4], &t->gw[5], &t->gw[6], &t->gw[7], &t->gvalue_out}
 
 void clattn_shell_train_release(shell_train *t)
 {
@@ -121,7 +124,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const size_t Hdv = H * dv, Eo = p->out_width;
     /* 1. Q, K, V */
     clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask, .seed = d->seed};
-    const run_io rio = {.x = io->x, .kv = io->kv};
+    const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value};
     TRY(clattn_shell_project(p, &rio, &cio));
     /* 2. the forward's lse and context */
     view ctx = io->ctx, lse = io->lse;
@@ -156,7 +159,10 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const view kvin = self ? io->x : io->kv;
     if (!p->has_qkv) {
         if (io->gx.mem) TRY(clattn_linear_sum_blocks(l, dq, nq, self ? 3 : 1, E, io->gx, E, B * Tq));
-        if (io->gkv.mem) TRY(clattn_linear_sum_blocks(l, dK, nkv, 2, Ekv, io->gkv, Ekv, B * Tk));
+        /* K = V = kv: dkv = dK + dV; separate_value: dkv = dK, dvalue = dV */
+        const size_t sv = d->separate_value;
+        if (io->gkv.mem) TRY(clattn_linear_sum_blocks(l, dK, nkv, sv ? 1 : 2, Ekv, io->gkv, Ekv, B * Tk));
+        if (io->gvalue.mem) TRY(clattn_linear_sum_blocks(l, dV, nkv, 1, HK * dv, io->gvalue, HK * dv, B * Tk));
         return CLATTN_STATUS_SUCCESS;
     }
     const clattn_layout lay = d->layout;
@@ -197,8 +203,9 @@ clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_att
         {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
         {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
-        {d->attn_mask ? c->mask_in : NULL, Tq * Tk * (d->attn_mask == CLATTN_MASK_FLOAT ? sizeof(float) : 1),
+        {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          (void *)a->attn_mask, "the attention mask"},
+        {c->value_in, clattn_plan_value_elems(d) * sizeof(float), (void *)a->value, "value"},
         {t->gout_in, B * Tq * p->out_width * sizeof(float), (void *)g->grad_out, "grad_out"},
         {saved ? c->lse_buf : NULL, B * H * Tq * sizeof(float), (void *)g->lse, "lse"},
         {saved ? ctx_buf : NULL, B * Tq * H * dv * sizeof(float), (void *)g->context, "context"}};
@@ -206,18 +213,20 @@ clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_att
     grad_sizes(p, n);
     float *const host[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                 g->grad_b_value, g->grad_w_out, g->grad_b_out};
-    clattn_transfer out[2 + NGRAD] = {
+    clattn_transfer out[3 + NGRAD] = {
         {t->gx_out, B * Tq * d->embed * sizeof(float), g->grad_x, "grad_x"},
-        {t->gkv_out, B * Tk * d->kv_embed * sizeof(float), g->grad_kv, "grad_kv"}};
+        {t->gkv_out, B * Tk * d->kv_embed * sizeof(float), g->grad_kv, "grad_kv"},
+        {t->gvalue_out, clattn_plan_value_elems(d) * sizeof(float), g->grad_value, "grad_value"}};
     bwd_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
-                 .gout = {t->gout_in, 0}, .lse = {saved ? c->lse_buf : NULL, 0}, .ctx = {saved ? ctx_buf : NULL, 0},
-                 .gx = {g->grad_x ? t->gx_out : NULL, 0}, .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}};
+                 .value = {c->value_in, 0}, .gout = {t->gout_in, 0}, .lse = {saved ? c->lse_buf : NULL, 0},
+                 .ctx = {saved ? ctx_buf : NULL, 0}, .gx = {g->grad_x ? t->gx_out : NULL, 0},
+                 .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}, .gvalue = {g->grad_value ? t->gvalue_out : NULL, 0}};
     for (int i = 0; i < NGRAD; i++) {
-        out[2 + i] = (clattn_transfer){t->gw[i], n[i] * sizeof(float), host[i], "a parameter's gradient"};
+        out[3 + i] = (clattn_transfer){t->gw[i], n[i] * sizeof(float), host[i], "a parameter's gradient"};
         io.gw[i] = (view){host[i] ? t->gw[i] : NULL, 0};
     }
     void *pc[2] = {p, &io};
-    return clattn_exec_host(p->device, in, 7, bwd_pass, pc, out, 2 + NGRAD);
+    return clattn_exec_host(p->device, in, 8, bwd_pass, pc, out, 3 + NGRAD);
 }
 
 clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_attention_buffers *b,
@@ -230,7 +239,8 @@ clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_
                  .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .gout = {g->grad_out.mem, g->grad_out.offset},
                  .lse = {g->lse.mem, g->lse.offset}, .ctx = {g->context.mem, g->context.offset},
-                 .gx = {g->grad_x.mem, g->grad_x.offset}, .gkv = {g->grad_kv.mem, g->grad_kv.offset}};
+                 .gx = {g->grad_x.mem, g->grad_x.offset}, .gkv = {g->grad_kv.mem, g->grad_kv.offset},
+                 .value = {b->value.mem, b->value.offset}, .gvalue = {g->grad_value.mem, g->grad_value.offset}};
     for (int i = 0; i < NGRAD; i++) io.gw[i] = (view){gws[i].mem, gws[i].offset};
     void *pc[2] = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, bwd_pass, pc, event);

@@ -1,6 +1,7 @@
 /* shell_project.c: the OpenCL shell's first step, the Q/K/V projections (shell.h), which the forward (shell.c)
  * and the backward (shell_backward.c) both run: self-attention one GEMM against [Wq|Wk|Wv], cross-attention
- * Q = x Wq^T and [K|V] = kv [Wk|Wv]^T, or without projections the inputs themselves. */
+ * Q = x Wq^T and [K|V] = kv [Wk|Wv]^T, or without projections the inputs themselves (V the value input with
+ * separate_value). */
 #include "shell.h"
 
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
@@ -12,6 +13,7 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
     if (!p->has_qkv) {
         cio->q = io->x;
         cio->k = cio->v = d->cross ? io->kv : io->x;
+        if (d->separate_value) cio->v = io->value;
         return CLATTN_STATUS_SUCCESS;
     }
     view proj = {c->proj, 0};

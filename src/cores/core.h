@@ -273,7 +273,7 @@ clattn_status clattn_core_backward_dot(const clattn_device *dev, cl_kernel k, co
 /* The -D options of an attention kernel, the one list every core builds from ("-cl-std=CL1.2" first); `what`
  * names the groups its kernels read:
  *   CLATTN_DEFINES_SHAPE   DK, DV, GROUP (query heads per key/value head), WINDOW, KV_HALF (the plan's kv_half)
- *   CLATTN_DEFINES_MASKS   CAUSAL, WINDOW, KPM, MASK_KIND
+ *   CLATTN_DEFINES_MASKS   CAUSAL, WINDOW, KPM, MASK_KIND (and MASK_PB, MASK_PH when either is 1)
  *   CLATTN_DEFINES_TRAIN   DROPOUT, LSE
  *   CLATTN_DEFINES_TF32    TF32 (the plan's precision)
  * Writes opts; returns the length written (or more, when it does not fit: snprintf's). */
