@@ -1,0 +1,382 @@
+"""clattn.functional: torch.nn.functional.scaled_dot_product_attention on a clattn device.
+
+    import clattn.functional as CF
+    out = CF.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                          enable_gqa=False)
+
+The attention core alone on heads already projected (clattn_attention_desc.separate_value): query (..., H, L, E),
+key (..., Hk, S, E), value (..., Hk, S, Ev) as torch takes them, any number of leading dimensions (broadcast as
+torch broadcasts them), the result (..., H, L, Ev). Differentiable through clattn's backward pass. With torch >= 2.4
+the call is a torch custom operator (torch.ops.clattn.attend, with a fake implementation), so torch.compile traces it
+without a graph break; with older torch (Debian's 1.13) it is a torch.autograd.Function over the same code.
+
+Where clattn differs from torch on purpose: a query row that sees no key (fully masked) gives 0, not NaN, and passes
+no gradient. float64 tensors are refused (clattn computes in float32, which would round them silently); float16 and
+bfloat16 are widened to float32 exactly and the results rounded back. Masks get no gradient (a float attn_mask that
+requires grad is refused). Dropout draws its seed from torch's generator (torch.manual_seed makes it repeatable);
+the kept weights differ from torch's, which draws them otherwise.
+
+Plans (one per shape and option set) are cached per device, device=None meaning $CLATTN_DEVICE, else the first
+OpenCL device, else ref (clattn.devices()).
+"""
+
+import ctypes
+import math
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from . import _lib
+from ._device import _create, _Device, _PlanCache
+from ._errors import check as _check
+from ._errors import invalid as _invalid
+from ._errors import shape as _shape
+from ._errors import UnsupportedError
+
+__all__ = ["scaled_dot_product_attention", "attend", "PLAN_CACHE_SIZE"]
+
+PLAN_CACHE_SIZE = 64  # plans kept per device (least recently used out)
+# Inference calls of a few query rows (decode steps, whose key length grows by one each token) run on a plan for
+# the key length rounded up to a multiple of KEY_BUCKET, the keys past the real ones hidden by the mask: one plan per
+# KEY_BUCKET tokens generated, not one per token. At 2,048 keys the padding is 3 % of the work at most.
+KEY_BUCKET = 64
+BUCKET_ROWS = 16  # query rows up to which a call is bucketed
+
+_devices: Dict[Optional[str], Tuple[_Device, _PlanCache]] = {}
+_devices_lock = threading.Lock()
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")  # torch >= 2.4
+
+
+def _unsupported(message: str):
+    raise UnsupportedError(-3008, message)
+
+
+def _device(spec: Optional[str]) -> Tuple[_Device, _PlanCache]:
+    """The open device of a spec and its plan cache, opened once per process."""
+    with _devices_lock:
+        got = _devices.get(spec)
+        if got is None:
+            got = _devices[spec] = (_Device(spec), _PlanCache(PLAN_CACHE_SIZE))
+        return got
+
+
+def device_name(device: Optional[str] = None) -> str:
+    """The name of the device calls with this spec run on (opening it)."""
+    return _device(device or None)[0].name
+
+
+def _ptr(t: Optional[torch.Tensor], ctype=_lib.c_float_p):
+    return None if t is None else ctypes.cast(t.data_ptr(), ctype)
+
+
+def _plan(dev: _Device, cache: _PlanCache, key: tuple):
+    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training) = key
+
+    def make():
+        d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
+                               head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
+                               attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
+                               scale=scale, dropout=dropout, training=int(training))
+        return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
+
+    return cache.get(key, make)
+
+
+def _key(q, k, v, mask, causal, window, scale, dropout_p, training) -> tuple:
+    B, Tq, H, dk = q.shape
+    Tk, HK, dv = k.shape[1], k.shape[2], v.shape[3]
+    kind, pb, ph = _lib.MASK_NONE, False, False
+    if mask is not None:
+        kind = _lib.MASK_BOOL if mask.dtype == torch.uint8 else _lib.MASK_FLOAT
+        pb, ph = mask.shape[0] > 1, mask.shape[1] > 1
+    return (B, Tq, Tk, H, HK, dk, dv, kind, pb, ph, bool(causal), int(window), float(scale), float(dropout_p),
+            bool(training))
+
+
+def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
+                 training: bool, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
+    k (B, Tk, HK, dk), v (B, Tk, HK, dv) float32 contiguous CPU tensors, mask None or (1|B, 1|H, Tq, Tk) uint8
+    (nonzero = hidden) or float32 (added)."""
+    dev, cache = _device(device or None)
+    B, Tq, H, _ = q.shape
+    dv = v.shape[3]
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training))
+    out = torch.empty((B, Tq, H, dv), dtype=torch.float32)
+    lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
+    if dropout_p > 0.0:
+        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
+    a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), out=_ptr(out), x_count=q.numel(),
+                           kv_count=k.numel(), value_count=v.numel(), out_count=out.numel())
+    if mask is not None:
+        a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
+    if training:
+        a.lse, a.lse_count = _ptr(lse), lse.numel()
+    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
+    return out, lse
+
+
+def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, window: int, scale: float,
+                          dropout_p: float, seed: int, device: str):
+    """dq, dk, dv for the training call that gave out and lse (the same inputs and seed)."""
+    dev, cache = _device(device or None)
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if dropout_p > 0.0:
+        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
+    a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), x_count=q.numel(), kv_count=k.numel(),
+                           value_count=v.numel())
+    if mask is not None:
+        a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
+    g = _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
+                            grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
+                            lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),
+                            grad_kv_count=dk.numel(), grad_value_count=dv.numel())
+    _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "scaled_dot_product_attention backward")
+    return dq, dk, dv
+
+
+if _HAS_CUSTOM_OP:
+    @torch.library.custom_op("clattn::attend", mutates_args=())
+    def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
+                   window: int, scale: float, dropout_p: float, seed: int, training: bool,
+                   device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+
+    @_attend_op.register_fake
+    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+        B, Tq, H, _ = q.shape
+        return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,)))
+
+    @torch.library.custom_op("clattn::attend_backward", mutates_args=())
+    def _attend_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                            out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor, causal: bool, window: int,
+                            scale: float, dropout_p: float, seed: int,
+                            device: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _attend_backward_impl(q, k, v, mask, out, lse, grad_out.contiguous(), causal, window, scale,
+                                     dropout_p, seed, device)
+
+    @_attend_backward_op.register_fake
+    def _(q, k, v, mask, out, lse, grad_out, causal, window, scale, dropout_p, seed, device):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def _setup_context(ctx, inputs, output):
+        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device = inputs
+        out, lse = output
+        if not training:
+            return
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.opts = (causal, window, scale, dropout_p, seed, device)
+
+    def _backward(ctx, grad_out, grad_lse):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
+                         "computes first derivatives only")
+        dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+    _attend_op.register_autograd(_backward, setup_context=_setup_context)
+
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+        if training and not any(t.requires_grad for t in (q, k, v)):
+            training = False
+        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)[0]
+else:
+    class _AttendFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+            out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+            if training:
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.mask = mask
+                ctx.opts = (causal, window, scale, dropout_p, seed, device)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            if torch.is_grad_enabled():
+                _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
+                             "computes first derivatives only")
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts)
+            return dq, dk, dv, None, None, None, None, None, None, None, None
+
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+        return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+
+
+def _as_float32(name: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        _invalid(f"{name}: a {type(t).__name__}; clattn.functional takes torch tensors")
+    if t.device.type != "cpu":
+        _invalid(f"{name}: a tensor on {t.device}; clattn takes CPU tensors (it runs on its own device, chosen with "
+                 f"device=...): pass {name}.cpu()")
+    if t.layout != torch.strided:
+        _invalid(f"{name}: a {t.layout} tensor; pass a dense one ({name}.to_dense())")
+    if t.dtype not in _FLOATS:
+        if t.dtype == torch.float64:
+            _invalid(f"{name}: float64; clattn computes in float32 and would round it: pass {name}.float()")
+        _invalid(f"{name}: dtype {t.dtype}; clattn takes float32, float16 and bfloat16")
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _mask_for(name: str, m: torch.Tensor, B: int, H: int, Tq: int, Tk: int) -> torch.Tensor:
+    """A mask broadcastable to (B, H, Tq, Tk) as clattn takes it: (1|B, 1|H, Tq, Tk), contiguous, uint8 nonzero =
+    hidden (from torch's bool True = attend) or float32 added."""
+    if not isinstance(m, torch.Tensor):
+        _invalid(f"{name}: a {type(m).__name__}; pass a torch tensor")
+    if m.device.type != "cpu":
+        _invalid(f"{name}: a tensor on {m.device}; pass {name}.cpu()")
+    if m.requires_grad and torch.is_grad_enabled():
+        _unsupported(f"{name} requires grad: clattn computes no gradient for masks; pass {name}.detach() if it is "
+                     f"not learned")
+    m = m.detach()
+    if m.dim() > 4:
+        _shape(f"{name}: {tuple(m.shape)} has more dimensions than the (batch, heads, L, S) it is broadcast to")
+    shape = (1,) * (4 - m.dim()) + tuple(m.shape)
+    full = (B, H, Tq, Tk)
+    for have, want in zip(shape, full):
+        if have not in (1, want):
+            _shape(f"{name}: {tuple(m.shape)} does not broadcast to (batch, heads, L, S) = {full}")
+    m = m.reshape(shape).expand(shape[0], shape[1], Tq, Tk)
+    if m.dtype == torch.bool:
+        return (~m).to(torch.uint8).contiguous()
+    if m.dtype in _FLOATS or m.dtype == torch.float64:
+        return m.to(torch.float32).contiguous()
+    _invalid(f"{name}: dtype {m.dtype}; a mask is bool (True = attend) or floating (added to the scores)")
+    return m  # not reached
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor] = None,
+           *, causal: bool = False, window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
+           device: Optional[str] = None) -> torch.Tensor:
+    """The core on token-major heads, the layout projections produce and clattn reads without a copy:
+    query (B, L, H, E), key (B, S, Hk, E), value (B, S, Hk, Ev) with Hk dividing H (query head h reads key/value
+    head h // (H // Hk)) -> (B, L, H, Ev). mask None, or broadcastable to (B, H, L, S): bool True = attend, or float
+    added. causal: key j hidden from query i when j > i (top-left aligned); window W > 0 (with causal): also when
+    i - j >= W. The rest as scaled_dot_product_attention."""
+    q, k, v = _as_float32("query", query), _as_float32("key", key), _as_float32("value", value)
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() != 4:
+            _shape(f"{name}: {tuple(t.shape)}; attend takes (batch, length, heads, head size)")
+    B, L, H, E = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        _shape(f"key {tuple(k.shape)} and value {tuple(v.shape)}: batch must be query's ({B})")
+    S, Hk = k.shape[1], k.shape[2]
+    if k.shape[3] != E:
+        _shape(f"key {tuple(k.shape)}: head size {k.shape[3]} must be query's ({E})")
+    if tuple(v.shape[:3]) != (B, S, Hk):
+        _shape(f"value {tuple(v.shape)}: (batch, length, heads) must be key's ({B}, {S}, {Hk})")
+    if Hk == 0 or H % Hk:
+        _shape(f"key/value heads ({Hk}) must divide query heads ({H})")
+    if min(B, L, S, H, E, v.shape[3]) == 0:
+        _shape(f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}: a dimension is 0")
+    causal, window = bool(causal), int(window)
+    if window < 0 or (window and not causal):
+        _invalid(f"window={window}: a sliding window needs causal=True and window >= 0")
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale == 0.0:
+        _invalid(f"scale={scale}: must be finite and nonzero")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        _invalid(f"dropout_p={dropout_p}: must be in [0, 1)")
+    m = None if mask is None else _mask_for("attn_mask", mask, B, H, L, S)
+    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    dtype = query.dtype
+    Sb = -(-S // KEY_BUCKET) * KEY_BUCKET
+    if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
+        q, k, v, m = _bucketed(q, k, v, m, Sb)
+    out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
+               device or "")
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _bucketed(q, k, v, m, Sb: int):
+    """Keys and values padded with zeros to Sb, and the mask extended to hide the padding (a (1, 1, L, Sb) one
+    made when there is none): the same attention on a plan shared by every key length of the bucket."""
+    B, S, Hk, E = k.shape
+    if Sb != S:
+        kb, vb = k.new_zeros((B, Sb, Hk, E)), v.new_zeros((B, Sb, Hk, v.shape[3]))
+        kb[:, :S], vb[:, :S] = k, v
+        k, v = kb, vb
+    if m is None:
+        m = torch.zeros((1, 1, q.shape[1], Sb), dtype=torch.uint8)
+        m[..., S:] = 1
+    elif Sb != S:
+        pad = m.new_full((*m.shape[:3], Sb - S), 1 if m.dtype == torch.uint8 else float("-inf"))
+        m = torch.cat((m, pad), dim=3)
+    return q, k, v, m
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+                                 *, device: Optional[str] = None) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention, computed by clattn: softmax(Q K^T * scale + mask) V.
+
+    query (N, ..., H, L, E), key (N, ..., Hk, S, E), value (N, ..., Hk, S, Ev) -> (N, ..., H, L, Ev); leading
+    dimensions broadcast. Hk = H, or Hk = 1 (broadcast), or with enable_gqa Hk dividing H (query head h reads
+    key/value head h // (H // Hk), without repeating K and V). attn_mask broadcastable to (N, ..., H, L, S): bool
+    (True = take part in attention) or floating (added to the scores). is_causal: the top-left aligned lower
+    triangle (query i sees keys j <= i), not with attn_mask. scale None: 1/sqrt(E). dropout_p: training-mode dropout
+    on the weights (each call a new seed from torch's generator).
+
+    Differs from torch on purpose: a query row that sees no key gives 0 (torch: NaN) and no gradient; float64 is
+    refused (clattn computes in float32); masks get no gradient. device: a clattn device spec (None: the default)."""
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or not isinstance(value, torch.Tensor):
+        _invalid("query, key and value must be torch tensors")
+    if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
+        _shape(f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}: each needs at least "
+               f"(L, E)")
+    if is_causal and attn_mask is not None:
+        _invalid("is_causal=True with an attn_mask: pass one or the other (as torch)")
+    # (..., H, L, E) with H = 1 when absent; the leading dimensions broadcast
+    q4 = query if query.dim() >= 3 else query.unsqueeze(0)
+    k4 = key if key.dim() >= 3 else key.unsqueeze(0)
+    v4 = value if value.dim() >= 3 else value.unsqueeze(0)
+    H, Hk = q4.shape[-3], k4.shape[-3]
+    if v4.shape[-3] != Hk:
+        _shape(f"value {tuple(value.shape)}: heads must be key's ({Hk})")
+    if Hk != H and Hk != 1 and not (enable_gqa and Hk and H % Hk == 0):
+        _shape(f"key/value heads ({Hk}) != query heads ({H})" +
+               ("" if enable_gqa else ": pass enable_gqa=True for grouped-query attention") +
+               (f"; with enable_gqa they must divide them" if enable_gqa else ""))
+    try:
+        lead = torch.broadcast_shapes(q4.shape[:-3], k4.shape[:-3], v4.shape[:-3])
+    except RuntimeError:
+        _shape(f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}: the batch "
+               f"dimensions do not broadcast")
+    L, E, S, Ev = q4.shape[-2], q4.shape[-1], k4.shape[-2], v4.shape[-1]
+    if k4.shape[-1] != E:
+        _shape(f"key {tuple(key.shape)}: head size {k4.shape[-1]} must be query's ({E})")
+    if v4.shape[-2] != S:
+        _shape(f"value {tuple(value.shape)}: length must be key's ({S})")
+    B = math.prod(lead) if lead else 1
+    q4 = q4.expand(*lead, H, L, E).reshape(B, H, L, E)
+    k4 = k4.expand(*lead, Hk, S, E).reshape(B, Hk, S, E)
+    v4 = v4.expand(*lead, Hk, S, Ev).reshape(B, Hk, S, Ev)
+    mask = None
+    if attn_mask is not None:  # broadcast to (lead, H, L, S), then as clattn takes it
+        if not isinstance(attn_mask, torch.Tensor):
+            _invalid(f"attn_mask: a {type(attn_mask).__name__}; pass a torch tensor")
+        mshape = (1,) * max(0, len(lead) + 3 - attn_mask.dim()) + tuple(attn_mask.shape)
+        try:
+            torch.broadcast_shapes(mshape, (*lead, H, L, S))
+        except RuntimeError:
+            _shape(f"attn_mask: {tuple(attn_mask.shape)} does not broadcast to {(*lead, H, L, S)}")
+        if len(mshape) > len(lead) + 3:
+            _shape(f"attn_mask: {tuple(attn_mask.shape)} has more dimensions than {(*lead, H, L, S)}")
+        per_batch = any(d > 1 for d in mshape[:len(lead)])
+        m = attn_mask.reshape(mshape)
+        m = m.expand(*(lead if per_batch else (1,) * len(lead)), mshape[-3], L, S)
+        mask = m.reshape(B if per_batch else 1, mshape[-3], L, S)
+    out = attend(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2), mask, causal=is_causal, scale=scale,
+                 dropout_p=dropout_p, device=device)
+    out = out.transpose(1, 2).reshape(*lead, H, L, Ev)
+    return out if query.dim() >= 3 else out.reshape(L, Ev)

@@ -1,0 +1,236 @@
+"""pytest: clattn.functional.scaled_dot_product_attention against a float64 oracle written here (torch's formula:
+softmax(Q K^T * scale + mask) V, in float64, with GQA by repeating K and V): every mask form (bool True = attend,
+float added) and broadcast, GQA with enable_gqa and a broadcast key head, is_causal with L != S, scale, 0-2 leading
+dimensions, value heads of another size, the gradients of query, key and value; a fully masked row (0, clattn's
+choice); refusals; plans cached per shape; dropout repeatable under torch.manual_seed; and, with torch >= 2.4, the
+custom operator under torch.compile. Runs on Debian's torch 1.13 and on PyPI's torch 2.x (scripts/ci-torch2.sh)."""
+import math
+
+import pytest
+
+import clattn
+
+torch = pytest.importorskip("torch")
+import clattn.functional as CF  # noqa: E402 (needs torch)
+
+HAVE_OPENCL = len(clattn.devices()) > 1
+DEVICES = ["ref"] + (["opencl"] if HAVE_OPENCL else [])
+FWD = dict(rtol=1e-4, atol=1e-5)
+GRAD = dict(rtol=1e-3, atol=1e-5)
+
+
+def oracle(q, k, v, mask=None, is_causal=False, scale=None):
+    """torch's scaled_dot_product_attention in float64, written out (GQA: K and V repeated per group); a row that
+    sees no key gives 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    L, S = s.shape[-2:]
+    if is_causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+
+def inputs(qs, ks, vs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=g).requires_grad_(True) for s in (qs, ks, vs))
+
+
+def check(q, k, v, device, mask=None, grads=True, **kw):
+    out = CF.scaled_dot_product_attention(q, k, v, attn_mask=mask, device=device, **kw)
+    want = oracle(q, k, v, mask, kw.get("is_causal", False), kw.get("scale"))
+    assert out.shape == want.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    if grads:
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+        got = torch.autograd.grad(out, (q, k, v), g)
+        exp = torch.autograd.grad(want, (q, k, v), g.double())
+        for name, a, b in zip("qkv", got, exp):
+            torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
+
+
+B, H, L, S, E = 2, 4, 7, 13, 8
+
+MASKS = {  # name: (shape, bool or float): every way a mask broadcasts to (B, H, L, S)
+    "bool_LS": ((L, S), torch.bool),
+    "bool_B1LS": ((B, 1, L, S), torch.bool),
+    "bool_BHLS": ((B, H, L, S), torch.bool),
+    "bool_1S": ((1, S), torch.bool),
+    "float_HLS": ((H, L, S), torch.float32),
+    "float_B11S": ((B, 1, 1, S), torch.float32),
+    "float_1H1S": ((1, H, 1, S), torch.float32),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_name", sorted(MASKS))
+def test_every_mask_form(device, mask_name):
+    shape, dtype = MASKS[mask_name]
+    g = torch.Generator().manual_seed(hash(mask_name) % 1000)
+    if dtype == torch.bool:
+        mask = torch.rand(*shape, generator=g) > 0.3
+    else:
+        mask = torch.randn(*shape, generator=g)
+        mask[torch.rand(*shape, generator=g) < 0.2] = float("-inf")
+    check(*inputs((B, H, L, E), (B, H, S, E), (B, H, S, 6)), device, mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_and_broadcast_key_heads(device):
+    check(*inputs((B, H, L, E), (B, 2, S, E), (B, 2, S, E), seed=1), device, enable_gqa=True)
+    check(*inputs((B, H, L, E), (B, 1, S, E), (B, 1, S, 5), seed=2), device, enable_gqa=True, is_causal=True)
+    check(*inputs((B, H, L, E), (B, 1, S, E), (B, 1, S, E), seed=3), device)  # one key head broadcasts
+    q, k, v = inputs((B, H, L, E), (B, 2, S, E), (B, 2, S, E), seed=4)
+    with pytest.raises(clattn.ShapeMismatchError, match="enable_gqa"):
+        CF.scaled_dot_product_attention(q, k, v, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("Lq,Lk", [(5, 9), (9, 5), (1, 1), (61, 61)])
+def test_causal_top_left(device, Lq, Lk):
+    check(*inputs((B, H, Lq, E), (B, H, Lk, E), (B, H, Lk, E), seed=Lq * 100 + Lk), device, is_causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+def test_leading_dimensions_and_scale(device, lead):
+    """(L, E) / (H, L, E) / (N, H, L, E) / (N1, N2, H, L, E), a key broadcast over the first leading dimension."""
+    if not lead:
+        q, k, v = inputs((L, E), (S, E), (S, E), seed=5)
+    else:
+        q, k, v = inputs((*lead, H, L, E), (*((1,) + lead[1:]), H, S, E), (*lead, H, S, E), seed=6)
+    check(q, k, v, device, scale=0.37)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fully_masked_row_gives_zero_and_no_nan_gradient(device):
+    q, k, v = inputs((1, 2, 4, E), (1, 2, 5, E), (1, 2, 5, E), seed=8)
+    mask = torch.ones(1, 1, 4, 5, dtype=torch.bool)
+    mask[..., 2, :] = False  # row 2 sees nothing
+    out = CF.scaled_dot_product_attention(q, k, v, attn_mask=mask, device=device)
+    assert torch.all(out[:, :, 2] == 0)
+    out.sum().backward()
+    assert torch.all(q.grad[:, :, 2] == 0) and not any(torch.isnan(t.grad).any() for t in (q, k, v))
+    check(q.detach().requires_grad_(), k.detach().requires_grad_(), v.detach().requires_grad_(), device, mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_dtypes_round_trip(device):
+    q, k, v = (t.detach() for t in inputs((B, H, L, E), (B, H, S, E), (B, H, S, E), seed=9))
+    for dt in (torch.float16, torch.bfloat16):
+        out = CF.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), device=device)
+        assert out.dtype == dt
+        want = oracle(q.to(dt), k.to(dt), v.to(dt)).to(dt)
+        torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_refusals():
+    q, k, v = inputs((B, H, L, E), (B, H, S, E), (B, H, S, E))
+    with pytest.raises(clattn.InvalidArgumentError, match="float64"):
+        CF.scaled_dot_product_attention(q.double(), k, v)
+    with pytest.raises(clattn.InvalidArgumentError, match="is_causal"):
+        CF.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.bool), is_causal=True)
+    with pytest.raises(clattn.ShapeMismatchError, match="broadcast"):
+        CF.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, L, S, dtype=torch.bool))
+    with pytest.raises(clattn.ShapeMismatchError, match="head size"):
+        CF.scaled_dot_product_attention(q, k[..., :4], v)
+    with pytest.raises(clattn.UnsupportedError, match="requires grad"):
+        CF.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(L, S, requires_grad=True))
+    with pytest.raises(clattn.InvalidArgumentError, match="dropout_p"):
+        CF.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+    with pytest.raises(clattn.InvalidArgumentError, match="dtype"):
+        CF.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plans_cached_per_shape(device):
+    _, cache = CF._device(device)
+    q, k, v = (t.detach() for t in inputs((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), seed=10))
+    CF.scaled_dot_product_attention(q, k, v, device=device)
+    n = len(cache)
+    for _ in range(3):
+        CF.scaled_dot_product_attention(q + 1, k, v, device=device)
+    assert len(cache) == n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_repeatable_and_scaled(device):
+    q, k, v = inputs((1, 2, 16, E), (1, 2, 64, E), (1, 2, 64, E), seed=11)
+    torch.manual_seed(3)
+    a = CF.scaled_dot_product_attention(q, k, v, dropout_p=0.5, device=device)
+    torch.manual_seed(3)
+    b = CF.scaled_dot_product_attention(q, k, v, dropout_p=0.5, device=device)
+    c = CF.scaled_dot_product_attention(q, k, v, device=device)
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+    # out is linear in V: with V = ones, each row is the sum of its kept weights / (1 - p), 1 in expectation
+    ones = torch.ones(1, 2, 64, E)
+    torch.manual_seed(4)
+    s = CF.scaled_dot_product_attention(q.detach(), k.detach(), ones, dropout_p=0.5, device=device)
+    assert abs(s.mean().item() - 1.0) < 0.15
+    a.sum().backward()  # the backward keeps the forward's weights: d(sum)/dV = column sums of the kept weights
+    torch.manual_seed(3)
+    w = CF.scaled_dot_product_attention(q.detach(), k.detach(), torch.eye(64).expand(1, 2, 64, 64),
+                                        dropout_p=0.5, device=device)
+    torch.testing.assert_close(v.grad, w.sum(2).unsqueeze(-1).expand(1, 2, 64, E), **GRAD)
+
+
+@pytest.mark.skipif(not CF._HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
+def test_custom_op_under_torch_compile():
+    """A small attention block through torch.compile(fullgraph=True): no graph break, FakeTensor shapes, the same
+    output and gradients as eager."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+            self.out = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            o = CF.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out(o.transpose(1, 2).reshape(b, t, 32))
+
+    torch.manual_seed(0)
+    m = Block()
+    x = torch.randn(2, 9, 32)
+    eager = m(x)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    got = compiled(x)
+    torch.testing.assert_close(got, eager)
+    gx = torch.autograd.grad(got.sum(), m.qkv.weight)[0]
+    ge = torch.autograd.grad(eager.sum(), m.qkv.weight)[0]
+    torch.testing.assert_close(gx, ge, **GRAD)
+    torch.library.opcheck(torch.ops.clattn.attend.default,
+                          (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, False, 0,
+                           0.5, 0.0, 0, False, ""))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_steps_share_a_plan_per_key_bucket(device, monkeypatch):
+    """Inference calls of one query row over a growing key length, as generate() makes them: every answer right
+    (with and without a padding mask), and one plan per CF.KEY_BUCKET keys, not one per call."""
+    made = []
+    real = CF._create
+    monkeypatch.setattr(CF, "_create", lambda dev, create, free, d, *a: made.append(d.seq_kv) or
+                        real(dev, create, free, d, *a))
+    CF._device(device)[1].resize(0)  # nothing cached before: every plan this test needs is made
+    CF._device(device)[1].resize(CF.PLAN_CACHE_SIZE)
+    g = torch.Generator().manual_seed(12)
+    k_all, v_all = torch.randn(2, 2, 140, E, generator=g), torch.randn(2, 2, 140, 6, generator=g)
+    pad = torch.ones(2, 1, 1, 140, dtype=torch.bool)
+    pad[0, ..., :3] = False  # left padding of the first sequence
+    steps = list(range(60, 70)) + [127, 128, 129]
+    with torch.no_grad():
+        for S in steps:
+            q = torch.randn(2, 4, 1, E, generator=g)
+            k, v = k_all[:, :, :S], v_all[:, :, :S]
+            out = CF.scaled_dot_product_attention(q, k, v, enable_gqa=True, device=device)
+            torch.testing.assert_close(out.double(), oracle(q, k, v), **FWD)
+            out = CF.scaled_dot_product_attention(q, k, v, attn_mask=pad[..., :S], enable_gqa=True, device=device)
+            torch.testing.assert_close(out.double(), oracle(q, k, v, pad[..., :S]), **FWD)
+    # 26 calls, two mask forms over the buckets of 64, 128 and 192 keys: 6 plans
+    assert sorted(made) == [64, 64, 128, 128, 192, 192], made
