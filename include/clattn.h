@@ -267,7 +267,8 @@ typedef struct clattn_attention_desc {
     /* clattn 0.6: heads already projected (torch's scaled_dot_product_attention), and masks per batch entry or head */
     int separate_value;  /* 1: without Q/K/V weights and with cross = 1, keys and values are two inputs: kv is K
                             (B, Tk, HK*dk) and value is V (B, Tk, HK*dv), so head_dim_v (0 = dk) and kv_heads may
-                            differ; kv_embed is then HK*dk (0 = that). 0: without weights K = V = kv (or x) */
+                            differ; kv_embed is then HK*dk (0 = that). 0: without weights K = V = kv (or x).
+                            A decode plan (cross = 0) takes the new tokens' K and V the same way (decode args) */
     int attn_mask_per_batch; /* 1: attn_mask holds one (Tq, Tk) mask per batch entry: (B, Tq, Tk) */
     int attn_mask_per_head;  /* 1: one per query head: (H, Tq, Tk); with attn_mask_per_batch, (B, H, Tq, Tk) */
 } clattn_attention_desc;
@@ -647,6 +648,11 @@ typedef struct clattn_decode_args {
                                   attention output (so b_out, or 0, after the output projection). NULL: all n */
     float *out;                /* (B, n, Eo or H*dv) */
     size_t x_count, valid_count, out_count; /* element counts (clattn 0.4), checked as the attention's */
+    /* clattn 0.6, a plan with desc.separate_value (no weights) only, else refused: x is then the new tokens'
+     * queries Q (B, n, H*dk), kv their keys and value their values, appended to the cache as they are */
+    const float *kv;           /* (B, n, HK*dk) */
+    const float *value;        /* (B, n, HK*dv) */
+    size_t kv_count, value_count;
 } clattn_decode_args;
 
 /* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its
@@ -662,6 +668,7 @@ CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_
  * step, enqueued on the same queue, sees them. An error leaves the lengths unchanged. */
 typedef struct clattn_decode_buffers {
     clattn_buffer x, out;
+    clattn_buffer kv, value;   /* clattn 0.6, desc.separate_value only: as args.kv and args.value */
 } clattn_decode_buffers;
 CLATTN_API clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *cache,
                                                        const clattn_decode_buffers *buffers, size_t new_tokens,

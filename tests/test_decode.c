@@ -287,6 +287,191 @@ Test(decode, equals_causal_run_opencl)
     clattn_device_free(dev);
 }
 
+/* The heads as given (desc.separate_value, no weights): each call's new tokens' Q, K and V go in as they are, K and
+ * V into the cache. Sequence 0 takes every token; sequence 1 a prompt 3 tokens shorter (args.valid), then the same
+ * steps. Each sequence's outputs against the float64 oracle's causal attention over that sequence alone (a cross
+ * plan with separate_value over its tokens: the two share no code); the rows past a sequence's tokens are 0. */
+static void heads_as_given(clattn_device *dev, size_t T, size_t P, size_t H, size_t HK, size_t dk, size_t dv,
+                           size_t window, size_t splits, uint64_t seed)
+{
+    enum { B = 2 };
+    tu_rng r = {seed};
+    float *q = tu_random(&r, B * T * H * dk, -2, 2), *k = tu_random(&r, B * T * HK * dk, -2, 2);
+    float *v = tu_random(&r, B * T * HK * dv, -2, 2), *out = tu_poisoned(B * T * H * dv);
+    const clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = H * dk, .heads = H, .kv_heads = HK,
+                                     .head_dim_v = dv, .causal = 1, .window = window, .separate_value = 1};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv};
+    clattn_kv_cache *cache = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    const size_t lens[B] = {T, T - 3};
+    float *qs = malloc(B * P * H * dk * 4), *ks = malloc(B * P * HK * dk * 4), *vs = malloc(B * P * HK * dv * 4);
+    float *os = malloc(B * P * H * dv * 4);
+    for (size_t t0 = 0, call = 0; t0 < T; call++) {
+        const size_t n = call == 0 ? P : 1;
+        size_t valid[B];
+        for (size_t b = 0; b < B; b++) { /* sequence b's tokens t0 .. in the rows of this call (b's own count) */
+            const size_t off = call == 0 ? 0 : t0 - (T - lens[b]); /* sequence 1 is 3 tokens behind after the prompt */
+            valid[b] = call == 0 ? P - (T - lens[b]) : 1;
+            memcpy(qs + b * n * H * dk, q + (b * T + off) * H * dk, n * H * dk * 4);
+            memcpy(ks + b * n * HK * dk, k + (b * T + off) * HK * dk, n * HK * dk * 4);
+            memcpy(vs + b * n * HK * dv, v + (b * T + off) * HK * dv, n * HK * dv * 4);
+        }
+        const clattn_decode_args a = {.x = qs, .kv = ks, .value = vs, .new_tokens = n, .valid = valid, .out = os};
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call, clattn_last_error());
+        for (size_t b = 0; b < B; b++) {
+            const size_t off = call == 0 ? 0 : t0 - (T - lens[b]);
+            for (size_t i = 0; i < n; i++)
+                if (i < valid[b]) memcpy(out + (b * T + off + i) * H * dv, os + (b * n + i) * H * dv, H * dv * 4);
+                else
+                    for (size_t e = 0; e < H * dv; e++)
+                        cr_assert(os[(b * n + i) * H * dv + e] == 0.0f, "row past sequence %zu's tokens not 0", b);
+        }
+        t0 += n;
+    }
+    size_t got[B];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, got), CLATTN_STATUS_SUCCESS);
+    for (size_t b = 0; b < B; b++) {
+        cr_assert_eq(got[b], lens[b]);
+        const size_t Tb = lens[b];
+        const clattn_attention_desc od = {.batch = 1, .seq_q = Tb, .seq_kv = Tb, .embed = H * dk, .heads = H,
+                                          .kv_heads = HK, .head_dim_v = dv, .causal = 1, .window = window, .cross = 1,
+                                          .separate_value = 1};
+        const clattn_attention_args oa = {.x = q + b * T * H * dk, .kv = k + b * T * HK * dk,
+                                          .value = v + b * T * HK * dv};
+        double *want = malloc(Tb * H * dv * sizeof *want);
+        cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+        char what[120];
+        snprintf(what, sizeof what, "heads as given, sequence %zu: T=%zu P=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu "
+                 "splits=%zu", b, Tb, P, H, HK, dk, dv, window, splits);
+        check(out + b * T * H * dv, want, Tb * H * dv, what);
+        free(want);
+    }
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(out), free(qs), free(ks), free(vs), free(os);
+}
+
+static void heads_as_given_cases(clattn_device *dev)
+{
+    heads_as_given(dev, 40, 11, 4, 2, 8, 6, 0, 0, 1500);
+    heads_as_given(dev, 61, 20, 8, 1, 16, 16, 9, 0, 1501);
+    heads_as_given(dev, 70, 30, 4, 2, 64, 64, 0, 3, 1502);
+}
+
+/* What a step with the heads as given cannot mean is refused, naming the input, with the cache unchanged. */
+Test(decode, heads_as_given_refusals)
+{
+    clattn_device *dev = tu_open_ref();
+    float buf[64] = {0}, out[64];
+    const clattn_attention_desc d = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .kv_heads = 1, .causal = 1,
+                                     .separate_value = 1};
+    clattn_decode_plan *p = NULL;
+    const clattn_attention_weights w = {.w_query = buf, .w_key = buf, .w_value = buf, .w_query_count = 64,
+                                        .w_key_count = 32, .w_value_count = 32};
+    clattn_attention_desc dw = d;
+    dw.head_dim_qk = 4;
+    cr_assert_eq(clattn_decode_plan_create(dev, &dw, &w, &p), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "separate_value takes no Q/K/V weights"), "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = 1, .capacity = 4, .kv_heads = 1, .head_dim_qk = 4};
+    clattn_kv_cache *cache = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    const struct { const char *needle; clattn_decode_args a; } bad[] = {
+        {"args.kv is NULL", {.x = buf, .value = buf, .new_tokens = 1, .out = out}},
+        {"args.value is NULL", {.x = buf, .kv = buf, .new_tokens = 1, .out = out}},
+        {"value_count", {.x = buf, .kv = buf, .value = buf, .new_tokens = 1, .out = out, .x_count = 8, .kv_count = 4,
+                         .value_count = 8, .out_count = 8}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_neq(clattn_decode_execute(p, cache, &bad[i].a), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+    }
+    size_t len = 9;
+    cr_assert_eq(clattn_kv_cache_lengths(cache, &len), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(len, 0, "a refused step appended");
+    clattn_decode_plan_free(p);
+    clattn_kv_cache_free(cache);
+    /* a plan without separate_value refuses kv and value: they would be ignored */
+    clattn_attention_desc plain = d;
+    plain.separate_value = 0, plain.kv_heads = 0;
+    cr_assert_eq(tu_decode_plan_create(dev, &plain, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd2 = {.batch = 1, .capacity = 4, .kv_heads = 2, .head_dim_qk = 4};
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd2, &cache), CLATTN_STATUS_SUCCESS);
+    const clattn_decode_args a = {.x = buf, .kv = buf, .new_tokens = 1, .out = out, .x_count = 8, .out_count = 8};
+    cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "args.kv is given") && strstr(clattn_last_error(), "ignored"), "%s",
+              clattn_last_error());
+    clattn_decode_plan_free(p);
+    clattn_kv_cache_free(cache);
+    clattn_device_free(dev);
+}
+
+/* The same steps on device buffers (Q, K and V at element offsets in one buffer each): the host path's outputs. */
+Test(decode, heads_as_given_buffers_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    enum { T = 9, P = 5, H = 4, HK = 2, DK = 8, DV = 6, OFF = 3 };
+    tu_rng r = {77};
+    float *q = tu_random(&r, T * H * DK, -2, 2), *k = tu_random(&r, T * HK * DK, -2, 2);
+    float *v = tu_random(&r, T * HK * DV, -2, 2), *want = tu_poisoned(T * H * DV), *got = tu_poisoned(T * H * DV);
+    const clattn_attention_desc d = {.batch = 1, .seq_q = P, .embed = H * DK, .heads = H, .kv_heads = HK,
+                                     .head_dim_v = DV, .causal = 1, .separate_value = 1};
+    const clattn_kv_cache_desc cd = {.batch = 1, .capacity = T, .kv_heads = HK, .head_dim_qk = DK, .head_dim_v = DV};
+    clattn_decode_plan *p = NULL;
+    clattn_kv_cache *c1 = NULL, *c2 = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c1), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c2), CLATTN_STATUS_SUCCESS);
+    cl_context ctx = clattn_device_context(dev);
+    cl_command_queue queue = clattn_device_queue(dev);
+    cl_int e;
+    cl_mem bq = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OFF + T * H * DK) * 4, NULL, &e);
+    cl_mem bk = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OFF + T * HK * DK) * 4, NULL, &e);
+    cl_mem bv = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OFF + T * HK * DV) * 4, NULL, &e);
+    cl_mem bo = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OFF + T * H * DV) * 4, NULL, &e);
+    cr_assert_eq(clEnqueueWriteBuffer(queue, bq, CL_TRUE, OFF * 4, T * H * DK * 4, q, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(queue, bk, CL_TRUE, OFF * 4, T * HK * DK * 4, k, 0, NULL, NULL), CL_SUCCESS);
+    cr_assert_eq(clEnqueueWriteBuffer(queue, bv, CL_TRUE, OFF * 4, T * HK * DV * 4, v, 0, NULL, NULL), CL_SUCCESS);
+    for (size_t t0 = 0; t0 < T;) {
+        const size_t n = t0 == 0 ? P : 1;
+        const clattn_decode_args a = {.x = q + t0 * H * DK, .kv = k + t0 * HK * DK, .value = v + t0 * HK * DV,
+                                      .new_tokens = n, .out = want + t0 * H * DV};
+        cr_assert_eq(tu_decode_execute(p, c1, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const clattn_decode_buffers b = {.x = {bq, OFF + t0 * H * DK}, .kv = {bk, OFF + t0 * HK * DK},
+                                         .value = {bv, OFF + t0 * HK * DV}, .out = {bo, OFF + t0 * H * DV}};
+        cr_assert_eq(clattn_decode_execute_buffers(p, c2, &b, n, NULL, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        t0 += n;
+    }
+    cr_assert_eq(clEnqueueReadBuffer(queue, bo, CL_TRUE, OFF * 4, T * H * DV * 4, got, 0, NULL, NULL), CL_SUCCESS);
+    for (size_t i = 0; i < T * H * DV; i++) cr_assert(got[i] == want[i], "out[%zu] %g, host path %g", i, got[i], want[i]);
+    const clattn_decode_buffers nokv = {.x = {bq, 0}, .value = {bv, 0}, .out = {bo, 0}};
+    cr_assert_eq(clattn_decode_execute_buffers(p, c2, &nokv, 1, NULL, 0, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "buffers.kv is NULL"), "%s", clattn_last_error());
+    clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv), clReleaseMemObject(bo);
+    clattn_kv_cache_free(c1), clattn_kv_cache_free(c2);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(want), free(got);
+    clattn_device_free(dev);
+}
+
+Test(decode, heads_as_given_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    heads_as_given_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, heads_as_given_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    heads_as_given_cases(dev);
+    clattn_device_free(dev);
+}
+
 /* The projected key (isk) or value of token x (E floats) for key/value head g, channel c, as the cache holds it. */
 static double projected(const model *m, const float *x, int isk, size_t g, size_t c, int half)
 {

@@ -1595,8 +1595,8 @@ Test(misuse, heads_as_given_refusals)
     float w[64] = {0};
     const struct { const char *needle; clattn_attention_desc d; const float *wq; } bad[] = {
         {"separate_value needs cross", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .separate_value = 1}, NULL},
-        {"separate_value needs cross", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .heads = 4, .head_dim_qk = 2,
-                                        .cross = 1, .separate_value = 1}, w},
+        {"separate_value takes no Q/K/V weights", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .heads = 4,
+                                                   .head_dim_qk = 2, .cross = 1, .separate_value = 1}, w},
         {"another needs separate_value", {.batch = 1, .seq_q = 3, .seq_kv = 3, .embed = 8, .heads = 4, .head_dim_v = 3,
                                           .cross = 1}, NULL},
         {"needs cross = 1", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .kv_heads = 2}, NULL},

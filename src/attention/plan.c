@@ -150,9 +150,9 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "w_query, w_key and w_value must be given together (missing %s)",
                            !w->w_query ? "w_query" : !w->w_key ? "w_key" : "w_value");
     *has_qkv = nqkv == 3;
-    if (d->separate_value && (*has_qkv || !d->cross))
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value needs cross = 1 and no Q/K/V weights (keys "
-                           "from kv, values from value: the heads as given)");
+    if (d->separate_value && *has_qkv)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value takes no Q/K/V weights (keys from kv, values "
+                           "from value: the heads as given)");
     if (!*has_qkv && (w->b_query || w->b_key || w->b_value))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "Q/K/V biases given without Q/K/V weights");
     if (*has_qkv) {
@@ -160,7 +160,7 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         if (d->head_dim_v == 0) d->head_dim_v = d->head_dim_qk;
     } else {
         /* Q = x, K = kv (or x), V = value (separate_value) or K: the heads as given */
-        if (d->kv_heads != d->heads && !d->cross)
+        if (d->kv_heads != d->heads && !d->cross && !d->separate_value)
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads (%zu) != heads (%zu) without Q/K/V weights needs "
                                "cross = 1 (keys and values of kv_heads heads in kv)", d->kv_heads, d->heads);
         if (d->embed % d->heads)
@@ -175,7 +175,7 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         if (d->head_dim_v == 0) d->head_dim_v = hd;
         /* kv is K (and V) of kv_heads heads; in desc its width was resolved to embed when 0 */
         if (d->cross && in->kv_embed == 0) d->kv_embed = d->kv_heads * hd;
-        if (d->kv_embed != d->kv_heads * hd)
+        if (d->cross && d->kv_embed != d->kv_heads * hd)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "without Q/K/V weights, kv_embed (%zu) must be kv_heads*"
                                "head_dim_qk = %zu*%zu", d->kv_embed, d->kv_heads, hd);
     }
@@ -308,6 +308,9 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
     clattn_clear_error();
     if (!plan) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
     *plan = NULL;
+    if (desc && desc->separate_value && !desc->cross) /* (a decode plan takes them as self-attention's new tokens) */
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value needs cross = 1 (keys from kv, values from "
+                           "value)");
     clattn_plan *p = NULL;
     clattn_status st = clattn_plan_prepare(device, desc, weights, host_staging, &p);
     if (st != CLATTN_STATUS_SUCCESS) return st;

@@ -181,6 +181,18 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* kv and value: given exactly when the plan has separate_value (else they would be ignored). */
+static clattn_status check_separate(const clattn_plan *p, int kv, int value, const char *owner)
+{
+    if (p->d.separate_value && (!kv || !value))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is NULL (the plan has desc.separate_value: the new "
+                           "tokens' keys and values come as kv and value)", owner, !kv ? "kv" : "value");
+    if (!p->d.separate_value && (kv || value))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is given, but the plan was created without "
+                           "desc.separate_value = 1: it would be ignored", owner, kv ? "kv" : "value");
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* A step's output against its inputs, host form (a) or buffer form (b and the host array valid): one list for both
  * forms. */
 static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clattn_decode_args *a,
@@ -188,11 +200,14 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clatt
 {
     const size_t B = p->d.batch;
     const char *o = a ? "args" : "buffers";
+    const size_t sv = p->d.separate_value, HK = p->d.kv_heads;
     const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, B * n * p->d.embed, sizeof(float)),
                                     clattn_range(a ? "args" : "", "valid", a ? a->valid : valid, NULL,
-                                                 a ? a->valid_count : valid ? B : 0, sizeof(size_t))};
+                                                 a ? a->valid_count : valid ? B : 0, sizeof(size_t)),
+                                    CLATTN_RANGE(o, a, b, kv, sv * B * n * HK * p->d.head_dim_qk, sizeof(float)),
+                                    CLATTN_RANGE(o, a, b, value, sv * B * n * HK * p->d.head_dim_v, sizeof(float))};
     const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * n * p->out_width, sizeof(float))};
-    return clattn_check_no_overlap(outs, 1, ins, 2);
+    return clattn_check_no_overlap(outs, 1, ins, 4);
 }
 
 /* A step with the plan's and the cache's locks held. */
@@ -207,12 +222,20 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     TRY(clattn_count_check("args", "valid", args->valid, args->valid_count, B, "batch"));
     snprintf(how, sizeof how, "batch x new_tokens x out_width = %zu x %zu x %zu", B, n, p->out_width);
     TRY(clattn_count_check("args", "out", args->out, args->out_count, B * n * p->out_width, how));
+    const size_t sv = d->separate_value, HK = d->kv_heads;
+    snprintf(how, sizeof how, "batch x new_tokens x kv_heads*head_dim_qk = %zu x %zu x %zu*%zu", B, n, HK,
+             d->head_dim_qk);
+    TRY(clattn_count_check("args", "kv", args->kv, args->kv_count, sv * B * n * HK * d->head_dim_qk, how));
+    snprintf(how, sizeof how, "batch x new_tokens x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, n, HK,
+             d->head_dim_v);
+    TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * B * n * HK * d->head_dim_v, how));
     TRY(step_no_overlap(p, n, args, NULL, NULL));
     size_t *valid = clattn_malloc(B * sizeof *valid);
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
     clattn_status st = check_step(plan, cache, n, args->valid, valid, &max_len);
-    if (st == CLATTN_STATUS_SUCCESS) st = plan->ops->execute(plan, cache, args->x, n, valid, max_len, args->out);
+    if (st == CLATTN_STATUS_SUCCESS)
+        st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, n, valid, max_len, args->out);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
     free(valid);
@@ -253,6 +276,13 @@ clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_
     const size_t nx = B * n * p->d.embed, no = B * n * p->out_width;
     TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, sizeof(float), "x"));
     TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, sizeof(float), "out"));
+    TRY(check_separate(p, buffers->kv.mem != NULL, buffers->value.mem != NULL, "buffers"));
+    if (p->d.separate_value) {
+        const size_t HK = p->d.kv_heads;
+        TRY(clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, B * n * HK * p->d.head_dim_qk, sizeof(float), "kv"));
+        TRY(clattn_buffer_check(buffers->value.mem, buffers->value.offset, B * n * HK * p->d.head_dim_v, sizeof(float),
+                                "value"));
+    }
     TRY(step_no_overlap(p, n, NULL, buffers, valid));
     pthread_mutex_lock(&plan->lock);
     pthread_mutex_lock(&cache->lock);
@@ -269,6 +299,7 @@ clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *c
     if (!plan || !cache || !args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan, cache or args is NULL");
     if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
     if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    TRY(check_separate(plan->base, args->kv != NULL, args->value != NULL, "args"));
     /* the plan, then the cache: every step takes them in this order, so two steps cannot wait on each other */
     pthread_mutex_lock(&plan->lock);
     pthread_mutex_lock(&cache->lock);

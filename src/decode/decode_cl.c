@@ -1,6 +1,7 @@
 /* decode_cl.c: a decode step on an OpenCL device:
  *   1. projections      x (B*n, E) -> [Q | K | V] rows, one GEMM (biases as prefilled rows), or for a
- *                       step's few rows linear_small (attention/linear.c)
+ *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
+ *                       and V copied into those rows' columns (rectangular copies, no kernel)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
  *                       lens[b] + t (float or half)
  *   3. attend           the decode core select.c chose (src/cores/decode_attend.c)
@@ -40,8 +41,33 @@ typedef struct decode_pass {
     clattn_decode_plan *dp;
     clattn_decode_io io;       /* the core's: cache, lengths, n, ... */
     clattn_view x, out;        /* (B, n, E) and (B, n, out_width): the staging buffers or the caller's */
+    /* separate_value: Q, K and V from the host (hq, hk, hv) or from the caller's buffers (x, kv, value) */
+    const float *hq, *hk, *hv;
+    clattn_view kv, value;
     int warm;
 } decode_pass;
+
+/* separate_value: one of Q (col 0), K or V ((B*n) rows of `width` floats) into its columns of the projection rows,
+ * from the host (h) or a buffer (src). */
+static clattn_status copy_columns(const clattn_device *dev, cl_mem proj, size_t ld, size_t col, size_t rows,
+                                  size_t width, const float *h, clattn_view src, const char *what)
+{
+    const size_t dst_origin[3] = {col * sizeof(float), 0, 0}, region[3] = {width * sizeof(float), rows, 1};
+    cl_int err;
+    if (h) {
+        const size_t host_origin[3] = {0, 0, 0};
+        err = clEnqueueWriteBufferRect(dev->queue, proj, CL_FALSE, dst_origin, host_origin, region, ld * sizeof(float),
+                                       0, width * sizeof(float), 0, h, 0, NULL, NULL);
+    } else {
+        const size_t src_origin[3] = {src.off * sizeof(float), 0, 0};
+        err = clEnqueueCopyBufferRect(dev->queue, src.mem, proj, src_origin, dst_origin, region,
+                                      width * sizeof(float), 0, ld * sizeof(float), 0, 0, NULL, NULL);
+    }
+    if (err != CL_SUCCESS)
+        return clattn_fail((clattn_status)err, "copying %s into the decode step's rows failed (%d: %s)", what, err,
+                           clattn_status_string(err));
+    return CLATTN_STATUS_SUCCESS;
+}
 
 static clattn_status core_mark(void *ctx, clattn_decode_stage stage)
 {
@@ -68,6 +94,14 @@ static clattn_status pass_run(void *ctx)
     if (p->has_qkv) {
         TRY(clattn_linear_run(&c->lin, B * n, c->n_qkv, E, src, c->w_proj, c->b_proj, (view){c->proj, 0}, 1, warm,
                               "QKV projection"));
+        src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
+    } else if (d->separate_value) {
+        if (!warm) {
+            const clattn_device *dev = p->device;
+            TRY(copy_columns(dev, c->proj, c->n_qkv, 0, B * n, H * dk, dpass->hq, dpass->x, "Q"));
+            TRY(copy_columns(dev, c->proj, c->n_qkv, H * dk, B * n, HK * dk, dpass->hk, dpass->kv, "K"));
+            TRY(copy_columns(dev, c->proj, c->n_qkv, (H + HK) * dk, B * n, HK * dv, dpass->hv, dpass->value, "V"));
+        }
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
     if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
@@ -129,8 +163,9 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     struct clattn_decode_cl *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the decode plan's OpenCL state");
     dp->cl = c;
-    c->n_qkv = p->has_qkv ? H * dk + HK * (dk + dv) : 0;
-    const size_t ld = p->has_qkv ? c->n_qkv : E;
+    const int qkv_rows = p->has_qkv || d->separate_value; /* Q|K|V rows: projected, or copied from the inputs */
+    c->n_qkv = qkv_rows ? H * dk + HK * (dk + dv) : 0;
+    const size_t ld = qkv_rows ? c->n_qkv : E;
     c->lay = (clattn_core_layout){.q_ld = ld, .k_ld = ld, .v_ld = ld, .out_ld = H * dv};
     const size_t own = c->n_qkv * (E + 1 + B * Tn) + (p->has_out ? d->out_dim * (H * dv + 1) + B * Tn * H * dv : 0) +
                        B * Tn * (E + p->out_width) + 2 * B;
@@ -148,6 +183,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     TRY(clattn_kernel_create(c->append_prog, "kv_append", &c->k_append));
 
     /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */
+    if (d->separate_value) TRY(clattn_buffer_new(dev, B * Tn * c->n_qkv, 4, NULL, "the Q|K|V rows", &c->proj));
     if (p->has_qkv) {
         const size_t rows[3] = {H * dk, HK * dk, HK * dv};
         const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
@@ -185,8 +221,8 @@ static clattn_status check_parts(const clattn_decode_plan *dp, const clattn_deco
     return c->core.core->run_decode(c->core.state, &check);
 }
 
-static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, size_t n,
-                                const size_t *valid, size_t max_len, float *out)
+static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, const float *kv,
+                                const float *value, size_t n, const size_t *valid, size_t max_len, float *out)
 {
     struct clattn_decode_cl *c = dp->cl;
     const clattn_plan *p = dp->base;
@@ -194,16 +230,18 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     cl_uint *lens32 = clattn_malloc(2 * B * sizeof *lens32);
     if (!lens32) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
+    const int sv = p->d.separate_value;
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
-                                .max_parts = dp->max_parts}};
+                                .max_parts = dp->max_parts},
+                         .hq = sv ? x : NULL, .hk = kv, .hv = value};
     clattn_status st = check_parts(dp, &dpass.io);
     if (st != CLATTN_STATUS_SUCCESS) {
         free(lens32);
         return st;
     }
-    const clattn_transfer in[] = {{c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
+    const clattn_transfer in[] = {{sv ? NULL : c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
                                   {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
                                   {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"}};
     const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
@@ -239,7 +277,8 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
-                                .max_parts = dp->max_parts}};
+                                .max_parts = dp->max_parts},
+                         .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
     TRY(clattn_exec_buffers(dev, nwait, wait, pass_run, &dpass, event));
     dp->last_parts = dpass.io.parts;
     return CLATTN_STATUS_SUCCESS;

@@ -8,8 +8,8 @@
 #include <string.h>
 
 /* out (B, n, out_width); the cache is written only after everything else succeeded. */
-static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, const float *x, size_t n,
-                                 const size_t *valid, size_t max_len, float *out)
+static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, const float *x, const float *kv,
+                                 const float *value, size_t n, const size_t *valid, size_t max_len, float *out)
 {
     (void)max_len;
     const clattn_plan *p = dp->base;
@@ -30,6 +30,10 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
         clattn_ref_linear(x, B * n, E, p->w_query, p->b_query, H * dk, Q);
         clattn_ref_linear(x, B * n, E, p->w_key, p->b_key, HK * dk, K);
         clattn_ref_linear(x, B * n, E, p->w_value, p->b_value, HK * dv, V);
+    } else if (d->separate_value) { /* the heads as given */
+        memcpy(Q, x, B * n * H * dk * sizeof *Q);
+        memcpy(K, kv, B * n * HK * dk * sizeof *K);
+        memcpy(V, value, B * n * HK * dv * sizeof *V);
     } else {
         memcpy(Q, x, B * n * E * sizeof *Q);
         memcpy(K, x, B * n * E * sizeof *K);
