@@ -117,7 +117,8 @@ class KVCacheDesc(Structure):
 
 class DecodeArgs(Structure):
     _fields_ = [("x", c_float_p), ("new_tokens", c_size_t), ("valid", POINTER(c_size_t)), ("out", c_float_p),
-                ("x_count", c_size_t), ("valid_count", c_size_t), ("out_count", c_size_t)]
+                ("x_count", c_size_t), ("valid_count", c_size_t), ("out_count", c_size_t),
+                ("kv", c_float_p), ("value", c_float_p), ("kv_count", c_size_t), ("value_count", c_size_t)]
 
 
 def _load():

@@ -173,3 +173,62 @@ def test_sliding_window_and_position_bias():
     out, _ = CT.attention_forward(_Module(), q, k, v, m, position_bias=bias)
     s = (q.double() @ k.double().transpose(-1, -2) / 8 ** 0.5 + bias.double()).masked_fill(~m, float("-inf"))
     torch.testing.assert_close(out.double(), (torch.softmax(s, -1) @ v.double()).transpose(1, 2), **FWD)
+
+
+# ---------------------------------------------------------------- DeviceCache: K and V stay on the clattn device
+
+def generate(model, ids, mask, cache=None, new=16):
+    opts = dict(max_new_tokens=new, do_sample=False, pad_token_id=0)
+    if cache is not None:  # transformers 5 names it cache= (past_key_values= deprecated), 4.x past_key_values=
+        opts["cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"] = cache
+    return model.generate(input_ids=ids, attention_mask=mask, **opts)
+
+
+@pytest.mark.parametrize("side", ["left", "none"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_device_cache_generates_the_same_tokens(family, side, calls):
+    """Greedy generate() with the DeviceCache: the same tokens as eager with its own cache (left padding not stored,
+    Mistral's window of 4 over 27 tokens), clattn's attention in every layer of every step."""
+    model = model_of(family, seed=7)
+    ids, mask = batch(side, seed=8)
+    model.set_attn_implementation("eager")
+    want = generate(model, ids, mask)
+    model.set_attn_implementation(NAME)
+    cache = CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE)
+    got = generate(model, ids, mask, cache)
+    assert torch.equal(got, want), (got, want)
+    assert calls[0] == 16 * model.config.num_hidden_layers
+    assert cache.get_seq_length() == T + 15  # transformers' positions: the padding counts there
+
+
+def test_device_cache_moves_only_the_new_tokens():
+    """The bytes a decode step moves to and from the device do not depend on the context: per step, each layer's
+    new Q, K, V and its output (B x (H*dk + 2*HK*dk + H*dv) floats), for prompts of 11 and 40 tokens."""
+    model = model_of("llama", seed=9)
+    model.set_attn_implementation(NAME)
+    per_step = []
+    for length in (11, 40):
+        ids = torch.randint(1, V, (2, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        moved = []
+        for new in (1, 6):
+            cache = CT.DeviceCache(model.config, max_cache_len=64, device=DEVICE)
+            generate(model, ids, mask, cache, new=new)
+            moved.append(cache.bytes_moved)
+        per_step.append((moved[1] - moved[0]) / 5)
+    B, H, HK, d = 2, 4, 2, 16
+    assert per_step == [4 * B * (H * d + 2 * HK * d + H * d) * model.config.num_hidden_layers] * 2, per_step
+
+
+def test_device_cache_refusals():
+    model = model_of("llama", seed=10)
+    model.set_attn_implementation(NAME)
+    ids, mask = batch("right", seed=11)  # right padding: keys hidden after real ones
+    with pytest.raises(clattn.UnsupportedError, match="left-padded causal"):
+        generate(model, ids, mask, CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE), new=2)
+    ids, mask = batch("none", seed=12)
+    with pytest.raises(clattn.Error, match="capacity"):  # 11 + 4 tokens in a cache of 12
+        generate(model, ids, mask, CT.DeviceCache(model.config, max_cache_len=12, device=DEVICE), new=5)
+    model.set_attn_implementation("eager")  # a model whose calls do not reach clattn
+    with pytest.raises(clattn.UnsupportedError, match="update\\(\\) twice"):
+        generate(model, ids, mask, CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE), new=2)
