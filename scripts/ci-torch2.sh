@@ -17,4 +17,5 @@ lib=$PWD/${BUILD_DIR:-build}/libclattn.so
 CLATTN_TEST_PYTHON=$py sh scripts/run-python-tests.sh "$lib"
 # the example: a transformers model generating with clattn, the same tokens as with its own sdpa
 CLATTN_LIBRARY=$lib PYTHONPATH=$PWD/python "$py" examples/transformers/generate.py --new 8 | tail -1
+CLATTN_LIBRARY=$lib PYTHONPATH=$PWD/python "$py" examples/transformers/generate.py --new 8 --device-cache | tail -1
 echo "ci-torch2: venv $((installed - start)) s, tests $(( $(date +%s) - installed )) s"

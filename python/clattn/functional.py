@@ -376,7 +376,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         m = attn_mask.reshape(mshape)
         m = m.expand(*(lead if per_batch else (1,) * len(lead)), mshape[-3], L, S)
         mask = m.reshape(B if per_batch else 1, mshape[-3], L, S)
-    out = attend(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2), mask, causal=is_causal, scale=scale,
-                 dropout_p=dropout_p, device=device)
-    out = out.transpose(1, 2).reshape(*lead, H, L, Ev)
+    if Hk == H and (mask is None or mask.shape[:2] in ((1, 1), (B, H))):
+        # each (batch, head) pair a batch entry of one head: torch's (B, H, L, E) tensors are then clattn's
+        # token-major rows as they lie in memory (no copy), and so is the output
+        Bf = B * H
+        mf = mask if mask is None or mask.shape[:2] == (1, 1) else mask.reshape(Bf, 1, L, S)
+        out = attend(q4.reshape(Bf, 1, L, E).transpose(1, 2), k4.reshape(Bf, 1, S, E).transpose(1, 2),
+                     v4.reshape(Bf, 1, S, Ev).transpose(1, 2), mf, causal=is_causal, scale=scale, dropout_p=dropout_p,
+                     device=device)
+        out = out.reshape(*lead, H, L, Ev)
+    else:
+        out = attend(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2), mask, causal=is_causal,
+                     scale=scale, dropout_p=dropout_p, device=device)
+        out = out.transpose(1, 2).reshape(*lead, H, L, Ev)
     return out if query.dim() >= 3 else out.reshape(L, Ev)
