@@ -422,10 +422,10 @@ clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_en
 clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_desc *d,
                                     const clattn_attention_weights *w, clattn_decode_plan **plan)
 {
-    if (!d || !w) return clattn_decode_plan_create(dev, d, w, plan);
-    clattn_attention_weights c = *w;
-    tu_count_weights(&c, d);
-    const clattn_status st = clattn_decode_plan_create(dev, d, &c, plan);
+    if (!d) return clattn_decode_plan_create(dev, d, w, plan);
+    clattn_attention_weights c = w ? *w : (clattn_attention_weights){0};
+    if (w) tu_count_weights(&c, d);
+    const clattn_status st = clattn_decode_plan_create(dev, d, w ? &c : NULL, plan); /* (no weights: NULL, as given) */
     if (tu_refused_by_device(dev, st, "decode plan"))
         cr_skip_test("the device refuses this decode plan for its own limit (printed above)");
     return st;
