@@ -95,6 +95,15 @@ def _key(q, k, v, mask, causal, window, scale, dropout_p, training) -> tuple:
             bool(training))
 
 
+def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
+    """The call's inputs as the library takes them: Q in x, K in kv, V in value, the mask (None: none)."""
+    a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), x_count=q.numel(), kv_count=k.numel(),
+                           value_count=v.numel())
+    if mask is not None:
+        a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
+    return a
+
+
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
                  training: bool, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
@@ -108,10 +117,8 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
-    a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), out=_ptr(out), x_count=q.numel(),
-                           kv_count=k.numel(), value_count=v.numel(), out_count=out.numel())
-    if mask is not None:
-        a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
+    a = _inputs(q, k, v, mask)
+    a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
     _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
@@ -126,10 +133,7 @@ def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, windo
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
-    a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), x_count=q.numel(), kv_count=k.numel(),
-                           value_count=v.numel())
-    if mask is not None:
-        a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
+    a = _inputs(q, k, v, mask)
     g = _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
                             grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
                             lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),

@@ -515,7 +515,6 @@ void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args 
     ins[2] = CLATTN_RANGE(o, a, b, key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1);
     ins[3] = CLATTN_RANGE(o, a, b, attn_mask, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
     ins[4] = CLATTN_RANGE(o, a, b, value, clattn_plan_value_elems(d), 4);
-    (void)Tq;
 }
 
 /* The forward's outputs against its inputs and each other, from host args (a) or buffers (b): one list for both
