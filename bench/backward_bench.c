@@ -196,7 +196,7 @@ static double check_rows(const clattn_op *op, const clattn_op_data *data, const 
         double *dc = dC + (i - i0) * E;
         for (size_t c = 0; c < E; c++) {
             double acc = 0.0;
-            for (size_t o = 0; o < E; o++) acc += (double)dout[(b * T + i) * E + o] * w->w_out[o * E + c];
+            for (size_t o = 0; o < E; o++) acc += (double)dout[(b * T + i) * E + o] * ((const float *)w->w_out)[o * E + c];
             dc[c] = acc;
         }
         for (size_t h = 0; h < H; h++) {
@@ -250,7 +250,8 @@ static double check_rows(const clattn_op *op, const clattn_op_data *data, const 
         for (size_t c = 0; c < E; c++) {
             double ref = 0.0;
             for (size_t o = 0; o < E; o++)
-                ref += dq[o] * w->w_query[o * E + c] + dk[o] * w->w_key[o * E + c] + dvv[o] * w->w_value[o * E + c];
+                ref += dq[o] * ((const float *)w->w_query)[o * E + c] + dk[o] * ((const float *)w->w_key)[o * E + c] +
+                       dvv[o] * ((const float *)w->w_value)[o * E + c];
             const double err = fabs((double)gx[(b * T + t) * E + c] - ref) / (1e-4 + 1e-3 * fabs(ref));
             worst = isnan(err) ? INFINITY : fmax(worst, err);
         }

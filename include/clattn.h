@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 6
+#define CLATTN_VERSION_MINOR 7
 #define CLATTN_VERSION_PATCH 0
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH" (static storage); compare with
@@ -210,6 +210,16 @@ typedef enum clattn_precision {
                                   (flash_mma) take it; every other core, and the ref device, refuse it */
 } clattn_precision;
 
+/* The element type of a plan's activations and weights (clattn 0.7): desc.dtype. Host arrays and cl_mem buffers of
+ * x, kv, value, out, attn and of the weights and biases hold this type; element counts and buffer offsets stay
+ * counts of elements. The masks keep theirs (uint8, float), lse stays float. Products accumulate and the softmax's
+ * statistics are kept in fp32 always (README, "Precision"). */
+typedef enum clattn_dtype {
+    CLATTN_DTYPE_F32 = 0,  /* float (default) */
+    CLATTN_DTYPE_F16 = 1,  /* IEEE binary16 (cl_half, numpy float16, torch.float16) */
+    CLATTN_DTYPE_BF16 = 2  /* bfloat16: the upper 16 bits of an fp32, as uint16_t (torch.bfloat16) */
+} clattn_dtype;
+
 /* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V). Each algorithm has
  * one or more cores (kernel families; see "cores" below and `clattn cores`):
  *   FUSED    streams K and V per block of queries with an online softmax: no Tq x Tk matrix in memory,
@@ -271,6 +281,11 @@ typedef struct clattn_attention_desc {
                             A decode plan (cross = 0) takes the new tokens' K and V the same way (decode args) */
     int attn_mask_per_batch; /* 1: attn_mask holds one (Tq, Tk) mask per batch entry: (B, Tq, Tk) */
     int attn_mask_per_head;  /* 1: one per query head: (H, Tq, Tk); with attn_mask_per_batch, (B, H, Tq, Tk) */
+    /* clattn 0.7: */
+    clattn_dtype dtype;  /* the type of x, kv, value, out, attn and the weights (host arrays and buffers); F32
+                            (default), F16 or BF16: inputs widened to fp32 exactly, outputs rounded to nearest even
+                            once. Inference plans (training = 0) and attention plans only in 0.7: a decode plan,
+                            an encoder layer and a training plan refuse F16 and BF16 */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -285,9 +300,10 @@ typedef struct clattn_attention_desc {
  * description needs (CLATTN_STATUS_SHAPE_MISMATCH, naming both) before it reads anything, so a weight of
  * another shape is an error, never a read past its end. The count of an array not given is 0. */
 typedef struct clattn_attention_weights {
-    const float *w_query, *w_key, *w_value;
-    const float *b_query, *b_key, *b_value;  /* (H*dk), (HK*dk), (HK*dv) */
-    const float *w_out, *b_out;              /* b_out (Eo) */
+    /* arrays of desc.dtype's elements (float, or uint16_t bit patterns for F16 and BF16; clattn 0.7: void *) */
+    const void *w_query, *w_key, *w_value;
+    const void *b_query, *b_key, *b_value;   /* (H*dk), (HK*dk), (HK*dv) */
+    const void *w_out, *b_out;               /* b_out (Eo) */
     size_t w_query_count, w_key_count, w_value_count;
     size_t b_query_count, b_key_count, b_value_count;
     size_t w_out_count, b_out_count;
@@ -330,13 +346,14 @@ CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
  * element count (clattn 0.4; 0 for one not given): a count that is not the plan's is refused
  * (CLATTN_STATUS_SHAPE_MISMATCH, naming both) before anything is read or written. */
 typedef struct clattn_attention_args {
-    const float *x;                   /* (B, Tq, E) */
-    const float *kv;                  /* (B, Tk, Ekv), cross-attention only (else NULL) */
+    /* x, kv, value, out and attn hold desc.dtype's elements (clattn 0.7: void *; float for F32) */
+    const void *x;                    /* (B, Tq, E) */
+    const void *kv;                   /* (B, Tk, Ekv), cross-attention only (else NULL) */
     const uint8_t *key_padding_mask;  /* (B, Tk), when desc.key_padding_mask (else NULL) */
     const void *attn_mask;            /* (Tq, Tk) uint8 or float, per desc.attn_mask (else NULL); (B, Tq, Tk),
                                          (H, Tq, Tk) or (B, H, Tq, Tk) per desc.attn_mask_per_batch / _per_head */
-    float *out;                       /* (B, Tq, Eo or H*dv) */
-    float *attn;                      /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
+    void *out;                        /* (B, Tq, Eo or H*dv) */
+    void *attn;                       /* optional (B, H, Tq, Tk): the weights applied to V; OpenCL plans
                                          need desc.need_weights (else CLATTN_STATUS_UNSUPPORTED) */
     size_t x_count, kv_count, key_padding_mask_count, attn_mask_count, out_count, attn_count;
     /* clattn 0.5, training plans (desc.training) only, else refused: */
@@ -347,7 +364,7 @@ typedef struct clattn_attention_args {
                                          projection (without one, the same as out) */
     size_t lse_count, context_count;
     /* clattn 0.6, desc.separate_value only, else refused: */
-    const float *value;               /* (B, Tk, HK*dv): V */
+    const void *value;                /* (B, Tk, HK*dv): V */
     size_t value_count;
 } clattn_attention_args;
 

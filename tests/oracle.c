@@ -382,7 +382,8 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
             if (w && w->w_out)
                 for (size_t e = 0; e < Eo; e++)
                     acc += (double)grad_out[r * Eo + e] *
-                           (d->layout == CLATTN_LAYOUT_LINEAR ? w->w_out[e * Hdv + c] : w->w_out[c * Eo + e]);
+                           (d->layout == CLATTN_LAYOUT_LINEAR ? ((const float *)w->w_out)[e * Hdv + c]
+                                                          : ((const float *)w->w_out)[c * Eo + e]);
             else
                 acc = grad_out[r * Eo + c];
             dctx[r * Hdv + c] = acc;
@@ -439,7 +440,7 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
         GRAD_B(g->b_out, dout, B * Tq, Eo);
         free(dout);
     }
-    GRAD_W(g->w_query, dq, args->x, (const double *)NULL, B * Tq, H * dk, E);
+    GRAD_W(g->w_query, dq, (const float *)args->x, (const double *)NULL, B * Tq, H * dk, E);
     GRAD_W(g->w_key, dk_, src_kv, (const double *)NULL, B * Tk, HK * dk, Ekv);
     GRAD_W(g->w_value, dv_, src_kv, (const double *)NULL, B * Tk, HK * dv, Ekv);
     GRAD_B(g->b_query, dq, B * Tq, H * dk);

@@ -143,7 +143,9 @@ Test(op, make_fills_desc_and_weights)
     cr_expect_eq(d->dropout, 0.25f);
     cr_expect_eq(a.x_count, 2 * 5 * 12);
     cr_expect_eq(a.out_count, 2 * 5 * 12);
-    const clattn_attention_weights *w = &a.weights;
+    const clattn_attention_weights *ww = &a.weights;
+    const struct { const float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out; } wf = {
+        ww->w_query, ww->w_key, ww->w_value, ww->b_query, ww->b_key, ww->b_value, ww->w_out, ww->b_out}, *w = &wf;
     cr_assert(w->w_query && w->w_key && w->w_value && w->w_out);
     cr_assert(w->b_query && w->b_key && w->b_value && w->b_out);
     const float bound = 1.0f / sqrtf(12.0f);

@@ -23,71 +23,9 @@ static void teardown(void) { clattn_device_free(dev); }
 
 TestSuite(prefill, .init = setup, .fini = teardown);
 
-/* The case on the core (its algorithm when one is forced, else AUTO's choice for it): out, and attn when asked for
- * and the core returns it, and for training cases lse and context, each against the oracle. */
-static void check(const tu_attn_case *c, uint64_t seed)
-{
-    const clattn_core_info *forced = tu_forced_core();
-    tu_attn_case cc = *c;
-    if (forced && cc.need_weights && !forced->produces_weights) cc.need_weights = 0;
-    tu_problem p;
-    tu_problem_make(&p, &cc, seed);
-    clattn_attention_desc d = p.d;
-    d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
-    clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, &d, &p.w, &plan);
-    char what[32];
-    snprintf(what, sizeof what, "case %llu", (unsigned long long)seed);
-    if (tu_refused_by_device(dev, st, what)) {
-        tu_problem_free(&p);
-        return;
-    }
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "case %llu: plan: %s: %s\n%s", (unsigned long long)seed,
-                 clattn_status_string(st), clattn_last_error(), clattn_last_build_log());
-    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
-    const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, H = d.heads;
-    const size_t dv = cc.noproj && !cc.separate_value ? d.embed / H : d.head_dim_v, ow = clattn_plan_out_width(plan);
-    const size_t n_out = B * Tq * ow, n_attn = B * H * Tq * Tk, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
-    float *out = tu_poisoned(n_out), *attn = tu_poisoned(n_attn), *lse = tu_poisoned(n_lse), *ctx = tu_poisoned(n_ctx);
-    double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64), *l64 = malloc(n_lse * sizeof *l64),
-           *c64 = malloc(n_ctx * sizeof *c64);
-    cr_assert(o64 && a64 && l64 && c64);
-    cr_assert_eq(oracle_attention_stats(&d, &p.w, &p.a, o64, a64, l64, c64), 0);
-    clattn_attention_args a = p.a;
-    a.out = out;
-    if (cc.need_weights) a.attn = attn;
-    if (cc.training) a.lse = lse, a.context = ctx;
-    st = tu_plan_execute(plan, &a);
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "case %llu (%s): execute: %s: %s", (unsigned long long)seed,
-                 clattn_plan_core(plan), clattn_status_string(st), clattn_last_error());
-    char msg[256];
-    int nonzero = 0;
-    for (size_t i = 0; i < n_out; i++) nonzero |= o64[i] != 0.0;
-    cr_assert(nonzero, "case %llu: the oracle's output is all zero", (unsigned long long)seed);
-    size_t bad = oracle_compare(out, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_assert_eq(bad, 0, "case %llu (%s) out: %zu of %zu differ; %s", (unsigned long long)seed, clattn_plan_core(plan),
-                 bad, n_out, msg);
-    if (cc.need_weights) {
-        bad = oracle_compare(attn, a64, n_attn, TU_ATOL, TU_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad, 0, "case %llu (%s) attn: %zu of %zu differ; %s", (unsigned long long)seed,
-                     clattn_plan_core(plan), bad, n_attn, msg);
-    }
-    if (cc.training) {
-        bad = oracle_compare(ctx, c64, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad, 0, "case %llu (%s) context: %zu of %zu differ; %s", (unsigned long long)seed,
-                     clattn_plan_core(plan), bad, n_ctx, msg);
-        bad = oracle_compare_nonfinite(lse, l64, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad, 0, "case %llu (%s) lse: %zu of %zu differ; %s", (unsigned long long)seed,
-                     clattn_plan_core(plan), bad, n_lse, msg);
-    }
-    clattn_plan_free(plan);
-    free(out); free(attn); free(lse); free(ctx); free(o64); free(a64); free(l64); free(c64);
-    tu_problem_free(&p);
-}
-
 static void check_all(const tu_attn_case *cases, size_t n, uint64_t seed0)
 {
-    for (size_t i = 0; i < n; i++) check(&cases[i], seed0 + i);
+    for (size_t i = 0; i < n; i++) tu_attention_check(dev, &cases[i], seed0 + i);
 }
 #define CHECK_ALL(cases, seed0) check_all(cases, sizeof cases / sizeof cases[0], seed0)
 
@@ -158,4 +96,94 @@ Test(prefill, training)
         {.B = 1, .Tq = 130, .E = 64, .H = 2, .dk = 64, .dv = 64, .Eo = 32, .biases = 1, .training = 1},
     };
     CHECK_ALL(cases, 400);
+}
+
+/* half-precision plans (desc.dtype F16 and BF16): inputs, weights and outputs in the type, against the oracle on the
+ * same rounded values with the type's bound (tu_dtype_tolerance): projected and not, every mask, GQA, the weights,
+ * one row, odd lengths, kv_half */
+#define F16 CLATTN_DTYPE_F16
+#define BF16 CLATTN_DTYPE_BF16
+Test(prefill, half_types)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1,
+         .dtype = F16},
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1,
+         .dtype = BF16},
+        {.B = 1, .Tq = 1, .E = 8, .H = 2, .dk = 4, .dv = 4, .dtype = BF16},
+        {.B = 2, .Tq = 7, .Tk = 130, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .dtype = F16},
+        {.B = 2, .Tq = 9, .Tk = 13, .E = 8, .H = 2, .HK = 1, .cross = 1, .causal = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_BOOL, .need_weights = 1, .dtype = BF16},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .need_weights = 1, .layout = CLATTN_LAYOUT_RAW, .dtype = F16},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1, .kv_half = 1,
+         .dtype = F16},
+        {.B = 1, .Tq = 130, .E = 64, .H = 1, .dk = 64, .dv = 64, .noproj = 1, .causal = 1, .dtype = BF16},
+    };
+    CHECK_ALL(cases, 600);
+}
+
+/* A half plan on cl_mem buffers at element offsets (x, kv, value in the type, out and the weights written in it):
+ * the same numbers as from host arrays, bit for bit, and nothing written outside out and attn */
+static cl_mem typed_buffer(cl_context cx, cl_command_queue q, const void *host, size_t n, size_t off)
+{
+    cl_int e;
+    cl_mem m = clCreateBuffer(cx, CL_MEM_READ_WRITE, (off + n + 3) * 2, NULL, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    uint16_t *fill = malloc((off + n + 3) * 2);
+    memset(fill, 0x5A, (off + n + 3) * 2);
+    if (host) memcpy(fill + off, host, n * 2);
+    cr_assert_eq(clEnqueueWriteBuffer(q, m, CL_TRUE, 0, (off + n + 3) * 2, fill, 0, NULL, NULL), CL_SUCCESS);
+    free(fill);
+    return m;
+}
+
+Test(prefill, half_types_buffers)
+{
+    const clattn_core_info *forced = tu_forced_core();
+    for (int k = 0; k < 2; k++) {
+        const clattn_dtype t = k ? BF16 : F16;
+        const tu_attn_case c = {.B = 2, .Tq = 9, .Tk = 13, .E = 8, .H = 2, .HK = 1, .dv = 6, .cross = 1, .causal = 1,
+                                .noproj = 1, .separate_value = 1, .need_weights = !forced || forced->produces_weights,
+                                .dtype = t};
+        tu_problem p;
+        tu_problem_make(&p, &c, 800 + k);
+        clattn_attention_desc d = p.d;
+        d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const size_t nx = 2 * 9 * 8, nkv = 2 * 13 * 4, nv = 2 * 13 * 6, no = 2 * 9 * 12, na = 2 * 2 * 9 * 13, off = 5;
+        void *x = tu_typed(p.a.x, nx, t), *kv = tu_typed(p.a.kv, nkv, t), *v = tu_typed(p.a.value, nv, t);
+        void *out = tu_poisoned_typed(no, t), *attn = tu_poisoned_typed(na, t);
+        clattn_attention_args a = {.x = x, .kv = kv, .value = v, .out = out, .attn = c.need_weights ? attn : NULL};
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cl_context cx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        cl_mem bx = typed_buffer(cx, q, x, nx, off), bkv = typed_buffer(cx, q, kv, nkv, off);
+        cl_mem bv = typed_buffer(cx, q, v, nv, off), bo = typed_buffer(cx, q, NULL, no, off);
+        cl_mem ba = typed_buffer(cx, q, NULL, na, off);
+        const clattn_attention_buffers b = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off}, .out = {bo, off},
+                                            .attn = {c.need_weights ? ba : NULL, off}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        const cl_mem outs[2] = {bo, ba};
+        const size_t ns[2] = {no, na};
+        const void *want[2] = {out, attn};
+        for (int i = 0; i < (c.need_weights ? 2 : 1); i++) {
+            uint16_t *got = malloc((off + ns[i] + 3) * 2);
+            cr_assert_eq(clEnqueueReadBuffer(q, outs[i], CL_TRUE, 0, (off + ns[i] + 3) * 2, got, 0, NULL, NULL),
+                         CL_SUCCESS);
+            cr_assert(memcmp(got + off, want[i], ns[i] * 2) == 0, "%s %s: buffers and host arrays differ",
+                      k ? "bf16" : "f16", i ? "attn" : "out");
+            for (size_t j = 0; j < off; j++) cr_assert_eq(got[j], 0x5A5A, "written before the offset");
+            for (size_t j = 0; j < 3; j++) cr_assert_eq(got[off + ns[i] + j], 0x5A5A, "written past the end");
+            free(got);
+        }
+        clReleaseMemObject(bx), clReleaseMemObject(bkv), clReleaseMemObject(bv), clReleaseMemObject(bo);
+        clReleaseMemObject(ba);
+        clattn_plan_free(plan);
+        free(x), free(kv), free(v), free(out), free(attn);
+        tu_problem_free(&p);
+    }
 }

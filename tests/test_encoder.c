@@ -147,9 +147,11 @@ static void run_fixtures(clattn_device *dev, clattn_layout layout)
         float *t[6] = {0};
         if (layout == CLATTN_LAYOUT_RAW) { /* every matrix handed over as x @ W ([in, out]) */
             c.d.attn.layout = CLATTN_LAYOUT_RAW;
-            const float **ws[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out, &w.w_ff1, &w.w_ff2};
+            const void **ws[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out};
             const int idx[] = {WQ, WK, WV, WO, WF1, WF2};
-            for (int k = 0; k < 6; k++) *ws[k] = t[k] = transposed(*ws[k], c.a[idx[k]].shape[0], c.a[idx[k]].shape[1]);
+            for (int k = 0; k < 4; k++) *ws[k] = t[k] = transposed(*ws[k], c.a[idx[k]].shape[0], c.a[idx[k]].shape[1]);
+            w.w_ff1 = t[4] = transposed(w.w_ff1, c.a[WF1].shape[0], c.a[WF1].shape[1]);
+            w.w_ff2 = t[5] = transposed(w.w_ff2, c.a[WF2].shape[0], c.a[WF2].shape[1]);
         }
         clattn_encoder_plan *plan = NULL;
         clattn_status st = tu_encoder_plan_create(dev, &c.d, &w, &plan);

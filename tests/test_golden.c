@@ -23,14 +23,14 @@ static void run_all(clattn_device *dev, clattn_layout layout, clattn_algorithm a
         float *t[8] = {0};
         if (layout == CLATTN_LAYOUT_RAW) { /* hand the same weights over transposed, as x @ W matrices */
             c.desc.layout = CLATTN_LAYOUT_RAW;
-            const float **ws[] = {&w.w_query, &w.w_key, &w.w_value, &w.w_out};
+            const void **ws[] = {&w.w_query, &w.w_key, &w.w_value, &w.w_out};
             const clattn_npy *arrs[] = {&c.wq, &c.wk, &c.wv, &c.wo};
             for (int k = 0; k < 4; k++) {
                 if (!*ws[k]) continue;
                 size_t rows = arrs[k]->shape[0], cols = arrs[k]->shape[1];
                 t[k] = malloc(rows * cols * sizeof(float));
                 for (size_t r = 0; r < rows; r++)
-                    for (size_t q = 0; q < cols; q++) t[k][q * rows + r] = (*ws[k])[r * cols + q];
+                    for (size_t q = 0; q < cols; q++) t[k][q * rows + r] = ((const float *)*ws[k])[r * cols + q];
                 *ws[k] = t[k];
             }
         }

@@ -349,3 +349,21 @@ Test(validation, ref_plans_report_auto)
     cr_assert_eq(clattn_plan_algorithm(NULL), CLATTN_ALGORITHM_AUTO);
     clattn_device_free(dev);
 }
+
+/* half-precision plans on the ref device (desc.dtype): inputs widened, fp32 attention, outputs rounded once, against
+ * the oracle on the same rounded values with the type's bound; the OpenCL cores run test_conformance's half_types */
+Test(half, types_ref)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1,
+         .dtype = CLATTN_DTYPE_F16},
+        {.B = 2, .Tq = 7, .Tk = 130, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .dtype = CLATTN_DTYPE_BF16},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .need_weights = 1, .dropout = 0.2f, .layout = CLATTN_LAYOUT_RAW, .dtype = CLATTN_DTYPE_BF16},
+        {.B = 1, .Tq = 1, .E = 8, .H = 2, .dk = 4, .dv = 4, .kv_half = 1, .need_weights = 1, .dtype = CLATTN_DTYPE_F16},
+    };
+    clattn_device *dev = tu_open_ref();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) tu_attention_check(dev, &cases[i], 700 + i);
+    clattn_device_free(dev);
+}

@@ -1190,9 +1190,9 @@ static void plan_nulls(clattn_device *dev, clattn_mask_kind mask_kind)
     cr_assert_neq(tu_plan_create(dev, &c.d, NULL, &plan), CLATTN_STATUS_SUCCESS);
     cr_assert_null(plan);
     /* each weight pointer missing in turn */
-    const float **ptrs[] = {&c.w.w_query, &c.w.w_key, &c.w.w_value, &c.w.w_out};
+    const void **ptrs[] = {&c.w.w_query, &c.w.w_key, &c.w.w_value, &c.w.w_out};
     for (int k = 0; k < 4; k++) {
-        const float *keep = *ptrs[k];
+        const void *keep = *ptrs[k];
         *ptrs[k] = NULL;
         plan = (clattn_plan *)(uintptr_t)1;
         cr_assert_eq(tu_plan_create(dev, &c.d, &c.w, &plan), CLATTN_STATUS_INVALID_ARGUMENT,
@@ -1346,17 +1346,22 @@ static void encoder_nulls(clattn_device *dev)
     cr_assert_null(plan);
     cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(tu_encoder_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    const float **ptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out, &w.ln1_weight,
-                            &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight, &w.ln2_bias};
-    for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) {
-        const float *keep = *ptrs[k];
-        *ptrs[k] = NULL;
+    /* the attention's weights (void *, clattn 0.7) and the layer's own (float *) */
+    const void **aptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out};
+    const float **ptrs[] = {&w.ln1_weight, &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight,
+                            &w.ln2_bias};
+    const size_t na = sizeof aptrs / sizeof aptrs[0];
+    for (size_t k = 0; k < na + sizeof ptrs / sizeof ptrs[0]; k++) {
+        const void *keep = k < na ? *aptrs[k] : (const void *)*ptrs[k - na];
+        if (k < na) *aptrs[k] = NULL;
+        else *ptrs[k - na] = NULL;
         plan = (clattn_encoder_plan *)(uintptr_t)1;
         clattn_status st = tu_encoder_plan_create(dev, &d, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_INVALID_ARGUMENT, "encoder weight %zu NULL: %s (%s)", k,
                      clattn_status_string(st), clattn_last_error());
         cr_assert_null(plan);
-        *ptrs[k] = keep;
+        if (k < na) *aptrs[k] = keep;
+        else *ptrs[k - na] = keep;
     }
     cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
 
@@ -1663,6 +1668,53 @@ Test(misuse, heads_as_given_refusals)
                                            .grad_value_count = 24};
         cr_assert_eq(clattn_plan_backward(plan, &a1, &g1), CLATTN_STATUS_INVALID_ARGUMENT);
         cr_assert(strstr(clattn_last_error(), "grads.grad_value is given"), "%s", clattn_last_error());
+        clattn_plan_free(plan);
+    }
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
+/* desc.dtype (clattn 0.7): a type that is none of the three, and what 0.7 does not take in half precision (training,
+ * decode, the encoder layer), refused by name on both backends; a half plan's output that overlaps its input by one
+ * element (2 bytes, not 4) refused */
+Test(misuse, dtype_refusals)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+    const struct { const char *needle; clattn_attention_desc d; } bad[] = {
+        {"dtype 3 is not CLATTN_DTYPE_F32", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .dtype = 3}},
+        {"training with dtype bf16", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1,
+                                      .dtype = CLATTN_DTYPE_BF16}},
+    };
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            clattn_plan *plan = NULL;
+            cr_assert_neq(tu_plan_create(devs[k], &bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+            cr_assert_null(plan);
+        }
+        const clattn_attention_desc dd = {.batch = 1, .seq_q = 1, .embed = 8, .heads = 2, .causal = 1,
+                                          .dtype = CLATTN_DTYPE_F16};
+        clattn_decode_plan *dp = NULL;
+        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "a decode plan with dtype 1"), "%s", clattn_last_error());
+        cr_assert_null(dp);
+        const clattn_encoder_desc ed = {.attn = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .out_dim = 8,
+                                                 .dtype = CLATTN_DTYPE_BF16}, .ff_dim = 16};
+        clattn_encoder_plan *ep = NULL;
+        const clattn_encoder_weights ew = {0}; /* the type is refused before the weights are read */
+        cr_assert_eq(clattn_encoder_plan_create(devs[k], &ed, &ew, &ep), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "encoder layer is fp32"), "%s", clattn_last_error());
+        cr_assert_null(ep);
+        /* x (1, 3, 8) and out (1, 3, 8) halves in one array: out one element into x is refused, right after it runs */
+        const clattn_attention_desc hd = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .dtype = CLATTN_DTYPE_F16};
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(devs[k], &hd, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        uint16_t mem[48] = {0};
+        clattn_attention_args a = {.x = mem, .x_count = 24, .out = mem + 23, .out_count = 24};
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "args.out"), "%s", clattn_last_error());
+        a.out = mem + 24;
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         clattn_plan_free(plan);
     }
     clattn_device_free(devs[0]);

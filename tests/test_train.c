@@ -225,8 +225,9 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
     float *out = malloc(n_out * sizeof *out);
     for (size_t r = 0; r < B * Tq; r++)
         for (size_t e = 0; e < Eo; e++) {
-            double s = p.w.b_out[e];
-            for (size_t k = 0; k < H * dv; k++) s += (double)ctx[r * H * dv + k] * p.w.w_out[e * H * dv + k];
+            double s = ((const float *)p.w.b_out)[e];
+            for (size_t k = 0; k < H * dv; k++)
+                s += (double)ctx[r * H * dv + k] * ((const float *)p.w.w_out)[e * H * dv + k];
             out[r * Eo + e] = (float)s;
         }
     cr_assert_eq(tu_compare(out, out1, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: out: %s", parts, msg);

@@ -444,6 +444,99 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
     return clattn_decode_execute(plan, cache, &c);
 }
 
+/* ---- half precision, the tests' own (no code shared with the library's numeric.c): values rounded with double
+ * arithmetic (nearbyint: the default rounding, to nearest even), encoded and decoded with frexp and ldexp */
+static const double F16_UNIT = 1.0 / 1024.0, BF16_UNIT = 1.0 / 128.0; /* a significand's last place in [1, 2) */
+
+double tu_dtype_round(double v, clattn_dtype t)
+{
+    if (t == CLATTN_DTYPE_F32 || v == 0.0 || !isfinite(v)) return t == CLATTN_DTYPE_F32 ? (double)(float)v : v;
+    int e;
+    frexp(v, &e); /* |v| in [2^(e-1), 2^e) */
+    int emin = t == CLATTN_DTYPE_F16 ? -14 : -126;
+    if (e - 1 < emin) e = emin + 1; /* subnormal: the smallest normal's spacing */
+    const double ulp = ldexp(t == CLATTN_DTYPE_F16 ? F16_UNIT : BF16_UNIT, e - 1);
+    const double r = nearbyint(v / ulp) * ulp;
+    return t == CLATTN_DTYPE_F16 && fabs(r) > 65504.0 ? copysign(INFINITY, v) : r;
+}
+
+uint16_t tu_dtype_bits(float f, clattn_dtype t)
+{
+    if (t == CLATTN_DTYPE_BF16) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return (uint16_t)(u >> 16); /* f is a bfloat16 already (rounded): its upper half */
+    }
+    const uint16_t sign = signbit(f) ? 0x8000u : 0;
+    const double a = fabs((double)f);
+    if (isnan(f)) return 0x7E00u;
+    if (isinf(f)) return (uint16_t)(sign | 0x7C00u);
+    if (a < ldexp(1.0, -14)) return (uint16_t)(sign | (uint16_t)nearbyint(a * ldexp(1.0, 24)));
+    int e;
+    const double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
+    return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)nearbyint((2.0 * m - 1.0) * 1024.0));
+}
+
+float tu_dtype_value(uint16_t h, clattn_dtype t)
+{
+    if (t == CLATTN_DTYPE_BF16) {
+        const uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    const double s = (h & 0x8000u) ? -1.0 : 1.0;
+    if (e == 0x1F) return m ? NAN : (float)(s * INFINITY);
+    return (float)(s * (e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25)));
+}
+
+void *tu_typed(const float *a, size_t n, clattn_dtype t)
+{
+    if (!a) return NULL;
+    if (t == CLATTN_DTYPE_F32) {
+        float *c = malloc(n * sizeof *c);
+        memcpy(c, a, n * sizeof *c);
+        return c;
+    }
+    uint16_t *h = malloc(n * sizeof *h + 1);
+    for (size_t i = 0; i < n; i++) h[i] = tu_dtype_bits(a[i], t);
+    return h;
+}
+
+float *tu_widened(const void *a, size_t n, clattn_dtype t)
+{
+    float *f = malloc(n * sizeof *f + 1);
+    for (size_t i = 0; i < n; i++)
+        f[i] = t == CLATTN_DTYPE_F32 ? ((const float *)a)[i] : tu_dtype_value(((const uint16_t *)a)[i], t);
+    return f;
+}
+
+void *tu_poisoned_typed(size_t n, clattn_dtype t)
+{
+    if (t == CLATTN_DTYPE_F32) return tu_poisoned(n);
+    void *h = malloc(n * 2 + 1);
+    memset(h, 0xFF, n * 2); /* 0xFFFF: a NaN in half and in bfloat16 */
+    return h;
+}
+
+void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol)
+{
+    /* the fp32 bound, then the output's one rounding to the type: |round(y) - y| <= u |y| (u = 2^-11 for half,
+     * 2^-8 for bfloat16), plus half a subnormal step (2^-25) for half's values below 2^-14 */
+    const double u = t == CLATTN_DTYPE_F16 ? ldexp(1.0, -11) : t == CLATTN_DTYPE_BF16 ? ldexp(1.0, -8) : 0.0;
+    *atol = TU_ATOL * (1.0 + u) + (t == CLATTN_DTYPE_F16 ? ldexp(1.0, -25) : 0.0);
+    *rtol = TU_RTOL + u * (1.0 + TU_RTOL);
+}
+
+static float *typed_random(tu_rng *r, clattn_dtype t, size_t n, float lo, float hi)
+{
+    float *a = tu_random(r, n, lo, hi);
+    if (t != CLATTN_DTYPE_F32)
+        for (size_t i = 0; i < n; i++) a[i] = (float)tu_dtype_round(a[i], t);
+    return a;
+}
+
 void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
 {
     memset(p, 0, sizeof *p);
@@ -454,7 +547,7 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     d->head_dim_v = c->dv, d->out_dim = c->Eo, d->window = c->window, d->cross = c->cross, d->causal = c->causal;
     d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
     d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
-    d->scale = c->scale;
+    d->scale = c->scale, d->dtype = c->dtype;
     d->separate_value = c->separate_value, d->attn_mask_per_batch = c->mask_pb, d->attn_mask_per_head = c->mask_ph;
     const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? c->E / H : c->dk;
     const size_t dv = c->noproj ? (c->separate_value && c->dv ? c->dv : c->E / H) : c->dv;
@@ -464,22 +557,22 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     const size_t Ekv = !c->cross ? c->E : c->Ekv ? c->Ekv : c->noproj ? HK * dk : c->E;
     const float sq = 1.0f / sqrtf((float)E), skv = 1.0f / sqrtf((float)Ekv), so = 1.0f / sqrtf((float)(H * dv));
     if (!c->noproj) {
-        p->w.w_query = p->bufs[p->nb++] = tu_random(&rng, H * dk * E, -sq, sq);
-        p->w.w_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk * Ekv, -skv, skv);
-        p->w.w_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv * Ekv, -skv, skv);
+        p->w.w_query = p->bufs[p->nb++] = typed_random(&rng, c->dtype, H * dk * E, -sq, sq);
+        p->w.w_key = p->bufs[p->nb++] = typed_random(&rng, c->dtype, HK * dk * Ekv, -skv, skv);
+        p->w.w_value = p->bufs[p->nb++] = typed_random(&rng, c->dtype, HK * dv * Ekv, -skv, skv);
     }
     if (c->biases && !c->noproj) {
-        p->w.b_query = p->bufs[p->nb++] = tu_random(&rng, H * dk, -0.5f, 0.5f);
-        p->w.b_key = p->bufs[p->nb++] = tu_random(&rng, HK * dk, -0.5f, 0.5f);
-        p->w.b_value = p->bufs[p->nb++] = tu_random(&rng, HK * dv, -0.5f, 0.5f);
+        p->w.b_query = p->bufs[p->nb++] = typed_random(&rng, c->dtype, H * dk, -0.5f, 0.5f);
+        p->w.b_key = p->bufs[p->nb++] = typed_random(&rng, c->dtype, HK * dk, -0.5f, 0.5f);
+        p->w.b_value = p->bufs[p->nb++] = typed_random(&rng, c->dtype, HK * dv, -0.5f, 0.5f);
     }
     if (c->Eo) {
-        p->w.w_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo * H * dv, -so, so);
-        if (c->biases) p->w.b_out = p->bufs[p->nb++] = tu_random(&rng, c->Eo, -0.5f, 0.5f);
+        p->w.w_out = p->bufs[p->nb++] = typed_random(&rng, c->dtype, c->Eo * H * dv, -so, so);
+        if (c->biases) p->w.b_out = p->bufs[p->nb++] = typed_random(&rng, c->dtype, c->Eo, -0.5f, 0.5f);
     }
-    p->a.x = p->bufs[p->nb++] = tu_random(&rng, B * Tq * E, -2.0f, 2.0f);
-    if (c->cross) p->a.kv = p->bufs[p->nb++] = tu_random(&rng, B * Tk * Ekv, -2.0f, 2.0f);
-    if (c->separate_value) p->a.value = p->bufs[p->nb++] = tu_random(&rng, B * Tk * HK * dv, -2.0f, 2.0f);
+    p->a.x = p->bufs[p->nb++] = typed_random(&rng, c->dtype, B * Tq * E, -2.0f, 2.0f);
+    if (c->cross) p->a.kv = p->bufs[p->nb++] = typed_random(&rng, c->dtype, B * Tk * Ekv, -2.0f, 2.0f);
+    if (c->separate_value) p->a.value = p->bufs[p->nb++] = typed_random(&rng, c->dtype, B * Tk * HK * dv, -2.0f, 2.0f);
     const size_t nm = (c->mask_pb ? B : 1) * (c->mask_ph ? H : 1) * Tq * Tk; /* the attention mask's elements */
     if (c->kpm) {
         p->kpm = calloc(B * Tk, 1);
@@ -497,6 +590,93 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
             if (tu_next(&rng) % 5 == 0) fm[i] = -INFINITY;
         p->a.attn_mask = fm;
     }
+}
+
+void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed)
+{
+    const clattn_core_info *forced = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core() : NULL;
+    tu_attn_case cc = *c;
+    if (forced && cc.need_weights && !forced->produces_weights) cc.need_weights = 0;
+    tu_problem p;
+    tu_problem_make(&p, &cc, seed);
+    clattn_attention_desc d = p.d;
+    d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
+    const clattn_dtype t = cc.dtype;
+    /* the plan's arrays in its type (the oracle reads p's floats, the same values) */
+    const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, H = d.heads;
+    const size_t HK = d.kv_heads ? d.kv_heads : H;
+    clattn_attention_weights w = p.w;
+    void *typed[11] = {0};
+    int nt = 0;
+    if (t != CLATTN_DTYPE_F32) {
+        tu_count_weights(&w, &d);
+        const void **ws[8] = {&w.w_query, &w.w_key, &w.w_value, &w.b_query, &w.b_key, &w.b_value, &w.w_out, &w.b_out};
+        const size_t *ns[8] = {&w.w_query_count, &w.w_key_count, &w.w_value_count, &w.b_query_count,
+                               &w.b_key_count, &w.b_value_count, &w.w_out_count, &w.b_out_count};
+        for (int k = 0; k < 8; k++)
+            if (*ws[k]) *ws[k] = typed[nt++] = tu_typed(*ws[k], *ns[k], t);
+    }
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
+    char what[48];
+    snprintf(what, sizeof what, "case %llu", (unsigned long long)seed);
+    if (tu_refused_by_device(dev, st, what)) {
+        for (int k = 0; k < nt; k++) free(typed[k]);
+        tu_problem_free(&p);
+        return;
+    }
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "case %llu: plan: %s: %s\n%s", (unsigned long long)seed,
+                 clattn_status_string(st), clattn_last_error(), clattn_last_build_log());
+    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    const size_t dv = cc.noproj && !cc.separate_value ? d.embed / H : d.head_dim_v, ow = clattn_plan_out_width(plan);
+    const size_t n_out = B * Tq * ow, n_attn = B * H * Tq * Tk, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
+    void *out = tu_poisoned_typed(n_out, t), *attn = tu_poisoned_typed(n_attn, t);
+    float *lse = tu_poisoned(n_lse), *ctx = tu_poisoned(n_ctx);
+    double *o64 = malloc(n_out * sizeof *o64), *a64 = malloc(n_attn * sizeof *a64), *l64 = malloc(n_lse * sizeof *l64),
+           *c64 = malloc(n_ctx * sizeof *c64);
+    cr_assert(o64 && a64 && l64 && c64);
+    cr_assert_eq(oracle_attention_stats(&p.d, &p.w, &p.a, o64, a64, l64, c64), 0);
+    clattn_attention_args a = p.a;
+    if (t != CLATTN_DTYPE_F32) {
+        const size_t Ekv = d.cross ? (d.kv_embed ? d.kv_embed : d.embed) : 0;
+        a.x = typed[nt++] = tu_typed(p.a.x, B * Tq * d.embed, t);
+        if (p.a.kv) a.kv = typed[nt++] = tu_typed(p.a.kv, B * Tk * Ekv, t);
+        if (p.a.value) a.value = typed[nt++] = tu_typed(p.a.value, B * Tk * HK * dv, t);
+    }
+    a.out = out;
+    if (cc.need_weights) a.attn = attn;
+    if (cc.training) a.lse = lse, a.context = ctx;
+    st = tu_plan_execute(plan, &a);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "case %llu (%s): execute: %s: %s", (unsigned long long)seed,
+                 clattn_plan_core(plan), clattn_status_string(st), clattn_last_error());
+    double atol, rtol;
+    tu_dtype_tolerance(t, &atol, &rtol);
+    float *outf = tu_widened(out, n_out, t), *attnf = tu_widened(attn, n_attn, t);
+    char msg[256];
+    int nonzero = 0;
+    for (size_t i = 0; i < n_out; i++) nonzero |= o64[i] != 0.0;
+    cr_assert(nonzero, "case %llu: the oracle's output is all zero", (unsigned long long)seed);
+    size_t bad = oracle_compare(outf, o64, n_out, atol, rtol, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "case %llu (%s, %s) out: %zu of %zu differ; %s", (unsigned long long)seed,
+                 clattn_plan_core(plan), t == CLATTN_DTYPE_F16 ? "f16" : t == CLATTN_DTYPE_BF16 ? "bf16" : "f32", bad,
+                 n_out, msg);
+    if (cc.need_weights) {
+        bad = oracle_compare(attnf, a64, n_attn, atol, rtol, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %llu (%s) attn: %zu of %zu differ; %s", (unsigned long long)seed,
+                     clattn_plan_core(plan), bad, n_attn, msg);
+    }
+    if (cc.training) {
+        bad = oracle_compare(ctx, c64, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %llu (%s) context: %zu of %zu differ; %s", (unsigned long long)seed,
+                     clattn_plan_core(plan), bad, n_ctx, msg);
+        bad = oracle_compare_nonfinite(lse, l64, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "case %llu (%s) lse: %zu of %zu differ; %s", (unsigned long long)seed,
+                     clattn_plan_core(plan), bad, n_lse, msg);
+    }
+    clattn_plan_free(plan);
+    for (int k = 0; k < nt; k++) free(typed[k]);
+    free(out); free(attn); free(outf); free(attnf); free(lse); free(ctx); free(o64); free(a64); free(l64); free(c64);
+    tu_problem_free(&p);
 }
 
 void tu_problem_free(tu_problem *p)

@@ -91,6 +91,7 @@ typedef struct tu_attn_case {
     int separate_value;   /* with noproj and cross: kv is K of HK heads (dk = E/H), value V (dv, 0 = dk): the heads as
                              torch's scaled_dot_product_attention takes them */
     int mask_pb, mask_ph; /* the attention mask per batch entry and/or per head: (B,) (H,) Tq, Tk */
+    clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
 } tu_attn_case;
 
 /* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask
@@ -107,6 +108,21 @@ typedef struct tu_problem {
                                               NULL: created with w */
 } tu_problem;
 void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed);
+/* Half precision, the tests' own arithmetic: v rounded to the type (to nearest even); a float that is a value of the
+ * type as its 16 bits, and back; malloc'd arrays: a float array in the type (a copy for F32), widened to float,
+ * poisoned (NaN in the type). The bound against the float64 oracle for a plan of type t: the fp32 one and the
+ * output's rounding (README, "Precision"). */
+double tu_dtype_round(double v, clattn_dtype t);
+uint16_t tu_dtype_bits(float f, clattn_dtype t);
+float tu_dtype_value(uint16_t h, clattn_dtype t);
+void *tu_typed(const float *a, size_t n, clattn_dtype t);
+float *tu_widened(const void *a, size_t n, clattn_dtype t);
+void *tu_poisoned_typed(size_t n, clattn_dtype t);
+void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol);
+/* The attention case on dev against the float64 oracle, every output element checked after poisoning: out, the
+ * weights when asked for (and, with a prefill core forced, when it returns them), a training case's lse and context.
+ * A half-precision case (c->dtype) gives the plan its arrays in the type and compares with that type's bound. */
+void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed);
 void tu_problem_free(tu_problem *p);
 
 /* A golden case directory (tests/golden/cases/NAME), loaded. */

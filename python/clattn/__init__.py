@@ -32,7 +32,7 @@ __all__ = ["Error", "InvalidArgumentError", "ShapeMismatchError", "SizeOverflowE
            "OutOfHostMemoryError", "DeviceAllocationError", "BuildFailureError", "UnsupportedError", "NoDeviceError",
            "InvalidDeviceSpecError", "OpenCLError", "devices", "cores", "selftest", "version", "Attention", "Decoder",
            "EncoderLayer", "from_torch", "plot_attention"]
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 logger = logging.getLogger("clattn")  # the library's notices (kernels compiled, the kernel cache unused, CLATTN_CORE)
 

@@ -144,6 +144,7 @@ typedef struct clattn_linear {
     cl_program prog;
     cl_kernel fill, small; /* fill_rows, and for few rows linear_small or linear_gemv (cl/attention/linear.cl) */
     cl_kernel colsum, sum_blocks; /* grad_colsum, grad_sum_blocks: the projections' gradients */
+    cl_kernel widen, narrow; /* dtype_widen, dtype_narrow: half-precision plans' inputs and outputs */
     int gemv;              /* small is linear_gemv (a work-group per block of columns: GPUs) */
     clattn_core_instance gemm_core; /* the plan's GEMM core (select.c chose it) */
     clattn_gemm gemm;      /* the same, as the cores layer sees it (the unfused core's GEMMs) */
@@ -174,6 +175,10 @@ clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size
 /* dst (rows, width; dst_ld) = the sum of `blocks` column blocks of src (rows; src_ld), block b at column b*width. */
 clattn_status clattn_linear_sum_blocks(const clattn_linear *l, clattn_view src, size_t src_ld, size_t blocks,
                                        size_t width, clattn_view dst, size_t dst_ld, size_t rows);
+/* n elements of a half-precision plan's array (t: F16 or BF16) widened from src into the float dst, or with narrow
+ * from the float src into dst rounded to nearest even (dtype_widen, dtype_narrow). */
+clattn_status clattn_linear_convert(const clattn_linear *l, clattn_view src, clattn_view dst, size_t n, clattn_dtype t,
+                                    int narrow);
 /* The GEMM core's name and parameters as text ("gemm_tiles", "MR=8,..."), for the plans' reports. */
 void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len);
 /* The projections' helpers of an OpenCL plan (its GEMM core), for the encoder layer's feed-forward GEMMs;

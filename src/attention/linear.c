@@ -29,6 +29,8 @@ clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attenti
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
     TRY(clattn_kernel_create(l->prog, "grad_colsum", &l->colsum));
     TRY(clattn_kernel_create(l->prog, "grad_sum_blocks", &l->sum_blocks));
+    TRY(clattn_kernel_create(l->prog, "dtype_widen", &l->widen));
+    TRY(clattn_kernel_create(l->prog, "dtype_narrow", &l->narrow));
     /* a CPU runs linear_small's work-items one after another, each streaming its own weight row; a GPU
      * runs them side by side, where only linear_gemv's reads are coalesced */
     l->gemv = dev->caps.dclass != CLATTN_CLASS_CPU;
@@ -50,6 +52,8 @@ void clattn_linear_release(clattn_linear *l)
     clattn_kernel_release(&l->small);
     clattn_kernel_release(&l->colsum);
     clattn_kernel_release(&l->sum_blocks);
+    clattn_kernel_release(&l->widen);
+    clattn_kernel_release(&l->narrow);
     clattn_program_release(&l->prog);
 }
 
@@ -63,6 +67,22 @@ clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem
     clattn_arg_u64(&a, rows * cols);
     TRY(clattn_args_end(&a));
     return clattn_enqueue_1d(l->dev, l->fill, rows * cols, "enqueue fill_rows");
+}
+
+clattn_status clattn_linear_convert(const clattn_linear *l, clattn_view src, clattn_view dst, size_t n, clattn_dtype t,
+                                    int narrow)
+{
+    if (n == 0) return CLATTN_STATUS_SUCCESS;
+    cl_kernel k = narrow ? l->narrow : l->widen;
+    const char *name = narrow ? "dtype_narrow" : "dtype_widen";
+    clattn_args a;
+    clattn_args_begin(&a, k, name);
+    clattn_arg_view(&a, src);
+    clattn_arg_view(&a, dst);
+    clattn_arg_u64(&a, n);
+    clattn_arg_u32(&a, t == CLATTN_DTYPE_F16 ? 1u : 2u);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(l->dev, k, n, narrow ? "enqueue dtype_narrow" : "enqueue dtype_widen");
 }
 
 /* The loop iterations of one work-item of linear_small (VW 8) or linear_gemv for m rows and k columns of x, every

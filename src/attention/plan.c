@@ -117,6 +117,12 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
                            "storage; a training plan computes them in fp32 (kv_half = 0)");
+    if (d->dtype != CLATTN_DTYPE_F32 && d->dtype != CLATTN_DTYPE_F16 && d->dtype != CLATTN_DTYPE_BF16)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16",
+                           (int)d->dtype);
+    if (d->training && d->dtype != CLATTN_DTYPE_F32)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with dtype %s: clattn 0.7's training plans are fp32 "
+                           "(dtype F32); half-precision plans are for inference", clattn_dtype_name(d->dtype));
     if (d->precision != CLATTN_PRECISION_FP32 && d->precision != CLATTN_PRECISION_TF32)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "precision %d is not CLATTN_PRECISION_FP32 or _TF32",
                            (int)d->precision);
@@ -248,15 +254,26 @@ clattn_status clattn_buffers_call_check(const void *plan, const void *buffers, i
 static clattn_status copy_weights(const clattn_attention_desc *d, const clattn_attention_weights *w, float **out[8])
 {
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
-    const float *src[8] = {w->w_query, w->w_key, w->w_value, w->b_query, w->b_key, w->b_value, w->w_out, w->b_out};
+    const void *src[8] = {w->w_query, w->w_key, w->w_value, w->b_query, w->b_key, w->b_value, w->w_out, w->b_out};
     const size_t rows[8] = {H * dk, HK * dk, HK * dv, H * dk, HK * dk, HK * dv, Eo, Eo};
     const size_t cols[8] = {d->embed, d->kv_embed, d->kv_embed, 0, 0, 0, H * dv, 0}; /* 0: a vector */
     int oom = 0;
     for (int i = 0; i < 8; i++) {
         *out[i] = NULL;
-        if (src[i] && !oom)
-            oom = !(*out[i] = cols[i] ? clattn_weight_copy(src[i], rows[i], cols[i], d->layout)
-                                      : clattn_vector_copy(src[i], rows[i]));
+        if (!src[i] || oom) continue;
+        /* half weights are widened (exactly) first: the plan keeps and computes with fp32 copies */
+        const size_t n = rows[i] * (cols[i] ? cols[i] : 1);
+        float *wide = NULL;
+        if (d->dtype != CLATTN_DTYPE_F32) {
+            if (!(wide = clattn_malloc(n * sizeof *wide))) {
+                oom = 1;
+                continue;
+            }
+            clattn_dtype_widen(src[i], n, d->dtype, wide);
+        }
+        const float *f = wide ? wide : src[i];
+        oom = !(*out[i] = cols[i] ? clattn_weight_copy(f, rows[i], cols[i], d->layout) : clattn_vector_copy(f, rows[i]));
+        free(wide);
     }
     if (!oom) return CLATTN_STATUS_SUCCESS;
     for (int i = 0; i < 8; i++) free(*out[i]), *out[i] = NULL;
@@ -510,11 +527,12 @@ void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args 
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const char *o = a ? "args" : "buffers";
-    ins[0] = CLATTN_RANGE(o, a, b, x, B * Tq * d->embed, 4);
-    ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? B * Tk * d->kv_embed : 0, 4);
+    const size_t es = clattn_dtype_size(d->dtype);
+    ins[0] = CLATTN_RANGE(o, a, b, x, B * Tq * d->embed, es);
+    ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? B * Tk * d->kv_embed : 0, es);
     ins[2] = CLATTN_RANGE(o, a, b, key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1);
     ins[3] = CLATTN_RANGE(o, a, b, attn_mask, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
-    ins[4] = CLATTN_RANGE(o, a, b, value, clattn_plan_value_elems(d), 4);
+    ins[4] = CLATTN_RANGE(o, a, b, value, clattn_plan_value_elems(d), es);
 }
 
 /* The forward's outputs against its inputs and each other, from host args (a) or buffers (b): one list for both
@@ -527,8 +545,9 @@ static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_atten
     const char *o = a ? "args" : "buffers";
     clattn_mem_range ins[CLATTN_PLAN_INPUTS];
     clattn_plan_input_ranges(p, a, b, ins);
-    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * Tq * p->out_width, 4),
-                                     CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, 4),
+    const size_t es = clattn_dtype_size(d->dtype);
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * Tq * p->out_width, es),
+                                     CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, es),
                                      CLATTN_RANGE(o, a, b, lse, B * H * Tq, 4),
                                      CLATTN_RANGE(o, a, b, context, B * Tq * H * d->head_dim_v, 4)};
     return clattn_check_no_overlap(outs, 4, ins, CLATTN_PLAN_INPUTS);

@@ -104,8 +104,40 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
 
 /* ---- the ref backend */
 
+/* A half-precision plan (desc.dtype F16 or BF16): its inputs widened to float (exactly), the fp32 function, its outputs
+ * rounded to the type once (to nearest even). lse and context are a training plan's, and training plans are fp32. */
+static clattn_status ref_execute_typed(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    const clattn_attention_desc *d = &p->d;
+    const clattn_dtype t = d->dtype;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const size_t n_x = B * Tq * d->embed, n_kv = d->cross ? B * Tk * d->kv_embed : 0, n_v = clattn_plan_value_elems(d);
+    const size_t n_out = B * Tq * p->out_width, n_attn = a->attn ? B * d->heads * Tq * Tk : 0;
+    float *x = clattn_malloc(n_x * sizeof *x), *kv = n_kv ? clattn_malloc(n_kv * sizeof *kv) : NULL;
+    float *v = n_v ? clattn_malloc(n_v * sizeof *v) : NULL, *out = clattn_malloc(n_out * sizeof *out);
+    float *attn = n_attn ? clattn_malloc(n_attn * sizeof *attn) : NULL;
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (!x || !out || (n_kv && !kv) || (n_v && !v) || (n_attn && !attn)) {
+        st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference: widening the %s inputs", clattn_dtype_name(t));
+    } else {
+        clattn_attention_args wide = *a;
+        clattn_dtype_widen(a->x, n_x, t, x);
+        wide.x = x;
+        if (kv) clattn_dtype_widen(a->kv, n_kv, t, kv), wide.kv = kv;
+        if (v) clattn_dtype_widen(a->value, n_v, t, v), wide.value = v;
+        st = clattn_ref_execute(p, &wide, out, attn, NULL, NULL);
+        if (st == CLATTN_STATUS_SUCCESS) {
+            clattn_dtype_narrow(out, n_out, t, a->out);
+            if (attn) clattn_dtype_narrow(attn, n_attn, t, a->attn);
+        }
+    }
+    free(x); free(kv); free(v); free(out); free(attn);
+    return st;
+}
+
 static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
 {
+    if (p->d.dtype != CLATTN_DTYPE_F32) return ref_execute_typed(p, a);
     return clattn_ref_execute(p, a, a->out, a->attn, a->lse, a->context);
 }
 

@@ -28,6 +28,10 @@ static size_t shell_floats(const struct clattn_plan *p)
     size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + clattn_plan_value_elems(d) + B * Tq * p->out_width;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * HK * (dk + dv) + H * dk * E + HK * (dk + dv) * Ekv;
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
+    /* a half-precision plan: its inputs and output in fp32 beside them (half the floats again for the staging's
+     * half arrays are counted as floats here: an upper bound) */
+    if (d->dtype != CLATTN_DTYPE_F32)
+        total += B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + clattn_plan_value_elems(d) + B * Tq * p->out_width;
     return total;
 }
 
@@ -109,17 +113,34 @@ static clattn_status staging_buffers(struct clattn_plan *p)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
     const clattn_device *dev = p->device;
-    TRY(clattn_buffer_new(dev, B * Tq * E, sizeof(float), NULL, "the x staging buffer", &c->x_in));
-    if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * Ekv, sizeof(float), NULL, "the kv staging buffer", &c->kv_in));
+    const size_t es = clattn_dtype_size(d->dtype); /* x, kv, value and out in the plan's type */
+    TRY(clattn_buffer_new(dev, B * Tq * E, es, NULL, "the x staging buffer", &c->x_in));
+    if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * Ekv, es, NULL, "the kv staging buffer", &c->kv_in));
     if (d->separate_value)
-        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "the value staging buffer",
-                              &c->value_in));
+        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), es, NULL, "the value staging buffer", &c->value_in));
     if (d->key_padding_mask)
         TRY(clattn_buffer_new(dev, B * Tk, 1, NULL, "the key padding mask staging buffer", &c->kpm_in));
     if (d->attn_mask)
         TRY(clattn_buffer_new(dev, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, NULL,
                               "the attention mask staging buffer", &c->mask_in));
-    return clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the output staging buffer", &c->out_buf);
+    return clattn_buffer_new(dev, B * Tq * p->out_width, es, NULL, "the output staging buffer", &c->out_buf);
+}
+
+/* A half-precision plan's fp32 work buffers: its inputs widened, its output before it is narrowed. */
+static clattn_status typed_buffers(struct clattn_plan *p)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const clattn_device *dev = p->device;
+    if (d->dtype == CLATTN_DTYPE_F32) return CLATTN_STATUS_SUCCESS;
+    TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "x widened to fp32", &c->x32));
+    if (d->cross)
+        TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "kv widened to fp32", &c->kv32));
+    if (d->separate_value)
+        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "value widened to fp32",
+                              &c->value32));
+    return clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the fp32 output", &c->out32);
 }
 
 /* Build the linear kernels and the core (the device memory checked first), upload the weights, make the
@@ -147,6 +168,7 @@ static clattn_status shell_init(struct clattn_plan *p)
         p->tuned = 1;
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
+    TRY(typed_buffers(p));
     /* a training plan's cores write the rows' log-sum-exp at every execution: here when the caller takes none */
     if (p->d.training) {
         TRY(clattn_buffer_new(p->device, p->d.batch * p->d.heads * p->d.seq_q, sizeof(float), NULL,
@@ -163,7 +185,8 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
-     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in}
+     &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in,  \
+     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -234,6 +257,32 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* A half-precision plan's pass (desc.dtype F16 or BF16): its inputs widened into the fp32 work buffers, the fp32
+ * pass, its output (and the weights, on buffers) narrowed into the caller's. */
+static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const clattn_dtype t = d->dtype;
+    run_io w = *io;
+    w.x = (view){c->x32, 0}, w.out = (view){c->out32, 0};
+    TRY(clattn_linear_convert(&c->lin, io->x, w.x, B * Tq * d->embed, t, 0));
+    if (d->cross) {
+        w.kv = (view){c->kv32, 0};
+        TRY(clattn_linear_convert(&c->lin, io->kv, w.kv, B * Tk * d->kv_embed, t, 0));
+    }
+    if (d->separate_value) {
+        w.value = (view){c->value32, 0};
+        TRY(clattn_linear_convert(&c->lin, io->value, w.value, clattn_plan_value_elems(d), t, 0));
+    }
+    if (io->attn.mem) w.attn = (view){c->attn32, 0};
+    TRY(run(p, &w));
+    TRY(clattn_linear_convert(&c->lin, w.out, io->out, B * Tq * p->out_width, t, 1));
+    if (io->attn.mem) TRY(clattn_linear_convert(&c->lin, w.attn, io->attn, B * d->heads * Tq * Tk, t, 1));
+    return CLATTN_STATUS_SUCCESS;
+}
+
 typedef struct pass_ctx {
     struct clattn_plan *p;
     const run_io *io;
@@ -242,7 +291,7 @@ typedef struct pass_ctx {
 static clattn_status pass(void *ctx)
 {
     const pass_ctx *pc = ctx;
-    return run(pc->p, pc->io);
+    return pc->p->d.dtype != CLATTN_DTYPE_F32 ? run_typed(pc->p, pc->io) : run(pc->p, pc->io);
 }
 
 static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
@@ -257,16 +306,17 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
     float *attn_host = NULL;
     if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
+    const size_t es = clattn_dtype_size(d->dtype);
     const clattn_transfer in[] = {
-        {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
-        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
+        {c->x_in, B * Tq * d->embed * es, (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * es, (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
         {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          (void *)a->attn_mask, "the attention mask"},
-        {c->value_in, clattn_plan_value_elems(d) * sizeof(float), (void *)a->value, "value"}};
+        {c->value_in, clattn_plan_value_elems(d) * es, (void *)a->value, "value"}};
     const size_t H = d->heads, dv = d->head_dim_v;
     const clattn_transfer out[] = {
-        {c->out_buf, B * Tq * p->out_width * sizeof(float), a->out, "the output"},
+        {c->out_buf, B * Tq * p->out_width * es, a->out, "the output"},
         {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
         {p->has_out ? c->merged : c->out_buf, B * Tq * H * dv * sizeof(float), a->context, "the context"}};
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
@@ -274,7 +324,7 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
                  .value = {c->value_in, 0}};
     pass_ctx pc = {p, &io};
     clattn_status st = clattn_exec_host(p->device, in, 5, pass, &pc, out, 3);
-    if (st == CLATTN_STATUS_SUCCESS && a->attn) memcpy(a->attn, attn_host, n_attn * sizeof *attn_host);
+    if (st == CLATTN_STATUS_SUCCESS && a->attn) clattn_dtype_narrow(attn_host, n_attn, d->dtype, a->attn);
     free(attn_host);
     return st;
 }
@@ -283,21 +333,27 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
                                            const cl_event *wait, cl_event *event)
 {
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
-    TRY(clattn_buffer_check(b->x.mem, b->x.offset, B * Tq * d->embed, 4, "x"));
-    if (d->cross) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, 4, "kv"));
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, es = clattn_dtype_size(d->dtype);
+    TRY(clattn_buffer_check(b->x.mem, b->x.offset, B * Tq * d->embed, es, "x"));
+    if (d->cross) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, es, "kv"));
     if (d->key_padding_mask)
         TRY(clattn_buffer_check(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1, "key_padding_mask"));
     if (d->attn_mask)
         TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, clattn_plan_mask_elems(d),
                                 d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
-    if (d->separate_value) TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_plan_value_elems(d), 4, "value"));
-    TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, 4, "out"));
-    if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, 4, "attn"));
+    if (d->separate_value)
+        TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_plan_value_elems(d), es, "value"));
+    TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, es, "out"));
+    if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, es, "attn"));
     const size_t n_lse = B * d->heads * Tq, n_ctx = B * Tq * d->heads * d->head_dim_v;
     if (b->lse.mem) TRY(clattn_buffer_check(b->lse.mem, b->lse.offset, n_lse, 4, "lse"));
     if (b->context.mem) TRY(clattn_buffer_check(b->context.mem, b->context.offset, n_ctx, 4, "context"));
     shell *c = state(p);
+    /* a half-precision plan's weights in fp32 before they are narrowed into buffers.attn: made at the first call
+     * that asks for them (the host path reads them block by block instead) */
+    if (d->dtype != CLATTN_DTYPE_F32 && b->attn.mem && !c->attn32)
+        TRY(clattn_buffer_new(p->device, B * d->heads * Tq * Tk, sizeof(float), NULL, "the fp32 attention weights",
+                              &c->attn32));
     run_io io = {.x = {b->x.mem, b->x.offset}, .kv = {b->kv.mem, b->kv.offset},
                  .kpm = {b->key_padding_mask.mem, b->key_padding_mask.offset},
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},

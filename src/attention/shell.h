@@ -36,6 +36,8 @@ typedef struct shell {
     /* staging for execution from host arrays */
     cl_mem x_in, kv_in, kpm_in, mask_in, out_buf, value_in;
     cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
+    cl_mem x32, kv32, value32, out32; /* a half-precision plan's inputs widened, its output before narrowing */
+    cl_mem attn32;                /* the same for the weights on buffers (made at the first call wanting them) */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;

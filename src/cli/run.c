@@ -717,7 +717,7 @@ static int describe(run_state *r)
     static const int files[] = {F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
     clattn_attention_weights *w = &r->w;
     memset(w, 0, sizeof *w);
-    const float **data[] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
+    const void **data[] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
                             &w->b_out};
     size_t *counts[] = {&w->w_query_count, &w->w_key_count, &w->w_value_count, &w->b_query_count, &w->b_key_count,
                         &w->b_value_count, &w->w_out_count, &w->b_out_count};

@@ -25,6 +25,9 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
     if (d->dropout != 0.0f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no dropout");
     if (d->training)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
+    if (d->dtype != CLATTN_DTYPE_F32)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "a decode plan with dtype %d: clattn 0.7's decode plans take fp32 "
+                           "steps (dtype F32; a half KV cache stores keys and values in half: kv_half)", (int)d->dtype);
     if (d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not return the attention weights");
     if (d->algorithm == CLATTN_ALGORITHM_UNFUSED)

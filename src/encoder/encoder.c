@@ -46,6 +46,9 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
     if (a->training)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.training is 1: the encoder layer runs in eval mode only "
                            "(an attention plan trains: clattn_plan_backward)");
+    if (a->dtype != CLATTN_DTYPE_F32)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.dtype is %d: clattn 0.7's encoder layer is fp32 "
+                           "(dtype F32; attention plans take F16 and BF16)", (int)a->dtype);
     if (a->attn_mask != CLATTN_MASK_NONE)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
                            "desc.attn.attn_mask must be CLATTN_MASK_NONE: the encoder layer takes causal and "

@@ -61,3 +61,44 @@ float clattn_half_to_float(uint16_t h)
 }
 
 float clattn_round_half(float f) { return clattn_half_to_float(clattn_float_to_half(f)); }
+
+/* bfloat16, round to nearest even: the upper 16 bits of the float after adding half a unit of the 16 dropped
+ * (plus one when the kept part is odd); NaN keeps a quiet NaN's bits (the carry could make it inf). */
+uint16_t clattn_float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float clattn_bf16_to_float(uint16_t b)
+{
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+size_t clattn_dtype_size(clattn_dtype t) { return t == CLATTN_DTYPE_F32 ? 4 : 2; }
+
+const char *clattn_dtype_name(clattn_dtype t)
+{
+    return t == CLATTN_DTYPE_F16 ? "f16" : t == CLATTN_DTYPE_BF16 ? "bf16" : t == CLATTN_DTYPE_F32 ? "f32" : "?";
+}
+
+void clattn_dtype_widen(const void *src, size_t n, clattn_dtype t, float *dst)
+{
+    const uint16_t *h = src;
+    if (t == CLATTN_DTYPE_F32) memcpy(dst, src, n * sizeof *dst);
+    else if (t == CLATTN_DTYPE_F16) for (size_t i = 0; i < n; i++) dst[i] = clattn_half_to_float(h[i]);
+    else for (size_t i = 0; i < n; i++) dst[i] = clattn_bf16_to_float(h[i]);
+}
+
+void clattn_dtype_narrow(const float *src, size_t n, clattn_dtype t, void *dst)
+{
+    uint16_t *h = dst;
+    if (t == CLATTN_DTYPE_F32) memcpy(dst, src, n * sizeof *src);
+    else if (t == CLATTN_DTYPE_F16) for (size_t i = 0; i < n; i++) h[i] = clattn_float_to_half(src[i]);
+    else for (size_t i = 0; i < n; i++) h[i] = clattn_float_to_bf16(src[i]);
+}

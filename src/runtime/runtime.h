@@ -378,6 +378,15 @@ void clattn_marks_release(clattn_marks *m);
 uint16_t clattn_float_to_half(float f);
 float clattn_half_to_float(uint16_t h);
 float clattn_round_half(float f); /* f rounded to the nearest half */
+/* bfloat16 (the upper 16 bits of a float), round to nearest even; NaN stays NaN. */
+uint16_t clattn_float_to_bf16(float f);
+float clattn_bf16_to_float(uint16_t b);
+/* The element types of clattn_dtype: bytes of one element, the name ("f32", "f16", "bf16"), and n elements widened to
+ * float (exact) or narrowed from float (round to nearest even, as the kernels' dtype_narrow). */
+size_t clattn_dtype_size(clattn_dtype t);
+const char *clattn_dtype_name(clattn_dtype t);
+void clattn_dtype_widen(const void *src, size_t n, clattn_dtype t, float *dst);
+void clattn_dtype_narrow(const float *src, size_t n, clattn_dtype t, void *dst);
 /* Dropout: drop when the Philox word < threshold; kept weights are scaled by keep_scale. */
 uint32_t clattn_dropout_threshold(float p);
 float clattn_dropout_keep_scale(float p);
