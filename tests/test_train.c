@@ -189,7 +189,7 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
         float *kv = malloc(B * n * Ekv * sizeof *kv), *o = tu_poisoned(n_out);
         uint8_t *kpm = malloc(B * n), *mask = malloc(Tq * n);
         for (size_t b = 0; b < B; b++) {
-            memcpy(kv + b * n * Ekv, p.a.kv + (b * Tk + k0) * Ekv, n * Ekv * sizeof *kv);
+            memcpy(kv + b * n * Ekv, (const float *)p.a.kv + (b * Tk + k0) * Ekv, n * Ekv * sizeof *kv);
             memcpy(kpm + b * n, p.kpm + b * Tk + k0, n);
         }
         for (size_t i = 0; i < Tq; i++) memcpy(mask + i * n, p.bmask + i * Tk + k0, n);

@@ -25,6 +25,7 @@ INVALID_ARGUMENT, SHAPE_MISMATCH, BUILD_FAILURE = -3001, -3002, -3007
 
 BACKEND_REF, BACKEND_OPENCL = 0, 1
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2  # clattn_dtype
 LAYOUT_LINEAR, LAYOUT_RAW = 0, 1
 ALGORITHMS = {"auto": 0, "fused": 1, "unfused": 2}
 PRECISIONS = {"fp32": 0, "tf32": 1}
@@ -64,7 +65,7 @@ class AttentionDesc(Structure):
                 ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
                 ("precision", c_int), ("training", c_int), ("separate_value", c_int),
-                ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int)]
+                ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")

@@ -11,8 +11,10 @@ the call is a torch custom operator (torch.ops.clattn.attend, with a fake implem
 without a graph break; with older torch (Debian's 1.13) it is a torch.autograd.Function over the same code.
 
 Where clattn differs from torch on purpose: a query row that sees no key (fully masked) gives 0, not NaN, and passes
-no gradient. float64 tensors are refused (clattn computes in float32, which would round them silently); float16 and
-bfloat16 are widened to float32 exactly and the results rounded back. Masks get no gradient (a float attn_mask that
+no gradient. float64 tensors are refused (clattn computes in float32, which would round them silently). float16 and
+bfloat16 inference calls (query, key and value of one type, no gradient wanted) go in and come out in their type, no
+float32 copy on the host (clattn_attention_desc.dtype: the plan widens them where its kernels read them and rounds the
+output once); a call that trains, or mixes types, is computed from float32 copies and rounded back. Masks get no gradient (a float attn_mask that
 requires grad is refused). Dropout draws its seed from torch's generator (torch.manual_seed makes it repeatable);
 the kept weights differ from torch's, which draws them otherwise.
 
@@ -46,6 +48,7 @@ BUCKET_ROWS = 16  # query rows up to which a call is bucketed
 _devices: Dict[Optional[str], Tuple[_Device, _PlanCache]] = {}
 _devices_lock = threading.Lock()
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
 _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")  # torch >= 2.4
 
 
@@ -72,13 +75,13 @@ def _ptr(t: Optional[torch.Tensor], ctype=_lib.c_float_p):
 
 
 def _plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training) = key
+    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, dtype) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
-                               scale=scale, dropout=dropout, training=int(training))
+                               scale=scale, dropout=dropout, training=int(training), dtype=dtype)
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
 
     return cache.get(key, make)
@@ -92,7 +95,7 @@ def _key(q, k, v, mask, causal, window, scale, dropout_p, training) -> tuple:
         kind = _lib.MASK_BOOL if mask.dtype == torch.uint8 else _lib.MASK_FLOAT
         pb, ph = mask.shape[0] > 1, mask.shape[1] > 1
     return (B, Tq, Tk, H, HK, dk, dv, kind, pb, ph, bool(causal), int(window), float(scale), float(dropout_p),
-            bool(training))
+            bool(training), _DTYPES[q.dtype])
 
 
 def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
@@ -107,13 +110,13 @@ def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
                  training: bool, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
-    k (B, Tk, HK, dk), v (B, Tk, HK, dv) float32 contiguous CPU tensors, mask None or (1|B, 1|H, Tq, Tk) uint8
-    (nonzero = hidden) or float32 (added)."""
+    k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
+    training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
     plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training))
-    out = torch.empty((B, Tq, H, dv), dtype=torch.float32)
+    out = torch.empty((B, Tq, H, dv), dtype=q.dtype)
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
@@ -152,7 +155,8 @@ if _HAS_CUSTOM_OP:
     @_attend_op.register_fake
     def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
         B, Tq, H, _ = q.shape
-        return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,)))
+        return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,),
+                                                                  dtype=torch.float32))
 
     @torch.library.custom_op("clattn::attend_backward", mutates_args=())
     def _attend_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
@@ -212,7 +216,7 @@ else:
         return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
 
 
-def _as_float32(name: str, t: Any) -> torch.Tensor:
+def _as_float(name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         _invalid(f"{name}: a {type(t).__name__}; clattn.functional takes torch tensors")
     if t.device.type != "cpu":
@@ -224,7 +228,7 @@ def _as_float32(name: str, t: Any) -> torch.Tensor:
         if t.dtype == torch.float64:
             _invalid(f"{name}: float64; clattn computes in float32 and would round it: pass {name}.float()")
         _invalid(f"{name}: dtype {t.dtype}; clattn takes float32, float16 and bfloat16")
-    return t if t.dtype == torch.float32 else t.float()
+    return t
 
 
 def _mask_for(name: str, m: torch.Tensor, B: int, H: int, Tq: int, Tk: int) -> torch.Tensor:
@@ -262,7 +266,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     head h // (H // Hk)) -> (B, L, H, Ev). mask None, or broadcastable to (B, H, L, S): bool True = attend, or float
     added. causal: key j hidden from query i when j > i (top-left aligned); window W > 0 (with causal): also when
     i - j >= W. The rest as scaled_dot_product_attention."""
-    q, k, v = _as_float32("query", query), _as_float32("key", key), _as_float32("value", value)
+    q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.dim() != 4:
             _shape(f"{name}: {tuple(t.shape)}; attend takes (batch, length, heads, head size)")
@@ -293,12 +297,15 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     dtype = query.dtype
+    # half inputs of one type run natively for inference; training plans, and mixed types, compute from float32
+    if training or not q.dtype == k.dtype == v.dtype:
+        q, k, v = q.float(), k.float(), v.float()
     Sb = -(-S // KEY_BUCKET) * KEY_BUCKET
     if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
         q, k, v, m = _bucketed(q, k, v, m, Sb)
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
                device or "")
-    return out if dtype == torch.float32 else out.to(dtype)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def _bucketed(q, k, v, m, Sb: int):

@@ -118,14 +118,38 @@ def test_fully_masked_row_gives_zero_and_no_nan_gradient(device):
     check(q.detach().requires_grad_(), k.detach().requires_grad_(), v.detach().requires_grad_(), device, mask=mask)
 
 
+HALF_UNIT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}  # the unit roundoff of each type
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_half_dtypes_round_trip(device):
-    q, k, v = (t.detach() for t in inputs((B, H, L, E), (B, H, S, E), (B, H, S, E), seed=9))
-    for dt in (torch.float16, torch.bfloat16):
-        out = CF.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), device=device)
-        assert out.dtype == dt
-        want = oracle(q.to(dt), k.to(dt), v.to(dt)).to(dt)
-        torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_half_dtypes_native(device, dt):
+    """Half inputs of one type run on a plan of that type (desc.dtype; no float32 copy): the result in the type,
+    within the README's bound of the float64 oracle on the same (rounded) inputs: the fp32 bound plus the output's
+    one rounding (u = 2^-11 for float16, 2^-8 for bfloat16), with GQA, a bool mask and a decode-shaped call."""
+    u = HALF_UNIT[dt]
+    atol, rtol = 1e-5 * (1 + u) + (2.0 ** -25 if dt == torch.float16 else 0.0), 1e-4 + u * (1 + 1e-4)
+    q, k, v = (t.detach().to(dt) for t in inputs((B, H, L, E), (B, 2, S, E), (B, 2, S, 6), seed=9))
+    mask = torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(3)) > 0.3
+    for qq, m in ((q, mask), (q[:, :, :1], None)):  # (1 row: the bucketed decode-shaped plan)
+        out = CF.scaled_dot_product_attention(qq, k, v, attn_mask=m, enable_gqa=True, device=device)
+        assert out.dtype == dt and out.shape == (B, H, qq.shape[2], 6)
+        torch.testing.assert_close(out.double(), oracle(qq, k, v, m), rtol=rtol, atol=atol)
+    _, cache = CF._device(device)
+    code = {torch.float16: 1, torch.bfloat16: 2}[dt]
+    assert any(key[-1] == code for key in cache._plans), "no plan of the type was made: the call was widened"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_training_widens(device):
+    """A half call that wants gradients runs on a float32 training plan (clattn 0.7's training is fp32) and gives
+    the gradients in the inputs' type."""
+    q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in
+               inputs((B, H, L, E), (B, H, S, E), (B, H, S, E), seed=4))
+    out = CF.scaled_dot_product_attention(q, k, v, device=device)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
 
 
 def test_refusals():
