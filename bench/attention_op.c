@@ -18,6 +18,9 @@ int clattn_op_check(const clattn_op *op, char *msg, size_t len)
     else if (op->dim % op->heads) why = "heads must divide dim";
     else if (!(op->dropout >= 0.0f && op->dropout < 1.0f)) why = "dropout must be in [0, 1)";
     else if (op->encoder && op->dropout != 0.0f) why = "the encoder layer runs in eval mode: no dropout";
+    else if (op->dtype != CLATTN_DTYPE_F32 && op->dtype != CLATTN_DTYPE_F16 && op->dtype != CLATTN_DTYPE_BF16)
+        why = "unknown dtype";
+    else if (op->encoder && op->dtype != CLATTN_DTYPE_F32) why = "the encoder layer is fp32 (dtype f32)";
     else if (op->encoder && op->activation != CLATTN_ACTIVATION_RELU && op->activation != CLATTN_ACTIVATION_GELU)
         why = "unknown activation";
     else if (op->encoder && op->ff_dim == 0 && op->dim > SIZE_MAX / 4) why = "dim too large for F = 4E";
@@ -161,9 +164,27 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
         data->encoder_weights.attn = *w;
     }
     data->x = m;
+    data->x_in = m;
+    data->elem = sizeof(float);
     data->x_count = x_n;
     data->out_count = x_n;
     data->storage_ = m;
+    if (op->dtype != CLATTN_DTYPE_F32) { /* x and the attention's weights in the type, the floats rounded to it */
+        const size_t n = x_n + 4 * E * E + 4 * E;
+        uint16_t *h = malloc(n * sizeof *h);
+        if (!h || clattn_dtype_convert(m, CLATTN_DTYPE_F32, h, op->dtype, n) ||
+            clattn_dtype_convert(h, op->dtype, m, CLATTN_DTYPE_F32, n)) {
+            free(h), free(m);
+            memset(data, 0, sizeof *data);
+            if (msg && len) snprintf(msg, len, "out of memory (%zu halves for x and the weights)", n);
+            return 1;
+        }
+        d->dtype = op->dtype;
+        data->typed_ = h, data->x_in = h, data->elem = 2;
+        const void **ws[8] = {&w->w_query, &w->w_key, &w->w_value, &w->w_out,
+                              &w->b_query, &w->b_key, &w->b_value, &w->b_out};
+        for (int i = 0; i < 8; i++) *ws[i] = h + ((const float *)*ws[i] - m);
+    }
     return 0;
 }
 
@@ -171,5 +192,6 @@ void clattn_op_data_free(clattn_op_data *data)
 {
     if (!data) return;
     free(data->storage_);
+    free(data->typed_);
     memset(data, 0, sizeof *data);
 }

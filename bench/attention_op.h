@@ -48,6 +48,7 @@ typedef struct clattn_op {
     int norm_first;
     clattn_algorithm algorithm;   /* the attention core: AUTO (fused where it can), FUSED or UNFUSED */
     clattn_precision precision;   /* the core's products: FP32 (default) or TF32 (flash_mma only) */
+    clattn_dtype dtype;           /* the plan's arrays: F32 (default), F16 or BF16 (attention only, not the encoder) */
 } clattn_op;
 
 typedef struct clattn_op_flop_count {
@@ -80,9 +81,12 @@ typedef struct clattn_op_data {
     clattn_attention_weights weights;  /* all four matrices and all four biases */
     clattn_encoder_desc encoder_desc;  /* encoder ops: desc.attn is `desc` above */
     clattn_encoder_weights encoder_weights;
-    float *x;                          /* (B, T, E) input, uniform in [-1, 1] */
+    float *x;                          /* (B, T, E) input, uniform in [-1, 1] (rounded to op.dtype) */
+    const void *x_in;                  /* x in op.dtype, as the plan takes it (weights.* are in it too) */
+    size_t elem;                       /* bytes of one element of op.dtype */
     size_t x_count, out_count;         /* elements of x and of the output */
     float *storage_;                   /* one allocation behind the arrays above */
+    void *typed_;                      /* x and the weights in op.dtype (F16, BF16), else NULL */
 } clattn_op_data;
 
 /* Fill `data` for `op`: weights uniform in +-1/sqrt(fan_in) (as nn.Linear's init),

@@ -207,7 +207,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
             "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]] [--gemm NAME[:P=V,...]]\n"
-            "                    [--precision fp32|tf32]\n"
+            "                    [--precision fp32|tf32] [--dtype f32|f16|bf16]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -226,6 +226,8 @@ static void usage(FILE *f)
             "              \"core\" and \"core_params\" name what ran\n"
             "  --gemm      run the GEMMs on this GEMM core (gemm_tiles, gemm_clblast), beside --core; the JSON's\n"
             "              \"gemm\" and \"gemm_params\" name what ran, \"projection_gflops\" its projections' rate\n"
+            "  --dtype     the plan's arrays (x, out, the weights) in float32 (default), IEEE half or bfloat16;\n"
+            "              the JSON's \"dtype\" says which and \"device_bytes\" what the plan holds on the device\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
             "  --progress  say on stderr which phase a configuration is in (first call, device runs i/N,\n"
@@ -307,6 +309,14 @@ static void parse_options(int argc, char **argv, options *o)
             else bench_usage_die("--precision '%s': must be fp32 or tf32", v);
             i++;
         }
+        else if (!strcmp(a, "--dtype")) {
+            if (!v) bench_usage_die("--dtype needs a value");
+            if (!strcmp(v, "f32")) o->op.dtype = CLATTN_DTYPE_F32;
+            else if (!strcmp(v, "f16")) o->op.dtype = CLATTN_DTYPE_F16;
+            else if (!strcmp(v, "bf16")) o->op.dtype = CLATTN_DTYPE_BF16;
+            else bench_usage_die("--dtype '%s': must be f32, f16 or bf16", v);
+            i++;
+        }
         else if (!strcmp(a, "--algorithm")) {
             if (!v) bench_usage_die("--algorithm needs a value");
             if (!strcmp(v, "auto")) o->op.algorithm = CLATTN_ALGORITHM_AUTO;
@@ -369,14 +379,19 @@ typedef struct bench_ctx {
     char driver[128];
 } bench_ctx;
 
-static cl_mem make_buffer(const bench_ctx *b, size_t floats, const float *init, const char *what)
+static cl_mem make_buffer_of(const bench_ctx *b, size_t n, size_t elem, const void *init, const char *what)
 {
     cl_int err;
-    cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0), floats * sizeof(float),
-                              (void *)init, &err);
-    if (err != CL_SUCCESS) bench_die("clCreateBuffer for %s (%zu bytes) failed: %s (%d)", what, floats * sizeof(float),
+    cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0), n * elem, (void *)init,
+                              &err);
+    if (err != CL_SUCCESS) bench_die("clCreateBuffer for %s (%zu bytes) failed: %s (%d)", what, n * elem,
                                clattn_status_string(err), (int)err);
     return m;
+}
+
+static cl_mem make_buffer(const bench_ctx *b, size_t floats, const float *init, const char *what)
+{
+    return make_buffer_of(b, floats, sizeof(float), init, what);
 }
 
 /* The SGEMM's largest side: 8192 keeps each operand at 256 MiB, within every device's allocation limit and
@@ -427,8 +442,8 @@ typedef struct runner {
     int encoder;
     clattn_plan *attn;
     clattn_encoder_plan *enc;
-    const float *x;
-    float *out;
+    const void *x;  /* in the op's type (the encoder: float) */
+    void *out;
     size_t count;   /* x's and out's element count (self-attention: both (B, T, E)) */
 } runner;
 
@@ -516,11 +531,11 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     clattn_op_data data;
     char msg[160];
     if (clattn_op_make(op, 0x0C1A77E5EEDull + op->seq, &data, msg, sizeof msg)) bench_die("%s", msg);
-    float *out = malloc(data.out_count * sizeof *out);
+    void *out = malloc(data.out_count * data.elem);
     double *t = malloc((size_t)o->iters * sizeof *t);
     double *st = calloc((size_t)o->iters * NSTAGES, sizeof *st); /* 0: a stage not timed */
     if (!out || !t || !st) bench_die("out of memory (output of %zu floats)", data.out_count);
-    runner run = {.encoder = op->encoder, .x = data.x, .out = out, .count = data.x_count};
+    runner run = {.encoder = op->encoder, .x = data.x_in, .out = out, .count = data.x_count};
 
     /* first call: plan creation (kernel builds, weight upload) + first execute */
     if (b->opencl) CLBlastClearCache();
@@ -540,7 +555,8 @@ static void measure(const bench_ctx *b, const options *o, const clattn_op *op, r
     r->device_bytes = run.attn ? clattn_plan_device_bytes(run.attn) : 0;
 
     if (b->opencl) {
-        cl_mem xb = make_buffer(b, data.x_count, data.x, "x"), ob = make_buffer(b, data.out_count, NULL, "out");
+        cl_mem xb = make_buffer_of(b, data.x_count, data.elem, data.x_in, "x");
+        cl_mem ob = make_buffer_of(b, data.out_count, data.elem, NULL, "out");
         /* device-resident, profiling off */
         for (int i = -o->warmup; i < o->iters; i++) {
             progress(o, i == -o->warmup, "T=%zu: device runs %d/%d (after %d warm-up)", op->seq, i < 0 ? 0 : i,
@@ -685,6 +701,7 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     if (r->algorithm == CLATTN_ALGORITHM_AUTO) fprintf(f, ",\"algorithm\":null");
     else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
     fprintf(f, ",\"precision\":\"%s\"", r->precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
+    fprintf(f, ",\"dtype\":\"%s\"", r->op.dtype == CLATTN_DTYPE_F16 ? "f16" : r->op.dtype == CLATTN_DTYPE_BF16 ? "bf16" : "f32");
     fprintf(f, ",\"core\":");
     bench_json_string(f, r->core);
     fprintf(f, ",\"core_params\":");

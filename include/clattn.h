@@ -220,6 +220,11 @@ typedef enum clattn_dtype {
     CLATTN_DTYPE_BF16 = 2  /* bfloat16: the upper 16 bits of an fp32, as uint16_t (torch.bfloat16) */
 } clattn_dtype;
 
+/* n elements from src (of type `from`) into dst (of type `to`): widening is exact, narrowing rounds to nearest even
+ * (the plans' own rounding; above half's range, inf; NaN stays NaN). src and dst may not overlap unless they are
+ * the same array of one type. For callers that hold float data and run a half plan. clattn 0.7. */
+CLATTN_API clattn_status clattn_dtype_convert(const void *src, clattn_dtype from, void *dst, clattn_dtype to, size_t n);
+
 /* How an OpenCL plan computes the attention core (softmax(Q K^T * scale + masks) V). Each algorithm has
  * one or more cores (kernel families; see "cores" below and `clattn cores`):
  *   FUSED    streams K and V per block of queries with an online softmax: no Tq x Tk matrix in memory,

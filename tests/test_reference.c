@@ -367,3 +367,81 @@ Test(half, types_ref)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) tu_attention_check(dev, &cases[i], 700 + i);
     clattn_device_free(dev);
 }
+
+/* clattn_dtype_convert (the plans' rounding, public for callers): known values at the edges (ties to even, half's
+ * overflow to inf and its subnormals, NaN kept, -0), a million random floats against the tests' own rounding
+ * (tu_dtype_round, frexp and nearbyint), widening exact, half to bfloat16, and the refusals */
+Test(half, convert)
+{
+    const struct { float f; uint16_t h, b; } known[] = {
+        {1.0f, 0x3C00, 0x3F80},
+        {-0.0f, 0x8000, 0x8000},
+        {65504.0f, 0x7BFF, 0x4780},
+        {65519.0f, 0x7BFF, 0x4780},
+        {65520.0f, 0x7C00, 0x4780},
+        {5.9604644775390625e-8f, 0x0001, 0x3380},    /* 2^-24: half's smallest subnormal */
+        {2.98023223876953125e-8f, 0x0000, 0x3300},   /* 2^-25: a tie, to even (0) */
+        {8.94069671630859375e-8f, 0x0002, 0x33C0},   /* 3 2^-25: a tie, to even (2) */
+        {1.00048828125f, 0x3C00, 0x3F80},            /* 1 + 2^-11: a half tie, to even */
+        {1.00146484375f, 0x3C02, 0x3F80},            /* 1 + 3 2^-11 */
+        {1.00390625f, 0x3C04, 0x3F80},               /* 1 + 2^-8: a bfloat16 tie, to even */
+        {1.01171875f, 0x3C0C, 0x3F82},               /* 1 + 3 2^-8 */
+        {3.4028234663852886e38f, 0x7C00, 0x7F80},    /* FLT_MAX rounds up to inf in both */
+        {INFINITY, 0x7C00, 0x7F80},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        uint16_t h, b;
+        cr_assert_eq(clattn_dtype_convert(&known[i].f, CLATTN_DTYPE_F32, &h, CLATTN_DTYPE_F16, 1), 0);
+        cr_assert_eq(clattn_dtype_convert(&known[i].f, CLATTN_DTYPE_F32, &b, CLATTN_DTYPE_BF16, 1), 0);
+        cr_assert_eq(h, known[i].h, "%.9g to half: 0x%04x, want 0x%04x", (double)known[i].f, h, known[i].h);
+        cr_assert_eq(b, known[i].b, "%.9g to bfloat16: 0x%04x, want 0x%04x", (double)known[i].f, b, known[i].b);
+    }
+    const uint32_t nan_bits[] = {0x7FC00000u, 0x7F800001u, 0xFF800100u}; /* quiet, and payloads the rounding drops */
+    for (int i = 0; i < 3; i++) {
+        float f, back;
+        memcpy(&f, &nan_bits[i], 4);
+        for (int t = 1; t <= 2; t++) {
+            uint16_t h;
+            cr_assert_eq(clattn_dtype_convert(&f, CLATTN_DTYPE_F32, &h, (clattn_dtype)t, 1), 0);
+            cr_assert_eq(clattn_dtype_convert(&h, (clattn_dtype)t, &back, CLATTN_DTYPE_F32, 1), 0);
+            cr_assert(isnan(back), "NaN 0x%08x to type %d and back: %g", nan_bits[i], t, (double)back);
+        }
+    }
+    enum { N = 1 << 20 };
+    float *f = malloc(N * sizeof *f), *w = malloc(N * sizeof *w);
+    uint16_t *h = malloc(N * sizeof *h), *g = malloc(N * sizeof *g);
+    tu_rng r = {77};
+    for (size_t i = 0; i < N; i++) { /* magnitudes from 2^-30 to 2^17: half's subnormals, normals and overflow */
+        const double m = ldexp(1.0 + (double)(tu_next(&r) >> 11) * 0x1p-53, (int)(tu_next(&r) % 48) - 30);
+        f[i] = (float)(tu_next(&r) & 1 ? -m : m);
+    }
+    for (int t = 1; t <= 2; t++) {
+        const clattn_dtype ty = (clattn_dtype)t;
+        cr_assert_eq(clattn_dtype_convert(f, CLATTN_DTYPE_F32, h, ty, N), 0);
+        cr_assert_eq(clattn_dtype_convert(h, ty, w, CLATTN_DTYPE_F32, N), 0);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < N; i++) {
+            const double want = tu_dtype_round(f[i], ty);
+            if (!((double)w[i] == want) || tu_dtype_value(h[i], ty) != w[i]) {
+                if (!bad++) first = i;
+            }
+        }
+        cr_assert_eq(bad, 0, "type %d: %zu of %d rounded otherwise, first %.9g -> %.9g (want %.9g)", t, bad, N,
+                     (double)f[first], (double)w[first], tu_dtype_round(f[first], ty));
+    }
+    /* half to bfloat16: through the float, one rounding */
+    cr_assert_eq(clattn_dtype_convert(f, CLATTN_DTYPE_F32, h, CLATTN_DTYPE_F16, N), 0);
+    cr_assert_eq(clattn_dtype_convert(h, CLATTN_DTYPE_F16, g, CLATTN_DTYPE_BF16, N), 0);
+    for (size_t i = 0; i < N; i++) {
+        const float hv = tu_dtype_value(h[i], CLATTN_DTYPE_F16);
+        cr_assert_eq(tu_dtype_value(g[i], CLATTN_DTYPE_BF16), (float)tu_dtype_round(hv, CLATTN_DTYPE_BF16),
+                     "%.9g", (double)hv);
+    }
+    cr_assert_eq(clattn_dtype_convert(f, CLATTN_DTYPE_F32, f, CLATTN_DTYPE_F16, 8), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "overlap"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_dtype_convert(f, (clattn_dtype)7, h, CLATTN_DTYPE_F16, 8), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "dtype 7"), "%s", clattn_last_error());
+    cr_assert_eq(clattn_dtype_convert(NULL, CLATTN_DTYPE_F32, h, CLATTN_DTYPE_F16, 8), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_dtype_convert(NULL, CLATTN_DTYPE_F32, NULL, CLATTN_DTYPE_F16, 0), CLATTN_STATUS_SUCCESS);
+    free(f), free(w), free(h), free(g);
+}

@@ -102,3 +102,40 @@ void clattn_dtype_narrow(const float *src, size_t n, clattn_dtype t, void *dst)
     else if (t == CLATTN_DTYPE_F16) for (size_t i = 0; i < n; i++) h[i] = clattn_float_to_half(src[i]);
     else for (size_t i = 0; i < n; i++) h[i] = clattn_float_to_bf16(src[i]);
 }
+
+clattn_status clattn_dtype_convert(const void *src, clattn_dtype from, void *dst, clattn_dtype to, size_t n)
+{
+    clattn_clear_error();
+    const int ok_from = from == CLATTN_DTYPE_F32 || from == CLATTN_DTYPE_F16 || from == CLATTN_DTYPE_BF16;
+    const int ok_to = to == CLATTN_DTYPE_F32 || to == CLATTN_DTYPE_F16 || to == CLATTN_DTYPE_BF16;
+    if (!ok_from || !ok_to)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16",
+                           (int)(ok_from ? to : from));
+    if (n == 0) return CLATTN_STATUS_SUCCESS;
+    if (!src || !dst) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s is NULL", src ? "dst" : "src");
+    if (from == to) {
+        if (src != dst) memmove(dst, src, n * clattn_dtype_size(to));
+        return CLATTN_STATUS_SUCCESS;
+    }
+    const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
+    if (s0 < d0 + n * clattn_dtype_size(to) && d0 < s0 + n * clattn_dtype_size(from))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "src and dst overlap (types %s and %s)",
+                           clattn_dtype_name(from), clattn_dtype_name(to));
+    if (from == CLATTN_DTYPE_F32) {
+        clattn_dtype_narrow(src, n, to, dst);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    if (to == CLATTN_DTYPE_F32) {
+        clattn_dtype_widen(src, n, from, dst);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    /* half to bfloat16 or back: through float, one element at a time (exact, then one rounding) */
+    const uint16_t *h = src;
+    uint16_t *o = dst;
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        clattn_dtype_widen(h + i, 1, from, &f);
+        clattn_dtype_narrow(&f, 1, to, o + i);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
