@@ -536,6 +536,9 @@ typedef struct clattn_core_info {
     char test_configs[128];       /* parameter sets the test suite runs it with, space-separated */
     int emulated;                 /* not supported here, but CLATTN_CORE=<name> runs an emulation of it (flash_mma
                                      without tensor cores: for tests; AUTO never picks it) */
+    int reads_dtypes;             /* clattn 0.7: reads and writes F16 and BF16 arrays itself (a half plan without
+                                     projections runs on them as they are); other cores' half plans convert at the
+                                     plan's boundary (README, "Data types") */
 } clattn_core_info;
 
 /* CLATTN_CORE checked as plans will read it, without a plan: SUCCESS when it is unset or every spec names a core and

@@ -120,6 +120,16 @@ Test(prefill, half_types)
         {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1, .kv_half = 1,
          .dtype = F16},
         {.B = 1, .Tq = 130, .E = 64, .H = 1, .dk = 64, .dv = 64, .noproj = 1, .causal = 1, .dtype = BF16},
+        /* without projections a core with reads_dtypes (flash_rows) reads and writes the types itself: each vector
+         * width of its loads and stores (8, 4, 1: by the head sizes) in both types */
+        {.B = 1, .Tq = 33, .Tk = 61, .E = 128, .H = 2, .HK = 1, .dv = 64, .cross = 1, .noproj = 1, .separate_value = 1,
+         .causal = 1, .dtype = F16},
+        {.B = 2, .Tq = 9, .Tk = 21, .E = 8, .H = 2, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_ph = 1, .dtype = F16},
+        {.B = 2, .Tq = 9, .Tk = 21, .E = 8, .H = 2, .dv = 12, .cross = 1, .noproj = 1, .separate_value = 1, .kpm = 1,
+         .dtype = BF16},
+        {.B = 2, .Tq = 11, .Tk = 5, .E = 6, .H = 2, .dv = 5, .cross = 1, .noproj = 1, .separate_value = 1,
+         .dtype = BF16},
     };
     CHECK_ALL(cases, 600);
 }
@@ -185,5 +195,40 @@ Test(prefill, half_types_buffers)
         clattn_plan_free(plan);
         free(x), free(kv), free(v), free(out), free(attn);
         tu_problem_free(&p);
+    }
+}
+
+/* A core that reads and writes the types itself (flash_rows: reads_dtypes) runs a half plan without projections on the
+ * caller's arrays: no fp32 copies, so the plan holds at most 0.55x the fp32 plan's device bytes (the issue's target);
+ * the other cores convert at the boundary and hold more (README, "Data types") */
+Test(prefill, half_types_memory)
+{
+    const clattn_core_info *forced = tu_forced_core();
+    clattn_attention_desc d = {.batch = 2, .seq_q = 64, .seq_kv = 96, .embed = 64, .heads = 2, .kv_heads = 1,
+                               .head_dim_v = 32, .cross = 1, .separate_value = 1, .causal = 1,
+                               .algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO};
+    size_t bytes[3] = {0};
+    char core[3][32];
+    for (int t = 0; t < 3; t++) {
+        d.dtype = (clattn_dtype)t;
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        bytes[t] = clattn_plan_device_bytes(plan);
+        snprintf(core[t], sizeof core[t], "%s", clattn_plan_core(plan));
+        clattn_plan_free(plan);
+    }
+    cr_assert(!strcmp(core[0], core[1]) && !strcmp(core[0], core[2]), "%s %s %s", core[0], core[1], core[2]);
+    int reads = -1;
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        clattn_core_info info;
+        cr_assert_eq(clattn_core_describe(dev, i, &info), CLATTN_STATUS_SUCCESS);
+        if (!strcmp(info.name, core[0])) reads = info.reads_dtypes;
+    }
+    cr_assert_neq(reads, -1, "the plan's core %s is not in the registry", core[0]);
+    for (int t = 1; t < 3; t++) {
+        const double ratio = (double)bytes[t] / (double)bytes[0];
+        printf("[----] %s (reads_dtypes %d): dtype %d plan holds %.2fx the fp32 plan's device bytes\n", core[0], reads,
+               t, ratio);
+        if (reads) cr_assert(ratio <= 0.55, "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t], bytes[0]);
     }
 }

@@ -196,15 +196,14 @@ __kernel void grad_sum_blocks(__global const float *src, ulong src_off, uint src
 
 /* Element types at a plan's boundary (desc.dtype F16 or BF16; clattn_linear_convert): the plan's inputs widened to
  * float where its kernels read them, its outputs narrowed from float where they are written. n elements from element
- * offsets; type 1: IEEE half (vload_half / vstore_half_rte: core OpenCL 1.2, no cl_khr_fp16), type 2: bfloat16 (the
- * upper 16 bits of a float, round to nearest even on the bits; NaN stays NaN), the host's clattn_dtype_narrow. */
+ * offsets; type 1: IEEE half, type 2: bfloat16 (common/dtype.cl, which goes first). */
 __kernel void dtype_widen(__global const ushort *src, ulong src_off, __global float *dst, ulong dst_off, ulong n,
                           uint type)
 {
     const ulong g = get_global_id(0);
     if (g >= n) return;
     dst[dst_off + g] = type == 1 ? vload_half(src_off + g, (__global const half *)src)
-                                 : as_float((uint)src[src_off + g] << 16);
+                                 : clattn_bf16_value(src[src_off + g]);
 }
 
 __kernel void dtype_narrow(__global const float *src, ulong src_off, __global ushort *dst, ulong dst_off, ulong n,
@@ -217,7 +216,5 @@ __kernel void dtype_narrow(__global const float *src, ulong src_off, __global us
         vstore_half_rte(f, dst_off + g, (__global half *)dst);
         return;
     }
-    const uint u = as_uint(f);
-    dst[dst_off + g] = (u & 0x7FFFFFFFu) > 0x7F800000u ? (ushort)((u >> 16) | 0x40u)
-                                                       : (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    dst[dst_off + g] = clattn_bf16(f);
 }

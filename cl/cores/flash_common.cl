@@ -24,6 +24,8 @@
  *   KV_HALF          1: the plan's keys and values are half values (kv_half): the float K and V are rounded
  *                    to half as they are read (half.cl); the decode kernels read a half cache (decode_common.cl)
  *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
+ *   IO_DTYPE         0: Q, K, V and the output float; 1 / 2: half / bfloat16, read and written as they are by
+ *                    members with reads_dtypes (flash_rows) for a half plan without projections (common/dtype.cl)
  *   LSE              1 (training plans): each row's log-sum-exp, m + log(l) in natural units, to
  *                    lse[lse_off + (b*H + h)*Tq + i] (flash_lse below; split rows: common/combine.cl)
  * and by each member's own tuning parameters (src/cores/<member>.c).
@@ -53,10 +55,12 @@
 #endif
 
 /* The family's kernel arguments, in flash.c's order. extent: the launch's first work-group (PER_GROUP
- * members) or the work-items in all (PER_ITEM); lse, lse_off: the rows' log-sum-exp (LSE). */
+ * members) or the work-items in all (PER_ITEM); lse, lse_off: the rows' log-sum-exp (LSE). Q, K, V and the output
+ * are io_t (common/dtype.cl): float, or with IO_DTYPE (a member with reads_dtypes, a half plan's own arrays) half
+ * or bfloat16. */
 #define FLASH_ARGS \
-    __global const float *q, ulong q_off, uint q_ld, __global const float *k, ulong k_off, uint k_ld, \
-    __global const float *v, ulong v_off, uint v_ld, __global float *out, ulong out_off, uint out_ld, \
+    __global const io_t *q, ulong q_off, uint q_ld, __global const io_t *k, ulong k_off, uint k_ld, \
+    __global const io_t *v, ulong v_off, uint v_ld, __global io_t *out, ulong out_off, uint out_ld, \
     __global const uchar *kpm, ulong kpm_off, __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, \
     uint H, float scale, ulong extent, uint seed_lo, uint seed_hi, uint threshold, float keep_scale, \
     __global float *lse, ulong lse_off

@@ -32,6 +32,27 @@ typedef float vw_t;
 #define VSTOREW(v, i, p) ((p)[(i)] = (v))
 inline float hsum(float v) { return v; }
 #endif
+/* Q, K, V and the output in the plan's type (IO_DTYPE, common/dtype.cl): VW-wide loads widened to float, stores
+ * rounded once */
+#if IO_DTYPE == 1 && VW == 8
+#define IO_LOADW(i, p) vload_half8((i), (p))
+#define IO_STOREW(x, i, p) vstore_half8_rte((x), (i), (p))
+#elif IO_DTYPE == 1 && VW == 4
+#define IO_LOADW(i, p) vload_half4((i), (p))
+#define IO_STOREW(x, i, p) vstore_half4_rte((x), (i), (p))
+#elif IO_DTYPE == 2 && VW == 8
+#define IO_LOADW(i, p) as_float8(convert_uint8(vload8((i), (p))) << 16)
+#define IO_STOREW(x, i, p) vstore8(clattn_bf16_8(x), (i), (p))
+#elif IO_DTYPE == 2 && VW == 4
+#define IO_LOADW(i, p) as_float4(convert_uint4(vload4((i), (p))) << 16)
+#define IO_STOREW(x, i, p) vstore4(clattn_bf16_4(x), (i), (p))
+#elif IO_DTYPE
+#define IO_LOADW(i, p) IO_LOAD((i), (p))
+#define IO_STOREW(x, i, p) IO_STORE((x), (i), (p))
+#else
+#define IO_LOADW(i, p) VLOADW((i), (p))
+#define IO_STOREW(x, i, p) VSTOREW((x), (i), (p))
+#endif
 #if KV_HALF && VW == 8
 inline float8 kvr_w(float8 x) { return (float8)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3), KVR(x.s4), KVR(x.s5), KVR(x.s6), KVR(x.s7)); }
 #elif KV_HALF && VW == 4
@@ -66,8 +87,8 @@ __kernel void flash_rows(FLASH_ARGS)
     float m[ROWS], l[ROWS];
     for (uint r = 0; r < ROWS; r++) {
         const uint i = min(i0 + r, Tq - 1); /* rows past Tq repeat the last one, never written */
-        __global const float *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
-        for (uint c = 0; c < NKW; c++) qr[r][c] = VLOADW(c, qp);
+        __global const io_t *qp = q + q_off + (b * Tq + i) * q_ld + (ulong)h * DK;
+        for (uint c = 0; c < NKW; c++) qr[r][c] = IO_LOADW(c, qp);
         for (uint c = 0; c < NVW; c++) acc[r][c] = (vw_t)(0.0f);
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
@@ -79,19 +100,19 @@ __kernel void flash_rows(FLASH_ARGS)
 #if WINDOW
     jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0; /* keys before the first query's window are hidden from all */
 #endif
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    __global const io_t *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const io_t *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         float s[ROWS][BK];
         for (uint jj = 0; jj < BK; jj++) {
             const uint j = j0 + jj;
             if (j < jend) {
-                __global const float *kp = kb + (ulong)j * k_ld;
+                __global const io_t *kp = kb + (ulong)j * k_ld;
                 vw_t dot[ROWS]; /* unrolled row loops: the accumulators stay in registers */
                 #pragma unroll
                 for (uint r = 0; r < ROWS; r++) dot[r] = (vw_t)(0.0f);
                 for (uint c = 0; c < NKW; c++) {
-                    const vw_t kc = kvr_w(VLOADW(c, kp));
+                    const vw_t kc = kvr_w(IO_LOADW(c, kp));
                     #pragma unroll
                     for (uint r = 0; r < ROWS; r++) dot[r] = fma(qr[r][c], kc, dot[r]);
                 }
@@ -130,15 +151,15 @@ __kernel void flash_rows(FLASH_ARGS)
             l[r] = l[r] * corr[r] + sum;
         }
         const uint nj = min((uint)BK, jend - j0);
-#define FLASH_VAL(jj, c) kvr_w(VLOADW((c), vb + (ulong)(j0 + (jj)) * v_ld))
+#define FLASH_VAL(jj, c) kvr_w(IO_LOADW((c), vb + (ulong)(j0 + (jj)) * v_ld))
         CLATTN_VALUE_PASS(vw_t, ROWS, RROWS, NVW, acc, corr, s, nj, FLASH_VAL)
 #undef FLASH_VAL
     }
     for (uint r = 0; r < ROWS; r++) {
         if (i0 + r >= Tq) break;
         flash_lse(lse, lse_off, b, h, H, i0 + r, Tq, m[r], l[r], 0);
-        __global float *op = out + out_off + (b * Tq + i0 + r) * out_ld + (ulong)h * DV;
+        __global io_t *op = out + out_off + (b * Tq + i0 + r) * out_ld + (ulong)h * DV;
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* no visible key: 0; NaN stays NaN */
-        for (uint c = 0; c < NVW; c++) VSTOREW(l[r] == 0.0f ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
+        for (uint c = 0; c < NVW; c++) IO_STOREW(l[r] == 0.0f ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
     }
 }

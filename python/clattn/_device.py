@@ -97,7 +97,7 @@ def cores(device: Optional[str] = None) -> List[Dict[str, Any]]:
                         default_for=[_lib.head_class_label(k).decode() for k in range(_lib.HEAD_CLASS_COUNT)
                                      if c.default_for & (1 << k)],
                         algorithm=None if c.kind == _lib.CORE_GEMM else {1: "fused", 2: "unfused"}.get(c.algorithm, "auto"),
-                        weights=bool(c.produces_weights),
+                        weights=bool(c.produces_weights), reads_dtypes=bool(c.reads_dtypes),
                         params=c.params.decode().split(), test_configs=c.test_configs.decode().split()))
     return out
 

@@ -42,7 +42,7 @@ class DeviceInfo(Structure):
 class CoreInfo(Structure):
     _fields_ = [("name", c_char * 32), ("kind", c_int), ("algorithm", c_int), ("produces_weights", c_int),
                 ("supported", c_int), ("reason", c_char * 256), ("default_for", c_uint), ("params", c_char * 128),
-                ("test_configs", c_char * 128), ("emulated", c_int)]
+                ("test_configs", c_char * 128), ("emulated", c_int), ("reads_dtypes", c_int)]
 
 
 class SelftestResult(Structure):

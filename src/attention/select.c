@@ -129,11 +129,12 @@ static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_at
 }
 
 /* The layout as this core sees it: the biases stay the shell's unless the core adds them (a GEMM core gets
- * none). */
+ * none), and a half plan's arrays are float (the shell converts them) unless the core reads the types. */
 static clattn_core_layout layout_for(const clattn_core *c, const clattn_core_layout *lay)
 {
     clattn_core_layout l = lay ? *lay : (clattn_core_layout){0};
     if (!c->adds_biases) l.bias_q = l.bias_k = l.bias_v = 0;
+    if (!c->reads_dtypes) l.io_dtype = CLATTN_DTYPE_F32;
     return l;
 }
 
@@ -389,6 +390,7 @@ clattn_status clattn_core_describe(const clattn_device *device, size_t index, cl
     info->kind = c->kind;
     info->algorithm = c->algorithm;
     info->produces_weights = c->produces_weights;
+    info->reads_dtypes = c->reads_dtypes;
     for (int i = 0; i < c->nparams; i++)
         snprintf(info->params + strlen(info->params), sizeof info->params - strlen(info->params), "%s%s", i ? " " : "",
                  c->params[i].name);

@@ -50,6 +50,9 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     clattn_core_layout l = {.out_ld = H * dv, .bias_q = biases && p->b_query, .bias_k = biases && p->b_key,
                             .bias_v = biases && p->b_value};
     if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = d->kv_embed, l.v_ld = d->separate_value ? HK * dv : d->kv_embed;
+    /* without projections a half plan's own arrays are Q, K, V and the output: a core that reads the type takes them
+     * as they are (select.c clears this for the others) */
+    if (!p->has_qkv && !p->has_out) l.io_dtype = d->dtype;
     else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
     else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     return l;
@@ -133,7 +136,7 @@ static clattn_status typed_buffers(struct clattn_plan *p)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const clattn_device *dev = p->device;
-    if (d->dtype == CLATTN_DTYPE_F32) return CLATTN_STATUS_SUCCESS;
+    if (d->dtype == CLATTN_DTYPE_F32 || c->native_io) return CLATTN_STATUS_SUCCESS;
     TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "x widened to fp32", &c->x32));
     if (d->cross)
         TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "kv widened to fp32", &c->kv32));
@@ -158,6 +161,7 @@ static clattn_status shell_init(struct clattn_plan *p)
     TRY(clattn_core_create(p->device, CLATTN_CORE_PREFILL, &p->d, &c->lay, shell_floats(p), &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
+    c->native_io = c->lay.io_dtype != CLATTN_DTYPE_F32 && p->core->reads_dtypes;
     clattn_core_params_format(p->core, &p->core_params, p->core_params_text, sizeof p->core_params_text);
     p->d.algorithm = p->core->algorithm;
     p->tuned = c->core.tuned || (c->lin.gemm_core.tuned && (p->has_qkv || p->has_out));
@@ -291,7 +295,8 @@ typedef struct pass_ctx {
 static clattn_status pass(void *ctx)
 {
     const pass_ctx *pc = ctx;
-    return pc->p->d.dtype != CLATTN_DTYPE_F32 ? run_typed(pc->p, pc->io) : run(pc->p, pc->io);
+    const int boundary = pc->p->d.dtype != CLATTN_DTYPE_F32 && !state(pc->p)->native_io;
+    return boundary ? run_typed(pc->p, pc->io) : run(pc->p, pc->io);
 }
 
 static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_attention_args *a)

@@ -38,6 +38,7 @@ typedef struct shell {
     cl_mem lse_buf;               /* training plans: the rows' log-sum-exp when the caller's go elsewhere */
     cl_mem x32, kv32, value32, out32; /* a half-precision plan's inputs widened, its output before narrowing */
     cl_mem attn32;                /* the same for the weights on buffers (made at the first call wanting them) */
+    int native_io;                /* a half plan whose core reads and writes its arrays as they are: no conversions */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;

@@ -106,7 +106,8 @@ int clattn_cli_cores(int argc, char **argv)
             json_words(classes);
             if (c.kind == CLATTN_CORE_GEMM) printf(",\"algorithm\":null");
             else printf(",\"algorithm\":\"%s\"", clattn_algorithm_name(c.algorithm));
-            printf(",\"weights\":%s,\"params\":", c.produces_weights ? "true" : "false");
+            printf(",\"weights\":%s,\"reads_dtypes\":%s,\"params\":", c.produces_weights ? "true" : "false",
+                   c.reads_dtypes ? "true" : "false");
             json_words(c.params);
             printf(",\"test_configs\":");
             json_words(c.test_configs);

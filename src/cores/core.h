@@ -70,6 +70,9 @@ typedef struct clattn_core_layout {
     size_t q_ld, k_ld, v_ld, out_ld;
     int bias_q, bias_k, bias_v; /* biases left to the core to add (cores with adds_biases only) */
     const clattn_gemm *gemm;    /* the plan's GEMM core, for cores that compute GEMMs (unfused) */
+    clattn_dtype io_dtype;      /* F16 / BF16: Q, K, V and the output are a half plan's own arrays in that type (no
+                                   projections) for a core with reads_dtypes to read and write as they are; F32 (and
+                                   for every other core): float */
 } clattn_core_layout;
 
 /* One execution of a prefill core. */
@@ -136,6 +139,9 @@ struct clattn_core {
     int adds_biases;             /* adds the Q/K/V biases itself (else the projections do); a GEMM core: adds a
                                     call's bias row to C as it stores it (else the caller fills C with it first) */
     int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */
+    int reads_dtypes;            /* reads Q, K, V and writes its output in F16 and BF16 where the layout says
+                                    (io_dtype): a half plan without projections then needs no conversions; for
+                                    the others the shell widens and narrows at the plan's boundary */
     int uses_clblast;            /* a GEMM core that runs CLBlast's kernels: the tuning file's CLBlast parameters
                                     (the device's, set at open) are its tuning, and clattn_tune searches them */
     const clattn_core_param *params; /* its tuning space */

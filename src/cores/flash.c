@@ -103,8 +103,10 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
         if (n > 0 && (size_t)n < sizeof opts)
             n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, sizeof opts - (size_t)n);
         if (spec->defines && n > 0 && (size_t)n < sizeof opts) n += spec->defines(&dev->caps, opts + n, sizeof opts - (size_t)n);
-        const char *src[] = {"common/philox", "common/half", "common/mask", "common/online", "common/combine",
-                             "common/exp2", "cores/flash_common", spec->source};
+        if (lay->io_dtype && n > 0 && (size_t)n < sizeof opts) /* a half plan's Q, K, V and output as they are */
+            n += snprintf(opts + n, sizeof opts - (size_t)n, " -DIO_DTYPE=%d", (int)lay->io_dtype);
+        const char *src[] = {"common/philox", "common/half", "common/dtype", "common/mask", "common/online",
+                             "common/combine", "common/exp2", "cores/flash_common", spec->source};
         clattn_status st = clattn_program_build(dev, src, sizeof src / sizeof src[0], opts, &s->prog);
         if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, spec->kernel, &s->k);
         size_t allowed = 0;

@@ -285,10 +285,13 @@ static clattn_status build_texts(const clattn_device *dev, const char *const *na
 static clattn_status build(const clattn_device *dev, const char *const *names, int count, const char *options,
                            int quiet, int cached, cl_program *program)
 {
-    const char *texts[8];
-    size_t lens[8];
-    if (count < 1 || count > 8)
-        return quiet ? CLATTN_STATUS_INVALID_ARGUMENT : clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "bad source count");
+    enum { MAX_SOURCES = 12 };
+    const char *texts[MAX_SOURCES];
+    size_t lens[MAX_SOURCES];
+    if (count < 1 || count > MAX_SOURCES)
+        return quiet ? CLATTN_STATUS_INVALID_ARGUMENT
+                     : clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "bad source count %d (1 to %d)", count,
+                                   (int)MAX_SOURCES);
     for (int i = 0; i < count; i++) {
         const clattn_embedded_source *e = find_source(names[i]);
         if (!e)

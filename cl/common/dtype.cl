@@ -1,0 +1,42 @@
+/* dtype.cl: the element types of a half-precision plan's arrays (desc.dtype), read and written by the kernels that
+ * take them as they are (the boundary's dtype_widen / dtype_narrow, cl/attention/linear.cl; cores with reads_dtypes).
+ * Half stays behind pointers: vload_half / vstore_half_rte are core OpenCL 1.2 (no cl_khr_fp16). bfloat16 is a
+ * ushort, the upper 16 bits of a float: widened by a shift (exact), narrowed to nearest even on the bits, NaN kept
+ * a (quiet) NaN: the host's clattn_float_to_bf16 (src/runtime/numeric.c).
+ *   IO_DTYPE   0: float (default), 1: IEEE half, 2: bfloat16: io_t, and IO_LOAD / IO_STORE of one element */
+#ifndef CLATTN_DTYPE_CL
+#define CLATTN_DTYPE_CL
+
+#ifndef IO_DTYPE
+#define IO_DTYPE 0
+#endif
+
+inline ushort clattn_bf16(float f)
+{
+    const uint u = as_uint(f);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float clattn_bf16_value(ushort b) { return as_float((uint)b << 16); }
+
+inline ushort4 clattn_bf16_4(float4 f)
+{
+    return (ushort4)(clattn_bf16(f.s0), clattn_bf16(f.s1), clattn_bf16(f.s2), clattn_bf16(f.s3));
+}
+inline ushort8 clattn_bf16_8(float8 f) { return (ushort8)(clattn_bf16_4(f.lo), clattn_bf16_4(f.hi)); }
+
+#if IO_DTYPE == 1
+typedef half io_t;
+#define IO_LOAD(i, p) vload_half((i), (p))
+#define IO_STORE(x, i, p) vstore_half_rte((x), (i), (p))
+#elif IO_DTYPE == 2
+typedef ushort io_t;
+#define IO_LOAD(i, p) clattn_bf16_value((p)[(i)])
+#define IO_STORE(x, i, p) ((p)[(i)] = clattn_bf16((x)))
+#else
+typedef float io_t;
+#define IO_LOAD(i, p) ((p)[(i)])
+#define IO_STORE(x, i, p) ((p)[(i)] = (x))
+#endif
+
+#endif
