@@ -130,6 +130,8 @@ Test(prefill, half_types)
          .dtype = BF16},
         {.B = 2, .Tq = 11, .Tk = 5, .E = 6, .H = 2, .dv = 5, .cross = 1, .noproj = 1, .separate_value = 1,
          .dtype = BF16},
+        /* no Q/K/V weights but an output projection: the core's output is the plan's fp32 merged rows */
+        {.B = 2, .Tq = 13, .E = 16, .H = 4, .Eo = 8, .biases = 1, .noproj = 1, .causal = 1, .dtype = F16},
     };
     CHECK_ALL(cases, 600);
 }

@@ -50,11 +50,11 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     clattn_core_layout l = {.out_ld = H * dv, .bias_q = biases && p->b_query, .bias_k = biases && p->b_key,
                             .bias_v = biases && p->b_value};
     if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = d->kv_embed, l.v_ld = d->separate_value ? HK * dv : d->kv_embed;
+    else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
+    else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     /* without projections a half plan's own arrays are Q, K, V and the output: a core that reads the type takes them
      * as they are (select.c clears this for the others) */
     if (!p->has_qkv && !p->has_out) l.io_dtype = d->dtype;
-    else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
-    else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     return l;
 }
 
