@@ -145,3 +145,92 @@ def pointer(a: Optional[np.ndarray], ctype=ctypes.c_float):
 
 def count(a: Optional[np.ndarray]) -> int:
     return 0 if a is None else int(a.size)
+
+
+# ---------------------------------------------------------------- half precision (a module's dtype, clattn 0.7)
+
+DTYPES = ("float32", "float16", "bfloat16")  # a module's element types; bfloat16 arrays are uint16 bit patterns
+
+
+def dtype_name(name: str, v: Any) -> str:
+    """A dtype as its name: "float32", "float16" or "bfloat16" (also np.float16/np.float32 and torch's dtypes)."""
+    if isinstance(v, str) and v in DTYPES:
+        return v
+    s = str(v)
+    for d in DTYPES:
+        if s in (d, "torch." + d) or (d != "bfloat16" and s == str(np.dtype(d))):
+            return d
+    try:
+        if np.dtype(v).name in ("float32", "float16"):
+            return np.dtype(v).name
+    except TypeError:
+        pass
+    invalid(f"{name}: {v!r}, expected one of {', '.join(repr(d) for d in DTYPES)}")
+
+
+def dtype_code(d: str) -> int:
+    return DTYPES.index(d)
+
+
+def _storage(d: str):
+    return {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[d]
+
+
+def convert(a: np.ndarray, frm: str, to: str) -> np.ndarray:
+    """a (C-contiguous, of dtype frm's storage) in type `to`, rounded as clattn's plans round (nearest even)."""
+    from ._errors import check
+    out = np.empty(a.shape, dtype=_storage(to))
+    if a.size:
+        check(_lib_convert(a.ctypes.data, dtype_code(frm), out.ctypes.data, dtype_code(to), a.size),
+              "converting an array's dtype")
+    return out
+
+
+def _lib_convert(*args):
+    from . import _lib
+    return _lib.dtype_convert(*args)
+
+
+def typed(name: str, a: Any, d: str, ndim=None) -> np.ndarray:
+    """a as a C-contiguous array of dtype d's storage (float32, float16, or bfloat16 as uint16 bits): a torch tensor or
+    NumPy array already of that type as it is (no copy when contiguous), any other floating input rounded to it."""
+    if d == "float32":
+        return floats(name, a, ndim)
+    if a is not None and is_tensor(a):
+        import torch
+        want = torch.float16 if d == "float16" else torch.bfloat16
+        if a.dtype == want:
+            t = a.detach()
+            if t.device.type != "cpu":
+                invalid(f"{name}: a tensor on {t.device}; clattn takes CPU tensors: pass {name}.cpu()")
+            t = t.contiguous()
+            arr = t.numpy() if d == "float16" else t.view(torch.int16).numpy().view(np.uint16)
+            return _checked(name, arr, ndim)
+    elif d == "float16" and isinstance(a, np.ndarray) and a.dtype == np.float16:
+        return _checked(name, np.ascontiguousarray(a), ndim)
+    f = floats(name, a, ndim)
+    return None if f is None else convert(f, "float32", d)
+
+
+def _checked(name: str, arr: np.ndarray, ndim) -> np.ndarray:
+    if ndim is not None:
+        allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+        if arr.ndim not in allowed:
+            shape(f"{name}: {arr.ndim}-D array of shape {tuple(arr.shape)}, expected "
+                  f"{' or '.join(f'{n}-D' for n in allowed)}")
+    if 0 in arr.shape:
+        shape(f"{name}: shape {tuple(arr.shape)} is empty; every dimension must be at least 1")
+    return arr
+
+
+def typed_result(arr: Optional[np.ndarray], d: str, kind: "Kind"):
+    """A result in dtype d's storage back as the input came: a torch tensor of the input's dtype (a half input and
+    module: the array's own memory, no copy), else NumPy: float16 as is, bfloat16 widened to float32 (NumPy has no
+    bfloat16)."""
+    if arr is None or d == "float32":
+        return kind.out(arr)
+    if kind.torch_dtype is not None:
+        import torch
+        t = torch.from_numpy(arr) if d == "float16" else torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return t if t.dtype == kind.torch_dtype else t.to(kind.torch_dtype)
+    return arr if d == "float16" else convert(arr, "bfloat16", "float32")

@@ -35,6 +35,11 @@ class Attention(_Shaped, _PlanCached):
     precision "fp32" (default) or "tf32": the attention core's products on TF32 operands (like
     torch.backends.cuda.matmul.allow_tf32), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma);
     every other core and the ref device refuse it with the reason. batch_first=False takes and returns (T, B, E), as nn.MultiheadAttention(batch_first=False).
+    dtype "float32" (default), "float16" or "bfloat16" (or np.float16, torch.float16, torch.bfloat16): the plans'
+    arrays (clattn_attention_desc.dtype): weights rounded to it once, inputs of that type taken as they are (others
+    rounded to it), outputs in it, each rounded once from the fp32 computation (README, "Data types"); results go
+    back as the input came (a bfloat16 result for a NumPy input: widened to float32, NumPy has no bfloat16).
+    Inference only: forward_train and backward need a float32 module.
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -47,7 +52,8 @@ class Attention(_Shaped, _PlanCached):
                  head_dim_qk: Optional[int] = None, head_dim_v: Optional[int] = None, kv_heads: Optional[int] = None,
                  causal: bool = False, window: int = 0, scale: float = 0.0, dropout: float = 0.0, seed: int = 0,
                  kv_half: bool = False, layout: str = "linear", algorithm: str = "auto", batch_first: bool = True,
-                 device: Optional[str] = None, plan_cache_size: int = 16, precision: str = "fp32"):
+                 device: Optional[str] = None, plan_cache_size: int = 16, precision: str = "fp32",
+                 dtype: Any = "float32"):
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
                             b_key, b_value, w_out, b_out)
         self.causal = _a.flag("causal", causal)
@@ -61,6 +67,7 @@ class Attention(_Shaped, _PlanCached):
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
         self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
+        self.dtype = _a.dtype_name("dtype", dtype)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
         self.device = self._device.name
@@ -93,7 +100,7 @@ class Attention(_Shaped, _PlanCached):
         opts = [self._wt.describe()]
         for name, default in (("causal", False), ("window", 0), ("scale", 0.0), ("dropout", 0.0), ("kv_half", False),
                               ("layout", "linear"), ("algorithm", "auto"), ("precision", "fp32"),
-                              ("batch_first", True)):
+                              ("batch_first", True), ("dtype", "float32")):
             v = getattr(self, name)
             if v != default:
                 opts.append(f"{name}={v!r}")
@@ -111,14 +118,16 @@ class Attention(_Shaped, _PlanCached):
                                    layout=_layout_code(wt.layout), algorithm=_lib.ALGORITHMS[self.algorithm],
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
                                    kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision],
-                                   training=int(training))
-            plan = _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(), "creating the attention plan")
+                                   training=int(training), dtype=_a.dtype_code(self.dtype))
+            plan = _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(self.dtype),
+                           "creating the attention plan")
             plan.weights_version = self._wt_version
             return plan
 
         def refresh(plan):  # a plan made before set_weights takes the new weights, keeping its kernels
             if plan.weights_version != self._wt_version:
-                _check(_lib.plan_set_weights(plan.handle, ctypes.byref(self._wt.struct())), "setting the new weights")
+                _check(_lib.plan_set_weights(plan.handle, ctypes.byref(self._wt.struct(self.dtype))),
+                       "setting the new weights")
                 plan.weights_version = self._wt_version
 
         # the options a plan is made with are part of its key: one changed on the module gets a new plan (the
@@ -131,11 +140,11 @@ class Attention(_Shaped, _PlanCached):
         """The call's inputs checked and converted: (kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk,
         Ekv)."""
         xn, kvn = names
-        kind, x3, batched = _batched(xn, x, self.batch_first)
+        kind, x3, batched = _batched(xn, x, self.batch_first, self.dtype)
         B, Tq, E = x3.shape
         cross = kv is not None
         if cross:
-            _, kv3, kv_batched = _batched(kvn, kv, self.batch_first)
+            _, kv3, kv_batched = _batched(kvn, kv, self.batch_first, self.dtype)
             if kv_batched != batched:
                 _shape(f"{kvn}: {3 if kv_batched else 2}-D, but {xn} is {3 if batched else 2}-D")
             if kv3.shape[0] != B:
@@ -174,8 +183,10 @@ class Attention(_Shaped, _PlanCached):
                 _check(_lib.plan_set_seed(plan.handle, _a.integer("seed", self.seed, 0, _a.U64_MAX)),
                        "setting the dropout seed")
         width = _lib.plan_out_width(plan.handle)
-        out = np.full((B, Tq, width), np.nan, dtype=np.float32)
-        weights = np.full((B, self.heads, Tq, Tk), np.nan, dtype=np.float32) if need_weights else None
+        st = x3.dtype  # the plan's type's storage (float32, float16, uint16 for bfloat16), poisoned with NaN
+        nan = np.nan if st == np.float32 else np.array(0x7FFF if st == np.uint16 else np.nan, dtype=st)
+        out = np.full((B, Tq, width), nan, dtype=st)
+        weights = np.full((B, self.heads, Tq, Tk), nan, dtype=st) if need_weights else None
         lse = np.full((B, self.heads, Tq), np.nan, dtype=np.float32) if stats else None
         context = np.full((B, Tq, self._context_width(E)), np.nan, dtype=np.float32) if stats else None
         arrays = dict(x=x3, kv=kv3, key_padding_mask=kpm, attn_mask=mask, out=out, attn=weights, lse=lse,
@@ -212,7 +223,7 @@ class Attention(_Shaped, _PlanCached):
         if kv is x:
             kv = None
         out, weights, kind = self._run(x, kv, key_padding_mask, attn_mask, need_weights, self.causal, ("x", "kv"))
-        return kind.out(out), kind.out(weights)
+        return _a.typed_result(out, self.dtype, kind), _a.typed_result(weights, self.dtype, kind)
 
     def set_weights(self, **weights: Any) -> None:
         """Replace the module's weights with new values of the same shapes (a training step's parameters): every
@@ -338,6 +349,8 @@ class Attention(_Shaped, _PlanCached):
         causal = self.causal or _a.flag("is_causal", is_causal)
         out, weights, kind = self._run(query, kv, key_padding_mask, attn_mask, need_weights, causal,
                                        ("query", "key"))
-        if weights is not None and average_attn_weights:
-            weights = np.ascontiguousarray(weights.mean(axis=-3, dtype=np.float32))
-        return kind.out(out), kind.out(weights)
+        if weights is not None and average_attn_weights:  # (a half module's rounded weights averaged in float32,
+                                                           # the mean rounded to its type again)
+            wf = weights if self.dtype == "float32" else _a.convert(weights, self.dtype, "float32")
+            weights = _a.convert(np.ascontiguousarray(wf.mean(axis=-3, dtype=np.float32)), "float32", self.dtype)
+        return _a.typed_result(out, self.dtype, kind), _a.typed_result(weights, self.dtype, kind)

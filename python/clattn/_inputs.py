@@ -129,8 +129,15 @@ class _Weights:
             _shape(f"{name}: last dimension {width}, but w_out takes {self._out_in} input features (without Q/K/V "
                    f"weights the attention output has the width of the values)")
 
-    def struct(self) -> "_lib.AttentionWeights":
+    def struct(self, dtype: str = "float32") -> "_lib.AttentionWeights":
+        """The weights as the library takes them, in dtype (half copies made once per dtype and kept: the struct
+        points at them)."""
         arrays = {**self.w, **self.b}
+        if dtype != "float32":
+            cache = self.__dict__.setdefault("_typed", {})
+            if dtype not in cache:
+                cache[dtype] = {k: None if v is None else _a.convert(v, "float32", dtype) for k, v in arrays.items()}
+            arrays = cache[dtype]
         return _lib.AttentionWeights(**{k: _a.pointer(v) for k, v in arrays.items()},
                                      **{k + "_count": _a.count(v) for k, v in arrays.items()})
 
@@ -165,11 +172,12 @@ def _same_input(a: Any, b: Any) -> bool:
         return False
 
 
-def _batched(name: str, x: Any, batch_first: bool):
-    """(kind, x3, batched): x as a C-contiguous float32 (B, T, E) array, from (B, T, E), (T, B, E) when not
-    batch_first, or one sequence (T, E); kind says how results go back."""
+def _batched(name: str, x: Any, batch_first: bool, dtype: str = "float32"):
+    """(kind, x3, batched): x as a C-contiguous (B, T, E) array of dtype's storage (float32; float16; bfloat16 as
+    uint16 bits), from (B, T, E), (T, B, E) when not batch_first, or one sequence (T, E); kind says how results go
+    back."""
     kind = _a.Kind(x)
-    xa = _a.floats(name, x, ndim=(2, 3))
+    xa = _a.typed(name, x, dtype, ndim=(2, 3))
     batched = xa.ndim == 3
     if batched and not batch_first:
         xa = np.ascontiguousarray(xa.transpose(1, 0, 2))

@@ -29,6 +29,13 @@ def _param(name, t):
     return None if t is None else _a.floats(name, t)
 
 
+def _module_dtype(w) -> str:
+    """The plan type of a module whose weights are w's dtype: float16 and bfloat16 modules make plans of their
+    type (clattn 0.7), float32 (and the refused float64, refused by _param) float32 ones."""
+    name = str(w.dtype).replace("torch.", "")
+    return name if name in ("float16", "bfloat16") else "float32"
+
+
 def _refuse_training_dropout(module, what, p):
     if module.training and p > 0:
         _invalid(f"from_torch: {what} is in training mode with dropout {p}; clattn carries eval semantics "
@@ -38,7 +45,8 @@ def _refuse_training_dropout(module, what, p):
 def from_torch(module: Any, device: Optional[str] = None, causal: bool = False,
                plan_cache_size: int = 16):
     """An Attention from torch.nn.MultiheadAttention, or an EncoderLayer from torch.nn.TransformerEncoderLayer,
-    with the module's weights copied (float32; float16/bfloat16 widened exactly; float64 refused) and its
+    with the module's weights copied (float32; a float16/bfloat16 MultiheadAttention makes an Attention of that dtype,
+    an EncoderLayer widens them exactly; float64 refused) and its
     batch_first carried over. Eval semantics: a module in training mode with dropout is refused. What clattn
     cannot represent is refused with the reason: add_bias_kv, add_zero_attn, key and value inputs of different
     widths (kdim != vdim), activations other than ReLU and GELU, LayerNorms with different eps. torch is needed
@@ -66,7 +74,7 @@ def from_torch(module: Any, device: Optional[str] = None, causal: bool = False,
                          w_value=_param("w_value", wv), b_query=_param("b_query", bq), b_key=_param("b_key", bk),
                          b_value=_param("b_value", bv), w_out=_param("w_out", m.out_proj.weight),
                          b_out=_param("b_out", m.out_proj.bias), causal=causal, batch_first=bool(m.batch_first),
-                         device=device, plan_cache_size=plan_cache_size)
+                         device=device, plan_cache_size=plan_cache_size, dtype=_module_dtype(m.out_proj.weight))
     if isinstance(module, torch.nn.TransformerEncoderLayer):
         m = module
         for what, p in (("the TransformerEncoderLayer", max(m.dropout.p, m.dropout1.p, m.dropout2.p)),

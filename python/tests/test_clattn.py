@@ -168,8 +168,8 @@ def test_selftest_passes_and_keeps_no_failure(tmp_path, monkeypatch):
 
 
 def test_cores_match_the_cli():
-    keys = ["name", "kind", "supported", "reason", "emulated", "default_for", "algorithm", "weights", "params",
-            "test_configs"]
+    keys = ["name", "kind", "supported", "reason", "emulated", "default_for", "algorithm", "weights", "reads_dtypes",
+            "params", "test_configs"]
     for device in DEVICES:
         listed = clattn.cores(device)
         assert [sorted(c) for c in listed] == [sorted(keys)] * len(listed)

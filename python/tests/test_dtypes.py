@@ -1,0 +1,99 @@
+"""pytest: half-precision modules (clattn.Attention(dtype=...), from_torch on float16/bfloat16 modules) and the
+library's rounding (clattn_dtype_convert through the package). A half plan computes the fp32 function of its (rounded)
+inputs and weights and rounds each output once (README, "Data types"), so its results are exactly the float32
+module's on the same rounded values, rounded once: that is what these tests check, bit for bit, on every device,
+and that inputs already of the module's type are taken as they are."""
+import numpy as np
+import pytest
+
+import clattn
+from clattn import _arrays as _a
+
+HAVE_OPENCL = len(clattn.devices()) > 1
+DEVICES = ["ref"] + (["opencl"] if HAVE_OPENCL else [])
+rng = np.random.default_rng(11)
+
+
+def rounded(a, d):
+    """a (float32) rounded to dtype d and widened back: the values a module of that type computes with."""
+    return _a.convert(_a.convert(np.ascontiguousarray(a, np.float32), "float32", d), d, "float32")
+
+
+def weights(E=16, Eo=16):
+    w = {k: (rng.standard_normal((E, E)) * 0.3).astype(np.float32) for k in ("w_query", "w_key", "w_value")}
+    w["w_out"] = (rng.standard_normal((Eo, E)) * 0.3).astype(np.float32)
+    w.update({k: (rng.standard_normal(E) * 0.1).astype(np.float32) for k in ("b_query", "b_key", "b_value")})
+    w["b_out"] = (rng.standard_normal(Eo) * 0.1).astype(np.float32)
+    return w
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_module_is_the_float32_module_rounded_once(device, dtype):
+    w = weights()
+    x = rng.standard_normal((2, 9, 16)).astype(np.float32)
+    kv = rng.standard_normal((2, 13, 16)).astype(np.float32)
+    half = clattn.Attention(4, **w, causal=True, device=device, dtype=dtype)
+    full = clattn.Attention(4, **{k: rounded(v, dtype) for k, v in w.items()}, causal=True, device=device)
+    assert half.dtype == dtype and full.dtype == "float32" and f"dtype='{dtype}'" in repr(half)
+    for args in ((x,), (x, kv)):
+        out, wts = half(*args, need_weights=True)
+        want, want_w = full(*(rounded(a, dtype) for a in args), need_weights=True)
+        # NumPy: float16 results as float16, bfloat16 ones widened to float32 (NumPy has no bfloat16)
+        assert out.dtype == (np.float16 if dtype == "float16" else np.float32)
+        np.testing.assert_array_equal(np.asarray(out, np.float32), rounded(want, dtype))
+        np.testing.assert_array_equal(np.asarray(wts, np.float32), rounded(want_w, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_without_weights_float16_numpy(device):
+    """NumPy float16 in (taken as it is), float16 out; the core alone (flash_rows reads the type on a CPU device)."""
+    x = rng.standard_normal((2, 33, 64)).astype(np.float16)
+    out, _ = clattn.Attention(2, causal=True, device=device, dtype=np.float16)(x)
+    want, _ = clattn.Attention(2, causal=True, device=device)(x.astype(np.float32))
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out, want.astype(np.float16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt_name", ["float16", "bfloat16"])
+def test_from_torch_half_module(device, dt_name):
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dt_name)
+    torch.manual_seed(1)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    a32 = clattn.from_torch(mha.to(dt).float(), device=device)  # the rounded weights, in a float32 module
+    a = clattn.from_torch(mha.to(dt), device=device)
+    assert a.dtype == dt_name and a32.dtype == "float32"
+    x = torch.randn(2, 7, 16).to(dt)
+    out, w = a.forward(x, x, x, need_weights=True, average_attn_weights=False)
+    want, want_w = a32.forward(x.float(), x.float(), x.float(), need_weights=True, average_attn_weights=False)
+    assert out.dtype == dt and w.dtype == dt
+    assert torch.equal(out, want.to(dt)) and torch.equal(w, want_w.to(dt))
+    # the weights averaged over heads: the (rounded) per-head weights averaged in float32, rounded again
+    _, avg = a.forward(x, x, x)
+    assert avg.dtype == dt and torch.equal(avg, w.float().mean(dim=1).to(dt))
+    # a float32 input to a half module: rounded to the type on the way in, the result in the input's type
+    out32, _ = a(x.float())
+    assert out32.dtype == torch.float32 and torch.equal(out32, out.float())
+    # training is float32's: a half module's backward says so
+    with pytest.raises(clattn.UnsupportedError, match="training with dtype"):
+        a.backward(x, torch.ones(2, 7, 16, dtype=dt))
+
+
+def test_dtype_refusals_and_convert():
+    with pytest.raises(clattn.InvalidArgumentError, match="dtype"):
+        clattn.Attention(2, dtype="float64", device="ref")
+    with pytest.raises(clattn.InvalidArgumentError, match="dtype"):
+        clattn.Attention(2, dtype="int8", device="ref")
+    # the library's rounding: ties to even, half's overflow, NaN kept
+    f = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 65520.0, np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -8], np.float32)
+    h = _a.convert(f, "float32", "float16")
+    assert h.dtype == np.float16 and list(h[:3]) == [1.0, 1 + 2 ** -9, np.inf] and np.isnan(h[3])
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(h, f.astype(np.float16))  # NumPy rounds to nearest even too
+    b = _a.convert(f, "float32", "bfloat16")
+    assert b.dtype == np.uint16 and list(b[4:]) == [0x3F80, 0x3F82] and (b[3] & 0x7F80) == 0x7F80 and b[3] & 0x7F
