@@ -391,8 +391,8 @@ Test(npy_numpy, float64_rejected)
     memset(&a, 0xab, sizeof a); /* is_zeroed below must see the loader's zeroing */
     cr_assert_neq(clattn_npy_load(fixture("f64_1d.npy"), &a, err, sizeof err), 0);
     cr_assert(is_zeroed(&a));
-    cr_assert_str_eq(err, "dtype '<f8' not supported (expected float32 '<f4', uint8 '|u1' or "
-                          "bool '|b1'); save it with a.astype(np.float32)");
+    cr_assert_str_eq(err, "dtype '<f8' not supported (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 "
+                          "'|u1' or bool '|b1'); save it with a.astype(np.float32)");
 }
 
 Test(npy_numpy, fortran_order_rejected)
@@ -690,8 +690,10 @@ Test(npy_garbage, unsupported_dtypes)
                      "dtype '<f8' not supported");
     expect_dict_fail("{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", f3, 12,
                      "dtype '<i4' not supported");
-    expect_dict_fail("{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }", f3, 12,
-                     "dtype '<f2' not supported");
+    expect_dict_fail("{'descr': '|f2', 'fortran_order': False, 'shape': (3,), }", f3, 6,
+                     "dtype '|f2' not supported");
+    expect_dict_fail("{'descr': '<i2', 'fortran_order': False, 'shape': (3,), }", f3, 6,
+                     "dtype '<i2' not supported");
     expect_dict_fail("{'descr': '|f4', 'fortran_order': False, 'shape': (3,), }", f3, 12,
                      "dtype '|f4' not supported");
     expect_dict_fail("{'descr': '<f4 ', 'fortran_order': False, 'shape': (3,), }", f3, 12,
@@ -956,4 +958,63 @@ Test(npy_errors, load_failures)
     write_file(path, "hello world, not numpy", 22);
     expect_load_fail(path, "bad magic");
     unlink(path);
+}
+
+/* ---------------------------------------------------------------- 16-bit data (clattn run --dtype f16 / bf16) */
+
+static int contains(const unsigned char *bytes, size_t n, const char *text)
+{
+    const size_t k = strlen(text);
+    for (size_t i = 0; i + k <= n; i++)
+        if (memcmp(bytes + i, text, k) == 0) return 1;
+    return 0;
+}
+
+/* '<f2' and '<u2' read as their 16 bits, '>f2' and '>u2' byte-swapped, '=' as the host's order; a truncated 16-bit
+ * array refused; written back as '<f2' / '<u2' and read again unchanged */
+Test(npy_16bit, read_swap_and_write)
+{
+    const uint16_t h[3] = {0x3C00, 0xC000, 0x3400}; /* 1, -2, 0.25 as IEEE half */
+    const unsigned char be[6] = {0x3C, 0x00, 0xC0, 0x00, 0x34, 0x00};
+    const char *dicts[] = {"{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }",
+                           "{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }",
+                           "{'descr': '=f2', 'fortran_order': False, 'shape': (3,), }"};
+    const clattn_npy_dtype types[] = {CLATTN_NPY_F16, CLATTN_NPY_U16, CLATTN_NPY_F16};
+    for (int i = 0; i < 3; i++) { /* (the host is little-endian: '=' reads as '<') */
+        clattn_npy a;
+        parse_dict_ok(dicts[i], h, 6, &a);
+        cr_assert_eq(a.dtype, types[i]);
+        cr_assert_eq(a.count, 3);
+        cr_assert(memcmp(a.data, h, 6) == 0);
+        clattn_npy_free(&a);
+    }
+    clattn_npy b;
+    parse_dict_ok("{'descr': '>f2', 'fortran_order': False, 'shape': (3,), }", be, 6, &b);
+    cr_assert(b.dtype == CLATTN_NPY_F16 && memcmp(b.data, h, 6) == 0, "big-endian halves not swapped");
+    clattn_npy_free(&b);
+    parse_dict_ok("{'descr': '>u2', 'fortran_order': False, 'shape': (3,), }", be, 6, &b);
+    cr_assert(b.dtype == CLATTN_NPY_U16 && memcmp(b.data, h, 6) == 0, "big-endian uint16 not swapped");
+    clattn_npy_free(&b);
+    expect_dict_fail("{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }", h, 5, "truncated");
+    for (int t = 0; t < 2; t++) {
+        char path[512], tmp[600], err[ERRLEN];
+        temp_path(path, sizeof path);
+        const size_t shape[2] = {1, 3};
+        const clattn_npy_dtype ty = t ? CLATTN_NPY_U16 : CLATTN_NPY_F16;
+        cr_assert_eq(clattn_npy_save_temp(path, ty, h, 2, shape, tmp, sizeof tmp, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(rename(tmp, path), 0);
+        size_t n;
+        unsigned char *bytes = read_file(path, &n);
+        cr_assert(contains(bytes, n, t ? "'<u2'" : "'<f2'"), "descr not written");
+        free(bytes);
+        clattn_npy a;
+        load_ok(path, &a);
+        cr_assert(a.dtype == ty && a.ndim == 2 && a.shape[1] == 3 && memcmp(a.data, h, 6) == 0);
+        clattn_npy_free(&a);
+        unlink(path);
+    }
+    char tmp[600], err[ERRLEN];
+    const size_t shape[1] = {3};
+    cr_assert_neq(clattn_npy_save_temp("/tmp/x.npy", CLATTN_NPY_U8, h, 1, shape, tmp, sizeof tmp, err, sizeof err), 0);
+    cr_assert(strstr(err, "is not float32, float16 or uint16"), "%s", err);
 }

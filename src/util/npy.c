@@ -59,6 +59,15 @@ static int host_is_little_endian(void)
     return b == 1;
 }
 
+static void swap2_inplace(unsigned char *p, size_t count)
+{
+    for (size_t i = 0; i < count; i++, p += 2) {
+        const unsigned char t = p[0];
+        p[0] = p[1];
+        p[1] = t;
+    }
+}
+
 static void swap4_inplace(unsigned char *p, size_t count)
 {
     for (size_t i = 0; i < count; i++, p += 4) {
@@ -164,7 +173,7 @@ static int parse_preamble(const unsigned char *p, size_t total, size_t *hstart, 
 typedef struct npy_header {
     clattn_npy_dtype dtype;
     size_t itemsize;
-    int swap; /* float32 data in the other byte order */
+    int swap; /* float32 or 16-bit data in the other byte order */
     int fortran;
     int ndim;
     size_t shape[CLATTN_NPY_MAX_DIMS];
@@ -273,10 +282,10 @@ static int parse_descr(lexer *L, npy_header *h)
         if (L->i < L->n && L->s[L->i] == '[')
             set_err(L->err, L->errlen,
                     "descr is not a string (structured dtypes are not supported; expected "
-                    "float32 '<f4', uint8 '|u1' or bool '|b1')");
+                    "float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')");
         else
             set_err(L->err, L->errlen,
-                    "descr is not a string (expected float32 '<f4', uint8 '|u1' or bool '|b1')");
+                    "descr is not a string (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')");
         return -1;
     }
     size_t start = L->i + 1;
@@ -289,6 +298,12 @@ static int parse_descr(lexer *L, npy_header *h)
     if (len == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=') && d[1] == 'f' && d[2] == '4') {
         h->dtype = CLATTN_NPY_F32;
         h->itemsize = 4;
+        h->swap = d[0] == '<' ? !le : d[0] == '>' ? le : 0;
+        ok = 1;
+    } else if (len == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=') && (d[1] == 'f' || d[1] == 'u') &&
+               d[2] == '2') {
+        h->dtype = d[1] == 'f' ? CLATTN_NPY_F16 : CLATTN_NPY_U16;
+        h->itemsize = 2;
         h->swap = d[0] == '<' ? !le : d[0] == '>' ? le : 0;
         ok = 1;
     } else if (len == 3 && (d[0] == '|' || d[0] == '<' || d[0] == '>' || d[0] == '=') &&
@@ -304,7 +319,7 @@ static int parse_descr(lexer *L, npy_header *h)
         /* a float64 array (numpy's default) is the usual mistake: say how to fix it */
         const int f64 = len == 3 && (memcmp(d, "<f8", 3) == 0 || memcmp(d, ">f8", 3) == 0);
         set_err(L->err, L->errlen,
-                "dtype '%s' not supported (expected float32 '<f4', uint8 '|u1' or bool '|b1')%s", shown,
+                "dtype '%s' not supported (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')%s", shown,
                 f64 ? "; save it with a.astype(np.float32)" : "");
         return -1;
     }
@@ -558,6 +573,8 @@ static void convert_data(unsigned char *data, const npy_header *h)
 {
     if (h->dtype == CLATTN_NPY_F32 && h->swap)
         swap4_inplace(data, h->count);
+    if ((h->dtype == CLATTN_NPY_F16 || h->dtype == CLATTN_NPY_U16) && h->swap)
+        swap2_inplace(data, h->count);
     if (h->dtype == CLATTN_NPY_BOOL)
         for (size_t i = 0; i < h->count; i++)
             data[i] = data[i] != 0;
@@ -755,11 +772,17 @@ void clattn_npy_free(clattn_npy *a)
 
 /* The header of a float32 array of this shape (into header, its length in *total) and the element count;
  * -1 and err naming `path` when the shape cannot be written. */
-static int npy_header_f32(const char *path, const float *data, int ndim, const size_t *shape, unsigned char *header,
-                          size_t *total_out, size_t *count_out, char *err, size_t errlen)
+static int npy_header_of(const char *path, clattn_npy_dtype dtype, const void *data, int ndim, const size_t *shape,
+                         unsigned char *header, size_t *total_out, size_t *count_out, char *err, size_t errlen)
 {
     if (path == NULL) {
-        set_err(err, errlen, "clattn_npy_save_f32: path is NULL");
+        set_err(err, errlen, "clattn_npy_save: path is NULL");
+        return -1;
+    }
+    const char *descr = dtype == CLATTN_NPY_F32 ? "<f4" : dtype == CLATTN_NPY_F16 ? "<f2" : dtype == CLATTN_NPY_U16 ? "<u2" : NULL;
+    const size_t itemsize = dtype == CLATTN_NPY_F32 ? 4 : 2;
+    if (descr == NULL) {
+        set_err(err, errlen, "cannot write '%s': dtype %d is not float32, float16 or uint16", path, (int)dtype);
         return -1;
     }
     if (ndim < 0 || ndim > CLATTN_NPY_MAX_DIMS) {
@@ -773,7 +796,7 @@ static int npy_header_f32(const char *path, const float *data, int ndim, const s
     }
 
     /* The same size rule as the reader, so that what we write we can read. */
-    size_t prod = sizeof(float);
+    size_t prod = itemsize;
     int zero = 0;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 0) {
@@ -788,7 +811,7 @@ static int npy_header_f32(const char *path, const float *data, int ndim, const s
         }
         prod *= shape[d];
     }
-    size_t count = zero ? 0 : prod / sizeof(float);
+    size_t count = zero ? 0 : prod / itemsize;
     if (count > 0 && data == NULL) {
         set_err(err, errlen, "cannot write '%s': data is NULL for %zu elements", path, count);
         return -1;
@@ -797,7 +820,7 @@ static int npy_header_f32(const char *path, const float *data, int ndim, const s
     /* Dict text, as numpy writes it. At most 8 * 22 + ~60 characters. */
     char dict[512];
     size_t len = (size_t)snprintf(dict, sizeof dict,
-                                  "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+                                  "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int d = 0; d < ndim; d++)
         len += (size_t)snprintf(dict + len, sizeof dict - len, "%s%zu", d > 0 ? ", " : "",
                                 shape[d]);
@@ -832,22 +855,24 @@ static int npy_header_f32(const char *path, const float *data, int ndim, const s
 }
 
 /* The header and the data to f; 0 on success, else the errno of the failure (or EIO). */
-static int npy_write(FILE *f, const unsigned char *header, size_t total, const float *data, size_t count)
+static int npy_write(FILE *f, const unsigned char *header, size_t total, const void *data, size_t count,
+                     size_t itemsize)
 {
     int ok = fwrite(header, 1, total, f) == total;
     if (ok && count > 0) {
         if (host_is_little_endian()) {
-            ok = fwrite(data, sizeof(float), count, f) == count;
+            ok = fwrite(data, itemsize, count, f) == count;
         } else {
             unsigned char buf[4096];
             const unsigned char *src = (const unsigned char *)data;
             size_t left = count;
             while (ok && left > 0) {
-                size_t k = left < sizeof buf / 4 ? left : sizeof buf / 4;
-                memcpy(buf, src, k * 4);
-                swap4_inplace(buf, k);
-                ok = fwrite(buf, 4, k, f) == k;
-                src += k * 4;
+                size_t k = left < sizeof buf / itemsize ? left : sizeof buf / itemsize;
+                memcpy(buf, src, k * itemsize);
+                if (itemsize == 4) swap4_inplace(buf, k);
+                else swap2_inplace(buf, k);
+                ok = fwrite(buf, itemsize, k, f) == k;
+                src += k * itemsize;
                 left -= k;
             }
         }
@@ -866,7 +891,7 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
 {
     unsigned char header[640];
     size_t total, count;
-    if (npy_header_f32(path, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
+    if (npy_header_of(path, CLATTN_NPY_F32, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
     FILE *f = fopen(path, "wb");
     if (f == NULL) {
         set_err(err, errlen, "cannot create '%s': %s", path, strerror(errno));
@@ -883,7 +908,7 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
     if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
         regular = 1;
 #endif
-    const int saved = npy_write(f, header, total, data, count);
+    const int saved = npy_write(f, header, total, data, count, 4);
     if (saved != 0) {
         if (regular)
             remove(path);
@@ -898,13 +923,19 @@ int clattn_npy_save_f32(const char *path, const float *data, int ndim, const siz
 int clattn_npy_save_f32_temp(const char *path, const float *data, int ndim, const size_t *shape, char *tmp,
                              size_t tmplen, char *err, size_t errlen)
 {
+    return clattn_npy_save_temp(path, CLATTN_NPY_F32, data, ndim, shape, tmp, tmplen, err, errlen);
+}
+
+int clattn_npy_save_temp(const char *path, clattn_npy_dtype dtype, const void *data, int ndim, const size_t *shape,
+                         char *tmp, size_t tmplen, char *err, size_t errlen)
+{
     if (path == NULL || tmp == NULL) {
-        set_err(err, errlen, "clattn_npy_save_f32_temp: path or tmp is NULL");
+        set_err(err, errlen, "clattn_npy_save_temp: path or tmp is NULL");
         return -1;
     }
     unsigned char header[640];
     size_t total, count;
-    if (npy_header_f32(path, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
+    if (npy_header_of(path, dtype, data, ndim, shape, header, &total, &count, err, errlen) != 0) return -1;
     if ((size_t)snprintf(tmp, tmplen, "%s.tmp.XXXXXX", path) >= tmplen) {
         set_err(err, errlen, "cannot write '%s': the path is too long", path);
         return -1;
@@ -918,7 +949,7 @@ int clattn_npy_save_f32_temp(const char *path, const float *data, int ndim, cons
         tmp[0] = '\0';
         return -1;
     }
-    const int saved = npy_write(f, header, total, data, count);
+    const int saved = npy_write(f, header, total, data, count, dtype == CLATTN_NPY_F32 ? 4 : 2);
     if (saved != 0) {
         unlink(tmp);
         tmp[0] = '\0';

@@ -12,6 +12,8 @@
  *     Headers longer than CLATTN_NPY_MAX_HEADER bytes are rejected.
  *   - descr: '<f4' (float32 little-endian), '>f4' (float32 big-endian: the
  *     data is byte-swapped), '=f4' (float32 in the host's byte order);
+ *     '<f2', '>f2', '=f2' (float16, kept as its 16 bits) and '<u2', '>u2',
+ *     '=u2' (uint16), byte-swapped likewise;
  *     '|u1', '<u1', '>u1', '=u1' (uint8); '|b1', '<b1', '>b1', '=b1' (bool).
  *     Everything else (float64, structured dtypes, ...) is rejected with the
  *     dtype named in the message.
@@ -60,7 +62,9 @@ extern "C" {
 typedef enum clattn_npy_dtype {
     CLATTN_NPY_F32 = 1,
     CLATTN_NPY_U8 = 2,
-    CLATTN_NPY_BOOL = 3
+    CLATTN_NPY_BOOL = 3,
+    CLATTN_NPY_F16 = 4,  /* '<f2': IEEE half, its bits as uint16 (host order) */
+    CLATTN_NPY_U16 = 5   /* '<u2': uint16 (the CLI's bfloat16 bit patterns) */
 } clattn_npy_dtype;
 
 #define CLATTN_NPY_MAX_DIMS 8
@@ -77,6 +81,7 @@ typedef struct clattn_npy {
     size_t shape[CLATTN_NPY_MAX_DIMS]; /* shape[ndim..7] are 0 */
     size_t count;                      /* product of shape (1 for 0-d, 0 if a dim is 0) */
     void *data;                        /* count elements, malloc'd; float for F32 (host order),
+                                          uint16_t for F16 and U16 (host order),
                                           uint8 (0/1 for BOOL) for U8/BOOL. Never NULL on
                                           success: a 1-byte allocation when count == 0. */
 } clattn_npy;
@@ -98,6 +103,11 @@ void clattn_npy_free(clattn_npy *a);
  * be NULL when ndim is 0. */
 int clattn_npy_save_f32(const char *path, const float *data, int ndim, const size_t *shape,
                         char *err, size_t errlen);
+
+/* The same for float32 (F32), float16 (F16: data holds the halves' bits) or uint16 (U16) data: '<f4', '<f2' or '<u2'
+ * into a new temporary file, as clattn_npy_save_f32_temp below. */
+int clattn_npy_save_temp(const char *path, clattn_npy_dtype dtype, const void *data, int ndim, const size_t *shape,
+                         char *tmp, size_t tmplen, char *err, size_t errlen);
 
 /* The same into a new temporary file beside `path` ("<path>.tmp.XXXXXX", made by mkstemp: never an
  * existing file or a link), its name in tmp; nothing is left behind on failure. The caller renames it to
