@@ -1402,3 +1402,80 @@ Test(cli, emit_writes_programs_or_nothing, .timeout = 300)
     cr_assert(strstr(err, "not empty"), "%s", err);
     free(err);
 }
+
+/* --dtype f16 / bf16: the plan in that type; float32 inputs rounded to it, or the type's own .npy ('<f2', '<u2' bit
+ * patterns) taken as they are; out.npy and attn.npy written in it, and exactly the --dtype f32 run's numbers on the
+ * rounded inputs, rounded once (the same fp32 computation); what a half plan cannot do refused */
+static void run_ok(const char *const *extra, const char *dev, const char *out)
+{
+    const char *args[40];
+    int n = 0;
+    args[n++] = "run", args[n++] = "--in", args[n++] = in_dir, args[n++] = "--out", args[n++] = out;
+    args[n++] = "--device", args[n++] = dev;
+    for (; extra && *extra; extra++) args[n++] = *extra;
+    args[n] = NULL;
+    char *err;
+    const int rc = run_cli(args, ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    free(err);
+}
+
+Test(cli, dtype_half_runs)
+{
+    enum { B = 2, T = 9, E = 8 };
+    tu_rng r = {4242};
+    float x[B * T * E], w[4][E * E], xr[B * T * E], wr[4][E * E];
+    tu_fill(&r, x, B * T * E, -2, 2);
+    for (int k = 0; k < 4; k++) tu_fill(&r, w[k], E * E, -0.5f, 0.5f);
+    const char *wn[4] = {"w_query.npy", "w_key.npy", "w_value.npy", "w_out.npy"};
+    const size_t xs[3] = {B, T, E}, ws[2] = {E, E};
+    const char *devs[2] = {"ref", cl_spec()};
+    for (int t = 1; t <= 2; t++) {
+        const clattn_dtype ty = (clattn_dtype)t;
+        const char *name = t == 1 ? "f16" : "bf16";
+        for (size_t i = 0; i < B * T * E; i++) xr[i] = (float)tu_dtype_round(x[i], ty);
+        for (int k = 0; k < 4; k++)
+            for (size_t i = 0; i < E * E; i++) wr[k][i] = (float)tu_dtype_round(w[k][i], ty);
+        for (int dv = 0; dv < 2; dv++) {
+            char out32[160], outh[160];
+            snprintf(out32, sizeof out32, "%s/o32", root), snprintf(outh, sizeof outh, "%s/oh", root);
+            /* the reference: --dtype f32 on the rounded values */
+            save_f32(path_in(in_dir, "x.npy"), xr, 3, xs);
+            for (int k = 0; k < 4; k++) save_f32(path_in(in_dir, wn[k]), wr[k], 2, ws);
+            run_ok(FLAGS("--heads", "2", "--causal", "--need-weights"), devs[dv], out32);
+            /* the half run: x in the type's own .npy, the weights as float32 (rounded by the CLI) */
+            uint16_t xh[B * T * E];
+            for (size_t i = 0; i < B * T * E; i++) xh[i] = tu_dtype_bits(xr[i], ty);
+            write_npy_raw(path_in(in_dir, "x.npy"), t == 1 ? "<f2" : "<u2", "False", "(2, 9, 8)", xh, sizeof xh);
+            for (int k = 0; k < 4; k++) save_f32(path_in(in_dir, wn[k]), w[k], 2, ws);
+            run_ok(FLAGS("--heads", "2", "--causal", "--need-weights", "--dtype", name), devs[dv], outh);
+            const char *files[2] = {"out.npy", "attn.npy"};
+            for (int f = 0; f < 2; f++) {
+                clattn_npy a32, ah;
+                load(path_in(out32, files[f]), &a32);
+                load(path_in(outh, files[f]), &ah);
+                cr_assert_eq(ah.dtype, t == 1 ? CLATTN_NPY_F16 : CLATTN_NPY_U16, "%s %s: written as %d", name, files[f],
+                             (int)ah.dtype);
+                cr_assert_eq(ah.count, a32.count);
+                for (size_t i = 0; i < ah.count; i++) {
+                    const float want = (float)tu_dtype_round(((const float *)a32.data)[i], ty);
+                    const float got = tu_dtype_value(((const uint16_t *)ah.data)[i], ty);
+                    cr_assert_eq(got, want, "%s on %s, %s[%zu]: %g, want %g", name, devs[dv], files[f], i,
+                                 (double)got, (double)want);
+                }
+                clattn_npy_free(&a32), clattn_npy_free(&ah);
+            }
+            rm_rf(out32), rm_rf(outh);
+        }
+    }
+    /* refusals: a 16-bit x without --dtype, or of the other type; what a half plan does not do */
+    uint16_t xh[B * T * E] = {0};
+    write_npy_raw(path_in(in_dir, "x.npy"), "<f2", "False", "(2, 9, 8)", xh, sizeof xh);
+    bad("float16 x without --dtype", 1, "needs --dtype f16 or bf16", FLAGS("--heads", "2"));
+    bad("float16 x with bf16", 1, "or uint16 (--dtype bf16)", FLAGS("--heads", "2", "--dtype", "bf16"));
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    bad("bad dtype", 2, "--dtype 'f64'", FLAGS("--heads", "2", "--dtype", "f64"));
+    bad("half with lse", 2, "--dtype f16 with --lse", FLAGS("--heads", "2", "--dtype", "f16", "--lse"));
+    bad("half decode", 2, "decode plans are fp32",
+        FLAGS("--heads", "2", "--causal", "--dtype", "bf16", "--decode-from", "3"));
+}

@@ -38,7 +38,7 @@ static void usage_line(FILE *f)
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
                "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
-               "                  [--device SPEC] [-v]\n"
+               "                  [--dtype f32|f16|bf16] [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
                "               at all: each to a temporary file, renamed into place when every output is written)\n"
                "  --heads H: query heads (default 1); --causal: query i sees keys j <= i\n"
@@ -60,6 +60,10 @@ static void usage_line(FILE *f)
                "               plan with the same seed (dropout keeps the forward's weights)\n"
                "  --lse: also write lse.npy ((B, H, Tq): each query row's log-sum-exp of its scaled, masked scores;\n"
                "               -inf for a row with no visible key)\n"
+               "  --dtype: the plan's arrays: f32 (default), f16 (IEEE half) or bf16 (bfloat16). x, kv and the weights\n"
+               "               are read as float32 .npy (rounded to the type, to nearest even) or in the type itself:\n"
+               "               '<f2' for f16, '<u2' holding bfloat16 bit patterns for bf16; out.npy and attn.npy are\n"
+               "               written in the type ('<f2', '<u2'). Not with --backward, --lse or --decode-from\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -79,7 +83,8 @@ typedef struct run_opts {
     uint64_t seed;
     clattn_algorithm algorithm;
     clattn_precision precision;
-    int seen_prec;
+    clattn_dtype dtype;
+    int seen_prec, seen_dtype;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
@@ -136,6 +141,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--seed") == 0) seen = &o->seen_seed;
         else if (strcmp(a, "--algorithm") == 0) seen = &o->seen_alg;
         else if (strcmp(a, "--precision") == 0) seen = &o->seen_prec;
+        else if (strcmp(a, "--dtype") == 0) seen = &o->seen_dtype;
         else if (strcmp(a, "--kv-heads") == 0) seen = &o->seen_kv_heads;
         else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
         else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
@@ -218,6 +224,14 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 say("--precision '%s': must be fp32 or tf32", v);
                 return EXIT_USAGE;
             }
+        } else if (seen == &o->seen_dtype) {
+            if (strcmp(v, "f32") == 0) o->dtype = CLATTN_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) o->dtype = CLATTN_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) o->dtype = CLATTN_DTYPE_BF16;
+            else {
+                say("--dtype '%s': must be f32, f16 or bf16", v);
+                return EXIT_USAGE;
+            }
         } else if (seen == &o->seen_seed) {
             if (!parse_u64(v, &o->seed)) {
                 say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
@@ -290,7 +304,14 @@ static void inputs_free(inputs *in)
 
 static const char *dtype_name(clattn_npy_dtype t)
 {
-    return t == CLATTN_NPY_F32 ? "float32" : t == CLATTN_NPY_U8 ? "uint8" : t == CLATTN_NPY_BOOL ? "bool" : "?";
+    return t == CLATTN_NPY_F32 ? "float32" : t == CLATTN_NPY_U8 ? "uint8" : t == CLATTN_NPY_BOOL ? "bool"
+         : t == CLATTN_NPY_F16 ? "float16" : t == CLATTN_NPY_U16 ? "uint16" : "?";
+}
+
+/* The .npy type that holds a plan type's elements as they are: '<f4', '<f2', '<u2' (bfloat16 bit patterns). */
+static clattn_npy_dtype npy_type_of(clattn_dtype t)
+{
+    return t == CLATTN_DTYPE_F16 ? CLATTN_NPY_F16 : t == CLATTN_DTYPE_BF16 ? CLATTN_NPY_U16 : CLATTN_NPY_F32;
 }
 
 static const char *shape_str(const clattn_npy *a, char *buf, size_t len)
@@ -298,8 +319,9 @@ static const char *shape_str(const clattn_npy *a, char *buf, size_t len)
     return clattn_cli_shape(buf, len, a->ndim, a->shape);
 }
 
-/* Load every file that exists; check dtypes and that no dimension is 0. */
-static int load_inputs(const char *dir, inputs *in)
+/* Load every file that exists; check dtypes (the floating inputs: float32, or the plan type's own .npy type) and that
+ * no dimension is 0. */
+static int load_inputs(const char *dir, clattn_dtype type, inputs *in)
 {
     for (int f = 0; f < F_COUNT; f++) {
         size_t need = strlen(dir) + 1 + strlen(file_names[f]) + 1;
@@ -328,10 +350,17 @@ static int load_inputs(const char *dir, inputs *in)
         in->has[f] = 1;
         const clattn_npy *a = &in->a[f];
         int mask = f == F_KPM || f == F_MASK;
-        int ok = a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : mask;
+        const int half = a->dtype == CLATTN_NPY_F16 || a->dtype == CLATTN_NPY_U16;
+        int ok = half ? !mask && f != F_GOUT && a->dtype == npy_type_of(type)
+                      : a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : mask;
         if (!ok) {
-            say("%s: dtype %s but expected %s", file_names[f], dtype_name(a->dtype),
-                f == F_KPM ? "bool or uint8" : f == F_MASK ? "bool, uint8 or float32" : "float32");
+            char typed[64] = "";
+            if (type != CLATTN_DTYPE_F32 && !mask && f != F_GOUT)
+                snprintf(typed, sizeof typed, " or %s (--dtype %s)", dtype_name(npy_type_of(type)),
+                         type == CLATTN_DTYPE_F16 ? "f16" : "bf16");
+            say("%s: dtype %s but expected %s%s%s", file_names[f], dtype_name(a->dtype),
+                f == F_KPM ? "bool or uint8" : f == F_MASK ? "bool, uint8 or float32" : "float32", typed,
+                half && type == CLATTN_DTYPE_F32 && !mask ? " (a 16-bit array needs --dtype f16 or bf16)" : "");
             return -1;
         }
         if (a->count == 0 || a->ndim == 0) {
@@ -340,6 +369,30 @@ static int load_inputs(const char *dir, inputs *in)
                 a->ndim == 0 ? "is a scalar, expected an array" : "is empty (every dimension must be >= 1)");
             return -1;
         }
+    }
+    return 0;
+}
+
+/* --dtype f16 / bf16: every float32 input of the plan's (x, kv, the weights; not the masks) rounded to the type, to
+ * nearest even (clattn_dtype_convert), in place of its floats. */
+static int inputs_to_type(inputs *in, clattn_dtype type)
+{
+    if (type == CLATTN_DTYPE_F32) return 0;
+    for (int f = 0; f < F_COUNT; f++) {
+        clattn_npy *a = &in->a[f];
+        if (!in->has[f] || f == F_KPM || f == F_MASK || f == F_GOUT || a->dtype != CLATTN_NPY_F32) continue;
+        uint16_t *h = malloc(a->count ? a->count * sizeof *h : 1);
+        if (!h) {
+            say("out of memory converting %s to the plan's type", file_names[f]);
+            return -1;
+        }
+        if (clattn_dtype_convert(a->data, CLATTN_DTYPE_F32, h, type, a->count) != CLATTN_STATUS_SUCCESS) {
+            free(h);
+            say("%s: %s", file_names[f], clattn_last_error());
+            return -1;
+        }
+        free(a->data);
+        a->data = h, a->dtype = npy_type_of(type);
     }
     return 0;
 }
@@ -523,9 +576,10 @@ static char *join(const char *dir, const char *name)
 /* One output file: its name in --out, its data and shape. */
 typedef struct out_file {
     const char *name;
-    const float *data;
+    const void *data;
     int nd;
     size_t shape[4];
+    clattn_npy_dtype type; /* its .npy type: CLATTN_NPY_F32, or F16 / U16 for a half plan's out and attn */
 } out_file;
 
 #define MAX_OUT_FILES 16
@@ -552,8 +606,8 @@ static int write_files(const char *dir, const out_file *files, int n)
             goto out;
         }
     for (int i = 0; i < n; i++)
-        if (clattn_npy_save_f32_temp(path[i], files[i].data, files[i].nd, files[i].shape, tmp[i], sizeof tmp[i], err,
-                                     sizeof err) != 0) {
+        if (clattn_npy_save_temp(path[i], files[i].type, files[i].data, files[i].nd,
+                                 files[i].shape, tmp[i], sizeof tmp[i], err, sizeof err) != 0) {
             say("%s: %s", files[i].name, err);
             goto out;
         }
@@ -577,7 +631,7 @@ out:
 /* The shape of a (B, Tq, ...) output: without the batch dimension when x.npy has none. */
 static out_file shaped(const char *name, const float *data, const dims *d, size_t a, size_t b, size_t c)
 {
-    out_file f = {name, data, 0, {0}};
+    out_file f = {name, data, 0, {0}, CLATTN_NPY_F32};
     if (!d->two_d) f.shape[f.nd++] = d->B;
     f.shape[f.nd++] = a, f.shape[f.nd++] = b;
     if (c) f.shape[f.nd++] = c;
@@ -687,6 +741,12 @@ static int check_combination(run_state *r)
         say("--backward needs grad_out.npy in --in (the gradient of the loss by out, the shape of out.npy)");
         return -1;
     }
+    if (o->dtype != CLATTN_DTYPE_F32 && (o->backward || o->lse || o->seen_decode)) {
+        say("--dtype %s with %s: clattn 0.7's %s fp32 (--dtype f32)", o->dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16",
+            o->backward ? "--backward" : o->lse ? "--lse" : "--decode-from",
+            o->seen_decode ? "decode plans are" : "training plans are");
+        return r->code = EXIT_USAGE, -1;
+    }
     if (o->seen_decode && (in->has[F_KPM] || in->has[F_MASK])) {
         say("--decode-from with %s: decode steps take no masks", in->has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
         return r->code = EXIT_USAGE, -1;
@@ -712,7 +772,7 @@ static int describe(run_state *r)
     desc->key_padding_mask = in->has[F_KPM], desc->scale = o->scale, desc->dropout = o->dropout, desc->seed = o->seed;
     desc->layout = CLATTN_LAYOUT_LINEAR, desc->algorithm = o->algorithm, desc->precision = o->precision;
     desc->need_weights = o->need_weights, desc->kv_heads = o->kv_heads, desc->window = o->window;
-    desc->kv_half = o->kv_half, desc->training = o->backward || o->lse;
+    desc->kv_half = o->kv_half, desc->training = o->backward || o->lse, desc->dtype = o->dtype;
 
     static const int files[] = {F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
     clattn_attention_weights *w = &r->w;
@@ -873,10 +933,11 @@ static void report(const run_state *r)
     const clattn_algorithm alg = clattn_plan_algorithm(r->plan);
     fprintf(stderr, "clattn run: device %s\n", clattn_device_name(r->dev));
     fprintf(stderr, "clattn run: B=%zu Tq=%zu Tk=%zu E=%zu%s heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu "
-            "causal=%s window=%zu kv=%s scale=%g precision=%s\n",
+            "causal=%s window=%zu kv=%s scale=%g precision=%s dtype=%s\n",
             d.batch, d.seq_q, d.cross ? d.seq_kv : d.seq_q, d.embed, d.cross ? " (cross)" : "", d.heads,
             d.kv_heads, d.head_dim_qk, d.head_dim_v, r->out_width, d.causal ? "yes" : "no", d.window,
-            d.kv_half ? "half" : "float", (double)d.scale, d.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
+            d.kv_half ? "half" : "float", (double)d.scale, d.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32",
+            d.dtype == CLATTN_DTYPE_F16 ? "f16" : d.dtype == CLATTN_DTYPE_BF16 ? "bf16" : "f32");
     const char *cp = clattn_plan_core_params(r->plan);
     fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",
             alg == CLATTN_ALGORITHM_AUTO ? "reference" : clattn_algorithm_name(alg), clattn_plan_core(r->plan),
@@ -902,11 +963,12 @@ static int write_results(const run_state *r)
     int nf = 0;
     files[nf++] = shaped("out.npy", r->out, d, d->Tq, r->out_width, 0);
     if (r->attn) files[nf++] = shaped("attn.npy", r->attn, d, d->H, d->Tq, d->Tk);
+    for (int i = 0; i < nf; i++) files[i].type = npy_type_of(r->o.dtype); /* out and attn: in the plan's type */
     if (r->o.lse) files[nf++] = shaped("lse.npy", r->lse, d, d->H, d->Tq, 0);
     for (int i = 0; i < NGRADS && r->o.backward; i++) {
         if (!r->grads[i]) continue;
         const clattn_npy *src = &r->in.a[grad_of[i]];
-        out_file f = {grad_names[i], r->grads[i], src->ndim, {0}};
+        out_file f = {grad_names[i], r->grads[i], src->ndim, {0}, CLATTN_NPY_F32};
         for (int k = 0; k < src->ndim && k < 4; k++) f.shape[k] = src->shape[k];
         files[nf++] = f;
     }
@@ -928,8 +990,8 @@ static void run_state_free(run_state *r)
 /* clattn run: the inputs read and checked, the plan (or the decode steps) run, the outputs written whole. */
 static int run_steps(run_state *r)
 {
-    if (load_inputs(r->o.in, &r->in) || check_shapes(&r->in, r->o.heads, r->o.kv_heads, &r->d) ||
-        check_combination(r) || describe(r))
+    if (load_inputs(r->o.in, r->o.dtype, &r->in) || check_shapes(&r->in, r->o.heads, r->o.kv_heads, &r->d) ||
+        check_combination(r) || inputs_to_type(&r->in, r->o.dtype) || describe(r))
         return -1;
     if (!(r->dev = clattn_cli_open_device("clattn run", r->o.device, &r->code))) return -1;
     r->code = EXIT_INPUT;
