@@ -666,17 +666,18 @@ CLATTN_API clattn_status clattn_decode_plan_create(clattn_device *device, const 
 CLATTN_API void clattn_decode_plan_free(clattn_decode_plan *plan);
 
 typedef struct clattn_decode_args {
-    const float *x;            /* (B, n, E) */
+    /* x, out, kv and value hold desc.dtype's elements (clattn 0.7: void *; float for F32) */
+    const void *x;             /* (B, n, E) */
     size_t new_tokens;         /* n: 1 <= n <= desc.seq_q */
     const size_t *valid;       /* optional (B): sequence b appends only its first valid[b] <= n tokens
                                   (prompts of different lengths in one prefill); the other rows get a zero
                                   attention output (so b_out, or 0, after the output projection). NULL: all n */
-    float *out;                /* (B, n, Eo or H*dv) */
+    void *out;                 /* (B, n, Eo or H*dv) */
     size_t x_count, valid_count, out_count; /* element counts (clattn 0.4), checked as the attention's */
     /* clattn 0.6, a plan with desc.separate_value (no weights) only, else refused: x is then the new tokens'
      * queries Q (B, n, H*dk), kv their keys and value their values, appended to the cache as they are */
-    const float *kv;           /* (B, n, HK*dk) */
-    const float *value;        /* (B, n, HK*dv) */
+    const void *kv;            /* (B, n, HK*dk) */
+    const void *value;         /* (B, n, HK*dv) */
     size_t kv_count, value_count;
 } clattn_decode_args;
 

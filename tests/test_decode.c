@@ -1307,3 +1307,130 @@ Test(edges, cache_bytes_of_every_type)
     clattn_device_free(devs[0]);
     clattn_device_free(devs[1]);
 }
+
+/* ---------------------------------------------------------------- half-precision decode plans (desc.dtype) */
+
+/* A decode plan of type t (F16, BF16; projected, or on the heads as given) against the fp32 plan fed the same rounded
+ * inputs and weights: every step's output is the fp32 step's rounded once, bit for bit (one fp32 computation), from
+ * host arrays, and on OpenCL from the caller's buffers too (at element offsets), in a prefill and single steps. */
+static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv_half, uint64_t seed)
+{
+    enum { B = 2, T = 9, P = 5, E = 16, H = 4, HK = 2, DK = 4, DV = 4, OFF = 3 };
+    tu_rng r = {seed};
+    model m;
+    model_make(&m, &r, E, H, HK, DK, DV, 0);
+    float **ws[8] = {&m.wq, &m.wk, &m.wv, &m.bq, &m.bk, &m.bv, &m.wo, &m.bo};
+    const size_t wn[8] = {H * DK * E, HK * DK * E, HK * DV * E, H * DK, HK * DK, HK * DV, m.Eo * H * DV, m.Eo};
+    for (int i = 0; i < 8; i++)
+        for (size_t j = 0; j < wn[i]; j++) (*ws[i])[j] = (float)tu_dtype_round((*ws[i])[j], t);
+    clattn_attention_desc d = model_desc(&m, B, P, 0, kv_half);
+    clattn_attention_weights w32 = m.w, wt = {0};
+    if (separate) {
+        d = (clattn_attention_desc){.batch = B, .seq_q = P, .embed = H * DK, .heads = H, .kv_heads = HK,
+                                    .head_dim_v = DV, .causal = 1, .kv_half = kv_half, .separate_value = 1};
+        w32 = (clattn_attention_weights){0};
+    } else {
+        const void **tw[8] = {&wt.w_query, &wt.w_key, &wt.w_value, &wt.b_query, &wt.b_key, &wt.b_value, &wt.w_out,
+                              &wt.b_out};
+        for (int i = 0; i < 8; i++) *tw[i] = tu_typed(*ws[i], wn[i], t);
+    }
+    const size_t ex = separate ? H * DK : E, ow = separate ? H * DV : m.Eo;
+    float *x = tu_random(&r, B * T * ex, -2, 2), *k = tu_random(&r, B * T * HK * DK, -2, 2);
+    float *v = tu_random(&r, B * T * HK * DV, -2, 2);
+    for (size_t i = 0; i < B * T * ex; i++) x[i] = (float)tu_dtype_round(x[i], t);
+    for (size_t i = 0; i < B * T * HK * DK; i++) k[i] = (float)tu_dtype_round(k[i], t);
+    for (size_t i = 0; i < B * T * HK * DV; i++) v[i] = (float)tu_dtype_round(v[i], t);
+    clattn_decode_plan *p32 = NULL, *ph = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, separate ? NULL : &w32, &p32), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    d.dtype = t;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, separate ? NULL : &wt, &ph), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = HK, .head_dim_qk = DK, .head_dim_v = DV,
+                                     .type = kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+    clattn_kv_cache *c32 = NULL, *ch = NULL, *cb = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c32), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &ch), CLATTN_STATUS_SUCCESS);
+    const int cl = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL;
+    if (cl) cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cb), CLATTN_STATUS_SUCCESS);
+    cl_mem bufs[4] = {NULL};
+    const size_t cols[3] = {ex, HK * DK, HK * DV};
+    for (size_t t0 = 0; t0 < T;) {
+        const size_t n = t0 == 0 ? P : 1;
+        float xs[B * P * H * DK], ks[B * P * HK * DK], vs[B * P * HK * DV], o32[B * P * 16];
+        for (size_t b = 0; b < B; b++) {
+            memcpy(xs + b * n * ex, x + (b * T + t0) * ex, n * ex * 4);
+            memcpy(ks + b * n * HK * DK, k + (b * T + t0) * HK * DK, n * HK * DK * 4);
+            memcpy(vs + b * n * HK * DV, v + (b * T + t0) * HK * DV, n * HK * DV * 4);
+        }
+        const clattn_decode_args a32 = {.x = xs, .kv = separate ? ks : NULL, .value = separate ? vs : NULL,
+                                        .new_tokens = n, .out = o32};
+        cr_assert_eq(tu_decode_execute(p32, c32, &a32), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        void *xh = tu_typed(xs, B * n * ex, t), *kh = tu_typed(ks, B * n * HK * DK, t);
+        void *vh = tu_typed(vs, B * n * HK * DV, t), *oh = tu_poisoned_typed(B * n * ow, t);
+        const clattn_decode_args ah = {.x = xh, .kv = separate ? kh : NULL, .value = separate ? vh : NULL,
+                                       .new_tokens = n, .out = oh};
+        cr_assert_eq(tu_decode_execute(ph, ch, &ah), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t i = 0; i < B * n * ow; i++)
+            cr_assert_eq(((const uint16_t *)oh)[i], tu_dtype_bits((float)tu_dtype_round(o32[i], t), t),
+                         "dtype %d separate %d kv_half %d, tokens %zu+%zu, out[%zu]: %g, the fp32 step's %g", (int)t,
+                         separate, kv_half, t0, n, i, (double)tu_dtype_value(((const uint16_t *)oh)[i], t),
+                         (double)o32[i]);
+        if (cl) { /* the same step on buffers, the arrays at element offsets */
+            cl_context ctx = clattn_device_context(dev);
+            cl_command_queue q = clattn_device_queue(dev);
+            const void *src[3] = {xh, kh, vh};
+            for (int i = 0; i < 4; i++) {
+                const size_t nb = (OFF + B * n * (i < 3 ? cols[i] : ow)) * 2;
+                cl_int e;
+                bufs[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, nb, NULL, &e);
+                cr_assert_eq(e, CL_SUCCESS);
+                if (i < 3)
+                    cr_assert_eq(clEnqueueWriteBuffer(q, bufs[i], CL_TRUE, OFF * 2, nb - OFF * 2, src[i], 0, NULL, NULL),
+                                 CL_SUCCESS);
+            }
+            const clattn_decode_buffers bb = {.x = {bufs[0], OFF}, .kv = {separate ? bufs[1] : NULL, OFF},
+                                              .value = {separate ? bufs[2] : NULL, OFF}, .out = {bufs[3], OFF}};
+            cr_assert_eq(clattn_decode_execute_buffers(ph, cb, &bb, n, NULL, 0, NULL, NULL), CLATTN_STATUS_SUCCESS,
+                         "%s", clattn_last_error());
+            uint16_t got[B * P * 16];
+            cr_assert_eq(clEnqueueReadBuffer(q, bufs[3], CL_TRUE, OFF * 2, B * n * ow * 2, got, 0, NULL, NULL),
+                         CL_SUCCESS);
+            cr_assert(memcmp(got, oh, B * n * ow * 2) == 0, "dtype %d separate %d: buffers and host arrays differ",
+                      (int)t, separate);
+            for (int i = 0; i < 4; i++) clReleaseMemObject(bufs[i]);
+        }
+        free(xh), free(kh), free(vh), free(oh);
+        t0 += n;
+    }
+    clattn_kv_cache_free(c32), clattn_kv_cache_free(ch), clattn_kv_cache_free(cb);
+    clattn_decode_plan_free(p32), clattn_decode_plan_free(ph);
+    if (!separate) {
+        const void *tw[8] = {wt.w_query, wt.w_key, wt.w_value, wt.b_query, wt.b_key, wt.b_value, wt.w_out, wt.b_out};
+        for (int i = 0; i < 8; i++) free((void *)tw[i]);
+    }
+    free(x), free(k), free(v);
+    model_free(&m);
+}
+
+static void half_decode_cases(clattn_device *dev)
+{
+    half_decode(dev, CLATTN_DTYPE_F16, 0, 0, 1700);
+    half_decode(dev, CLATTN_DTYPE_BF16, 0, 1, 1701);
+    half_decode(dev, CLATTN_DTYPE_F16, 1, 1, 1702);
+    half_decode(dev, CLATTN_DTYPE_BF16, 1, 0, 1703);
+}
+
+Test(decode, half_types_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    half_decode_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, half_types_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    half_decode_cases(dev);
+    clattn_device_free(dev);
+}

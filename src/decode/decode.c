@@ -25,9 +25,6 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
     if (d->dropout != 0.0f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no dropout");
     if (d->training)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
-    if (d->dtype != CLATTN_DTYPE_F32)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "a decode plan with dtype %d: clattn 0.7's decode plans take fp32 "
-                           "steps (dtype F32; a half KV cache stores keys and values in half: kv_half)", (int)d->dtype);
     if (d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not return the attention weights");
     if (d->algorithm == CLATTN_ALGORITHM_UNFUSED)
@@ -201,16 +198,39 @@ static clattn_status check_separate(const clattn_plan *p, int kv, int value, con
 static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clattn_decode_args *a,
                                      const clattn_decode_buffers *b, const size_t *valid)
 {
-    const size_t B = p->d.batch;
+    const size_t B = p->d.batch, es = clattn_dtype_size(p->d.dtype);
     const char *o = a ? "args" : "buffers";
     const size_t sv = p->d.separate_value, HK = p->d.kv_heads;
-    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, B * n * p->d.embed, sizeof(float)),
+    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, B * n * p->d.embed, es),
                                     clattn_range(a ? "args" : "", "valid", a ? a->valid : valid, NULL,
                                                  a ? a->valid_count : valid ? B : 0, sizeof(size_t)),
-                                    CLATTN_RANGE(o, a, b, kv, sv * B * n * HK * p->d.head_dim_qk, sizeof(float)),
-                                    CLATTN_RANGE(o, a, b, value, sv * B * n * HK * p->d.head_dim_v, sizeof(float))};
-    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * n * p->out_width, sizeof(float))};
+                                    CLATTN_RANGE(o, a, b, kv, sv * B * n * HK * p->d.head_dim_qk, es),
+                                    CLATTN_RANGE(o, a, b, value, sv * B * n * HK * p->d.head_dim_v, es)};
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * n * p->out_width, es)};
     return clattn_check_no_overlap(outs, 1, ins, 4);
+}
+
+/* A half-precision plan's step from host arrays (desc.dtype F16 or BF16): a step's few rows widened to float on the
+ * host (exactly), the fp32 step, its output rounded to the type once. */
+static clattn_status execute_typed(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args,
+                                   size_t n, const size_t *valid, size_t max_len)
+{
+    const clattn_plan *p = plan->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, sv = d->separate_value, HK = d->kv_heads;
+    const size_t nx = B * n * d->embed, nk = sv * B * n * HK * d->head_dim_qk, nv = sv * B * n * HK * d->head_dim_v;
+    const size_t no = B * n * p->out_width;
+    float *buf = clattn_malloc((nx + nk + nv + no) * sizeof *buf);
+    if (!buf) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "widening the step's %s arrays",
+                                 clattn_dtype_name(d->dtype));
+    float *x = buf, *kv = x + nx, *value = kv + nk, *out = value + nv;
+    clattn_dtype_widen(args->x, nx, d->dtype, x);
+    if (sv) clattn_dtype_widen(args->kv, nk, d->dtype, kv), clattn_dtype_widen(args->value, nv, d->dtype, value);
+    const clattn_status st = plan->ops->execute(plan, cache, x, sv ? kv : NULL, sv ? value : NULL, n, valid, max_len,
+                                                out);
+    if (st == CLATTN_STATUS_SUCCESS) clattn_dtype_narrow(out, no, d->dtype, args->out);
+    free(buf);
+    return st;
 }
 
 /* A step with the plan's and the cache's locks held. */
@@ -237,7 +257,9 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
     clattn_status st = check_step(plan, cache, n, args->valid, valid, &max_len);
-    if (st == CLATTN_STATUS_SUCCESS)
+    if (st == CLATTN_STATUS_SUCCESS && d->dtype != CLATTN_DTYPE_F32)
+        st = execute_typed(plan, cache, args, n, valid, max_len);
+    else if (st == CLATTN_STATUS_SUCCESS)
         st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, n, valid, max_len, args->out);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
@@ -276,15 +298,14 @@ clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_
     const size_t B = p->d.batch, n = new_tokens;
     if (n == 0 || n > p->d.seq_q)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, p->d.seq_q);
-    const size_t nx = B * n * p->d.embed, no = B * n * p->out_width;
-    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, sizeof(float), "x"));
-    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, sizeof(float), "out"));
+    const size_t nx = B * n * p->d.embed, no = B * n * p->out_width, es = clattn_dtype_size(p->d.dtype);
+    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, es, "x"));
+    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, es, "out"));
     TRY(check_separate(p, buffers->kv.mem != NULL, buffers->value.mem != NULL, "buffers"));
     if (p->d.separate_value) {
         const size_t HK = p->d.kv_heads;
-        TRY(clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, B * n * HK * p->d.head_dim_qk, sizeof(float), "kv"));
-        TRY(clattn_buffer_check(buffers->value.mem, buffers->value.offset, B * n * HK * p->d.head_dim_v, sizeof(float),
-                                "value"));
+        TRY(clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, B * n * HK * p->d.head_dim_qk, es, "kv"));
+        TRY(clattn_buffer_check(buffers->value.mem, buffers->value.offset, B * n * HK * p->d.head_dim_v, es, "value"));
     }
     TRY(step_no_overlap(p, n, NULL, buffers, valid));
     pthread_mutex_lock(&plan->lock);

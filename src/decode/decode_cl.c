@@ -25,6 +25,7 @@ struct clattn_decode_cl {
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
+    cl_mem kv32, value32;      /* a half plan with separate_value, on buffers: the step's K and V widened */
     cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
     clattn_marks marks;        /* profiling markers of the last step */
@@ -45,6 +46,9 @@ typedef struct decode_pass {
     const float *hq, *hk, *hv;
     clattn_view kv, value;
     int warm;
+    /* a half plan on the caller's buffers (desc.dtype F16, BF16): its x, kv, value and out, converted around the pass
+     * from and to the fp32 views above */
+    clattn_view tx, tkv, tvalue, tout;
 } decode_pass;
 
 /* separate_value: one of Q (col 0), K or V ((B*n) rows of `width` floats) into its columns of the projection rows,
@@ -135,6 +139,23 @@ static clattn_status pass_run(void *ctx)
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* A half plan's step on the caller's buffers: its arrays widened into the plan's fp32 staging (x, K, V), the fp32
+ * pass, the output narrowed into the caller's out (dtype_widen, dtype_narrow: attention/linear.c). */
+static clattn_status pass_typed(void *ctx)
+{
+    decode_pass *dpass = ctx;
+    struct clattn_decode_cl *c = dpass->dp->cl;
+    const clattn_attention_desc *d = &dpass->dp->base->d;
+    const size_t B = d->batch, n = dpass->io.n, HK = d->kv_heads;
+    TRY(clattn_linear_convert(&c->lin, dpass->tx, dpass->x, B * n * d->embed, d->dtype, 0));
+    if (d->separate_value) {
+        TRY(clattn_linear_convert(&c->lin, dpass->tkv, dpass->kv, B * n * HK * d->head_dim_qk, d->dtype, 0));
+        TRY(clattn_linear_convert(&c->lin, dpass->tvalue, dpass->value, B * n * HK * d->head_dim_v, d->dtype, 0));
+    }
+    TRY(pass_run(dpass));
+    return clattn_linear_convert(&c->lin, dpass->out, dpass->tout, B * n * dpass->dp->base->out_width, d->dtype, 1);
+}
+
 static void cl_release(clattn_decode_plan *dp)
 {
     struct clattn_decode_cl *c = dp->cl;
@@ -147,7 +168,7 @@ static void cl_release(clattn_decode_plan *dp)
     free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
-                      &c->lens_buf, &c->valid_buf};
+                      &c->lens_buf, &c->valid_buf, &c->kv32, &c->value32};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     free(c);
     dp->cl = NULL;
@@ -198,6 +219,10 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     }
     TRY(clattn_buffer_new(dev, B * Tn * E, 4, NULL, "the x staging buffer", &c->x_in));
     TRY(clattn_buffer_new(dev, B * Tn * p->out_width, 4, NULL, "the output staging buffer", &c->out_buf));
+    if (d->dtype != CLATTN_DTYPE_F32 && d->separate_value) { /* (host steps are widened on the host: decode.c) */
+        TRY(clattn_buffer_new(dev, B * Tn * HK * dk, 4, NULL, "the step's keys widened", &c->kv32));
+        TRY(clattn_buffer_new(dev, B * Tn * HK * dv, 4, NULL, "the step's values widened", &c->value32));
+    }
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the cache lengths", &c->lens_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the valid token counts", &c->valid_buf));
     if (!(c->counts = clattn_malloc(2 * B * sizeof *c->counts)))
@@ -279,7 +304,13 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts},
                          .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
-    TRY(clattn_exec_buffers(dev, nwait, wait, pass_run, &dpass, event));
+    const int typed = p->d.dtype != CLATTN_DTYPE_F32;
+    if (typed) { /* the caller's arrays converted around the pass, through the plan's fp32 staging */
+        dpass.tx = dpass.x, dpass.tout = dpass.out, dpass.tkv = dpass.kv, dpass.tvalue = dpass.value;
+        dpass.x = (view){c->x_in, 0}, dpass.out = (view){c->out_buf, 0};
+        dpass.kv = (view){c->kv32, 0}, dpass.value = (view){c->value32, 0};
+    }
+    TRY(clattn_exec_buffers(dev, nwait, wait, typed ? pass_typed : pass_run, &dpass, event));
     dp->last_parts = dpass.io.parts;
     return CLATTN_STATUS_SUCCESS;
 }
