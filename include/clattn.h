@@ -289,8 +289,9 @@ typedef struct clattn_attention_desc {
     /* clattn 0.7: */
     clattn_dtype dtype;  /* the type of x, kv, value, out, attn and the weights (host arrays and buffers); F32
                             (default), F16 or BF16: inputs widened to fp32 exactly, outputs rounded to nearest even
-                            once. Inference plans (training = 0) and attention plans only in 0.7: a decode plan,
-                            an encoder layer and a training plan refuse F16 and BF16 */
+                            once. Attention and decode plans for inference in 0.7 (a decode plan's steps: x, kv,
+                            value and out; its cache keeps its own type): a training plan and the encoder layer
+                            refuse F16 and BF16 */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
