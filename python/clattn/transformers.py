@@ -40,6 +40,7 @@ from ._errors import UnsupportedError
 from ._errors import check as _check
 from .functional import _device as _open_device
 from .functional import _ptr, attend
+from .functional import _DTYPES as _DTYPE_CODES
 
 __all__ = ["register", "attention_forward", "REFUSED_KEYWORDS", "DeviceCache"]
 
@@ -156,13 +157,17 @@ if _LayerMixin is not None:
             self.pending = None      # (k, v) of update(), for the attention call
             self.handle = None       # the clattn_kv_cache
             self.shape = None        # (B, HK, dk, dv)
+            self.half = False        # the cache stores half (a float16 model's keys and values)
 
         def lazy_initialization(self, key_states, value_states) -> None:
             B, HK, _, dk = key_states.shape
             dv = value_states.shape[3]
             dev, _ = _open_device(self.owner.device)
+            # a float16 model's keys and values are halves already: a half cache holds them exactly, in half the
+            # memory (a bfloat16 model's would not fit half's range: a float cache)
+            self.half = key_states.dtype == torch.float16 and value_states.dtype == torch.float16
             cd = _lib.KVCacheDesc(batch=B, capacity=self.owner.max_cache_len, kv_heads=HK, head_dim_qk=dk,
-                                  head_dim_v=dv, type=0)
+                                  head_dim_v=dv, type=int(self.half))
             h = ctypes.c_void_p()
             _check(_lib.kv_cache_create(dev.handle, ctypes.byref(cd), ctypes.byref(h)), "creating the KV cache")
             self.handle = _Handle(h, _lib.kv_cache_free, dev)
@@ -268,24 +273,28 @@ if _LayerMixin is not None:
             # this call's padding tokens (positions base .. base + n - 1 below pads[b]) are not stored: each
             # sequence's real tokens first (valid[b] of them), the output rolled back after
             skip = (pads - base).clamp(0, n)
-            q = query.transpose(1, 2).float()
-            k = k_new.transpose(1, 2).float()
-            v = v_new.transpose(1, 2).float()
+            # a float16 or bfloat16 model's steps run on a plan of its type (the tensors as they are, the output in
+            # it); anything else in float32
+            dt = query.dtype if query.dtype in (torch.float16, torch.bfloat16) and \
+                k_new.dtype == v_new.dtype == query.dtype else torch.float32
+            q = query.transpose(1, 2).to(dt)
+            k = k_new.transpose(1, 2).to(dt)
+            v = v_new.transpose(1, 2).to(dt)
             rolled = bool(skip.any())
             if rolled:
                 idx = (torch.arange(n).view(1, n) + skip.view(B, 1)) % n
                 q, k, v = (t.gather(1, idx.view(B, n, 1, 1).expand(-1, -1, t.shape[2], t.shape[3])) for t in (q, k, v))
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-            out = torch.empty((B, n, H, dv), dtype=torch.float32)
+            out = torch.empty((B, n, H, dv), dtype=dt)
             valid = (n - skip).to(torch.int64)
-            plan = self.owner._plan(H, HK, dk, dv, window, scaling, n)
+            plan = self.owner._plan(H, HK, dk, dv, window, scaling, n, _DTYPE_CODES[dt], self.half)
             vs = (ctypes.c_size_t * B)(*valid.tolist())
             a = _lib.DecodeArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), out=_ptr(out), new_tokens=n, valid=vs,
                                 x_count=q.numel(), kv_count=k.numel(), value_count=v.numel(), valid_count=B,
                                 out_count=out.numel())
             _check(_lib.decode_execute(plan.handle, self.handle.handle, ctypes.byref(a)),
                    f"the decode step of layer {self.idx}")
-            self.owner.bytes_moved += 4 * (q.numel() + k.numel() + v.numel() + out.numel())
+            self.owner.bytes_moved += q.element_size() * (q.numel() + k.numel() + v.numel() + out.numel())
             if rolled:  # real token i of sequence b back at position skip[b] + i (padding rows stay 0)
                 back = (torch.arange(n).view(1, n) - skip.view(B, 1)) % n
                 out = out.gather(1, back.view(B, n, 1, 1).expand(-1, -1, H, dv))
@@ -308,17 +317,19 @@ if _LayerMixin is not None:
             self._plans: Dict[tuple, Any] = {}
             super().__init__(layers=[_DeviceLayer(self, i) for i in range(n)])
 
-        def _plan(self, H, HK, dk, dv, window, scaling, n):
-            """The decode plan for these heads (one per shape, window and scale, shared by the layers), made for at
-            least n new tokens a call (a longer prompt makes a new one; decode steps reuse the prompt's)."""
+        def _plan(self, H, HK, dk, dv, window, scaling, n, dtype=0, half_cache=False):
+            """The decode plan for these heads (one per shape, window, scale, type and cache type, shared by the
+            layers), made for at least n new tokens a call (a longer prompt makes a new one; decode steps reuse the
+            prompt's)."""
             scale = float(scaling) if scaling is not None else 0.0
-            key = (H, HK, dk, dv, window, scale)
+            key = (H, HK, dk, dv, window, scale, dtype, half_cache)
             got = self._plans.get(key)
             if got is None or got[0] < n:
                 dev, _ = _open_device(self.device)
                 B = self.layers[0].shape[0]
                 d = _lib.AttentionDesc(batch=B, seq_q=n, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
-                                       head_dim_v=dv, causal=1, window=window, scale=scale, separate_value=1)
+                                       head_dim_v=dv, causal=1, window=window, scale=scale, separate_value=1,
+                                       dtype=dtype, kv_half=int(half_cache))
                 got = self._plans[key] = (n, _create(dev, _lib.decode_plan_create, _lib.decode_plan_free, d,
                                                      _lib.AttentionWeights(), "creating the decode plan"))
             return got[1]

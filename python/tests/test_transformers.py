@@ -232,3 +232,31 @@ def test_device_cache_refusals():
     model.set_attn_implementation("eager")  # a model whose calls do not reach clattn
     with pytest.raises(clattn.UnsupportedError, match="update\\(\\) twice"):
         generate(model, ids, mask, CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE), new=2)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_device_cache_half_models(dt):
+    """A float16 or bfloat16 model's steps run on decode plans of its type: each step moves 2-byte elements (half the
+    float32 bytes), a float16 model's cache stores half, and the logits of a prompt and of a step agree with the same
+    model on clattn's attention with transformers' own cache (the functional path, also in the model's type) to the
+    type's precision."""
+    model = model_of("llama", seed=13).to(dt)
+    model.set_attn_implementation(NAME)
+    ids, mask = batch("left", seed=14)
+    cache = CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE)
+    kw = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask, use_cache=True, **{kw: cache}).logits
+        want = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        nxt = got[:, -1].argmax(-1, keepdim=True)
+        mask2 = torch.cat((mask, torch.ones_like(nxt)), 1)
+        moved = cache.bytes_moved
+        got2 = model(input_ids=nxt, attention_mask=mask2, use_cache=True, **{kw: cache}).logits
+        want2 = model(input_ids=nxt, attention_mask=mask2, **{kw: want.past_key_values}).logits
+    tol = dict(rtol=2e-2, atol=2e-2) if dt == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
+    live = mask.bool()  # (padding positions' logits are not compared: the cache does not store them)
+    torch.testing.assert_close(got[live].float(), want.logits[live].float(), **tol)
+    torch.testing.assert_close(got2.float(), want2.float(), **tol)
+    B, H, HK, d = 3, 4, 2, 16
+    assert cache.bytes_moved - moved == 2 * B * (H * d + 2 * HK * d + H * d) * model.config.num_hidden_layers
+    assert cache.layers[0].half == (dt == torch.float16)
