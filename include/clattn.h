@@ -289,9 +289,9 @@ typedef struct clattn_attention_desc {
     /* clattn 0.7: */
     clattn_dtype dtype;  /* the type of x, kv, value, out, attn and the weights (host arrays and buffers); F32
                             (default), F16 or BF16: inputs widened to fp32 exactly, outputs rounded to nearest even
-                            once. Attention and decode plans for inference in 0.7 (a decode plan's steps: x, kv,
-                            value and out; its cache keeps its own type): a training plan and the encoder layer
-                            refuse F16 and BF16 */
+                            once. Attention, decode and encoder plans for inference in 0.7 (a decode plan's steps:
+                            x, kv, value and out, its cache keeping its own type; an encoder layer's x, out and
+                            every weight): a training plan refuses F16 and BF16 */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -787,10 +787,11 @@ typedef struct clattn_encoder_desc {
 
 typedef struct clattn_encoder_weights {
     clattn_attention_weights attn;             /* in attn.layout; w_out (E, H*dv) required */
-    const float *ln1_weight, *ln1_bias;        /* (E) */
-    const float *w_ff1, *b_ff1;                /* (F, E) in attn.layout's convention, (F) */
-    const float *w_ff2, *b_ff2;                /* (E, F), (E) */
-    const float *ln2_weight, *ln2_bias;        /* (E) */
+    /* every array in desc.attn.dtype's elements (clattn 0.7: void *; float for F32) */
+    const void *ln1_weight, *ln1_bias;         /* (E) */
+    const void *w_ff1, *b_ff1;                 /* (F, E) in attn.layout's convention, (F) */
+    const void *w_ff2, *b_ff2;                 /* (E, F), (E) */
+    const void *ln2_weight, *ln2_bias;         /* (E) */
     size_t ln1_weight_count, ln1_bias_count, w_ff1_count, b_ff1_count; /* element counts (clattn 0.4), */
     size_t w_ff2_count, b_ff2_count, ln2_weight_count, ln2_bias_count; /* checked as the attention's */
 } clattn_encoder_weights;
@@ -803,9 +804,9 @@ CLATTN_API clattn_status clattn_encoder_plan_create(clattn_device *device, const
 CLATTN_API void clattn_encoder_plan_free(clattn_encoder_plan *plan);
 
 typedef struct clattn_encoder_args {
-    const float *x;                   /* (B, T, E) */
+    const void *x;                    /* (B, T, E), in desc.attn.dtype's elements (clattn 0.7: void *) */
     const uint8_t *key_padding_mask;  /* (B, T), when desc.attn.key_padding_mask */
-    float *out;                       /* (B, T, E) */
+    void *out;                        /* (B, T, E), in desc.attn.dtype's elements */
     size_t x_count, key_padding_mask_count, out_count; /* element counts (clattn 0.4) */
 } clattn_encoder_args;
 

@@ -1067,3 +1067,75 @@ Test(encoder_cli, bad_inputs)
     free(e);
     cr_assert_eq(dir_entries(out_dir), 0);
 }
+
+/* ---------------------------------------------------------------- half-precision layers (desc.attn.dtype) */
+
+/* A layer of type t (F16, BF16): every weight and x in the type, out in it: bit for bit the fp32 layer on the same
+ * rounded values, rounded once, on ref and OpenCL, from host arrays and (OpenCL) from buffers at offsets. */
+static void half_layer(clattn_device *dev, const config *cfg, clattn_dtype t, uint64_t seed)
+{
+    problem p;
+    make_problem(&p, cfg, seed);
+    const size_t E = cfg->E, F = cfg->F, H = cfg->H, dh = (E + H - 1) / H;
+    const size_t counts[17] = {H * dh * E, H * dh * E, H * dh * E, H * dh, H * dh, H * dh, E * H * dh, E, E, E,
+                               F * E, F, E * F, E, E, E, p.n}; /* p.bufs in make_problem's order, x last */
+    cr_assert_eq(p.nb, 17);
+    for (int i = 0; i < 17; i++)
+        for (size_t j = 0; j < counts[i]; j++) p.bufs[i][j] = (float)tu_dtype_round(p.bufs[i][j], t);
+    float *want = run_on(dev, &p);
+    /* the same problem in the type */
+    clattn_encoder_desc d = p.d;
+    d.attn.dtype = t;
+    void *typed[17];
+    for (int i = 0; i < 17; i++) typed[i] = tu_typed(p.bufs[i], counts[i], t);
+    clattn_encoder_weights w = {0};
+    const void **slots[16] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.b_query, &w.attn.b_key,
+                              &w.attn.b_value, &w.attn.w_out, &w.attn.b_out, &w.ln1_weight, &w.ln1_bias, &w.w_ff1,
+                              &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight, &w.ln2_bias};
+    for (int i = 0; i < 16; i++) *slots[i] = typed[i];
+    clattn_encoder_plan *plan = NULL;
+    cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    uint16_t *got = tu_poisoned_typed(p.n, t);
+    clattn_encoder_args a = {.x = typed[16], .key_padding_mask = p.kpm, .out = got};
+    cr_assert_eq(tu_encoder_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t i = 0; i < p.n; i++)
+        cr_assert_eq(got[i], tu_dtype_bits((float)tu_dtype_round(want[i], t), t),
+                     "dtype %d on %s, out[%zu]: %g, the fp32 layer's %g", (int)t, clattn_device_name(dev), i,
+                     (double)tu_dtype_value(got[i], t), (double)want[i]);
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+        cl_context ctx = clattn_device_context(dev);
+        cl_command_queue q = clattn_device_queue(dev);
+        const size_t xo = 3, oo = 5, N = cfg->B * cfg->T;
+        cl_int e;
+        cl_mem bx = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (xo + p.n) * 2, NULL, &e);
+        cl_mem bo = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (oo + p.n) * 2, NULL, &e);
+        cl_mem bm = p.kpm ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, N, NULL, &e) : NULL;
+        cr_assert_eq(clEnqueueWriteBuffer(q, bx, CL_TRUE, xo * 2, p.n * 2, typed[16], 0, NULL, NULL), CL_SUCCESS);
+        if (bm) cr_assert_eq(clEnqueueWriteBuffer(q, bm, CL_TRUE, 0, N, p.kpm, 0, NULL, NULL), CL_SUCCESS);
+        const clattn_encoder_buffers b = {.x = {bx, xo}, .key_padding_mask = {bm, 0}, .out = {bo, oo}};
+        cr_assert_eq(clattn_encoder_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        uint16_t *gb = malloc(p.n * 2);
+        cr_assert_eq(clEnqueueReadBuffer(q, bo, CL_TRUE, oo * 2, p.n * 2, gb, 0, NULL, NULL), CL_SUCCESS);
+        cr_assert(memcmp(gb, got, p.n * 2) == 0, "dtype %d: the layer on buffers differs from host arrays", (int)t);
+        free(gb);
+        clReleaseMemObject(bx), clReleaseMemObject(bo);
+        if (bm) clReleaseMemObject(bm);
+    }
+    clattn_encoder_plan_free(plan);
+    for (int i = 0; i < 17; i++) free(typed[i]);
+    free(got), free(want);
+    free_problem(&p);
+}
+
+Test(encoder_opencl, half_types)
+{
+    const config cfgs[] = {
+        {2, 7, 9, 3, 28, 0, 1, 1, CLATTN_ACTIVATION_GELU, CLATTN_LAYOUT_LINEAR},
+        {1, 13, 16, 2, 20, 1, 0, 0, CLATTN_ACTIVATION_RELU, CLATTN_LAYOUT_RAW},
+    };
+    clattn_device *devs[2] = {ref_dev, cl_dev};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+            for (int t = 1; t <= 2; t++) half_layer(devs[k], &cfgs[i], (clattn_dtype)t, 900 + 10 * i + t);
+}

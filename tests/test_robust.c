@@ -1346,22 +1346,17 @@ static void encoder_nulls(clattn_device *dev)
     cr_assert_null(plan);
     cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(tu_encoder_plan_create(NULL, NULL, NULL, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
-    /* the attention's weights (void *, clattn 0.7) and the layer's own (float *) */
-    const void **aptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out};
-    const float **ptrs[] = {&w.ln1_weight, &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight,
-                            &w.ln2_bias};
-    const size_t na = sizeof aptrs / sizeof aptrs[0];
-    for (size_t k = 0; k < na + sizeof ptrs / sizeof ptrs[0]; k++) {
-        const void *keep = k < na ? *aptrs[k] : (const void *)*ptrs[k - na];
-        if (k < na) *aptrs[k] = NULL;
-        else *ptrs[k - na] = NULL;
+    const void **ptrs[] = {&w.attn.w_query, &w.attn.w_key, &w.attn.w_value, &w.attn.w_out, &w.ln1_weight,
+                           &w.ln1_bias, &w.w_ff1, &w.b_ff1, &w.w_ff2, &w.b_ff2, &w.ln2_weight, &w.ln2_bias};
+    for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) {
+        const void *keep = *ptrs[k];
+        *ptrs[k] = NULL;
         plan = (clattn_encoder_plan *)(uintptr_t)1;
         clattn_status st = tu_encoder_plan_create(dev, &d, &w, &plan);
         cr_assert_eq(st, CLATTN_STATUS_INVALID_ARGUMENT, "encoder weight %zu NULL: %s (%s)", k,
                      clattn_status_string(st), clattn_last_error());
         cr_assert_null(plan);
-        if (k < na) *aptrs[k] = keep;
-        else *ptrs[k - na] = keep;
+        *ptrs[k] = keep;
     }
     cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
 
@@ -1674,8 +1669,8 @@ Test(misuse, heads_as_given_refusals)
     clattn_device_free(devs[1]);
 }
 
-/* desc.dtype (clattn 0.7): a type that is none of the three (attention and decode plans), and what 0.7 does not take
- * in half precision (training, the encoder layer), refused by name on both backends; a half plan's output that overlaps its input by one
+/* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), and what 0.7 does
+ * not take in half precision (training), refused by name on both backends; a half plan's output that overlaps its input by one
  * element (2 bytes, not 4) refused */
 Test(misuse, dtype_refusals)
 {
@@ -1698,11 +1693,11 @@ Test(misuse, dtype_refusals)
         cr_assert(strstr(clattn_last_error(), "dtype 5 is not"), "%s", clattn_last_error());
         cr_assert_null(dp);
         const clattn_encoder_desc ed = {.attn = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .out_dim = 8,
-                                                 .dtype = CLATTN_DTYPE_BF16}, .ff_dim = 16};
+                                                 .dtype = 9}, .ff_dim = 16};
         clattn_encoder_plan *ep = NULL;
         const clattn_encoder_weights ew = {0}; /* the type is refused before the weights are read */
-        cr_assert_eq(clattn_encoder_plan_create(devs[k], &ed, &ew, &ep), CLATTN_STATUS_UNSUPPORTED);
-        cr_assert(strstr(clattn_last_error(), "encoder layer is fp32"), "%s", clattn_last_error());
+        cr_assert_eq(clattn_encoder_plan_create(devs[k], &ed, &ew, &ep), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "desc.attn.dtype 9 is not"), "%s", clattn_last_error());
         cr_assert_null(ep);
         /* x (1, 3, 8) and out (1, 3, 8) halves in one array: out one element into x is refused, right after it runs */
         const clattn_attention_desc hd = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .dtype = CLATTN_DTYPE_F16};

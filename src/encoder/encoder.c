@@ -46,9 +46,9 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
     if (a->training)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.training is 1: the encoder layer runs in eval mode only "
                            "(an attention plan trains: clattn_plan_backward)");
-    if (a->dtype != CLATTN_DTYPE_F32)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.dtype is %d: clattn 0.7's encoder layer is fp32 "
-                           "(dtype F32; attention plans take F16 and BF16)", (int)a->dtype);
+    if (a->dtype != CLATTN_DTYPE_F32 && a->dtype != CLATTN_DTYPE_F16 && a->dtype != CLATTN_DTYPE_BF16)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.attn.dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16",
+                           (int)a->dtype);
     if (a->attn_mask != CLATTN_MASK_NONE)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT,
                            "desc.attn.attn_mask must be CLATTN_MASK_NONE: the encoder layer takes causal and "
@@ -71,7 +71,7 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
         return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "desc.attn.out_dim (%zu) must equal desc.attn.embed (%zu)",
                            a->out_dim, a->embed);
     const size_t E = a->embed, F = d->ff_dim;
-    const struct { const float *p; size_t count, want; const char *name, *how; } need[] = {
+    const struct { const void *p; size_t count, want; const char *name, *how; } need[] = {
         {w->ln1_weight, w->ln1_weight_count, E, "ln1_weight", "embed"},
         {w->ln1_bias, w->ln1_bias_count, E, "ln1_bias", "embed"},
         {w->w_ff1, w->w_ff1_count, F * E, "w_ff1", "ff_dim x embed"},
@@ -110,6 +110,30 @@ void clattn_encoder_plan_free(clattn_encoder_plan *plan)
     free(plan);
 }
 
+/* The layer's self-attention plan (device resident). A half layer's (desc dtype F16, BF16) is an fp32 plan: its
+ * description and weights as a plan of the type validates and widens them (clattn_plan_prepare), then made in fp32
+ * (LINEAR, the host copies' layout): the layer converts at its own boundary. */
+static clattn_status attention_of(clattn_device *device, const clattn_attention_desc *d,
+                                  const clattn_attention_weights *w, clattn_plan **out)
+{
+    if (d->dtype == CLATTN_DTYPE_F32) return clattn_plan_create_device_resident(device, d, w, out);
+    clattn_plan *typed = NULL;
+    TRY(clattn_plan_prepare(device, d, w, 0, &typed));
+    clattn_attention_desc d32 = typed->d;
+    d32.dtype = CLATTN_DTYPE_F32, d32.layout = CLATTN_LAYOUT_LINEAR;
+    const size_t H = d32.heads, HK = d32.kv_heads, dk = d32.head_dim_qk, dv = d32.head_dim_v, Eo = d32.out_dim;
+    const clattn_attention_weights w32 = {
+        .w_query = typed->w_query, .w_key = typed->w_key, .w_value = typed->w_value, .b_query = typed->b_query,
+        .b_key = typed->b_key, .b_value = typed->b_value, .w_out = typed->w_out, .b_out = typed->b_out,
+        .w_query_count = typed->w_query ? H * dk * d32.embed : 0, .w_key_count = typed->w_key ? HK * dk * d32.kv_embed : 0,
+        .w_value_count = typed->w_value ? HK * dv * d32.kv_embed : 0, .b_query_count = typed->b_query ? H * dk : 0,
+        .b_key_count = typed->b_key ? HK * dk : 0, .b_value_count = typed->b_value ? HK * dv : 0,
+        .w_out_count = typed->w_out ? Eo * H * dv : 0, .b_out_count = typed->b_out ? Eo : 0};
+    const clattn_status st = clattn_plan_create_device_resident(device, &d32, &w32, out);
+    clattn_plan_free(typed);
+    return st;
+}
+
 clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_encoder_desc *desc,
                                          const clattn_encoder_weights *weights, clattn_encoder_plan **plan)
 {
@@ -138,8 +162,8 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
     p->E = d.attn.embed;
     p->F = d.ff_dim;
     /* the self-attention, run on the encoder's buffers only: validates desc.attn and weights.attn
-     * before its own device work */
-    st = clattn_plan_create_device_resident(device, &d.attn, &weights->attn, &p->attn);
+     * before its own device work; a half layer's is an fp32 plan on its weights widened */
+    st = attention_of(device, &d.attn, &weights->attn, &p->attn);
     if (st) {
         char why[1024];
         snprintf(why, sizeof why, "%s", clattn_last_error());
@@ -148,14 +172,28 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
     }
     const size_t E = p->E, F = p->F;
     const clattn_layout layout = d.attn.layout;
-    int oom = !(p->ln1_w = clattn_vector_copy(weights->ln1_weight, E));
-    oom |= !(p->ln1_b = clattn_vector_copy(weights->ln1_bias, E));
-    oom |= !(p->w_ff1 = clattn_weight_copy(weights->w_ff1, F, E, layout));
-    oom |= !(p->b_ff1 = clattn_vector_copy(weights->b_ff1, F));
-    oom |= !(p->w_ff2 = clattn_weight_copy(weights->w_ff2, E, F, layout));
-    oom |= !(p->b_ff2 = clattn_vector_copy(weights->b_ff2, E));
-    oom |= !(p->ln2_w = clattn_vector_copy(weights->ln2_weight, E));
-    oom |= !(p->ln2_b = clattn_vector_copy(weights->ln2_bias, E));
+    /* the layer's own weights (their counts checked by validate), widened to float for a half layer */
+    const clattn_dtype t = d.attn.dtype;
+    const void *src[8] = {weights->ln1_weight, weights->ln1_bias, weights->w_ff1, weights->b_ff1, weights->w_ff2,
+                          weights->b_ff2, weights->ln2_weight, weights->ln2_bias};
+    const size_t cnt[8] = {E, E, F * E, F, E * F, E, E, E};
+    float *wide[8] = {NULL};
+    int oom = 0;
+    for (int i = 0; i < 8 && t != CLATTN_DTYPE_F32; i++) {
+        if (!(wide[i] = clattn_malloc(cnt[i] * sizeof(float)))) oom = 1;
+        else clattn_dtype_widen(src[i], cnt[i], t, wide[i]);
+    }
+    const float *f[8];
+    for (int i = 0; i < 8; i++) f[i] = t != CLATTN_DTYPE_F32 ? wide[i] : src[i];
+    oom |= !(p->ln1_w = oom ? NULL : clattn_vector_copy(f[0], E));
+    oom |= !(p->ln1_b = oom ? NULL : clattn_vector_copy(f[1], E));
+    oom |= !(p->w_ff1 = oom ? NULL : clattn_weight_copy(f[2], F, E, layout));
+    oom |= !(p->b_ff1 = oom ? NULL : clattn_vector_copy(f[3], F));
+    oom |= !(p->w_ff2 = oom ? NULL : clattn_weight_copy(f[4], E, F, layout));
+    oom |= !(p->b_ff2 = oom ? NULL : clattn_vector_copy(f[5], E));
+    oom |= !(p->ln2_w = oom ? NULL : clattn_vector_copy(f[6], E));
+    oom |= !(p->ln2_b = oom ? NULL : clattn_vector_copy(f[7], E));
+    for (int i = 0; i < 8; i++) free(wide[i]);
     if (oom) {
         clattn_encoder_plan_free(p);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the encoder weights");
@@ -172,12 +210,28 @@ clattn_status clattn_encoder_plan_create(clattn_device *device, const clattn_enc
 static clattn_status layer_no_overlap(const clattn_encoder_plan *p, const clattn_encoder_args *a,
                                       const clattn_encoder_buffers *b)
 {
-    const size_t N = p->rows, E = p->E;
+    const size_t N = p->rows, E = p->E, es = clattn_dtype_size(p->d.attn.dtype);
     const char *o = a ? "args" : "buffers";
-    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, N * E, sizeof(float)),
+    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, N * E, es),
                                     CLATTN_RANGE(o, a, b, key_padding_mask, p->d.attn.key_padding_mask ? N : 0, 1)};
-    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, N * E, sizeof(float))};
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, N * E, es)};
     return clattn_check_no_overlap(outs, 1, ins, 2);
+}
+
+/* A half layer from host arrays: x widened on the host (exactly), the fp32 layer, its output rounded once. */
+static clattn_status execute_typed(clattn_encoder_plan *plan, const clattn_encoder_args *args)
+{
+    const size_t n = plan->rows * plan->E;
+    const clattn_dtype t = plan->d.attn.dtype;
+    float *buf = clattn_malloc(2 * n * sizeof *buf);
+    if (!buf) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "widening the layer's %s input", clattn_dtype_name(t));
+    clattn_dtype_widen(args->x, n, t, buf);
+    clattn_encoder_args wide = *args;
+    wide.x = buf, wide.out = buf + n;
+    const clattn_status st = plan->ops->execute_host(plan, &wide);
+    if (st == CLATTN_STATUS_SUCCESS) clattn_dtype_narrow(buf + n, n, t, args->out);
+    free(buf);
+    return st;
 }
 
 clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_encoder_args *args)
@@ -199,7 +253,8 @@ clattn_status clattn_encoder_plan_execute(clattn_encoder_plan *plan, const clatt
     TRY(clattn_count_check("args", "out", args->out, args->out_count, N * E, "batch*seq_q x embed"));
     TRY(layer_no_overlap(plan, args, NULL));
     pthread_mutex_lock(&plan->lock);
-    const clattn_status st = plan->ops->execute_host(plan, args);
+    const clattn_status st = plan->d.attn.dtype != CLATTN_DTYPE_F32 ? execute_typed(plan, args)
+                                                                     : plan->ops->execute_host(plan, args);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }
@@ -212,10 +267,11 @@ clattn_status clattn_encoder_plan_execute_buffers(clattn_encoder_plan *plan, con
     TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers, plan ? plan->device : NULL,
                                   num_events_in_wait_list, event_wait_list));
     const size_t N = plan->rows, E = plan->E;
-    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, N * E, sizeof(float), "x"));
+    const size_t es = clattn_dtype_size(plan->d.attn.dtype);
+    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, N * E, es, "x"));
     if (plan->d.attn.key_padding_mask)
         TRY(clattn_buffer_check(buffers->key_padding_mask.mem, buffers->key_padding_mask.offset, N, 1, "key_padding_mask"));
-    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, sizeof(float), "out"));
+    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, N * E, es, "out"));
     if (!plan->d.attn.key_padding_mask && buffers->key_padding_mask.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.key_padding_mask is given, but the plan was "
                            "created without one (desc.attn.key_padding_mask = 0): it would be ignored");

@@ -274,13 +274,35 @@ static clattn_status cl_execute_host(struct clattn_encoder_plan *p, const clattn
 }
 
 
+/* A half layer on the caller's buffers: x widened into the plan's fp32 staging, the fp32 pass, the output narrowed
+ * from it into the caller's out (dtype_widen / dtype_narrow, the attention plan's linear helpers). */
+typedef struct typed_ctx {
+    pass_ctx pc;
+    view tx, tout;
+} typed_ctx;
+
+static clattn_status pass_typed(void *ctx)
+{
+    typed_ctx *tc = ctx;
+    const struct clattn_encoder_plan *p = tc->pc.p;
+    const clattn_linear *lin = clattn_plan_linear(p->attn);
+    const size_t n = p->rows * p->E;
+    TRY(clattn_linear_convert(lin, tc->tx, tc->pc.x, n, p->d.attn.dtype, 0));
+    TRY(pass(&tc->pc));
+    return clattn_linear_convert(lin, tc->pc.out, tc->tout, n, p->d.attn.dtype, 1);
+}
+
 static clattn_status cl_execute_buffers(struct clattn_encoder_plan *p, const clattn_encoder_buffers *buffers,
                                         cl_uint nwait, const cl_event *wait, cl_event *event)
 {
     pass_ctx pc = {p, {buffers->x.mem, buffers->x.offset},
                    {buffers->key_padding_mask.mem, buffers->key_padding_mask.offset},
                    {buffers->out.mem, buffers->out.offset}};
-    return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
+    if (p->d.attn.dtype == CLATTN_DTYPE_F32) return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
+    struct clattn_encoder_cl *c = p->cl;
+    typed_ctx tc = {pc, pc.x, pc.out};
+    tc.pc.x = (view){c->x_in, 0}, tc.pc.out = (view){c->out_buf, 0};
+    return clattn_exec_buffers(p->device, nwait, wait, pass_typed, &tc, event);
 }
 /* ---------------------------------------------------------------- the LayerNorm kernel alone */
 
