@@ -177,6 +177,9 @@ Test(prefill, half_types_buffers)
         cl_mem ba = typed_buffer(cx, q, NULL, na, off);
         const clattn_attention_buffers b = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off}, .out = {bo, off},
                                             .attn = {c.need_weights ? ba : NULL, off}};
+        clattn_plan_free(plan); /* a fresh plan: nothing the host call staged or converted */
+        plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
                      clattn_last_error());
         const cl_mem outs[2] = {bo, ba};

@@ -1340,12 +1340,15 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
     for (size_t i = 0; i < B * T * ex; i++) x[i] = (float)tu_dtype_round(x[i], t);
     for (size_t i = 0; i < B * T * HK * DK; i++) k[i] = (float)tu_dtype_round(k[i], t);
     for (size_t i = 0; i < B * T * HK * DV; i++) v[i] = (float)tu_dtype_round(v[i], t);
-    clattn_decode_plan *p32 = NULL, *ph = NULL;
+    clattn_decode_plan *p32 = NULL, *ph = NULL, *pb = NULL; /* pb: the buffer steps' own plan, nothing staged */
     cr_assert_eq(tu_decode_plan_create(dev, &d, separate ? NULL : &w32, &p32), CLATTN_STATUS_SUCCESS, "%s",
                  clattn_last_error());
     d.dtype = t;
     cr_assert_eq(tu_decode_plan_create(dev, &d, separate ? NULL : &wt, &ph), CLATTN_STATUS_SUCCESS, "%s",
                  clattn_last_error());
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL)
+        cr_assert_eq(tu_decode_plan_create(dev, &d, separate ? NULL : &wt, &pb), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = HK, .head_dim_qk = DK, .head_dim_v = DV,
                                      .type = kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
     clattn_kv_cache *c32 = NULL, *ch = NULL, *cb = NULL;
@@ -1391,7 +1394,7 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
             }
             const clattn_decode_buffers bb = {.x = {bufs[0], OFF}, .kv = {separate ? bufs[1] : NULL, OFF},
                                               .value = {separate ? bufs[2] : NULL, OFF}, .out = {bufs[3], OFF}};
-            cr_assert_eq(clattn_decode_execute_buffers(ph, cb, &bb, n, NULL, 0, NULL, NULL), CLATTN_STATUS_SUCCESS,
+            cr_assert_eq(clattn_decode_execute_buffers(pb, cb, &bb, n, NULL, 0, NULL, NULL), CLATTN_STATUS_SUCCESS,
                          "%s", clattn_last_error());
             uint16_t got[B * P * 16];
             cr_assert_eq(clEnqueueReadBuffer(q, bufs[3], CL_TRUE, OFF * 2, B * n * ow * 2, got, 0, NULL, NULL),
@@ -1404,7 +1407,7 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
         t0 += n;
     }
     clattn_kv_cache_free(c32), clattn_kv_cache_free(ch), clattn_kv_cache_free(cb);
-    clattn_decode_plan_free(p32), clattn_decode_plan_free(ph);
+    clattn_decode_plan_free(p32), clattn_decode_plan_free(ph), clattn_decode_plan_free(pb);
     if (!separate) {
         const void *tw[8] = {wt.w_query, wt.w_key, wt.w_value, wt.b_query, wt.b_key, wt.b_value, wt.w_out, wt.b_out};
         for (int i = 0; i < 8; i++) free((void *)tw[i]);

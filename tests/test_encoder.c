@@ -1102,7 +1102,10 @@ static void half_layer(clattn_device *dev, const config *cfg, clattn_dtype t, ui
         cr_assert_eq(got[i], tu_dtype_bits((float)tu_dtype_round(want[i], t), t),
                      "dtype %d on %s, out[%zu]: %g, the fp32 layer's %g", (int)t, clattn_device_name(dev), i,
                      (double)tu_dtype_value(got[i], t), (double)want[i]);
-    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) { /* a fresh plan: nothing staged by the host call */
+        clattn_encoder_plan_free(plan);
+        plan = NULL;
+        cr_assert_eq(tu_encoder_plan_create(dev, &d, &w, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cl_context ctx = clattn_device_context(dev);
         cl_command_queue q = clattn_device_queue(dev);
         const size_t xo = 3, oo = 5, N = cfg->B * cfg->T;
