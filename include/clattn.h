@@ -268,9 +268,10 @@ typedef struct clattn_attention_desc {
                             when HK != H: w_key (HK*dk, Ekv), w_value (HK*dv, Ekv) */
     size_t window;       /* W: sliding window, with causal only: query i sees key j when j <= i and
                             i - j < W; 0 = unlimited */
-    int kv_half;         /* 1: keys and values are rounded to IEEE half (round to nearest even, as
-                            vstore_half_rte) after the projection and its bias, then used in fp32: the values
-                            a half-precision KV cache holds */
+    int kv_half;         /* the KV cache's element type (a clattn_kv_type): 1 (CLATTN_KV_HALF): keys and values
+                            are rounded to IEEE half (round to nearest even, as vstore_half_rte) after the
+                            projection and its bias, then used in fp32: the values a half-precision KV cache
+                            holds; 2 (CLATTN_KV_BF16, clattn 0.7): rounded to bfloat16 the same way; 0: float */
     clattn_precision precision; /* the core's products: FP32 (default) or TF32, opt in; the projections stay fp32.
                             TF32 agrees with fp32 to about 2^-10 of the scores and of the weighted values
                             (README, "Precision") */
@@ -607,11 +608,13 @@ CLATTN_API const char *clattn_plan_gemm_params(const clattn_plan *plan);
 /* ---------------------------------------------------------------- KV cache and decoding */
 
 /* A KV cache on a device: for B sequences, up to `capacity` positions of keys and values of
- * kv_heads heads, stored as float or as IEEE half (vstore_half_rte / vload_half: no cl_khr_fp16
- * needed). Each sequence has its own length. Device memory: B*HK*capacity*(dk+dv) elements. */
+ * kv_heads heads, stored as float, as IEEE half (vstore_half_rte / vload_half: no cl_khr_fp16
+ * needed) or as bfloat16 (clattn 0.7: 16 bits a float's upper half; a bfloat16 model's keys and values
+ * exactly, with a float's range). Each sequence has its own length. Device memory: B*HK*capacity*(dk+dv) elements. */
 typedef enum clattn_kv_type {
     CLATTN_KV_FLOAT = 0,
-    CLATTN_KV_HALF = 1
+    CLATTN_KV_HALF = 1,
+    CLATTN_KV_BF16 = 2   /* clattn 0.7: bfloat16 (a float's range, 8 significant bits), round to nearest even */
 } clattn_kv_type;
 
 typedef struct clattn_kv_cache_desc {
@@ -643,7 +646,7 @@ CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, floa
 /* Write the cache from float arrays in the layout clattn_kv_cache_read uses, k (B, HK, Tmax, dk) and
  * v (B, HK, Tmax, dv), and set the lengths to lengths[b] <= Tmax (B entries): a cache computed
  * elsewhere (another framework's prefill), or a benchmark's. Positions at or past a length are not
- * used. HALF caches round to nearest even. On error the lengths do not change. */
+ * used. HALF and BF16 caches round to nearest even. On error the lengths do not change. */
 CLATTN_API clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v,
                                                const size_t *lengths);
 /* Bytes of device memory the cache holds (0 on ref). */
@@ -656,7 +659,7 @@ CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
  * (n = 1) are the same call, with no recompilation between them; the result equals one causal run
  * over the whole sequence. The description: seq_q = the most new tokens per call; causal = 1;
  * cross, masks, dropout and need_weights 0; kv_heads, window, kv_half, heads, head sizes as the
- * attention; the cache must match (batch, kv_heads, dk, dv, and type HALF exactly when kv_half).
+ * attention; the cache must match (batch, kv_heads, dk, dv, and its type kv_half: FLOAT 0, HALF 1, BF16 2).
  * On OpenCL, a call with few new tokens splits the cached keys into parts processed by separate
  * work-items (split-K) and merges them with a second kernel. */
 typedef struct clattn_decode_plan clattn_decode_plan;

@@ -87,6 +87,19 @@ double oracle_half(double x)
     return ldexp(nearbyint(ldexp(x, -q)), q); /* nearbyint: to nearest, ties to even */
 }
 
+double oracle_bf16(double x)
+{
+    if (isnan(x) || isinf(x) || x == 0.0) return x;
+    int e;
+    frexp(x, &e);                     /* 8 significant bits: unit 2^(e-8) */
+    int q = e - 8;
+    if (q < -133) q = -133;           /* bfloat16's subnormal spacing (a float's range) */
+    const double r = ldexp(nearbyint(ldexp(x, -q)), q);
+    return fabs(r) > 3.3895313892515355e38 ? copysign(INFINITY, x) : r; /* past the largest bfloat16 */
+}
+
+double oracle_kv(double x, int kv_type) { return kv_type == 2 ? oracle_bf16(x) : kv_type ? oracle_half(x) : x; }
+
 int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn)
 {
@@ -112,9 +125,9 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
     }
     /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
     project_qkv(d, w, args, &o, q, k, v);
-    if (d->kv_half) {
-        for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_half(k[n]);
-        for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_half(v[n]);
+    if (d->kv_half) { /* the values a half or bfloat16 KV cache holds */
+        for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_kv(k[n], d->kv_half);
+        for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_kv(v[n], d->kv_half);
     }
     for (size_t b = 0; b < B; b++)
         for (size_t h = 0; h < H; h++)

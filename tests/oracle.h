@@ -47,6 +47,10 @@ int oracle_attention_backward(const clattn_attention_desc *desc, const clattn_at
  * the nearest half, ties to even, by oracle_half) are computed from their definitions too.
  * oracle_half: x rounded to IEEE half precision, in double arithmetic (frexp/ldexp/nearbyint). */
 double oracle_half(double x);
+/* x rounded to bfloat16 (8 significant bits, nearest even), and to a KV cache's type (clattn_kv_type: 0 x itself,
+ * 1 oracle_half, 2 oracle_bf16). */
+double oracle_bf16(double x);
+double oracle_kv(double x, int kv_type);
 
 /* torch.nn.TransformerEncoderLayer (batch_first, eval): post-norm or pre-norm, ReLU or erf-GELU,
  * LayerNorm with the biased variance. out (B, T, E). Returns 0 or -1. */

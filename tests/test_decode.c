@@ -168,7 +168,7 @@ typedef struct dcase {
 static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B, size_t cap, int half)
 {
     clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = m->HK, .head_dim_qk = m->dk,
-                               .head_dim_v = m->dv, .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                               .head_dim_v = m->dv, .type = (clattn_kv_type)half}; /* half: the cache's type */
     clattn_kv_cache *c = NULL;
     cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     return c;
@@ -269,6 +269,11 @@ static void decode_cases(clattn_device *dev)
         {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 1, .splits = 2, .P = 20},
         {.B = 2, .T = 90, .H = 8, .HK = 2, .dk = 16, .dv = 16, .coarse = 1, .P = 41},  /* scores in the thousands */
         {.B = 1, .T = 70, .H = 4, .HK = 1, .dk = 8, .dv = 8, .coarse = 1, .half = 1, .splits = 3, .P = 20},
+        /* bfloat16 caches (half = 2, CLATTN_KV_BF16): each vector width of the cache's loads (8, 4, 1) */
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 2, .P = 9},
+        {.B = 1, .T = 41, .H = 4, .HK = 1, .dk = 8, .dv = 4, .window = 6, .half = 2, .P = 3},
+        {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 2, .splits = 2, .P = 20},
+        {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 2, .P = 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
@@ -479,7 +484,7 @@ static double projected(const model *m, const float *x, int isk, size_t g, size_
     const float *wr = (isk ? m->wk : m->wv) + (g * D + c) * m->E;
     double s = (isk ? m->bk : m->bv)[g * D + c];
     for (size_t e = 0; e < m->E; e++) s += (double)x[e] * wr[e];
-    return half ? oracle_half(s) : s;
+    return oracle_kv(s, half);
 }
 
 /* The cache read back: position t of sequence b holds token seq[b][t] for t < len[b], 0 from there on; every
@@ -1160,15 +1165,16 @@ Test(edges, capacity_opencl)
     clattn_device_free(d);
 }
 
-/* clattn_kv_cache_write rounds to half exactly as the appends do (to nearest, ties to even), on every device;
- * a FLOAT cache keeps every bit. */
+/* clattn_kv_cache_write rounds to half and to bfloat16 exactly as the appends do (to nearest, ties to even), on every
+ * device; a FLOAT cache keeps every bit. */
 static void write_rounds(clattn_device *dev)
 {
-    const float vals4[] = {1.0f / 3.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-13f, -65504.0f, 0x1p-25f, 2049.0f};
+    const float vals4[] = {1.0f / 3.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-13f, -65504.0f, 0x1p-25f, 2049.0f,
+                           1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-7f, 3.0e38f}; /* bfloat16 ties, a float's range */
     enum { NV = sizeof vals4 / sizeof vals4[0] };
-    for (int half = 0; half < 2; half++) {
+    for (int half = 0; half < 3; half++) {
         clattn_kv_cache_desc cd = {.batch = 1, .capacity = NV, .kv_heads = 1, .head_dim_qk = 1, .head_dim_v = 1,
-                                   .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                                   .type = (clattn_kv_type)half};
         clattn_kv_cache *c = NULL;
         cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
         float k[NV], v[NV], k2[NV], v2[NV];
@@ -1177,7 +1183,7 @@ static void write_rounds(clattn_device *dev)
         cr_assert_eq(clattn_kv_cache_write(c, k, v, len), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         cr_assert_eq(clattn_kv_cache_read(c, k2, v2), CLATTN_STATUS_SUCCESS);
         for (int i = 0; i < NV; i++) {
-            const double wk = half ? oracle_half(k[i]) : k[i], wv = half ? oracle_half(v[i]) : v[i];
+            const double wk = oracle_kv(k[i], half), wv = oracle_kv(v[i], half);
             cr_assert(k2[i] == (float)wk && v2[i] == (float)wv, "half=%d: %.9g read back as %.9g / %.9g, want %.9g",
                       half, (double)k[i], (double)k2[i], (double)v2[i], wk);
         }

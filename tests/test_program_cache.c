@@ -443,9 +443,9 @@ Test(cache, moved_entry_with_recomputed_checksum)
 Test(cache, entry_of_another_key_of_the_same_length)
 {
     clattn_device *dev = tu_open_opencl();
-    const char *src[] = {"common/dtype", "attention/linear"};
+    const char *src[] = {"common/half", "common/dtype", "attention/linear"};
     cl_program prog = NULL;
-    cr_assert_eq(clattn_program_build(dev, src, 2, "-cl-std=CL1.2 -DVW=8", &prog), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_program_build(dev, src, 3, "-cl-std=CL1.2 -DVW=8", &prog), CLATTN_STATUS_SUCCESS);
     const char *key_a = "a test key: AAAA", *key_b = "a test key: BBBB";
     clattn_program_cache_store(dev, key_a, prog);
     clReleaseProgram(prog);

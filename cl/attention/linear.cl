@@ -196,7 +196,7 @@ __kernel void grad_sum_blocks(__global const float *src, ulong src_off, uint src
 
 /* Element types at a plan's boundary (desc.dtype F16 or BF16; clattn_linear_convert): the plan's inputs widened to
  * float where its kernels read them, its outputs narrowed from float where they are written. n elements from element
- * offsets; type 1: IEEE half, type 2: bfloat16 (common/dtype.cl, which goes first). */
+ * offsets; type 1: IEEE half, type 2: bfloat16 (common/half.cl and common/dtype.cl go first). */
 __kernel void dtype_widen(__global const ushort *src, ulong src_off, __global float *dst, ulong dst_off, ulong n,
                           uint type)
 {

@@ -1,8 +1,8 @@
 /* dtype.cl: the element types of a half-precision plan's arrays (desc.dtype), read and written by the kernels that
  * take them as they are (the boundary's dtype_widen / dtype_narrow, cl/attention/linear.cl; cores with reads_dtypes).
- * Half stays behind pointers: vload_half / vstore_half_rte are core OpenCL 1.2 (no cl_khr_fp16). bfloat16 is a
- * ushort, the upper 16 bits of a float: widened by a shift (exact), narrowed to nearest even on the bits, NaN kept
- * a (quiet) NaN: the host's clattn_float_to_bf16 (src/runtime/numeric.c).
+ * common/half.cl goes first. Half stays behind pointers: vload_half / vstore_half_rte are core OpenCL 1.2 (no
+ * cl_khr_fp16). bfloat16 is a ushort, the upper 16 bits of a float: widened by a shift (exact), narrowed to nearest
+ * even on the bits (half.cl's clattn_bf16).
  *   IO_DTYPE   0: float (default), 1: IEEE half, 2: bfloat16: io_t, and IO_LOAD / IO_STORE of one element */
 #ifndef CLATTN_DTYPE_CL
 #define CLATTN_DTYPE_CL
@@ -10,14 +10,6 @@
 #ifndef IO_DTYPE
 #define IO_DTYPE 0
 #endif
-
-inline ushort clattn_bf16(float f)
-{
-    const uint u = as_uint(f);
-    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-inline float clattn_bf16_value(ushort b) { return as_float((uint)b << 16); }
 
 inline ushort4 clattn_bf16_4(float4 f)
 {

@@ -1,5 +1,6 @@
-/* half.cl: rounding to IEEE half precision for plans with kv_half (keys and values used with the
- * values a half-precision KV cache holds). The KV cache itself stores half with vstore_half_rte and
+/* half.cl: the 16-bit types' rounding, on the bits. IEEE half for plans with kv_half 1 (keys and values used with
+ * the values a half-precision KV cache holds); bfloat16 (the upper 16 bits of a float) for kv_half 2 (a bfloat16
+ * cache) and for half plans' arrays (common/dtype.cl, which comes after this file). The KV cache itself stores half with vstore_half_rte and
  * reads it with vload_half (decode.cl); this is the same rounding for values that stay float, done on
  * the bits because a private half variable needs cl_khr_fp16. Round to nearest even; above 65504
  * (from 65520 on) inf; NaN stays NaN; below 2^-14 the half subnormals (units of 2^-24). */
@@ -14,5 +15,17 @@ inline float clattn_round_half(float f)
     if (a < 0x38800000u) return rint(f * 16777216.0f) * 5.9604644775390625e-8f; /* both scalings exact */
     return as_float(sign | ((a + 0x0FFFu + ((a >> 13) & 1u)) & ~0x1FFFu));
 }
+
+/* bfloat16: a float's upper 16 bits after rounding to nearest even (NaN kept a quiet NaN: the carry could make it
+ * inf); the host's clattn_float_to_bf16 (src/runtime/numeric.c). */
+inline ushort clattn_bf16(float f)
+{
+    const uint u = as_uint(f);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float clattn_bf16_value(ushort b) { return as_float((uint)b << 16); }
+
+inline float clattn_round_bf16(float f) { return clattn_bf16_value(clattn_bf16(f)); }
 
 #endif

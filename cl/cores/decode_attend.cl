@@ -22,7 +22,7 @@
  * on PoCL (Zen 4), about 10 % faster for a half cache, which is compute-bound there, but 30 % slower
  * for a float cache, which is bound by memory bandwidth. */
 #ifndef KP
-#if R <= 4 && KV_HALF
+#if R <= 4 && KV_HALF == 1
 #define KP 2
 #else
 #define KP 1

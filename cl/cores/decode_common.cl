@@ -4,8 +4,8 @@
  *
  * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
- * as float, or with KV_HALF as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
- * cl_khr_fp16). lens[b] is sequence b's length before the step; the step brings n new tokens per
+ * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
+ * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first). lens[b] is sequence b's length before the step; the step brings n new tokens per
  * sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
  * (when WINDOW > 0). The decode plan appends the new tokens first (decode/kv_append.cl).
@@ -36,7 +36,9 @@
 #define VW 1
 #endif
 
-#if KV_HALF
+#if KV_HALF == 2
+typedef ushort kv_t;
+#elif KV_HALF
 typedef half kv_t;
 #else
 typedef float kv_t;
@@ -46,7 +48,9 @@ typedef float kv_t;
 typedef float8 vw_t;
 #define QLOADW(i, p) vload8((i), (p))
 #define OSTOREW(v, i, p) vstore8((v), (i), (p))
-#if KV_HALF
+#if KV_HALF == 2
+#define KLOADW(i, p) as_float8(convert_uint8(vload8((i), (p))) << 16)
+#elif KV_HALF
 #define KLOADW(i, p) vload_half8((i), (p))
 #else
 #define KLOADW(i, p) vload8((i), (p))
@@ -56,7 +60,9 @@ inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; r
 typedef float4 vw_t;
 #define QLOADW(i, p) vload4((i), (p))
 #define OSTOREW(v, i, p) vstore4((v), (i), (p))
-#if KV_HALF
+#if KV_HALF == 2
+#define KLOADW(i, p) as_float4(convert_uint4(vload4((i), (p))) << 16)
+#elif KV_HALF
 #define KLOADW(i, p) vload_half4((i), (p))
 #else
 #define KLOADW(i, p) vload4((i), (p))
@@ -66,7 +72,9 @@ inline float dhsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
 typedef float vw_t;
 #define QLOADW(i, p) ((p)[(i)])
 #define OSTOREW(v, i, p) ((p)[(i)] = (v))
-#if KV_HALF
+#if KV_HALF == 2
+#define KLOADW(i, p) clattn_bf16_value((p)[(i)])
+#elif KV_HALF
 #define KLOADW(i, p) vload_half((i), (p))
 #else
 #define KLOADW(i, p) ((p)[(i)])

@@ -21,7 +21,8 @@
  * Specialised by -D (philox.cl, half.cl, mask.cl and online.cl go first; defaults let each compile alone):
  *   DK, DV           head sizes of queries/keys and of values
  *   GROUP            query heads per key/value head (grouped-query attention): head h reads K/V head h/GROUP
- *   KV_HALF          1: the plan's keys and values are half values (kv_half): the float K and V are rounded
+ *   KV_HALF          1 / 2: the plan's keys and values are half / bfloat16 values (kv_half, the KV cache's type):
+ *                    the float K and V are rounded to it as they are read (half.cl);
  *                    to half as they are read (half.cl); the decode kernels read a half cache (decode_common.cl)
  *   CAUSAL, WINDOW, KPM, MASK_KIND (0 none, 1 bool, 2 float), DROPOUT   the masks and dropout (mask.cl)
  *   IO_DTYPE         0: Q, K, V and the output float; 1 / 2: half / bfloat16, read and written as they are by
@@ -48,7 +49,9 @@
 #ifndef LSE
 #define LSE 0
 #endif
-#if KV_HALF
+#if KV_HALF == 2
+#define KVR(x) clattn_round_bf16(x)
+#elif KV_HALF
 #define KVR(x) clattn_round_half(x)
 #else
 #define KVR(x) (x)

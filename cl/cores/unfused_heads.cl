@@ -2,8 +2,8 @@
  * produce, (B, T, H*D) rows of width `ld`, and the head-major layout the
  * batched GEMMs use, (B, H, T, D). Offsets count elements; 64-bit indices. */
 
-/* dst (B, H, T, D) = src[b, t, col0 + (h/G)*D + d] (+ bias[(h/G)*D + d]), rounded to half when
- * round_half (half.cl). G > 1: grouped-query keys/values, source head h/G repeated for G heads.
+/* dst (B, H, T, D) = src[b, t, col0 + (h/G)*D + d] (+ bias[(h/G)*D + d]), rounded to half when round_half is 1,
+ * to bfloat16 when it is 2 (kv_half: the KV cache's type; half.cl). G > 1: grouped-query keys/values, source head h/G repeated for G heads.
  * One work-item per dst element. */
 __kernel void split_heads(__global const float *src, ulong src_off, uint src_ld, uint col0,
                           __global const float *bias, uint has_bias,
@@ -19,7 +19,7 @@ __kernel void split_heads(__global const float *src, ulong src_off, uint src_ld,
     ulong b = n / H;
     float v = src[src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)hs * D + d];
     if (has_bias) v += bias[hs * D + d];
-    dst[dst_off + g] = round_half ? clattn_round_half(v) : v;
+    dst[dst_off + g] = round_half == 2 ? clattn_round_bf16(v) : round_half ? clattn_round_half(v) : v;
 }
 
 /* dst[b, t, h*D + d] (rows of width H*D) = src (B, H, T, D). One work-item per dst element. */

@@ -1,8 +1,8 @@
 /* kv_append.cl: a decode step's new keys and values into the KV cache (src/decode/decode.c), from the
  * projection rows; the layout of the cache is decode_attend.cl's:
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
- * as float, or with KV_HALF as IEEE half (vstore_half_rte: core OpenCL 1.2, no cl_khr_fp16).
- * Specialised by -D: DK, DV, KV_HALF. */
+ * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte: core OpenCL 1.2, no cl_khr_fp16), with KV_HALF 2 as
+ * bfloat16 (common/half.cl's clattn_bf16; half.cl goes first). Specialised by -D: DK, DV, KV_HALF. */
 #ifndef DK
 #define DK 64
 #endif
@@ -12,7 +12,10 @@
 #ifndef KV_HALF
 #define KV_HALF 0
 #endif
-#if KV_HALF
+#if KV_HALF == 2
+typedef ushort kv_t;
+#define KV_STORE(x, i, p) ((p)[(i)] = clattn_bf16((x)))
+#elif KV_HALF
 typedef half kv_t;
 #define KV_STORE(x, i, p) vstore_half_rte((x), (i), (p))
 #else

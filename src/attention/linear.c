@@ -21,11 +21,11 @@ clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attenti
     l->dev = dev;
     TRY(clattn_core_create(dev, CLATTN_CORE_GEMM, d, NULL, 0, &l->gemm_core));
     l->gemm = (clattn_gemm){l->gemm_core.core, l->gemm_core.state};
-    const char *src[] = {"common/dtype", "attention/linear"};
+    const char *src[] = {"common/half", "common/dtype", "attention/linear"};
     char opts[160];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d", GEMV_WG, GEMV_LK,
              GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS);
-    TRY(clattn_program_build(dev, src, 2, opts, &l->prog));
+    TRY(clattn_program_build(dev, src, 3, opts, &l->prog));
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
     TRY(clattn_kernel_create(l->prog, "grad_colsum", &l->colsum));
     TRY(clattn_kernel_create(l->prog, "grad_sum_blocks", &l->sum_blocks));

@@ -112,7 +112,8 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if ((d->attn_mask_per_batch || d->attn_mask_per_head) && d->attn_mask == CLATTN_MASK_NONE)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask_per_%s without an attn_mask (desc.attn_mask = "
                            "CLATTN_MASK_NONE): it would be ignored", d->attn_mask_per_batch ? "batch" : "head");
-    if ((unsigned)d->kv_half > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0 or 1");
+    if ((unsigned)d->kv_half > 2)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0, 1 (CLATTN_KV_HALF) or 2 (CLATTN_KV_BF16)");
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "

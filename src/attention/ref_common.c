@@ -32,9 +32,9 @@ void clattn_ref_qkv(const struct clattn_plan *plan, const clattn_attention_args 
         memcpy(K, kv, B * Tk * Ekv * sizeof *K);
         memcpy(V, d->separate_value ? a->value : kv, B * Tk * HK * dv * sizeof *V);
     }
-    if (d->kv_half) { /* the values a half KV cache holds */
-        for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_half(K[n]);
-        for (size_t n = 0; n < B * Tk * HK * dv; n++) V[n] = clattn_round_half(V[n]);
+    if (d->kv_half) { /* the values a half (or bfloat16) KV cache holds */
+        for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_kv(K[n], d->kv_half);
+        for (size_t n = 0; n < B * Tk * HK * dv; n++) V[n] = clattn_round_kv(V[n], d->kv_half);
     }
 }
 

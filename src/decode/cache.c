@@ -1,12 +1,12 @@
 /* cache.c: the KV cache (clattn.h, "KV cache and decoding"): per sequence b and key/value head g,
  * positions 0 .. capacity-1 of keys and values, (B, HK, capacity, dk | dv), in host memory on ref and in
- * device buffers (float or half) on OpenCL; each sequence's length lives on the host. */
+ * device buffers (float, half or bfloat16) on OpenCL; each sequence's length lives on the host. */
 #include "decode.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d) { return d->type == CLATTN_KV_HALF ? 2 : 4; }
+size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d) { return d->type == CLATTN_KV_FLOAT ? 4 : 2; }
 
 clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc, clattn_kv_cache **cache)
 {
@@ -16,8 +16,9 @@ clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cach
     if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
     if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
     clattn_kv_cache_desc d = *desc;
-    if (d.type != CLATTN_KV_FLOAT && d.type != CLATTN_KV_HALF)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "type %d is not CLATTN_KV_FLOAT or CLATTN_KV_HALF", (int)d.type);
+    if (d.type != CLATTN_KV_FLOAT && d.type != CLATTN_KV_HALF && d.type != CLATTN_KV_BF16)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "type %d is not CLATTN_KV_FLOAT, CLATTN_KV_HALF or "
+                           "CLATTN_KV_BF16", (int)d.type);
     if (d.batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
     if (d.capacity == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "capacity must be >= 1");
     if (d.kv_heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads must be >= 1");
@@ -149,8 +150,8 @@ static clattn_status cache_read_one(const clattn_kv_cache *c, cl_mem m, const fl
             free(raw);
             return clattn_fail((clattn_status)err, "reading the %s failed (%d: %s)", what, err, clattn_status_string(err));
         }
-        for (size_t i = 0; i < n; i++)
-            dst[i] = es == 2 ? clattn_half_to_float(((const uint16_t *)raw)[i]) : ((const float *)raw)[i];
+        if (es == 2) clattn_dtype_widen(raw, n, d->type == CLATTN_KV_BF16 ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F16, dst);
+        else memcpy(dst, raw, n * sizeof *dst);
         free(raw);
     }
     for (size_t b = 0; b < d->batch; b++)
@@ -188,8 +189,8 @@ static clattn_status write_locked(clattn_kv_cache *cache, const float *k, const 
     const size_t rows = d->batch * d->kv_heads * d->capacity;
     const size_t nk = rows * d->head_dim_qk, nv = rows * d->head_dim_v;
     if (cache->k_host) {
-        for (size_t i = 0; i < nk; i++) cache->k_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(k[i]) : k[i];
-        for (size_t i = 0; i < nv; i++) cache->v_host[i] = d->type == CLATTN_KV_HALF ? clattn_round_half(v[i]) : v[i];
+        for (size_t i = 0; i < nk; i++) cache->k_host[i] = clattn_round_kv(k[i], (int)d->type);
+        for (size_t i = 0; i < nv; i++) cache->v_host[i] = clattn_round_kv(v[i], (int)d->type);
     } else {
         const size_t es = clattn_kv_elem_size(d);
         const float *src[2] = {k, v};
@@ -199,8 +200,8 @@ static clattn_status write_locked(clattn_kv_cache *cache, const float *k, const 
             void *raw = (void *)src[t];
             if (es == 2) {
                 uint16_t *h = clattn_malloc(n[t] * sizeof *h);
-                if (!h) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "converting the cache to half");
-                for (size_t i = 0; i < n[t]; i++) h[i] = clattn_float_to_half(src[t][i]);
+                if (!h) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "converting the cache to 16 bits");
+                clattn_dtype_narrow(src[t], n[t], d->type == CLATTN_KV_BF16 ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F16, h);
                 raw = h;
             }
             cl_int err = clEnqueueWriteBuffer(cache->device->queue, dst[t], CL_TRUE, 0, n[t] * es, raw, 0, NULL, NULL);

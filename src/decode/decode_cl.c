@@ -199,8 +199,8 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     clattn_linear_gemm_describe(&c->lin, &p->gemm, p->gemm_params_text, sizeof p->gemm_params_text);
     char opts[160];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DKV_HALF=%d", dk, dv, d->kv_half);
-    const char *src[] = {"decode/kv_append"};
-    TRY(clattn_program_build(dev, src, 1, opts, &c->append_prog));
+    const char *src[] = {"common/half", "decode/kv_append"};
+    TRY(clattn_program_build(dev, src, 2, opts, &c->append_prog));
     TRY(clattn_kernel_create(c->append_prog, "kv_append", &c->k_append));
 
     /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */

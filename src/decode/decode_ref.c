@@ -40,8 +40,8 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
         memcpy(V, x, B * n * E * sizeof *V);
     }
     if (d->kv_half) {
-        for (size_t i = 0; i < B * n * HK * dk; i++) K[i] = clattn_round_half(K[i]);
-        for (size_t i = 0; i < B * n * HK * dv; i++) V[i] = clattn_round_half(V[i]);
+        for (size_t i = 0; i < B * n * HK * dk; i++) K[i] = clattn_round_kv(K[i], d->kv_half);
+        for (size_t i = 0; i < B * n * HK * dv; i++) V[i] = clattn_round_kv(V[i], d->kv_half);
     }
     /* 2. append: cache (b, g, len + t) = K (b, t, g) for the real tokens */
     for (size_t b = 0; b < B; b++)

@@ -62,6 +62,11 @@ float clattn_half_to_float(uint16_t h)
 
 float clattn_round_half(float f) { return clattn_half_to_float(clattn_float_to_half(f)); }
 
+float clattn_round_kv(float f, int kv_type)
+{
+    return kv_type == 1 ? clattn_round_half(f) : kv_type == 2 ? clattn_bf16_to_float(clattn_float_to_bf16(f)) : f;
+}
+
 /* bfloat16, round to nearest even: the upper 16 bits of the float after adding half a unit of the 16 dropped
  * (plus one when the kept part is odd); NaN keeps a quiet NaN's bits (the carry could make it inf). */
 uint16_t clattn_float_to_bf16(float f)

@@ -378,6 +378,8 @@ void clattn_marks_release(clattn_marks *m);
 uint16_t clattn_float_to_half(float f);
 float clattn_half_to_float(uint16_t h);
 float clattn_round_half(float f); /* f rounded to the nearest half */
+/* f rounded to a KV cache's element type (clattn_kv_type: 0 float, 1 half, 2 bfloat16), as the cache stores it. */
+float clattn_round_kv(float f, int kv_type);
 /* bfloat16 (the upper 16 bits of a float), round to nearest even; NaN stays NaN. */
 uint16_t clattn_float_to_bf16(float f);
 float clattn_bf16_to_float(uint16_t b);
