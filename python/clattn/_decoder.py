@@ -34,14 +34,17 @@ class Decoder(_Shaped):
     appends the tokens' keys and values at each sequence's length and returns their outputs (B, n, out_dim or
     heads*head_dim_v): a prefill and the decode steps after it equal one causal run over the whole sequence.
     valid (B ints, 0 <= valid[b] <= n) lets sequence b append only its first valid[b] tokens (ragged prompts);
-    its other rows are the output of an empty attention (b_out, or 0). kv_half keeps the cache in float16.
+    its other rows are the output of an empty attention (b_out, or 0). kv_dtype: the cache's element type,
+    "float32" (default), "float16" or "bfloat16" (clattn 0.7; keys and values rounded to it, to nearest even, as
+    they are appended); kv_half=True is kv_dtype="float16".
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
                  batch: int = 1, b_query: Any = None, b_key: Any = None, b_value: Any = None, w_out: Any = None,
                  b_out: Any = None, kv_heads: Optional[int] = None, head_dim_qk: Optional[int] = None,
                  head_dim_v: Optional[int] = None, window: int = 0, scale: float = 0.0, kv_half: bool = False,
-                 layout: str = "linear", algorithm: str = "auto", device: Optional[str] = None):
+                 layout: str = "linear", algorithm: str = "auto", device: Optional[str] = None,
+                 kv_dtype: Optional[str] = None):
         if w_query is None or w_key is None or w_value is None:
             _invalid("Decoder: w_query, w_key and w_value are required")
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
@@ -55,7 +58,13 @@ class Decoder(_Shaped):
         self.max_new_tokens = _a.integer("max_new_tokens", max_new_tokens, 1)
         self.window = _a.integer("window", window)
         self.scale = _a.real("scale", scale)
-        self.kv_half = _a.flag("kv_half", kv_half)
+        half = _a.flag("kv_half", kv_half)
+        kvd = "float32" if kv_dtype is None else _a.dtype_name("kv_dtype", kv_dtype)
+        if half and kv_dtype is not None and kvd != "float16":
+            _invalid(f"kv_half=True with kv_dtype={kvd!r}: give one of them (kv_half=True is kv_dtype='float16')")
+        self.kv_dtype = "float16" if half else kvd
+        self.kv_half = self.kv_dtype == "float16"
+        kv_type = _a.dtype_code(self.kv_dtype)  # clattn_kv_type: 0 float, 1 half, 2 bfloat16
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
         self._device = _Device(device)
         self.device = self._device.name
@@ -63,11 +72,11 @@ class Decoder(_Shaped):
                                head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, out_dim=wt.out_dim, causal=1,
                                scale=self.scale, layout=_layout_code(wt.layout),
                                algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=wt.kv_heads, window=self.window,
-                               kv_half=int(self.kv_half))
+                               kv_half=kv_type)
         self._dplan = _create(self._device, _lib.decode_plan_create, _lib.decode_plan_free, d, wt.struct(),
                               "creating the decode plan")
         cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=wt.kv_heads,
-                              head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=int(self.kv_half))
+                              head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=kv_type)
         ch = ctypes.c_void_p()
         _check(_lib.kv_cache_create(self._device.handle, ctypes.byref(cd), ctypes.byref(ch)), "creating the KV cache")
         self._cache = _Handle(ch, _lib.kv_cache_free, self._device)
@@ -87,7 +96,8 @@ class Decoder(_Shaped):
     def __repr__(self) -> str:
         return (f"clattn.Decoder({self._wt.describe()}, batch={self.batch}, capacity={self.capacity}, "
                 f"max_new_tokens={self.max_new_tokens}" + (f", window={self.window}" if self.window else "")
-                + (", kv_half=True" if self.kv_half else "") + f", lengths={self.lengths}, device={self.device!r})")
+                + (f", kv_dtype={self.kv_dtype!r}" if self.kv_dtype != "float32" else "")
+                + f", lengths={self.lengths}, device={self.device!r})")
 
     def __call__(self, x: Any, valid: Optional[Sequence[int]] = None) -> Any:
         """Append x's tokens to the cache and return their outputs (B, n, out width); see the class."""

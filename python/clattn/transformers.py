@@ -157,17 +157,18 @@ if _LayerMixin is not None:
             self.pending = None      # (k, v) of update(), for the attention call
             self.handle = None       # the clattn_kv_cache
             self.shape = None        # (B, HK, dk, dv)
-            self.half = False        # the cache stores half (a float16 model's keys and values)
+            self.kv_type = 0         # the cache's element type (clattn_kv_type): a half model's own
 
         def lazy_initialization(self, key_states, value_states) -> None:
             B, HK, _, dk = key_states.shape
             dv = value_states.shape[3]
             dev, _ = _open_device(self.owner.device)
-            # a float16 model's keys and values are halves already: a half cache holds them exactly, in half the
-            # memory (a bfloat16 model's would not fit half's range: a float cache)
-            self.half = key_states.dtype == torch.float16 and value_states.dtype == torch.float16
+            # a float16 or bfloat16 model's keys and values are of its type already: a cache of that type holds them
+            # exactly, in half the memory of a float one
+            kt = key_states.dtype if key_states.dtype == value_states.dtype else torch.float32
+            self.kv_type = {torch.float16: 1, torch.bfloat16: 2}.get(kt, 0)
             cd = _lib.KVCacheDesc(batch=B, capacity=self.owner.max_cache_len, kv_heads=HK, head_dim_qk=dk,
-                                  head_dim_v=dv, type=int(self.half))
+                                  head_dim_v=dv, type=self.kv_type)
             h = ctypes.c_void_p()
             _check(_lib.kv_cache_create(dev.handle, ctypes.byref(cd), ctypes.byref(h)), "creating the KV cache")
             self.handle = _Handle(h, _lib.kv_cache_free, dev)
@@ -287,7 +288,7 @@ if _LayerMixin is not None:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             out = torch.empty((B, n, H, dv), dtype=dt)
             valid = (n - skip).to(torch.int64)
-            plan = self.owner._plan(H, HK, dk, dv, window, scaling, n, _DTYPE_CODES[dt], self.half)
+            plan = self.owner._plan(H, HK, dk, dv, window, scaling, n, _DTYPE_CODES[dt], self.kv_type)
             vs = (ctypes.c_size_t * B)(*valid.tolist())
             a = _lib.DecodeArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), out=_ptr(out), new_tokens=n, valid=vs,
                                 x_count=q.numel(), kv_count=k.numel(), value_count=v.numel(), valid_count=B,
@@ -317,19 +318,19 @@ if _LayerMixin is not None:
             self._plans: Dict[tuple, Any] = {}
             super().__init__(layers=[_DeviceLayer(self, i) for i in range(n)])
 
-        def _plan(self, H, HK, dk, dv, window, scaling, n, dtype=0, half_cache=False):
+        def _plan(self, H, HK, dk, dv, window, scaling, n, dtype=0, kv_type=0):
             """The decode plan for these heads (one per shape, window, scale, type and cache type, shared by the
             layers), made for at least n new tokens a call (a longer prompt makes a new one; decode steps reuse the
             prompt's)."""
             scale = float(scaling) if scaling is not None else 0.0
-            key = (H, HK, dk, dv, window, scale, dtype, half_cache)
+            key = (H, HK, dk, dv, window, scale, dtype, kv_type)
             got = self._plans.get(key)
             if got is None or got[0] < n:
                 dev, _ = _open_device(self.device)
                 B = self.layers[0].shape[0]
                 d = _lib.AttentionDesc(batch=B, seq_q=n, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                        head_dim_v=dv, causal=1, window=window, scale=scale, separate_value=1,
-                                       dtype=dtype, kv_half=int(half_cache))
+                                       dtype=dtype, kv_half=kv_type)
                 got = self._plans[key] = (n, _create(dev, _lib.decode_plan_create, _lib.decode_plan_free, d,
                                                      _lib.AttentionWeights(), "creating the decode plan"))
             return got[1]

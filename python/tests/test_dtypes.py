@@ -97,3 +97,41 @@ def test_dtype_refusals_and_convert():
         np.testing.assert_array_equal(h, f.astype(np.float16))  # NumPy rounds to nearest even too
     b = _a.convert(f, "float32", "bfloat16")
     assert b.dtype == np.uint16 and list(b[4:]) == [0x3F80, 0x3F82] and (b[3] & 0x7F80) == 0x7F80 and b[3] & 0x7F
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_module_rounds_half_inputs_back(device):
+    """A float32 module given half tensors widens them exactly and gives its results back in their dtype, rounded once
+    from its float32 results."""
+    torch = pytest.importorskip("torch")
+    a = clattn.Attention(2, **weights(), device=device)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(5))
+    for dt in (torch.float16, torch.bfloat16):
+        out, w = a(x.to(dt), need_weights=True)
+        want, want_w = a(x.to(dt).float(), need_weights=True)
+        assert out.dtype == dt and w.dtype == dt
+        assert torch.equal(out, want.to(dt)) and torch.equal(w, want_w.to(dt))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_bfloat16_cache(device):
+    """Decoder(kv_dtype="bfloat16"): a bfloat16 KV cache (CLATTN_KV_BF16) holds every appended key and value rounded
+    to bfloat16 (read back exactly representable), the outputs close to the float cache's (keys and values off by at
+    most 2^-9 of themselves); kv_half and kv_dtype together must agree."""
+    w = weights()
+    x = rng.standard_normal((2, 9, 16)).astype(np.float32)
+    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=12,
+              max_new_tokens=5, batch=2, device=device)
+    outs = {}
+    for kvd in ("float32", "bfloat16"):
+        dec = clattn.Decoder(4, kv_dtype=kvd, **kw)
+        assert dec.kv_dtype == kvd and (kvd == "float32" or "kv_dtype='bfloat16'" in repr(dec))
+        outs[kvd] = np.concatenate([dec(x[:, :5])] + [dec(x[:, t:t + 1]) for t in range(5, 9)], axis=1)
+        k, v = dec.read_cache()
+        if kvd == "bfloat16":
+            for a in (k, v):
+                np.testing.assert_array_equal(a, rounded(a, "bfloat16"))
+    np.testing.assert_allclose(outs["bfloat16"], outs["float32"], rtol=3e-2, atol=3e-2)
+    assert not np.array_equal(outs["bfloat16"], outs["float32"])  # the cache did round
+    with pytest.raises(clattn.InvalidArgumentError, match="kv_half=True with kv_dtype"):
+        clattn.Decoder(4, kv_half=True, kv_dtype="bfloat16", **kw)

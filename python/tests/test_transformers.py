@@ -237,7 +237,7 @@ def test_device_cache_refusals():
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
 def test_device_cache_half_models(dt):
     """A float16 or bfloat16 model's steps run on decode plans of its type: each step moves 2-byte elements (half the
-    float32 bytes), a float16 model's cache stores half, and the logits of a prompt and of a step agree with the same
+    float32 bytes), the cache stores the model's type (CLATTN_KV_HALF, CLATTN_KV_BF16), and the logits of a prompt and of a step agree with the same
     model on clattn's attention with transformers' own cache (the functional path, also in the model's type) to the
     type's precision."""
     model = model_of("llama", seed=13).to(dt)
@@ -259,4 +259,4 @@ def test_device_cache_half_models(dt):
     torch.testing.assert_close(got2.float(), want2.float(), **tol)
     B, H, HK, d = 3, 4, 2, 16
     assert cache.bytes_moved - moved == 2 * B * (H * d + 2 * HK * d + H * d) * model.config.num_hidden_layers
-    assert cache.layers[0].half == (dt == torch.float16)
+    assert cache.layers[0].kv_type == (1 if dt == torch.float16 else 2)
