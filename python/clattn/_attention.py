@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import ctypes
 import logging
 import threading
@@ -39,7 +40,7 @@ class Attention(_Shaped, _PlanCached):
     arrays (clattn_attention_desc.dtype): weights rounded to it once, inputs of that type taken as they are (others
     rounded to it), outputs in it, each rounded once from the fp32 computation (README, "Data types"); results go
     back as the input came (a bfloat16 result for a NumPy input: widened to float32, NumPy has no bfloat16).
-    Inference only: forward_train and backward need a float32 module.
+    forward_train and backward run on float32 plans (clattn 0.7's training is fp32), on the rounded weights.
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -260,6 +261,22 @@ class Attention(_Shaped, _PlanCached):
                    f"{name} that forward_train returned for these inputs")
         return arr
 
+    def _trainer(self) -> "Attention":
+        """The module training calls run on: itself, or for a half module (clattn 0.7's training plans are float32)
+        a float32 twin on the same (rounded, float32-held) weights, device and options, made once."""
+        if self.dtype == "float32":
+            return self
+        twin = self.__dict__.get("_twin")
+        if twin is None or twin._wt is not self._wt:
+            twin = copy.copy(self)
+            twin.__dict__.pop("_twin", None)
+            twin.dtype = "float32"
+            twin._plans = _PlanCache(self._plans.size)
+            self.__dict__["_twin"] = twin
+        for k in ("scale", "dropout", "seed", "window", "kv_half", "algorithm", "precision", "causal", "batch_first"):
+            setattr(twin, k, getattr(self, k))
+        return twin
+
     def forward_train(self, x: Any, kv: Any = None, *, key_padding_mask: Any = None, attn_mask: Any = None,
                       is_causal: bool = False, seed: Optional[int] = None) -> Tuple[Any, Any, Any]:
         """A training call: (out, lse, context). out as __call__'s; lse (B, heads, Tq), each query row's
@@ -268,7 +285,14 @@ class Attention(_Shaped, _PlanCached):
         context=context) takes them back and then does not compute them again. Runs the training plan backward
         uses (on the same inputs the same numbers as __call__). seed: the dropout seed of this call (default the
         module's), which backward must be given too. lse and context are float32 NumPy arrays whatever the input's
-        kind and dtype. is_causal as in forward()."""
+        kind and dtype. is_causal as in forward(). A half module trains on float32 plans (its float32 twin, on its
+        weights as rounded to its type): results as a float32 module's."""
+        if self.dtype != "float32":
+            t = self._trainer()
+            got = t.forward_train(x, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal,
+                                  seed=seed)
+            self._last = t._last
+            return got
         if kv is x:
             kv = None
         causal = self.causal or _a.flag("is_causal", is_causal)
@@ -286,7 +310,14 @@ class Attention(_Shaped, _PlanCached):
         them. lse and context: forward_train's for these inputs (both or
         neither); given, the forward's statistics are not computed again. Masks get no gradient; a row that sees no
         key contributes nothing. Computed by the device's backward pass (an OpenCL device's backward core, or
-        ref's); clattn.autograd wraps it for torch.autograd."""
+        ref's); clattn.autograd wraps it for torch.autograd. A half module's runs on float32 plans, as
+        forward_train."""
+        if self.dtype != "float32":
+            t = self._trainer()
+            grads = t.backward(x, grad_out, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, lse=lse,
+                               context=context, is_causal=is_causal, seed=seed)
+            self._last_backward = t._last_backward
+            return grads
         if kv is x:
             kv = None
         causal = self.causal or _a.flag("is_causal", is_causal)

@@ -79,9 +79,14 @@ def test_from_torch_half_module(device, dt_name):
     # a float32 input to a half module: rounded to the type on the way in, the result in the input's type
     out32, _ = a(x.float())
     assert out32.dtype == torch.float32 and torch.equal(out32, out.float())
-    # training is float32's: a half module's backward says so
-    with pytest.raises(clattn.UnsupportedError, match="training with dtype"):
-        a.backward(x, torch.ones(2, 7, 16, dtype=dt))
+    # training runs on float32 plans (clattn 0.7): a half module's forward_train and backward are its float32 twin's
+    g = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(2)).to(dt)
+    o_t, lse, ctx = a.forward_train(x)
+    o_w, lse_w, ctx_w = a32.forward_train(x.float())
+    assert torch.equal(o_t.float(), o_w.to(dt).float()) and np.array_equal(lse, lse_w) and np.array_equal(ctx, ctx_w)
+    got, want = a.backward(x, g, lse=lse, context=ctx), a32.backward(x.float(), g.float(), lse=lse_w, context=ctx_w)
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in got)
+    assert a.backward_core_used == a32.backward_core_used
 
 
 def test_dtype_refusals_and_convert():
