@@ -41,7 +41,7 @@ void flash_tiled(FLASH_ARGS)
     for (uint x = lid; x < BQ * DK; x += BQ * NS) {
         const uint rr = x / DK, c = x % DK;
         const uint ii = min(i0 + rr, Tq - 1);
-        qs[rr][c] = q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c];
+        qs[rr][c] = IO_LOAD(q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c, q);
     }
     float acc[DVS];
     for (uint t = 0; t < DVS; t++) acc[t] = 0.0f;
@@ -53,14 +53,14 @@ void flash_tiled(FLASH_ARGS)
 #if WINDOW
     jbeg = i0 >= WINDOW ? i0 - WINDOW + 1 : 0;
 #endif
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    __global const io_t *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const io_t *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint j0 = jbeg; j0 < jend; j0 += BKT) {
         /* K tile */
         for (uint x = lid; x < BKT * DK; x += BQ * NS) {
             const uint jj = x / DK, c = x % DK;
-            kvs[jj][c] = j0 + jj < jend ? KVR(kb[(ulong)(j0 + jj) * k_ld + c]) : 0.0f;
+            kvs[jj][c] = j0 + jj < jend ? KVR(IO_LOAD((ulong)(j0 + jj) * k_ld + c, kb)) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         /* scores of row r for keys sp, sp+NS, ... */
@@ -74,7 +74,7 @@ void flash_tiled(FLASH_ARGS)
         /* V tile over the K tile */
         for (uint x = lid; x < BKT * DV; x += BQ * NS) {
             const uint jj = x / DV, c = x % DV;
-            kvs[jj][c] = j0 + jj < jend ? KVR(vb[(ulong)(j0 + jj) * v_ld + c]) : 0.0f;
+            kvs[jj][c] = j0 + jj < jend ? KVR(IO_LOAD((ulong)(j0 + jj) * v_ld + c, vb)) : 0.0f;
         }
         /* this row's statistics (each of its NS work-items computes the same) */
         float mb = m;
@@ -98,10 +98,10 @@ void flash_tiled(FLASH_ARGS)
     }
     if (i < Tq) {
         if (sp == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m, l, 0);
-        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        __global io_t *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         for (uint t = 0; t < DVS; t++) {
             const uint c = sp + t * NS;
-            if (c < DV) op[c] = flash_out(acc[t], l);
+            if (c < DV) IO_STORE(flash_out(acc[t], l), c, op); /* (a half plan's type: rounded once) */
         }
     }
 }

@@ -112,14 +112,7 @@ def floats(name: str, a: Any, ndim: Union[None, int, Tuple[int, ...]] = None) ->
     arr = _tensor_to_numpy(name, a, True) if is_tensor(a) else _asarray(name, a)
     if arr.dtype.kind != "f":
         invalid(f"{name}: dtype {arr.dtype} is not a floating type (use float32)")
-    if ndim is not None:
-        allowed = ndim if isinstance(ndim, tuple) else (ndim,)
-        if arr.ndim not in allowed:
-            shape(f"{name}: {arr.ndim}-D array of shape {tuple(arr.shape)}, expected "
-                  f"{' or '.join(f'{n}-D' for n in allowed)}")
-    if 0 in arr.shape:
-        shape(f"{name}: shape {tuple(arr.shape)} is empty; every dimension must be at least 1")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return np.ascontiguousarray(_checked(name, arr, ndim), dtype=np.float32)
 
 
 def mask(name: str, a: Any, want: Tuple[int, ...], allow_float: bool, meaning: str):
@@ -213,6 +206,7 @@ def typed(name: str, a: Any, d: str, ndim=None) -> np.ndarray:
 
 
 def _checked(name: str, arr: np.ndarray, ndim) -> np.ndarray:
+    """arr, after its rank (one of ndim, when given) and its dimensions (none 0) are checked."""
     if ndim is not None:
         allowed = ndim if isinstance(ndim, tuple) else (ndim,)
         if arr.ndim not in allowed:

@@ -77,6 +77,7 @@ const clattn_core clattn_core_flash_tiled = {
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
+    .reads_dtypes = 1,
     .params = params,
     .nparams = 3,
     .spec = &spec,
