@@ -638,7 +638,8 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     cr_assert_eq(oracle_attention_stats(&p.d, &p.w, &p.a, o64, a64, l64, c64), 0);
     clattn_attention_args a = p.a;
     if (t != CLATTN_DTYPE_F32) {
-        const size_t Ekv = d.cross ? (d.kv_embed ? d.kv_embed : d.embed) : 0;
+        /* kv's width as tu_problem_make made it (without weights, kv holds HK heads of E/H) */
+        const size_t Ekv = !cc.cross ? 0 : cc.Ekv ? cc.Ekv : cc.noproj ? HK * (cc.E / H) : cc.E;
         a.x = typed[nt++] = tu_typed(p.a.x, B * Tq * d.embed, t);
         if (p.a.kv) a.kv = typed[nt++] = tu_typed(p.a.kv, B * Tk * Ekv, t);
         if (p.a.value) a.value = typed[nt++] = tu_typed(p.a.value, B * Tk * HK * dv, t);
