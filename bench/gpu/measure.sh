@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# bench/gpu/measure.sh: one device call's worth of checks and timings on an NVIDIA GPU, run there from the
+# project root after `bash ../shared/gpu/prepare.sh` here (carry .gpu and build):
+#   bash bench/gpu/measure.sh [SECTION...]     (default: every section, in this order)
+# Sections: info selftest cores torch dtype decode conformance. Each has a timeout and the whole run a
+# budget (BUDGET seconds, default 420): a section that would start after it is skipped, named in the log.
+# Results under $OUT: log.txt (every section's text, one summary line per measurement), selftest.txt,
+# ctest.txt, bench.jsonl (clattn-bench), torch.jsonl (PyTorch's attention core on the same GPU).
+root=$PWD; kit=$root/.gpu
+OUT=${OUT:-/tmp/clattn-gpu}; mkdir -p "$OUT"; log=$OUT/log.txt
+dev=${DEV:-gpu}
+budget=${BUDGET:-420}; t0=$(date +%s)
+lib=$(ldconfig -p | awk '/libnvidia-opencl\.so/{print $NF; exit}')
+[ -n "$lib" ] || lib=$(find / -xdev -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
+echo "NVIDIA OpenCL library: ${lib:-none found}" | tee -a "$log"
+[ -z "$lib" ] || { mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd; }
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build/CMakeCache.txt)
+if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+export CLATTN_CACHE_DIR=/tmp/clattn-cache
+cl() { LD_LIBRARY_PATH=$kit/lib "$@"; }
+configs=${CONFIGS:-"4 512 512 8,2 4096 1024 16,4 2048 1024 8"}
+cores=${CORES:-"flash_rows flash_tiled flash_gemm flash_mma flash_mma@tf32 unfused"}
+summary() {
+  python3 - "$1" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    if not l.startswith("{"): continue
+    o = json.loads(l)
+    if o.get("mode") == "decode":
+        print(f"decode B{o['batch']} C{o['context']} {o['kv_type']} {o.get('core','')} splits {o['splits']}: {o['step_ms']:.3f} ms, "
+              f"KV {o['kv_gbps']:.0f} GB/s of copy {o['copy_gbps']:.0f}")
+    elif "backend" in o:
+        print(f"torch {o['B']} {o['T']} {o['E']} {o['H']} {'causal' if o['causal'] else '      '} {o['dtype']:8s} {o['backend']:9s} "
+              + (f"{o['median_ms']:.3f} ms {o['tflops']:.1f} TFLOP/s" if 'median_ms' in o else o.get('error', '')))
+    elif "variant" in o:
+        print(f"torch {o['variant']} n={o['n']}: {o['tflops']:.1f} TFLOP/s")
+    elif "batch" in o:
+        print(f"{o['batch']} {o['seq']} {o['dim']} {o['heads']} {'causal' if o['causal'] else '      '} {o['dtype']} {o['precision']} "
+              f"{o['core']:11s} {o['median_ms']:.3f} ms, core {o.get('core_ms') or 0:.3f} ms {(o.get('core_gflops') or 0) / 1000:.1f} TFLOP/s, "
+              f"proj {(o.get('projection_gflops') or 0) / 1000:.1f} TFLOP/s, first call {o['first_call_ms']:.0f} ms [{o.get('core_params')}]")
+PY
+}
+bench() {  # bench ARGS...: one clattn-bench configuration, its JSON line appended
+  cl timeout 40 build/clattn-bench --device "$dev" --iters 10 --warmup 2 --json "$@" 2>>"$log" | grep '^{' >> "$OUT/bench.jsonl" ||
+    echo "bench $* failed" | tee -a "$log"
+}
+[ $# -gt 0 ] || set -- info selftest cores torch dtype decode conformance
+for s in "$@"; do
+  now=$(( $(date +%s) - t0 ))
+  if [ "$now" -ge "$budget" ]; then echo "=== $s skipped: ${now}s of the ${budget}s budget spent" | tee -a "$log"; continue; fi
+  echo "=== $s at ${now}s" | tee -a "$log"
+  case $s in
+    info) nvidia-smi -L 2>&1 | tee -a "$log"; cl build/clattn devices 2>&1 | tee -a "$log"
+          cl build/clattn cores --device "$dev" 2>&1 | tee -a "$log" ;;
+    selftest) CLATTN_CACHE_DIR=/tmp/clattn-selftest cl timeout 120 build/clattn selftest --device "$dev" > "$OUT/selftest.txt" 2>&1
+              echo "selftest exit $?" | tee -a "$log"; cat "$OUT/selftest.txt" >> "$log" ;;
+    conformance) CLATTN_TEST_DEVICE=$dev cl timeout $((budget + 60 - now)) ctest --test-dir build -LE matrix -R '_core_' -j12 --timeout 160 \
+                   --output-on-failure > "$OUT/ctest.txt" 2>&1
+                 echo "ctest exit $?" | tee -a "$log"; grep -E 'tests passed|Failed|\*\*\*|Passed|Not Run|Skipped' "$OUT/ctest.txt" | tee -a "$log" ;;
+    cores) n=0; IFS=, read -ra cs <<< "$configs"
+           for c in "${cs[@]}"; do set -- $c
+             for k in $cores; do prec=fp32; [ "${k#*@}" != "$k" ] && prec=${k#*@}
+               bench --batch "$1" --seq "$2" --dim "$3" --heads "$4" --core "${k%@*}" --precision "$prec"
+               [ "$n" = 1 ] && bench --batch "$1" --seq "$2" --dim "$3" --heads "$4" --core "${k%@*}" --precision "$prec" --causal
+             done; n=$((n + 1))
+           done
+           bench --batch 2 --seq 4096 --dim 1024 --heads 16   # AUTO's choice
+           summary "$OUT/bench.jsonl" | tee -a "$log" ;;
+    dtype) for dt in f16 bf16; do for k in flash_rows flash_tiled flash_mma; do
+             bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core $k --dtype $dt; done; done
+           summary "$OUT/bench.jsonl" | grep -E ' (f16|bf16) ' | tee -a "$log" ;;
+    torch) timeout 150 python3 "$root/bench/gpu/torch_core.py" "$configs" > "$OUT/torch.jsonl" 2>>"$log"
+           summary "$OUT/torch.jsonl" | tee -a "$log" ;;
+    decode) for kv in "" --kv-half; do for core in decode_attend decode_group; do
+              CLATTN_CORE=$core cl timeout 60 build/clattn-bench --device "$dev" --decode --context 32768 --batch 1,8 --heads 32 \
+                --kv-heads 8 $kv --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/decode.jsonl" ||
+                echo "decode $core $kv failed" | tee -a "$log"
+            done; done; summary "$OUT/decode.jsonl" | tee -a "$log" ;;
+    *) echo "unknown section $s" | tee -a "$log" ;;
+  esac
+done
+echo "=== done at $(( $(date +%s) - t0 ))s" | tee -a "$log"
