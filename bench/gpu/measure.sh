@@ -2,7 +2,10 @@
 # bench/gpu/measure.sh: one device call's worth of checks and timings on an NVIDIA GPU, run there from the
 # project root after `bash ../shared/gpu/prepare.sh` here (carry .gpu and build):
 #   bash bench/gpu/measure.sh [SECTION...]     (default: every section, in this order)
-# Sections: info selftest cores torch dtype decode conformance. Each has a timeout and the whole run a
+# Sections: info selftest cores torch dtype decode conformance (the default run), and probe gemm matrix auto
+# backward tune (a second call: the sub-buffer probe, test_gemm on CLBlast, every family of the cores MATRIX names,
+# AUTO on CONFIGS and head size 256, the backward cores, `clattn tune`
+# on TUNE_SHAPES for TUNE_BUDGET seconds and AUTO on CONFIGS with what it kept). Each has a timeout and the whole run a
 # budget (BUDGET seconds, default 420): a section that would start after it is skipped, named in the log.
 # Results under $OUT: log.txt (every section's text, one summary line per measurement), selftest.txt,
 # ctest.txt, bench.jsonl (clattn-bench), torch.jsonl (PyTorch's attention core on the same GPU).
@@ -69,13 +72,34 @@ for s in "$@"; do
     dtype) for dt in f16 bf16; do for k in flash_rows flash_tiled flash_mma; do
              bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core $k --dtype $dt; done; done
            summary "$OUT/bench.jsonl" | grep -E ' (f16|bf16) ' | tee -a "$log" ;;
-    torch) timeout 150 python3 "$root/bench/gpu/torch_core.py" "$configs" > "$OUT/torch.jsonl" 2>>"$log"
+    torch) timeout 150 python3 "$root/bench/gpu/torch_core.py" "${TORCH_CONFIGS:-$configs}" > "$OUT/torch.jsonl" 2>>"$log"
            summary "$OUT/torch.jsonl" | tee -a "$log" ;;
     decode) for kv in "" --kv-half; do for core in decode_attend decode_group; do
               CLATTN_CORE=$core cl timeout 60 build/clattn-bench --device "$dev" --decode --context 32768 --batch 1,8 --heads 32 \
                 --kv-heads 8 $kv --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/decode.jsonl" ||
                 echo "decode $core $kv failed" | tee -a "$log"
             done; done; summary "$OUT/decode.jsonl" | tee -a "$log" ;;
+    probe) cl timeout 30 .gpu/subbuf_probe 2>&1 | tee -a "$log" ;;   # built by: cc -o .gpu/subbuf_probe bench/gpu/subbuf_probe.c ...
+    gemm) CLATTN_CORE=gemm_clblast CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_gemm --verbose 2>&1 | grep -E 'FAIL|PASS|Failed|Synthesis|\[----\]' | tee -a "$log" ;;
+    matrix) CLATTN_TEST_DEVICE=$dev cl timeout $((budget + 60 - now)) ctest --test-dir build -L matrix -R "${MATRIX:-_core_flash_mma}" \
+              -j12 --timeout 150 --output-on-failure > "$OUT/matrix.txt" 2>&1
+            echo "matrix exit $?" | tee -a "$log"; grep -E 'tests passed|Failed|\*\*\*|Passed|Not Run|Skipped' "$OUT/matrix.txt" | tee -a "$log" ;;
+    auto) IFS=, read -ra cs <<< "$configs"
+          for c in "${cs[@]}"; do set -- $c; bench --batch "$1" --seq "$2" --dim "$3" --heads "$4"
+            bench --batch "$1" --seq "$2" --dim "$3" --heads "$4" --causal; done
+          for k in flash_mma flash_gemm unfused; do bench --batch 1 --seq 4096 --dim 2048 --heads 8 --core $k; done
+          summary "$OUT/bench.jsonl" | tee -a "$log" ;;
+    backward) for k in flash_backward flash_backward_gemm; do
+                CLATTN_CORE=$k cl timeout 60 build/clattn-bench --device "$dev" --backward --batch 2 --seq 4096 --dim 1024 \
+                  --heads 16 --iters 5 --json 2>>"$log" | grep '^{' >> "$OUT/backward.jsonl" || echo "backward $k failed" | tee -a "$log"
+              done; cat "$OUT/backward.jsonl" | cut -c1-600 | tee -a "$log" ;;
+    tune) export CLATTN_TUNE_FILE=$OUT/tune.txt
+          cl timeout $((budget + 30 - now)) build/clattn tune --device "$dev" --budget "${TUNE_BUDGET:-100}" \
+            --shapes "${TUNE_SHAPES:-4,2048,1024,8;2,4096,1024,16}" --clblast never 2>&1 | tee "$OUT/tune.log" | tail -40 | tee -a "$log"
+          cat "$OUT/tune.txt" >> "$log" 2>/dev/null
+          IFS=, read -ra cs <<< "$configs"
+          for c in "${cs[@]}"; do set -- $c; bench --batch "$1" --seq "$2" --dim "$3" --heads "$4"; done
+          summary "$OUT/bench.jsonl" | tee -a "$log"; unset CLATTN_TUNE_FILE ;;
     *) echo "unknown section $s" | tee -a "$log" ;;
   esac
 done
