@@ -18,7 +18,9 @@
  *   - an operand whose element offset plus extent passes the limit is addressed through
  *     a sub-buffer that starts at the aligned origin just below it.
  * What cannot be split (one row, or the B operand alone, too large) is refused with
- * CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, naming the limit. */
+ * CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, naming the limit. A caller's sub-buffer that would need such a sub-buffer
+ * beside it is refused where the driver loses what is written through those (caps.sibling_subbuffers: NVIDIA's
+ * OpenCL), before anything is enqueued: the whole buffer with an offset works there. */
 #include "runtime.h"
 
 #include <pthread.h>
@@ -85,6 +87,21 @@ static clattn_status rebase(const clattn_device *dev, operand *op, size_t extent
     op->mem = op->sub;
     op->off = (byte - origin) / sizeof(float);
     return CLATTN_STATUS_SUCCESS;
+}
+
+/* Refuse, before any call, an operand in a caller's sub-buffer that reaches past the limit where sub-buffers beside it
+ * lose their writes (caps.sibling_subbuffers). `reach`: its element offset plus every element the GEMM touches. */
+static clattn_status check_sibling(const clattn_device *dev, cl_mem mem, size_t reach, const char *what,
+                                   const char *name)
+{
+    if (dev->caps.sibling_subbuffers || reach <= dev->caps.blas_max_elems) return CLATTN_STATUS_SUCCESS;
+    cl_mem parent = NULL;
+    if (clGetMemObjectInfo(mem, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, NULL) != CL_SUCCESS || !parent)
+        return CLATTN_STATUS_SUCCESS;
+    return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s: operand %s is a sub-buffer reaching element %zu, past the %zu "
+                       "CLBlast can index; this driver loses what CLBlast writes through further sub-buffers of its "
+                       "buffer (README, Drivers with defects): pass the whole buffer with an offset instead", what,
+                       name, reach, dev->caps.blas_max_elems);
 }
 
 /* Test-only: the largest element index any call handed to CLBlast, and the largest padded
@@ -201,6 +218,9 @@ clattn_status clattn_blas_sgemm(const clattn_device *dev, CLBlastTranspose ta, C
                                 size_t b_off, size_t ldb, float beta, cl_mem c, size_t c_off, size_t ldc,
                                 const char *what)
 {
+    TRY(check_sibling(dev, a, a_off + extent_a(ta, m, k, lda), what, "A"));
+    TRY(check_sibling(dev, b, b_off + extent_b(tb, n, k, ldb), what, "B"));
+    TRY(check_sibling(dev, c, c_off + extent(m, n, ldc), what, "C"));
     return gemm_rows(dev, ta, tb, m, n, k, alpha, (operand){a, a_off, NULL}, lda, (operand){b, b_off, NULL}, ldb, beta,
                      (operand){c, c_off, NULL}, ldc, what);
 }
@@ -211,6 +231,9 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
                                                 size_t b_stride, float beta, cl_mem c, size_t c_off, size_t ldc,
                                                 size_t c_stride, size_t count, const char *what)
 {
+    TRY(check_sibling(dev, a, a_off + (count - 1) * a_stride + extent_a(ta, m, k, lda), what, "A"));
+    TRY(check_sibling(dev, b, b_off + (count - 1) * b_stride + extent_b(tb, n, k, ldb), what, "B"));
+    TRY(check_sibling(dev, c, c_off + (count - 1) * c_stride + extent(m, n, ldc), what, "C"));
     const size_t lim = call_limit(dev);
     const size_t one = entry_need(ta, tb, m, n, k, lda, ldb, ldc);
     if (one > lim) { /* entry by entry, each in row blocks */

@@ -151,6 +151,7 @@ void clattn_caps_read(clattn_device *dev)
     else if (clattn_contains_ci(c->vendor, "intel")) c->dclass = CLATTN_CLASS_INTEL;
     else c->dclass = CLATTN_CLASS_OTHER;
     c->blas_max_elems = CLATTN_BLAS_MAX_ELEMS;
+    c->sibling_subbuffers = c->dclass != CLATTN_CLASS_NVIDIA;
     c->max_launch_items = CLATTN_MAX_LAUNCH_ITEMS;
 
     /* inline PTX: only NVIDIA's compiler can take it, so only NVIDIA devices are asked */
@@ -220,6 +221,7 @@ clattn_status clattn_caps_simulate(clattn_caps *caps, const char *target)
     c.global_mem = t->global_mem;
     c.max_work_group = t->max_work_group;
     c.base_align = 512;
+    c.sibling_subbuffers = 0;
     c.fp16 = 0, c.fp64 = 1, c.subgroups = 0;
     memset(c.subgroup_sizes, 0, sizeof c.subgroup_sizes);
     c.subgroup_sizes[0] = t->warp;

@@ -134,6 +134,10 @@ typedef struct clattn_caps {
      * passes over them (select.c); CLATTN_CORE still forces one. */
     char selftest_failed[400];
     size_t blas_max_elems;      /* the largest element index one CLBlast call may touch in one buffer */
+    int sibling_subbuffers;     /* CLBlast calls through sub-buffers made beside a caller's sub-buffer (runtime/blas.c,
+                                   for operands past blas_max_elems) show their writes through it. 0 on NVIDIA's
+                                   OpenCL (driver 580, H200, 2026-11-26): calls in row blocks lost the results of every
+                                   block but the last (bench/gpu/subbuf_probe.c); such operands are refused there */
     size_t max_launch_items;    /* work-items of one enqueue of a 1-D kernel */
 } clattn_caps;
 
