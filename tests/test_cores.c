@@ -485,23 +485,42 @@ Test(cores, cli)
 }
 
 /* AUTO's order on GPUs (registry.c): flash_gemm first for every head size it takes; then flash_tiled up to
- * 64 and the unfused path above (issue 22's H100 table); on a CPU flash_rows. */
+ * 64 and the unfused path above (issue 22's H100 table); on NVIDIA GPUs flash_mma before all of them up to head
+ * size 128 (measured on an H200), the same order after it; on a CPU flash_rows. */
 Test(cores, gpu_order)
 {
-    static const char *const nvidia[][4] = {
+    static const char *const gpu[][4] = {
         {"flash_gemm", "flash_tiled", "unfused", "flash_rows"},
         {"flash_gemm", "flash_tiled", "unfused", "flash_rows"},
         {"flash_gemm", "unfused", "flash_tiled", "flash_rows"},
         {"flash_gemm", "unfused", "flash_tiled", "flash_rows"},
     };
     for (int dc = CLATTN_CLASS_NVIDIA; dc <= CLATTN_CLASS_OTHER; dc++)
-        for (int cls = 0; cls < 4; cls++)
-            for (size_t i = 0; i < 4; i++) {
+        for (int cls = 0; cls < 4; cls++) {
+            const int mma = dc == CLATTN_CLASS_NVIDIA && cls <= 2;
+            for (size_t i = 0; i < 4 + (size_t)mma; i++) {
                 const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, i);
+                const char *want = mma ? (i ? gpu[cls][i - 1] : "flash_mma") : gpu[cls][i];
                 cr_assert(c, "class %d, head class %d: no choice %zu", dc, cls, i);
-                cr_assert_str_eq(c->name, nvidia[cls][i], "device class %d, head class %d, choice %zu", dc, cls, i);
+                cr_assert_str_eq(c->name, want, "device class %d, head class %d, choice %zu", dc, cls, i);
             }
+            cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, 4 + (size_t)mma),
+                           "device class %d, head class %d: a choice past the order", dc, cls);
+        }
     cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, 0)->name, "flash_rows");
+    /* backward: flash_backward_gemm, then flash_backward, on NVIDIA GPUs up to head size 64 (measured on an H200);
+     * flash_backward alone everywhere else */
+    for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
+        for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
+            const int gemm = dc == CLATTN_CLASS_NVIDIA && cls <= 1;
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 1);
+            cr_assert(a, "device class %d, head class %d: no backward core", dc, cls);
+            cr_assert_str_eq(a->name, gemm ? "flash_backward_gemm" : "flash_backward", "class %d, head class %d", dc,
+                             cls);
+            if (gemm) cr_assert(b && strcmp(b->name, "flash_backward") == 0, "class %d, head class %d", dc, cls);
+            else cr_assert_null(b, "class %d, head class %d", dc, cls);
+        }
 }
 
 /* The GEMM cores' order: gemm_tiles then CLBlast on CPU devices, CLBlast alone on GPUs (registry.c). */

@@ -74,8 +74,12 @@ const clattn_core *clattn_core_legacy(const char *var, const char *value, const 
  *     flash_tiled: on an H100 (NVIDIA OpenCL 580, clattn 0.3.0, issue 22's table) unfused took 0.40-0.48 of
  *     flash_tiled's time at head size 128, and 0.85-1.09 of it at 64. flash_rows keeps whole rows per
  *     work-item, which suits a CPU.
- *   flash_mma (tensor cores, 3xTF32) is in no order yet: it has not run on an NVIDIA GPU (issue 24), so only
- *     CLATTN_CORE=flash_mma runs it (natively where caps.nv_mma_tf32, else its emulation).
+ *   NVIDIA GPUs, head sizes up to 128: flash_mma (tensor cores, 3xTF32: fp32 accuracy) first, where it runs natively
+ *     (caps.nv_mma_tf32; elsewhere AUTO passes over it, its emulation is for tests). Measured on an H200 (NVIDIA
+ *     OpenCL, clattn 0.7.0, bench/results/h200-2026-11-26.md), its core time against flash_gemm's: 0.090 / 0.106 ms
+ *     at B4 T512 H8 d64, 2.98 / 4.27 ms at B2 T4096 H16 d64 (causal 1.94 / 3.34), 1.99 / 2.77 ms at B4 T2048 H8 d128;
+ *     46 TFLOP/s at d64, beside torch 2.11's fp32 memory-efficient SDPA at 34 on the same card. Above 128 it is
+ *     not measured yet: flash_gemm keeps those.
  * Decode: decode_attend (one work-item streams its keys, its accumulators in registers: a CPU's way) on CPUs;
  *   decode_group (work-groups streaming whole keys with coalesced loads) on GPUs, where decode_attend read the
  *   cache at about 1 % of the copy bandwidth on an H100 (issue 23's table). decode_group on a GPU: by
@@ -88,6 +92,8 @@ typedef struct order_rule {
 
 static const order_rule prefill_order[] = {
     {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"flash_rows", "flash_tiled", "flash_gemm", "unfused"}},
+    {CLATTN_CLASS_NVIDIA, 0, 1, {"flash_mma", "flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
+    {CLATTN_CLASS_NVIDIA, 2, 2, {"flash_mma", "flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
     {-1, 0, 1, {"flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
     {-1, 2, CLATTN_HEAD_CLASSES - 1, {"flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
 };
@@ -97,10 +103,12 @@ static const order_rule decode_order[] = {
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
-/* Backward: flash_backward (per-work-item rows: a CPU's shape; on GPUs unmeasured) everywhere. flash_backward_gemm
- * (tiles in local memory, register micro-tiles: a GPU's shape) is in no order yet: it has not run on a GPU, so only
- * CLATTN_CORE=flash_backward_gemm runs it. */
+/* Backward: flash_backward (per-work-item rows: a CPU's shape) everywhere, after flash_backward_gemm (tiles in local
+ * memory, register micro-tiles: a GPU's shape) on NVIDIA GPUs up to head size 64: on an H200 (clattn 0.7.0,
+ * bench/results/h200-2026-11-26.md) its core backward took 20.2 ms against flash_backward's 158 ms at B2 T4096 H16
+ * d64, and its training family passed there. Larger heads and other GPUs: not measured yet. */
 static const order_rule backward_order[] = {
+    {CLATTN_CLASS_NVIDIA, 0, 1, {"flash_backward_gemm", "flash_backward"}},
     {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_backward"}},
 };
 
