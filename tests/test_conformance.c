@@ -217,12 +217,15 @@ Test(prefill, half_types_memory)
                                .algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO};
     size_t bytes[3] = {0};
     char core[3][32];
+    int split = 0;
     for (int t = 0; t < 3; t++) {
         d.dtype = (clattn_dtype)t;
         clattn_plan *plan = NULL;
         cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         bytes[t] = clattn_plan_device_bytes(plan);
         snprintf(core[t], sizeof core[t], "%s", clattn_plan_core(plan));
+        const char *sp = strstr(clattn_plan_core_params(plan), "SPLIT=");
+        split = split || (sp && atoi(sp + 6) > 1);
         clattn_plan_free(plan);
     }
     cr_assert(!strcmp(core[0], core[1]) && !strcmp(core[0], core[2]), "%s %s %s", core[0], core[1], core[2]);
@@ -237,6 +240,10 @@ Test(prefill, half_types_memory)
         const double ratio = (double)bytes[t] / (double)bytes[0];
         printf("[----] %s (reads_dtypes %d): dtype %d plan holds %.2fx the fp32 plan's device bytes\n", core[0], reads,
                t, ratio);
-        if (reads) cr_assert(ratio <= 0.55, "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t], bytes[0]);
+        /* a core splitting the keys (SPLIT > 1, a forced configuration here) holds its parts' fp32 workspace in both
+         * plans: no fp32 copies of the arrays still means less than the fp32 plan (the boundary route holds more) */
+        if (reads && split) cr_assert(bytes[t] < bytes[0], "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t],
+                                      bytes[0]);
+        else if (reads) cr_assert(ratio <= 0.55, "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t], bytes[0]);
     }
 }

@@ -10,10 +10,11 @@
  * the result one pass over all keys gives: 0 where no part saw a key (sum 0) and, with valid, for the padding
  * tokens t >= valid[b] (decode steps); a NaN sum or output stays NaN. With lse (not NULL) each row's log-sum-exp
  * in natural units, M + log(L) (-inf with no key), at lse[lse_off + (b*H + h)*n + t]. One work-item per output
- * element, total = rows*H*dv. */
+ * element, total = rows*H*dv. out is io_t (common/dtype.cl, included before this): a flash program built for a half
+ * plan's own arrays (IO_DTYPE) writes them rounded once; float everywhere else. */
 __kernel void split_combine(__global const float *acc, ulong a_off, ulong a_row, uint a_part, uint a_head,
                             __global const float *st, ulong s_off, ulong s_row, uint s_part, uint s_head, uint parts,
-                            uint base2, uint H, uint dv, uint n, __global const uint *valid, __global float *out,
+                            uint base2, uint H, uint dv, uint n, __global const uint *valid, __global io_t *out,
                             ulong out_off, uint out_ld, __global float *lse, ulong lse_off, ulong total)
 {
     const ulong g = get_global_id(0);
@@ -35,7 +36,7 @@ __kernel void split_combine(__global const float *acc, ulong a_off, ulong a_row,
         sum += a[(ulong)p * a_part] * f;
     }
     const int pad = valid && t >= valid[b];
-    out[out_off + row * out_ld + (ulong)h * dv + c] = pad || L == 0.0f ? 0.0f : sum / L;
+    IO_STORE(pad || L == 0.0f ? 0.0f : sum / L, out_off + row * out_ld + (ulong)h * dv + c, out); /* rounded once */
     if (lse && c == 0)
         lse[lse_off + (b * H + h) * (ulong)n + t] = L == 0.0f ? -INFINITY : (base2 ? M * M_LN2_F : M) + log(L);
 }

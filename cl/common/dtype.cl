@@ -31,4 +31,31 @@ typedef float io_t;
 #define IO_STORE(x, i, p) ((p)[(i)] = (x))
 #endif
 
+/* VW-wide loads of io_t widened to float (a vector of VW floats, or one float where VW is not 4 or 8), and stores
+ * rounded once: the vector width is the including core's -D VW (flash_rows, flash_gemm); 1 where none is given */
+#if defined(VW) && (VW == 4 || VW == 8)
+#if IO_DTYPE == 1 && VW == 8
+#define IO_LOADW(i, p) vload_half8((i), (p))
+#define IO_STOREW(x, i, p) vstore_half8_rte((x), (i), (p))
+#elif IO_DTYPE == 1
+#define IO_LOADW(i, p) vload_half4((i), (p))
+#define IO_STOREW(x, i, p) vstore_half4_rte((x), (i), (p))
+#elif IO_DTYPE == 2 && VW == 8
+#define IO_LOADW(i, p) as_float8(convert_uint8(vload8((i), (p))) << 16)
+#define IO_STOREW(x, i, p) vstore8(clattn_bf16_8(x), (i), (p))
+#elif IO_DTYPE == 2
+#define IO_LOADW(i, p) as_float4(convert_uint4(vload4((i), (p))) << 16)
+#define IO_STOREW(x, i, p) vstore4(clattn_bf16_4(x), (i), (p))
+#elif VW == 8
+#define IO_LOADW(i, p) vload8((i), (p))
+#define IO_STOREW(x, i, p) vstore8((x), (i), (p))
+#else
+#define IO_LOADW(i, p) vload4((i), (p))
+#define IO_STOREW(x, i, p) vstore4((x), (i), (p))
+#endif
+#else
+#define IO_LOADW(i, p) IO_LOAD((i), (p))
+#define IO_STOREW(x, i, p) IO_STORE((x), (i), (p))
+#endif
+
 #endif

@@ -98,7 +98,6 @@
 
 #if VW == 4
 typedef float4 fv_t;
-#define FV_LOAD(i, p) vload4((i), (p))
 #define FV_STORE(x, i, p) vstore4((x), (i), (p))
 #define FV_DOT(a, b, s) fma((a).s3, (b).s3, fma((a).s2, (b).s2, fma((a).s1, (b).s1, fma((a).s0, (b).s0, (s)))))
 #if KV_HALF
@@ -108,7 +107,6 @@ inline float4 fv_round(float4 x) { return (float4)(KVR(x.s0), KVR(x.s1), KVR(x.s
 #endif
 #else
 typedef float fv_t;
-#define FV_LOAD(i, p) ((p)[(i)])
 #define FV_STORE(x, i, p) ((p)[(i)] = (x))
 #define FV_DOT(a, b, s) fma((a), (b), (s))
 #define fv_round(x) KVR(x)
@@ -149,7 +147,7 @@ void flash_gemm(FLASH_ARGS)
     for (uint x = lid; x < BQ * DKV; x += WGS) {
         const uint rr = x / DKV, c = x % DKV;
         const uint ii = min(i0 + rr, Tq - 1);
-        qs[rr / RM * QGL + rr % RM * QLD + c] = FV_LOAD(c, q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK);
+        qs[rr / RM * QGL + rr % RM * QLD + c] = IO_LOADW(c, q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK);
     }
     fv_t acc[RM][NVT];
     float m[RM], l[RM];
@@ -161,13 +159,13 @@ void flash_gemm(FLASH_ARGS)
         for (uint t = 0; t < NVT; t++) acc[r][t] = (fv_t)(0.0f);
     }
     const uint jbeg = blkd.jbeg, jend = blkd.jend;
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    __global const io_t *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const io_t *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
 /* work-item lid's u-th vector of the tile at key j0 (keys past jend, and slots past the tile, as 0) */
 #define K_AT(j0, u) (lid + WGS * (u) < BK * DKV && (j0) + (lid + WGS * (u)) / DKV < jend \
-    ? fv_round(FV_LOAD((lid + WGS * (u)) % DKV, kb + (ulong)((j0) + (lid + WGS * (u)) / DKV) * k_ld)) : (fv_t)(0.0f))
+    ? fv_round(IO_LOADW((lid + WGS * (u)) % DKV, kb + (ulong)((j0) + (lid + WGS * (u)) / DKV) * k_ld)) : (fv_t)(0.0f))
 #define V_AT(j0, u) (lid + WGS * (u) < BK * DVV && (j0) + (lid + WGS * (u)) / DVV < jend \
-    ? fv_round(FV_LOAD((lid + WGS * (u)) % DVV, vb + (ulong)((j0) + (lid + WGS * (u)) / DVV) * v_ld)) : (fv_t)(0.0f))
+    ? fv_round(IO_LOADW((lid + WGS * (u)) % DVV, vb + (ulong)((j0) + (lid + WGS * (u)) / DVV) * v_ld)) : (fv_t)(0.0f))
 /* The tile at key j0 into ts (row stride TLD vectors) from base (row stride ld floats), NV vectors a row, PER
  * vectors a work-item: rows past jend as 0. Where the work-group covers whole rows (WGS a multiple of NV), the
  * work-item keeps one column and steps WGS / NV rows: constant offsets, no division per vector. */
@@ -178,7 +176,7 @@ void flash_gemm(FLASH_ARGS)
         for (uint u = 0; u < (PER); u++) { \
             const uint jj = r0_ + u * (WGS / (NV)); \
             if (BK % (WGS / (NV)) == 0 || jj < BK) \
-                (ts)[jj * (TLD) + c_] = j0 + jj < jend ? fv_round(FV_LOAD(c_, (base) + (ulong)(j0 + jj) * (ld))) \
+                (ts)[jj * (TLD) + c_] = j0 + jj < jend ? fv_round(IO_LOADW(c_, (base) + (ulong)(j0 + jj) * (ld))) \
                                                        : (fv_t)(0.0f); \
         } \
     } else { \
@@ -186,7 +184,7 @@ void flash_gemm(FLASH_ARGS)
         for (uint u = 0; u < (PER); u++) { \
             const uint x = lid + WGS * u, jj = x / (NV), c = x % (NV); \
             if (x < BK * (NV)) \
-                (ts)[jj * (TLD) + c] = j0 + jj < jend ? fv_round(FV_LOAD(c, (base) + (ulong)(j0 + jj) * (ld))) \
+                (ts)[jj * (TLD) + c] = j0 + jj < jend ? fv_round(IO_LOADW(c, (base) + (ulong)(j0 + jj) * (ld))) \
                                                       : (fv_t)(0.0f); \
         } \
     }
@@ -342,7 +340,7 @@ void flash_gemm(FLASH_ARGS)
         if (i >= Tq) continue;
 #if SPLIT > 1
         /* one part: the unnormalised output, the row's max (base 2) and sum, for split_combine */
-        __global float *row = out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld;
+        __global float *row = (__global float *)out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld; /* ws */
         #pragma unroll
         for (uint t = 0; t < NVT; t++) {
             const uint c = tx + TC * t;
@@ -352,12 +350,12 @@ void flash_gemm(FLASH_ARGS)
         continue;
 #endif
         if (tx == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m[r], lr, 1);
-        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        __global io_t *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
         #pragma unroll
-        for (uint t = 0; t < NVT; t++) {
+        for (uint t = 0; t < NVT; t++) { /* (a half plan's type: rounded once) */
             const uint c = tx + TC * t;
-            if (NVT * TC == DVV || c < DVV) FV_STORE(lr == 0.0f ? (fv_t)(0.0f) : acc[r][t] * inv, c, op);
+            if (NVT * TC == DVV || c < DVV) IO_STOREW(lr == 0.0f ? (fv_t)(0.0f) : acc[r][t] * inv, c, op);
         }
     }
 }

@@ -149,14 +149,14 @@ inline void inf_to_lo(float *hi, float *lo)
 /* Four consecutive elements of a tile row staged in local memory at hs[at..] (and their low parts at ls[at..]
  * with PS in 3xTF32): src[0..3] where the key is valid (ok) and the column within the head (i < left), else 0;
  * split once (PS), infinities in the low part when inf_lo (the V tile, 3xTF32). at is a multiple of 4. */
-inline void stage4(__local float *hs, __local float *ls, uint at, __global const float *src, int ok, int left,
+inline void stage4(__local float *hs, __local float *ls, uint at, __global const io_t *src, int ok, int left,
                    int inf_lo)
 {
     float4 x;
-    x.s0 = ok && 0 < left ? KVR(src[0]) : 0.0f;
-    x.s1 = ok && 1 < left ? KVR(src[1]) : 0.0f;
-    x.s2 = ok && 2 < left ? KVR(src[2]) : 0.0f;
-    x.s3 = ok && 3 < left ? KVR(src[3]) : 0.0f;
+    x.s0 = ok && 0 < left ? KVR(IO_LOAD(0, src)) : 0.0f;
+    x.s1 = ok && 1 < left ? KVR(IO_LOAD(1, src)) : 0.0f;
+    x.s2 = ok && 2 < left ? KVR(IO_LOAD(2, src)) : 0.0f;
+    x.s3 = ok && 3 < left ? KVR(IO_LOAD(3, src)) : 0.0f;
 #if PS
     float hi[4], lo[4];
     tf32_split(x.s0, &hi[0], &lo[0]);
@@ -377,8 +377,8 @@ void flash_mma(FLASH_ARGS)
     /* this lane's two rows (rows past Tq compute with the last row and are never written) */
     const uint r0 = i0 + warp * 16 + g, r1 = r0 + 8;
     const uint i_0 = min(r0, Tq - 1), i_1 = min(r1, Tq - 1);
-    __global const float *q0 = q + q_off + (b * Tq + i_0) * q_ld + (ulong)h * DK;
-    __global const float *q1 = q + q_off + (b * Tq + i_1) * q_ld + (ulong)h * DK;
+    __global const io_t *q0 = q + q_off + (b * Tq + i_0) * q_ld + (ulong)h * DK;
+    __global const io_t *q1 = q + q_off + (b * Tq + i_1) * q_ld + (ulong)h * DK;
 
 #if QREG
     /* the lane's Q fragments, read once: chunk c holds (g, 8c+t), (g+8, 8c+t), (g, 8c+t+4), (g+8, 8c+t+4) */
@@ -386,16 +386,16 @@ void flash_mma(FLASH_ARGS)
     #pragma unroll
     for (uint c = 0; c < NKC; c++) {
         const uint c0 = 8 * c + t, c1 = c0 + 4;
-        tf32_split(c0 < DK ? q0[c0] : 0.0f, &qh[c][0], &ql[c][0]);
-        tf32_split(c0 < DK ? q1[c0] : 0.0f, &qh[c][1], &ql[c][1]);
-        tf32_split(c1 < DK ? q0[c1] : 0.0f, &qh[c][2], &ql[c][2]);
-        tf32_split(c1 < DK ? q1[c1] : 0.0f, &qh[c][3], &ql[c][3]);
+        tf32_split(c0 < DK ? IO_LOAD(c0, q0) : 0.0f, &qh[c][0], &ql[c][0]);
+        tf32_split(c0 < DK ? IO_LOAD(c0, q1) : 0.0f, &qh[c][1], &ql[c][1]);
+        tf32_split(c1 < DK ? IO_LOAD(c1, q0) : 0.0f, &qh[c][2], &ql[c][2]);
+        tf32_split(c1 < DK ? IO_LOAD(c1, q1) : 0.0f, &qh[c][3], &ql[c][3]);
     }
 #else
     for (uint x = lid; x < BQ * DKP; x += WGS) {
         const uint rr = x / DKP, c = x % DKP;
         const uint ii = min(i0 + rr, Tq - 1);
-        const float qv = c < DK ? q[q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c] : 0.0f;
+        const float qv = c < DK ? IO_LOAD(q_off + (b * Tq + ii) * q_ld + (ulong)h * DK + c, q) : 0.0f;
 #if PS
         float hi, lo;
         tf32_split(qv, &hi, &lo);
@@ -418,8 +418,8 @@ void flash_mma(FLASH_ARGS)
     float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f}; /* rows r0 and r1 */
 
     const uint jbeg = blkd.jbeg, jend = blkd.jend;
-    __global const float *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
-    __global const float *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+    __global const io_t *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
+    __global const io_t *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
     /* the lane's corners of the tiles: B of S at key 8n + g, column 8c + t; B of P V at key 2t, column g */
     __local const float *kme = ks + g * KLD + t;
     __local const float *vme = vs + 2 * t * VLD + g;
@@ -554,7 +554,7 @@ void flash_mma(FLASH_ARGS)
     for (uint e = 0; e < 4; e += 2) {
         const uint i = e < 2 ? r0 : r1;
         if (i >= Tq) continue;
-        __global float *row = out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld;
+        __global float *row = (__global float *)out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld; /* ws */
         #pragma unroll
         for (uint c = 0; c < NVB; c++) {
             const uint col = 8 * c + 2 * t;
@@ -570,13 +570,13 @@ void flash_mma(FLASH_ARGS)
         if (i >= Tq) continue;
         const float lr = e < 2 ? ls.x : ls.y;
         if (t == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m[e >> 1], lr, 1);
-        __global float *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
+        __global io_t *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
         const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
         #pragma unroll
-        for (uint c = 0; c < NVB; c++) {
+        for (uint c = 0; c < NVB; c++) { /* (a half plan's type: rounded once) */
             const uint col = 8 * c + 2 * t;
-            if (col < DV) op[col] = lr == 0.0f ? 0.0f : o[c][e] * inv;
-            if (col + 1 < DV) op[col + 1] = lr == 0.0f ? 0.0f : o[c][e + 1] * inv;
+            if (col < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e] * inv, col, op);
+            if (col + 1 < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e + 1] * inv, col + 1, op);
         }
     }
 #endif

@@ -32,27 +32,7 @@ typedef float vw_t;
 #define VSTOREW(v, i, p) ((p)[(i)] = (v))
 inline float hsum(float v) { return v; }
 #endif
-/* Q, K, V and the output in the plan's type (IO_DTYPE, common/dtype.cl): VW-wide loads widened to float, stores
- * rounded once */
-#if IO_DTYPE == 1 && VW == 8
-#define IO_LOADW(i, p) vload_half8((i), (p))
-#define IO_STOREW(x, i, p) vstore_half8_rte((x), (i), (p))
-#elif IO_DTYPE == 1 && VW == 4
-#define IO_LOADW(i, p) vload_half4((i), (p))
-#define IO_STOREW(x, i, p) vstore_half4_rte((x), (i), (p))
-#elif IO_DTYPE == 2 && VW == 8
-#define IO_LOADW(i, p) as_float8(convert_uint8(vload8((i), (p))) << 16)
-#define IO_STOREW(x, i, p) vstore8(clattn_bf16_8(x), (i), (p))
-#elif IO_DTYPE == 2 && VW == 4
-#define IO_LOADW(i, p) as_float4(convert_uint4(vload4((i), (p))) << 16)
-#define IO_STOREW(x, i, p) vstore4(clattn_bf16_4(x), (i), (p))
-#elif IO_DTYPE
-#define IO_LOADW(i, p) IO_LOAD((i), (p))
-#define IO_STOREW(x, i, p) IO_STORE((x), (i), (p))
-#else
-#define IO_LOADW(i, p) VLOADW((i), (p))
-#define IO_STOREW(x, i, p) VSTOREW((x), (i), (p))
-#endif
+/* Q, K, V and the output in the plan's type: IO_LOADW / IO_STOREW (common/dtype.cl), VW wide */
 #if KV_HALF && VW == 8
 inline float8 kvr_w(float8 x) { return (float8)(KVR(x.s0), KVR(x.s1), KVR(x.s2), KVR(x.s3), KVR(x.s4), KVR(x.s5), KVR(x.s6), KVR(x.s7)); }
 #elif KV_HALF && VW == 4

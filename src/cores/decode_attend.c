@@ -55,10 +55,10 @@ static size_t part_trips(const clattn_attention_desc *d, const clattn_core_param
                                   1 + 3 * r);
 }
 
-static const char *const sources[] = {"common/half", "common/online", "common/combine", "cores/decode_common",
+static const char *const sources[] = {"common/half", "common/dtype", "common/online", "common/combine", "cores/decode_common",
                                       "cores/decode_attend"};
 static const clattn_decode_spec spec = {
-    .sources = sources, .nsources = 5, .kernel = "decode_attend", .launch = CLATTN_FLASH_PER_ITEM, .rows = R,
+    .sources = sources, .nsources = sizeof sources / sizeof sources[0], .kernel = "decode_attend", .launch = CLATTN_FLASH_PER_ITEM, .rows = R,
     .group = -1, .defines = "-DBK=" STR(KEYS_PER_BLOCK), .per_cu_cpu = 2, .per_cu_gpu = 16, .min_keys = min_keys,
     .part_trips = part_trips,
 };

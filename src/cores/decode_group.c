@@ -99,9 +99,9 @@ static size_t part_trips(const clattn_attention_desc *d, const clattn_core_param
     return steps * step + r * (1 + nsk + nsv) + r * (1 + 2 * nt + nsv + (d->head_dim_v + wg - 1) / wg * (1 + nt));
 }
 
-static const char *const sources[] = {"common/half", "common/combine", "cores/decode_common", "cores/decode_group"};
+static const char *const sources[] = {"common/half", "common/dtype", "common/combine", "cores/decode_common", "cores/decode_group"};
 static const clattn_decode_spec spec = {
-    .sources = sources, .nsources = 4, .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
+    .sources = sources, .nsources = sizeof sources / sizeof sources[0], .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
     .group = WG, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys, .part_trips = part_trips,
 };
 

@@ -147,6 +147,7 @@ const clattn_core clattn_core_flash_gemm = {
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
+    .reads_dtypes = 1,
     .params = params,
     .nparams = 8,
     .test_configs = test_configs,

@@ -151,6 +151,7 @@ const clattn_core clattn_core_flash_mma = {
     .kind = CLATTN_CORE_PREFILL,
     .algorithm = CLATTN_ALGORITHM_FUSED,
     .saves_row_stats = 1,
+    .reads_dtypes = 1,
     .tf32 = 1,
     .params = params,
     .nparams = 5,
