@@ -56,7 +56,8 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
  * where the head sizes allow (few lanes: fewer partials to sum; more: more keys in flight per work-group);
  * 128 work-items, 2 keys per team and step, 4 rows. A lane's registers (the rows' query and output slices,
  * a step's keys and values) stay within 128 floats, and the work-group, keys per step and rows shrink until
- * the device takes them. By construction, not measured on a GPU yet. */
+ * the device takes them. By construction; on an H200 at context 32768 (d128, 32 heads over 8): 955 GB/s of the fp32
+ * cache at B1, 1694 at B8 (copy 3.9 TB/s), tune's best WG=128 within 3 % (bench/results/h200-2026-11-26.md). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {

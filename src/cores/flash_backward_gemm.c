@@ -3,8 +3,9 @@
  * through local memory, and a dK/dV pass of work-groups over BK key rows streaming Q and dctx tiles (each of the
  * GROUP query heads of its key/value head: no atomics); every product an RQ or RK x (tile / TC) register micro-tile per
  * work-item. flash_backward keeps whole rows per work-item in private arrays (16-33 KiB of stack per work-item in
- * sm_90's PTX): a CPU's shape; this is a GPU's. Not in AUTO's order: it has not run on a GPU (registry.c), so only
- * CLATTN_CORE=flash_backward_gemm runs it (the test suite does, on PoCL).
+ * sm_90's PTX): a CPU's shape; this is a GPU's. AUTO's backward core on NVIDIA GPUs up to head size 64 (registry.c):
+ * on an H200, 20.2 ms against flash_backward's 158 at B2 T4096 H16 d64; elsewhere CLATTN_CORE=flash_backward_gemm
+ * runs it (the test suite does, on PoCL).
  *
  * Kernel arguments of bwd_dq_tiles and bwd_dkdv_tiles (backward_common.cl's BWD_ARGS, extent the launch's first
  * work-group), then the gradients' rows, as flash_backward.c's. */
@@ -62,7 +63,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
- * indicative, not yet measured on a GPU), within 48 KiB (NVIDIA's OpenCL limit per work-group), no spill:
+ * indicative; on an H200 at d64: 17 TFLOP/s, bench/results/h200-2026-11-26.md), within 48 KiB (NVIDIA's OpenCL limit per work-group), no spill:
  *   <=64:  32 query rows x 32 keys, 4 rows a work-item in both passes, 8 work-items a row (64 a group): 42 KiB;
  *          ceilings 33 (dQ) and 34 (dK/dV) TFLOP/s, 220 and 254 registers
  *   <=128: 16 x 16, 4 rows a work-item in the dQ pass (32 a group) and 2 in the dK/dV pass (64; 4 spilled 140 bytes

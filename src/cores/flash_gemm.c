@@ -77,7 +77,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
- * indicative, not yet measured on a GPU; the table is where H100 measurements go). Each keeps at most 64
+ * indicative; on an H200: 32 TFLOP/s at d64, 25 at d128, 14 at d256, bench/results/h200-2026-11-26.md; tune kept them). Each keeps at most 64
  * accumulators per work-item and fits 48 KiB of local memory (NVIDIA's OpenCL limit per work-group). Ceilings of
  * the whole tile (bench/results/gpu-static-sm90.md), FMA peak 67 TFLOP/s:
  *   <=64:  64 rows x 32 keys, 8x4 score and 8x8 output micro-tiles, 64 work-items, 45 KiB: 46 (254 registers, no

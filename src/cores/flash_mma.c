@@ -6,7 +6,8 @@
  * (caps.nv_mma_tf32). Everywhere else the same kernel builds with the instructions emulated in OpenCL C
  * (MMA_NATIVE = 0), keeping the PTX fragment layout: `native` says no there, so AUTO passes over it and the
  * public list reports it unsupported, and CLATTN_CORE=flash_mma runs the emulation (the test suite does).
- * Not in AUTO's order anywhere yet: it has not run on an NVIDIA GPU (registry.c). */
+ * AUTO's first core on NVIDIA GPUs up to head size 128 (registry.c): on an H200 it passed every attention family
+ * and ran at 0.70-0.85 of flash_gemm's core time (bench/results/h200-2026-11-26.md). */
 #include "core.h"
 
 #include <stdio.h>
@@ -73,7 +74,8 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
- * indicative, not yet measured on a GPU; the table is where H100 measurements go). No spills, no stack frame.
+ * indicative; measured on an H200 at d64 and d128: 46 and 35 TFLOP/s, tune kept them, bench/results/h200-2026-11-26.md;
+ * d256 at 10, slower than the unfused path there). No spills, no stack frame.
  * Ceilings of the whole tile, its staging included (bench/results/gpu-static-sm90.md), in useful TFLOP/s:
  *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, tiles split once (PS): 3xTF32 at the tensor
  *          pipe's 74 (210 registers, 34 KiB; 57 with libclc's exp2, 26 before the split was branch-free), TF32
