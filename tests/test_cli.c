@@ -1265,7 +1265,7 @@ Test(cli, help_lists_every_option)
         {"devices", {NULL}},
         {"emit", {"--out", "--target", "--device", "--core", "--batch", "--seq", "--seq-kv", "--heads", "--kv-heads",
                   "--head-dim-qk", "--head-dim-v", "--dim", "--causal", "--window", "--dropout", "--training", "--tf32",
-                  "--need-weights", "--algorithm", "--decode", "--no-weights", NULL}},
+                  "--dtype", "--need-weights", "--algorithm", "--decode", "--no-weights", NULL}},
     };
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         for (int form = 0; form < 2; form++) {  /* clattn CMD --help, clattn help CMD */
@@ -1401,6 +1401,27 @@ Test(cli, emit_writes_programs_or_nothing, .timeout = 300)
     cr_assert_eq(rc, 2, "non-empty --out: exit %d: %s", rc, err);
     cr_assert(strstr(err, "not empty"), "%s", err);
     free(err);
+    /* --dtype: a half plan of the core alone builds its fused core for the type (IO_DTYPE); another word refused */
+    const char *typed = path_in(root, "emit/typed");
+    rc = run_cli(FLAGS("emit", "--out", typed, "--device", spec, "--dtype", "f8"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 2, "--dtype f8: exit %d: %s", rc, err);
+    cr_assert(strstr(err, "f32, f16 or bf16"), "%s", err);
+    free(err);
+    rc = run_cli(FLAGS("emit", "--out", typed, "--device", spec, "--heads", "2", "--head-dim-qk", "8", "--seq", "9",
+                       "--no-weights", "--dtype", "bf16", "--algorithm", "fused"), ENV_UNSET, &err);
+    cr_assert_eq(rc, 0, "emit --dtype bf16: exit %d: %s", rc, err);
+    free(err);
+    index = (char *)read_all(path_in(typed, "index.txt"), &n);
+    int io = 0;
+    for (char *line = strtok(index, "\n"); line; line = strtok(NULL, "\n")) {
+        if (sscanf(line, "%127[^.].cl:", stem) != 1) continue;
+        snprintf(file, sizeof file, "%s.opts", stem);
+        char *opts = (char *)read_all(path_in(typed, file), &n);
+        io += strstr(opts, "-DIO_DTYPE=2") != NULL;
+        free(opts);
+    }
+    free(index);
+    cr_assert_eq(io, 1, "one program (the fused core's) reads bfloat16 itself, -DIO_DTYPE=2: %d", io);
 }
 
 /* --dtype f16 / bf16: the plan in that type; float32 inputs rounded to it, or the type's own .npy ('<f2', '<u2' bit

@@ -40,6 +40,8 @@ const char *clattn_cli_shape(char *buf, size_t len, int ndim, const size_t *dims
 clattn_device *clattn_cli_open_device(const char *cmd, const char *spec, int *code);
 /* --algorithm auto|fused|unfused: 0 and *a set, or -1 for anything else. */
 int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a);
+/* f32, f16 or bf16 into *t: 0, or -1 for another word (the caller names the choices). */
+int clattn_cli_parse_dtype(const char *v, clattn_dtype *t);
 /* Monotonic wall time in milliseconds (for clattn run -v). */
 double clattn_cli_now_ms(void);
 

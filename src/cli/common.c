@@ -169,6 +169,18 @@ int clattn_cli_parse_algorithm(const char *v, clattn_algorithm *a)
     return -1;
 }
 
+int clattn_cli_parse_dtype(const char *v, clattn_dtype *t)
+{
+    static const struct { const char *name; clattn_dtype t; } all[] = {
+        {"f32", CLATTN_DTYPE_F32}, {"f16", CLATTN_DTYPE_F16}, {"bf16", CLATTN_DTYPE_BF16}};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(v, all[i].name) == 0) {
+            *t = all[i].t;
+            return 0;
+        }
+    return -1;
+}
+
 double clattn_cli_now_ms(void)
 {
     struct timespec ts;

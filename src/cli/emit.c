@@ -3,7 +3,7 @@
  *
  *   clattn emit --out DIR [--target host|sm_90] [--device SPEC] [--core NAME[:P=V,...][;...]]
  *               [--batch B] [--seq T] [--seq-kv S] [--heads H] [--kv-heads HK] [--head-dim-qk D] [--head-dim-v DV]
- *               [--dim E] [--causal] [--window W] [--dropout P] [--training] [--tf32] [--need-weights]
+ *               [--dim E] [--causal] [--window W] [--dropout P] [--training] [--tf32] [--dtype T] [--need-weights]
  *               [--algorithm auto|fused|unfused] [--decode] [--no-weights]
  */
 #include "cli.h"
@@ -23,7 +23,8 @@ static void usage(FILE *f)
             "usage: clattn emit --out DIR [--target host|sm_90] [--device SPEC] [--core NAME[:P=V,...]]\n"
             "                   [--batch B] [--seq T] [--seq-kv S] [--heads H] [--kv-heads HK] [--head-dim-qk D]\n"
             "                   [--head-dim-v DV] [--dim E] [--causal] [--window W] [--dropout P] [--training]\n"
-            "                   [--tf32] [--need-weights] [--algorithm auto|fused|unfused] [--decode] [--no-weights]\n"
+            "                   [--tf32] [--dtype f32|f16|bf16] [--need-weights] [--algorithm auto|fused|unfused]\n"
+            "                   [--decode] [--no-weights]\n"
             "  writes the OpenCL programs the plan described would build: DIR/STEM.cl (the sources as clattn passes\n"
             "  them to the compiler) and DIR/STEM.opts (the build options), STEM the program's main kernel; DIR/index.txt\n"
             "  names each file's sources in cl/. DIR must be empty or missing. Nothing is run. A plan that fails\n"
@@ -37,7 +38,8 @@ static void usage(FILE *f)
             "  The plan: B sequences (default 1) of T tokens (1024), H heads (8) of D (64) and DV (D), Q/K/V and\n"
             "  output projections of width E (H*D) unless --no-weights (the core alone, E = H*D = H*DV). --seq-kv:\n"
             "  cross-attention over S keys. --decode: a decode plan (causal self-attention, one token per step),\n"
-            "  --training: a training plan (its backward core too), --tf32: precision TF32.\n");
+            "  --training: a training plan (its backward core too), --tf32: precision TF32, --dtype: the plan's\n"
+            "  arrays' type (f16, bf16: with --no-weights the core reads and writes them itself where it can).\n");
 }
 
 static int parse_size(const char *flag, const char *v, size_t lo, size_t *out)
@@ -92,6 +94,7 @@ typedef struct emit_opts {
     float dropout;
     int causal, training, tf32, need_weights, decode, no_weights;
     clattn_algorithm algorithm;
+    clattn_dtype dtype;
 } emit_opts;
 
 static int parse(int argc, char **argv, emit_opts *o)
@@ -129,7 +132,12 @@ static int parse(int argc, char **argv, emit_opts *o)
         else if (strcmp(a, "--head-dim-v") == 0) bad = parse_size(a, v, 1, &o->dv);
         else if (strcmp(a, "--dim") == 0) bad = parse_size(a, v, 1, &o->dim);
         else if (strcmp(a, "--window") == 0) bad = parse_size(a, v, 1, &o->window);
-        else if (strcmp(a, "--algorithm") == 0) {
+        else if (strcmp(a, "--dtype") == 0) {
+            if (clattn_cli_parse_dtype(v, &o->dtype)) {
+                SAY("--dtype '%s': must be f32, f16 or bf16", v);
+                bad = -1;
+            }
+        } else if (strcmp(a, "--algorithm") == 0) {
             if (clattn_cli_parse_algorithm(v, &o->algorithm)) {
                 SAY("--algorithm '%s': the values are auto, fused and unfused", v);
                 bad = -1;
@@ -216,7 +224,7 @@ int clattn_cli_emit(int argc, char **argv)
         .out_dim = o.no_weights ? 0 : (o.dim ? o.dim : o.heads * o.dk), .causal = o.causal || o.decode,
         .window = o.window, .dropout = o.dropout, .seed = 1, .algorithm = o.algorithm,
         .need_weights = o.need_weights, .training = o.training,
-        .precision = o.tf32 ? CLATTN_PRECISION_TF32 : CLATTN_PRECISION_FP32};
+        .precision = o.tf32 ? CLATTN_PRECISION_TF32 : CLATTN_PRECISION_FP32, .dtype = o.dtype};
     clattn_attention_weights w;
     float *wbuf = NULL;
     if (weights_make(&o, &d, &w, &wbuf)) {

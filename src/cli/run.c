@@ -225,10 +225,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 return EXIT_USAGE;
             }
         } else if (seen == &o->seen_dtype) {
-            if (strcmp(v, "f32") == 0) o->dtype = CLATTN_DTYPE_F32;
-            else if (strcmp(v, "f16") == 0) o->dtype = CLATTN_DTYPE_F16;
-            else if (strcmp(v, "bf16") == 0) o->dtype = CLATTN_DTYPE_BF16;
-            else {
+            if (clattn_cli_parse_dtype(v, &o->dtype)) {
                 say("--dtype '%s': must be f32, f16 or bf16", v);
                 return EXIT_USAGE;
             }
