@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-}
 if [ -z "$py" ]; then if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=python3; fi; fi
-venv=${VENV:-$(mktemp -d)/venv}
+if [ -n "${VENV:-}" ]; then venv=$VENV; else own=$(mktemp -d); trap 'rm -rf "$own"' EXIT; venv=$own/venv; fi
 "$py" -m venv --system-site-packages "$venv"
 constraints=$(dirname "$venv")/constraints.txt
 "$py" -c "import numpy; print('numpy==' + numpy.__version__)" > "$constraints" 2>/dev/null || : > "$constraints"

@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-venv=${TORCH2_VENV:-$(mktemp -d)/venv}
+if [ -n "${TORCH2_VENV:-}" ]; then venv=$TORCH2_VENV; else  # a temporary one of our own: gone when we end
+    own=$(mktemp -d); trap 'rm -rf "$own"' EXIT; venv=$own/venv
+fi
 py=$(bash scripts/torch2-venv.sh "$venv")
 installed=$(date +%s)
 lib=$PWD/${BUILD_DIR:-build}/libclattn.so
