@@ -76,6 +76,9 @@ int oracle_close(double got, double want, double atol, double rtol, int nan_ok, 
  * number of failures and describes the first in msg. */
 size_t oracle_compare(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,
                       size_t len);
+/* oracle_compare with an absolute bound of each element's own added to atol (extra[i] >= 0) */
+size_t oracle_compare_extra(const float *got, const double *want, size_t n, double atol, const double *extra,
+                            double rtol, char *msg, size_t len);
 /* The same where the expectation may be non-finite (NaN and Inf propagation tests): got must be NaN
  * exactly where want is NaN, the same infinity where want is infinite, and close elsewhere. */
 size_t oracle_compare_nonfinite(const float *got, const double *want, size_t n, double atol, double rtol, char *msg,

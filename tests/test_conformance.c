@@ -135,6 +135,14 @@ Test(prefill, half_types)
          .dtype = BF16},
         /* no Q/K/V weights but an output projection: the core's output is the plan's fp32 merged rows */
         {.B = 2, .Tq = 13, .E = 16, .H = 4, .Eo = 8, .biases = 1, .noproj = 1, .causal = 1, .dtype = F16},
+        /* the cores' own arrays with dropout (flash_mma's fp16/bf16 products: 1/(1 - p) on the output), the window,
+         * kv_half of the plan's type (flash_mma: its fp16 products) and of the other (flash_mma: 3xTF32), and a head of
+         * 128 over several tiles */
+        {.B = 2, .Tq = 37, .E = 32, .H = 2, .noproj = 1, .dropout = 0.25f, .kpm = 1, .dtype = F16},
+        {.B = 1, .Tq = 70, .E = 64, .H = 2, .noproj = 1, .dropout = 0.3f, .causal = 1, .window = 9, .dtype = BF16},
+        {.B = 2, .Tq = 19, .E = 32, .H = 2, .noproj = 1, .kv_half = 1, .causal = 1, .dtype = F16},
+        {.B = 2, .Tq = 19, .E = 32, .H = 2, .noproj = 1, .kv_half = 2, .dtype = F16},
+        {.B = 1, .Tq = 67, .E = 256, .H = 2, .noproj = 1, .causal = 1, .dtype = F16},
     };
     CHECK_ALL(cases, 600);
 }

@@ -414,3 +414,183 @@ Test(fp32, another_heads_infinities_stay_there)
     clattn_device_free(dev);
     clattn_device_free(ref);
 }
+
+/* ---- half:: a half plan's own arrays (no projections): m16n8k16 fp16/bf16 products, P rounded to the type */
+
+/* Q (T x 16), K (S x 16), V = the identity (S x S) of a half plan: out[i][j] = round(P~[i][j] / l_i), the rounded
+ * weights themselves. Column 0 gives key 0 the largest score of every row (q[i][0] = 1, k[0][0] = 8, the other keys'
+ * |k[j][0]| <= 1 and columns 1..15 in +-0.5), so every row's max is known from the first tile on and P is rounded
+ * where the oracle below computes it: p = exp((s - s_0) / 4), in [0.04, 0.45]. The rounding is the type's to nearest
+ * even: over the outputs, their relative error against the exact weights (P's rounding and the output's, each at
+ * most u) has no bias (truncation's is about -u/2: -2.4e-4 for F16), and none exceeds 2u. */
+static void p_rounding_case(clattn_device *dev, clattn_dtype t, const char *core)
+{
+    enum { T = 48, S = 32, DK = 16 };
+    setenv("CLATTN_CORE", core, 1);
+    tu_rng r = {t == CLATTN_DTYPE_F16 ? 4242u : 4343u};
+    float q[T * DK], k[S * DK], v[S * S];
+    tu_fill(&r, q, T * DK, -0.5f, 0.5f);
+    tu_fill(&r, k, S * DK, -0.5f, 0.5f);
+    for (size_t i = 0; i < T; i++) q[i * DK] = 1.0f;
+    for (size_t j = 0; j < S; j++) k[j * DK] = j ? 2.0f * k[j * DK] : 8.0f;
+    for (size_t i = 0; i < T * DK; i++) q[i] = (float)tu_dtype_round(q[i], t);
+    for (size_t i = 0; i < S * DK; i++) k[i] = (float)tu_dtype_round(k[i], t);
+    for (size_t j = 0; j < S * S; j++) v[j] = j / S == j % S ? 1.0f : 0.0f;
+    clattn_attention_desc d = {.batch = 1, .seq_q = T, .seq_kv = S, .embed = DK, .heads = 1, .kv_heads = 1,
+                               .head_dim_v = S, .cross = 1, .separate_value = 1, .dtype = t};
+    void *xq = tu_typed(q, T * DK, t), *xk = tu_typed(k, S * DK, t), *xv = tu_typed(v, S * S, t);
+    void *out = tu_poisoned_typed(T * S, t);
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s: %s", core, clattn_last_error());
+    cr_assert_str_eq(clattn_plan_core(plan), "flash_mma");
+    clattn_attention_args a = {.x = xq, .kv = xk, .value = xv, .out = out};
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *got = tu_widened(out, T * S, t);
+    const double u = t == CLATTN_DTYPE_F16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+    double bias = 0.0, worst = 0.0;
+    for (size_t i = 0; i < T; i++) {
+        double s[S], l = 0.0;
+        for (size_t j = 0; j < S; j++) {
+            s[j] = 0.0;
+            for (size_t c = 0; c < DK; c++) s[j] += (double)q[i * DK + c] * k[j * DK + c];
+        }
+        for (size_t j = 0; j < S; j++) {
+            cr_assert(s[j] <= s[0], "row %zu: key %zu's score %g above key 0's %g", i, j, s[j], s[0]);
+            l += exp((s[j] - s[0]) / 4.0);
+        }
+        for (size_t j = 0; j < S; j++) {
+            const double w = exp((s[j] - s[0]) / 4.0) / l, e = got[i * S + j] / w - 1.0;
+            bias += e;
+            worst = fmax(worst, fabs(e));
+        }
+    }
+    bias /= T * S;
+    cr_log_info("%s %s: relative error of the weights: mean %.3g, largest %.3g (u = %.3g)", core,
+                t == CLATTN_DTYPE_F16 ? "f16" : "bf16", bias, worst, u);
+    cr_assert(worst <= 2.0 * u + 1e-6, "%s: an output off by %.3g of itself, more than P's and the output's roundings "
+              "(2u = %.3g)", core, worst, 2.0 * u);
+    cr_assert(fabs(bias) <= u / 8.0, "%s: the weights' rounding is biased (mean relative error %.3g; to nearest even "
+              "it is about 0, truncation's about -u/2 = %.3g)", core, bias, -u / 2.0);
+    free(got), free(xq), free(xk), free(xv), free(out);
+    clattn_plan_free(plan);
+}
+
+Test(half, p_rounded_to_nearest_even)
+{
+    clattn_device *dev = tu_open_opencl();
+    for (int t = 1; t <= 2; t++) {
+        p_rounding_case(dev, (clattn_dtype)t, "flash_mma");
+        p_rounding_case(dev, (clattn_dtype)t, "flash_mma:NW=1,BK=16,QREG=0,SPLIT=1");
+    }
+    unsetenv("CLATTN_CORE");
+    clattn_device_free(dev);
+}
+
+/* K and V in cl_mem buffers at an offset that is no multiple of 8 values: the plan's kernel reads 16-byte rows (its
+ * head sizes and strides are multiples of 8), so such a call takes the general kernel, built then; both give the host
+ * arrays' bits, and so does an aligned offset */
+Test(half, unaligned_offsets_take_the_general_kernel)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl();
+    enum { B = 2, T = 21, S = 19, E = 32, H = 2 };
+    const clattn_dtype t = CLATTN_DTYPE_F16;
+    tu_rng r = {777u};
+    float *x = tu_random(&r, B * T * E, -2.0f, 2.0f), *kv = tu_random(&r, B * S * E, -2.0f, 2.0f);
+    void *hx = tu_typed(x, B * T * E, t), *hkv = tu_typed(kv, B * S * E, t), *want = tu_poisoned_typed(B * T * E, t);
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .seq_kv = S, .embed = E, .heads = H, .cross = 1,
+                               .causal = 1, .dtype = t};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_args a = {.x = hx, .kv = hkv, .out = want};
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cl_context cx = clattn_device_context(dev);
+    cl_command_queue q = clattn_device_queue(dev);
+    const size_t offs[3] = {3, 8, 13};
+    for (size_t o = 0; o < 3; o++) {
+        const size_t off = offs[o], n[3] = {B * T * E, B * S * E, B * T * E};
+        const void *src[3] = {hx, hkv, NULL};
+        cl_mem m[3];
+        for (int i = 0; i < 3; i++) {
+            cl_int e;
+            m[i] = clCreateBuffer(cx, CL_MEM_READ_WRITE, (off + n[i]) * 2, NULL, &e);
+            cr_assert_eq(e, CL_SUCCESS);
+            uint16_t *fill = calloc(off + n[i], 2);
+            if (src[i]) memcpy(fill + off, src[i], n[i] * 2);
+            cr_assert_eq(clEnqueueWriteBuffer(q, m[i], CL_TRUE, 0, (off + n[i]) * 2, fill, 0, NULL, NULL), CL_SUCCESS);
+            free(fill);
+        }
+        const clattn_attention_buffers b = {.x = {m[0], off}, .kv = {m[1], off}, .out = {m[2], off}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "offset %zu: %s",
+                     off, clattn_last_error());
+        uint16_t *got = malloc(n[2] * 2);
+        cr_assert_eq(clEnqueueReadBuffer(q, m[2], CL_TRUE, off * 2, n[2] * 2, got, 0, NULL, NULL), CL_SUCCESS);
+        cr_assert(memcmp(got, want, n[2] * 2) == 0, "offset %zu: the output differs from the host arrays'", off);
+        free(got);
+        for (int i = 0; i < 3; i++) clReleaseMemObject(m[i]);
+    }
+    clattn_plan_free(plan);
+    free(x), free(kv), free(hx), free(hkv), free(want);
+    clattn_device_free(dev);
+}
+
+/* precision TF32 is for fp32 arrays: a half plan that flash_mma would run on its own arrays is refused, naming why */
+Test(half, tf32_refused)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl();
+    clattn_attention_desc d = {.batch = 1, .seq_q = 8, .embed = 32, .heads = 2, .dtype = CLATTN_DTYPE_BF16,
+                               .precision = CLATTN_PRECISION_TF32};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "precision TF32 is for fp32 arrays"), "%s", clattn_last_error());
+    cr_assert_null(plan);
+    clattn_device_free(dev);
+}
+
+/* Another head's infinite queries, keys and values (head 1, right after head 0 in each row) stay out of head 0 in a
+ * half plan: the staging and the Q fragments read no column past the head (dk = 8: the 16-byte loads of ALIGNED,
+ * whose padding to 16 is a whole 8 columns past the head; dk = 6: the general kernel's per-value bounds). Head 0's
+ * output is the ref device's within P's rounding (u = 2^-11, values in +-1) and the output's. */
+Test(half, another_heads_infinities_stay_there)
+{
+    force_mma();
+    clattn_device *dev = tu_open_opencl(), *ref = tu_open_ref();
+    const clattn_dtype t = CLATTN_DTYPE_F16;
+    for (size_t dk = 6; dk <= 8; dk += 2) {
+        enum { TQ = 5, TK = 19, H = 2 };
+        const size_t E = H * dk;
+        float x[TQ * 16], kv[TK * 16];
+        tu_rng r = {912u + dk};
+        tu_fill(&r, x, TQ * E, -1.0f, 1.0f);
+        tu_fill(&r, kv, TK * E, -1.0f, 1.0f);
+        for (size_t c = dk; c < E; c++) {
+            for (size_t i = 0; i < TQ; i++) x[i * E + c] = c % 2 ? INFINITY : -INFINITY;
+            for (size_t j = 0; j < TK; j++) kv[j * E + c] = c % 2 ? -INFINITY : INFINITY;
+        }
+        void *hx = tu_typed(x, TQ * E, t), *hkv = tu_typed(kv, TK * E, t);
+        clattn_attention_desc d = {.batch = 1, .seq_q = TQ, .seq_kv = TK, .embed = E, .kv_embed = E, .heads = H,
+                                   .cross = 1, .dtype = t};
+        float *res[2];
+        for (int side = 0; side < 2; side++) {
+            void *out = tu_poisoned_typed(TQ * E, t);
+            clattn_attention_args a = {.x = hx, .kv = hkv, .out = out};
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(side ? dev : ref, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+            cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            res[side] = tu_widened(out, TQ * E, t);
+            clattn_plan_free(plan);
+            free(out);
+        }
+        for (size_t i = 0; i < TQ; i++)
+            for (size_t c = 0; c < dk; c++) {
+                const float w = res[0][i * E + c], g = res[1][i * E + c];
+                cr_assert(isfinite(w), "the reference's head 0: %g", w);
+                cr_assert(fabsf(g - w) <= 2e-3f, "dk %zu, row %zu, head 0 column %zu: %g, want %g", dk, i, c, g, w);
+            }
+        free(res[0]), free(res[1]), free(hx), free(hkv);
+    }
+    clattn_device_free(dev);
+    clattn_device_free(ref);
+}

@@ -592,6 +592,41 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     }
 }
 
+int tu_rounds_p(const clattn_plan *plan, const tu_attn_case *c)
+{
+    return c->dtype != CLATTN_DTYPE_F32 && c->noproj && (c->kv_half == 0 || c->kv_half == (int)c->dtype) &&
+           strcmp(clattn_plan_core(plan), "flash_mma") == 0;
+}
+
+/* The rounding of P's bound per output element (README, "Precision"): the weights a (B, H, Tq, Tk, after dropout) of
+ * a case without projections, its V the values as the plan got them (self: x, cross: kv, or value; HK heads of dv) */
+static double *p_rounding_bound(const tu_problem *p, const tu_attn_case *c, const double *a, size_t dv)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->cross ? d->seq_kv : Tq, H = d->heads;
+    const size_t HK = d->kv_heads ? d->kv_heads : H, G = H / HK, vld = HK * dv;
+    const float *V = c->separate_value ? p->a.value : d->cross ? p->a.kv : p->a.x;
+    const double u = c->dtype == CLATTN_DTYPE_F16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+    const double sub = c->dtype == CLATTN_DTYPE_F16 ? ldexp(1.0, -25) : 0.0; /* half's subnormal weights */
+    const double keep = d->dropout > 0.0f ? 1.0 / (1.0 - (double)d->dropout) : 1.0;
+    double *extra = malloc(B * Tq * H * dv * sizeof *extra);
+    cr_assert(extra);
+    for (size_t b = 0; b < B; b++)
+        for (size_t i = 0; i < Tq; i++)
+            for (size_t h = 0; h < H; h++)
+                for (size_t col = 0; col < dv; col++) {
+                    const double *ar = a + ((b * H + h) * Tq + i) * Tk;
+                    double wv = 0.0, sv = 0.0;
+                    for (size_t j = 0; j < Tk; j++) {
+                        const double vj = fabs((double)V[(b * Tk + j) * vld + (h / G) * dv + col]);
+                        wv += fabs(ar[j]) * vj;
+                        sv += vj;
+                    }
+                    extra[((b * Tq + i) * H + h) * dv + col] = u * wv + sub * keep * sv;
+                }
+    return extra;
+}
+
 void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed)
 {
     const clattn_core_info *forced = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core() : NULL;
@@ -657,7 +692,9 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     int nonzero = 0;
     for (size_t i = 0; i < n_out; i++) nonzero |= o64[i] != 0.0;
     cr_assert(nonzero, "case %llu: the oracle's output is all zero", (unsigned long long)seed);
-    size_t bad = oracle_compare(outf, o64, n_out, atol, rtol, msg, sizeof msg);
+    double *extra = tu_rounds_p(plan, &cc) ? p_rounding_bound(&p, &cc, a64, dv) : NULL;
+    size_t bad = oracle_compare_extra(outf, o64, n_out, atol, extra, rtol, msg, sizeof msg);
+    free(extra);
     cr_assert_eq(bad, 0, "case %llu (%s, %s) out: %zu of %zu differ; %s", (unsigned long long)seed,
                  clattn_plan_core(plan), t == CLATTN_DTYPE_F16 ? "f16" : t == CLATTN_DTYPE_BF16 ? "bf16" : "f32", bad,
                  n_out, msg);

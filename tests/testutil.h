@@ -123,6 +123,10 @@ void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol);
  * weights when asked for (and, with a prefill core forced, when it returns them), a training case's lse and context.
  * A half-precision case (c->dtype) gives the plan its arrays in the type and compares with that type's bound. */
 void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed);
+/* Whether the plan rounds P to its type before P V (flash_mma's fp16/bf16 products on a half plan without projections
+ * whose kv_half is 0 or the plan's type; README, "Precision"): then each output element's bound adds u·Σ_j a_ij·|v_jc|
+ * (a: the weights after dropout) and, for F16, 2^-25·(1/(1-p))·Σ_j |v_jc| (weights below half's normal range) */
+int tu_rounds_p(const clattn_plan *plan, const tu_attn_case *c);
 void tu_problem_free(tu_problem *p);
 
 /* A golden case directory (tests/golden/cases/NAME), loaded. */

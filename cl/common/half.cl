@@ -28,4 +28,24 @@ inline float clattn_bf16_value(ushort b) { return as_float((uint)b << 16); }
 
 inline float clattn_round_bf16(float f) { return clattn_bf16_value(clattn_bf16(f)); }
 
+/* IEEE half as its 16 bits: f rounded to nearest even (clattn_round_half), then encoded (a NaN stays a quiet NaN); and
+ * back, exactly. For kernels that hold half values in integers (flash_mma's fp16 fragments). */
+inline ushort clattn_half_bits(float f)
+{
+    const float r = clattn_round_half(f);
+    const uint u = as_uint(r), a = u & 0x7FFFFFFFu, s = (u >> 16) & 0x8000u;
+    if (a > 0x7F800000u) return (ushort)(s | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a == 0x7F800000u) return (ushort)(s | 0x7C00u);
+    if (a < 0x38800000u) return (ushort)(s | (uint)(as_float(a) * 16777216.0f)); /* subnormal: units of 2^-24, exact */
+    return (ushort)(s | (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3FFu));
+}
+
+inline float clattn_half_value(ushort h)
+{
+    const uint s = ((uint)h & 0x8000u) << 16, e = ((uint)h >> 10) & 0x1Fu, m = (uint)h & 0x3FFu;
+    if (e == 0) return as_float(s | as_uint((float)m * 5.9604644775390625e-8f)); /* subnormal or zero: m 2^-24 */
+    if (e == 31) return as_float(s | 0x7F800000u | (m << 13));
+    return as_float(s | ((e + 112u) << 23) | (m << 13));
+}
+
 #endif

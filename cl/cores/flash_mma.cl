@@ -37,6 +37,28 @@
  * bit operation as cvt.rna. So tiling, fragment bookkeeping, the softmax on fragments, the 3xTF32 split,
  * masks and dropout run the suite on any device; only the instructions differ on NVIDIA.
  *
+ * Half precision (HMMA = 1: a plan of type F16 or BF16 whose Q, K, V are its own arrays, IO_DTYPE 1 or 2, and whose
+ * kv_half is 0 or the same type; src/cores/flash_mma.c's hmma_of): both products are mma.sync.m16n8k16 with
+ * .f16 or .bf16 operands and fp32 accumulators, on the arrays' 16-bit values as they are (no rounding of the
+ * inputs; products of two such values are exact in fp32). A = 16 rows by 16 k as four .f16x2 registers (a0 = (g,
+ * 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..), the lower half the lower k), B = 16 k
+ * by 8 columns as two (b0 = (2t..2t+1, g), b1 = (2t + 8.., g)). Which head column or key a k stands for is the
+ * kernel's choice, the same in A and B:
+ *   S = Q K^T:  k 2t, 2t+1, 2t+8, 2t+9 of head chunk c are columns 16c + 4t .. 16c + 4t + 3, so that a lane's b0 and
+ *               b1 are one 64-bit read of its key's row in the K tile (and a0, a2 of its query rows').
+ *   O += P V:   k is the key (16 keys, two 8-key score blocks: a0 = block 2m's c0, c1, a1 = its c2, c3, a2 and a3 block
+ *               2m + 1's), P rounded to the type (cvt.rn: FlashAttention's rounding, README "Precision"). Two value
+ *               blocks share a 16-column chunk w: column n of block 2w + i is value column 16w + 2n + i, so a lane
+ *               reads one 32-bit word (columns 16w + 2g, + 1) of each of its four keys' rows in the V tile and pairs
+ *               their halves (b of block 2w: the low halves, of 2w + 1: the high ones); its outputs of a row are the
+ *               four columns 16w + 4t .. 16w + 4t + 3.
+ * The K and V tiles (and the Q block with QREG = 0) are staged as the arrays' 16-bit values, rows of 32-bit words
+ * padded to 8 mod 32 (K, Q: a quad's 64-bit reads hit 32 banks) and 4 mod 16 (V); head sizes padded to 16.
+ * The row sums take the weights before their rounding, and dropout's 1/(1 - p) multiplies the output at the end
+ * (the rounded weights are those of the softmax, in [0, 1]). PS and TF32 have no part in it (nothing is split).
+ * The emulation (MMA_NATIVE = 0) widens the fragments into the exchange area and sums the 16 products of each D
+ * element in k order; P's rounding is cvt.rn's, bit for bit (common/half.cl).
+ *
  * Tuning: NW (warps per work-group: BQ = 16 NW query rows), BK (keys per tile, a multiple of 8), QREG (1:
  * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
  * memory, read per tile), SPLIT (key parts per block, merged by split_combine, common/combine.cl), PS (1: the K
@@ -63,19 +85,29 @@
 #ifndef PS
 #define PS 1
 #endif
-#define KV_LO (PS && !TF32) /* the tiles' low parts in local memory of their own */
+#ifndef HMMA
+#define HMMA 0
+#endif
+#if HMMA && !(IO_DTYPE == 1 || IO_DTYPE == 2)
+#error "HMMA needs a half plan's arrays (IO_DTYPE 1 or 2)"
+#endif
+#define KV_LO (PS && !TF32 && !HMMA) /* the tiles' low parts in local memory of their own */
 
 #define WGS (32 * NW)            /* work-items per work-group */
 #define BQ (16 * NW)             /* query rows per work-group */
-#define DKP ((DK + 7) / 8 * 8)   /* head sizes padded to 8 */
-#define DVP ((DV + 7) / 8 * 8)
-#define NKC (DKP / 8)            /* head chunks of Q K^T */
+#define PADK (HMMA ? 16 : 8)     /* head sizes padded to the products' k (HMMA) or n */
+#define DKP ((DK + PADK - 1) / PADK * PADK)
+#define DVP ((DV + PADK - 1) / PADK * PADK)
+#define NKC (DKP / (HMMA ? 16 : 8)) /* head chunks of Q K^T */
 #define NSB (BK / 8)             /* key blocks of a tile */
 #define NVB (DVP / 8)            /* value blocks of the output */
 #define KLD (DKP + 4)            /* local row strides, in floats: 4 mod 32 */
 #define VLD (DVP + 4)
 #define QLD (DKP + 4)
 #define XCH (256 + 128 * (NSB > NVB ? NSB : NVB)) /* floats of a warp's exchange area (emulation) */
+#define KLDW (DKP / 2 + (40 - DKP / 2 % 32) % 32) /* HMMA: row strides in 32-bit words, 8 mod 32 (K, Q), 4 mod 16 (V) */
+#define VLDW (DVP / 2 + (20 - DVP / 2 % 16) % 16)
+#define QLDW KLDW
 #define LOG2E 1.4426950408889634f
 /* loops around mma: unrolled natively; kept as loops in the emulation, whose barriers PoCL would otherwise
  * compile region by region (minutes per variant) */
@@ -337,12 +369,142 @@ inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane
 #endif
 }
 
+/* ---- HMMA: mma.m16n8k16 on 16-bit values (four A registers, two B, each two values: the lower half the lower k), and
+ * the packing of two weights into a register */
+#if HMMA
+#if BK % 16
+#error "HMMA takes tiles of a multiple of 16 keys"
+#endif
+#if IO_DTYPE == 2
+#define HTY "bf16"
+#else
+#define HTY "f16"
+#endif
+/* lo and hi rounded to the type (nearest even), lo in the lower half: cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32, whose
+ * first source goes to the upper half */
+inline uint pack2(float lo, float hi)
+{
+#if MMA_NATIVE
+    uint r;
+    asm("cvt.rn." HTY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#elif IO_DTYPE == 2
+    return (uint)clattn_bf16(lo) | (uint)clattn_bf16(hi) << 16;
+#else
+    return (uint)clattn_half_bits(lo) | (uint)clattn_half_bits(hi) << 16;
+#endif
+}
+/* columns c and c + 1 of a row of 16-bit values as one register (zero past the head) */
+inline uint hpair(__global const ushort *row, uint c, uint n)
+{
+    return (uint)(c < n ? row[c] : 0) | (uint)(c + 1 < n ? row[c + 1] : 0) << 16;
+}
+/* Eight consecutive 16-bit values of a tile row to local memory at dst (16-byte aligned): src[0..7] where the key is
+ * valid (ok) and the column within the head (e < left), else 0. ALIGNED (the host's choice, flash.c): src is 16-byte
+ * aligned and the head a multiple of 8 (left is 0 or at least 8): one 16-byte load. */
+#ifndef ALIGNED
+#define ALIGNED 0
+#endif
+inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int left)
+{
+#if ALIGNED
+    *(__local uint4 *)dst = ok && left > 0 ? *(__global const uint4 *)src : (uint4)(0u);
+#else
+    ushort8 x;
+    x.s0 = ok && 0 < left ? src[0] : 0;
+    x.s1 = ok && 1 < left ? src[1] : 0;
+    x.s2 = ok && 2 < left ? src[2] : 0;
+    x.s3 = ok && 3 < left ? src[3] : 0;
+    x.s4 = ok && 4 < left ? src[4] : 0;
+    x.s5 = ok && 5 < left ? src[5] : 0;
+    x.s6 = ok && 6 < left ? src[6] : 0;
+    x.s7 = ok && 7 < left ? src[7] : 0;
+    vstore4(as_uint4(x), 0, dst);
+#endif
+}
+#if MMA_NATIVE
+inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local float *xs, uint lane)
+{
+    (void)n, (void)xs, (void)lane;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." HTY "." HTY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#define mma16_row_end(d, count, xs, lane) ((void)0)
+#else
+inline float hvalue(uint h)
+{
+#if IO_DTYPE == 2
+    return clattn_bf16_value((ushort)h);
+#else
+    return clattn_half_value((ushort)h);
+#endif
+}
+/* The emulation, as mma_block: A widened to 16 x 16 floats, row-major, at xs[0..256) (with block 0), block n's B as
+ * its transpose [n][k] (8 x 16) at xs[256 + 128 n ...); mma16_row_end sums each D element's 16 products in k order */
+inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local float *xs, uint lane)
+{
+    (void)d;
+    const uint g = lane >> 2, t = lane & 3;
+    if (n == 0) {
+        #pragma unroll
+        for (uint e = 0; e < 4; e++) {
+            __local float *at = xs + (g + 8 * (e & 1)) * 16 + 2 * t + 8 * (e >> 1); /* a0 a1 a2 a3 */
+            at[0] = hvalue(a[e] & 0xFFFFu);
+            at[1] = hvalue(a[e] >> 16);
+        }
+    }
+    __local float *xb = xs + XA + XB * n + g * 16 + 2 * t;
+    xb[0] = hvalue(b[0] & 0xFFFFu);
+    xb[1] = hvalue(b[0] >> 16);
+    xb[8] = hvalue(b[1] & 0xFFFFu);
+    xb[9] = hvalue(b[1] >> 16);
+}
+inline void mma16_row_end_emul(float (*d)[4], uint count, __local float *xs, uint lane)
+{
+    const uint g = lane >> 2, t = lane & 3;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint n = 0; n < count; n++) {
+        __local const float *xb = xs + XA + XB * n;
+        #pragma unroll
+        for (uint e = 0; e < 4; e++) {
+            const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
+            const float acc = dot8_fma(vload8(2 * r, xs), vload8(2 * c, xb), d[n][e]);
+            d[n][e] = dot8_fma(vload8(2 * r + 1, xs), vload8(2 * c + 1, xb), acc);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define mma16_row_end(d, count, xs, lane) mma16_row_end_emul((d), (count), (xs), (lane))
+#endif
+/* the value column of element e of output block c: 16-column chunks shared by blocks 2w and 2w + 1 */
+#define OCOL(c, e) (16 * ((c) >> 1) + 4 * t + 2 * ((e) & 1) + ((c) & 1))
+#else
+#define OCOL(c, e) (8 * (c) + 2 * t + ((e) & 1))
+#endif
+/* dropout's 1/(1 - p): on each weight, or with HMMA on the output (the weights are rounded in [0, 1]) */
+#if HMMA && DROPOUT
+#define P_KEEP 1.0f
+#define O_KEEP keep_scale
+#else
+#define P_KEEP keep_scale
+#define O_KEEP 1.0f
+#endif
+
 /* One work-group: query rows i0 .. i0+BQ-1 of (b, h); work-group id = ((b*H + h) * nblk + block')*SPLIT +
  * part + extent, block' counting from the last block under CAUSAL. Every loop bound and branch around a
  * barrier or an mma depends only on the work-group. */
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
 void flash_mma(FLASH_ARGS)
 {
+#if HMMA
+    __local uint ks[BK * KLDW] __attribute__((aligned(16))); /* the 16-bit values, two to a word */
+    __local uint vs[BK * VLDW] __attribute__((aligned(16)));
+#if !QREG
+    __local uint qs[BQ * QLDW] __attribute__((aligned(16)));
+#endif
+#else
     __local float ks[BK * KLD] __attribute__((aligned(16))); /* PS: the high parts (rna), else the values */
     __local float vs[BK * VLD] __attribute__((aligned(16)));
 #if KV_LO
@@ -353,6 +515,7 @@ void flash_mma(FLASH_ARGS)
     __local float qs[BQ * QLD]; /* PS: the high parts (rna), else the values */
 #if KV_LO
     __local float qls[BQ * QLD]; /* the low parts */
+#endif
 #endif
 #endif
 #if MMA_NATIVE
@@ -380,7 +543,27 @@ void flash_mma(FLASH_ARGS)
     __global const io_t *q0 = q + q_off + (b * Tq + i_0) * q_ld + (ulong)h * DK;
     __global const io_t *q1 = q + q_off + (b * Tq + i_1) * q_ld + (ulong)h * DK;
 
+#if HMMA
+    /* Q's 16-bit values: chunk c's a0, a1, a2, a3 = rows r0, r1 at columns 16c + 4t, + 1, then rows r0, r1 at + 2, + 3 */
 #if QREG
+    uint qf[NKC][4];
+    #pragma unroll
+    for (uint c = 0; c < NKC; c++) {
+        const uint c0 = 16 * c + 4 * t;
+        qf[c][0] = hpair((__global const ushort *)q0, c0, DK);
+        qf[c][1] = hpair((__global const ushort *)q1, c0, DK);
+        qf[c][2] = hpair((__global const ushort *)q0, c0 + 2, DK);
+        qf[c][3] = hpair((__global const ushort *)q1, c0 + 2, DK);
+    }
+#else
+    for (uint x = lid; x < BQ * DKP / 2; x += WGS) {
+        const uint rr = x / (DKP / 2), w = x % (DKP / 2);
+        const uint ii = min(i0 + rr, Tq - 1);
+        qs[rr * QLDW + w] = hpair((__global const ushort *)(q + q_off + (b * Tq + ii) * q_ld + (ulong)h * DK), 2 * w, DK);
+    }
+    __local const uint *qme = qs + (warp * 16 + g) * QLDW + 2 * t;
+#endif
+#elif QREG
     /* the lane's Q fragments, read once: chunk c holds (g, 8c+t), (g+8, 8c+t), (g, 8c+t+4), (g+8, 8c+t+4) */
     float qh[NKC][4], ql[NKC][4]; /* high and low parts (the low ones unused in TF32 mode) */
     #pragma unroll
@@ -420,6 +603,12 @@ void flash_mma(FLASH_ARGS)
     const uint jbeg = blkd.jbeg, jend = blkd.jend;
     __global const io_t *kb = k + k_off + b * Tk * k_ld + (ulong)(h / GROUP) * DK;
     __global const io_t *vb = v + v_off + b * Tk * v_ld + (ulong)(h / GROUP) * DV;
+#if HMMA
+    /* the lane's corners of the tiles (words): B of S at key 8n + g, columns 16c + 4t ..; B of P V at key 2t, columns
+     * 16w + 2g, + 1 */
+    __local const uint *kme = ks + g * KLDW + 2 * t;
+    __local const uint *vme = vs + 2 * t * VLDW + g;
+#else
     /* the lane's corners of the tiles: B of S at key 8n + g, column 8c + t; B of P V at key 2t, column g */
     __local const float *kme = ks + g * KLD + t;
     __local const float *vme = vs + 2 * t * VLD + g;
@@ -427,9 +616,48 @@ void flash_mma(FLASH_ARGS)
     __local const float *klme = kls + g * KLD + t;
     __local const float *vlme = vls + 2 * t * VLD + g;
 #endif
+#endif
 
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
+#if HMMA
+        STAGE_LOOP
+        for (uint x0 = 0; x0 < BK * DKP / 8; x0 += WGS) {
+            const uint x = x0 + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
+            if ((BK * DKP / 8) % WGS == 0 || x < BK * DKP / 8)
+                stage8h(ks + jj * KLDW + c / 2, (__global const ushort *)(kb + (ulong)(j0 + jj) * k_ld + c),
+                        j0 + jj < jend, (int)DK - (int)c);
+        }
+        STAGE_LOOP
+        for (uint x0 = 0; x0 < BK * DVP / 8; x0 += WGS) {
+            const uint x = x0 + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
+            if ((BK * DVP / 8) % WGS == 0 || x < BK * DVP / 8)
+                stage8h(vs + jj * VLDW + c / 2, (__global const ushort *)(vb + (ulong)(j0 + jj) * v_ld + c),
+                        j0 + jj < jend, (int)DV - (int)c);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* S (16 x BK per warp) = Q K^T, 16 head columns at a time */
+        float s[NSB][4];
+        #pragma unroll
+        for (uint n = 0; n < NSB; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        MMA_LOOP
+        for (uint c = 0; c < NKC; c++) {
+#if QREG
+            const uint a[4] = {qf[c][0], qf[c][1], qf[c][2], qf[c][3]};
+#else
+            const uint2 w0 = vload2(0, qme + 8 * c), w1 = vload2(0, qme + 8 * QLDW + 8 * c);
+            const uint a[4] = {w0.x, w1.x, w0.y, w1.y};
+#endif
+            MMA_LOOP
+            for (uint n = 0; n < NSB; n++) {
+                const uint2 kw = vload2(0, kme + 8 * n * KLDW + 8 * c);
+                const uint bb[2] = {kw.x, kw.y};
+                mma16_block(s[n], a, bb, n, xs, lane);
+            }
+            mma16_row_end(s, NSB, xs, lane);
+        }
+#else
         STAGE_LOOP
         for (uint x0 = 0; x0 < BK * DKP / 4; x0 += WGS) {
             const uint x = x0 + lid, jj = x / (DKP / 4), c = x % (DKP / 4) * 4;
@@ -477,6 +705,7 @@ void flash_mma(FLASH_ARGS)
             for (uint e = 0; e < 4; e++) s[n][e] += isfinite(sc[n][e]) ? sc[n][e] : 0.0f;
         }
 #endif
+#endif /* HMMA */
 
         /* scale, masks, the rows' maxima: element e of block n is row (e < 2 ? r0 : r1), key 8n + 2t + e%2 */
 #if KPM || MASK_KIND || WINDOW
@@ -523,10 +752,28 @@ void flash_mma(FLASH_ARGS)
                 const float p = clattn_exp2(s[n][e] - m[e >> 1]);
                 l[e >> 1] += p;
                 s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, e < 2 ? r0 : r1, j0 + 8 * n + 2 * t + (e & 1),
-                                     threshold, keep_scale);
+                                     threshold, P_KEEP);
             }
         }
 
+#if HMMA
+        /* O (16 x DV per warp) += P V, 16 keys at a time: A = the weights of score blocks 2m and 2m + 1, rounded */
+        MMA_LOOP
+        for (uint mm = 0; mm < BK / 16; mm++) {
+            const uint a[4] = {pack2(s[2 * mm][0], s[2 * mm][1]), pack2(s[2 * mm][2], s[2 * mm][3]),
+                               pack2(s[2 * mm + 1][0], s[2 * mm + 1][1]), pack2(s[2 * mm + 1][2], s[2 * mm + 1][3])};
+            MMA_LOOP
+            for (uint w = 0; w < DVP / 16; w++) {
+                __local const uint *vw = vme + 16 * mm * VLDW + 8 * w; /* keys 2t, 2t + 1, 2t + 8, 2t + 9 */
+                const uint w0 = vw[0], w1 = vw[VLDW], w2 = vw[8 * VLDW], w3 = vw[9 * VLDW];
+                const uint blo[2] = {(w0 & 0xFFFFu) | w1 << 16, (w2 & 0xFFFFu) | w3 << 16};
+                const uint bhi[2] = {w0 >> 16 | (w1 & 0xFFFF0000u), w2 >> 16 | (w3 & 0xFFFF0000u)};
+                mma16_block(o[2 * w], a, blo, 2 * w, xs, lane);
+                mma16_block(o[2 * w + 1], a, bhi, 2 * w + 1, xs, lane);
+            }
+            mma16_row_end(o, NVB, xs, lane);
+        }
+#else
         /* O (16 x DV per warp) += P V, key block by key block: A = (c0, c2, c1, c3) of the block */
         MMA_LOOP
         for (uint n = 0; n < NSB; n++) {
@@ -543,6 +790,7 @@ void flash_mma(FLASH_ARGS)
             }
             mma_row_end(o, o, NVB, xs, lane);
         }
+#endif
     }
 
     /* each row's sum across its quad, then o / l; element e of block c is row (e < 2 ? r0 : r1), column
@@ -557,9 +805,9 @@ void flash_mma(FLASH_ARGS)
         __global float *row = (__global float *)out + out_off + ((b * Tq + i) * SPLIT + part) * out_ld; /* ws */
         #pragma unroll
         for (uint c = 0; c < NVB; c++) {
-            const uint col = 8 * c + 2 * t;
-            if (col < DV) row[(ulong)h * DV + col] = o[c][e];
-            if (col + 1 < DV) row[(ulong)h * DV + col + 1] = o[c][e + 1];
+            const uint col0 = OCOL(c, e), col1 = OCOL(c, e + 1);
+            if (col0 < DV) row[(ulong)h * DV + col0] = o[c][e] * O_KEEP;
+            if (col1 < DV) row[(ulong)h * DV + col1] = o[c][e + 1] * O_KEEP;
         }
         if (t == 0) row[H * DV + 2 * h] = m[e >> 1], row[H * DV + 2 * h + 1] = e < 2 ? ls.x : ls.y;
     }
@@ -571,12 +819,12 @@ void flash_mma(FLASH_ARGS)
         const float lr = e < 2 ? ls.x : ls.y;
         if (t == 0) flash_lse(lse, lse_off, b, h, H, i, Tq, m[e >> 1], lr, 1);
         __global io_t *op = out + out_off + (b * Tq + i) * out_ld + (ulong)h * DV;
-        const float inv = lr == 0.0f ? 0.0f : 1.0f / lr; /* no visible key: 0; NaN stays NaN */
+        const float inv = lr == 0.0f ? 0.0f : O_KEEP / lr; /* no visible key: 0; NaN stays NaN */
         #pragma unroll
         for (uint c = 0; c < NVB; c++) { /* (a half plan's type: rounded once) */
-            const uint col = 8 * c + 2 * t;
-            if (col < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e] * inv, col, op);
-            if (col + 1 < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e + 1] * inv, col + 1, op);
+            const uint col0 = OCOL(c, e), col1 = OCOL(c, e + 1);
+            if (col0 < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e] * inv, col0, op);
+            if (col1 < DV) IO_STORE(lr == 0.0f ? 0.0f : o[c][e + 1] * inv, col1, op);
         }
     }
 #endif

@@ -182,10 +182,14 @@ static clattn_status params_for(const clattn_device *dev, const env_request *r, 
  * (CLATTN_CORE): no other core will be tried, so the error names the variable. A build with the tuning
  * file's parameters that fails is tried again with the defaults. */
 static clattn_status try_core(const clattn_device *dev, const env_request *r, const clattn_core *c, int forced,
-                              const clattn_attention_desc *d, const clattn_core_layout *lay0, size_t other_floats,
-                              clattn_core_instance *out, int *refused)
+                              const clattn_attention_desc *plan_desc, const clattn_core_layout *lay0,
+                              size_t other_floats, clattn_core_instance *out, int *refused)
 {
     const clattn_core_layout lay = layout_for(c, lay0);
+    /* the core's view of the plan: its dtype is the type of the arrays it reads (core.h) */
+    clattn_attention_desc cd = *plan_desc;
+    cd.dtype = lay.io_dtype;
+    const clattn_attention_desc *d = &cd;
     char why[300] = "";
     *refused = 1;
     clattn_status sup = c->supports(c, &dev->caps, d, why, sizeof why);

@@ -127,6 +127,10 @@ typedef struct clattn_backward_io {
 
 typedef struct clattn_core clattn_core;
 
+/* The description a core's functions get is the plan's, with one difference: its dtype is the type of the arrays the
+ * core reads and writes, the layout's io_dtype (select.c's try_core): F16 or BF16 for a core with reads_dtypes on a
+ * half plan without projections, F32 for every other (the shell converts for them). */
+
 /* A GEMM core (kind CLATTN_CORE_GEMM) fills in run_gemm, not run; its supports, defaults, fits and build take
  * the plan's description (its head-size class selects the tuning file's entries; NULL: any plan) but compute
  * for whatever calls come, and build gets no layout (NULL). Its algorithm field is unused. */
@@ -324,9 +328,13 @@ typedef struct clattn_flash_spec {
     int split;                   /* PER_GROUP: the parameter (SPLIT) that splits each block's keys into parts,
                                     merged by split_combine (common/combine.cl); halved while the parts' workspace
                                     exceeds one allocation (-1: none; every spec says) */
-    /* -D options of its own that depend on the device, not on its tuning parameters (NULL: none);
+    /* -D options of its own that depend on the device or the plan, not on its tuning parameters (NULL: none);
      * appends to opts, returns the length written */
-    int (*defines)(const clattn_caps *caps, char *opts, size_t len);
+    int (*defines)(const clattn_caps *caps, const clattn_attention_desc *d, char *opts, size_t len);
+    /* A kernel built with -DALIGNED=1 may read K and V rows as aligned vectors: the element multiple their offsets
+     * and row strides need for it (0: never; NULL: the member has no ALIGNED). The plan's kernel is that one when
+     * the layout's strides are multiples; a call whose K or V offset is not takes the ALIGNED=0 kernel, built then. */
+    size_t (*aligned)(const clattn_attention_desc *d);
 } clattn_flash_spec;
 clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
                                  const clattn_core_layout *lay, const clattn_core_params *p, void **state);

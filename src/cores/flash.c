@@ -29,8 +29,11 @@ typedef struct flash_state {
     clattn_attention_desc d;
     clattn_core_layout lay;
     clattn_core_params p;
-    cl_program prog;
+    cl_program prog, prog_any;
     cl_kernel k, k_combine;
+    cl_kernel k_any;  /* spec->aligned: the kernel for calls whose K or V offset is not aligned (built at the first) */
+    size_t align;     /* spec->aligned: the element multiple K's and V's offsets need for k (0: k takes any) */
+    char opts[512];   /* k's build options */
     size_t rows, wg;  /* query rows per work-item (PER_ITEM) or work-group; work-group size (PER_GROUP) */
     size_t parts;     /* key parts per block (1: no split) */
     cl_mem ws;        /* their workspace (parts > 1) */
@@ -78,9 +81,18 @@ void clattn_flash_release(void *state)
     if (!s) return;
     clattn_kernel_release(&s->k);
     clattn_kernel_release(&s->k_combine);
+    clattn_kernel_release(&s->k_any);
     clattn_mem_release(&s->ws);
     clattn_program_release(&s->prog);
+    clattn_program_release(&s->prog_any);
     free(s);
+}
+
+static clattn_status flash_program(const flash_state *s, const char *opts, cl_program *prog)
+{
+    const char *src[] = {"common/philox", "common/half", "common/dtype", "common/mask", "common/online",
+                         "common/combine", "common/exp2", "cores/flash_common", s->spec->source};
+    return clattn_program_build(s->dev, src, sizeof src / sizeof src[0], opts, prog);
 }
 
 /* Build the kernel for parameters p; a PER_GROUP kernel is rebuilt with its `shrink` parameter halved while
@@ -97,17 +109,20 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
     while (spec->split >= 0 && s->p.v[spec->split] > 1 &&
            clattn_flash_split_floats(d, s->p.v[spec->split]) * sizeof(float) > dev->caps.max_alloc)
         s->p.v[spec->split] /= 2;
+    /* a kernel for aligned K and V (spec->aligned), where the layout's row strides are: calls whose offsets are not take
+     * the general kernel (flash_run) */
+    s->align = spec->aligned ? spec->aligned(d) : 0;
+    if (s->align && (lay->k_ld % s->align || lay->v_ld % s->align)) s->align = 0;
     for (;;) {
-        char opts[512];
-        int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof opts);
-        if (n > 0 && (size_t)n < sizeof opts)
-            n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, sizeof opts - (size_t)n);
-        if (spec->defines && n > 0 && (size_t)n < sizeof opts) n += spec->defines(&dev->caps, opts + n, sizeof opts - (size_t)n);
-        if (lay->io_dtype && n > 0 && (size_t)n < sizeof opts) /* a half plan's Q, K, V and output as they are */
-            n += snprintf(opts + n, sizeof opts - (size_t)n, " -DIO_DTYPE=%d", (int)lay->io_dtype);
-        const char *src[] = {"common/philox", "common/half", "common/dtype", "common/mask", "common/online",
-                             "common/combine", "common/exp2", "cores/flash_common", spec->source};
-        clattn_status st = clattn_program_build(dev, src, sizeof src / sizeof src[0], opts, &s->prog);
+        char *opts = s->opts;
+        int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof s->opts);
+        const size_t len = sizeof s->opts;
+        if (n > 0 && (size_t)n < len) n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, len - (size_t)n);
+        if (spec->defines && n > 0 && (size_t)n < len) n += spec->defines(&dev->caps, d, opts + n, len - (size_t)n);
+        if (lay->io_dtype && n > 0 && (size_t)n < len) /* a half plan's Q, K, V and output as they are */
+            n += snprintf(opts + n, len - (size_t)n, " -DIO_DTYPE=%d", (int)lay->io_dtype);
+        if (spec->aligned && n > 0 && (size_t)n < len) n += snprintf(opts + n, len - (size_t)n, " -DALIGNED=%d", s->align != 0);
+        clattn_status st = flash_program(s, opts, &s->prog);
         if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, spec->kernel, &s->k);
         size_t allowed = 0;
         cl_int err = CL_SUCCESS;
@@ -178,13 +193,31 @@ static clattn_status combine(const flash_state *s, const clattn_core_io *io)
     return clattn_core_combine(s->dev, s->k_combine, &c);
 }
 
+/* The kernel for a call whose K or V offset is not a multiple of s->align: k's program with ALIGNED=0, built the first
+ * time one comes */
+static clattn_status kernel_any(flash_state *s, cl_kernel *k)
+{
+    if (!s->k_any) {
+        char opts[sizeof s->opts];
+        snprintf(opts, sizeof opts, "%s", s->opts);
+        char *at = strstr(opts, " -DALIGNED=1");
+        if (at) at[strlen(" -DALIGNED=")] = '0';
+        TRY(flash_program(s, opts, &s->prog_any));
+        TRY(clattn_kernel_create(s->prog_any, s->spec->kernel, &s->k_any));
+    }
+    *k = s->k_any;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
 {
     flash_state *s = state;
     const clattn_attention_desc *d = &s->d;
     const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows) * s->parts;
+    cl_kernel k = s->k;
+    if (s->align && (io->k.off % s->align || io->v.off % s->align)) TRY(kernel_any(s, &k));
     clattn_args a;
-    clattn_args_begin(&a, s->k, s->spec->kernel);
+    clattn_args_begin(&a, k, s->spec->kernel);
     clattn_core_arg_rows(&a, io->q, s->lay.q_ld);
     clattn_core_arg_rows(&a, io->k, s->lay.k_ld);
     clattn_core_arg_rows(&a, io->v, s->lay.v_ld);
@@ -201,9 +234,9 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
     char what[64];
     snprintf(what, sizeof what, "enqueue %s", s->spec->kernel);
     if (s->spec->launch == CLATTN_FLASH_PER_ITEM)
-        TRY(clattn_enqueue_1d(s->dev, s->k, blocks, what));
+        TRY(clattn_enqueue_1d(s->dev, k, blocks, what));
     else
-        TRY(clattn_enqueue_groups(s->dev, s->k, blocks, s->wg, set_first_group, NULL, what));
+        TRY(clattn_enqueue_groups(s->dev, k, blocks, s->wg, set_first_group, NULL, what));
     if (s->parts > 1) TRY(combine(s, io));
     return clattn_core_mark(io, CLATTN_STAGE_ATTENTION);
 }

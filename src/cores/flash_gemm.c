@@ -123,8 +123,9 @@ static size_t group(const clattn_core_params *p) { return p->v[BQ] / p->v[RM] * 
 
 /* NVIDIA's OpenCL takes inline PTX (caps.nv_inline_ptx): the softmax's exp2 on the special-function unit
  * (common/exp2.cl); the tile's loops unrolled whole on GPUs, in part on CPUs (flash_gemm.cl, UNROLL_ALL) */
-static int defines(const clattn_caps *caps, char *opts, size_t len)
+static int defines(const clattn_caps *caps, const clattn_attention_desc *d, char *opts, size_t len)
 {
+    (void)d;
     return snprintf(opts, len, " -DEX2_PTX=%d -DUNROLL_ALL=%d", caps->nv_inline_ptx ? 1 : 0,
                     caps->dclass != CLATTN_CLASS_CPU);
 }

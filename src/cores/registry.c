@@ -80,7 +80,8 @@ const clattn_core *clattn_core_legacy(const char *var, const char *value, const 
  *     OpenCL, clattn 0.7.0, bench/results/h200-2026-11-26.md), its core time against flash_gemm's: 0.090 / 0.106 ms
  *     at B4 T512 H8 d64, 2.98 / 4.27 ms at B2 T4096 H16 d64 (causal 1.94 / 3.34), 1.99 / 2.77 ms at B4 T2048 H8 d128;
  *     46 TFLOP/s at d64, beside torch 2.11's fp32 memory-efficient SDPA at 34 on the same card. Above 128 it is
- *     not measured yet: flash_gemm keeps those.
+ *     not measured yet: flash_gemm keeps those. Half plans on their own arrays take its m16n8k16 fp16/bf16 products
+ *     (HMMA: 308 and 352 TFLOP/s hot-loop ceilings at d64 and d128 by scripts/gpu-static.sh; not run on a GPU yet).
  * Decode: decode_attend (one work-item streams its keys, its accumulators in registers: a CPU's way) on CPUs;
  *   decode_group (work-groups streaming whole keys with coalesced loads) on GPUs, where decode_attend read the
  *   cache at about 1 % of the copy bandwidth on an H100 (issue 23's table); on an H200 decode_group read it at 25-43 %

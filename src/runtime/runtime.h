@@ -117,7 +117,7 @@ typedef struct clattn_caps {
     int nv_inline_ptx;          /* the compiler takes NVIDIA inline PTX (asm): a tiny kernel built at open */
     unsigned nv_cc;             /* NVIDIA compute capability as major*10 + minor (cl_nv_device_attribute_query);
                                    0: not NVIDIA, or not reported */
-    int nv_mma_tf32;            /* mma.sync m16n8k8 TF32, cvt.rna.tf32 and shfl.sync build here (compute
+    int nv_mma_tf32;            /* mma.sync m16n8k8 TF32 and m16n8k16 f16/bf16, their cvt and shfl.sync build here (compute
                                    capability 8.0 or newer and inline PTX; a probe kernel built at open) */
     /* What the driver does, measured by the device probes (probes.c) when the device opens, kept per device, driver
      * and clattn version in the kernel cache's directory. The facts no query reports: */
