@@ -21,6 +21,7 @@ int clattn_op_check(const clattn_op *op, char *msg, size_t len)
     else if (op->dtype != CLATTN_DTYPE_F32 && op->dtype != CLATTN_DTYPE_F16 && op->dtype != CLATTN_DTYPE_BF16)
         why = "unknown dtype";
     else if (op->encoder && op->dtype != CLATTN_DTYPE_F32) why = "the encoder layer is fp32 (dtype f32)";
+    else if (op->encoder && op->no_proj) why = "the encoder layer has its projections (no_proj is attention's)";
     else if (op->encoder && op->activation != CLATTN_ACTIVATION_RELU && op->activation != CLATTN_ACTIVATION_GELU)
         why = "unknown activation";
     else if (op->encoder && op->ff_dim == 0 && op->dim > SIZE_MAX / 4) why = "dim too large for F = 4E";
@@ -39,8 +40,8 @@ clattn_op_flop_count clattn_op_flops(const clattn_op *op)
     const double B = (double)op->batch, T = (double)op->seq, E = (double)op->dim, H = (double)op->heads;
     const double d = E / H;
     clattn_op_flop_count f;
-    f.qkv_projection = 2.0 * (B * T) * (3.0 * E) * E;
-    f.out_projection = 2.0 * (B * T) * E * E;
+    f.qkv_projection = op->no_proj ? 0.0 : 2.0 * (B * T) * (3.0 * E) * E;
+    f.out_projection = op->no_proj ? 0.0 : 2.0 * (B * T) * E * E;
     f.projections = f.qkv_projection + f.out_projection;
     f.core = 4.0 * B * H * T * T * d * (op->causal ? 0.5 : 1.0);
     f.scores = f.context = f.core / 2.0;
@@ -159,6 +160,11 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     w->b_query = b_q, w->b_key = b_k, w->b_value = b_v, w->b_out = b_o;
     w->w_query_count = w->w_key_count = w->w_value_count = w->w_out_count = E * E;
     w->b_query_count = w->b_key_count = w->b_value_count = w->b_out_count = E;
+    if (op->no_proj) { /* the core alone: x is Q, K and V; heads of E/H, the output their merged rows */
+        memset(w, 0, sizeof *w);
+        d->head_dim_qk = d->head_dim_v = 0;
+        d->out_dim = 0;
+    }
     if (op->encoder) {
         data->encoder_desc.attn = *d;
         data->encoder_weights.attn = *w;
@@ -170,7 +176,7 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     data->out_count = x_n;
     data->storage_ = m;
     if (op->dtype != CLATTN_DTYPE_F32) { /* x and the attention's weights in the type, the floats rounded to it */
-        const size_t n = x_n + 4 * E * E + 4 * E;
+        const size_t n = op->no_proj ? x_n : x_n + 4 * E * E + 4 * E;
         uint16_t *h = malloc(n * sizeof *h);
         if (!h || clattn_dtype_convert(m, CLATTN_DTYPE_F32, h, op->dtype, n) ||
             clattn_dtype_convert(h, op->dtype, m, CLATTN_DTYPE_F32, n)) {
@@ -183,7 +189,8 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
         data->typed_ = h, data->x_in = h, data->elem = 2;
         const void **ws[8] = {&w->w_query, &w->w_key, &w->w_value, &w->w_out,
                               &w->b_query, &w->b_key, &w->b_value, &w->b_out};
-        for (int i = 0; i < 8; i++) *ws[i] = h + ((const float *)*ws[i] - m);
+        for (int i = 0; i < 8; i++)
+            if (*ws[i]) *ws[i] = h + ((const float *)*ws[i] - m);
     }
     return 0;
 }

@@ -49,6 +49,8 @@ typedef struct clattn_op {
     clattn_algorithm algorithm;   /* the attention core: AUTO (fused where it can), FUSED or UNFUSED */
     clattn_precision precision;   /* the core's products: FP32 (default) or TF32 (flash_mma only) */
     clattn_dtype dtype;           /* the plan's arrays: F32 (default), F16 or BF16 (attention only, not the encoder) */
+    int no_proj;                  /* the core alone: no weights, x holds Q, K and V (H heads of E/H), the output the
+                                     heads' merged rows, as torch's scaled_dot_product_attention; not the encoder */
 } clattn_op;
 
 typedef struct clattn_op_flop_count {

@@ -207,7 +207,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench [--device SPEC] [--batch B] [--seq T] [--dim E] [--heads H] [--causal]\n"
             "                    [--algorithm auto|fused|unfused] [--core NAME[:P=V,...]] [--gemm NAME[:P=V,...]]\n"
-            "                    [--precision fp32|tf32] [--dtype f32|f16|bf16]\n"
+            "                    [--precision fp32|tf32] [--dtype f32|f16|bf16] [--no-proj]\n"
             "                    [--dropout P] [--iters N] [--warmup W] [--sweep] [--budget S] [--json]\n"
             "                    [--csv FILE] [--settle S] [--progress]\n"
             "                    [--encoder [--ff F] [--activation relu|gelu] [--norm-first]]\n"
@@ -228,6 +228,8 @@ static void usage(FILE *f)
             "              \"gemm\" and \"gemm_params\" name what ran, \"projection_gflops\" its projections' rate\n"
             "  --dtype     the plan's arrays (x, out, the weights) in float32 (default), IEEE half or bfloat16;\n"
             "              the JSON's \"dtype\" says which and \"device_bytes\" what the plan holds on the device\n"
+            "  --no-proj   the attention core alone, as torch's scaled_dot_product_attention: no weights, x holds\n"
+            "              Q, K and V (H heads of E/H), the output the heads' merged rows (JSON \"no_proj\": true)\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
             "  --csv FILE  append one row per configuration (header when the file is new)\n"
             "  --progress  say on stderr which phase a configuration is in (first call, device runs i/N,\n"
@@ -291,6 +293,7 @@ static void parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--dim")) { o->op.dim = parse_size(a, v); i++; }
         else if (!strcmp(a, "--heads")) { o->op.heads = parse_size(a, v); i++; }
         else if (!strcmp(a, "--causal")) o->op.causal = 1;
+        else if (!strcmp(a, "--no-proj")) o->op.no_proj = 1;
         else if (!strcmp(a, "--core") || !strcmp(a, "--gemm")) { /* CLATTN_CORE holds both, ';' between */
             if (!v || !*v) bench_usage_die("%s needs a value (a core `clattn cores` lists)", a);
             char spec[600];
@@ -702,6 +705,7 @@ static void print_json(const bench_ctx *b, const options *o, const result *r)
     else fprintf(f, ",\"algorithm\":\"%s\"", clattn_algorithm_name(r->algorithm));
     fprintf(f, ",\"precision\":\"%s\"", r->precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32");
     fprintf(f, ",\"dtype\":\"%s\"", r->op.dtype == CLATTN_DTYPE_F16 ? "f16" : r->op.dtype == CLATTN_DTYPE_BF16 ? "bf16" : "f32");
+    fprintf(f, ",\"no_proj\":%s", r->op.no_proj ? "true" : "false");
     fprintf(f, ",\"core\":");
     bench_json_string(f, r->core);
     fprintf(f, ",\"core_params\":");
@@ -829,6 +833,8 @@ static void print_header(const bench_ctx *b, const options *o)
                "        Q/K/V + output projections with biases, LINEAR layout, random weights\n",
                op->norm_first ? "pre-norm" : "post-norm", clattn_op_ff_dim(op),
                op->activation == CLATTN_ACTIVATION_GELU ? "GELU" : "ReLU");
+    else if (op->no_proj)
+        printf("module: the attention core alone (no weights: x holds Q, K and V), as scaled_dot_product_attention\n");
     else
         printf("module: self-attention, Q/K/V + output projections with biases, LINEAR layout, random weights\n");
     char tbuf[32];

@@ -187,6 +187,52 @@ Test(op, make_fills_desc_and_weights)
     cr_expect(strstr(msg, "divide") != NULL, "%s", msg);
 }
 
+/* --no-proj: the core alone (no weights, x holds Q, K and V); its FLOPs the core's only; in half precision x in the
+ * type; it plans and runs on ref against the float64 oracle; the encoder refuses it */
+Test(op, no_proj_is_the_core_alone)
+{
+    char msg[128];
+    clattn_op op = op_of(2, 9, 16, 2, 1);
+    op.no_proj = 1;
+    const clattn_op_flop_count f = clattn_op_flops(&op);
+    cr_expect_eq(f.projections, 0.0);
+    cr_expect_eq(f.total, f.core);
+    cr_expect_eq(f.core, 4.0 * 2 * 2 * 9 * 9 * 8 * 0.5);
+    for (int t = 0; t < 2; t++) {
+        op.dtype = t ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
+        clattn_op_data a;
+        cr_assert_eq(clattn_op_make(&op, 7, &a, msg, sizeof msg), 0, "%s", msg);
+        const clattn_attention_weights *w = &a.weights;
+        cr_expect(!w->w_query && !w->w_key && !w->w_value && !w->w_out && !w->b_query && !w->b_out);
+        cr_expect_eq(a.desc.out_dim, 0);
+        cr_expect_eq(a.desc.dtype, op.dtype);
+        cr_expect_eq(a.elem, t ? 2 : 4);
+        clattn_device *dev = tu_open_ref();
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(dev, &a.desc, &a.weights, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_expect_eq(clattn_plan_out_width(plan), 16);
+        void *out = tu_poisoned_typed(2 * 9 * 16, op.dtype);
+        clattn_attention_args args = {.x = a.x_in, .out = out};
+        cr_assert_eq(tu_plan_execute(plan, &args), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        double o64[2 * 9 * 16];
+        clattn_attention_args oa = {.x = a.x}; /* the floats (rounded to the type) the oracle reads */
+        cr_assert_eq(oracle_attention(&a.desc, &a.weights, &oa, o64, NULL), 0);
+        float *got = tu_widened(out, 2 * 9 * 16, op.dtype);
+        double atol, rtol;
+        tu_dtype_tolerance(op.dtype, &atol, &rtol);
+        cr_expect_eq(oracle_compare(got, o64, 2 * 9 * 16, atol, rtol, msg, sizeof msg), 0, "vs float64: %s", msg);
+        free(got), free(out);
+        clattn_plan_free(plan);
+        clattn_device_free(dev);
+        clattn_op_data_free(&a);
+    }
+    op.dtype = CLATTN_DTYPE_F32;
+    op.encoder = 1;
+    clattn_op_data e;
+    cr_expect_eq(clattn_op_make(&op, 1, &e, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "no_proj") != NULL, "%s", msg);
+}
+
 Test(op, encoder_flops_and_check)
 {
     /* B=2 T=3 E=6 H=3, F=13: attention as above (QKV 1296, out 432, core 432) + FFN 4*6*13*6 = 1872 */

@@ -39,6 +39,7 @@ for l in open(sys.argv[1]):
         print(f"torch {o['variant']} n={o['n']}: {o['tflops']:.1f} TFLOP/s")
     elif "batch" in o:
         print(f"{o['batch']} {o['seq']} {o['dim']} {o['heads']} {'causal' if o['causal'] else '      '} {o['dtype']} {o['precision']} "
+              f"{'core-only ' if o.get('no_proj') else ''}"
               f"{o['core']:11s} {o['median_ms']:.3f} ms, core {o.get('core_ms') or 0:.3f} ms {(o.get('core_gflops') or 0) / 1000:.1f} TFLOP/s, "
               f"proj {(o.get('projection_gflops') or 0) / 1000:.1f} TFLOP/s, first call {o['first_call_ms']:.0f} ms [{o.get('core_params')}]")
 PY
@@ -69,8 +70,13 @@ for s in "$@"; do
            done
            bench --batch 2 --seq 4096 --dim 1024 --heads 16   # AUTO's choice
            summary "$OUT/bench.jsonl" | tee -a "$log" ;;
-    dtype) for dt in f16 bf16; do for k in flash_rows flash_tiled flash_mma; do
-             bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core $k --dtype $dt; done; done
+    dtype) # the core alone on half arrays (--no-proj: flash_mma's m16n8k16 products), against torch's fp16 SDPA core
+           # (the torch section's f16 rows); then the module (projections: flash_mma's core reads their fp32 output)
+           for dt in f16 bf16; do for k in flash_mma flash_gemm; do
+             bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core $k --dtype $dt --no-proj; done; done
+           bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core flash_mma --dtype f16 --no-proj --causal
+           bench --batch 4 --seq 2048 --dim 1024 --heads 8 --core flash_mma --dtype f16 --no-proj
+           bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core flash_mma --dtype f16
            summary "$OUT/bench.jsonl" | grep -E ' (f16|bf16) ' | tee -a "$log" ;;
     torch) timeout 150 python3 "$root/bench/gpu/torch_core.py" "${TORCH_CONFIGS:-$configs}" > "$OUT/torch.jsonl" 2>>"$log"
            summary "$OUT/torch.jsonl" | tee -a "$log" ;;
