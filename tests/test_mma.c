@@ -471,6 +471,8 @@ static void p_rounding_case(clattn_device *dev, clattn_dtype t, const char *core
               "(2u = %.3g)", core, worst, 2.0 * u);
     cr_assert(fabs(bias) <= u / 8.0, "%s: the weights' rounding is biased (mean relative error %.3g; to nearest even "
               "it is about 0, truncation's about -u/2 = %.3g)", core, bias, -u / 2.0);
+    cr_assert(worst > 1.1 * u, "%s: no output is off by more than one rounding (largest %.3g, u = %.3g): P was not "
+              "rounded to the type (the fp16/bf16 products did not run)", core, worst, u);
     free(got), free(xq), free(xk), free(xv), free(out);
     clattn_plan_free(plan);
 }
@@ -486,32 +488,36 @@ Test(half, p_rounded_to_nearest_even)
     clattn_device_free(dev);
 }
 
-/* K and V in cl_mem buffers at an offset that is no multiple of 8 values: the plan's kernel reads 16-byte rows (its
- * head sizes and strides are multiples of 8), so such a call takes the general kernel, built then; both give the host
- * arrays' bits, and so does an aligned offset */
+/* K and V in cl_mem buffers at an offset that is no multiple of 8 values (K's, V's or both): the plan's kernel reads
+ * 16-byte rows (its head sizes and strides are multiples of 8), so such a call takes the general kernel, built then;
+ * both give the host arrays' bits, and so do aligned offsets */
 Test(half, unaligned_offsets_take_the_general_kernel)
 {
     force_mma();
     clattn_device *dev = tu_open_opencl();
-    enum { B = 2, T = 21, S = 19, E = 32, H = 2 };
+    enum { B = 2, T = 21, S = 19, E = 32, H = 2, DV = 24 };
     const clattn_dtype t = CLATTN_DTYPE_F16;
     tu_rng r = {777u};
     float *x = tu_random(&r, B * T * E, -2.0f, 2.0f), *kv = tu_random(&r, B * S * E, -2.0f, 2.0f);
-    void *hx = tu_typed(x, B * T * E, t), *hkv = tu_typed(kv, B * S * E, t), *want = tu_poisoned_typed(B * T * E, t);
-    clattn_attention_desc d = {.batch = B, .seq_q = T, .seq_kv = S, .embed = E, .heads = H, .cross = 1,
-                               .causal = 1, .dtype = t};
+    float *val = tu_random(&r, B * S * H * DV, -2.0f, 2.0f);
+    void *hx = tu_typed(x, B * T * E, t), *hkv = tu_typed(kv, B * S * E, t), *hv = tu_typed(val, B * S * H * DV, t);
+    void *want = tu_poisoned_typed(B * T * H * DV, t);
+    clattn_attention_desc d = {.batch = B, .seq_q = T, .seq_kv = S, .embed = E, .heads = H, .head_dim_v = DV,
+                               .cross = 1, .separate_value = 1, .causal = 1, .dtype = t};
     clattn_plan *plan = NULL;
     cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    clattn_attention_args a = {.x = hx, .kv = hkv, .out = want};
+    clattn_attention_args a = {.x = hx, .kv = hkv, .value = hv, .out = want};
     cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cl_context cx = clattn_device_context(dev);
     cl_command_queue q = clattn_device_queue(dev);
-    const size_t offs[3] = {3, 8, 13};
-    for (size_t o = 0; o < 3; o++) {
-        const size_t off = offs[o], n[3] = {B * T * E, B * S * E, B * T * E};
-        const void *src[3] = {hx, hkv, NULL};
-        cl_mem m[3];
-        for (int i = 0; i < 3; i++) {
+    /* offsets of x, kv (K), value (V) and out */
+    const size_t offs[4][4] = {{3, 3, 3, 3}, {8, 8, 16, 8}, {0, 8, 13, 5}, {0, 11, 8, 0}};
+    for (size_t o = 0; o < 4; o++) {
+        const size_t n[4] = {B * T * E, B * S * E, B * S * H * DV, B * T * H * DV};
+        const void *src[4] = {hx, hkv, hv, NULL};
+        cl_mem m[4];
+        for (int i = 0; i < 4; i++) {
+            const size_t off = offs[o][i];
             cl_int e;
             m[i] = clCreateBuffer(cx, CL_MEM_READ_WRITE, (off + n[i]) * 2, NULL, &e);
             cr_assert_eq(e, CL_SUCCESS);
@@ -520,17 +526,19 @@ Test(half, unaligned_offsets_take_the_general_kernel)
             cr_assert_eq(clEnqueueWriteBuffer(q, m[i], CL_TRUE, 0, (off + n[i]) * 2, fill, 0, NULL, NULL), CL_SUCCESS);
             free(fill);
         }
-        const clattn_attention_buffers b = {.x = {m[0], off}, .kv = {m[1], off}, .out = {m[2], off}};
-        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "offset %zu: %s",
-                     off, clattn_last_error());
-        uint16_t *got = malloc(n[2] * 2);
-        cr_assert_eq(clEnqueueReadBuffer(q, m[2], CL_TRUE, off * 2, n[2] * 2, got, 0, NULL, NULL), CL_SUCCESS);
-        cr_assert(memcmp(got, want, n[2] * 2) == 0, "offset %zu: the output differs from the host arrays'", off);
+        const clattn_attention_buffers b = {.x = {m[0], offs[o][0]}, .kv = {m[1], offs[o][1]},
+                                            .value = {m[2], offs[o][2]}, .out = {m[3], offs[o][3]}};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "offsets %zu: %s",
+                     o, clattn_last_error());
+        uint16_t *got = malloc(n[3] * 2);
+        cr_assert_eq(clEnqueueReadBuffer(q, m[3], CL_TRUE, offs[o][3] * 2, n[3] * 2, got, 0, NULL, NULL), CL_SUCCESS);
+        cr_assert(memcmp(got, want, n[3] * 2) == 0, "offsets %zu (K %zu, V %zu): the output differs from the host "
+                  "arrays'", o, offs[o][1], offs[o][2]);
         free(got);
-        for (int i = 0; i < 3; i++) clReleaseMemObject(m[i]);
+        for (int i = 0; i < 4; i++) clReleaseMemObject(m[i]);
     }
     clattn_plan_free(plan);
-    free(x), free(kv), free(hx), free(hkv), free(want);
+    free(x), free(kv), free(val), free(hx), free(hkv), free(hv), free(want);
     clattn_device_free(dev);
 }
 
