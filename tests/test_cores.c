@@ -499,22 +499,22 @@ Test(cores, gpu_order)
         for (int cls = 0; cls < 4; cls++) {
             const int mma = dc == CLATTN_CLASS_NVIDIA && cls <= 2;
             for (size_t i = 0; i < 4 + (size_t)mma; i++) {
-                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, i);
+                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, i);
                 const char *want = mma ? (i ? gpu[cls][i - 1] : "flash_mma") : gpu[cls][i];
                 cr_assert(c, "class %d, head class %d: no choice %zu", dc, cls, i);
                 cr_assert_str_eq(c->name, want, "device class %d, head class %d, choice %zu", dc, cls, i);
             }
-            cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, 4 + (size_t)mma),
+            cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, 4 + (size_t)mma),
                            "device class %d, head class %d: a choice past the order", dc, cls);
         }
-    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, 0)->name, "flash_rows");
+    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, NULL, 0)->name, "flash_rows");
     /* backward: flash_backward_gemm, then flash_backward, on NVIDIA GPUs up to head size 64 (measured on an H200);
      * flash_backward alone everywhere else */
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
             const int gemm = dc == CLATTN_CLASS_NVIDIA && cls <= 1;
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, NULL, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, NULL, 1);
             cr_assert(a, "device class %d, head class %d: no backward core", dc, cls);
             cr_assert_str_eq(a->name, gemm ? "flash_backward_gemm" : "flash_backward", "class %d, head class %d", dc,
                              cls);
@@ -523,13 +523,51 @@ Test(cores, gpu_order)
         }
 }
 
+/* CPU devices, a plan's shape: long dense sequences (at least 1536 keys, no causal mask, no window, head sizes up to
+ * 256) take the unfused path first, measured faster there than flash_rows (registry.c); shorter, causal and windowed
+ * ones, larger heads and every other device class keep the order of their head-size class. On a CPU test device the
+ * plans AUTO builds say the same. */
+Test(cores, cpu_long_dense_order)
+{
+    for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
+        for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
+            const char *usual = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, 0)->name;
+            const struct { size_t tq, tk; int causal, window, dense; } shapes[] = {
+                {1536, 0, 0, 0, 1}, {4096, 0, 0, 0, 1}, {1, 2048, 0, 0, 1}, {1535, 0, 0, 0, 0}, {1, 1535, 0, 0, 0},
+                {2048, 0, 1, 0, 0}, {2048, 0, 0, 64, 0},
+            };
+            for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+                const clattn_attention_desc d = {.batch = 4, .seq_q = shapes[k].tq, .seq_kv = shapes[k].tk,
+                                                 .embed = 512, .heads = 8, .cross = shapes[k].tk != 0,
+                                                 .causal = shapes[k].causal, .window = shapes[k].window};
+                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, &d, 0);
+                const int unfused = dc == CLATTN_CLASS_CPU && cls <= 3 && shapes[k].dense;
+                cr_assert_str_eq(c->name, unfused ? "unfused" : usual, "device class %d, head class %d, shape %zu", dc,
+                                 cls, k);
+                if (unfused)
+                    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, cls, &d, 1)->name,
+                                     "flash_rows");
+            }
+        }
+    clattn_device *cl = tu_open_opencl();
+    if (is_cpu(cl) && !getenv("CLATTN_CORE"))
+        for (int causal = 0; causal < 2; causal++) {
+            const clattn_attention_desc d = {.batch = 1, .seq_q = 1536, .embed = 64, .heads = 1, .causal = causal};
+            clattn_plan *plan = NULL;
+            cr_assert_eq(clattn_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            cr_assert_str_eq(clattn_plan_core(plan), causal ? "flash_rows" : "unfused");
+            clattn_plan_free(plan);
+        }
+    clattn_device_free(cl);
+}
+
 /* The GEMM cores' order: gemm_tiles then CLBlast on CPU devices, CLBlast alone on GPUs (registry.c). */
 Test(cores, gemm_order)
 {
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, NULL, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, NULL, 1);
             cr_assert(a, "device class %d, head class %d: no GEMM core", dc, cls);
             cr_assert_eq(a->kind, CLATTN_CORE_GEMM);
             cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "gemm_tiles" : "gemm_clblast", "class %d", dc);
@@ -622,8 +660,8 @@ Test(cores, decode_order)
 {
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, NULL, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, NULL, 1);
             cr_assert(a && b, "device class %d, head class %d: two decode cores in the order", dc, cls);
             cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "decode_attend" : "decode_group", "class %d", dc);
             cr_assert_str_eq(b->name, dc == CLATTN_CLASS_CPU ? "decode_group" : "decode_attend", "class %d", dc);
