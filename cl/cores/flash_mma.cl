@@ -419,7 +419,7 @@ inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int l
     x.s5 = ok && 5 < left ? src[5] : 0;
     x.s6 = ok && 6 < left ? src[6] : 0;
     x.s7 = ok && 7 < left ? src[7] : 0;
-    vstore4(as_uint4(x), 0, dst);
+    *(__local uint4 *)dst = as_uint4(x); /* 16-byte aligned: one 128-bit store */
 #endif
 }
 #if MMA_NATIVE
@@ -646,12 +646,13 @@ void flash_mma(FLASH_ARGS)
 #if QREG
             const uint a[4] = {qf[c][0], qf[c][1], qf[c][2], qf[c][3]};
 #else
-            const uint2 w0 = vload2(0, qme + 8 * c), w1 = vload2(0, qme + 8 * QLDW + 8 * c);
+            /* 8-byte aligned words (QLDW a multiple of 8, 2t even): 64-bit reads, not vload2's 32-bit pairs */
+            const uint2 w0 = *(__local const uint2 *)(qme + 8 * c), w1 = *(__local const uint2 *)(qme + 8 * QLDW + 8 * c);
             const uint a[4] = {w0.x, w1.x, w0.y, w1.y};
 #endif
             MMA_LOOP
             for (uint n = 0; n < NSB; n++) {
-                const uint2 kw = vload2(0, kme + 8 * n * KLDW + 8 * c);
+                const uint2 kw = *(__local const uint2 *)(kme + 8 * n * KLDW + 8 * c); /* one 64-bit read (aligned) */
                 const uint bb[2] = {kw.x, kw.y};
                 mma16_block(s[n], a, bb, n, xs, lane);
             }
