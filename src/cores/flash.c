@@ -33,7 +33,6 @@ typedef struct flash_state {
     cl_kernel k, k_combine;
     cl_kernel k_any;  /* spec->aligned: the kernel for calls whose K or V offset is not aligned (built at the first) */
     size_t align;     /* spec->aligned: the element multiple K's and V's offsets need for k (0: k takes any) */
-    char opts[512];   /* k's build options */
     size_t rows, wg;  /* query rows per work-item (PER_ITEM) or work-group; work-group size (PER_GROUP) */
     size_t parts;     /* key parts per block (1: no split) */
     cl_mem ws;        /* their workspace (parts > 1) */
@@ -88,10 +87,21 @@ void clattn_flash_release(void *state)
     free(s);
 }
 
-static clattn_status flash_program(const flash_state *s, const char *opts, cl_program *prog)
+/* The member's program for s's plan and parameters; with spec->aligned, its ALIGNED kernel (aligned = 1) or the
+ * general one */
+static clattn_status flash_program(const flash_state *s, int aligned, cl_program *prog)
 {
+    const clattn_flash_spec *spec = s->spec;
+    char opts[512];
+    const size_t len = sizeof opts;
+    int n = clattn_core_attention_defines(&s->d, CLATTN_DEFINES_ALL, opts, len);
+    if (n > 0 && (size_t)n < len) n += clattn_core_param_defines(s->core, &s->p, -1, 0, opts + n, len - (size_t)n);
+    if (spec->defines && n > 0 && (size_t)n < len) n += spec->defines(&s->dev->caps, &s->d, opts + n, len - (size_t)n);
+    if (s->lay.io_dtype && n > 0 && (size_t)n < len) /* a half plan's Q, K, V and output as they are */
+        n += snprintf(opts + n, len - (size_t)n, " -DIO_DTYPE=%d", (int)s->lay.io_dtype);
+    if (spec->aligned && n > 0 && (size_t)n < len) snprintf(opts + n, len - (size_t)n, " -DALIGNED=%d", aligned);
     const char *src[] = {"common/philox", "common/half", "common/dtype", "common/mask", "common/online",
-                         "common/combine", "common/exp2", "cores/flash_common", s->spec->source};
+                         "common/combine", "common/exp2", "cores/flash_common", spec->source};
     return clattn_program_build(s->dev, src, sizeof src / sizeof src[0], opts, prog);
 }
 
@@ -114,15 +124,7 @@ clattn_status clattn_flash_build(const clattn_core *core, const clattn_device *d
     s->align = spec->aligned ? spec->aligned(d) : 0;
     if (s->align && (lay->k_ld % s->align || lay->v_ld % s->align)) s->align = 0;
     for (;;) {
-        char *opts = s->opts;
-        int n = clattn_core_attention_defines(d, CLATTN_DEFINES_ALL, opts, sizeof s->opts);
-        const size_t len = sizeof s->opts;
-        if (n > 0 && (size_t)n < len) n += clattn_core_param_defines(core, &s->p, -1, 0, opts + n, len - (size_t)n);
-        if (spec->defines && n > 0 && (size_t)n < len) n += spec->defines(&dev->caps, d, opts + n, len - (size_t)n);
-        if (lay->io_dtype && n > 0 && (size_t)n < len) /* a half plan's Q, K, V and output as they are */
-            n += snprintf(opts + n, len - (size_t)n, " -DIO_DTYPE=%d", (int)lay->io_dtype);
-        if (spec->aligned && n > 0 && (size_t)n < len) n += snprintf(opts + n, len - (size_t)n, " -DALIGNED=%d", s->align != 0);
-        clattn_status st = flash_program(s, opts, &s->prog);
+        clattn_status st = flash_program(s, s->align != 0, &s->prog);
         if (st == CLATTN_STATUS_SUCCESS) st = clattn_kernel_create(s->prog, spec->kernel, &s->k);
         size_t allowed = 0;
         cl_int err = CL_SUCCESS;
@@ -193,16 +195,12 @@ static clattn_status combine(const flash_state *s, const clattn_core_io *io)
     return clattn_core_combine(s->dev, s->k_combine, &c);
 }
 
-/* The kernel for a call whose K or V offset is not a multiple of s->align: k's program with ALIGNED=0, built the first
- * time one comes */
+/* The kernel for a call whose K or V offset is not a multiple of s->align: the general one (ALIGNED=0), built the
+ * first time one comes */
 static clattn_status kernel_any(flash_state *s, cl_kernel *k)
 {
     if (!s->k_any) {
-        char opts[sizeof s->opts];
-        snprintf(opts, sizeof opts, "%s", s->opts);
-        char *at = strstr(opts, " -DALIGNED=1");
-        if (at) at[strlen(" -DALIGNED=")] = '0';
-        TRY(flash_program(s, opts, &s->prog_any));
+        TRY(flash_program(s, 0, &s->prog_any));
         TRY(clattn_kernel_create(s->prog_any, s->spec->kernel, &s->k_any));
     }
     *k = s->k_any;
