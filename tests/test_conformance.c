@@ -133,6 +133,11 @@ Test(prefill, half_types)
          .dtype = BF16},
         {.B = 2, .Tq = 11, .Tk = 5, .E = 6, .H = 2, .dv = 5, .cross = 1, .noproj = 1, .separate_value = 1,
          .dtype = BF16},
+        /* projections whose output is wider than the Q|K|V projections' buffer (self: 6 columns, cross: Q's 6), which
+         * then cannot hold the fp32 output before it is narrowed */
+        {.B = 2, .Tq = 11, .E = 8, .H = 1, .dk = 2, .dv = 2, .Eo = 16, .biases = 1, .causal = 1, .dtype = F16},
+        {.B = 2, .Tq = 9, .Tk = 14, .E = 8, .Ekv = 6, .H = 2, .dk = 3, .dv = 4, .Eo = 12, .cross = 1, .biases = 1,
+         .kpm = 1, .dtype = BF16},
         /* no Q/K/V weights but an output projection: the core's output is the plan's fp32 merged rows */
         {.B = 2, .Tq = 13, .E = 16, .H = 4, .Eo = 8, .biases = 1, .noproj = 1, .causal = 1, .dtype = F16},
         /* the cores' own arrays with dropout (flash_mma's fp16/bf16 products: 1/(1 - p) on the output), the window,
@@ -253,5 +258,71 @@ Test(prefill, half_types_memory)
         if (reads && split) cr_assert(bytes[t] < bytes[0], "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t],
                                       bytes[0]);
         else if (reads) cr_assert(ratio <= 0.55, "%s: dtype %d: %zu bytes, fp32 %zu", core[0], t, bytes[t], bytes[0]);
+    }
+}
+
+/* A half plan with projections on a GEMM core that reads the types (gemm_tiles: reads_dtypes): its x, output and
+ * weights are held in the type and nothing else is added (the projections read x as it is; the fp32 output goes
+ * into the Q|K|V projections' buffer, free by then, where that holds it): exactly 2 bytes per element of x, out and
+ * the weights fewer than the fp32 plan, or 4 per output element more where the projections' buffer is too small.
+ * The Q|K|V rows and the merged heads stay fp32 (README, "Data types"). A GEMM core without reads_dtypes (CLBlast)
+ * widens at the boundary instead: only reported. */
+Test(prefill, half_types_memory_projected)
+{
+    const clattn_core_info *forced = tu_forced_core();
+    static const clattn_attention_desc shapes[] = {
+        {.batch = 2, .seq_q = 48, .embed = 32, .heads = 4, .kv_heads = 2, .head_dim_qk = 8, .head_dim_v = 8,
+         .out_dim = 32, .causal = 1},
+        {.batch = 2, .seq_q = 40, .seq_kv = 56, .embed = 24, .kv_embed = 16, .heads = 2, .kv_heads = 2,
+         .head_dim_qk = 4, .head_dim_v = 8, .out_dim = 20, .cross = 1},
+        {.batch = 1, .seq_q = 33, .embed = 16, .heads = 1, .kv_heads = 1, .head_dim_qk = 2, .head_dim_v = 2,
+         .out_dim = 16}, /* the output (16 columns) wider than the Q|K|V rows (6) */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        clattn_attention_desc d = shapes[i];
+        d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
+        const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, E = d.embed;
+        const size_t Ekv = d.cross ? d.kv_embed : E, H = d.heads, HK = d.kv_heads, dk = d.head_dim_qk;
+        const size_t dv = d.head_dim_v, Eo = d.out_dim;
+        /* the weights made here (nn.Linear layout), every value a small dyadic number */
+        const size_t nw[4] = {H * dk * E, HK * dk * Ekv, HK * dv * Ekv, Eo * H * dv};
+        float *w[4];
+        for (int k = 0; k < 4; k++) {
+            w[k] = malloc(nw[k] * sizeof *w[k]);
+            for (size_t j = 0; j < nw[k]; j++) w[k][j] = (float)((int)(j % 7) - 3) / 8.0f;
+        }
+        size_t bytes[3] = {0};
+        char gemm[3][32];
+        for (int t = 0; t < 3; t++) {
+            d.dtype = (clattn_dtype)t;
+            void *wt[4];
+            for (int k = 0; k < 4; k++) wt[k] = tu_typed(w[k], nw[k], d.dtype);
+            const clattn_attention_weights aw = {.w_query = wt[0], .w_key = wt[1], .w_value = wt[2], .w_out = wt[3]};
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(dev, &d, &aw, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            bytes[t] = clattn_plan_device_bytes(plan);
+            snprintf(gemm[t], sizeof gemm[t], "%s", clattn_plan_gemm(plan));
+            clattn_plan_free(plan);
+            for (int k = 0; k < 4; k++) free(wt[k]);
+        }
+        int reads = -1;
+        for (size_t c = 0; c < clattn_core_count(); c++) {
+            clattn_core_info info;
+            cr_assert_eq(clattn_core_describe(dev, c, &info), CLATTN_STATUS_SUCCESS);
+            if (!strcmp(info.name, gemm[0])) reads = info.reads_dtypes;
+        }
+        cr_assert_neq(reads, -1, "the plan's GEMM core %s is not in the registry", gemm[0]);
+        const size_t n_x = B * Tq * E + (d.cross ? B * Tk * Ekv : 0), n_out = B * Tq * Eo;
+        const size_t n_w = nw[0] + nw[1] + nw[2] + nw[3];
+        const size_t n_proj = d.cross ? B * Tq * H * dk : B * Tq * (H * dk + HK * (dk + dv));
+        const size_t want_saved = 2 * (n_x + n_out + n_w), want_added = n_proj >= n_out ? 0 : 4 * n_out;
+        for (int t = 1; t < 3; t++) {
+            printf("[----] %s (reads_dtypes %d), shape %zu: dtype %d projected plan holds %.2fx the fp32 plan's bytes\n",
+                   gemm[0], reads, i, t, (double)bytes[t] / (double)bytes[0]);
+            if (reads)
+                cr_assert_eq(bytes[t], bytes[0] - want_saved + want_added, "shape %zu dtype %d: %zu bytes, fp32 %zu, "
+                             "expected %zu fewer and %zu more", i, t, bytes[t], bytes[0], want_saved, want_added);
+        }
+        for (int k = 0; k < 4; k++) free(w[k]);
     }
 }

@@ -12,7 +12,10 @@
  *   limits     the device's limits lowered (one allocation: gemm_tiles' blocks of rows, columns, depth and batch
  *              entries; CLBlast's 32-bit index range: sub-buffers past it; launches of a few work-items); the
  *              operands as sub-buffers
- *   refusals   sizes of 0 and row strides shorter than a row: INVALID_ARGUMENT naming the GEMM, C untouched */
+ *   types      A and B in F16 and BF16 (typed_operands: a half plan's projections read its inputs and weights as
+ *              they are), refused by a core without reads_dtypes
+ *   refusals   sizes of 0, row strides shorter than a row and an unknown dtype: INVALID_ARGUMENT naming the GEMM,
+ *              C untouched */
 #include "attention/attention.h"
 #include "testutil.h"
 
@@ -75,6 +78,7 @@ typedef struct gemm_case {
     size_t gap;                     /* elements between batch entries, beyond one entry's extent */
     int shared_b;                   /* stride_b = 0 */
     size_t bias_off;                /* a bias row at this offset (0: none) */
+    clattn_dtype type_a, type_b;    /* the operands' element types (F16 / BF16: the values rounded to them first) */
 } gemm_case;
 
 static size_t rows_a(const gemm_case *g) { return g->ta ? g->k : g->m; }
@@ -97,8 +101,9 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
     float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c);
     float *want = malloc(nc * sizeof *want), *bias = malloc((g->bias_off + g->n) * sizeof *bias);
     cr_assert(a && b && c && want && bias);
-    for (size_t i = 0; i < na; i++) a[i] = value(&r, dyadic);
-    for (size_t i = 0; i < nb; i++) b[i] = value(&r, dyadic);
+    /* a typed operand holds the values rounded to its type (the dyadic ones are exact in both), its expectation too */
+    for (size_t i = 0; i < na; i++) a[i] = (float)tu_dtype_round(value(&r, dyadic), g->type_a);
+    for (size_t i = 0; i < nb; i++) b[i] = (float)tu_dtype_round(value(&r, dyadic), g->type_b);
     for (size_t i = 0; i < g->bias_off + g->n; i++) bias[i] = value(&r, dyadic);
     /* C: NaN where beta = 0 (never read) and around C everywhere (never written); values where beta reads them */
     for (size_t i = 0; i < nc; i++) c[i] = g->beta == 0.0f ? NAN : value(&r, dyadic);
@@ -124,8 +129,10 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
         bmem = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (g->bias_off + g->n) * 4, bias, &err);
         cr_assert_eq(err, CL_SUCCESS);
     }
-    const float *host[3] = {a, b, c};
+    void *typed_a = tu_typed(a, na, g->type_a), *typed_b = tu_typed(b, nb, g->type_b);
+    const void *host[3] = {typed_a, typed_b, c};
     const size_t count[3] = {na, nb, nc};
+    const size_t es[3] = {clattn_dtype_size(g->type_a), clattn_dtype_size(g->type_b), 4};
     for (int i = 0; i < 3; i++) {
         if (sub) { /* a sub-buffer at an aligned origin inside a larger buffer */
             cl_uint align_bits = 0;
@@ -133,29 +140,36 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
             clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof id, &id, NULL);
             clGetDeviceInfo(id, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
             const size_t origin = 3 * (align_bits / 8);
-            parent[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, origin + count[i] * 4 + 64, NULL, &err);
+            parent[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, origin + count[i] * es[i] + 64, NULL, &err);
             cr_assert_eq(err, CL_SUCCESS);
-            cl_buffer_region reg = {origin, count[i] * 4};
+            cl_buffer_region reg = {origin, count[i] * es[i]};
             mem[i] = clCreateSubBuffer(parent[i], CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &reg, &err);
             cr_assert_eq(err, CL_SUCCESS, "sub-buffer: %d", err);
         } else {
-            mem[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, count[i] * 4, NULL, &err);
+            mem[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, count[i] * es[i], NULL, &err);
             cr_assert_eq(err, CL_SUCCESS);
         }
-        cr_assert_eq(clEnqueueWriteBuffer(q, mem[i], CL_TRUE, 0, count[i] * 4, host[i], 0, NULL, NULL), CL_SUCCESS);
+        cr_assert_eq(clEnqueueWriteBuffer(q, mem[i], CL_TRUE, 0, count[i] * es[i], host[i], 0, NULL, NULL),
+                     CL_SUCCESS);
     }
     const clattn_gemm_call call = {.m = g->m, .n = g->n, .k = g->k, .trans_a = g->ta, .trans_b = g->tb,
                                    .alpha = g->alpha, .beta = g->beta, .a = {mem[0], g->off_a},
                                    .b = {mem[1], g->off_b}, .c = {mem[2], g->off_c}, .lda = lda, .ldb = ldb,
                                    .ldc = ldc, .count = g->count, .stride_a = sa, .stride_b = sb, .stride_c = sc,
-                                   .bias = {bmem, g->bias_off}, .what = "test GEMM"};
+                                   .bias = {bmem, g->bias_off}, .type_a = g->type_a, .type_b = g->type_b,
+                                   .what = "test GEMM"};
     /* a caller's sub-buffer reaching past CLBlast's index range, where sub-buffers beside it lose what is written
      * through them (caps.sibling_subbuffers: NVIDIA's OpenCL): refused before anything is enqueued */
     const size_t lim = dev->caps.blas_max_elems;
     const int sibling_refused = sub && core->core->uses_clblast && !dev->caps.sibling_subbuffers &&
                                 (g->off_a + (g->count - 1) * sa + ea > lim || g->off_b + (g->count - 1) * sb + eb > lim ||
                                  g->off_c + (g->count - 1) * sc + ec > lim);
-    if (bmem && !core->core->adds_biases) { /* refused, nothing written: the caller fills C with the bias instead */
+    const int typed = g->type_a != CLATTN_DTYPE_F32 || g->type_b != CLATTN_DTYPE_F32;
+    if (typed && !core->core->reads_dtypes) { /* refused, nothing written: the caller widens the operands first */
+        cr_assert_eq(clattn_gemm_run(core, &call), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "does not read"), "%s", clattn_last_error());
+        for (size_t i = 0; i < nc; i++) want[i] = c[i];
+    } else if (bmem && !core->core->adds_biases) { /* refused, nothing written: the caller fills C with the bias instead */
         cr_assert_eq(clattn_gemm_run(core, &call), CLATTN_STATUS_INVALID_ARGUMENT);
         cr_assert(strstr(clattn_last_error(), "bias"), "%s", clattn_last_error());
         for (size_t i = 0; i < nc; i++) want[i] = c[i];
@@ -173,9 +187,10 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
     cr_assert_eq(clEnqueueReadBuffer(q, mem[2], CL_TRUE, 0, nc * 4, got, 0, NULL, NULL), CL_SUCCESS);
     char desc[200];
     snprintf(desc, sizeof desc, "%s m=%zu n=%zu k=%zu count=%zu ta=%d tb=%d alpha=%g beta=%g ld+%zu/%zu/%zu "
-             "off %zu/%zu/%zu%s%s%s", core->core->name, g->m, g->n, g->k, g->count, g->ta, g->tb, g->alpha, g->beta,
-             g->pad_a, g->pad_b, g->pad_c, g->off_a, g->off_b, g->off_c, g->shared_b ? " shared B" : "",
-             sub ? " sub-buffers" : "", g->bias_off ? " bias" : "");
+             "off %zu/%zu/%zu%s%s%s A %s B %s", core->core->name, g->m, g->n, g->k, g->count, g->ta, g->tb, g->alpha,
+             g->beta, g->pad_a, g->pad_b, g->pad_c, g->off_a, g->off_b, g->off_c, g->shared_b ? " shared B" : "",
+             sub ? " sub-buffers" : "", g->bias_off ? " bias" : "", clattn_dtype_name(g->type_a),
+             clattn_dtype_name(g->type_b));
     for (size_t i = 0; i < nc; i++) {
         if (isnan(want[i])) { /* outside C (or beta = 0 poison that C's elements replaced) */
             cr_assert(isnan(got[i]), "%s: element %zu outside C was written (%g)", desc, i, got[i]);
@@ -190,12 +205,17 @@ static void run_case(clattn_device *dev, const clattn_gemm *core, const gemm_cas
         if (parent[i]) clReleaseMemObject(parent[i]);
     }
     if (bmem) clReleaseMemObject(bmem);
-    free(a), free(b), free(c), free(want), free(got), free(bias);
+    free(a), free(b), free(c), free(want), free(got), free(bias), free(typed_a), free(typed_b);
 }
 
-/* Every shape of `sizes` as m, n and k in turn with the others at fixed odd sizes, and a sweep of products. */
-static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int sub)
+/* Every shape of `sizes` as m, n and k in turn with the others at fixed odd sizes, and a sweep of products; typed:
+ * the operands' types in turn F16 and F16, BF16 and BF16, F16 and F32, F32 and BF16 (else both F32). */
+static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int sub, int typed)
 {
+    static const clattn_dtype types[4][2] = {{CLATTN_DTYPE_F16, CLATTN_DTYPE_F16},
+                                             {CLATTN_DTYPE_BF16, CLATTN_DTYPE_BF16},
+                                             {CLATTN_DTYPE_F16, CLATTN_DTYPE_F32},
+                                             {CLATTN_DTYPE_F32, CLATTN_DTYPE_BF16}};
     static const size_t sizes[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 61, 64, 65, 100, 130, 257, 300};
     const size_t ns = sizeof sizes / sizeof sizes[0];
     uint64_t seed = 1;
@@ -209,7 +229,11 @@ static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int 
                 {.m = 19, .n = 45, .k = sizes[i], .count = 1, .ta = ta, .tb = tb, .alpha = -2, .beta = -0.75f,
                  .pad_b = 2, .off_b = 13, .bias_off = 1 + i % 5},
             };
-            for (int c = 0; c < 3; c++) run_case(dev, core, &cases[c], dyadic, seed++, sub);
+            for (int c = 0; c < 3; c++) {
+                gemm_case g = cases[c];
+                if (typed) g.type_a = types[(i + c) % 4][0], g.type_b = types[(i + c) % 4][1];
+                run_case(dev, core, &g, dyadic, seed++, sub);
+            }
         }
     }
 }
@@ -217,7 +241,7 @@ static void shapes(clattn_device *dev, const clattn_gemm *core, int dyadic, int 
 Test(gemm, shapes_exact)
 {
     fixture f = fixture_open();
-    shapes(f.dev, &f.core, 1, 0);
+    shapes(f.dev, &f.core, 1, 0, 0);
     /* larger products, every transposition, C accumulated (beta = 1) and written (beta = 0) */
     uint64_t seed = 100;
     for (int t = 0; t < 4; t++) {
@@ -225,6 +249,31 @@ Test(gemm, shapes_exact)
                              .beta = t == 2 ? 0.0f : 1.0f, .pad_a = 1, .pad_b = 17, .pad_c = 3, .off_c = 1,
                              .bias_off = t == 3 ? 0 : 2};
         run_case(f.dev, &f.core, &g, 1, seed++, 0);
+    }
+    fixture_close(&f);
+}
+
+/* F16 and BF16 operands (a half plan's inputs and weights, read as they are by a core with reads_dtypes): every shape
+ * of shapes_exact with dyadic values (exact in both types: the core must widen them exactly), at element offsets
+ * that are odd in 16-bit units, strided batches, sub-buffers and ordinary floats rounded to the types. A core
+ * without reads_dtypes (CLBlast) refuses every such call, C untouched. */
+Test(gemm, typed_operands)
+{
+    fixture f = fixture_open();
+    shapes(f.dev, &f.core, 1, 0, 1);
+    uint64_t seed = 600;
+    const gemm_case cases[] = {
+        {.m = 61, .n = 61, .k = 8, .count = 3, .tb = 1, .alpha = 1, .beta = 0, .off_a = 3, .off_b = 5, .gap = 1,
+         .type_a = CLATTN_DTYPE_F16, .type_b = CLATTN_DTYPE_BF16},
+        {.m = 40, .n = 33, .k = 50, .count = 4, .ta = 1, .tb = 1, .alpha = 1, .beta = 1, .shared_b = 1, .gap = 3,
+         .type_a = CLATTN_DTYPE_BF16, .type_b = CLATTN_DTYPE_F16},
+        {.m = 130, .n = 192, .k = 64, .count = 1, .tb = 1, .alpha = 1, .beta = 0, .bias_off = 3,
+         .type_a = CLATTN_DTYPE_F16, .type_b = CLATTN_DTYPE_F16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_case(f.dev, &f.core, &cases[i], 1, seed++, 0);
+        run_case(f.dev, &f.core, &cases[i], 1, seed++, 1);
+        run_case(f.dev, &f.core, &cases[i], 0, seed++, 0);
     }
     fixture_close(&f);
 }
@@ -338,9 +387,10 @@ Test(gemm, refusals)
     cr_assert_eq(err, CL_SUCCESS);
     const clattn_gemm_call ok = {.m = 2, .n = 2, .k = 2, .alpha = 1, .a = {m, 0}, .b = {m, 8}, .c = {m, 16},
                                  .lda = 2, .ldb = 2, .ldc = 2, .count = 1, .what = "the refused GEMM"};
-    clattn_gemm_call bad[6] = {ok, ok, ok, ok, ok, ok};
+    clattn_gemm_call bad[7] = {ok, ok, ok, ok, ok, ok, ok};
     bad[0].m = 0, bad[1].k = 0, bad[2].count = 0, bad[3].lda = 1, bad[4].ldc = 1, bad[5].trans_b = 1, bad[5].ldb = 1;
-    for (int i = 0; i < 6; i++) {
+    bad[6].type_b = (clattn_dtype)3;
+    for (int i = 0; i < 7; i++) {
         cr_assert_eq(clattn_gemm_run(&f.core, &bad[i]), CLATTN_STATUS_INVALID_ARGUMENT, "case %d", i);
         cr_assert(strstr(clattn_last_error(), "the refused GEMM"), "case %d: %s", i, clattn_last_error());
     }

@@ -13,7 +13,10 @@
  * Work-items are numbered entry-major, then by group of QP column panels, then by row panel: consecutive
  * work-items (which a CPU runs one after another on one core) share their B panels, which stay in the L2
  * cache while the A panels stream. Sizes past the edges: packed panels are padded with zeros, so the
- * micro-kernel never branches; only the stores of edge tiles are guarded. beta = 0 never reads C. */
+ * micro-kernel never branches; only the stores of edge tiles are guarded. beta = 0 never reads C.
+ * A and B may hold F16 or BF16 (a half-precision plan's inputs and weights, read as they are: the pack kernels'
+ * _f16 and _bf16 forms widen them exactly into the fp32 panels); C, the bias and the arithmetic are fp32.
+ * common/half.cl goes first. */
 #ifndef MR
 #define MR 8
 #endif
@@ -47,30 +50,39 @@ typedef float4 gvec;
 /* Panels of P rows of a matrix X whose element (r, c) is x[x_off + e * xe + r * rs + c * cs], for rows
  * 0 .. R-1 and columns 0 .. KC-1 of each of the entries: panel p of entry e holds, for each column c, its P
  * rows side by side at dst[dst_off + e * de + p * KC * P + c * P]; rows past R are zeros. One work-item per (entry,
- * panel), `panels` panels per entry, `total` work-items. */
-#define GEMM_PACK(NAME, P)                                                                                        \
-    __kernel void NAME(__global const float *x, ulong x_off, ulong rs, ulong cs, ulong xe, uint R, uint KC,      \
+ * panel), `panels` panels per entry, `total` work-items. X's elements are of type T, read by LOAD(x, index) as
+ * floats: float, or a half-precision plan's F16 (vload_half) or BF16 (a shift) widened exactly as they are packed,
+ * so that the tiles see the very floats a widened copy would hold (the _f16 and _bf16 kernels). */
+#define PACK_F32(p, i) ((p)[(i)])
+#define PACK_F16(p, i) vload_half((i), (p))
+#define PACK_BF16(p, i) clattn_bf16_value((p)[(i)])
+#define GEMM_PACK(NAME, P, T, LOAD)                                                                               \
+    __kernel void NAME(__global const T *x, ulong x_off, ulong rs, ulong cs, ulong xe, uint R, uint KC,          \
                        __global float *dst, ulong dst_off, ulong de, uint panels, ulong total)                    \
     {                                                                                                             \
         const ulong g = get_global_id(0);                                                                         \
         if (g >= total) return;                                                                                   \
         const ulong e = g / panels;                                                                               \
         const uint p = (uint)(g % panels), r0 = p * (P);                                                          \
-        __global const float *src = x + x_off + e * xe + (ulong)r0 * rs;                                          \
+        __global const T *src = x + x_off + e * xe + (ulong)r0 * rs;                                              \
         __global float *d = dst + dst_off + e * de + (ulong)p * KC * (P);                                         \
         const uint rows = min((uint)(P), R - r0);                                                                 \
         if (rows == (P)) {                                                                                        \
             for (uint c = 0; c < KC; c++) {                                                                       \
-                _Pragma("unroll") for (uint r = 0; r < (P); r++) d[(ulong)c * (P) + r] = src[r * rs + c * cs];    \
+                _Pragma("unroll") for (uint r = 0; r < (P); r++) d[(ulong)c * (P) + r] = LOAD(src, r * rs + c * cs); \
             }                                                                                                     \
         } else {                                                                                                  \
             for (uint c = 0; c < KC; c++)                                                                         \
-                for (uint r = 0; r < (P); r++) d[(ulong)c * (P) + r] = r < rows ? src[r * rs + c * cs] : 0.0f;   \
+                for (uint r = 0; r < (P); r++) d[(ulong)c * (P) + r] = r < rows ? LOAD(src, r * rs + c * cs) : 0.0f; \
         }                                                                                                         \
     }
 
-GEMM_PACK(gemm_pack_a, MR)
-GEMM_PACK(gemm_pack_b, NR)
+GEMM_PACK(gemm_pack_a, MR, float, PACK_F32)
+GEMM_PACK(gemm_pack_b, NR, float, PACK_F32)
+GEMM_PACK(gemm_pack_a_f16, MR, half, PACK_F16)
+GEMM_PACK(gemm_pack_b_f16, NR, half, PACK_F16)
+GEMM_PACK(gemm_pack_a_bf16, MR, ushort, PACK_BF16)
+GEMM_PACK(gemm_pack_b_bf16, NR, ushort, PACK_BF16)
 
 /* C (M, N) at c + c_off (+ e * ce per entry), row stride ldc, from the packed panels of one block: mp row panels
  * of A (ap + ap_off + e * ae) and np column panels of B (bp + bp_off + e * be), KC deep; plus, when has_bias, the

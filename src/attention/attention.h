@@ -163,6 +163,13 @@ clattn_status clattn_linear_fill(const clattn_linear *l, clattn_view dst, cl_mem
 #define CLATTN_LINEAR_SMALL_ROWS 16
 clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x, cl_mem w,
                                 cl_mem bias, clattn_view y, int few_rows, int warm, const char *what);
+/* The same on the GEMM core with x and W in the types tx and tw (F16 / BF16 read as they are, widened exactly; the
+ * bias and y fp32): for a GEMM core with reads_dtypes (clattn_linear_reads_dtypes), which a half plan's
+ * projections use to read its inputs and weights without widened copies. */
+clattn_status clattn_linear_run_typed(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x,
+                                      clattn_dtype tx, cl_mem w, clattn_dtype tw, cl_mem bias, clattn_view y,
+                                      const char *what);
+int clattn_linear_reads_dtypes(const clattn_linear *l);
 /* The projections' gradients (training plans). dW of y = x W^T from dy (rows, m; row stride ldy) and x (rows, n;
  * ldx): dW = dy^T x (m, n) in LINEAR layout, x^T dy (n, m) in RAW, into out (a GEMM with op(A) transposed). */
 clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
@@ -189,6 +196,9 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p);
  * (clattn_buffer_put). */
 clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,
                                    size_t cols, const char *what, cl_mem *out);
+/* The same with the elements narrowed to type t on the way (F32: as above). */
+clattn_status clattn_upload_blocks_typed(const clattn_device *dev, const float *const *parts, const size_t *rows,
+                                         int n, size_t cols, clattn_dtype t, const char *what, cl_mem *out);
 
 /* ---- the CPU reference (ref.c) */
 /* y (rows, n) = a (rows, k) w^T + bias; w (n, k) in nn.Linear layout, bias (n) or NULL. */

@@ -146,12 +146,21 @@ clattn_status clattn_linear_run(const clattn_linear *l, size_t m, size_t n, size
     if (few_rows && (warm || (m <= CLATTN_LINEAR_SMALL_ROWS &&
                               linear_few_trips(l, m, k) <= clattn_loop_budget(&l->dev->caps))))
         return linear_small(l, m, n, k, x, w, bias, y, warm);
+    return clattn_linear_run_typed(l, m, n, k, x, CLATTN_DTYPE_F32, w, CLATTN_DTYPE_F32, bias, y, what);
+}
+
+int clattn_linear_reads_dtypes(const clattn_linear *l) { return l->gemm.core && l->gemm.core->reads_dtypes; }
+
+clattn_status clattn_linear_run_typed(const clattn_linear *l, size_t m, size_t n, size_t k, clattn_view x,
+                                      clattn_dtype tx, cl_mem w, clattn_dtype tw, cl_mem bias, clattn_view y,
+                                      const char *what)
+{
     /* the bias: added by the GEMM core as it stores C, or C filled with it first and the product added (beta 1) */
     const int fused = l->gemm.core->adds_biases;
     if (bias && !fused) TRY(clattn_linear_fill(l, y, bias, m, n));
     const clattn_gemm_call c = {.m = m, .n = n, .k = k, .trans_b = 1, .alpha = 1.0f, .beta = bias && !fused ? 1.0f : 0.0f,
                                 .a = x, .b = {w, 0}, .c = y, .lda = k, .ldb = k, .ldc = n, .count = 1,
-                                .bias = {fused ? bias : NULL, 0}, .what = what};
+                                .bias = {fused ? bias : NULL, 0}, .type_a = tx, .type_b = tw, .what = what};
     return clattn_gemm_run(&l->gemm, &c);
 }
 
@@ -218,6 +227,12 @@ void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char
 clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const *parts, const size_t *rows, int n,
                                    size_t cols, const char *what, cl_mem *out)
 {
+    return clattn_upload_blocks_typed(dev, parts, rows, n, cols, CLATTN_DTYPE_F32, what, out);
+}
+
+clattn_status clattn_upload_blocks_typed(const clattn_device *dev, const float *const *parts, const size_t *rows,
+                                         int n, size_t cols, clattn_dtype t, const char *what, cl_mem *out)
+{
     size_t total = 0;
     for (int i = 0; i < n; i++) total += rows[i];
     float *buf = clattn_calloc(total * cols, sizeof *buf);
@@ -227,7 +242,18 @@ clattn_status clattn_upload_blocks(const clattn_device *dev, const float *const 
         if (parts[i]) memcpy(buf + at, parts[i], rows[i] * cols * sizeof *buf);
         at += rows[i] * cols;
     }
-    const clattn_status st = clattn_buffer_put(dev, total * cols, sizeof(float), buf, what, out);
-    free(buf);
+    void *host = buf;
+    if (t != CLATTN_DTYPE_F32) { /* the 16-bit elements (exact: a half plan's fp32 copies were widened from them) */
+        uint16_t *h = clattn_calloc(total * cols > 0 ? total * cols : 1, sizeof *h);
+        if (!h) {
+            free(buf);
+            return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "narrowing %s", what);
+        }
+        clattn_dtype_narrow(buf, total * cols, t, h);
+        free(buf);
+        host = h;
+    }
+    const clattn_status st = clattn_buffer_put(dev, total * cols, clattn_dtype_size(t), host, what, out);
+    free(host);
     return st;
 }

@@ -76,14 +76,15 @@ static clattn_status upload_projections(struct clattn_plan *p)
         if (b[2]) TRY(clattn_buffer_put(dev, rows[2], sizeof(float), b[2], "b_value", &c->b_v));
     }
     const int biased = !adds_biases(p);
+    const clattn_dtype wt = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32; /* the weights' type on the device */
     if (!d->cross) {
         c->n_qkv = rows[0] + rows[1] + rows[2];
-        TRY(clattn_upload_blocks(dev, w, rows, 3, E, "the Q|K|V weights", &c->w_proj));
+        TRY(clattn_upload_blocks_typed(dev, w, rows, 3, E, wt, "the Q|K|V weights", &c->w_proj));
         if (biased && (b[0] || b[1] || b[2])) TRY(clattn_upload_blocks(dev, b, rows, 3, 1, "the Q|K|V biases", &c->b_proj));
         return clattn_buffer_put(dev, B * Tq * c->n_qkv, sizeof(float), NULL, "the Q|K|V projections", &c->proj);
     }
-    TRY(clattn_buffer_put(dev, H * dk * E, sizeof(float), p->w_query, "the Q weights", &c->w_proj));
-    TRY(clattn_upload_blocks(dev, w + 1, rows + 1, 2, Ekv, "the K|V weights", &c->w_kv));
+    TRY(clattn_upload_blocks_typed(dev, w, rows, 1, E, wt, "the Q weights", &c->w_proj));
+    TRY(clattn_upload_blocks_typed(dev, w + 1, rows + 1, 2, Ekv, wt, "the K|V weights", &c->w_kv));
     if (biased && b[0]) TRY(clattn_buffer_put(dev, rows[0], sizeof(float), b[0], "the Q bias", &c->b_proj));
     if (biased && (b[1] || b[2])) TRY(clattn_upload_blocks(dev, b + 1, rows + 1, 2, 1, "the K|V biases", &c->b_proj_kv));
     TRY(clattn_buffer_put(dev, B * Tq * H * dk, sizeof(float), NULL, "the Q projection", &c->proj));
@@ -97,7 +98,10 @@ static clattn_status upload_out_projection(struct clattn_plan *p)
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
     if (!p->has_out) return CLATTN_STATUS_SUCCESS;
-    TRY(clattn_buffer_put(p->device, d->out_dim * H * dv, sizeof(float), p->w_out, "w_out", &c->w_out));
+    const float *w[1] = {p->w_out};
+    const size_t rows[1] = {d->out_dim};
+    TRY(clattn_upload_blocks_typed(p->device, w, rows, 1, H * dv, c->typed_proj ? d->dtype : CLATTN_DTYPE_F32, "w_out",
+                                   &c->w_out));
     if (p->b_out) TRY(clattn_buffer_put(p->device, d->out_dim, sizeof(float), p->b_out, "b_out", &c->b_out));
     return clattn_buffer_put(p->device, B * Tq * H * dv, sizeof(float), NULL, "the merged heads", &c->merged);
 }
@@ -129,7 +133,9 @@ static clattn_status staging_buffers(struct clattn_plan *p)
     return clattn_buffer_new(dev, B * Tq * p->out_width, es, NULL, "the output staging buffer", &c->out_buf);
 }
 
-/* A half-precision plan's fp32 work buffers: its inputs widened, its output before it is narrowed. */
+/* A half-precision plan's fp32 work buffers: its inputs widened (unless its projections read them as they are), its
+ * output before it is narrowed (with typed projections in the Q|K|V projections' buffer where that is large enough:
+ * the core has read them by the time the output projection writes). */
 static clattn_status typed_buffers(struct clattn_plan *p)
 {
     shell *c = state(p);
@@ -137,13 +143,23 @@ static clattn_status typed_buffers(struct clattn_plan *p)
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const clattn_device *dev = p->device;
     if (d->dtype == CLATTN_DTYPE_F32 || c->native_io) return CLATTN_STATUS_SUCCESS;
-    TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "x widened to fp32", &c->x32));
-    if (d->cross)
-        TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "kv widened to fp32", &c->kv32));
-    if (d->separate_value)
-        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "value widened to fp32",
-                              &c->value32));
-    return clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the fp32 output", &c->out32);
+    if (!(c->typed_proj && p->has_qkv)) {
+        TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "x widened to fp32", &c->x32));
+        if (d->cross)
+            TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "kv widened to fp32", &c->kv32));
+        if (d->separate_value)
+            TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "value widened to fp32",
+                                  &c->value32));
+    }
+    const size_t n_out = B * Tq * p->out_width;
+    const size_t n_proj = B * Tq * (d->cross ? d->heads * d->head_dim_qk : c->n_qkv);
+    if (c->typed_proj && p->has_qkv && p->has_out && n_proj >= n_out) {
+        c->out_f32 = (view){c->proj, 0};
+        return CLATTN_STATUS_SUCCESS;
+    }
+    TRY(clattn_buffer_new(dev, n_out, sizeof(float), NULL, "the fp32 output", &c->out32));
+    c->out_f32 = (view){c->out32, 0};
+    return CLATTN_STATUS_SUCCESS;
 }
 
 /* Build the linear kernels and the core (the device memory checked first), upload the weights, make the
@@ -155,6 +171,7 @@ static clattn_status shell_init(struct clattn_plan *p)
     p->backend_state = c;
     /* the GEMM core first: the attention core may run its GEMMs on it (the unfused core) */
     TRY(clattn_linear_build(p->device, &p->d, &c->lin));
+    c->typed_proj = p->d.dtype != CLATTN_DTYPE_F32 && (p->has_qkv || p->has_out) && clattn_linear_reads_dtypes(&c->lin);
     clattn_linear_gemm_describe(&c->lin, &p->gemm, p->gemm_params_text, sizeof p->gemm_params_text);
     c->lay = layout(p);
     c->lay.gemm = &c->lin.gemm;
@@ -254,15 +271,27 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
                  "copying the output to the context");
     /* 3. output projection: out = merged Wo^T + bo */
     if (p->has_out) {
-        TRY(clattn_linear_run(&c->lin, B * Tq, d->out_dim, H * dv, cio.out, c->w_out, c->b_out, io->out, 0, 0,
-                              "output projection"));
+        const clattn_dtype wt = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32;
+        TRY(clattn_linear_run_typed(&c->lin, B * Tq, d->out_dim, H * dv, cio.out, CLATTN_DTYPE_F32, c->w_out, wt,
+                                    c->b_out, io->out, "output projection"));
         TRY(mark(p, CLATTN_STAGE_OUT_PROJECTION));
     }
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* A half-precision plan's pass (desc.dtype F16 or BF16): its inputs widened into the fp32 work buffers, the fp32
- * pass, its output (and the weights, on buffers) narrowed into the caller's. */
+/* A half-precision plan's pass (desc.dtype F16 or BF16): its inputs widened into the fp32 work buffers (or read as they
+ * are by typed projections), the fp32 pass, its output (and the weights, on buffers) narrowed into the caller's. */
+/* The pass's fp32 output (and weights) narrowed into the caller's arrays. */
+static clattn_status narrow_outputs(struct clattn_plan *p, const run_io *io, const run_io *w)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    TRY(clattn_linear_convert(&c->lin, w->out, io->out, B * Tq * p->out_width, d->dtype, 1));
+    if (io->attn.mem) TRY(clattn_linear_convert(&c->lin, w->attn, io->attn, B * d->heads * Tq * Tk, d->dtype, 1));
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
 {
     shell *c = state(p);
@@ -270,21 +299,22 @@ static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const clattn_dtype t = d->dtype;
     run_io w = *io;
-    w.x = (view){c->x32, 0}, w.out = (view){c->out32, 0};
-    TRY(clattn_linear_convert(&c->lin, io->x, w.x, B * Tq * d->embed, t, 0));
-    if (d->cross) {
-        w.kv = (view){c->kv32, 0};
-        TRY(clattn_linear_convert(&c->lin, io->kv, w.kv, B * Tk * d->kv_embed, t, 0));
-    }
-    if (d->separate_value) {
-        w.value = (view){c->value32, 0};
-        TRY(clattn_linear_convert(&c->lin, io->value, w.value, clattn_plan_value_elems(d), t, 0));
-    }
+    w.out = c->out_f32;
     if (io->attn.mem) w.attn = (view){c->attn32, 0};
+    if (c->x32) { /* else the projections read x and kv in the type (clattn_shell_project) */
+        w.x = (view){c->x32, 0};
+        TRY(clattn_linear_convert(&c->lin, io->x, w.x, B * Tq * d->embed, t, 0));
+        if (d->cross) {
+            w.kv = (view){c->kv32, 0};
+            TRY(clattn_linear_convert(&c->lin, io->kv, w.kv, B * Tk * d->kv_embed, t, 0));
+        }
+        if (d->separate_value) {
+            w.value = (view){c->value32, 0};
+            TRY(clattn_linear_convert(&c->lin, io->value, w.value, clattn_plan_value_elems(d), t, 0));
+        }
+    }
     TRY(run(p, &w));
-    TRY(clattn_linear_convert(&c->lin, w.out, io->out, B * Tq * p->out_width, t, 1));
-    if (io->attn.mem) TRY(clattn_linear_convert(&c->lin, w.attn, io->attn, B * d->heads * Tq * Tk, t, 1));
-    return CLATTN_STATUS_SUCCESS;
+    return narrow_outputs(p, io, &w);
 }
 
 typedef struct pass_ctx {

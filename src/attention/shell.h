@@ -39,6 +39,10 @@ typedef struct shell {
     cl_mem x32, kv32, value32, out32; /* a half-precision plan's inputs widened, its output before narrowing */
     cl_mem attn32;                /* the same for the weights on buffers (made at the first call wanting them) */
     int native_io;                /* a half plan whose core reads and writes its arrays as they are: no conversions */
+    int typed_proj;               /* a half plan with projections on a GEMM core with reads_dtypes: its weights
+                                     are kept in the type, and its projections read x and kv as they are */
+    view out_f32;                 /* a half plan's fp32 output before narrowing: out32, or with typed_proj the
+                                     Q|K|V projections' buffer, free again once the core has read it */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;

@@ -17,17 +17,20 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
         return CLATTN_STATUS_SUCCESS;
     }
     view proj = {c->proj, 0};
+    /* a half plan's x, kv and weights as they are, where the GEMM core reads the type (shell.h: typed_proj) */
+    const clattn_dtype t = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32;
     if (!d->cross) {
-        TRY(clattn_linear_run(&c->lin, B * Tq, c->n_qkv, E, io->x, c->w_proj, c->b_proj, proj, 0, 0,
-                              "QKV projection"));
+        TRY(clattn_linear_run_typed(&c->lin, B * Tq, c->n_qkv, E, io->x, t, c->w_proj, t, c->b_proj, proj,
+                                    "QKV projection"));
         cio->q = proj;
         cio->k = (view){c->proj, H * dk};
         cio->v = (view){c->proj, (H + HK) * dk};
     } else {
         view proj_kv = {c->proj_kv, 0};
-        TRY(clattn_linear_run(&c->lin, B * Tq, H * dk, E, io->x, c->w_proj, c->b_proj, proj, 0, 0, "Q projection"));
-        TRY(clattn_linear_run(&c->lin, B * Tk, c->lay.k_ld, Ekv, io->kv, c->w_kv, c->b_proj_kv, proj_kv, 0, 0,
-                              "K|V projection"));
+        TRY(clattn_linear_run_typed(&c->lin, B * Tq, H * dk, E, io->x, t, c->w_proj, t, c->b_proj, proj,
+                                    "Q projection"));
+        TRY(clattn_linear_run_typed(&c->lin, B * Tk, c->lay.k_ld, Ekv, io->kv, t, c->w_kv, t, c->b_proj_kv, proj_kv,
+                                    "K|V projection"));
         cio->q = proj;
         cio->k = proj_kv;
         cio->v = (view){c->proj_kv, HK * dk};

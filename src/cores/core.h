@@ -52,6 +52,9 @@ typedef struct clattn_gemm_call {
     size_t count;                /* products in the batch (>= 1) */
     size_t stride_a, stride_b, stride_c; /* elements from one product's operand to the next's */
     clattn_view bias;            /* (n) added to every row of C, for cores with adds_biases (mem NULL: none) */
+    clattn_dtype type_a, type_b; /* the element types of A and B (F32, the default; F16 or BF16 for a core with
+                                    reads_dtypes: a half plan's inputs and weights as they are, widened exactly on
+                                    the way in); C, the bias, alpha and beta are fp32 */
     const char *what;            /* names the GEMM in errors ("QKV projection") */
 } clattn_gemm_call;
 /* A built GEMM core, as a plan's projections and its attention core use it. */
@@ -59,8 +62,8 @@ typedef struct clattn_gemm {
     const struct clattn_core *core;
     void *state;
 } clattn_gemm;
-/* Enqueue call on g's core (INVALID_ARGUMENT for a size of 0, a stride shorter than a row, or a bias for a core
- * that does not add one: see adds_biases). */
+/* Enqueue call on g's core (INVALID_ARGUMENT for a size of 0, a stride shorter than a row, a bias for a core
+ * that does not add one: see adds_biases, or an F16 / BF16 operand for a core without reads_dtypes). */
 clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *call);
 
 /* How the plan's shell lays out what a prefill core reads and writes; fixed when the core is built.
@@ -145,7 +148,9 @@ struct clattn_core {
     int tf32;                    /* takes plans of precision TF32 (TF32 products); the others are refused */
     int reads_dtypes;            /* reads Q, K, V and writes its output in F16 and BF16 where the layout says
                                     (io_dtype): a half plan without projections then needs no conversions; for
-                                    the others the shell widens and narrows at the plan's boundary */
+                                    the others the shell widens and narrows at the plan's boundary. A GEMM core:
+                                    reads A and B in F16 and BF16 where the call says (type_a, type_b), so a half
+                                    plan's projections read its inputs and weights as they are */
     int uses_clblast;            /* a GEMM core that runs CLBlast's kernels: the tuning file's CLBlast parameters
                                     (the device's, set at open) are its tuning, and clattn_tune searches them */
     const clattn_core_param *params; /* its tuning space */

@@ -15,6 +15,15 @@ clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *c)
     if (c->lda < row_a || c->ldb < row_b || c->ldc < c->n)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: row strides lda=%zu ldb=%zu ldc=%zu, shorter than "
                            "the rows (%zu, %zu, %zu)", what, c->lda, c->ldb, c->ldc, row_a, row_b, c->n);
+    const clattn_dtype types[2] = {c->type_a, c->type_b};
+    for (int i = 0; i < 2; i++) {
+        if (types[i] != CLATTN_DTYPE_F32 && types[i] != CLATTN_DTYPE_F16 && types[i] != CLATTN_DTYPE_BF16)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: operand %c has dtype %d (not F32, F16 or BF16)",
+                               what, "AB"[i], (int)types[i]);
+        if (types[i] != CLATTN_DTYPE_F32 && !g->core->reads_dtypes)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: operand %c is %s, which %s does not read (its "
+                               "operands are fp32)", what, "AB"[i], clattn_dtype_name(types[i]), g->core->name);
+    }
     if (c->bias.mem && !g->core->adds_biases)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s does not add a bias row", what, g->core->name);
     return g->core->run_gemm(g->state, c);

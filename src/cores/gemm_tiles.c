@@ -38,7 +38,7 @@ static const char *const test_configs[] = {"MR=3,VW=4,NV=3,QP=1,KC=64,WS=16", NU
 typedef struct tiles_state {
     const clattn_device *dev;
     cl_program prog;
-    cl_kernel pack_a, pack_b, tiles;
+    cl_kernel pack_a[3], pack_b[3], tiles; /* the pack kernels by the operand's dtype: F32, F16, BF16 */
     cl_mem ws;
     size_t ws_floats;
     size_t mr, nr, qp, kc;
@@ -121,8 +121,10 @@ static void release(void *state)
     tiles_state *s = state;
     if (!s) return;
     clattn_mem_release(&s->ws);
-    clattn_kernel_release(&s->pack_a);
-    clattn_kernel_release(&s->pack_b);
+    for (int t = 0; t < 3; t++) {
+        clattn_kernel_release(&s->pack_a[t]);
+        clattn_kernel_release(&s->pack_b[t]);
+    }
     clattn_kernel_release(&s->tiles);
     clattn_program_release(&s->prog);
     free(s);
@@ -142,10 +144,15 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     char opts[128];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DMR=%zu -DVW=%zu -DNV=%zu -DQP=%zu", p->v[MR], p->v[VW], p->v[NV],
              p->v[QP]);
-    const char *src[] = {"cores/gemm_tiles"};
-    clattn_status st = clattn_program_build(dev, src, 1, opts, &s->prog);
-    if (!st) st = clattn_kernel_create(s->prog, "gemm_pack_a", &s->pack_a);
-    if (!st) st = clattn_kernel_create(s->prog, "gemm_pack_b", &s->pack_b);
+    const char *src[] = {"common/half", "cores/gemm_tiles"};
+    clattn_status st = clattn_program_build(dev, src, 2, opts, &s->prog);
+    static const char *const pack_names[3][2] = {{"gemm_pack_a", "gemm_pack_b"},
+                                                 {"gemm_pack_a_f16", "gemm_pack_b_f16"},
+                                                 {"gemm_pack_a_bf16", "gemm_pack_b_bf16"}};
+    for (int t = 0; t < 3 && !st; t++) {
+        st = clattn_kernel_create(s->prog, pack_names[t][0], &s->pack_a[t]);
+        if (!st) st = clattn_kernel_create(s->prog, pack_names[t][1], &s->pack_b[t]);
+    }
     if (!st) st = clattn_kernel_create(s->prog, "gemm_tiles", &s->tiles);
     if (!st) st = clattn_buffer_new(dev, s->ws_floats, sizeof(float), NULL, "the GEMM packing workspace", &s->ws);
     if (st) {
@@ -219,12 +226,12 @@ static clattn_status run_gemm(void *state, const clattn_gemm_call *c)
             for (size_t j0 = 0; j0 < c->n; j0 += bl.nc) {
                 const size_t nc = min2(bl.nc, c->n - j0);
                 const clattn_view bv = {c->b.mem, c->b.off + e0 * c->stride_b + j0 * b_rs + k0 * b_cs};
-                TRY(pack(s, s->pack_b, "gemm_pack_b", s->nr, bv, b_rs, b_cs, c->stride_b, nc, kc, half,
+                TRY(pack(s, s->pack_b[c->type_b], "gemm_pack_b", s->nr, bv, b_rs, b_cs, c->stride_b, nc, kc, half,
                          bl.b_floats, ent));
                 for (size_t i0 = 0; i0 < c->m; i0 += bl.mc) {
                     const size_t mc = min2(bl.mc, c->m - i0);
                     const clattn_view av = {c->a.mem, c->a.off + e0 * c->stride_a + i0 * a_rs + k0 * a_cs};
-                    TRY(pack(s, s->pack_a, "gemm_pack_a", s->mr, av, a_rs, a_cs, c->stride_a, mc, kc, 0,
+                    TRY(pack(s, s->pack_a[c->type_a], "gemm_pack_a", s->mr, av, a_rs, a_cs, c->stride_a, mc, kc, 0,
                              bl.a_floats, ent));
                     const size_t mp = (mc + s->mr - 1) / s->mr, np = (nc + s->nr - 1) / s->nr;
                     const size_t items = ent * mp * ((np + s->qp - 1) / s->qp);
@@ -261,6 +268,7 @@ const clattn_core clattn_core_gemm_tiles = {
     .name = "gemm_tiles",
     .kind = CLATTN_CORE_GEMM,
     .adds_biases = 1,
+    .reads_dtypes = 1,
     .params = params,
     .nparams = NPARAMS,
     .test_configs = test_configs,
