@@ -540,7 +540,8 @@ typedef struct clattn_core_info {
                                      without tensor cores: for tests; AUTO never picks it) */
     int reads_dtypes;             /* clattn 0.7: reads and writes F16 and BF16 arrays itself (a half plan without
                                      projections runs on them as they are); other cores' half plans convert at the
-                                     plan's boundary (README, "Data types") */
+                                     plan's boundary (README, "Data types"). A GEMM core: reads F16 and BF16
+                                     operands, so a half plan's projections read its inputs and weights as they are */
 } clattn_core_info;
 
 /* CLATTN_CORE checked as plans will read it, without a plan: SUCCESS when it is unset or every spec names a core and
