@@ -415,19 +415,21 @@ CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,
  * the backward trusts them and does not recompute the forward's statistics. A gradient may not share memory with
  * an input (args' arrays, grad_out, lse, context) or with another gradient ("Memory" at the top). */
 typedef struct clattn_attention_grads {
-    const float *grad_out;      /* (B, Tq, Eo or H*dv), required */
+    /* grad_out and every gradient hold desc.dtype's elements (clattn 0.7: void *; float for F32, uint16_t bit
+       patterns for F16 and BF16, as the plan's inputs and weights); lse and context are float always */
+    const void *grad_out;       /* (B, Tq, Eo or H*dv), required */
     const float *lse;           /* optional (B, H, Tq): the forward's */
     const float *context;       /* optional (B, Tq, H*dv): the forward's */
-    float *grad_x;              /* (B, Tq, E) */
-    float *grad_kv;             /* (B, Tk, Ekv), cross-attention */
-    float *grad_w_query, *grad_w_key, *grad_w_value;   /* as w_query (H*dk, E), w_key (HK*dk, Ekv), w_value */
-    float *grad_b_query, *grad_b_key, *grad_b_value;   /* (H*dk), (HK*dk), (HK*dv) */
-    float *grad_w_out, *grad_b_out;                    /* (Eo, H*dv), (Eo) */
+    void *grad_x;               /* (B, Tq, E) */
+    void *grad_kv;              /* (B, Tk, Ekv), cross-attention */
+    void *grad_w_query, *grad_w_key, *grad_w_value;    /* as w_query (H*dk, E), w_key (HK*dk, Ekv), w_value */
+    void *grad_b_query, *grad_b_key, *grad_b_value;    /* (H*dk), (HK*dk), (HK*dv) */
+    void *grad_w_out, *grad_b_out;                     /* (Eo, H*dv), (Eo) */
     size_t grad_out_count, lse_count, context_count, grad_x_count, grad_kv_count;
     size_t grad_w_query_count, grad_w_key_count, grad_w_value_count;
     size_t grad_b_query_count, grad_b_key_count, grad_b_value_count, grad_w_out_count, grad_b_out_count;
     /* clattn 0.6, desc.separate_value only: */
-    float *grad_value;          /* (B, Tk, HK*dv); grad_kv is then K's gradient alone */
+    void *grad_value;           /* (B, Tk, HK*dv); grad_kv is then K's gradient alone */
     size_t grad_value_count;
 } clattn_attention_grads;
 

@@ -1669,16 +1669,16 @@ Test(misuse, heads_as_given_refusals)
     clattn_device_free(devs[1]);
 }
 
-/* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), and what 0.7 does
- * not take in half precision (training), refused by name on both backends; a half plan's output that overlaps its input by one
- * element (2 bytes, not 4) refused */
+/* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), and a half training
+ * plan with kv_half (training never takes kv_half), refused by name on both backends; a half plan's output that
+ * overlaps its input by one element (2 bytes, not 4) refused */
 Test(misuse, dtype_refusals)
 {
     clattn_device *devs[2] = {tu_open_ref(), open_cl()};
     const struct { const char *needle; clattn_attention_desc d; } bad[] = {
         {"dtype 3 is not CLATTN_DTYPE_F32", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .dtype = 3}},
-        {"training with dtype bf16", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1,
-                                      .dtype = CLATTN_DTYPE_BF16}},
+        {"training with kv_half", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1, .kv_half = 1,
+                                   .dtype = CLATTN_DTYPE_BF16}},
     };
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

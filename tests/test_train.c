@@ -41,17 +41,26 @@ static clattn_plan *plan_of(const problem *p, clattn_device *dev, const clattn_a
     clattn_plan *plan = NULL;
     clattn_attention_desc made = *d;
     if (d->dropout > 0.0f) made.seed = ~d->seed; /* made with another seed and given this one (clattn_plan_set_seed) */
-    clattn_status st = tu_plan_create(dev, &made, p->first ? p->first : &p->w, &plan);
-    if (tu_refused_by_device(dev, st, what)) return NULL; /* the caller skips the case */
+    /* a half plan's weights in its type (p's floats hold the rounded values the oracle reads) */
+    clattn_attention_weights w0 = p->first ? *p->first : p->w, w1 = p->w;
+    void *typed[16] = {0};
+    int nt = tu_weights_typed(&w0, d, d->dtype, typed);
+    nt += tu_weights_typed(&w1, d, d->dtype, typed + nt);
+    clattn_status st = tu_plan_create(dev, &made, &w0, &plan);
+    if (tu_refused_by_device(dev, st, what)) { /* the caller skips the case */
+        for (int k = 0; k < nt; k++) free(typed[k]);
+        return NULL;
+    }
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s plan: %s: %s", what, clattn_status_string(st), clattn_last_error());
     if (d->dropout > 0.0f) cr_assert_eq(clattn_plan_set_seed(plan, d->seed), CLATTN_STATUS_SUCCESS);
     if (p->first) {
-        clattn_attention_weights w = p->w;
+        clattn_attention_weights w = w1;
         tu_count_weights(&w, d);
         st = clattn_plan_set_weights(plan, &w);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s set_weights: %s: %s", what, clattn_status_string(st),
                      clattn_last_error());
     }
+    for (int k = 0; k < nt; k++) free(typed[k]);
     return plan;
 }
 
@@ -418,6 +427,9 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
     const size_t HK = d.kv_heads, dk = d.head_dim_qk, dv = d.head_dim_v, ow = clattn_plan_out_width(plan);
     tu_rng rng = {seed};
     float *dout = tu_random(&rng, B * Tq * ow, -1.0f, 1.0f);
+    /* a half plan (p->d.dtype): its inputs, dOut and gradients in the type (the oracle reads the rounded floats) */
+    const clattn_dtype t = d.dtype;
+    for (size_t k = 0; k < B * Tq * ow; k++) dout[k] = (float)tu_dtype_round(dout[k], t);
     /* the gradients and their sizes: x, kv, wq, wk, wv, bq, bk, bv, wo, bo, value */
     enum { NG = 11 };
     const size_t n[NG] = {B * Tq * E, B * Tk * Ekv, H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk,
@@ -427,14 +439,15 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
                          p->w.b_out != NULL, d.separate_value};
     static const char *names[NG] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
                                     "b_out", "value"};
-    float *got[NG] = {0};
+    void *got[NG] = {0};
     double *want[NG] = {0};
     for (int i = 0; i < NG; i++)
-        if (has[i]) got[i] = tu_poisoned(n[i]), want[i] = malloc(n[i] * sizeof(double));
+        if (has[i]) got[i] = tu_poisoned_typed(n[i], t), want[i] = malloc(n[i] * sizeof(double));
     oracle_grads og = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8], want[9],
                        want[10]};
     cr_assert_eq(oracle_attention_backward(&p->d, &p->w, &p->a, dout, &og), 0);
-    clattn_attention_grads g = {.grad_out = dout, .grad_x = got[0], .grad_kv = got[1], .grad_w_query = got[2],
+    void *dout_typed = tu_typed(dout, B * Tq * ow, t);
+    clattn_attention_grads g = {.grad_out = dout_typed, .grad_x = got[0], .grad_kv = got[1], .grad_w_query = got[2],
                                 .grad_w_key = got[3], .grad_w_value = got[4], .grad_b_query = got[5],
                                 .grad_b_key = got[6], .grad_b_value = got[7], .grad_w_out = got[8],
                                 .grad_b_out = got[9], .grad_value = got[10]};
@@ -443,32 +456,46 @@ static void check_backward_on(const problem *p, clattn_device *dev, clattn_algor
                           &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count, &g.grad_b_value_count,
                           &g.grad_w_out_count, &g.grad_b_out_count, &g.grad_value_count};
     for (int i = 0; i < NG; i++) *counts[i] = has[i] ? n[i] : 0;
-    float *lse = NULL, *ctx = NULL, *out = NULL;
+    /* the plan's inputs in its type */
+    clattn_attention_args a = p->a;
+    void *tin[3] = {0};
+    if (t != CLATTN_DTYPE_F32) {
+        a.x = tin[0] = tu_typed(p->a.x, B * Tq * E, t);
+        if (p->a.kv) a.kv = tin[1] = tu_typed(p->a.kv, B * Tk * Ekv, t);
+        if (p->a.value) a.value = tin[2] = tu_typed(p->a.value, B * Tk * HK * dv, t);
+    }
+    float *lse = NULL, *ctx = NULL;
+    void *out = NULL;
     if (saved) {
-        lse = tu_poisoned(B * H * Tq), ctx = tu_poisoned(B * Tq * H * dv), out = tu_poisoned(B * Tq * ow);
-        clattn_attention_args fa = p->a;
+        lse = tu_poisoned(B * H * Tq), ctx = tu_poisoned(B * Tq * H * dv), out = tu_poisoned_typed(B * Tq * ow, t);
+        clattn_attention_args fa = a;
         fa.out = out, fa.lse = lse, fa.context = ctx;
         cr_assert_eq(tu_plan_execute(plan, &fa), CLATTN_STATUS_SUCCESS, "%s forward: %s", what, clattn_last_error());
         g.lse = lse, g.context = ctx, g.lse_count = B * H * Tq, g.context_count = B * Tq * H * dv;
     }
-    clattn_attention_args a = p->a;
     tu_count_args(plan, &a);
     st = clattn_plan_backward(plan, &a, &g);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s backward: %s: %s", what, clattn_status_string(st), clattn_last_error());
+    /* the backward's fp32 bound, and for a half plan one rounding of each gradient to its type */
+    double atol, rtol;
+    tu_dtype_tolerance_of(t, GRAD_ATOL, GRAD_RTOL, &atol, &rtol);
     char msg[256];
+    float *gotf[NG] = {0};
     for (int i = 0; i < NG; i++) {
         if (!has[i]) continue;
-        const size_t bad = oracle_compare(got[i], want[i], n[i], GRAD_ATOL, GRAD_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad, 0, "%s (%s%s) grad_%s: %zu of %zu differ; %s", what, clattn_plan_core(plan),
-                     saved ? ", saved statistics" : "", names[i], bad, n[i], msg);
+        gotf[i] = tu_widened(got[i], n[i], t);
+        const size_t bad = oracle_compare(gotf[i], want[i], n[i], atol, rtol, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "%s (%s%s, %s) grad_%s: %zu of %zu differ; %s", what, clattn_plan_core(plan),
+                     saved ? ", saved statistics" : "", clattn_dtype_name(t), names[i], bad, n[i], msg);
     }
     /* a fully masked batch entry (the problems' last, with a key padding mask and self-attention): x reaches
      * the output only through rows with no visible key, so its gradient is exactly 0 */
     if (p->kpm && B > 1 && !d.cross)
         for (size_t k = (B - 1) * Tq * E; k < B * Tq * E; k++)
-            cr_assert(got[0][k] == 0.0f, "%s: grad_x[%zu] = %g in a fully masked batch entry", what, k, got[0][k]);
-    for (int i = 0; i < NG; i++) free(got[i]), free(want[i]);
-    free(dout); free(lse); free(ctx); free(out);
+            cr_assert(gotf[0][k] == 0.0f, "%s: grad_x[%zu] = %g in a fully masked batch entry", what, k, gotf[0][k]);
+    for (int i = 0; i < NG; i++) free(got[i]), free(gotf[i]), free(want[i]);
+    for (int i = 0; i < 3; i++) free(tin[i]);
+    free(dout); free(dout_typed); free(lse); free(ctx); free(out);
     clattn_plan_free(plan);
 }
 
@@ -551,6 +578,46 @@ Test(train, backward_heads_and_batched_masks)
          .mask_pb = 1, .mask_ph = 1},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 980 + i);
+}
+
+/* Half-precision training plans (desc.dtype F16 and BF16): x, kv, value, out, grad_out, the weights and every gradient
+ * in the type, lse and context fp32; against the float64 oracle on the same rounded values, the forward with the
+ * type's bound (context and lse: fp32's), each gradient with the backward's bound plus one rounding to the type.
+ * Projected (self, cross, RAW layout, biases, GQA, the window, dropout) and not (x as Q, K and V; K and V apart). */
+#define F16 CLATTN_DTYPE_F16
+#define BF16 CLATTN_DTYPE_BF16
+static const config half_cfgs[] = {
+    {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dtype = F16},
+    {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .Eo = 16, .causal = 1, .biases = 1, .kpm = 1,
+     .mask = CLATTN_MASK_FLOAT, .dtype = BF16},
+    {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .causal = 1,
+     .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW, .dtype = F16},
+    {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 19, .causal = 1, .biases = 1,
+     .dtype = BF16},
+    {.B = 2, .Tq = 9, .Tk = 11, .E = 12, .Ekv = 7, .H = 3, .dk = 4, .dv = 4, .Eo = 5, .cross = 1, .biases = 1,
+     .dropout = 0.5f, .dtype = BF16},
+    /* the output (16 columns) wider than the Q|K|V rows (6) */
+    {.B = 2, .Tq = 7, .E = 8, .H = 1, .dk = 2, .dv = 2, .Eo = 16, .biases = 1, .causal = 1, .dtype = F16},
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .causal = 1, .noproj = 1, .dtype = F16},
+    {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+     .kpm = 1, .dtype = BF16},
+    /* without Q/K/V weights but with an output projection */
+    {.B = 2, .Tq = 13, .E = 16, .H = 4, .Eo = 8, .biases = 1, .noproj = 1, .causal = 1, .dtype = BF16},
+};
+
+Test(train, half_statistics)
+{
+    for (size_t i = 0; i < sizeof half_cfgs / sizeof half_cfgs[0]; i++) {
+        config c = half_cfgs[i];
+        c.training = 1;
+        if (!tu_forced_core_of(CLATTN_CORE_PREFILL)) tu_attention_check(ref_dev, &c, 1500 + i);
+        tu_attention_check(cl_dev, &c, 1500 + i);
+    }
+}
+
+Test(train, half_backward)
+{
+    for (size_t i = 0; i < sizeof half_cfgs / sizeof half_cfgs[0]; i++) check_backward(&half_cfgs[i], 1600 + i);
 }
 
 /* Long rows: T = 1000 (keys beyond every block and vector size), causal and not, heads of 64 with GQA; OpenCL
@@ -661,6 +728,128 @@ Test(train, backward_buffers_at_offsets)
     for (int i = 0; i < NG; i++) free(want[i]);
     free(dout);
     problem_free(&p);
+}
+
+/* A half training plan's backward on cl_mem buffers at odd element offsets (x, kv, grad_out and the gradients 16-bit
+ * elements, lse and context fp32, as the forward on the same buffers wrote them): the host path's gradients bit for
+ * bit (half_backward holds those to the oracle), nothing written outside them. */
+Test(train, half_backward_buffers)
+{
+    static const config cfgs[] = {
+        {.B = 2, .Tq = 13, .Tk = 9, .E = 12, .Ekv = 10, .H = 3, .dk = 4, .dv = 4, .Eo = 7, .cross = 1, .causal = 1,
+         .biases = 1, .kpm = 1, .dropout = 0.25f, .layout = CLATTN_LAYOUT_RAW, .dtype = F16},
+        {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .dtype = BF16},
+        {.B = 2, .Tq = 11, .E = 16, .H = 2, .dk = 8, .dv = 8, .Eo = 16, .biases = 1, .dtype = BF16},
+    };
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        problem p;
+        problem_make(&p, &cfgs[ci], 1700 + ci);
+        const clattn_attention_desc *d = &p.d;
+        const clattn_dtype t = d->dtype;
+        if (!tu_core_applies(CLATTN_ALGORITHM_AUTO, 0)) {
+            problem_free(&p);
+            continue;
+        }
+        clattn_plan *plan = plan_of(&p, cl_dev, d, "half buffers");
+        if (!plan) {
+            problem_free(&p);
+            continue;
+        }
+        clattn_attention_desc pd;
+        clattn_plan_desc(plan, &pd);
+        const size_t B = pd.batch, Tq = pd.seq_q, Tk = pd.seq_kv, E = pd.embed, Ekv = pd.kv_embed, H = pd.heads;
+        const size_t HK = pd.kv_heads, dk = pd.head_dim_qk, dv = pd.head_dim_v, ow = clattn_plan_out_width(plan);
+        const size_t off = 7, pad = 5;
+        /* inputs: x, kv, value, grad_out; gradients: x, kv, wq, wk, wv, bq, bk, bv, wo, bo, value */
+        enum { NI = 4, NG = 11 };
+        const int has[NG] = {1, pd.cross, p.w.w_query != NULL, p.w.w_key != NULL, p.w.w_value != NULL,
+                             p.w.b_query != NULL, p.w.b_key != NULL, p.w.b_value != NULL, p.w.w_out != NULL,
+                             p.w.b_out != NULL, pd.separate_value};
+        const size_t n[NI + NG] = {B * Tq * E, B * Tk * Ekv, B * Tk * HK * dv, B * Tq * ow, B * Tq * E, B * Tk * Ekv,
+                                   H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk, HK * dv,
+                                   pd.out_dim * H * dv, pd.out_dim, B * Tk * HK * dv};
+        float *dout = tu_random(&(tu_rng){1750 + ci}, n[3], -1.0f, 1.0f);
+        const float *src[NI] = {p.a.x, p.a.kv, p.a.value, dout};
+        void *typed_in[NI] = {0}, *host_g[NG] = {0};
+        for (int i = 0; i < NI; i++)
+            if (src[i]) typed_in[i] = tu_typed(src[i], n[i], t);
+        for (int i = 0; i < NG; i++)
+            if (has[i]) host_g[i] = tu_poisoned_typed(n[NI + i], t);
+        /* the host path */
+        clattn_attention_args a = {.x = typed_in[0], .kv = typed_in[1], .value = typed_in[2],
+                                   .key_padding_mask = p.a.key_padding_mask, .attn_mask = p.a.attn_mask};
+        tu_count_args(plan, &a);
+        clattn_attention_grads g = {.grad_out = typed_in[3], .grad_out_count = n[3]};
+        void **gslots[NG] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value, &g.grad_b_query,
+                             &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out, &g.grad_value};
+        size_t *gcounts[NG] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+                               &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count,
+                               &g.grad_b_value_count, &g.grad_w_out_count, &g.grad_b_out_count, &g.grad_value_count};
+        for (int i = 0; i < NG; i++)
+            if (has[i]) *gslots[i] = host_g[i], *gcounts[i] = n[NI + i];
+        cr_assert_eq(clattn_plan_backward(plan, &a, &g), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        /* the buffer path: each array at `off` elements into a buffer poisoned (0xFFFF) around it */
+        cl_context cx = clattn_device_context(cl_dev);
+        cl_command_queue q = clattn_device_queue(cl_dev);
+        cl_mem m[NI + NG] = {0}, kpm = NULL, lse, ctx, fout;
+        cl_int err;
+        for (int i = 0; i < NI + NG; i++) {
+            if (i < NI ? !src[i] : !has[i - NI]) continue;
+            const size_t len = (off + n[i] + pad) * 2;
+            uint16_t *h = malloc(len);
+            memset(h, 0xFF, len);
+            if (i < NI) memcpy(h + off, typed_in[i], n[i] * 2);
+            m[i] = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, len, h, &err);
+            cr_assert_eq(err, CL_SUCCESS);
+            free(h);
+        }
+        if (p.a.key_padding_mask) {
+            kpm = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, B * Tk, (void *)p.a.key_padding_mask,
+                                 &err);
+            cr_assert_eq(err, CL_SUCCESS);
+        }
+        lse = clCreateBuffer(cx, CL_MEM_READ_WRITE, B * H * Tq * 4, NULL, &err);
+        ctx = clCreateBuffer(cx, CL_MEM_READ_WRITE, B * Tq * H * dv * 4, NULL, &err);
+        fout = clCreateBuffer(cx, CL_MEM_READ_WRITE, n[3] * 2, NULL, &err);
+        clattn_attention_buffers in = {.x = {m[0], off}, .kv = {m[1], off}, .value = {m[2], off},
+                                       .key_padding_mask = {kpm, 0}};
+        clattn_attention_buffers fw = in;
+        fw.out = (clattn_buffer){fout, 0}, fw.lse = (clattn_buffer){lse, 0}, fw.context = (clattn_buffer){ctx, 0};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &fw, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        clattn_attention_grad_buffers gb = {.grad_out = {m[3], off}, .lse = {lse, 0}, .context = {ctx, 0}};
+        clattn_buffer *bslots[NG] = {&gb.grad_x, &gb.grad_kv, &gb.grad_w_query, &gb.grad_w_key, &gb.grad_w_value,
+                                     &gb.grad_b_query, &gb.grad_b_key, &gb.grad_b_value, &gb.grad_w_out,
+                                     &gb.grad_b_out, &gb.grad_value};
+        for (int i = 0; i < NG; i++)
+            if (has[i]) *bslots[i] = (clattn_buffer){m[NI + i], off};
+        cr_assert_eq(clattn_plan_backward_buffers(plan, &in, &gb, 0, NULL, NULL), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        for (int i = 0; i < NG; i++) {
+            if (!has[i]) continue;
+            const size_t len = off + n[NI + i] + pad;
+            uint16_t *got = malloc(len * 2);
+            cr_assert_eq(clEnqueueReadBuffer(q, m[NI + i], CL_TRUE, 0, len * 2, got, 0, NULL, NULL), CL_SUCCESS);
+            for (size_t k = 0; k < off; k++) cr_assert_eq(got[k], 0xFFFF, "gradient %d written before its offset", i);
+            for (size_t k = 0; k < pad; k++)
+                cr_assert_eq(got[off + n[NI + i] + k], 0xFFFF, "gradient %d written past its end", i);
+            const uint16_t *want = host_g[i];
+            for (size_t k = 0; k < n[NI + i]; k++)
+                cr_assert_eq(got[off + k], want[k], "case %zu (%s, %s) gradient %d element %zu: buffers 0x%04x, host "
+                             "0x%04x", ci, clattn_plan_core(plan), clattn_dtype_name(t), i, k, got[off + k], want[k]);
+            free(got);
+        }
+        for (int i = 0; i < NI + NG; i++)
+            if (m[i]) clReleaseMemObject(m[i]);
+        if (kpm) clReleaseMemObject(kpm);
+        clReleaseMemObject(lse), clReleaseMemObject(ctx), clReleaseMemObject(fout);
+        for (int i = 0; i < NI; i++) free(typed_in[i]);
+        for (int i = 0; i < NG; i++) free(host_g[i]);
+        free(dout);
+        clattn_plan_free(plan);
+        problem_free(&p);
+    }
 }
 
 /* The oracle's backward against its own forward, by central differences on tiny shapes: L = sum(out o dOut),
@@ -953,7 +1142,7 @@ static void check_fixture(clattn_device *dev, const char *name, clattn_algorithm
     snprintf(path, sizeof path, "%s/grad_out.npy", dir);
     cr_assert_eq(clattn_npy_load(path, &dout, err, sizeof err), 0, "%s", err);
     clattn_attention_grads g = {.grad_out = (const float *)dout.data, .grad_out_count = dout.count};
-    float **slots[10] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value, &g.grad_b_query,
+    void **slots[10] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value, &g.grad_b_query,
                          &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
     size_t *counts[10] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
                           &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count, &g.grad_b_value_count,

@@ -520,13 +520,32 @@ void *tu_poisoned_typed(size_t n, clattn_dtype t)
     return h;
 }
 
-void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol)
+void tu_dtype_tolerance_of(clattn_dtype t, double atol32, double rtol32, double *atol, double *rtol)
 {
     /* the fp32 bound, then the output's one rounding to the type: |round(y) - y| <= u |y| (u = 2^-11 for half,
      * 2^-8 for bfloat16), plus half a subnormal step (2^-25) for half's values below 2^-14 */
     const double u = t == CLATTN_DTYPE_F16 ? ldexp(1.0, -11) : t == CLATTN_DTYPE_BF16 ? ldexp(1.0, -8) : 0.0;
-    *atol = TU_ATOL * (1.0 + u) + (t == CLATTN_DTYPE_F16 ? ldexp(1.0, -25) : 0.0);
-    *rtol = TU_RTOL + u * (1.0 + TU_RTOL);
+    *atol = atol32 * (1.0 + u) + (t == CLATTN_DTYPE_F16 ? ldexp(1.0, -25) : 0.0);
+    *rtol = rtol32 + u * (1.0 + rtol32);
+}
+
+void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol)
+{
+    tu_dtype_tolerance_of(t, TU_ATOL, TU_RTOL, atol, rtol);
+}
+
+int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[8])
+{
+    int nt = 0;
+    if (t == CLATTN_DTYPE_F32) return 0;
+    tu_count_weights(w, d);
+    const void **ws[8] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
+                          &w->b_out};
+    const size_t *ns[8] = {&w->w_query_count, &w->w_key_count, &w->w_value_count, &w->b_query_count,
+                           &w->b_key_count, &w->b_value_count, &w->w_out_count, &w->b_out_count};
+    for (int k = 0; k < 8; k++)
+        if (*ws[k]) *ws[k] = typed[nt++] = tu_typed(*ws[k], *ns[k], t);
+    return nt;
 }
 
 static float *typed_random(tu_rng *r, clattn_dtype t, size_t n, float lo, float hi)
@@ -594,7 +613,8 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
 
 int tu_rounds_p(const clattn_plan *plan, const tu_attn_case *c)
 {
-    return c->dtype != CLATTN_DTYPE_F32 && c->noproj && (c->kv_half == 0 || c->kv_half == (int)c->dtype) &&
+    return c->dtype != CLATTN_DTYPE_F32 && c->noproj && !c->training &&
+           (c->kv_half == 0 || c->kv_half == (int)c->dtype) &&
            strcmp(clattn_plan_core(plan), "flash_mma") == 0;
 }
 
@@ -642,15 +662,7 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     const size_t HK = d.kv_heads ? d.kv_heads : H;
     clattn_attention_weights w = p.w;
     void *typed[11] = {0};
-    int nt = 0;
-    if (t != CLATTN_DTYPE_F32) {
-        tu_count_weights(&w, &d);
-        const void **ws[8] = {&w.w_query, &w.w_key, &w.w_value, &w.b_query, &w.b_key, &w.b_value, &w.w_out, &w.b_out};
-        const size_t *ns[8] = {&w.w_query_count, &w.w_key_count, &w.w_value_count, &w.b_query_count,
-                               &w.b_key_count, &w.b_value_count, &w.w_out_count, &w.b_out_count};
-        for (int k = 0; k < 8; k++)
-            if (*ws[k]) *ws[k] = typed[nt++] = tu_typed(*ws[k], *ns[k], t);
-    }
+    int nt = tu_weights_typed(&w, &d, t, typed);
     clattn_plan *plan = NULL;
     clattn_status st = tu_plan_create(dev, &d, &w, &plan);
     char what[48];

@@ -119,6 +119,11 @@ void *tu_typed(const float *a, size_t n, clattn_dtype t);
 float *tu_widened(const void *a, size_t n, clattn_dtype t);
 void *tu_poisoned_typed(size_t n, clattn_dtype t);
 void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol);
+/* The same from other fp32 tolerances (the backward's): widened by one rounding to t */
+void tu_dtype_tolerance_of(clattn_dtype t, double atol32, double rtol32, double *atol, double *rtol);
+/* w's arrays replaced by copies in type t (F32: none), counts filled in; the copies go to typed[] (the caller frees
+ * them): returns how many */
+int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[8]);
 /* The attention case on dev against the float64 oracle, every output element checked after poisoning: out, the
  * weights when asked for (and, with a prefill core forced, when it returns them), a training case's lse and context.
  * A half-precision case (c->dtype) gives the plan its arrays in the type and compares with that type's bound. */

@@ -171,10 +171,11 @@ clattn_status clattn_linear_run_typed(const clattn_linear *l, size_t m, size_t n
                                       const char *what);
 int clattn_linear_reads_dtypes(const clattn_linear *l);
 /* The projections' gradients (training plans). dW of y = x W^T from dy (rows, m; row stride ldy) and x (rows, n;
- * ldx): dW = dy^T x (m, n) in LINEAR layout, x^T dy (n, m) in RAW, into out (a GEMM with op(A) transposed). */
+ * ldx; of type tx: F16 / BF16 for a GEMM core with reads_dtypes): dW = dy^T x (m, n) in LINEAR layout, x^T dy
+ * (n, m) in RAW, into out (fp32; a GEMM with op(A) transposed). */
 clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
-                                        size_t rows, size_t m, size_t n, clattn_layout layout, clattn_view out,
-                                        const char *what);
+                                        clattn_dtype tx, size_t rows, size_t m, size_t n, clattn_layout layout,
+                                        clattn_view out, const char *what);
 /* out (cols) = the column sums of src (rows, cols; row stride ld): a bias's gradient (in blocks of rows within the
  * device's loop limit). */
 clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size_t ld, size_t rows, size_t cols,

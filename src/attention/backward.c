@@ -46,25 +46,26 @@ static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_atte
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
-    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim, es = clattn_dtype_size(d->dtype);
     enum { N = CLATTN_PLAN_INPUTS };
     clattn_mem_range ins[N + 3];
     clattn_plan_input_ranges(p, a, b, ins);
-    ins[N] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, 4);
+    /* grad_out and the gradients in the plan's type; lse and context fp32 */
+    ins[N] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, es);
     ins[N + 1] = CLATTN_RANGE("grads", g, gb, lse, B * H * Tq, 4);
     ins[N + 2] = CLATTN_RANGE("grads", g, gb, context, B * Tq * H * dv, 4);
     const clattn_mem_range outs[] = {
-        CLATTN_RANGE("grads", g, gb, grad_value, clattn_plan_value_elems(d), 4),
-        CLATTN_RANGE("grads", g, gb, grad_x, B * Tq * d->embed, 4),
-        CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? B * Tk * d->kv_embed : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_w_query, p->has_qkv ? H * dk * d->embed : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_w_key, p->has_qkv ? HK * dk * d->kv_embed : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_w_value, p->has_qkv ? HK * dv * d->kv_embed : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_b_query, p->b_query ? H * dk : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_b_key, p->b_key ? HK * dk : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_b_value, p->b_value ? HK * dv : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_w_out, p->has_out ? Eo * H * dv : 0, 4),
-        CLATTN_RANGE("grads", g, gb, grad_b_out, p->b_out ? Eo : 0, 4)};
+        CLATTN_RANGE("grads", g, gb, grad_value, clattn_plan_value_elems(d), es),
+        CLATTN_RANGE("grads", g, gb, grad_x, B * Tq * d->embed, es),
+        CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? B * Tk * d->kv_embed : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_w_query, p->has_qkv ? H * dk * d->embed : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_w_key, p->has_qkv ? HK * dk * d->kv_embed : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_w_value, p->has_qkv ? HK * dv * d->kv_embed : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_b_query, p->b_query ? H * dk : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_b_key, p->b_key ? HK * dk : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_b_value, p->b_value ? HK * dv : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_w_out, p->has_out ? Eo * H * dv : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_b_out, p->b_out ? Eo : 0, es)};
     return clattn_check_no_overlap(outs, (int)(sizeof outs / sizeof outs[0]), ins, N + 3);
 }
 
@@ -106,7 +107,7 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
 {
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
-    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim, es = clattn_dtype_size(d->dtype);
     if (!g) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
     if (!g->grad_out.mem) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out.mem is NULL");
     if (b->out.mem || b->attn.mem || b->lse.mem || b->context.mem)
@@ -119,26 +120,27 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
     for (int i = 0; i < 10; i++) given[i] = ps[i].mem != NULL;
     TRY(check_given(plan, "grads", g->lse.mem != NULL, g->context.mem != NULL, given));
     const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
+    /* x, kv, value, grad_out and the gradients in the plan's type; lse and context fp32 */
     const struct { clattn_buffer buf; size_t elems, size; const char *what; } all[] = {
-        {b->x, B * Tq * d->embed, 4, "x"},
-        {b->kv, d->cross ? B * Tk * d->kv_embed : 0, 4, "kv"},
+        {b->x, B * Tq * d->embed, es, "x"},
+        {b->kv, d->cross ? B * Tk * d->kv_embed : 0, es, "kv"},
         {b->key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1, "key_padding_mask"},
         {b->attn_mask, clattn_plan_mask_elems(d), mask_size, "attn_mask"},
-        {b->value, clattn_plan_value_elems(d), 4, "value"},
-        {g->grad_out, B * Tq * plan->out_width, 4, "grad_out"},
+        {b->value, clattn_plan_value_elems(d), es, "value"},
+        {g->grad_out, B * Tq * plan->out_width, es, "grad_out"},
         {g->lse, B * H * Tq, 4, "lse"},
         {g->context, B * Tq * H * dv, 4, "context"},
-        {g->grad_x, B * Tq * d->embed, 4, "grad_x"},
-        {g->grad_kv, B * Tk * d->kv_embed, 4, "grad_kv"},
-        {g->grad_w_query, H * dk * d->embed, 4, "grad_w_query"},
-        {g->grad_w_key, HK * dk * d->kv_embed, 4, "grad_w_key"},
-        {g->grad_w_value, HK * dv * d->kv_embed, 4, "grad_w_value"},
-        {g->grad_b_query, H * dk, 4, "grad_b_query"},
-        {g->grad_b_key, HK * dk, 4, "grad_b_key"},
-        {g->grad_b_value, HK * dv, 4, "grad_b_value"},
-        {g->grad_w_out, Eo * H * dv, 4, "grad_w_out"},
-        {g->grad_b_out, Eo, 4, "grad_b_out"},
-        {g->grad_value, clattn_plan_value_elems(d), 4, "grad_value"}};
+        {g->grad_x, B * Tq * d->embed, es, "grad_x"},
+        {g->grad_kv, B * Tk * d->kv_embed, es, "grad_kv"},
+        {g->grad_w_query, H * dk * d->embed, es, "grad_w_query"},
+        {g->grad_w_key, HK * dk * d->kv_embed, es, "grad_w_key"},
+        {g->grad_w_value, HK * dv * d->kv_embed, es, "grad_w_value"},
+        {g->grad_b_query, H * dk, es, "grad_b_query"},
+        {g->grad_b_key, HK * dk, es, "grad_b_key"},
+        {g->grad_b_value, HK * dv, es, "grad_b_value"},
+        {g->grad_w_out, Eo * H * dv, es, "grad_w_out"},
+        {g->grad_b_out, Eo, es, "grad_b_out"},
+        {g->grad_value, clattn_plan_value_elems(d), es, "grad_value"}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (i < 5 && !all[i].elems) continue; /* an input the plan does not declare (refused before) */
         if (i == 0 || i == 5 || all[i].buf.mem)

@@ -61,8 +61,8 @@ static void store(const double *a, size_t n, float *out)
     for (size_t i = 0; i < n; i++) out[i] = (float)a[i];
 }
 
-clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attention_args *a,
-                                  const clattn_attention_grads *g)
+static clattn_status ref_backward_f32(struct clattn_plan *plan, const clattn_attention_args *a,
+                                     const clattn_attention_grads *g)
 {
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
@@ -90,7 +90,8 @@ clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attenti
     clattn_ref_qkv(plan, a, Q, K, V);
 
     /* 2. through the output projection: dctx = dOut Wo (or dOut itself) */
-    for (size_t n = 0; n < B * Tq * Eo; n++) dout[n] = g->grad_out[n];
+    const float *gout = g->grad_out;
+    for (size_t n = 0; n < B * Tq * Eo; n++) dout[n] = gout[n];
     memset(dctx, 0, B * Tq * Hdv * sizeof *dctx);
     grad_input(dout, plan->has_out ? plan->w_out : NULL, B * Tq, Eo, Hdv, dctx);
 
@@ -183,4 +184,62 @@ done:
     free(Q); free(K); free(V); free(ctx); free(dout); free(dctx); free(dQ); free(dK); free(dV); free(P); free(m);
     free(gx); free(gkv);
     return st;
+}
+
+/* A half-precision training plan (desc.dtype F16 or BF16): x, kv, value and grad_out widened to float (exactly), the
+ * fp32 backward above, each gradient rounded to the type once (to nearest even); lse and context are fp32 as given. */
+static clattn_status ref_backward_typed(struct clattn_plan *plan, const clattn_attention_args *a,
+                                       const clattn_attention_grads *g)
+{
+    const clattn_attention_desc *d = &plan->d;
+    const clattn_dtype t = d->dtype;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
+    enum { NIN = 4, NG = 11 };
+    /* the inputs: x, kv, value, grad_out */
+    const void *in[NIN] = {a->x, d->cross ? a->kv : NULL, d->separate_value ? a->value : NULL, g->grad_out};
+    const size_t n_in[NIN] = {B * Tq * d->embed, B * Tk * d->kv_embed, clattn_plan_value_elems(d),
+                              B * Tq * plan->out_width};
+    /* the gradients, in clattn_attention_grads' order after grad_out */
+    void *const out[NG] = {g->grad_x, g->grad_kv, g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query,
+                           g->grad_b_key, g->grad_b_value, g->grad_w_out, g->grad_b_out, g->grad_value};
+    const size_t n_out[NG] = {B * Tq * d->embed, B * Tk * d->kv_embed, H * dk * d->embed, HK * dk * d->kv_embed,
+                              HK * dv * d->kv_embed, H * dk, HK * dk, HK * dv, d->out_dim * H * dv, d->out_dim,
+                              clattn_plan_value_elems(d)};
+    float *wide[NIN] = {0}, *grad[NG] = {0};
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    for (int i = 0; i < NIN && !st; i++)
+        if (in[i] && !(wide[i] = clattn_malloc((n_in[i] ? n_in[i] : 1) * sizeof(float))))
+            st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference backward: widening the %s inputs",
+                             clattn_dtype_name(t));
+    for (int i = 0; i < NG && !st; i++)
+        if (out[i] && !(grad[i] = clattn_malloc((n_out[i] ? n_out[i] : 1) * sizeof(float))))
+            st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference backward: the fp32 gradients");
+    if (!st) {
+        for (int i = 0; i < NIN; i++)
+            if (in[i]) clattn_dtype_widen(in[i], n_in[i], t, wide[i]);
+        clattn_attention_args wa = *a;
+        wa.x = wide[0];
+        if (wide[1]) wa.kv = wide[1];
+        if (wide[2]) wa.value = wide[2];
+        clattn_attention_grads wg = *g;
+        wg.grad_out = wide[3];
+        void **const slots[NG] = {&wg.grad_x, &wg.grad_kv, &wg.grad_w_query, &wg.grad_w_key, &wg.grad_w_value,
+                                   &wg.grad_b_query, &wg.grad_b_key, &wg.grad_b_value, &wg.grad_w_out,
+                                   &wg.grad_b_out, &wg.grad_value};
+        for (int i = 0; i < NG; i++) *slots[i] = grad[i];
+        st = ref_backward_f32(plan, &wa, &wg);
+        for (int i = 0; i < NG && !st; i++)
+            if (out[i]) clattn_dtype_narrow(grad[i], n_out[i], t, out[i]);
+    }
+    for (int i = 0; i < NIN; i++) free(wide[i]);
+    for (int i = 0; i < NG; i++) free(grad[i]);
+    return st;
+}
+
+clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attention_args *a,
+                                  const clattn_attention_grads *g)
+{
+    if (plan->d.dtype != CLATTN_DTYPE_F32) return ref_backward_typed(plan, a, g);
+    return ref_backward_f32(plan, a, g);
 }

@@ -165,13 +165,15 @@ clattn_status clattn_linear_run_typed(const clattn_linear *l, size_t m, size_t n
 }
 
 clattn_status clattn_linear_grad_weight(const clattn_linear *l, clattn_view dy, size_t ldy, clattn_view x, size_t ldx,
-                                        size_t rows, size_t m, size_t n, clattn_layout layout, clattn_view out,
-                                        const char *what)
+                                        clattn_dtype tx, size_t rows, size_t m, size_t n, clattn_layout layout,
+                                        clattn_view out, const char *what)
 {
     const int raw = layout == CLATTN_LAYOUT_RAW;
     const clattn_gemm_call c = {.m = raw ? n : m, .n = raw ? m : n, .k = rows, .trans_a = 1, .alpha = 1.0f,
                                 .a = raw ? x : dy, .b = raw ? dy : x, .c = out, .lda = raw ? ldx : ldy,
-                                .ldb = raw ? ldy : ldx, .ldc = raw ? m : n, .count = 1, .what = what};
+                                .ldb = raw ? ldy : ldx, .ldc = raw ? m : n, .count = 1,
+                                .type_a = raw ? tx : CLATTN_DTYPE_F32, .type_b = raw ? CLATTN_DTYPE_F32 : tx,
+                                .what = what};
     return clattn_gemm_run(&l->gemm, &c);
 }
 

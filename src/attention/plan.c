@@ -121,9 +121,6 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (d->dtype != CLATTN_DTYPE_F32 && d->dtype != CLATTN_DTYPE_F16 && d->dtype != CLATTN_DTYPE_BF16)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16",
                            (int)d->dtype);
-    if (d->training && d->dtype != CLATTN_DTYPE_F32)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with dtype %s: clattn 0.7's training plans are fp32 "
-                           "(dtype F32); half-precision plans are for inference", clattn_dtype_name(d->dtype));
     if (d->precision != CLATTN_PRECISION_FP32 && d->precision != CLATTN_PRECISION_TF32)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "precision %d is not CLATTN_PRECISION_FP32 or _TF32",
                            (int)d->precision);

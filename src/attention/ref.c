@@ -105,7 +105,7 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
 /* ---- the ref backend */
 
 /* A half-precision plan (desc.dtype F16 or BF16): its inputs widened to float (exactly), the fp32 function, its outputs
- * rounded to the type once (to nearest even). lse and context are a training plan's, and training plans are fp32. */
+ * rounded to the type once (to nearest even). A training plan's lse and context are fp32, written as they are. */
 static clattn_status ref_execute_typed(struct clattn_plan *p, const clattn_attention_args *a)
 {
     const clattn_attention_desc *d = &p->d;
@@ -125,7 +125,7 @@ static clattn_status ref_execute_typed(struct clattn_plan *p, const clattn_atten
         wide.x = x;
         if (kv) clattn_dtype_widen(a->kv, n_kv, t, kv), wide.kv = kv;
         if (v) clattn_dtype_widen(a->value, n_v, t, v), wide.value = v;
-        st = clattn_ref_execute(p, &wide, out, attn, NULL, NULL);
+        st = clattn_ref_execute(p, &wide, out, attn, a->lse, a->context);
         if (st == CLATTN_STATUS_SUCCESS) {
             clattn_dtype_narrow(out, n_out, t, a->out);
             if (attn) clattn_dtype_narrow(attn, n_attn, t, a->attn);

@@ -53,8 +53,9 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     else if (!d->cross) l.q_ld = l.k_ld = l.v_ld = H * dk + HK * (dk + dv);
     else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     /* without projections a half plan's own arrays are Q, K, V and the output: a core that reads the type takes them
-     * as they are (select.c clears this for the others) */
-    if (!p->has_qkv && !p->has_out) l.io_dtype = d->dtype;
+     * as they are (select.c clears this for the others); not a training plan's, whose context (the output before
+     * it is rounded) and backward core are fp32 */
+    if (!p->has_qkv && !p->has_out && !d->training) l.io_dtype = d->dtype;
     return l;
 }
 
@@ -353,7 +354,8 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
     const clattn_transfer out[] = {
         {c->out_buf, B * Tq * p->out_width * es, a->out, "the output"},
         {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
-        {p->has_out ? c->merged : c->out_buf, B * Tq * H * dv * sizeof(float), a->context, "the context"}};
+        {p->has_out ? c->merged : c->out32 ? c->out32 : c->out_buf, B * Tq * H * dv * sizeof(float), a->context,
+         "the context"}}; /* without an output projection the output itself, before a half plan narrows it */
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0},
                  .value = {c->value_in, 0}};

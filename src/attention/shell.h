@@ -15,6 +15,8 @@ typedef struct shell_train {
     cl_mem ctx;                   /* the recomputed context without one (with one: the shell's merged) */
     cl_mem gout_in, gx_out, gkv_out, gvalue_out; /* host staging: dOut, dx, dkv, dvalue */
     cl_mem gw[8];                 /* host staging: the parameters' gradients, in clattn_attention_grads' order */
+    /* a half-precision plan's fp32 work buffers: dOut widened, the gradients before they are narrowed */
+    cl_mem gout32, gx32, gkv32, gvalue32, gw32[8];
 } shell_train;
 
 typedef clattn_view view;

@@ -67,24 +67,37 @@ clattn_status clattn_shell_train_init(struct clattn_plan *p)
     if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * HK * (dk + dv), sizeof(float), NULL, "the K|V gradients", &t->dproj_kv));
     TRY(clattn_buffer_new(dev, B * Tq * H * dv, sizeof(float), NULL, p->has_out ? "the context's gradient" :
                           "the recomputed context", p->has_out ? &t->dctx : &t->ctx));
-    if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
-    TRY(clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "the grad_out staging buffer", &t->gout_in));
-    TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "the grad_x staging buffer", &t->gx_out));
-    if (d->cross)
-        TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "the grad_kv staging buffer", &t->gkv_out));
-    if (d->separate_value)
-        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "the grad_value staging buffer",
-                              &t->gvalue_out));
     size_t n[NGRAD];
     grad_sizes(p, n);
+    if (d->dtype != CLATTN_DTYPE_F32) { /* the fp32 pass's dOut and gradients, converted at the boundary */
+        TRY(clattn_buffer_new(dev, B * Tq * p->out_width, sizeof(float), NULL, "grad_out widened to fp32", &t->gout32));
+        TRY(clattn_buffer_new(dev, B * Tq * d->embed, sizeof(float), NULL, "the fp32 grad_x", &t->gx32));
+        if (d->cross)
+            TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, sizeof(float), NULL, "the fp32 grad_kv", &t->gkv32));
+        if (d->separate_value)
+            TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), sizeof(float), NULL, "the fp32 grad_value",
+                                  &t->gvalue32));
+        for (int i = 0; i < NGRAD; i++)
+            if (n[i]) TRY(clattn_buffer_new(dev, n[i], sizeof(float), NULL, "a parameter's fp32 gradient", &t->gw32[i]));
+    }
+    if (!p->host_staging) return CLATTN_STATUS_SUCCESS;
+    const size_t es = clattn_dtype_size(d->dtype); /* grad_out and the gradients in the plan's type */
+    TRY(clattn_buffer_new(dev, B * Tq * p->out_width, es, NULL, "the grad_out staging buffer", &t->gout_in));
+    TRY(clattn_buffer_new(dev, B * Tq * d->embed, es, NULL, "the grad_x staging buffer", &t->gx_out));
+    if (d->cross) TRY(clattn_buffer_new(dev, B * Tk * d->kv_embed, es, NULL, "the grad_kv staging buffer", &t->gkv_out));
+    if (d->separate_value)
+        TRY(clattn_buffer_new(dev, clattn_plan_value_elems(d), es, NULL, "the grad_value staging buffer",
+                              &t->gvalue_out));
     for (int i = 0; i < NGRAD; i++)
-        if (n[i]) TRY(clattn_buffer_new(dev, n[i], sizeof(float), NULL, "a parameter gradient's staging buffer", &t->gw[i]));
+        if (n[i]) TRY(clattn_buffer_new(dev, n[i], es, NULL, "a parameter gradient's staging buffer", &t->gw[i]));
     return CLATTN_STATUS_SUCCESS;
 }
 
 #define TRAIN_MEMS(t) \
     {&t->dproj, &t->dproj_kv, &t->dctx, &t->ctx, &t->gout_in, &t->gx_out, &t->gkv_out, &t->gw[0], &t->gw[1], \
-     &t->gw[2], &t->gw[3], &t->gw[4], &t->gw[5], &t->gw[6], &t->gw[7], &t->gvalue_out}
+     &t->gw[2], &t->gw[3], &t->gw[4], &t->gw[5], &t->gw[6], &t->gw[7], &t->gvalue_out, &t->gout32, &t->gx32, \
+     &t->gkv32, &t->gvalue32, &t->gw32[0], &t->gw32[1], &t->gw32[2], &t->gw32[3], &t->gw32[4], &t->gw32[5], \
+     &t->gw32[6], &t->gw32[7]}
 
 void clattn_shell_train_release(shell_train *t)
 {
@@ -103,13 +116,13 @@ size_t clattn_shell_train_bytes(const shell_train *t)
     return total;
 }
 
-/* dst (rows, n) = a (rows, k; row stride lda) W (k, n), W a LINEAR [out = k, in = n] weight: an input's gradient
- * through a projection. */
-static clattn_status grad_input(const clattn_linear *l, view a, size_t lda, cl_mem w, size_t rows, size_t k, size_t n,
-                                view dst, const char *what)
+/* dst (rows, n) = a (rows, k; row stride lda) W (k, n), W a LINEAR [out = k, in = n] weight of type tw (a half plan's
+ * typed projections keep it in its type): an input's gradient through a projection. */
+static clattn_status grad_input(const clattn_linear *l, view a, size_t lda, cl_mem w, clattn_dtype tw, size_t rows,
+                                size_t k, size_t n, view dst, const char *what)
 {
     const clattn_gemm_call g = {.m = rows, .n = n, .k = k, .alpha = 1.0f, .a = a, .b = {w, 0}, .c = dst, .lda = lda,
-                                .ldb = n, .ldc = n, .count = 1, .what = what};
+                                .ldb = n, .ldc = n, .count = 1, .type_b = tw, .what = what};
     return clattn_gemm_run(&l->gemm, &g);
 }
 
@@ -122,6 +135,9 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     const size_t Hdv = H * dv, Eo = p->out_width;
+    /* a half plan's typed projections (shell.h): the weights in the type, and x and kv read as the caller's */
+    const clattn_dtype tw = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32;
+    const clattn_dtype tx = c->typed_proj && p->has_qkv ? d->dtype : CLATTN_DTYPE_F32;
     /* 1. Q, K, V */
     clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask, .seed = d->seed};
     const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value};
@@ -139,9 +155,10 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     view dctx = io->gout;
     if (p->has_out) {
         dctx = (view){t->dctx, 0};
-        TRY(grad_input(l, io->gout, Eo, c->w_out, B * Tq, Eo, Hdv, dctx, "the context's gradient"));
+        TRY(grad_input(l, io->gout, Eo, c->w_out, tw, B * Tq, Eo, Hdv, dctx, "the context's gradient"));
         if (io->gw[GW_OUT].mem)
-            TRY(clattn_linear_grad_weight(l, io->gout, Eo, ctx, Hdv, B * Tq, Eo, Hdv, d->layout, io->gw[GW_OUT],
+            TRY(clattn_linear_grad_weight(l, io->gout, Eo, ctx, Hdv, CLATTN_DTYPE_F32, B * Tq, Eo, Hdv, d->layout,
+                                          io->gw[GW_OUT],
                                           "w_out's gradient"));
         if (io->gw[GB_OUT].mem) TRY(clattn_linear_colsum(l, io->gout, Eo, B * Tq, Eo, io->gw[GB_OUT]));
     }
@@ -167,17 +184,60 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     }
     const clattn_layout lay = d->layout;
     if (io->gw[GW_Q].mem)
-        TRY(clattn_linear_grad_weight(l, dq, nq, io->x, E, B * Tq, H * dk, E, lay, io->gw[GW_Q], "w_query's gradient"));
+        TRY(clattn_linear_grad_weight(l, dq, nq, io->x, E, tx, B * Tq, H * dk, E, lay, io->gw[GW_Q],
+                                      "w_query's gradient"));
     if (io->gw[GW_K].mem)
-        TRY(clattn_linear_grad_weight(l, dK, nkv, kvin, Ekv, B * Tk, HK * dk, Ekv, lay, io->gw[GW_K], "w_key's gradient"));
+        TRY(clattn_linear_grad_weight(l, dK, nkv, kvin, Ekv, tx, B * Tk, HK * dk, Ekv, lay, io->gw[GW_K],
+                                      "w_key's gradient"));
     if (io->gw[GW_V].mem)
-        TRY(clattn_linear_grad_weight(l, dV, nkv, kvin, Ekv, B * Tk, HK * dv, Ekv, lay, io->gw[GW_V],
+        TRY(clattn_linear_grad_weight(l, dV, nkv, kvin, Ekv, tx, B * Tk, HK * dv, Ekv, lay, io->gw[GW_V],
                                       "w_value's gradient"));
     if (io->gw[GB_Q].mem) TRY(clattn_linear_colsum(l, dq, nq, B * Tq, H * dk, io->gw[GB_Q]));
     if (io->gw[GB_K].mem) TRY(clattn_linear_colsum(l, dK, nkv, B * Tk, HK * dk, io->gw[GB_K]));
     if (io->gw[GB_V].mem) TRY(clattn_linear_colsum(l, dV, nkv, B * Tk, HK * dv, io->gw[GB_V]));
-    if (io->gx.mem) TRY(grad_input(l, dq, nq, c->w_proj, B * Tq, nq, E, io->gx, "x's gradient"));
-    if (io->gkv.mem) TRY(grad_input(l, dK, nkv, c->w_kv, B * Tk, nkv, Ekv, io->gkv, "kv's gradient"));
+    if (io->gx.mem) TRY(grad_input(l, dq, nq, c->w_proj, tw, B * Tq, nq, E, io->gx, "x's gradient"));
+    if (io->gkv.mem) TRY(grad_input(l, dK, nkv, c->w_kv, tw, B * Tk, nkv, Ekv, io->gkv, "kv's gradient"));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A half-precision plan's backward (desc.dtype F16 or BF16): dOut widened (and x, kv, value where the forward widens
+ * them: shell.c's typed_buffers), the fp32 pass into fp32 gradients, each narrowed into the caller's once. */
+static clattn_status bwd_typed(struct clattn_plan *p, const bwd_io *io)
+{
+    shell *c = p->backend_state;
+    shell_train *t = &c->train;
+    const clattn_linear *l = &c->lin;
+    const clattn_attention_desc *d = &p->d;
+    const clattn_dtype ty = d->dtype;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    size_t n[NGRAD];
+    grad_sizes(p, n);
+    bwd_io w = *io;
+    w.gout = (view){t->gout32, 0};
+    TRY(clattn_linear_convert(l, io->gout, w.gout, B * Tq * p->out_width, ty, 0));
+    if (c->x32) { /* else the projections read x and kv in the type */
+        w.x = (view){c->x32, 0};
+        TRY(clattn_linear_convert(l, io->x, w.x, B * Tq * d->embed, ty, 0));
+        if (d->cross) {
+            w.kv = (view){c->kv32, 0};
+            TRY(clattn_linear_convert(l, io->kv, w.kv, B * Tk * d->kv_embed, ty, 0));
+        }
+        if (d->separate_value) {
+            w.value = (view){c->value32, 0};
+            TRY(clattn_linear_convert(l, io->value, w.value, clattn_plan_value_elems(d), ty, 0));
+        }
+    }
+    if (io->gx.mem) w.gx = (view){t->gx32, 0};
+    if (io->gkv.mem) w.gkv = (view){t->gkv32, 0};
+    if (io->gvalue.mem) w.gvalue = (view){t->gvalue32, 0};
+    for (int i = 0; i < NGRAD; i++)
+        if (io->gw[i].mem) w.gw[i] = (view){t->gw32[i], 0};
+    TRY(bwd_run(p, &w));
+    if (io->gx.mem) TRY(clattn_linear_convert(l, w.gx, io->gx, B * Tq * d->embed, ty, 1));
+    if (io->gkv.mem) TRY(clattn_linear_convert(l, w.gkv, io->gkv, B * Tk * d->kv_embed, ty, 1));
+    if (io->gvalue.mem) TRY(clattn_linear_convert(l, w.gvalue, io->gvalue, clattn_plan_value_elems(d), ty, 1));
+    for (int i = 0; i < NGRAD; i++)
+        if (io->gw[i].mem) TRY(clattn_linear_convert(l, w.gw[i], io->gw[i], n[i], ty, 1));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -185,7 +245,8 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
 static clattn_status bwd_pass(void *ctx)
 {
     void **pc = ctx;
-    return bwd_run(pc[0], pc[1]);
+    const struct clattn_plan *p = pc[0];
+    return p->d.dtype != CLATTN_DTYPE_F32 ? bwd_typed(pc[0], pc[1]) : bwd_run(pc[0], pc[1]);
 }
 
 clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_attention_args *a,
@@ -199,30 +260,31 @@ clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_att
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
     const int saved = g->lse != NULL;
     const cl_mem ctx_buf = p->has_out ? c->merged : t->ctx;
+    const size_t es = clattn_dtype_size(d->dtype); /* x, kv, value, grad_out and the gradients in the plan's type */
     const clattn_transfer in[] = {
-        {c->x_in, B * Tq * d->embed * sizeof(float), (void *)a->x, "x"},
-        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * sizeof(float), (void *)a->kv, "kv"},
+        {c->x_in, B * Tq * d->embed * es, (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * es, (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
         {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          (void *)a->attn_mask, "the attention mask"},
-        {c->value_in, clattn_plan_value_elems(d) * sizeof(float), (void *)a->value, "value"},
-        {t->gout_in, B * Tq * p->out_width * sizeof(float), (void *)g->grad_out, "grad_out"},
+        {c->value_in, clattn_plan_value_elems(d) * es, (void *)a->value, "value"},
+        {t->gout_in, B * Tq * p->out_width * es, (void *)g->grad_out, "grad_out"},
         {saved ? c->lse_buf : NULL, B * H * Tq * sizeof(float), (void *)g->lse, "lse"},
         {saved ? ctx_buf : NULL, B * Tq * H * dv * sizeof(float), (void *)g->context, "context"}};
     size_t n[NGRAD];
     grad_sizes(p, n);
-    float *const host[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
+    void *const host[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                 g->grad_b_value, g->grad_w_out, g->grad_b_out};
     clattn_transfer out[3 + NGRAD] = {
-        {t->gx_out, B * Tq * d->embed * sizeof(float), g->grad_x, "grad_x"},
-        {t->gkv_out, B * Tk * d->kv_embed * sizeof(float), g->grad_kv, "grad_kv"},
-        {t->gvalue_out, clattn_plan_value_elems(d) * sizeof(float), g->grad_value, "grad_value"}};
+        {t->gx_out, B * Tq * d->embed * es, g->grad_x, "grad_x"},
+        {t->gkv_out, B * Tk * d->kv_embed * es, g->grad_kv, "grad_kv"},
+        {t->gvalue_out, clattn_plan_value_elems(d) * es, g->grad_value, "grad_value"}};
     bwd_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .value = {c->value_in, 0}, .gout = {t->gout_in, 0}, .lse = {saved ? c->lse_buf : NULL, 0},
                  .ctx = {saved ? ctx_buf : NULL, 0}, .gx = {g->grad_x ? t->gx_out : NULL, 0},
                  .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}, .gvalue = {g->grad_value ? t->gvalue_out : NULL, 0}};
     for (int i = 0; i < NGRAD; i++) {
-        out[3 + i] = (clattn_transfer){t->gw[i], n[i] * sizeof(float), host[i], "a parameter's gradient"};
+        out[3 + i] = (clattn_transfer){t->gw[i], n[i] * es, host[i], "a parameter's gradient"};
         io.gw[i] = (view){host[i] ? t->gw[i] : NULL, 0};
     }
     void *pc[2] = {p, &io};

@@ -895,7 +895,7 @@ static int run_backward(run_state *r)
     }
     clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = r->lse,
                                 .lse_count = r->n_lse, .context = r->ctx, .context_count = r->n_ctx};
-    float **slots[NGRADS] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
+    void **slots[NGRADS] = {&g.grad_x, &g.grad_kv, &g.grad_w_query, &g.grad_w_key, &g.grad_w_value,
                              &g.grad_b_query, &g.grad_b_key, &g.grad_b_value, &g.grad_w_out, &g.grad_b_out};
     size_t *counts[NGRADS] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
                               &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count,
