@@ -1425,8 +1425,9 @@ Test(cli, emit_writes_programs_or_nothing, .timeout = 300)
 }
 
 /* --dtype f16 / bf16: the plan in that type; float32 inputs rounded to it, or the type's own .npy ('<f2', '<u2' bit
- * patterns) taken as they are; out.npy and attn.npy written in it, and exactly the --dtype f32 run's numbers on the
- * rounded inputs, rounded once (the same fp32 computation); what a half plan cannot do refused */
+ * patterns) taken as they are; out.npy and attn.npy (and with --backward the gradients) written in it, and exactly the
+ * --dtype f32 run's numbers on the rounded inputs, rounded once (the same fp32 computation); what a half plan cannot
+ * do refused */
 static void run_ok(const char *const *extra, const char *dev, const char *out)
 {
     const char *args[40];
@@ -1487,6 +1488,41 @@ Test(cli, dtype_half_runs)
                 clattn_npy_free(&a32), clattn_npy_free(&ah);
             }
             rm_rf(out32), rm_rf(outh);
+            /* --backward --lse: a half training plan; grad_out.npy float32 (rounded by the CLI) against the f32 run
+             * on the rounded values, the gradients written in the type and the f32 run's rounded once, lse float32
+             * and the same */
+            float go[B * T * E], gor[B * T * E];
+            tu_fill(&r, go, B * T * E, -1, 1);
+            for (size_t i = 0; i < B * T * E; i++) gor[i] = (float)tu_dtype_round(go[i], ty);
+            save_f32(path_in(in_dir, "x.npy"), xr, 3, xs);
+            for (int k = 0; k < 4; k++) save_f32(path_in(in_dir, wn[k]), wr[k], 2, ws);
+            save_f32(path_in(in_dir, "grad_out.npy"), gor, 3, xs);
+            run_ok(FLAGS("--heads", "2", "--causal", "--backward", "--lse"), devs[dv], out32);
+            for (int k = 0; k < 4; k++) save_f32(path_in(in_dir, wn[k]), w[k], 2, ws);
+            save_f32(path_in(in_dir, "grad_out.npy"), go, 3, xs);
+            run_ok(FLAGS("--heads", "2", "--causal", "--backward", "--lse", "--dtype", name), devs[dv], outh);
+            const char *gfiles[7] = {"out.npy", "grad_x.npy", "grad_w_query.npy", "grad_w_key.npy",
+                                     "grad_w_value.npy", "grad_w_out.npy", "lse.npy"};
+            for (int f = 0; f < 7; f++) {
+                clattn_npy a32, ah;
+                load(path_in(out32, gfiles[f]), &a32);
+                load(path_in(outh, gfiles[f]), &ah);
+                const int typed = f < 6;
+                cr_assert_eq(ah.dtype, !typed ? CLATTN_NPY_F32 : t == 1 ? CLATTN_NPY_F16 : CLATTN_NPY_U16,
+                             "%s %s: written as %d", name, gfiles[f], (int)ah.dtype);
+                cr_assert_eq(ah.count, a32.count);
+                for (size_t i = 0; i < ah.count; i++) {
+                    const float v32 = ((const float *)a32.data)[i];
+                    const float want = typed ? (float)tu_dtype_round(v32, ty) : v32;
+                    const float got = typed ? tu_dtype_value(((const uint16_t *)ah.data)[i], ty)
+                                            : ((const float *)ah.data)[i];
+                    cr_assert(got == want || (isnan(got) && isnan(want)), "%s --backward on %s, %s[%zu]: %g, want %g",
+                              name, devs[dv], gfiles[f], i, (double)got, (double)want);
+                }
+                clattn_npy_free(&a32), clattn_npy_free(&ah);
+            }
+            remove(path_in(in_dir, "grad_out.npy"));
+            rm_rf(out32), rm_rf(outh);
         }
     }
     /* refusals: a 16-bit x without --dtype, or of the other type; what a half plan does not do */
@@ -1496,7 +1532,6 @@ Test(cli, dtype_half_runs)
     bad("float16 x with bf16", 1, "or uint16 (--dtype bf16)", FLAGS("--heads", "2", "--dtype", "bf16"));
     save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
     bad("bad dtype", 2, "--dtype 'f64'", FLAGS("--heads", "2", "--dtype", "f64"));
-    bad("half with lse", 2, "--dtype f16 with --lse", FLAGS("--heads", "2", "--dtype", "f16", "--lse"));
-    bad("half decode", 2, "decode plans are fp32",
+    bad("half decode", 2, "decode steps are fp32",
         FLAGS("--heads", "2", "--causal", "--dtype", "bf16", "--decode-from", "3"));
 }

@@ -40,7 +40,8 @@ class Attention(_Shaped, _PlanCached):
     arrays (clattn_attention_desc.dtype): weights rounded to it once, inputs of that type taken as they are (others
     rounded to it), outputs in it, each rounded once from the fp32 computation (README, "Data types"); results go
     back as the input came (a bfloat16 result for a NumPy input: widened to float32, NumPy has no bfloat16).
-    forward_train and backward run on float32 plans (clattn 0.7's training is fp32), on the rounded weights.
+    forward_train and backward run on float32 plans (a float32 twin), on the rounded weights: a float32 module's
+    numbers, in float32 (the C API's half training plans round the same numbers to the type once).
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -262,8 +263,8 @@ class Attention(_Shaped, _PlanCached):
         return arr
 
     def _trainer(self) -> "Attention":
-        """The module training calls run on: itself, or for a half module (clattn 0.7's training plans are float32)
-        a float32 twin on the same (rounded, float32-held) weights, device and options, made once."""
+        """The module training calls run on: itself, or for a half module (whose training calls give float32
+        results) a float32 twin on the same (rounded, float32-held) weights, device and options, made once."""
         if self.dtype == "float32":
             return self
         twin = self.__dict__.get("_twin")

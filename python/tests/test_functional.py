@@ -164,8 +164,8 @@ def test_half_dtypes_native(device, dt):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_half_training_widens(device):
-    """A half call that wants gradients runs on a float32 training plan (clattn 0.7's training is fp32) and gives
-    the gradients in the inputs' type."""
+    """A half call that wants gradients runs on a float32 training plan (float32 copies, the same numbers as a half
+    training plan's once rounded) and gives the gradients in the inputs' type."""
     q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in
                inputs((B, H, L, E), (B, H, S, E), (B, H, S, E), seed=4))
     out = CF.scaled_dot_product_attention(q, k, v, device=device)

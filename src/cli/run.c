@@ -63,7 +63,8 @@ static void usage_line(FILE *f)
                "  --dtype: the plan's arrays: f32 (default), f16 (IEEE half) or bf16 (bfloat16). x, kv and the weights\n"
                "               are read as float32 .npy (rounded to the type, to nearest even) or in the type itself:\n"
                "               '<f2' for f16, '<u2' holding bfloat16 bit patterns for bf16; out.npy and attn.npy are\n"
-               "               written in the type ('<f2', '<u2'). Not with --backward, --lse or --decode-from\n"
+               "               written in the type ('<f2', '<u2'); with --backward grad_out.npy is read and the\n"
+               "               gradients written the same way (lse.npy stays float32). Not with --decode-from\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -348,11 +349,11 @@ static int load_inputs(const char *dir, clattn_dtype type, inputs *in)
         const clattn_npy *a = &in->a[f];
         int mask = f == F_KPM || f == F_MASK;
         const int half = a->dtype == CLATTN_NPY_F16 || a->dtype == CLATTN_NPY_U16;
-        int ok = half ? !mask && f != F_GOUT && a->dtype == npy_type_of(type)
+        int ok = half ? !mask && a->dtype == npy_type_of(type)
                       : a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : mask;
         if (!ok) {
             char typed[64] = "";
-            if (type != CLATTN_DTYPE_F32 && !mask && f != F_GOUT)
+            if (type != CLATTN_DTYPE_F32 && !mask)
                 snprintf(typed, sizeof typed, " or %s (--dtype %s)", dtype_name(npy_type_of(type)),
                          type == CLATTN_DTYPE_F16 ? "f16" : "bf16");
             say("%s: dtype %s but expected %s%s%s", file_names[f], dtype_name(a->dtype),
@@ -370,14 +371,14 @@ static int load_inputs(const char *dir, clattn_dtype type, inputs *in)
     return 0;
 }
 
-/* --dtype f16 / bf16: every float32 input of the plan's (x, kv, the weights; not the masks) rounded to the type, to
- * nearest even (clattn_dtype_convert), in place of its floats. */
+/* --dtype f16 / bf16: every float32 input of the plan's (x, kv, the weights, grad_out; not the masks) rounded to the
+ * type, to nearest even (clattn_dtype_convert), in place of its floats. */
 static int inputs_to_type(inputs *in, clattn_dtype type)
 {
     if (type == CLATTN_DTYPE_F32) return 0;
     for (int f = 0; f < F_COUNT; f++) {
         clattn_npy *a = &in->a[f];
-        if (!in->has[f] || f == F_KPM || f == F_MASK || f == F_GOUT || a->dtype != CLATTN_NPY_F32) continue;
+        if (!in->has[f] || f == F_KPM || f == F_MASK || a->dtype != CLATTN_NPY_F32) continue;
         uint16_t *h = malloc(a->count ? a->count * sizeof *h : 1);
         if (!h) {
             say("out of memory converting %s to the plan's type", file_names[f]);
@@ -738,10 +739,9 @@ static int check_combination(run_state *r)
         say("--backward needs grad_out.npy in --in (the gradient of the loss by out, the shape of out.npy)");
         return -1;
     }
-    if (o->dtype != CLATTN_DTYPE_F32 && (o->backward || o->lse || o->seen_decode)) {
-        say("--dtype %s with %s: clattn 0.7's %s fp32 (--dtype f32)", o->dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16",
-            o->backward ? "--backward" : o->lse ? "--lse" : "--decode-from",
-            o->seen_decode ? "decode plans are" : "training plans are");
+    if (o->dtype != CLATTN_DTYPE_F32 && o->seen_decode) {
+        say("--dtype %s with --decode-from: clattn run's decode steps are fp32 (--dtype f32)",
+            o->dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16");
         return r->code = EXIT_USAGE, -1;
     }
     if (o->seen_decode && (in->has[F_KPM] || in->has[F_MASK])) {
@@ -886,11 +886,14 @@ static int run_backward(run_state *r)
     const inputs *in = &r->in;
     const clattn_npy *go = &in->a[F_GOUT];
     const size_t want_nd = d->two_d ? 2 : 3;
-    if (go->dtype != CLATTN_NPY_F32 || (size_t)go->ndim != want_nd || go->count != r->n_out ||
+    /* grad_out in the plan's type (inputs_to_type rounded a float32 one), the gradients written in it */
+    const clattn_npy_dtype nt = npy_type_of(r->o.dtype);
+    const size_t es = r->o.dtype == CLATTN_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    if (go->dtype != nt || (size_t)go->ndim != want_nd || go->count != r->n_out ||
         go->shape[go->ndim - 1] != r->out_width || go->shape[go->ndim - 2] != d->Tq) {
         char have[96];
-        say("grad_out.npy: %s %s, expected float32 with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
-            shape_str(go, have, sizeof have), d->two_d ? "" : "B, ", d->Tq, r->out_width);
+        say("grad_out.npy: %s %s, expected %s with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
+            shape_str(go, have, sizeof have), dtype_name(nt), d->two_d ? "" : "B, ", d->Tq, r->out_width);
         return -1;
     }
     clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = r->lse,
@@ -902,7 +905,7 @@ static int run_backward(run_state *r)
                               &g.grad_b_value_count, &g.grad_w_out_count, &g.grad_b_out_count};
     for (int i = 0; i < NGRADS; i++) {
         if (!in->has[grad_of[i]]) continue;
-        if (!(r->grads[i] = malloc((in->a[grad_of[i]].count ? in->a[grad_of[i]].count : 1) * sizeof(float)))) {
+        if (!(r->grads[i] = malloc((in->a[grad_of[i]].count ? in->a[grad_of[i]].count : 1) * es))) {
             say("out of memory allocating the gradients");
             return -1;
         }
@@ -965,7 +968,7 @@ static int write_results(const run_state *r)
     for (int i = 0; i < NGRADS && r->o.backward; i++) {
         if (!r->grads[i]) continue;
         const clattn_npy *src = &r->in.a[grad_of[i]];
-        out_file f = {grad_names[i], r->grads[i], src->ndim, {0}, CLATTN_NPY_F32};
+        out_file f = {grad_names[i], r->grads[i], src->ndim, {0}, npy_type_of(r->o.dtype)}; /* the plan's type */
         for (int k = 0; k < src->ndim && k < 4; k++) f.shape[k] = src->shape[k];
         files[nf++] = f;
     }
