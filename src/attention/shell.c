@@ -293,27 +293,33 @@ static clattn_status narrow_outputs(struct clattn_plan *p, const run_io *io, con
     return CLATTN_STATUS_SUCCESS;
 }
 
-static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
+clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, view *x, view *kv, view *value)
 {
     shell *c = state(p);
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const clattn_dtype t = d->dtype;
+    if (!c->x32) return CLATTN_STATUS_SUCCESS; /* the projections read x and kv in the type (clattn_shell_project) */
+    TRY(clattn_linear_convert(&c->lin, *x, (view){c->x32, 0}, B * Tq * d->embed, t, 0));
+    *x = (view){c->x32, 0};
+    if (d->cross) {
+        TRY(clattn_linear_convert(&c->lin, *kv, (view){c->kv32, 0}, B * Tk * d->kv_embed, t, 0));
+        *kv = (view){c->kv32, 0};
+    }
+    if (d->separate_value) {
+        TRY(clattn_linear_convert(&c->lin, *value, (view){c->value32, 0}, clattn_plan_value_elems(d), t, 0));
+        *value = (view){c->value32, 0};
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
+{
+    shell *c = state(p);
     run_io w = *io;
     w.out = c->out_f32;
     if (io->attn.mem) w.attn = (view){c->attn32, 0};
-    if (c->x32) { /* else the projections read x and kv in the type (clattn_shell_project) */
-        w.x = (view){c->x32, 0};
-        TRY(clattn_linear_convert(&c->lin, io->x, w.x, B * Tq * d->embed, t, 0));
-        if (d->cross) {
-            w.kv = (view){c->kv32, 0};
-            TRY(clattn_linear_convert(&c->lin, io->kv, w.kv, B * Tk * d->kv_embed, t, 0));
-        }
-        if (d->separate_value) {
-            w.value = (view){c->value32, 0};
-            TRY(clattn_linear_convert(&c->lin, io->value, w.value, clattn_plan_value_elems(d), t, 0));
-        }
-    }
+    TRY(clattn_shell_widen_inputs(p, &w.x, &w.kv, &w.value));
     TRY(run(p, &w));
     return narrow_outputs(p, io, &w);
 }

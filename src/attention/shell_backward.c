@@ -215,18 +215,7 @@ static clattn_status bwd_typed(struct clattn_plan *p, const bwd_io *io)
     bwd_io w = *io;
     w.gout = (view){t->gout32, 0};
     TRY(clattn_linear_convert(l, io->gout, w.gout, B * Tq * p->out_width, ty, 0));
-    if (c->x32) { /* else the projections read x and kv in the type */
-        w.x = (view){c->x32, 0};
-        TRY(clattn_linear_convert(l, io->x, w.x, B * Tq * d->embed, ty, 0));
-        if (d->cross) {
-            w.kv = (view){c->kv32, 0};
-            TRY(clattn_linear_convert(l, io->kv, w.kv, B * Tk * d->kv_embed, ty, 0));
-        }
-        if (d->separate_value) {
-            w.value = (view){c->value32, 0};
-            TRY(clattn_linear_convert(l, io->value, w.value, clattn_plan_value_elems(d), ty, 0));
-        }
-    }
+    TRY(clattn_shell_widen_inputs(p, &w.x, &w.kv, &w.value));
     if (io->gx.mem) w.gx = (view){t->gx32, 0};
     if (io->gkv.mem) w.gkv = (view){t->gkv32, 0};
     if (io->gvalue.mem) w.gvalue = (view){t->gvalue32, 0};
