@@ -106,9 +106,15 @@ Test(cores, list)
     cr_assert_str_eq(rows.params, "ROWS BK VW");
     cr_assert_str_eq(unfused.test_configs, "SOFTMAX=rows SOFTMAX=item");
     cr_assert(unfused.default_for & 0x10u, "above 256 only the unfused core takes a plan");
-    if (is_cpu(cl) && limit) /* 1024 tokens within the limit: the smaller heads */
-        cr_assert(rows.default_for && (rows.default_for & ~0x0Fu) == 0, "flash_rows: default for 0x%x", rows.default_for);
-    else if (is_cpu(cl)) cr_assert_eq(rows.default_for, 0x0Fu, "a CPU device's fused core is flash_rows");
+    const clattn_core_info lanes = info_of(cl, "flash_lanes");
+    cr_assert_str_eq(lanes.params, "VW BK KG");
+    cr_assert(lanes.supported && !lanes.produces_weights && lanes.algorithm == CLATTN_ALGORITHM_FUSED);
+    /* a loop limit: 1024 tokens are too many for flash_lanes' work-items (no parameter shortens them) and within it
+     * for flash_rows' smaller heads (fewer rows per work-item) */
+    if (is_cpu(cl) && limit)
+        cr_assert(!lanes.default_for && rows.default_for && (rows.default_for & ~0x0Fu) == 0,
+                  "flash_lanes: default for 0x%x, flash_rows for 0x%x", lanes.default_for, rows.default_for);
+    else if (is_cpu(cl)) cr_assert_eq(lanes.default_for, 0x0Fu, "a CPU device's fused core is flash_lanes");
     else cr_assert_eq(info_of(cl, "flash_gemm").default_for, 0x0Fu, "a GPU's fused core is flash_gemm");
     clattn_core_info c;
     cr_assert_eq(clattn_core_describe(cl, n, &c), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -486,7 +492,7 @@ Test(cores, cli)
 
 /* AUTO's order on GPUs (registry.c): flash_gemm first for every head size it takes; then flash_tiled up to
  * 64 and the unfused path above (issue 22's H100 table); on NVIDIA GPUs flash_mma before all of them up to head
- * size 128 (measured on an H200), the same order after it; on a CPU flash_rows. */
+ * size 128 (measured on an H200), the same order after it; on a CPU flash_lanes. */
 Test(cores, gpu_order)
 {
     static const char *const gpu[][4] = {
@@ -499,22 +505,22 @@ Test(cores, gpu_order)
         for (int cls = 0; cls < 4; cls++) {
             const int mma = dc == CLATTN_CLASS_NVIDIA && cls <= 2;
             for (size_t i = 0; i < 4 + (size_t)mma; i++) {
-                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, i);
+                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, i);
                 const char *want = mma ? (i ? gpu[cls][i - 1] : "flash_mma") : gpu[cls][i];
                 cr_assert(c, "class %d, head class %d: no choice %zu", dc, cls, i);
                 cr_assert_str_eq(c->name, want, "device class %d, head class %d, choice %zu", dc, cls, i);
             }
-            cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, 4 + (size_t)mma),
+            cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, 4 + (size_t)mma),
                            "device class %d, head class %d: a choice past the order", dc, cls);
         }
-    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, NULL, 0)->name, "flash_rows");
+    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, 1, 0)->name, "flash_lanes");
     /* backward: flash_backward_gemm, then flash_backward, on NVIDIA GPUs up to head size 64 (measured on an H200);
      * flash_backward alone everywhere else */
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
             const int gemm = dc == CLATTN_CLASS_NVIDIA && cls <= 1;
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, NULL, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, NULL, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_BACKWARD, (clattn_device_class)dc, cls, 1);
             cr_assert(a, "device class %d, head class %d: no backward core", dc, cls);
             cr_assert_str_eq(a->name, gemm ? "flash_backward_gemm" : "flash_backward", "class %d, head class %d", dc,
                              cls);
@@ -523,39 +529,28 @@ Test(cores, gpu_order)
         }
 }
 
-/* CPU devices, a plan's shape: long dense sequences (at least 1536 keys, no causal mask, no window, head sizes up to
- * 256) take the unfused path first, measured faster there than flash_rows (registry.c); shorter, causal and windowed
- * ones, larger heads and every other device class keep the order of their head-size class. On a CPU test device the
- * plans AUTO builds say the same. */
-Test(cores, cpu_long_dense_order)
+/* CPU devices: flash_lanes first for every head size the flash kernels take (measured faster than flash_rows and
+ * than the unfused path at every length and head size, registry.c), then flash_rows, flash_tiled, flash_gemm and the
+ * unfused path; on a CPU test device the plans AUTO builds say the same, long or short, causal or not. */
+Test(cores, cpu_order)
 {
-    for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
-        for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
-            const char *usual = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, NULL, 0)->name;
-            const struct { size_t tq, tk; int causal, window, dense; } shapes[] = {
-                {1536, 0, 0, 0, 1}, {4096, 0, 0, 0, 1}, {1, 2048, 0, 0, 1}, {1535, 0, 0, 0, 0}, {1, 1535, 0, 0, 0},
-                {2048, 0, 1, 0, 0}, {2048, 0, 0, 64, 0},
-            };
-            for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-                const clattn_attention_desc d = {.batch = 4, .seq_q = shapes[k].tq, .seq_kv = shapes[k].tk,
-                                                 .embed = 512, .heads = 8, .cross = shapes[k].tk != 0,
-                                                 .causal = shapes[k].causal, .window = shapes[k].window};
-                const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, (clattn_device_class)dc, cls, &d, 0);
-                const int unfused = dc == CLATTN_CLASS_CPU && cls <= 3 && shapes[k].dense;
-                cr_assert_str_eq(c->name, unfused ? "unfused" : usual, "device class %d, head class %d, shape %zu", dc,
-                                 cls, k);
-                if (unfused)
-                    cr_assert_str_eq(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, cls, &d, 1)->name,
-                                     "flash_rows");
-            }
+    static const char *const cpu[] = {"flash_lanes", "flash_rows", "flash_tiled", "flash_gemm", "unfused"};
+    for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
+        for (size_t i = 0; i < 5; i++) {
+            const clattn_core *c = clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, cls, i);
+            cr_assert(c, "head class %d: no choice %zu", cls, i);
+            cr_assert_str_eq(c->name, cpu[i], "head class %d, choice %zu", cls, i);
         }
+        cr_assert_null(clattn_core_preferred(CLATTN_CORE_PREFILL, CLATTN_CLASS_CPU, cls, 5));
+    }
     clattn_device *cl = tu_open_opencl();
     if (is_cpu(cl) && !getenv("CLATTN_CORE"))
-        for (int causal = 0; causal < 2; causal++) {
-            const clattn_attention_desc d = {.batch = 1, .seq_q = 1536, .embed = 64, .heads = 1, .causal = causal};
+        for (int k = 0; k < 4; k++) {
+            const clattn_attention_desc d = {.batch = 1, .seq_q = k < 2 ? 61 : 1536, .embed = k % 2 ? 64 : 512,
+                                             .heads = k % 2 ? 1 : 2, .causal = k == 1};
             clattn_plan *plan = NULL;
             cr_assert_eq(clattn_plan_create(cl, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-            cr_assert_str_eq(clattn_plan_core(plan), causal ? "flash_rows" : "unfused");
+            cr_assert_str_eq(clattn_plan_core(plan), "flash_lanes", "shape %d", k);
             clattn_plan_free(plan);
         }
     clattn_device_free(cl);
@@ -566,8 +561,8 @@ Test(cores, gemm_order)
 {
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, NULL, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, NULL, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_GEMM, (clattn_device_class)dc, cls, 1);
             cr_assert(a, "device class %d, head class %d: no GEMM core", dc, cls);
             cr_assert_eq(a->kind, CLATTN_CORE_GEMM);
             cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "gemm_tiles" : "gemm_clblast", "class %d", dc);
@@ -660,8 +655,8 @@ Test(cores, decode_order)
 {
     for (int dc = 0; dc < CLATTN_CLASS_COUNT; dc++)
         for (int cls = 0; cls < CLATTN_HEAD_CLASSES; cls++) {
-            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, NULL, 0);
-            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, NULL, 1);
+            const clattn_core *a = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 0);
+            const clattn_core *b = clattn_core_preferred(CLATTN_CORE_DECODE, (clattn_device_class)dc, cls, 1);
             cr_assert(a && b, "device class %d, head class %d: two decode cores in the order", dc, cls);
             cr_assert_str_eq(a->name, dc == CLATTN_CLASS_CPU ? "decode_attend" : "decode_group", "class %d", dc);
             cr_assert_str_eq(b->name, dc == CLATTN_CLASS_CPU ? "decode_group" : "decode_attend", "class %d", dc);

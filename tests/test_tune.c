@@ -135,26 +135,25 @@ Test(tune, files)
     header(head, sizeof head);
     const clattn_algorithm F = CLATTN_ALGORITHM_FUSED, U = CLATTN_ALGORITHM_UNFUSED, A = CLATTN_ALGORITHM_AUTO;
     const file_case cases[] = {
-        {"flash_rows entry", "core flash_rows 0 ROWS=8,BK=16,VW=4\n", 0, 1, F, NULL, "flash_rows", "ROWS=8,BK=16,VW=4"},
+        {"flash_lanes entry", "core flash_lanes 0 VW=8,BK=16,KG=4\n", 0, 1, F, NULL, "flash_lanes", "VW=8,BK=16,KG=4"},
         {"flash_tiled entry and AUTO's core", "core flash_tiled 0 BQ=8,BKT=16,NS=2\nauto 0 flash_tiled\n", 0, 1, F,
          NULL, "flash_tiled", "BQ=8,BKT=16,NS=2"},
         {"AUTO's core alone", "auto 0 unfused\n", 0, 1, A, NULL, "unfused", NULL},
         {"AUTO's core for a plan that cannot use it", "auto 0 unfused\n", 0, 0, F, NULL, NULL, NULL},
-        {"parameters in any order", "core flash_rows 0 VW=4,ROWS=2,BK=32\n", 0, 1, F, NULL, "flash_rows",
-         "ROWS=2,BK=32,VW=4"},
-        {"comments, CRLF and blank lines", "# a comment\r\n\r\ncore flash_rows 0 ROWS=4,BK=8,VW=8\r\n", 0, 1, F, NULL,
+        {"parameters in any order", "core flash_lanes 0 KG=4,VW=8,BK=32\n", 0, 1, F, NULL, "flash_lanes",
+         "VW=8,BK=32,KG=4"},
+        {"comments, CRLF and blank lines", "# a comment\r\n\r\ncore flash_lanes 0 VW=16,BK=8,KG=8\r\n", 0, 1, F, NULL,
          NULL, NULL},
         {"softmax item", "core unfused 0 SOFTMAX=item\n", 0, 1, U, NULL, "unfused", "SOFTMAX=item"},
         {"softmax rows", "core unfused 0 SOFTMAX=rows\n", 0, 1, U, NULL, "unfused", "SOFTMAX=rows"},
-        {"an entry for another class only", "core flash_rows 2 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL, NULL},
-        {"a vector width the head size does not take", "core flash_rows 0 ROWS=8,BK=16,VW=8\n", 0, 0, F, NULL, NULL, NULL},
-        {"huge numbers", "core flash_rows 0 ROWS=99999999999999999999,BK=16,VW=8\n", 0, 0, F, "the values are", NULL, NULL},
-        {"not a power of two", "core flash_rows 0 ROWS=3,BK=16,VW=4\n", 0, 0, F, "the values are", NULL, NULL},
+        {"an entry for another class only", "core flash_lanes 2 VW=8,BK=16,KG=8\n", 0, 0, F, NULL, NULL, NULL},
+        {"huge numbers", "core flash_lanes 0 VW=99999999999999999999,BK=16,KG=8\n", 0, 0, F, "the values are", NULL, NULL},
+        {"not a value of the space", "core flash_lanes 0 VW=16,BK=24,KG=8\n", 0, 0, F, "the values are", NULL, NULL},
         {"too many work-items", "core flash_tiled 0 BQ=64,BKT=16,NS=16\n", 0, 0, F, "not values", NULL, NULL},
-        {"a missing parameter", "core flash_rows 0 ROWS=8,BK=16\n", 0, 0, F, "no value for VW", NULL, NULL},
-        {"an unknown parameter", "core flash_rows 0 ROWS=8,BK=16,VW=4,XX=1\n", 0, 0, F, "has no parameter", NULL, NULL},
-        {"wrong types", "core flash_rows 0 ROWS=eight,BK=16,VW=4\ncore flash_rows x ROWS=8,BK=16,VW=4\n"
-         "core unfused 0 SOFTMAX=fast\ncore flash_rows 0 ROWS=-8,BK=16,VW=4\ncore flash_rows 0 ROWS\n", 0, 0, F, "line",
+        {"a missing parameter", "core flash_lanes 0 VW=8,BK=16\n", 0, 0, F, "no value for KG", NULL, NULL},
+        {"an unknown parameter", "core flash_lanes 0 VW=8,BK=16,KG=4,XX=1\n", 0, 0, F, "has no parameter", NULL, NULL},
+        {"wrong types", "core flash_lanes 0 VW=eight,BK=16,KG=4\ncore flash_lanes x VW=8,BK=16,KG=4\n"
+         "core unfused 0 SOFTMAX=fast\ncore flash_lanes 0 VW=-8,BK=16,KG=4\ncore flash_lanes 0 VW\n", 0, 0, F, "line",
          NULL, NULL},
         {"an unknown core", "core flash_magic 0 X=1\n", 0, 0, F, "not a 'core NAME", NULL, NULL},
         {"bad AUTO entries", "auto 9 unfused\nauto 0 nothing\nauto 0\n", 0, 0, A, "not an 'auto", NULL, NULL},
@@ -172,7 +171,7 @@ Test(tune, files)
         if (c->raw) snprintf(text, sizeof text, "%s", c->body);
         else snprintf(text, sizeof text, "%s%s", head, c->body);
         write_file(text);
-        const size_t d = strstr(c->what, "vector width") ? 4 : 8;
+        const size_t d = 8;
         const int tuned = plan_with_file(c->alg, d, notice, sizeof notice);
         const char *why = c->core ? unsupported_here(c->core) : NULL;
         if (why) { /* the file names a core this device does not run (a driver's limit): the plan runs another */
@@ -187,6 +186,19 @@ Test(tune, files)
         if (c->core) cr_assert_str_eq(last_core, c->core, "%s: the plan runs %s", c->what, last_core);
         if (c->params) cr_assert_str_eq(last_params, c->params, "%s: the plan runs %s", c->what, last_params);
     }
+    /* a forced core (CLATTN_CORE=flash_rows) takes the file's entry for it, where it fits the plan: VW=8 does not
+     * divide a head of 4 (no notice: the defaults), VW=4 does */
+    setenv("CLATTN_CORE", "flash_rows", 1);
+    snprintf(text, sizeof text, "%score flash_rows 0 ROWS=8,BK=16,VW=8\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(F, 4, notice, sizeof notice), 0, "a vector width the head size does not take");
+    cr_assert_str_empty(notice);
+    cr_assert(!strstr(last_params, "ROWS=8,BK=16,VW=8"), "%s", last_params);
+    snprintf(text, sizeof text, "%score flash_rows 0 ROWS=8,BK=16,VW=4\n", head);
+    write_file(text);
+    cr_assert_eq(plan_with_file(F, 4, notice, sizeof notice), 1, "a forced core's entry: %s", notice);
+    cr_assert_str_eq(last_params, "ROWS=8,BK=16,VW=4");
+    unsetenv("CLATTN_CORE");
     /* another clattn version: stale, by the version line */
     snprintf(text, sizeof text, "clattn-tune 2\nclattn 0.0.1\n%score flash_rows 0 ROWS=8,BK=16,VW=4\n",
              strchr(head + 14, '\n') + 1);
@@ -449,7 +461,7 @@ Test(tune, each_header_field_wrong_alone)
         p = nl + 1;
     }
     static const char *const names[5] = {"clattn-tune", "clattn", "device", "vendor", "driver"};
-    const char *entry = "core flash_rows 0 ROWS=8,BK=16,VW=4\n";
+    const char *entry = "core flash_lanes 0 VW=8,BK=16,KG=4\n";
     snprintf(text, sizeof text, "%s%s", head, entry);
     write_file(text);
     cr_assert_eq(plan_with_file(CLATTN_ALGORITHM_FUSED, 8, notice, sizeof notice), 1, "the control: %s", notice);
@@ -480,7 +492,7 @@ Test(tune, limits_at_their_boundary)
 {
     char head[1200], notice[1100];
     header(head, sizeof head);
-    const char *entry = "core flash_rows 0 ROWS=8,BK=16,VW=4\n";
+    const char *entry = "core flash_lanes 0 VW=8,BK=16,KG=4\n";
     char *text = malloc(70000);
     const clattn_algorithm F = CLATTN_ALGORITHM_FUSED;
     for (int len = 599; len <= 600; len++) { /* a comment line of len characters, then the entry */
@@ -509,8 +521,8 @@ Test(tune, limits_at_their_boundary)
     const struct { const char *body; const char *needle; } lines[] = {
         {"auto 4 unfused\n", NULL},
         {"auto 5 unfused\n", "not an 'auto"},
-        {"core flash_rows 4 ROWS=8,BK=16,VW=4\n", NULL},
-        {"core flash_rows 5 ROWS=8,BK=16,VW=4\n", "not a 'core NAME"},
+        {"core flash_lanes 4 VW=8,BK=16,KG=4\n", NULL},
+        {"core flash_lanes 5 VW=8,BK=16,KG=4\n", "not a 'core NAME"},
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         snprintf(text, 70000, "%s%s%s", head, entry, lines[i].body);
@@ -550,21 +562,21 @@ Test(tune, one_core_in_several_classes)
 {
     char head[1200], text[4096], notice[1100];
     header(head, sizeof head);
-    snprintf(text, sizeof text, "%score flash_rows 0 ROWS=2,BK=8,VW=4\ncore flash_rows 1 ROWS=4,BK=32,VW=4\n"
-             "core flash_rows 2 ROWS=8,BK=16,VW=4\n", head);
+    snprintf(text, sizeof text, "%score flash_lanes 0 VW=8,BK=8,KG=4\ncore flash_lanes 1 VW=8,BK=32,KG=8\n"
+             "core flash_lanes 2 VW=16,BK=16,KG=4\n", head);
     write_file(text);
     static const struct { size_t dk, dv; int tuned; const char *params; } plans[] = {
-        {8, 8, 1, "ROWS=2,BK=8,VW=4"},    /* class 0 */
-        {36, 36, 1, "ROWS=4,BK=32,VW=4"}, /* class 1 */
-        {8, 40, 1, "ROWS=4,BK=32,VW=4"},  /* dk class 0, dv class 1: the plan's class is 1 */
-        {72, 8, 1, "ROWS=8,BK=16,VW=4"},  /* dk class 2, dv class 0: 2 */
+        {8, 8, 1, "VW=8,BK=8,KG=4"},     /* class 0 */
+        {36, 36, 1, "VW=8,BK=32,KG=8"},  /* class 1 */
+        {8, 40, 1, "VW=8,BK=32,KG=8"},   /* dk class 0, dv class 1: the plan's class is 1 */
+        {72, 8, 1, "VW=16,BK=16,KG=4"},  /* dk class 2, dv class 0: 2 */
         {132, 4, 0, NULL},                /* class 3: no entry, the defaults */
     };
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const int tuned = plan_with_heads(CLATTN_ALGORITHM_FUSED, plans[i].dk, plans[i].dv, notice, sizeof notice);
         cr_assert_str_empty(notice, "dk %zu dv %zu: notice '%s'", plans[i].dk, plans[i].dv, notice);
         cr_assert_eq(tuned, plans[i].tuned, "dk %zu dv %zu: tuned %d", plans[i].dk, plans[i].dv, tuned);
-        cr_assert_str_eq(last_core, "flash_rows");
+        cr_assert_str_eq(last_core, "flash_lanes");
         if (plans[i].params)
             cr_assert_str_eq(last_params, plans[i].params, "dk %zu dv %zu: %s", plans[i].dk, plans[i].dv,
                              last_params);

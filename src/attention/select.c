@@ -265,7 +265,7 @@ clattn_status clattn_core_create(const clattn_device *dev, clattn_core_kind kind
             c = r.force;
         } else if (i == 1) {
             if (forced || !tn || !(c = tn->auto_core[kind][cls])) continue;
-        } else if (!(c = clattn_core_preferred(kind, dev->caps.dclass, cls, d, i - 2))) {
+        } else if (!(c = clattn_core_preferred(kind, dev->caps.dclass, cls, i - 2))) {
             break;
         }
         int seen = 0;
@@ -373,7 +373,7 @@ static const clattn_core *auto_choice(const clattn_device *dev, clattn_core_kind
         (!c->native || c->native(c, &dev->caps, why, sizeof why)))
         return c;
     clattn_core_params p;
-    for (size_t i = 0; (c = clattn_core_preferred(kind, dev->caps.dclass, cls, NULL, i)); i++)
+    for (size_t i = 0; (c = clattn_core_preferred(kind, dev->caps.dclass, cls, i)); i++)
         if (c->supports(c, &dev->caps, &d, why, sizeof why) == CLATTN_STATUS_SUCCESS &&
             (!c->native || c->native(c, &dev->caps, why, sizeof why)) && !clattn_caps_failed(&dev->caps, c->name) &&
             c->defaults(c, &dev->caps, &d, &p) &&

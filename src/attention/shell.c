@@ -293,26 +293,6 @@ static clattn_status narrow_outputs(struct clattn_plan *p, const run_io *io, con
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, view *x, view *kv, view *value)
-{
-    shell *c = state(p);
-    const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
-    const clattn_dtype t = d->dtype;
-    if (!c->x32) return CLATTN_STATUS_SUCCESS; /* the projections read x and kv in the type (clattn_shell_project) */
-    TRY(clattn_linear_convert(&c->lin, *x, (view){c->x32, 0}, B * Tq * d->embed, t, 0));
-    *x = (view){c->x32, 0};
-    if (d->cross) {
-        TRY(clattn_linear_convert(&c->lin, *kv, (view){c->kv32, 0}, B * Tk * d->kv_embed, t, 0));
-        *kv = (view){c->kv32, 0};
-    }
-    if (d->separate_value) {
-        TRY(clattn_linear_convert(&c->lin, *value, (view){c->value32, 0}, clattn_plan_value_elems(d), t, 0));
-        *value = (view){c->value32, 0};
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
 static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
 {
     shell *c = state(p);

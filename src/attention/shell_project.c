@@ -1,5 +1,5 @@
-/* shell_project.c: the OpenCL shell's first step, the Q/K/V projections (shell.h), which the forward (shell.c)
- * and the backward (shell_backward.c) both run: self-attention one GEMM against [Wq|Wk|Wv], cross-attention
+/* shell_project.c: the OpenCL shell's first step, which the forward (shell.c) and the backward (shell_backward.c)
+ * both run: a half plan's inputs widened where its projections do not read them as they are, then self-attention one GEMM against [Wq|Wk|Wv], cross-attention
  * Q = x Wq^T and [K|V] = kv [Wk|Wv]^T, or without projections the inputs themselves (V the value input with
  * separate_value). */
 #include "shell.h"
@@ -34,6 +34,26 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
         cio->q = proj;
         cio->k = proj_kv;
         cio->v = (view){c->proj_kv, HK * dk};
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, view *x, view *kv, view *value)
+{
+    shell *c = p->backend_state;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const clattn_dtype t = d->dtype;
+    if (!c->x32) return CLATTN_STATUS_SUCCESS; /* the projections read x and kv in the type (clattn_shell_project) */
+    TRY(clattn_linear_convert(&c->lin, *x, (view){c->x32, 0}, B * Tq * d->embed, t, 0));
+    *x = (view){c->x32, 0};
+    if (d->cross) {
+        TRY(clattn_linear_convert(&c->lin, *kv, (view){c->kv32, 0}, B * Tk * d->kv_embed, t, 0));
+        *kv = (view){c->kv32, 0};
+    }
+    if (d->separate_value) {
+        TRY(clattn_linear_convert(&c->lin, *value, (view){c->value32, 0}, clattn_plan_value_elems(d), t, 0));
+        *value = (view){c->value32, 0};
     }
     return CLATTN_STATUS_SUCCESS;
 }

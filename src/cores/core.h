@@ -224,11 +224,9 @@ const clattn_core *clattn_core_find(const char *name);
  * parameters it sets ("" for none); NULL when the value forces no core. */
 const clattn_core *clattn_core_legacy(const char *var, const char *value, const char **params);
 const char *clattn_core_kind_name(clattn_core_kind kind); /* "prefill", "decode", "gemm", "backward" */
-/* AUTO's i-th choice of `kind` on this device class for head-size class cls and plan d (NULL past the last): the
- * first that supports a plan and builds serves it. d may be NULL (no plan: the rules of a plan's shape, registry.c's
- * dense_from, are passed over). */
-const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls,
-                                         const clattn_attention_desc *d, size_t i);
+/* AUTO's i-th choice of `kind` on this device class for head-size class cls (NULL past the last): the first that
+ * supports a plan and builds serves it. */
+const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i);
 
 /* Parameters as text, "P=V,P=V" (every parameter of the core, in order; a label where it has one). */
 void clattn_core_params_format(const clattn_core *core, const clattn_core_params *p, char *buf, size_t len);

@@ -8,7 +8,7 @@
 #include <string.h>
 
 extern const clattn_core clattn_core_unfused, clattn_core_flash_rows, clattn_core_flash_tiled, clattn_core_flash_gemm,
-    clattn_core_flash_mma;
+    clattn_core_flash_mma, clattn_core_flash_lanes;
 extern const clattn_core clattn_core_decode_attend, clattn_core_decode_group;
 extern const clattn_core clattn_core_gemm_tiles, clattn_core_gemm_clblast;
 extern const clattn_core clattn_core_flash_backward, clattn_core_flash_backward_gemm;
@@ -19,6 +19,7 @@ static const clattn_core *const prefill[] = {
     &clattn_core_flash_tiled,
     &clattn_core_flash_gemm,
     &clattn_core_flash_mma,
+    &clattn_core_flash_lanes,
 };
 
 static const clattn_core *const decode[] = {
@@ -67,8 +68,12 @@ const clattn_core *clattn_core_legacy(const char *var, const char *value, const 
 /* AUTO's order of preference: the first rule whose device class matches (-1: any) and whose head-size
  * classes include the plan's gives the order; the first core in it that supports the plan and builds
  * serves it. Cores that cannot return the attention weights are passed over for plans that need them.
- *   CPU devices (PoCL): flash_rows, one work-item per 16 query rows with its accumulators in registers:
- *     0.50-0.65 of the unfused path's core time at B=4 T=512/1024 E=512 H=8 (bench/results/pocl-2core.md).
+ *   CPU devices (PoCL): flash_lanes, one work-item per 16 query rows along the vector lanes (every product a
+ *     broadcast and an FMA, no horizontal sums): on PoCL 3.1, 2 vCPUs of an AMD EPYC (2026-11-26, clattn-bench
+ *     --no-proj B=4 H=8, bench/results/pocl-2core-lanes.md) its core ran at 290-305 GFLOP/s at d64 for T=512-4096
+ *     (causal 255-290 per useful FLOP), 240 at d32, 330 at d128, 355 at d256: 2.1-2.7x flash_rows (130-140) and
+ *     0.56-0.65 of the unfused path's time at T=1024-4096 (which the previous order put first from 1536 keys);
+ *     flash_rows after it.
  *   GPUs: flash_gemm, register micro-tiles over K/V tiles in local memory, built to run at GEMM speed (on an H200:
  *     32 TFLOP/s at d64, 2.5-5x flash_tiled, 1.7-2.5x unfused up to d128; at d256 unfused was faster, 6.2 against
  *     9.5 ms at B1 T4096 H8: one shape, so the order stays). After it, for head sizes above 64, the unfused path before
@@ -89,29 +94,20 @@ const clattn_core *clattn_core_legacy(const char *var, const char *value, const 
 typedef struct order_rule {
     int dclass;            /* clattn_device_class, or -1 for any */
     int cls_lo, cls_hi;    /* head-size classes it covers */
-    size_t dense_from;     /* 0: every plan; else only plans with at least this many keys whose scores are all
-                              computed (no causal mask, no window): a rule of the plan's shape */
     const char *cores[MAX_ORDER];
 } order_rule;
 
-/* CPU devices, long dense sequences: the unfused path (its GEMMs on gemm_tiles) before flash_rows. Measured on PoCL 3.1,
- * 2 vCPUs of an AMD EPYC (2026-11-26, clattn-bench B=4 E=512, whole calls, medians): unfused took 0.99 of flash_rows'
- * time at T=1024 d64, 0.90 at 1536, 0.78 at 2048 (0.73 at d32, 0.85 at d128, 0.75 at d256), 0.76 at 4096; causal at
- * 2048 flash_rows stayed faster (180 against 213 ms). The price is memory: the scores, 709 MB against 105 at T=2048 B4
- * H8 (in chunks within the device's largest allocation; a plan whose scores do not fit falls to flash_rows). A faster
- * CPU flash core (issue 39) is what should retire this rule. */
 static const order_rule prefill_order[] = {
-    {CLATTN_CLASS_CPU, 0, 3, 1536, {"unfused", "flash_rows", "flash_tiled", "flash_gemm"}},
-    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, 0, {"flash_rows", "flash_tiled", "flash_gemm", "unfused"}},
-    {CLATTN_CLASS_NVIDIA, 0, 1, 0, {"flash_mma", "flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
-    {CLATTN_CLASS_NVIDIA, 2, 2, 0, {"flash_mma", "flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
-    {-1, 0, 1, 0, {"flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
-    {-1, 2, CLATTN_HEAD_CLASSES - 1, 0, {"flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"flash_lanes", "flash_rows", "flash_tiled", "flash_gemm", "unfused"}},
+    {CLATTN_CLASS_NVIDIA, 0, 1, {"flash_mma", "flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
+    {CLATTN_CLASS_NVIDIA, 2, 2, {"flash_mma", "flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
+    {-1, 0, 1, {"flash_gemm", "flash_tiled", "unfused", "flash_rows"}},
+    {-1, 2, CLATTN_HEAD_CLASSES - 1, {"flash_gemm", "unfused", "flash_tiled", "flash_rows"}},
 };
 
 static const order_rule decode_order[] = {
-    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, 0, {"decode_attend", "decode_group"}},
-    {-1, 0, CLATTN_HEAD_CLASSES - 1, 0, {"decode_group", "decode_attend"}},
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"decode_attend", "decode_group"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"decode_group", "decode_attend"}},
 };
 
 /* Backward: flash_backward (per-work-item rows: a CPU's shape) everywhere, after flash_backward_gemm (tiles in local
@@ -119,13 +115,13 @@ static const order_rule decode_order[] = {
  * bench/results/h200-2026-11-26.md) its core backward took 20.2 ms against flash_backward's 158 ms at B2 T4096 H16
  * d64, and its training family passed there. Larger heads and other GPUs: not measured yet. */
 static const order_rule backward_order[] = {
-    {CLATTN_CLASS_NVIDIA, 0, 1, 0, {"flash_backward_gemm", "flash_backward"}},
-    {-1, 0, CLATTN_HEAD_CLASSES - 1, 0, {"flash_backward"}},
+    {CLATTN_CLASS_NVIDIA, 0, 1, {"flash_backward_gemm", "flash_backward"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"flash_backward"}},
 };
 
 static const order_rule gemm_order[] = {
-    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, 0, {"gemm_tiles", "gemm_clblast"}},
-    {-1, 0, CLATTN_HEAD_CLASSES - 1, 0, {"gemm_clblast"}},
+    {CLATTN_CLASS_CPU, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_tiles", "gemm_clblast"}},
+    {-1, 0, CLATTN_HEAD_CLASSES - 1, {"gemm_clblast"}},
 };
 
 size_t clattn_core_total(void) { return COUNT(prefill) + COUNT(decode) + COUNT(gemm) + COUNT(backward); }
@@ -154,16 +150,7 @@ const clattn_core *clattn_core_find(const char *name)
     return NULL;
 }
 
-/* A rule of the plan's shape applies to d (NULL: no plan, none does): keys enough, every score computed */
-static int shape_matches(const order_rule *r, const clattn_attention_desc *d)
-{
-    if (!r->dense_from) return 1;
-    const size_t tk = d && d->seq_kv ? d->seq_kv : d ? d->seq_q : 0;
-    return d && tk >= r->dense_from && !d->causal && !d->window;
-}
-
-const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls,
-                                         const clattn_attention_desc *d, size_t i)
+const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_class dclass, int cls, size_t i)
 {
     const order_rule *rules = kind == CLATTN_CORE_DECODE ? decode_order
                               : kind == CLATTN_CORE_GEMM ? gemm_order
@@ -175,7 +162,7 @@ const clattn_core *clattn_core_preferred(clattn_core_kind kind, clattn_device_cl
                                                 : COUNT(prefill_order);
     for (size_t r = 0; r < n; r++) {
         if ((rules[r].dclass >= 0 && rules[r].dclass != (int)dclass) || cls < rules[r].cls_lo ||
-            cls > rules[r].cls_hi || !shape_matches(&rules[r], d))
+            cls > rules[r].cls_hi)
             continue;
         if (i >= MAX_ORDER || !rules[r].cores[i]) return NULL;
         return clattn_core_find(rules[r].cores[i]);

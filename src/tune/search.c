@@ -419,7 +419,7 @@ static void search_shape(search *s, clattn_tune_table *keep, double shape_ms)
     if (auto_ms <= 0) return;
     const clattn_core *cores[8];
     size_t n = 0;
-    for (const clattn_core *c; n < 8 && (c = clattn_core_preferred(s->kind, s->dev->caps.dclass, s->cls, &s->d, n));)
+    for (const clattn_core *c; n < 8 && (c = clattn_core_preferred(s->kind, s->dev->caps.dclass, s->cls, n));)
         cores[n++] = c;
     const clattn_core *fastest = NULL;
     double fastest_ms = 0;
