@@ -60,7 +60,6 @@ typedef int8 li_t;
 #endif
 
 #define K_AT(j, c) kvr_s(IO_LOAD((c), kb + (ulong)(j) * k_ld))
-#define V_AT(j, c) kvr_s(IO_LOAD((c), vb + (ulong)(j) * v_ld))
 inline float kvr_s(float x) { return KVR(x); }
 
 /* One work-item: query rows i0 .. i0+VW-1 of (b, h); global id = ((b*H + h) * nblk + block). */
