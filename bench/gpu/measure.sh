@@ -2,7 +2,9 @@
 # bench/gpu/measure.sh: one device call's worth of checks and timings on an NVIDIA GPU, run there from the
 # project root after `bash ../shared/gpu/prepare.sh` here (carry .gpu and build):
 #   bash bench/gpu/measure.sh [SECTION...]     (default: every section, in this order)
-# Sections: info selftest cores torch dtype decode conformance (the default run), and probe gemm matrix auto
+# Sections: info selftest cores torch dtype decode conformance (the default run), and plain (the README's ctest
+# command, every family at AUTO), accum (flash_mma's long sums, and its core against OLD's), python (the Python tests on
+# the GPU), probe gemm matrix auto
 # backward tune (a second call: the sub-buffer probe, test_gemm on CLBlast, every family of the cores MATRIX names,
 # AUTO on CONFIGS and head size 256, the backward cores, `clattn tune`
 # on TUNE_SHAPES for TUNE_BUDGET seconds and AUTO on CONFIGS with what it kept). Each has a timeout and the whole run a
@@ -38,7 +40,8 @@ for l in open(sys.argv[1]):
     elif "variant" in o:
         print(f"torch {o['variant']} n={o['n']}: {o['tflops']:.1f} TFLOP/s")
     elif "batch" in o:
-        print(f"{o['batch']} {o['seq']} {o['dim']} {o['heads']} {'causal' if o['causal'] else '      '} {o['dtype']} {o['precision']} "
+        print(f"{o.get('binary', '') + ' r' + str(o['round']) + ' ' if 'binary' in o else ''}"
+              f"{o['batch']} {o['seq']} {o['dim']} {o['heads']} {'causal' if o['causal'] else '      '} {o['dtype']} {o['precision']} "
               f"{'core-only ' if o.get('no_proj') else ''}"
               f"{o['core']:11s} {o['median_ms']:.3f} ms, core {o.get('core_ms') or 0:.3f} ms {(o.get('core_gflops') or 0) / 1000:.1f} TFLOP/s, "
               f"proj {(o.get('projection_gflops') or 0) / 1000:.1f} TFLOP/s, first call {o['first_call_ms']:.0f} ms [{o.get('core_params')}]")
@@ -76,6 +79,8 @@ for s in "$@"; do
              bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core $k --dtype $dt --no-proj; done; done
            bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core flash_mma --dtype f16 --no-proj --causal
            bench --batch 4 --seq 2048 --dim 1024 --heads 8 --core flash_mma --dtype f16 --no-proj
+           bench --batch 4 --seq 2048 --dim 1024 --heads 8 --core flash_mma --dtype bf16 --no-proj
+           bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core flash_mma --no-proj   # fp32 (3xTF32) beside them
            bench --batch 2 --seq 4096 --dim 1024 --heads 16 --core flash_mma --dtype f16
            summary "$OUT/bench.jsonl" | grep -E ' (f16|bf16) ' | tee -a "$log" ;;
     torch) timeout 150 python3 "$root/bench/gpu/torch_core.py" "${TORCH_CONFIGS:-$configs}" > "$OUT/torch.jsonl" 2>>"$log"
@@ -87,6 +92,28 @@ for s in "$@"; do
             done; done; summary "$OUT/decode.jsonl" | tee -a "$log" ;;
     probe) cl timeout 30 .gpu/subbuf_probe 2>&1 | tee -a "$log" ;;   # built by: cc -o .gpu/subbuf_probe bench/gpu/subbuf_probe.c ...
     gemm) CLATTN_CORE=gemm_clblast CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_gemm --verbose 2>&1 | grep -E 'FAIL|PASS|Failed|Synthesis|\[----\]' | tee -a "$log" ;;
+    accum) # flash_mma's sums over long rows: the long module test and test_mma's accumulation cases, and flash_mma's core
+           # timed against an earlier build's (OLD: a folder with its clattn-bench and test_fused), rounds alternating
+           old=${OLD:-.gpu/old}
+           for b in "$old/test_fused" build/test_fused; do [ -x "$b" ] || continue
+             echo "-- $b" | tee -a "$log"; CLATTN_TEST_DEVICE=$dev cl timeout 90 "$b" --filter 'long/t32768_causal_fused' --verbose 2>&1 |
+               grep -E 'worst|Synthesis|got' | tee -a "$log"; done
+           CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_mma --filter 'accumulation/*' --verbose 2>&1 | grep -E 'worst|PASS|FAIL|got|Assert' | tee -a "$log"
+           for round in 1 2; do for b in "$old/clattn-bench" build/clattn-bench; do [ -x "$b" ] || continue
+             for c in "--batch 2 --seq 4096 --heads 16" "--batch 2 --seq 4096 --heads 16 --dtype f16" "--batch 4 --seq 2048 --heads 8 --dtype f16"; do
+               cl timeout 40 "$b" --device "$dev" --iters 10 --warmup 2 --json --dim 1024 --core flash_mma --no-proj $c 2>>"$log" |
+                 grep '^{' | sed "s#^{#{\"binary\":\"$b\",\"round\":$round,#" >> "$OUT/bench.jsonl" || echo "bench $b $c failed" | tee -a "$log"
+             done; done; done
+           summary "$OUT/bench.jsonl" | tee -a "$log" ;;
+    plain) # the README's test command on the GPU: every family at AUTO (flash_mma on NVIDIA), each core's conformance
+           # (PLAIN_REGEX: only the tests it matches)
+           CLATTN_TEST_DEVICE=$dev cl timeout $((budget + 60 - now)) ctest --test-dir build -LE matrix ${PLAIN_REGEX:+-R "$PLAIN_REGEX"} -j12 --timeout 150 \
+             --output-on-failure > "$OUT/plain.txt" 2>&1
+           echo "plain exit $?" | tee -a "$log"; grep -E 'tests passed|Failed|\*\*\*|Not Run|Skipped|Total Test' "$OUT/plain.txt" | tee -a "$log" ;;
+    python) # the Python tests with clattn on the GPU (half tensors on flash_mma's fp16/bf16 products, autograd)
+            CLATTN_DEVICE=$dev CLATTN_LIBRARY=$root/build/libclattn.so PYTHONPATH=$root/python cl timeout 150 \
+              python3 -m pytest -q -p no:cacheprovider "$root/python/tests" > "$OUT/python.txt" 2>&1
+            echo "python exit $?" | tee -a "$log"; grep -E 'passed|failed|FAILED|Error' "$OUT/python.txt" | tail -30 | tee -a "$log" ;;
     matrix) CLATTN_TEST_DEVICE=$dev cl timeout $((budget + 60 - now)) ctest --test-dir build -L matrix -R "${MATRIX:-_core_flash_mma}" \
               -j12 --timeout 150 --output-on-failure > "$OUT/matrix.txt" 2>&1
             echo "matrix exit $?" | tee -a "$log"; grep -E 'tests passed|Failed|\*\*\*|Passed|Not Run|Skipped' "$OUT/matrix.txt" | tee -a "$log" ;;

@@ -33,7 +33,7 @@
  * kernel with mma, shfl and cvt emulated in OpenCL C. The emulation keeps the PTX fragment layout: each lane
  * writes its A and B fragments to its warp's part of local memory where the layout puts them (a row of
  * products that share A at a time), a barrier, each lane computes its four D elements of each product (the
- * products exact, as a TF32 product is in fp32, summed in k order), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
+ * products exact, as a TF32 product is in fp32, their sum rounded toward zero as the tensor core's: dot_rz), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
  * bit operation as cvt.rna. So tiling, fragment bookkeeping, the softmax on fragments, the 3xTF32 split,
  * masks and dropout run the suite on any device; only the instructions differ on NVIDIA.
  *
@@ -57,7 +57,12 @@
  * The row sums take the weights before their rounding, and dropout's 1/(1 - p) multiplies the output at the end
  * (the rounded weights are those of the softmax, in [0, 1]). PS and TF32 have no part in it (nothing is split).
  * The emulation (MMA_NATIVE = 0) widens the fragments into the exchange area and sums the 16 products of each D
- * element in k order; P's rounding is cvt.rn's, bit for bit (common/half.cl).
+ * element, rounded toward zero once (dot_rz); P's rounding is cvt.rn's, bit for bit (common/half.cl).
+ *
+ * O is never accumulated in the tensor core: a tile's P V (or each product, OT) starts from 0 and is added to O in
+ * fp32. The tensor core's accumulator rounds toward zero at every instruction, so an O kept there lost up to an ulp
+ * per 8 keys, all in one direction (H200: 2.3x the fp32 tolerance at 32768 keys, where the CPU cores are at 0.02x).
+ * The scores' sums over the head (at most 32 instructions) stay in it.
  *
  * Tuning: NW (warps per work-group: BQ = 16 NW query rows), BK (keys per tile, a multiple of 8), QREG (1:
  * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
@@ -109,6 +114,12 @@
 #define VLDW (DVP / 2 + (20 - DVP / 2 % 16) % 16)
 #define QLDW KLDW
 #define LOG2E 1.4426950408889634f
+/* P V's sums (O is never accumulated in the tensor core, whose accumulator rounds toward zero: README "Precision"):
+ * OT = 1, a tile's products summed from 0 in accumulators of their own (ot), added to O after the tile; OT = 0, each
+ * product from 0 and added at once (mma_block_add), where O and ot would not both fit in registers. sm_90 (clang +
+ * ptxas, scripts/gpu-static.sh): 3xTF32 d=64 238 registers with ot, 255 and a spill adding per product; d=128 spilled
+ * 392 B with ot, none per product; f16 d=128 243 registers with ot and 15 % fewer instructions per tile. */
+#define OT (HMMA ? DVP <= 128 : DVP <= 64)
 /* loops around mma: unrolled natively; kept as loops in the emulation, whose barriers PoCL would otherwise
  * compile region by region (minutes per variant) */
 #if MMA_NATIVE
@@ -269,6 +280,16 @@ inline void mma_block(float *d, float *dc, const float *ah, const float *al, con
     MMA1(d, ah, bh);
 }
 #define mma_row_end(d, dc, count, xs, lane) ((void)0)
+/* d += A B as a product of its own: D = 0 + A B in the tensor core (3xTF32: the small terms first), then added to d
+ * in fp32 (README "Precision": why O is not kept in the mma's accumulator) */
+inline void mma_block_add(float *d, const float *ah, const float *al, const float *bh, const float *bl, uint n,
+                          __local float *xs, uint lane)
+{
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_block(p, p, ah, al, bh, bl, n, xs, lane);
+    d[0] += p[0], d[1] += p[1], d[2] += p[2], d[3] += p[3];
+}
+#define mma_row_end_add(d, count, xs, lane) ((void)0)
 #else
 inline void mma_block(float *d, float *dc, const float *ah, const float *al, const float *bh, const float *bl,
                       uint n, __local float *xs, uint lane)
@@ -296,22 +317,51 @@ inline void mma_block(float *d, float *dc, const float *ah, const float *al, con
 #endif
 }
 
-/* sum_k a_k b_k added to acc in k order */
-inline float dot8_fma(float8 a, float8 b, float acc)
+/* c + sum_k a_k b_k (n products) as a tensor core's fp32 accumulator takes them: the products exact (TF32 or 16-bit
+ * operands: their products fit fp32's 24 bits), each addend (c too) aligned to the largest with one bit below its
+ * ulp, truncated toward zero, summed, and the sum normalised toward zero. Measured on an H200 (test_mma
+ * accumulation::sum_rounded_toward_zero): 1 + 1.5*2^-24 gives 1, 1 - 1.25*2^-24 gives 1 - 2^-24 and 1 + 1.5*2^-23
+ * gives 1 + 2^-23; as Fasi, Higham, Mikaitis and Pranesh found on earlier tensor cores ("Numerical behavior of NVIDIA
+ * tensor cores", PeerJ CS 2021). A long sum kept in the accumulator so loses up to an ulp per instruction, always
+ * toward zero (on the H200 an output accumulated over 32768 keys came out at 3.9x the fp32 tolerance; README
+ * "Precision"). Modelled without fp64: the truncation by clearing bits, an exact sum by TwoSum, and one ulp toward zero
+ * where rounding to nearest took it away from zero. Non-finite sums as in fp32. */
+/* x toward zero to a multiple of 2^eg: its significand's bits below 2^eg cleared (0 where |x| < 2^eg) */
+inline float trunc_below(float x, int eg)
 {
-    acc = fma(a.s0, b.s0, acc);
-    acc = fma(a.s1, b.s1, acc);
-    acc = fma(a.s2, b.s2, acc);
-    acc = fma(a.s3, b.s3, acc);
-    acc = fma(a.s4, b.s4, acc);
-    acc = fma(a.s5, b.s5, acc);
-    acc = fma(a.s6, b.s6, acc);
-    return fma(a.s7, b.s7, acc);
+    const uint u = as_uint(x);
+    const int drop = eg - ((int)(u >> 23 & 0xffu) - 127) + 23; /* significand bits below 2^eg */
+    return drop <= 0 ? x : drop >= 24 ? as_float(u & 0x80000000u) : as_float(u & ~((1u << drop) - 1u));
 }
-/* every D element the lane holds of blocks 0 .. count-1: row g or g + 8, column 2t or 2t + 1; the products
- * exact (TF32 times TF32 fits fp32), summed in k order: the small terms to dc (which may be d), then hi*hi to d,
- * as the native instructions go */
-inline void mma_row_end_emul(float (*d)[4], float (*dc)[4], uint count, __local float *xs, uint lane)
+inline float dot_rz(const float *a, const float *b, uint n, float c)
+{
+    float plain = c, big = fabs(c);
+    for (uint k = 0; k < n; k++) plain = fma(a[k], b[k], plain), big = fmax(big, fabs(a[k] * b[k]));
+    if (!isfinite(plain)) return plain;
+    const int eb = (int)(as_uint(big) >> 23) - 127; /* the largest addend's exponent (-127: 0 or subnormal) */
+    float s = 0.0f, err = 0.0f;
+    for (uint k = 0; k <= n; k++) {
+        float p = k < n ? a[k] * b[k] : c;
+        if (eb > -100) p = trunc_below(p, eb - 24); /* to half the largest addend's ulp */
+        const float u = s + p, bb = u - s;
+        err += (s - (u - bb)) + (p - bb);
+        s = u;
+    }
+    const float r = s + err, rest = (s - r) + err; /* r + rest = s + err (|s| >= |err|) */
+    return rest != 0.0f && r != 0.0f && (rest < 0.0f) != (r < 0.0f) ? nextafter(r, 0.0f) : r;
+}
+/* one m16n8k8 product's D element: c + row r of A (at xa) times column c of B (its transpose's row, at xb) */
+inline float dot8_rz(__local const float *xa, __local const float *xb, float c)
+{
+    float a[8], b[8];
+    #pragma unroll
+    for (uint k = 0; k < 8; k++) a[k] = xa[k], b[k] = xb[k];
+    return dot_rz(a, b, 8, c);
+}
+/* every D element the lane holds of blocks 0 .. count-1: row g or g + 8, column 2t or 2t + 1, one dot_rz per
+ * instruction as the native ones go: the small terms to dc (which may be d), then hi*hi to d. add: each block's
+ * product on its own (from 0) and then added to d in fp32, as mma_block_add */
+inline void mma_row_end_emul(float (*d)[4], float (*dc)[4], uint count, __local float *xs, uint lane, int add)
 {
     const uint g = lane >> 2, t = lane & 3;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -320,20 +370,24 @@ inline void mma_row_end_emul(float (*d)[4], float (*dc)[4], uint count, __local 
         #pragma unroll
         for (uint e = 0; e < 4; e++) {
             const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
-            const float8 ah = vload8(r, xs), bh = vload8(c, xb);
+            float acc = add ? 0.0f : dc[n][e];
 #if !TF32
-            float acc = dc[n][e];
-            acc = dot8_fma(vload8(r, xs + 128), bh, acc);
-            dc[n][e] = dot8_fma(ah, vload8(c, xb + 64), acc);
+            acc = dot8_rz(xs + 128 + 8 * r, xb + 8 * c, acc);
+            acc = dot8_rz(xs + 8 * r, xb + 64 + 8 * c, acc);
+            if (!add) dc[n][e] = acc, acc = d[n][e];
 #else
             (void)dc;
+            if (!add) acc = d[n][e];
 #endif
-            d[n][e] = dot8_fma(ah, bh, d[n][e]);
+            acc = dot8_rz(xs + 8 * r, xb + 8 * c, acc);
+            d[n][e] = add ? d[n][e] + acc : acc;
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-#define mma_row_end(d, dc, count, xs, lane) mma_row_end_emul((d), (dc), (count), (xs), (lane))
+#define mma_row_end(d, dc, count, xs, lane) mma_row_end_emul((d), (dc), (count), (xs), (lane), 0)
+#define mma_block_add(d, ah, al, bh, bl, n, xs, lane) mma_block((d), (d), (ah), (al), (bh), (bl), (n), (xs), (lane))
+#define mma_row_end_add(d, count, xs, lane) mma_row_end_emul((d), (d), (count), (xs), (lane), 1)
 #endif
 
 /* The max (op 0) or sum (op 1) of a and of b across the lane's quad (the four lanes of a row). */
@@ -432,6 +486,14 @@ inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #define mma16_row_end(d, count, xs, lane) ((void)0)
+/* d += A B as a product of its own, then added in fp32 (mma_block_add) */
+inline void mma16_block_add(float *d, const uint *a, const uint *b, uint n, __local float *xs, uint lane)
+{
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16_block(p, a, b, n, xs, lane);
+    d[0] += p[0], d[1] += p[1], d[2] += p[2], d[3] += p[3];
+}
+#define mma16_row_end_add(d, count, xs, lane) ((void)0)
 #else
 inline float hvalue(uint h)
 {
@@ -461,7 +523,7 @@ inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local 
     xb[8] = hvalue(b[1] & 0xFFFFu);
     xb[9] = hvalue(b[1] >> 16);
 }
-inline void mma16_row_end_emul(float (*d)[4], uint count, __local float *xs, uint lane)
+inline void mma16_row_end_emul(float (*d)[4], uint count, __local float *xs, uint lane, int add)
 {
     const uint g = lane >> 2, t = lane & 3;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -470,13 +532,18 @@ inline void mma16_row_end_emul(float (*d)[4], uint count, __local float *xs, uin
         #pragma unroll
         for (uint e = 0; e < 4; e++) {
             const uint r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
-            const float acc = dot8_fma(vload8(2 * r, xs), vload8(2 * c, xb), d[n][e]);
-            d[n][e] = dot8_fma(vload8(2 * r + 1, xs), vload8(2 * c + 1, xb), acc);
+            float a[16], bv[16];
+            #pragma unroll
+            for (uint k = 0; k < 16; k++) a[k] = xs[16 * r + k], bv[k] = xb[16 * c + k];
+            const float acc = dot_rz(a, bv, 16, add ? 0.0f : d[n][e]); /* one instruction: one rounding */
+            d[n][e] = add ? d[n][e] + acc : acc;
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-#define mma16_row_end(d, count, xs, lane) mma16_row_end_emul((d), (count), (xs), (lane))
+#define mma16_row_end(d, count, xs, lane) mma16_row_end_emul((d), (count), (xs), (lane), 0)
+#define mma16_block_add mma16_block
+#define mma16_row_end_add(d, count, xs, lane) mma16_row_end_emul((d), (count), (xs), (lane), 1)
 #endif
 /* the value column of element e of output block c: 16-column chunks shared by blocks 2w and 2w + 1 */
 #define OCOL(c, e) (16 * ((c) >> 1) + 4 * t + 2 * ((e) & 1) + ((c) & 1))
@@ -758,7 +825,13 @@ void flash_mma(FLASH_ARGS)
         }
 
 #if HMMA
-        /* O (16 x DV per warp) += P V, 16 keys at a time: A = the weights of score blocks 2m and 2m + 1, rounded */
+        /* O (16 x DV per warp) += P V, 16 keys at a time: A = the weights of score blocks 2m and 2m + 1, rounded; the
+         * tile's sums from 0, added to O in fp32 (OT) */
+#if OT
+        float ot[NVB][4];
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.0f;
+#endif
         MMA_LOOP
         for (uint mm = 0; mm < BK / 16; mm++) {
             const uint a[4] = {pack2(s[2 * mm][0], s[2 * mm][1]), pack2(s[2 * mm][2], s[2 * mm][3]),
@@ -769,13 +842,32 @@ void flash_mma(FLASH_ARGS)
                 const uint w0 = vw[0], w1 = vw[VLDW], w2 = vw[8 * VLDW], w3 = vw[9 * VLDW];
                 const uint blo[2] = {(w0 & 0xFFFFu) | w1 << 16, (w2 & 0xFFFFu) | w3 << 16};
                 const uint bhi[2] = {w0 >> 16 | (w1 & 0xFFFF0000u), w2 >> 16 | (w3 & 0xFFFF0000u)};
-                mma16_block(o[2 * w], a, blo, 2 * w, xs, lane);
-                mma16_block(o[2 * w + 1], a, bhi, 2 * w + 1, xs, lane);
-            }
-            mma16_row_end(o, NVB, xs, lane);
-        }
+#if OT
+                mma16_block(ot[2 * w], a, blo, 2 * w, xs, lane);
+                mma16_block(ot[2 * w + 1], a, bhi, 2 * w + 1, xs, lane);
 #else
-        /* O (16 x DV per warp) += P V, key block by key block: A = (c0, c2, c1, c3) of the block */
+                mma16_block_add(o[2 * w], a, blo, 2 * w, xs, lane);
+                mma16_block_add(o[2 * w + 1], a, bhi, 2 * w + 1, xs, lane);
+#endif
+            }
+#if OT
+            mma16_row_end(ot, NVB, xs, lane);
+#else
+            mma16_row_end_add(o, NVB, xs, lane);
+#endif
+        }
+#if OT
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) o[c][0] += ot[c][0], o[c][1] += ot[c][1], o[c][2] += ot[c][2], o[c][3] += ot[c][3];
+#endif
+#else
+        /* O (16 x DV per warp) += P V, key block by key block: A = (c0, c2, c1, c3) of the block; the tile's sums from
+         * 0, added to O in fp32 (OT) */
+#if OT
+        float ot[NVB][4];
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.0f;
+#endif
         MMA_LOOP
         for (uint n = 0; n < NSB; n++) {
             float ah[4], al[4];
@@ -787,10 +879,22 @@ void flash_mma(FLASH_ARGS)
             for (uint c = 0; c < NVB; c++) {
                 float bh[2], bl[2];
                 TILE_BV(bh, bl, vme, vlme, 8 * n * VLD + 8 * c, (8 * n + 1) * VLD + 8 * c);
-                mma_block(o[c], o[c], ah, al, bh, bl, c, xs, lane);
+#if OT
+                mma_block(ot[c], ot[c], ah, al, bh, bl, c, xs, lane);
+#else
+                mma_block_add(o[c], ah, al, bh, bl, c, xs, lane);
+#endif
             }
-            mma_row_end(o, o, NVB, xs, lane);
+#if OT
+            mma_row_end(ot, ot, NVB, xs, lane);
+#else
+            mma_row_end_add(o, NVB, xs, lane);
+#endif
         }
+#if OT
+        #pragma unroll
+        for (uint c = 0; c < NVB; c++) o[c][0] += ot[c][0], o[c][1] += ot[c][1], o[c][2] += ot[c][2], o[c][3] += ot[c][3];
+#endif
 #endif
     }
 
