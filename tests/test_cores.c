@@ -115,7 +115,12 @@ Test(cores, list)
         cr_assert(!lanes.default_for && rows.default_for && (rows.default_for & ~0x0Fu) == 0,
                   "flash_lanes: default for 0x%x, flash_rows for 0x%x", lanes.default_for, rows.default_for);
     else if (is_cpu(cl)) cr_assert_eq(lanes.default_for, 0x0Fu, "a CPU device's fused core is flash_lanes");
-    else cr_assert_eq(info_of(cl, "flash_gemm").default_for, 0x0Fu, "a GPU's fused core is flash_gemm");
+    else { /* a GPU's fused cores: flash_mma up to head size 128 where it runs natively (NVIDIA), flash_gemm the rest */
+        const clattn_core_info mma = info_of(cl, "flash_mma"), gemm = info_of(cl, "flash_gemm");
+        const unsigned want_mma = mma.supported && !mma.emulated ? 0x07u : 0u;
+        cr_assert(mma.default_for == want_mma && gemm.default_for == (0x0Fu & ~want_mma),
+                  "a GPU's fused cores: flash_mma for 0x%x, flash_gemm for 0x%x", mma.default_for, gemm.default_for);
+    }
     clattn_core_info c;
     cr_assert_eq(clattn_core_describe(cl, n, &c), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(clattn_core_describe(cl, 0, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -331,6 +336,12 @@ Test(cores, forced)
     };
     for (size_t i = 0; i < sizeof bad_gemm / sizeof bad_gemm[0]; i++) {
         setenv("CLATTN_CORE", bad_gemm[i].env, 1);
+        if (!is_cpu(cl) && strncmp(bad_gemm[i].env, "gemm_tiles:", 11) == 0) { /* refused first as a CPU-only core */
+            cr_assert_neq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_SUCCESS);
+            cr_assert(strstr(clattn_last_error(), "gemm_tiles") && strstr(clattn_last_error(), "CPU"), "%s: %s",
+                      bad_gemm[i].env, clattn_last_error());
+            continue;
+        }
         cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_INVALID_ARGUMENT,
                      "%s: %s", bad_gemm[i].env, clattn_last_error());
         cr_assert(strstr(clattn_last_error(), bad_gemm[i].needle), "%s: '%s' lacks '%s'", bad_gemm[i].env,

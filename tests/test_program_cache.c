@@ -100,6 +100,19 @@ static void small_check(clattn_plan *p, small *s)
     free(out);
 }
 
+/* The OpenCL device, opened in the test's directory, and the programs its opening built taken out of it: on NVIDIA's
+ * OpenCL the inline-PTX and mma probes (runtime/caps.c) are compiled quietly and kept like any program, so the files
+ * the tests count are the plans' alone. */
+static clattn_device *open_device(void)
+{
+    clattn_device *dev = tu_open_opencl();
+    char paths[16][512];
+    const size_t n = bins(paths, 16);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(remove(paths[i]), 0, "%s", paths[i]);
+    if (n) cr_log_info("%zu programs the device's opening kept, taken out", n);
+    return dev;
+}
+
 /* One plan of the small problem created and run on the OpenCL device, checked against the oracle;
  * returns how many programs were loaded from the cache and how many compiled. */
 static void plan_once(clattn_device *dev, long *loaded, long *built)
@@ -118,7 +131,7 @@ static void plan_once(clattn_device *dev, long *loaded, long *built)
 
 Test(cache, second_plan_loads_its_programs)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     plan_once(dev, &loaded, &built);
     cr_assert(built > 0 && loaded == 0, "cold: %ld built, %ld loaded", built, loaded);
@@ -134,7 +147,7 @@ Test(cache, second_plan_loads_its_programs)
  * sanitizer pass, sees any left). */
 Test(cache, plans_share_programs)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     plan_once(dev, &loaded, &built);
     small s = small_make(12);
@@ -150,7 +163,7 @@ Test(cache, plans_share_programs)
     small_check(p2, &s); /* its programs outlive the first plan */
     clattn_plan_free(p2);
     /* another device on its own context shares nothing with this one */
-    clattn_device *dev2 = tu_open_opencl();
+    clattn_device *dev2 = open_device();
     cr_assert_eq(tu_plan_create(dev2, &s.desc, &s.w, &p1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_test_programs_shared(1), 0, "a program shared across contexts");
     clattn_plan_free(p1);
@@ -259,7 +272,7 @@ static void hurt(const char *path, damage how)
 
 Test(cache, bad_files_fall_back_to_compiling)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     for (int how = 0; how < NDAMAGE; how++) {
         if (how == GARBAGE_BINARY && strstr(clattn_device_name(dev), "[rusticl]")) { /* README, "Drivers with defects" */
@@ -296,7 +309,7 @@ Test(cache, bad_files_fall_back_to_compiling)
 
 Test(cache, off_absent_or_unusable_directory)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     char paths[16][512];
     setenv("CLATTN_PROGRAM_CACHE", "0", 1);
@@ -349,7 +362,7 @@ static void expect_refused(clattn_device *dev, const char *needle, const char *w
 
 Test(cache, trusted_only_when_private)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     plan_once(dev, &loaded, &built); /* the files */
     char paths[16][512];
@@ -406,7 +419,7 @@ Test(cache, trusted_only_when_private)
  * (the old format's checksum): the checksum covers the key, so it is never loaded. */
 Test(cache, moved_entry_with_recomputed_checksum)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     long loaded, built;
     plan_once(dev, &loaded, &built);
     char paths[16][512];
@@ -442,7 +455,7 @@ Test(cache, moved_entry_with_recomputed_checksum)
  * compared, so it is never loaded (the length alone, or the checksum, would not tell). */
 Test(cache, entry_of_another_key_of_the_same_length)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     const char *src[] = {"common/half", "common/dtype", "attention/linear"};
     cl_program prog = NULL;
     cr_assert_eq(clattn_program_build(dev, src, 3, "-cl-std=CL1.2 -DVW=8", &prog), CLATTN_STATUS_SUCCESS);
@@ -469,7 +482,7 @@ Test(cache, entry_of_another_key_of_the_same_length)
  * name, vendor and driver (and clattn's version): change any one alone, and the key (so the file) changes. */
 Test(cache, key_covers_every_input)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     const char *names[2] = {"a.cl", "b.cl"};
     const char *texts[2] = {"kernel void f(global float *x) { x[0] = 1.0f; }", "kernel void g(void) {}"};
     size_t lens[2] = {strlen(texts[0]), strlen(texts[1])};
@@ -562,7 +575,7 @@ static void emit_check_index(const char *edir, const char *core, size_t *n)
 
 Test(emit, host_programs_build_the_same_plan)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     char edir[600];
     emit_dir(edir, sizeof edir, "emit");
     cr_assert_eq(clattn_device_emit(dev, edir, NULL), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -607,7 +620,7 @@ Test(emit, host_programs_build_the_same_plan)
 
 Test(emit, simulated_target_emits_and_runs_nothing)
 {
-    clattn_device *dev = tu_open_opencl();
+    clattn_device *dev = open_device();
     char edir[600];
     emit_dir(edir, sizeof edir, "sm90");
     cr_assert_eq(clattn_device_emit(dev, edir, "sm_99"), CLATTN_STATUS_INVALID_ARGUMENT);
