@@ -13,7 +13,6 @@ import argparse
 import time
 
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import clattn.transformers
@@ -41,7 +40,7 @@ def main():
         cache = None
         if impl == name and args.device_cache:
             cache = clattn.transformers.DeviceCache(cfg, max_cache_len=args.prompt + args.new, device=args.device)
-            opts["cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"] = cache
+            opts[clattn.transformers.cache_argument(model)] = cache
         start = time.perf_counter()
         tokens[impl] = model.generate(prompt, **opts)
         moved = f", {cache.bytes_moved} bytes to and from the device, the prompt's included" if cache else ""

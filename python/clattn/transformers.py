@@ -18,7 +18,10 @@ Refused, with the keyword named (never silently ignored): `s_aux` / `sinks` (att
 biases) goes in as a float mask.
 
     cache = clattn.transformers.DeviceCache(model.config, max_cache_len=2048)
-    model.generate(ids, attention_mask=mask, past_key_values=cache, ...)
+    model.generate(ids, attention_mask=mask, **{clattn.transformers.cache_argument(model): cache}, ...)
+
+(The keyword is `cache` in newer transformers, `past_key_values` in 4.x and in 5.x up to at least 5.17:
+cache_argument reads it from the model's forward.)
 
 DeviceCache keeps every layer's keys and values in a clattn KV cache on the clattn device (clattn_kv_cache): each
 step sends only the new tokens' Q, K and V there and brings back their attention output (cache.bytes_moved counts
@@ -30,6 +33,7 @@ differs. Left padding is not stored: each sequence's cache holds its real tokens
 beam search, cropping and batch reordering are refused.
 """
 import ctypes
+import inspect
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -42,7 +46,7 @@ from .functional import _device as _open_device
 from .functional import _ptr, attend
 from .functional import _DTYPES as _DTYPE_CODES
 
-__all__ = ["register", "attention_forward", "REFUSED_KEYWORDS", "DeviceCache"]
+__all__ = ["register", "attention_forward", "REFUSED_KEYWORDS", "DeviceCache", "cache_argument"]
 
 REFUSED_KEYWORDS = {
     "s_aux": "attention sinks (gpt-oss's s_aux): clattn has no sink logits yet",
@@ -102,6 +106,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     out = attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mask, causal=causal,
                  window=window, scale=scaling, dropout_p=float(dropout or 0.0), device=clattn_device)
     return out, None
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword under which model (its forward, and so generate()) takes a Cache: "cache" where its forward has
+    that parameter (newer transformers), else "past_key_values" (4.x, and 5.x up to at least 5.17)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def register(name: str = "clattn", device: Optional[str] = None) -> str:
@@ -317,6 +327,16 @@ if _LayerMixin is not None:
             self.max_cache_len, self.device, self.bytes_moved = max_cache_len, device, 0
             self._plans: Dict[tuple, Any] = {}
             super().__init__(layers=[_DeviceLayer(self, i) for i in range(n)])
+
+        @property
+        def max_cache_len(self) -> int:  # type: ignore[override]
+            """Real tokens per sequence (prompt and generated), as given. Ours: in transformers 5.x before 5.18 the
+            Cache base class has a read-only max_cache_len of its own (deprecated there) that no assignment passes."""
+            return self._max_len
+
+        @max_cache_len.setter
+        def max_cache_len(self, n: int) -> None:
+            self._max_len = n
 
         def _plan(self, H, HK, dk, dv, window, scaling, n, dtype=0, kv_type=0):
             """The decode plan for these heads (one per shape, window, scale, type and cache type, shared by the

@@ -179,8 +179,8 @@ def test_sliding_window_and_position_bias():
 
 def generate(model, ids, mask, cache=None, new=16):
     opts = dict(max_new_tokens=new, do_sample=False, pad_token_id=0)
-    if cache is not None:  # transformers 5 names it cache= (past_key_values= deprecated), 4.x past_key_values=
-        opts["cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"] = cache
+    if cache is not None:  # cache= in newer transformers, past_key_values= before (4.x, 5.x up to at least 5.17)
+        opts[CT.cache_argument(model)] = cache
     return model.generate(input_ids=ids, attention_mask=mask, **opts)
 
 
@@ -244,7 +244,7 @@ def test_device_cache_half_models(dt):
     model.set_attn_implementation(NAME)
     ids, mask = batch("left", seed=14)
     cache = CT.DeviceCache(model.config, max_cache_len=32, device=DEVICE)
-    kw = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+    kw = CT.cache_argument(model)
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask, use_cache=True, **{kw: cache}).logits
         want = model(input_ids=ids, attention_mask=mask, use_cache=True)
