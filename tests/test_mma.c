@@ -155,6 +155,21 @@ Test(fp32, q_block_in_local_memory)
     clattn_device_free(dev);
 }
 
+/* One query of zeros (every score 0, every weight 1) against the keys and values kv (cross-attention, no projections:
+ * K = V = kv, one head of d->embed) at precision prec on dev: out (d->embed values) poisoned, then the output. */
+static void zero_query(clattn_device *dev, clattn_attention_desc d, clattn_precision prec, const float *kv, float *out)
+{
+    float zero[64] = {0};
+    cr_assert(d.embed <= 64);
+    d.precision = prec;
+    for (size_t i = 0; i < d.embed; i++) out[i] = NAN;
+    clattn_attention_args a = {.x = zero, .kv = kv, .out = out};
+    clattn_plan *plan = NULL;
+    cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_plan_free(plan);
+}
+
 /* cvt.rna.tf32.f32 written from its definition: x to 10 mantissa bits, to nearest, ties away from zero
  * (C's round()), in double; flash_mma keeps the truncation where that would overflow. */
 static float rna_tf32(float x)
@@ -185,19 +200,12 @@ Test(tf32, rounds_to_nearest_away_bit_for_bit)
         if (i < sizeof bits / sizeof bits[0]) memcpy(&v[i], &bits[i], sizeof v[i]);
         else v[i] = tu_uniform(&r, -3.0f, 3.0f);
     }
-    /* no projections, cross-attention: Q = x = 0, K = V = kv = v (one key, one head of D): every score 0 */
-    float zero[D] = {0};
-    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = 1, .embed = D, .kv_embed = D, .heads = 1,
-                               .cross = 1};
+    /* one key: the output is v itself, through the products */
+    const clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = 1, .embed = D, .kv_embed = D, .heads = 1,
+                                     .cross = 1};
     for (int prec = 1; prec >= 0; prec--) {
-        d.precision = (clattn_precision)prec;
         float out[D];
-        for (size_t i = 0; i < D; i++) out[i] = NAN;
-        clattn_attention_args a = {.x = zero, .kv = v, .out = out};
-        clattn_plan *plan = NULL;
-        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        clattn_plan_free(plan);
+        zero_query(dev, d, (clattn_precision)prec, v, out);
         for (size_t i = 0; i < D; i++) {
             const float want = prec ? rna_tf32(v[i]) : v[i];
             uint32_t g, w;
@@ -527,17 +535,11 @@ Test(accumulation, sum_rounded_toward_zero)
                        (float)ldexp(1.5, -24), (float)ldexp(-1.5, -24), (float)ldexp(-1.25, -24), (float)ldexp(1.5, -23),
                        0.0f, 0.0f, 0.0f, 0.0f};
     const float want[4] = {0.5f, -0.5f, (float)((1.0 - ldexp(1.0, -24)) / 2.0), (float)((1.0 + ldexp(1.0, -23)) / 2.0)};
-    float zero[D] = {0};
-    clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = 2, .embed = D, .kv_embed = D, .heads = 1, .cross = 1};
+    const clattn_attention_desc d = {.batch = 1, .seq_q = 1, .seq_kv = 2, .embed = D, .kv_embed = D, .heads = 1,
+                                     .cross = 1};
     for (int prec = 0; prec <= 1; prec++) {
-        d.precision = (clattn_precision)prec;
         float out[D];
-        for (size_t i = 0; i < D; i++) out[i] = NAN;
-        clattn_attention_args a = {.x = zero, .kv = kv, .out = out};
-        clattn_plan *plan = NULL;
-        cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        clattn_plan_free(plan);
+        zero_query(dev, d, (clattn_precision)prec, kv, out);
         for (size_t c = 0; c < 4; c++)
             cr_assert_eq(out[c], want[c], "%s, column %zu: got %a, the tensor core's sum %a", prec ? "TF32" : "fp32", c,
                          (double)out[c], (double)want[c]);

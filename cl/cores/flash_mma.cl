@@ -423,6 +423,18 @@ inline float2 quad_reduce(float a, float b, int op, __local float *xs, uint lane
 #endif
 }
 
+/* a tile's accumulators of P V (OT): zeroed before its products, added to O after them */
+inline void tile_zero(float (*t)[4])
+{
+    #pragma unroll
+    for (uint c = 0; c < NVB; c++) t[c][0] = t[c][1] = t[c][2] = t[c][3] = 0.0f;
+}
+inline void tile_add(float (*o)[4], float (*t)[4])
+{
+    #pragma unroll
+    for (uint c = 0; c < NVB; c++) o[c][0] += t[c][0], o[c][1] += t[c][1], o[c][2] += t[c][2], o[c][3] += t[c][3];
+}
+
 /* ---- HMMA: mma.m16n8k16 on 16-bit values (four A registers, two B, each two values: the lower half the lower k), and
  * the packing of two weights into a register */
 #if HMMA
@@ -829,8 +841,7 @@ void flash_mma(FLASH_ARGS)
          * tile's sums from 0, added to O in fp32 (OT) */
 #if OT
         float ot[NVB][4];
-        #pragma unroll
-        for (uint c = 0; c < NVB; c++) ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.0f;
+        tile_zero(ot);
 #endif
         MMA_LOOP
         for (uint mm = 0; mm < BK / 16; mm++) {
@@ -857,16 +868,14 @@ void flash_mma(FLASH_ARGS)
 #endif
         }
 #if OT
-        #pragma unroll
-        for (uint c = 0; c < NVB; c++) o[c][0] += ot[c][0], o[c][1] += ot[c][1], o[c][2] += ot[c][2], o[c][3] += ot[c][3];
+        tile_add(o, ot);
 #endif
 #else
         /* O (16 x DV per warp) += P V, key block by key block: A = (c0, c2, c1, c3) of the block; the tile's sums from
          * 0, added to O in fp32 (OT) */
 #if OT
         float ot[NVB][4];
-        #pragma unroll
-        for (uint c = 0; c < NVB; c++) ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.0f;
+        tile_zero(ot);
 #endif
         MMA_LOOP
         for (uint n = 0; n < NSB; n++) {
@@ -892,8 +901,7 @@ void flash_mma(FLASH_ARGS)
 #endif
         }
 #if OT
-        #pragma unroll
-        for (uint c = 0; c < NVB; c++) o[c][0] += ot[c][0], o[c][1] += ot[c][1], o[c][2] += ot[c][2], o[c][3] += ot[c][3];
+        tile_add(o, ot);
 #endif
 #endif
     }
