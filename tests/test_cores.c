@@ -298,6 +298,13 @@ Test(cores, forced)
         cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: '%s' lacks '%s'", bad[i].env, clattn_last_error(),
                   bad[i].needle);
     }
+    /* the limit named where it is local memory (here lowered to 4 KiB: flash_tiled's 64-row tiles need more) */
+    const size_t local = cl->caps.local_mem;
+    cl->caps.local_mem = 4096;
+    setenv("CLATTN_CORE", "flash_tiled:BQ=64", 1);
+    cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "bytes of local memory, the device has 4096"), "%s", clattn_last_error());
+    cl->caps.local_mem = local;
     setenv("CLATTN_CORE", "flash_rows:VW=8", 1); /* head size 4: the vector width does not divide it */
     cr_assert_eq(plan_run(cl, 4, CLATTN_ALGORITHM_AUTO, 0, core, sizeof core), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "does not fit"), "%s", clattn_last_error());

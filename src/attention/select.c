@@ -163,9 +163,15 @@ static clattn_status params_for(const clattn_device *dev, const env_request *r, 
         char why[300];
         if (!clattn_core_params_parse(c, r->params, p, why, sizeof why))
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s", r->param_var, why);
-        if (c->fits && !c->fits(c, &dev->caps, d, p))
-            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s: core %s with %s does not fit this plan on this device",
-                               r->param_var, c->name, r->params);
+        if (c->fits && !c->fits(c, &dev->caps, d, p)) { /* the limit named where it is local memory */
+            const size_t need = c->local_bytes ? c->local_bytes(c, &dev->caps, d, p) : 0;
+            char limit[160] = "";
+            if (need + CLATTN_LOCAL_SLACK > dev->caps.local_mem)
+                snprintf(limit, sizeof limit, ": its kernel needs %zu bytes of local memory, the device has %zu", need,
+                         dev->caps.local_mem);
+            return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "%s: core %s with %s does not fit this plan on this device%s",
+                               r->param_var, c->name, r->params, limit);
+        }
         return CLATTN_STATUS_SUCCESS;
     }
     const int cls = clattn_head_class(d->head_dim_qk, d->head_dim_v);
