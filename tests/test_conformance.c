@@ -123,6 +123,9 @@ Test(prefill, half_types)
         {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1, .kv_half = 1,
          .dtype = F16},
         {.B = 1, .Tq = 130, .E = 64, .H = 1, .dk = 64, .dv = 64, .noproj = 1, .causal = 1, .dtype = BF16},
+        /* heads of 136: flash_mma's fp16 products add each product to O on its own above 128 (flash_mma.cl's OT) */
+        {.B = 1, .Tq = 20, .Tk = 37, .E = 272, .H = 2, .HK = 1, .cross = 1, .noproj = 1, .separate_value = 1,
+         .causal = 1, .dtype = F16},
         /* without projections a core with reads_dtypes (flash_rows) reads and writes the types itself: each vector
          * width of its loads and stores (8, 4, 1: by the head sizes) in both types */
         {.B = 1, .Tq = 33, .Tk = 61, .E = 128, .H = 2, .HK = 1, .dv = 64, .cross = 1, .noproj = 1, .separate_value = 1,
