@@ -324,8 +324,10 @@ Test(gemm, lowered_limits)
     /* CLBlast pads its operands to 128 in temporaries (runtime/blas.c): its limit is the index range */
     const size_t lim = 20000; /* CLBlast's index range (its B operand is never split: it must fit whole) */
     /* one call's limit is the index range less the base alignment (room for a sub-buffer's residual offset:
-     * runtime/blas.c's call_limit): 32 floats on PoCL, 128 on NVIDIA's OpenCL; lim per call on every device */
-    if (clblast) dev->caps.blas_max_elems = lim + dev->caps.base_align / sizeof(float);
+     * runtime/blas.c's call_limit): 32 floats on PoCL, 128 on NVIDIA's OpenCL. Set so that it is lim - 32 on every
+     * device, as the cases are sized: the third's transposed A (20000 elements) then goes in row blocks, one row of it
+     * (19901) fitting */
+    if (clblast) dev->caps.blas_max_elems = lim - 32 + dev->caps.base_align / sizeof(float);
     else dev->caps.max_alloc = 6000 * sizeof(float);
     dev->caps.max_launch_items = 7;
     f.inst = gemm_core(dev);
