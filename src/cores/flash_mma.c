@@ -94,7 +94,8 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* HMMA's (a half plan's products in its type), by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13;
- * not measured on a GPU yet): up to d = 128, 4 warps (64 rows), 64-key tiles, Q fragments in registers (d = 128: 128
+ * on an H200 184 TFLOP/s at d64 and 170 at d128, no other parameters tried there: bench/results/h200-2026-11-27.md):
+ * up to d = 128, 4 warps (64 rows), 64-key tiles, Q fragments in registers (d = 128: 128
  * values a lane keeps, against 3xTF32's 200 at 8-key tiles); larger heads 1 warp, 16-key tiles, the Q block in local
  * memory; shrunk (BK to 16, then QREG, then NW) while they do not fit. PS has no part in it (nothing is split). */
 static int hmma_defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d, int cls,
@@ -117,6 +118,7 @@ static int hmma_defaults(const clattn_core *core, const clattn_caps *caps, const
 
 /* Starting points per head-size class, by construction and scripts/gpu-static.sh (sm_90, clang 15 + ptxas 13:
  * indicative; measured on an H200 at d64 and d128: 46 and 35 TFLOP/s, tune kept them, bench/results/h200-2026-11-26.md;
+ * d64 43 since O left the accumulator, bench/results/h200-2026-11-27.md;
  * d256 at 10, slower than the unfused path there). No spills, no stack frame.
  * Ceilings of the whole tile, its staging included (bench/results/gpu-static-sm90.md), in useful TFLOP/s:
  *   <=64:  4 warps (64 rows), 32-key tiles, Q fragments in registers, tiles split once (PS): 3xTF32 at the tensor
