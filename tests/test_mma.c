@@ -10,7 +10,8 @@
  *   fp32::       infinities (in queries, keys and values) pass through 3xTF32 as through fp32; the Q block in
  *                local memory (a tuned configuration no default takes)
  *   auto::       AUTO never picks flash_mma where it would run as an emulation, and the public list says why
- *   accumulation:: 32768 keys per row at fp32 accuracy (the tensor core's accumulator rounds toward zero)
+ *   toward_zero:: the tensor core's sums, rounded toward zero, as the emulation models them (one sum), and 32768 keys
+ *                per row at fp32 accuracy (last in the run: the other suites catch most of flash_mma's mutants sooner)
  * On a device without tensor cores flash_mma runs its emulation (the same kernel with mma, shfl and cvt in
  * OpenCL C); on an NVIDIA GPU of compute capability 8.0 or newer, the instructions. */
 #include "clattn.h"
@@ -290,7 +291,8 @@ Test(auto, never_picks_the_emulation)
             continue;
         }
         if (c.supported && !c.emulated) {
-            cr_log_info("flash_mma runs natively here (%s): the emulation checks do not apply", clattn_device_name(dev));
+            cr_log_info("flash_mma runs natively here (%s): the emulation checks do not apply",
+                        clattn_device_name(dev));
             clattn_device_free(dev);
             return;
         }
@@ -453,7 +455,7 @@ Test(fp32, another_heads_infinities_stay_there)
     clattn_device_free(ref);
 }
 
-/* ---- accumulation:: long rows keep their precision. A tensor core's accumulator rounds toward zero at every
+/* ---- toward_zero:: long rows keep their precision. A tensor core's accumulator rounds toward zero at every
  * instruction (README "Precision"): an O kept in it over S keys drifts by up to S/8 ulps, all one way, where the
  * values share a sign (H200: the whole module at 2.3x the tolerance at 32768 keys). One block of queries against
  * S = 32768 keys (cross-attention, no projections, scores within +-1 so that every key counts), values in
@@ -468,7 +470,8 @@ static void long_row_case(clattn_device *dev, clattn_dtype t, size_t D)
     float *q = tu_random(&r, TQ * D, -1.0f, 1.0f), *k = tu_random(&r, (size_t)S * D, -1.0f, 1.0f);
     float *v = tu_random(&r, (size_t)S * D, 0.5f, 1.5f);
     for (size_t i = 0; i < TQ * D; i++) q[i] = (float)tu_dtype_round(q[i], t);
-    for (size_t i = 0; i < (size_t)S * D; i++) k[i] = (float)tu_dtype_round(k[i], t), v[i] = (float)tu_dtype_round(v[i], t);
+    for (size_t i = 0; i < (size_t)S * D; i++)
+        k[i] = (float)tu_dtype_round(k[i], t), v[i] = (float)tu_dtype_round(v[i], t);
     clattn_attention_desc d = {.batch = 1, .seq_q = TQ, .seq_kv = S, .embed = D, .heads = 1, .kv_heads = 1,
                                .head_dim_v = D, .cross = 1, .separate_value = 1, .dtype = t};
     void *xq = tu_typed(q, TQ * D, t), *xk = tu_typed(k, (size_t)S * D, t), *xv = tu_typed(v, (size_t)S * D, t);
@@ -510,8 +513,9 @@ static void long_row_case(clattn_device *dev, clattn_dtype t, size_t D)
      * 8e-6 over these 320 outputs; with O in the accumulator, emulated: -4.6e-5 or more; u/20 = 2.4e-5). BF16's
      * output rounding (u = 2^-8) leaves a mean of about 1.3e-4 either way: held only to u/16. */
     const double most = t == CLATTN_DTYPE_F32 ? 1e-6 : t == CLATTN_DTYPE_F16 ? u / 20.0 : u / 16.0;
-    cr_assert(fabs(bias) <= most, "%s: the outputs' mean relative error is %.3g (at most %.3g): a sum that drifts one way",
-              names[t], bias, most);
+    cr_assert(fabs(bias) <= most,
+              "%s: the outputs' mean relative error is %.3g (at most %.3g): a sum that drifts one way", names[t], bias,
+              most);
     free(w), free(got), free(q), free(k), free(v), free(xq), free(xk), free(xv), free(out);
     clattn_plan_free(plan);
 }
@@ -526,7 +530,7 @@ static void long_row_case(clattn_device *dev, clattn_dtype t, size_t D)
  *                    from the exact sum it would be 1 - 2^-23)
  *   1 + 1.5·2^-23    fp32 1 + 2^-22 (a tie, to even), the tensor core 1 + 2^-23
  * The H200 gave the first three (2026-11-27). */
-Test(accumulation, sum_rounded_toward_zero)
+Test(toward_zero, one_sum)
 {
     force_mma();
     clattn_device *dev = tu_open_opencl();
@@ -547,7 +551,7 @@ Test(accumulation, sum_rounded_toward_zero)
     clattn_device_free(dev);
 }
 
-Test(accumulation, long_rows)
+Test(toward_zero, long_rows)
 {
     force_mma();
     clattn_device *dev = tu_open_opencl();

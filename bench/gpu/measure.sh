@@ -98,7 +98,7 @@ for s in "$@"; do
            for b in "$old/test_fused" build/test_fused; do [ -x "$b" ] || continue
              echo "-- $b" | tee -a "$log"; CLATTN_TEST_DEVICE=$dev cl timeout 90 "$b" --filter 'long/t32768_causal_fused' --verbose 2>&1 |
                grep -E 'worst|Synthesis|got' | tee -a "$log"; done
-           CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_mma --filter 'accumulation/*' --verbose 2>&1 | grep -E 'worst|PASS|FAIL|got|Assert' | tee -a "$log"
+           CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_mma --filter 'toward_zero/*' --verbose 2>&1 | grep -E 'worst|PASS|FAIL|got|Assert' | tee -a "$log"
            for round in 1 2; do for b in "$old/clattn-bench" build/clattn-bench; do [ -x "$b" ] || continue
              for c in "--batch 2 --seq 4096 --heads 16" "--batch 2 --seq 4096 --heads 16 --dtype f16" "--batch 4 --seq 2048 --heads 8 --dtype f16"; do
                cl timeout 40 "$b" --device "$dev" --iters 10 --warmup 2 --json --dim 1024 --core flash_mma --no-proj $c 2>>"$log" |

@@ -33,7 +33,8 @@
  * kernel with mma, shfl and cvt emulated in OpenCL C. The emulation keeps the PTX fragment layout: each lane
  * writes its A and B fragments to its warp's part of local memory where the layout puts them (a row of
  * products that share A at a time), a barrier, each lane computes its four D elements of each product (the
- * products exact, as a TF32 product is in fp32, their sum rounded toward zero as the tensor core's: dot_rz), a barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
+ * products exact, as a TF32 product is in fp32, their sum rounded toward zero as the tensor core's: dot_rz), a
+ * barrier; the quad reductions go through local memory the same way; TF32 rounding is the same
  * bit operation as cvt.rna. So tiling, fragment bookkeeping, the softmax on fragments, the 3xTF32 split,
  * masks and dropout run the suite on any device; only the instructions differ on NVIDIA.
  *
@@ -320,7 +321,7 @@ inline void mma_block(float *d, float *dc, const float *ah, const float *al, con
 /* c + sum_k a_k b_k (n products) as a tensor core's fp32 accumulator takes them: the products exact (TF32 or 16-bit
  * operands: their products fit fp32's 24 bits), each addend (c too) aligned to the largest with one bit below its
  * ulp, truncated toward zero, summed, and the sum normalised toward zero. Measured on an H200 (test_mma
- * accumulation::sum_rounded_toward_zero): 1 + 1.5*2^-24 gives 1, 1 - 1.25*2^-24 gives 1 - 2^-24 and 1 + 1.5*2^-23
+ * toward_zero::one_sum): 1 + 1.5*2^-24 gives 1, 1 - 1.25*2^-24 gives 1 - 2^-24 and 1 + 1.5*2^-23
  * gives 1 + 2^-23; as Fasi, Higham, Mikaitis and Pranesh found on earlier tensor cores ("Numerical behavior of NVIDIA
  * tensor cores", PeerJ CS 2021). A long sum kept in the accumulator so loses up to an ulp per instruction, always
  * toward zero (on the H200 an output accumulated over 32768 keys came out at 3.9x the fp32 tolerance; README
