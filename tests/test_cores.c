@@ -104,7 +104,8 @@ Test(cores, list)
     cr_assert_eq(unfused.algorithm, CLATTN_ALGORITHM_UNFUSED);
     cr_assert_eq(dec.kind, CLATTN_CORE_DECODE);
     cr_assert_str_eq(rows.params, "ROWS BK VW");
-    cr_assert_str_eq(unfused.test_configs, "SOFTMAX=rows SOFTMAX=item");
+    cr_assert_str_eq(unfused.params, "SOFTMAX HEADS");
+    cr_assert_str_eq(unfused.test_configs, "SOFTMAX=rows,HEADS=elements SOFTMAX=item,HEADS=rows");
     cr_assert(unfused.default_for & 0x10u, "above 256 only the unfused core takes a plan");
     const clattn_core_info lanes = info_of(cl, "flash_lanes");
     cr_assert_str_eq(lanes.params, "VW BK KG");
@@ -415,8 +416,8 @@ Test(cores, forced)
         setenv("CLATTN_SOFTMAX", softmax[i], 1);
         cr_assert_eq(plan_run(cl, 8, CLATTN_ALGORITHM_UNFUSED, 0, core, sizeof core), CLATTN_STATUS_SUCCESS, "%s",
                      clattn_last_error());
-        char want[32];
-        snprintf(want, sizeof want, "SOFTMAX=%s", softmax[i]);
+        char want[48]; /* HEADS by the device's class: a work-item per row on CPUs, per element elsewhere */
+        snprintf(want, sizeof want, "SOFTMAX=%s,HEADS=%s", softmax[i], is_cpu(cl) ? "rows" : "elements");
         cr_assert_str_eq(core, "unfused");
         cr_assert_str_eq(last_params, want, "CLATTN_SOFTMAX=%s: %s", softmax[i], last_params);
     }

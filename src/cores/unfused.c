@@ -9,7 +9,9 @@
  *   head merge   merge_heads: (B, H, Tq, dv) -> (B, Tq, H*dv)
  * With one head, inputs that already are head-major (no projection) skip the split, and the context goes
  * straight to the merged rows.
- * Parameter SOFTMAX: rows (a work-group per row, for GPUs) or item (a work-item per row, for CPUs). */
+ * Parameters: SOFTMAX, rows (a work-group per row, for GPUs) or item (a work-item per row, for CPUs); HEADS, the
+ * splits and the merge with a work-item per element (elements, for GPUs: neighbours read neighbours) or per row of
+ * the head (rows, for CPUs: float8 copies, the index arithmetic once per row). */
 #include "core.h"
 
 #include <stdio.h>
@@ -18,14 +20,17 @@
 
 typedef clattn_view view;
 
-enum { SOFTMAX };
+enum { SOFTMAX, HEADS };
 enum { SOFTMAX_ROWS = 0, SOFTMAX_ITEM = 1 };
-static const size_t softmax_v[] = {SOFTMAX_ROWS, SOFTMAX_ITEM};
-static const char *const softmax_labels[] = {"rows", "item"};
+enum { HEADS_ELEMENTS = 0, HEADS_ROWS = 1 };
+static const size_t softmax_v[] = {SOFTMAX_ROWS, SOFTMAX_ITEM}, heads_v[] = {HEADS_ELEMENTS, HEADS_ROWS};
+static const char *const softmax_labels[] = {"rows", "item"}, *const heads_labels[] = {"elements", "rows"};
 static const clattn_core_param params[] = {
     [SOFTMAX] = {"SOFTMAX", softmax_v, 2, softmax_v, 2, softmax_labels},
+    [HEADS] = {"HEADS", heads_v, 2, heads_v, 2, heads_labels},
 };
-static const char *const test_configs[] = {"SOFTMAX=rows", "SOFTMAX=item", NULL};
+/* a GPU's kernels, and a CPU's (the defaults there) */
+static const char *const test_configs[] = {"SOFTMAX=rows,HEADS=elements", "SOFTMAX=item,HEADS=rows", NULL};
 
 typedef struct unfused_state {
     const clattn_device *dev;
@@ -34,6 +39,7 @@ typedef struct unfused_state {
     clattn_core_layout lay;
     cl_program heads_prog, softmax_prog;
     cl_kernel k_split, k_merge, k_softmax;
+    int heads_rows;      /* HEADS=rows: k_split and k_merge take a work-item per row of a head */
     size_t softmax_wg;   /* 0: k_softmax is softmax_rows_item, one work-item per row */
     int direct;          /* Q, K, V are read where they are: (B, T, d) is (B, 1, T, d) already */
     int context_merged;  /* one head: the context GEMM writes the merged rows */
@@ -101,22 +107,36 @@ static size_t softmax_trips(const clattn_attention_desc *d, size_t tk, size_t wg
     return (tk + wg - 1) / wg * (2 + drop) + halvings + 64;
 }
 
+/* The splits' and the merge's: a row's head elements with HEADS=rows (float8 pieces, then at most 7 one by one). */
+static size_t heads_trips(const clattn_attention_desc *d, size_t heads)
+{
+    const size_t dmax = d->head_dim_qk > d->head_dim_v ? d->head_dim_qk : d->head_dim_v;
+    return heads == HEADS_ROWS ? dmax / 8 + 7 : 1;
+}
+
 static size_t trips(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     const clattn_core_params *p)
 {
     (void)core;
     const size_t tk = d->seq_kv ? d->seq_kv : d->seq_q;
-    return softmax_trips(d, tk, p->v[SOFTMAX] == SOFTMAX_ITEM ? 0 : softmax_wg(caps, tk));
+    const size_t sm = softmax_trips(d, tk, p->v[SOFTMAX] == SOFTMAX_ITEM ? 0 : softmax_wg(caps, tk));
+    const size_t hd = heads_trips(d, p->v[HEADS]);
+    return sm > hd ? sm : hd;
 }
 
 /* A work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a work-group per row
  * elsewhere, and where one work-item's passes over a row would run past the driver's loop limit (long rows on Mesa's
  * llvmpipe). */
+/* HEADS: a work-item per row of a head on CPU devices (PoCL, B4 T512 E512 H8: the three splits XX ms with a
+ * work-item per element, YY per row, bench/results/pocl-2core-heads.md), per element elsewhere (coalesced). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
-    p->v[SOFTMAX] = caps->dclass == CLATTN_CLASS_CPU ? SOFTMAX_ITEM : SOFTMAX_ROWS;
+    const int cpu = caps->dclass == CLATTN_CLASS_CPU;
+    p->v[SOFTMAX] = cpu ? SOFTMAX_ITEM : SOFTMAX_ROWS;
+    p->v[HEADS] = cpu ? HEADS_ROWS : HEADS_ELEMENTS;
     if (d && trips(core, caps, d, p) > clattn_loop_budget(caps)) p->v[SOFTMAX] = SOFTMAX_ROWS;
+    if (d && trips(core, caps, d, p) > clattn_loop_budget(caps)) p->v[HEADS] = HEADS_ELEMENTS;
     return 1;
 }
 
@@ -157,8 +177,9 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
     const clattn_attention_desc *d = &s->d;
     const char *heads_src[] = {"common/half", "cores/unfused_heads"};
     TRY(clattn_program_build(s->dev, heads_src, 2, "-cl-std=CL1.2", &s->heads_prog));
-    TRY(clattn_kernel_create(s->heads_prog, "split_heads", &s->k_split));
-    TRY(clattn_kernel_create(s->heads_prog, "merge_heads", &s->k_merge));
+    s->heads_rows = p->v[HEADS] == HEADS_ROWS;
+    TRY(clattn_kernel_create(s->heads_prog, s->heads_rows ? "split_heads_rows" : "split_heads", &s->k_split));
+    TRY(clattn_kernel_create(s->heads_prog, s->heads_rows ? "merge_heads_rows" : "merge_heads", &s->k_merge));
     size_t wg = softmax_wg(NULL, d->seq_kv);
     char opts[256];
     clattn_core_attention_defines(d, CLATTN_DEFINES_MASKS | CLATTN_DEFINES_TRAIN, opts, sizeof opts);
@@ -175,7 +196,10 @@ static clattn_status build_kernels(unfused_state *s, const clattn_core_params *p
     char what[96];
     snprintf(what, sizeof what, "unfused's softmax (SOFTMAX=%s, Tk = %zu, %zu work-items per row)",
              s->softmax_wg ? "rows" : "item", d->seq_kv, s->softmax_wg ? s->softmax_wg : (size_t)1);
-    return clattn_loop_check(&s->dev->caps, softmax_trips(d, d->seq_kv, s->softmax_wg), what);
+    TRY(clattn_loop_check(&s->dev->caps, softmax_trips(d, d->seq_kv, s->softmax_wg), what));
+    snprintf(what, sizeof what, "unfused's head split and merge (HEADS=rows, heads of %zu and %zu)", d->head_dim_qk,
+             d->head_dim_v);
+    return clattn_loop_check(&s->dev->caps, heads_trips(d, p->v[HEADS]), what);
 }
 
 static clattn_status build(const clattn_core *core, const clattn_device *dev, const clattn_attention_desc *d,
@@ -210,7 +234,7 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
 static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem bias, cl_mem dst, size_t T,
                            size_t D, size_t G, int round_half)
 {
-    const size_t total = s->d.batch * s->d.heads * T * D;
+    const size_t total = s->d.batch * s->d.heads * T * (s->heads_rows ? 1 : D);
     clattn_args a;
     clattn_args_begin(&a, s->k_split, "split_heads");
     clattn_arg_view(&a, src);
@@ -232,7 +256,7 @@ static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem b
 static clattn_status merge(const unfused_state *s, view src, view dst)
 {
     const clattn_attention_desc *d = &s->d;
-    const size_t total = d->batch * d->heads * d->seq_q * d->head_dim_v;
+    const size_t total = d->batch * d->heads * d->seq_q * (s->heads_rows ? 1 : d->head_dim_v);
     clattn_args a;
     clattn_args_begin(&a, s->k_merge, "merge_heads");
     clattn_arg_view(&a, src);
@@ -355,7 +379,7 @@ const clattn_core clattn_core_unfused = {
     .saves_row_stats = 1,
     .adds_biases = 1,
     .params = params,
-    .nparams = 1,
+    .nparams = 2,
     .test_configs = test_configs,
     .supports = supports,
     .defaults = defaults,
