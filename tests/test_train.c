@@ -919,7 +919,8 @@ Test(train, backward_loop_limit)
     cl_dev->caps.loop_limit = 20000;
     const size_t budget = clattn_loop_budget(&cl_dev->caps);
     problem p;
-    problem_make(&p, &(config){.B = 100, .Tq = 200, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 8, .causal = 1, .biases = 1},
+    /* Eo 24: the output bias's gradient sums a CPU's 16-column vector and 8 more columns one at a time */
+    problem_make(&p, &(config){.B = 100, .Tq = 200, .E = 8, .H = 2, .dk = 4, .dv = 4, .Eo = 24, .causal = 1, .biases = 1},
                  996);
     clattn_test_trips_reach(1);
     check_backward_opencl(&p, 996);

@@ -161,37 +161,80 @@ __kernel void fill_rows(__global float *dst, ulong dst_off, __global const float
 }
 
 /* The projections' gradients (training plans, src/attention/shell_backward.c):
- * grad_colsum: dst[c] = sum of src's rows (rows, cols; row stride ld) in column c, one work-item per column
- * (a bias's gradient, the sum of its output's gradient over the rows); with add, dst[c] + that sum (the host
- * cuts the rows into blocks where the device ends long loops: clattn_linear_colsum). */
+ * grad_colsum: dst[c] = sum of src's rows (rows, cols; row stride ld) in column c, CW neighbouring columns per
+ * work-item (a bias's gradient, the sum of its output's gradient over the rows); with add, dst[c] + that sum (the
+ * host cuts the rows into blocks where the device ends long loops: clattn_linear_colsum). CW 1 on GPUs (neighbours
+ * read neighbours), 16 on CPUs (a row's 16 columns are one cache line, summed as one vector). */
+#ifndef CW
+#define CW 1
+#endif
+#if CW == 16
+typedef float16 cw_t;
+#define CW_LOAD(p) vload16(0, (p))
+#define CW_STORE(x, p) vstore16((x), 0, (p))
+#elif CW == 1
+typedef float cw_t;
+#define CW_LOAD(p) (*(p))
+#define CW_STORE(x, p) (*(p) = (x))
+#else
+#error "grad_colsum: CW is 1 or 16"
+#endif
+/* Kahan: thousands of rows */
+#define COLSUM_ADD(s, e, x) \
+    do { \
+        const cw_t y_ = (x) - (e), t_ = (s) + y_; \
+        (e) = (t_ - (s)) - y_; \
+        (s) = t_; \
+    } while (0)
 __kernel void grad_colsum(__global const float *src, ulong src_off, uint ld, ulong rows, uint cols,
                           __global float *dst, ulong dst_off, uint add)
 {
-    const uint c = get_global_id(0);
-    if (c >= cols) return;
-    __global const float *p = src + src_off + c;
-    float s = 0.0f, e = 0.0f; /* compensated: thousands of rows */
-    for (ulong r = 0; r < rows; r++) {
-        const float y = p[r * ld] - e, t = s + y;
-        e = (t - s) - y;
-        s = t;
+    const uint c0 = get_global_id(0) * CW;
+    if (c0 >= cols) return;
+    __global const float *p = src + src_off + c0;
+    __global float *o = dst + dst_off + c0;
+    if (c0 + CW <= cols) {
+        cw_t s = (cw_t)(0.0f), e = (cw_t)(0.0f);
+        for (ulong r = 0; r < rows; r++) COLSUM_ADD(s, e, CW_LOAD(p + r * ld));
+        CW_STORE(add ? CW_LOAD(o) + s : s, o);
+        return;
     }
-    dst[dst_off + c] = add ? dst[dst_off + c] + s : s;
+    for (uint c = 0; c < cols - c0; c++) { /* the last columns, one at a time */
+        float s = 0.0f, e = 0.0f;
+        for (ulong r = 0; r < rows; r++) {
+            const float y = p[r * ld + c] - e, t = s + y;
+            e = (t - s) - y;
+            s = t;
+        }
+        o[c] = add ? o[c] + s : s;
+    }
 }
 
 /* dst (rows, width; row stride dst_ld) = the sum of `blocks` column blocks of src (rows; row stride src_ld),
  * block b at column b*width: the gradient of an input read as several of the core's operands without
- * projections (self-attention: x is Q, K and V). One work-item per element of dst. */
+ * projections (self-attention: x is Q, K and V). One work-item per CW neighbouring elements of a row of dst
+ * (grad_colsum's CW: one vector on CPUs; a row's last ones one at a time); total = rows * ceil(width / CW). */
 __kernel void grad_sum_blocks(__global const float *src, ulong src_off, uint src_ld, uint blocks, uint width,
                               __global float *dst, ulong dst_off, uint dst_ld, ulong total)
 {
     const ulong g = get_global_id(0);
     if (g >= total) return;
-    const ulong r = g / width;
-    const uint c = (uint)(g % width);
-    float s = 0.0f;
-    for (uint b = 0; b < blocks; b++) s += src[src_off + r * src_ld + (ulong)b * width + c];
-    dst[dst_off + r * dst_ld + c] = s;
+    const uint chunks = (width + CW - 1) / CW;
+    const ulong r = g / chunks;
+    const uint c0 = (uint)(g % chunks) * CW;
+    __global const float *p = src + src_off + r * src_ld + c0;
+    __global float *o = dst + dst_off + r * dst_ld + c0;
+    if (c0 + CW <= width) {
+        cw_t s = (cw_t)(0.0f);
+        for (uint b = 0; b < blocks; b++) s += CW_LOAD(p + (ulong)b * width);
+        CW_STORE(s, o);
+        return;
+    }
+    for (uint c = 0; c < width - c0; c++) {
+        float s = 0.0f;
+        for (uint b = 0; b < blocks; b++) s += p[(ulong)b * width + c];
+        o[c] = s;
+    }
 }
 
 /* Element types at a plan's boundary (desc.dtype F16 or BF16; clattn_linear_convert): the plan's inputs widened to

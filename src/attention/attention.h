@@ -146,6 +146,7 @@ typedef struct clattn_linear {
     cl_kernel colsum, sum_blocks; /* grad_colsum, grad_sum_blocks: the projections' gradients */
     cl_kernel widen, narrow; /* dtype_widen, dtype_narrow: half-precision plans' inputs and outputs */
     int gemv;              /* small is linear_gemv (a work-group per block of columns: GPUs) */
+    size_t colsum_cw;      /* grad_colsum's and grad_sum_blocks' columns per work-item (their -DCW) */
     clattn_core_instance gemm_core; /* the plan's GEMM core (select.c chose it) */
     clattn_gemm gemm;      /* the same, as the cores layer sees it (the unfused core's GEMMs) */
 } clattn_linear;

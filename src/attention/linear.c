@@ -14,6 +14,9 @@
 #define GEMV_WG 64
 #define GEMV_LK 32
 #define GEMV_COLS 4
+/* grad_colsum's columns per work-item on CPUs: a cache line of each row (PoCL, B4 T1024 E512 H8's four bias
+ * gradients: XX ms with one column per work-item, YY with 16, bench/results/pocl-2core-backward-kernels.md) */
+#define COLSUM_CW_CPU 16
 
 clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attention_desc *d, clattn_linear *l)
 {
@@ -22,9 +25,10 @@ clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attenti
     TRY(clattn_core_create(dev, CLATTN_CORE_GEMM, d, NULL, 0, &l->gemm_core));
     l->gemm = (clattn_gemm){l->gemm_core.core, l->gemm_core.state};
     const char *src[] = {"common/half", "common/dtype", "attention/linear"};
-    char opts[160];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d", GEMV_WG, GEMV_LK,
-             GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS);
+    char opts[192];
+    l->colsum_cw = dev->caps.dclass == CLATTN_CLASS_CPU ? COLSUM_CW_CPU : 1;
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d -DCW=%zu", GEMV_WG,
+             GEMV_LK, GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS, l->colsum_cw);
     TRY(clattn_program_build(dev, src, 3, opts, &l->prog));
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
     TRY(clattn_kernel_create(l->prog, "grad_colsum", &l->colsum));
@@ -196,7 +200,9 @@ clattn_status clattn_linear_colsum(const clattn_linear *l, clattn_view src, size
         clattn_arg_u32(&a, r0 > 0);
         TRY(clattn_args_end(&a));
         clattn_note_trips(n);
-        TRY(clattn_enqueue_1d(l->dev, l->colsum, cols, "enqueue grad_colsum"));
+        const size_t items = (cols + l->colsum_cw - 1) / l->colsum_cw;
+        TRY(l->colsum_cw > 1 ? clattn_enqueue_items(l->dev, l->colsum, items, "enqueue grad_colsum")
+                             : clattn_enqueue_1d(l->dev, l->colsum, items, "enqueue grad_colsum"));
         r0 += n;
     } while (r0 < rows);
     return CLATTN_STATUS_SUCCESS;
@@ -213,9 +219,10 @@ clattn_status clattn_linear_sum_blocks(const clattn_linear *l, clattn_view src, 
     clattn_arg_u32(&a, (cl_uint)width);
     clattn_arg_view(&a, dst);
     clattn_arg_u32(&a, (cl_uint)dst_ld);
-    clattn_arg_u64(&a, rows * width);
+    const size_t items = rows * ((width + l->colsum_cw - 1) / l->colsum_cw);
+    clattn_arg_u64(&a, items);
     TRY(clattn_args_end(&a));
-    return clattn_enqueue_1d(l->dev, l->sum_blocks, rows * width, "enqueue grad_sum_blocks");
+    return clattn_enqueue_1d(l->dev, l->sum_blocks, items, "enqueue grad_sum_blocks");
 }
 
 void clattn_linear_gemm_describe(const clattn_linear *l, const char **name, char *params, size_t len)
