@@ -2,11 +2,11 @@
  * produce, (B, T, H*D) rows of width `ld`, and the head-major layout the
  * batched GEMMs use, (B, H, T, D). Offsets count elements; 64-bit indices. */
 
-/* dst (B, H, T, D) = src[b, t, col0 + (h/G)*D + d] (+ bias[(h/G)*D + d]), rounded to half when round_half is 1,
- * to bfloat16 when it is 2 (kv_half: the KV cache's type; half.cl). G > 1: grouped-query keys/values, source head h/G repeated for G heads.
+/* dst (B, H, T, D) = src[b, t, col0 + (h/G)*D + d], rounded to half when round_half is 1,
+ * to bfloat16 when it is 2 (kv_half: the KV cache's type; half.cl). G > 1: grouped-query keys/values, source head
+ * h/G repeated for G heads.
  * One work-item per dst element. */
 __kernel void split_heads(__global const float *src, ulong src_off, uint src_ld, uint col0,
-                          __global const float *bias, uint has_bias,
                           __global float *dst, ulong dst_off,
                           uint T, uint H, uint D, uint G, uint round_half, ulong total)
 {
@@ -17,8 +17,7 @@ __kernel void split_heads(__global const float *src, ulong src_off, uint src_ld,
     uint t = (uint)(n % T); n /= T;
     uint hs = (uint)(n % H) / G;
     ulong b = n / H;
-    float v = src[src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)hs * D + d];
-    if (has_bias) v += bias[hs * D + d];
+    const float v = src[src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)hs * D + d];
     dst[dst_off + g] = round_half == 2 ? clattn_round_bf16(v) : round_half ? clattn_round_half(v) : v;
 }
 
@@ -26,7 +25,6 @@ __kernel void split_heads(__global const float *src, ulong src_off, uint src_ld,
  * (rounded ones one by one). For CPUs, where a work-item per element spends its time on the index divisions
  * (unfused.c's HEADS). rows = B*H*T. */
 __kernel void split_heads_rows(__global const float *src, ulong src_off, uint src_ld, uint col0,
-                               __global const float *bias, uint has_bias,
                                __global float *dst, ulong dst_off,
                                uint T, uint H, uint D, uint G, uint round_half, ulong rows)
 {
@@ -39,17 +37,8 @@ __kernel void split_heads_rows(__global const float *src, ulong src_off, uint sr
     __global const float *s = src + src_off + (b * T + t) * (ulong)src_ld + col0 + (ulong)hs * D;
     __global float *o = dst + dst_off + g * D;
     uint d = 0;
-    if (!round_half)
-        for (; d + 8 <= D; d += 8) {
-            float8 v = vload8(0, s + d);
-            if (has_bias) v += vload8(0, bias + (ulong)hs * D + d);
-            vstore8(v, 0, o + d);
-        }
-    for (; d < D; d++) {
-        float v = s[d];
-        if (has_bias) v += bias[(ulong)hs * D + d];
-        o[d] = round_half == 2 ? clattn_round_bf16(v) : round_half ? clattn_round_half(v) : v;
-    }
+    for (; !round_half && d + 8 <= D; d += 8) vstore8(vload8(0, s + d), 0, o + d);
+    for (; d < D; d++) o[d] = round_half == 2 ? clattn_round_bf16(s[d]) : round_half ? clattn_round_half(s[d]) : s[d];
 }
 
 /* dst[b, t, h*D + d] (rows of width H*D) = src (B, H, T, D). One work-item per dst element. */

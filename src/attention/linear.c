@@ -27,8 +27,8 @@ clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attenti
     const char *src[] = {"common/half", "common/dtype", "attention/linear"};
     char opts[192];
     l->colsum_cw = dev->caps.dclass == CLATTN_CLASS_CPU ? COLSUM_CW_CPU : 1;
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d -DCW=%zu", GEMV_WG,
-             GEMV_LK, GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS, l->colsum_cw);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DVW=8 -DGV_WG=%d -DGV_LK=%d -DGV_COLS=%d -DGV_MAXR=%d -DCW=%zu",
+             GEMV_WG, GEMV_LK, GEMV_COLS, CLATTN_LINEAR_SMALL_ROWS, l->colsum_cw);
     TRY(clattn_program_build(dev, src, 3, opts, &l->prog));
     TRY(clattn_kernel_create(l->prog, "fill_rows", &l->fill));
     TRY(clattn_kernel_create(l->prog, "grad_colsum", &l->colsum));

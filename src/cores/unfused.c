@@ -1,17 +1,20 @@
 /* unfused.c: the unfused prefill core, the one that can return the attention weights. Through a score
  * matrix, in chunks that fit the device's max allocation:
- *   head split   split_heads (cl/cores/unfused_heads.cl): (B, T, H*d) rows -> (B, H, T, d), + bias
- *   scores       a strided-batched GEMM over B*H on the plan's GEMM core: S = scale * Q K^T
+ *   scores       strided-batched GEMMs on the plan's GEMM core, S = scale * Q K^T, reading Q and K where the
+ *                projections (or the caller) left them: token-major rows, head h at column h*d, one batch per
+ *                batch entry b (and per residue of the head mod G under grouped-query attention)
  *   softmax      softmax_rows (a work-group per row) or softmax_rows_item (a work-item per row):
  *                masks, softmax, dropout, in place (cl/cores/unfused_softmax.cl); a training plan's rows'
  *                log-sum-exp too
- *   context      a strided-batched GEMM: C = W V
- *   head merge   merge_heads: (B, H, Tq, dv) -> (B, Tq, H*dv)
- * With one head, inputs that already are head-major (no projection) skip the split, and the context goes
- * straight to the merged rows.
- * Parameters: SOFTMAX, rows (a work-group per row, for GPUs) or item (a work-item per row, for CPUs); HEADS, the
- * splits and the merge with a work-item per element (elements, for GPUs: neighbours read neighbours) or per row of
- * the head (rows, for CPUs: float8 copies, the index arithmetic once per row). */
+ *   context      the same batches: C = W V, written straight into the merged rows (B, Tq, H*dv)
+ * The projections add the biases (adds_biases 0). A plan whose K and V are rounded to a half cache's type
+ * (kv_half), or whose K and V rows a CLBlast call could not address in place (in_place_fits), copies them
+ * instead: head split (split_heads, cl/cores/unfused_heads.cl: (B, T, H*d) rows -> (B, H, T, d), rounded,
+ * key/value heads repeated for their G query heads), one batch over B*H, head merge (merge_heads:
+ * (B, H, Tq, dv) -> (B, Tq, H*dv)).
+ * Parameters: SOFTMAX, rows (a work-group per row, for GPUs) or item (a work-item per row, for CPUs); HEADS, a
+ * kv_half plan's splits and merge with a work-item per element (elements, for GPUs: neighbours read neighbours) or
+ * per row of the head (rows, for CPUs: float8 copies, the index arithmetic once per row). */
 #include "core.h"
 
 #include <stdio.h>
@@ -41,13 +44,12 @@ typedef struct unfused_state {
     cl_kernel k_split, k_merge, k_softmax;
     int heads_rows;      /* HEADS=rows: k_split and k_merge take a work-item per row of a head */
     size_t softmax_wg;   /* 0: k_softmax is softmax_rows_item, one work-item per row */
-    int direct;          /* Q, K, V are read where they are: (B, T, d) is (B, 1, T, d) already */
-    int context_merged;  /* one head: the context GEMM writes the merged rows */
+    int split;           /* kv_half: Q, K, V copied head-major (K and V rounded), the context merged after */
     size_t chunk;        /* (b, h) pairs whose scores fit the score buffer at once */
     size_t rows_blk;     /* query rows per block: Tq, or fewer when one pair does not fit (chunk 1) */
-    cl_mem q, k, v;      /* head-major (B, H, T, d) */
+    cl_mem q, k, v;      /* split: head-major (B, H, T, d) */
     cl_mem s;            /* scores (chunk * rows_blk, Tk) */
-    cl_mem ctx;          /* (B, H, Tq, dv) */
+    cl_mem ctx;          /* split: (B, H, Tq, dv) */
 } unfused_state;
 
 /* The score matrices of all B*H (batch, head) pairs in one buffer when it fits the device's max
@@ -66,10 +68,13 @@ static void blocking(const clattn_caps *caps, const clattn_attention_desc *d, si
     }
 }
 
-static int direct_layout(const clattn_attention_desc *d, const clattn_core_layout *lay)
+/* Can the GEMM core read K and V where they are? A CLBlast call takes B (Tk rows of the row stride) whole, within its
+ * 32-bit indices (runtime/blas.c); past that the split's compact copies are what it can address. */
+static int in_place_fits(const clattn_caps *caps, const clattn_attention_desc *d, const clattn_core_layout *lay)
 {
-    return d->heads == 1 && !d->kv_half && lay->q_ld == d->head_dim_qk && lay->k_ld == d->head_dim_qk &&
-           lay->v_ld == d->head_dim_v && !lay->bias_q && !lay->bias_k && !lay->bias_v;
+    if (lay->gemm && !lay->gemm->core->uses_clblast) return 1; /* gemm_tiles: 64-bit indices */
+    const size_t lim = clattn_blas_call_limit(caps), ld = lay->k_ld > lay->v_ld ? lay->k_ld : lay->v_ld;
+    return d->seq_kv <= lim / ld;
 }
 
 static clattn_status supports(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
@@ -143,12 +148,13 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
 static size_t workspace(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                         const clattn_core_layout *lay)
 {
-    (void)core, (void)lay;
+    (void)core;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads;
     size_t chunk, rows_blk;
     blocking(caps, d, &chunk, &rows_blk);
-    return chunk * rows_blk * Tk + B * H * Tq * d->head_dim_qk + B * H * Tk * (d->head_dim_qk + d->head_dim_v) +
-           B * H * Tq * d->head_dim_v;
+    const int split = d->kv_half || !in_place_fits(caps, d, lay);
+    const size_t copies = split ? B * H * (Tq + Tk) * (d->head_dim_qk + d->head_dim_v) : 0;
+    return chunk * rows_blk * Tk + copies;
 }
 
 static void release(void *state)
@@ -210,14 +216,12 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     unfused_state *s = clattn_calloc(1, sizeof *s);
     if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the %s state", core->name);
     s->dev = dev, s->d = *d, s->lay = *lay, s->gemm = lay->gemm;
-    s->direct = direct_layout(d, lay);
-    s->context_merged = H == 1 && !d->kv_half;
+    s->split = d->kv_half || !in_place_fits(&dev->caps, d, lay);
     blocking(&dev->caps, d, &s->chunk, &s->rows_blk);
     clattn_status st = build_kernels(s, p);
-    if (!st && !s->direct && !(st = clattn_buffer_new(dev, B * H * Tq * dk, sizeof(float), NULL, "Q", &s->q)) &&
-        !(st = clattn_buffer_new(dev, B * H * Tk * dk, sizeof(float), NULL, "K", &s->k)))
-        st = clattn_buffer_new(dev, B * H * Tk * dv, sizeof(float), NULL, "V", &s->v);
-    if (!st && !s->context_merged)
+    if (!st && s->split && !(st = clattn_buffer_new(dev, B * H * Tq * dk, sizeof(float), NULL, "Q", &s->q)) &&
+        !(st = clattn_buffer_new(dev, B * H * Tk * dk, sizeof(float), NULL, "K", &s->k)) &&
+        !(st = clattn_buffer_new(dev, B * H * Tk * dv, sizeof(float), NULL, "V", &s->v)))
         st = clattn_buffer_new(dev, B * H * Tq * dv, sizeof(float), NULL, "the context", &s->ctx);
     if (!st)
         st = clattn_buffer_new(dev, s->chunk * s->rows_blk * Tk, sizeof(float), NULL, "the attention scores", &s->s);
@@ -229,10 +233,10 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* dst (B, H, T, D) from token-major src rows of width ld, head h at column h*D, plus bias; G > 1 repeats
- * key/value head h/G for G query heads. */
-static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem bias, cl_mem dst, size_t T,
-                           size_t D, size_t G, int round_half)
+/* dst (B, H, T, D) from token-major src rows of width ld, head h at column h*D; G > 1 repeats key/value head h/G
+ * for G query heads. */
+static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem dst, size_t T, size_t D, size_t G,
+                           int round_half)
 {
     const size_t total = s->d.batch * s->d.heads * T * (s->heads_rows ? 1 : D);
     clattn_args a;
@@ -240,8 +244,6 @@ static clattn_status split(const unfused_state *s, view src, size_t ld, cl_mem b
     clattn_arg_view(&a, src);
     clattn_arg_u32(&a, (cl_uint)ld);
     clattn_arg_u32(&a, 0);
-    clattn_arg_mem(&a, bias);
-    clattn_arg_u32(&a, bias != NULL);
     clattn_arg_view(&a, (view){dst, 0});
     clattn_arg_u32(&a, (cl_uint)T);
     clattn_arg_u32(&a, (cl_uint)s->d.heads);
@@ -320,26 +322,64 @@ static clattn_status gemm_batched(const unfused_state *s, int trans_b, size_t m,
     return clattn_gemm_run(s->gemm, &g);
 }
 
-/* The head split, then per chunk of (b, h) pairs whose scores fit the score buffer (all of them,
- * usually), or per block of query rows of one pair: scores, softmax in place, context (one head: straight
- * into the merged rows); then the head merge. With a caller's attn buffer the blocks are computed in place
- * there. */
+enum { SCORES, CONTEXT };
+
+/* One product (SCORES: S = scale Q K^T; CONTEXT: out = S V) of the pairs g0 .. g0+n-1 (pair b*H + h), query rows
+ * i0 .. i0+r-1 of each, S holding their scores pair after pair (r rows of Tk each). Split: Q, K, V and the context
+ * head-major, one batch. Else Q, K, V and the output where they are, token-major rows with head h at column h*d:
+ * a batch per batch entry b and per residue of h mod G (heads h, h+G, ... of b read key/value heads h/G, h/G+1, ...
+ * and write every G-th block of S). */
+static clattn_status product(const unfused_state *s, const clattn_core_io *io, int which, view S, size_t g0, size_t n,
+                             size_t i0, size_t r)
+{
+    const clattn_attention_desc *d = &s->d;
+    const size_t Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t sz = r * Tk, row0 = g0 * Tq + i0; /* S's floats per pair; the first pair's first row */
+    if (s->split) {
+        if (which == SCORES)
+            return gemm_batched(s, 1, r, Tk, dk, d->scale, (view){s->q, row0 * dk}, dk, Tq * dk,
+                                (view){s->k, g0 * Tk * dk}, dk, Tk * dk, S, Tk, sz, n, "scores GEMM");
+        return gemm_batched(s, 0, r, dv, Tk, 1.0f, S, Tk, sz, (view){s->v, g0 * Tk * dv}, dv, Tk * dv,
+                            (view){s->ctx, row0 * dv}, dv, Tq * dv, n, "context GEMM");
+    }
+    const size_t G = H / d->kv_heads, ql = s->lay.q_ld, kl = s->lay.k_ld, vl = s->lay.v_ld, ol = s->lay.out_ld;
+    for (size_t p = g0; p < g0 + n;) {
+        const size_t b = p / H, h_lo = p % H, h_hi = H - h_lo < g0 + n - p ? H : h_lo + (g0 + n - p);
+        for (size_t h = h_lo; h < h_lo + G && h < h_hi; h++) { /* heads h, h+G, ... below h_hi */
+            const size_t count = (h_hi - h + G - 1) / G;
+            const view Sh = {S.mem, S.off + (b * H + h - g0) * sz};
+            if (which == SCORES)
+                TRY(gemm_batched(s, 1, r, Tk, dk, d->scale,
+                                 (view){io->q.mem, io->q.off + (b * Tq + i0) * ql + h * dk}, ql, G * dk,
+                                 (view){io->k.mem, io->k.off + b * Tk * kl + h / G * dk}, kl, dk, Sh, Tk, G * sz, count,
+                                 "scores GEMM"));
+            else
+                TRY(gemm_batched(s, 0, r, dv, Tk, 1.0f, Sh, Tk, G * sz,
+                                 (view){io->v.mem, io->v.off + b * Tk * vl + h / G * dv}, vl, dv,
+                                 (view){io->out.mem, io->out.off + (b * Tq + i0) * ol + h * dv}, ol, G * dv, count,
+                                 "context GEMM"));
+        }
+        p += h_hi - h_lo;
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually), or per block of query rows of
+ * one pair: scores, softmax in place, context. With a caller's attn buffer the blocks are computed in place there.
+ * A kv_half plan splits the heads first and merges them last. */
 static clattn_status run(void *state, const clattn_core_io *io)
 {
     const unfused_state *s = state;
     const clattn_attention_desc *d = &s->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    view Q = io->q, K = io->k, V = io->v;
-    if (!s->direct) {
+    if (s->split) {
         const size_t G = H / d->kv_heads; /* K and V expanded to H heads: the batched GEMMs see plain MHA */
-        TRY(split(s, io->q, s->lay.q_ld, io->b_q, s->q, Tq, dk, 1, 0));
-        TRY(split(s, io->k, s->lay.k_ld, io->b_k, s->k, Tk, dk, G, d->kv_half));
-        TRY(split(s, io->v, s->lay.v_ld, io->b_v, s->v, Tk, dv, G, d->kv_half));
+        TRY(split(s, io->q, s->lay.q_ld, s->q, Tq, dk, 1, 0));
+        TRY(split(s, io->k, s->lay.k_ld, s->k, Tk, dk, G, d->kv_half));
+        TRY(split(s, io->v, s->lay.v_ld, s->v, Tk, dv, G, d->kv_half));
         TRY(clattn_core_mark(io, CLATTN_STAGE_HEAD_SPLIT));
-        Q = (view){s->q, 0}, K = (view){s->k, 0}, V = (view){s->v, 0};
     }
-    view C = s->context_merged ? io->out : (view){s->ctx, 0};
     const size_t BH = B * H, chunk = s->chunk, rb = s->rows_blk;
     int first = 1;
     for (size_t g0 = 0; g0 < BH; g0 += chunk) {
@@ -347,10 +387,7 @@ static clattn_status run(void *state, const clattn_core_io *io)
         for (size_t i0 = 0; i0 < Tq; i0 += rb) { /* one block when rb = Tq (then n pairs are contiguous) */
             const size_t r = Tq - i0 < rb ? Tq - i0 : rb, row0 = g0 * Tq + i0;
             view S = io->attn.mem ? (view){io->attn.mem, io->attn.off + row0 * Tk} : (view){s->s, 0};
-            view Qg = {Q.mem, Q.off + row0 * dk}, Kg = {K.mem, K.off + g0 * Tk * dk};
-            view Vg = {V.mem, V.off + g0 * Tk * dv}, Cg = {C.mem, C.off + row0 * dv};
-            TRY(gemm_batched(s, 1, r, Tk, dk, d->scale, Qg, dk, Tq * dk, Kg, dk, Tk * dk, S, Tk,
-                             r * Tk, n, "scores GEMM"));
+            TRY(product(s, io, SCORES, S, g0, n, i0, r));
             if (first) TRY(clattn_core_mark(io, CLATTN_STAGE_SCORES));
             TRY(softmax(s, S, row0, n * r, io));
             if (first) TRY(clattn_core_mark(io, CLATTN_STAGE_SOFTMAX));
@@ -359,13 +396,12 @@ static clattn_status run(void *state, const clattn_core_io *io)
                 CL_CHECK(clEnqueueReadBuffer(s->dev->queue, S.mem, CL_FALSE, S.off * sizeof(float),
                                              n * r * Tk * sizeof(float), io->attn_host + row0 * Tk, 0, NULL, NULL),
                          "reading the attention weights");
-            TRY(gemm_batched(s, 0, r, dv, Tk, 1.0f, S, Tk, r * Tk, Vg, dv, Tk * dv, Cg, dv,
-                             Tq * dv, n, "context GEMM"));
+            TRY(product(s, io, CONTEXT, S, g0, n, i0, r));
         }
     }
     TRY(clattn_core_mark(io, CLATTN_STAGE_CONTEXT));
-    if (!s->context_merged) {
-        TRY(merge(s, C, io->out));
+    if (s->split) {
+        TRY(merge(s, (view){s->ctx, 0}, io->out));
         TRY(clattn_core_mark(io, CLATTN_STAGE_HEAD_MERGE));
     }
     return CLATTN_STATUS_SUCCESS;
@@ -377,7 +413,6 @@ const clattn_core clattn_core_unfused = {
     .algorithm = CLATTN_ALGORITHM_UNFUSED,
     .produces_weights = 1,
     .saves_row_stats = 1,
-    .adds_biases = 1,
     .params = params,
     .nparams = 2,
     .test_configs = test_configs,

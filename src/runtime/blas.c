@@ -41,10 +41,10 @@ static clattn_status blas_status(CLBlastStatusCode s, const char *what)
 }
 
 /* The largest element count one call may give any one operand, or any padded temporary. */
-static size_t call_limit(const clattn_device *dev)
+size_t clattn_blas_call_limit(const clattn_caps *caps)
 {
-    size_t lim = dev->caps.blas_max_elems, align = dev->caps.base_align / sizeof(float);
-    size_t alloc = dev->caps.max_alloc / sizeof(float);
+    size_t lim = caps->blas_max_elems, align = caps->base_align / sizeof(float);
+    size_t alloc = caps->max_alloc / sizeof(float);
     if (alloc < lim) lim = alloc;
     return lim > align ? lim - align : 1; /* room for a sub-buffer's residual offset */
 }
@@ -188,7 +188,7 @@ static clattn_status gemm_rows(const clattn_device *dev, CLBlastTranspose ta, CL
                                size_t k, float alpha, operand a, size_t lda, operand b, size_t ldb, float beta,
                                operand c, size_t ldc, const char *what)
 {
-    const size_t lim = call_limit(dev);
+    const size_t lim = clattn_blas_call_limit(&dev->caps);
     if (entry_need(ta, tb, 1, n, k, lda, ldb, ldc) > lim)
         return clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE,
                            "%s: m=%zu n=%zu k=%zu is too large for one CLBlast call even one row at a time "
@@ -234,7 +234,7 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
     TRY(check_sibling(dev, a, a_off + (count - 1) * a_stride + extent_a(ta, m, k, lda), what, "A"));
     TRY(check_sibling(dev, b, b_off + (count - 1) * b_stride + extent_b(tb, n, k, ldb), what, "B"));
     TRY(check_sibling(dev, c, c_off + (count - 1) * c_stride + extent(m, n, ldc), what, "C"));
-    const size_t lim = call_limit(dev);
+    const size_t lim = clattn_blas_call_limit(&dev->caps);
     const size_t one = entry_need(ta, tb, m, n, k, lda, ldb, ldc);
     if (one > lim) { /* entry by entry, each in row blocks */
         for (size_t g = 0; g < count; g++)

@@ -207,6 +207,9 @@ clattn_status clattn_blas_sgemm_strided_batched(const clattn_device *dev, CLBlas
                                                 size_t lda, size_t a_stride, cl_mem b, size_t b_off, size_t ldb,
                                                 size_t b_stride, float beta, cl_mem c, size_t c_off, size_t ldc,
                                                 size_t c_stride, size_t count, const char *what);
+/* The most elements one operand (its extent past its offset) or padded temporary of one CLBlast call may span: an
+ * operand that cannot be cut into row blocks (B) must fit it. */
+size_t clattn_blas_call_limit(const clattn_caps *caps);
 /* The lock every CLBlast call holds (blas.c). */
 void clattn_blas_lock(void);
 void clattn_blas_unlock(void);
