@@ -968,13 +968,8 @@ Test(train, backward_core_named)
     /* else AUTO's backward core for head size 4 on this device (the registry's order: flash_backward on CPUs,
      * flash_backward_gemm on NVIDIA's GPUs) */
     clattn_core_info auto_core = {0};
-    for (size_t i = 0; i < clattn_core_count() && !forced; i++) {
-        clattn_core_info ci;
-        cr_assert_eq(clattn_core_describe(cl_dev, i, &ci), CLATTN_STATUS_SUCCESS);
-        if (ci.kind == CLATTN_CORE_BACKWARD && ci.default_for & 1u << clattn_head_class(4, 4) && !auto_core.name[0])
-            auto_core = ci;
-    }
-    cr_assert(forced || auto_core.name[0], "no backward core is AUTO's for head size 4");
+    cr_assert(forced || tu_auto_core(cl_dev, CLATTN_CORE_BACKWARD, clattn_head_class(4, 4), &auto_core),
+              "no backward core is AUTO's for head size 4");
     if (!forced && cl_dev->caps.dclass == CLATTN_CLASS_CPU) cr_assert_str_eq(auto_core.name, "flash_backward");
     cr_assert_str_eq(clattn_plan_backward_core(plan), forced ? forced->name : auto_core.name);
     /* its parameters, each of the core's by name */

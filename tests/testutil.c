@@ -90,6 +90,15 @@ clattn_device *tu_open_opencl(void)
     return dev;
 }
 
+int tu_auto_core(clattn_device *dev, clattn_core_kind kind, unsigned cls, clattn_core_info *info)
+{
+    for (size_t i = 0; i < clattn_core_count(); i++) {
+        cr_assert_eq(clattn_core_describe(dev, i, info), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (info->kind == kind && (info->default_for & 1u << cls)) return 1;
+    }
+    return 0;
+}
+
 int tu_refused_by_device(const clattn_device *dev, clattn_status st, const char *what)
 {
     if (st != CLATTN_STATUS_TOO_LARGE_FOR_DEVICE && st != CLATTN_STATUS_UNSUPPORTED) return 0;

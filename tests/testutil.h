@@ -69,6 +69,9 @@ void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *
  * test device does not run a forced core. tu_forced_core: the forced attention (prefill) core. */
 const clattn_core_info *tu_forced_core_of(clattn_core_kind kind);
 const clattn_core_info *tu_forced_core(void);
+/* AUTO's core of `kind` for head-size class `cls` on dev (the first core in the registry's order whose
+ * clattn_core_describe default_for claims the class), into *info; 0 when none does. */
+int tu_auto_core(clattn_device *dev, clattn_core_kind kind, unsigned cls, clattn_core_info *info);
 /* Would an OpenCL plan of this algorithm (with need_weights) run the forced prefill core? 1 when none is forced
  * (a GEMM or decode core forced alone serves every plan).
  * Helpers that go over both algorithms return early for the cases another entry runs. */
