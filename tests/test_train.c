@@ -152,8 +152,9 @@ Test(train, lse_and_context_gqa_window_dropout)
         {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 16, .causal = 1, .biases = 1},
         {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .window = 5, .causal = 1, .biases = 1},
         /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
-         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
-        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 19, .causal = 1, .biases = 1},
+         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal (W = 23:
+         * 3 mod 4 and 7 mod 8, so with 4 partners per step (GPUs) and with 8 (CPUs)) */
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 23, .causal = 1, .biases = 1},
         {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f},
         {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW},
     };
@@ -556,8 +557,9 @@ Test(train, backward_gqa_window_dropout)
         {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 16, .causal = 1, .biases = 1},
         {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .window = 5, .causal = 1, .biases = 1},
         /* a window longer than a work-item's 16 rows: some steps of partner rows cross its edge, others not; the
-         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal */
-        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 19, .causal = 1, .biases = 1},
+         * dQ pass's steps of keys start off the rows' alignment (at i0 - W + 1), one ending on the diagonal (W = 23:
+         * 3 mod 4 and 7 mod 8, so with 4 partners per step (GPUs) and with 8 (CPUs)) */
+        {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .Eo = 16, .window = 23, .causal = 1, .biases = 1},
         {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f},
         {.B = 2, .Tq = 9, .Tk = 11, .E = 12, .Ekv = 7, .H = 3, .dk = 4, .dv = 4, .Eo = 5, .cross = 1, .biases = 1, .dropout = 0.5f},
         {.B = 2, .Tq = 6, .Tk = 8, .E = 10, .Ekv = 6, .H = 2, .dk = 3, .dv = 5, .Eo = 7, .cross = 1, .causal = 1, .biases = 1, .kpm = 1, .layout = CLATTN_LAYOUT_RAW},

@@ -94,7 +94,7 @@ class Attention(_Shaped, _PlanCached):
 
     @property
     def backward_core_used(self) -> Optional[str]:
-        """The backward core of the last backward() with its parameters ("flash_backward:ROWS=16,PART=4", "ref"
+        """The backward core of the last backward() with its parameters ("flash_backward:ROWS=16,PART=8", "ref"
         on ref; None before any)."""
         return self._last_backward
 
