@@ -14,8 +14,9 @@
 #define GEMV_WG 64
 #define GEMV_LK 32
 #define GEMV_COLS 4
-/* grad_colsum's columns per work-item on CPUs: a cache line of each row (PoCL, B4 T1024 E512 H8's four bias
- * gradients: XX ms with one column per work-item, YY with 16, bench/results/pocl-2core-backward-kernels.md) */
+/* grad_colsum's and grad_sum_blocks' columns per work-item on CPUs: a cache line of each row (PoCL, B4 T1024 E512
+ * H8, each kernel timed alone: a bias gradient 3.2 ms with one column per work-item, 0.5 with 16; the sum of Q, K
+ * and V's gradient blocks 5-6.6 ms with one element per work-item, 1.4 with 16; bench/results/pocl-2core-reshape.md) */
 #define COLSUM_CW_CPU 16
 
 clattn_status clattn_linear_build(const clattn_device *dev, const clattn_attention_desc *d, clattn_linear *l)

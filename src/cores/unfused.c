@@ -44,7 +44,8 @@ typedef struct unfused_state {
     cl_kernel k_split, k_merge, k_softmax;
     int heads_rows;      /* HEADS=rows: k_split and k_merge take a work-item per row of a head */
     size_t softmax_wg;   /* 0: k_softmax is softmax_rows_item, one work-item per row */
-    int split;           /* kv_half: Q, K, V copied head-major (K and V rounded), the context merged after */
+    int split;           /* kv_half, or K and V past CLBlast's reach: Q, K, V copied head-major (a kv_half plan's K
+                            and V rounded), the context merged after */
     size_t chunk;        /* (b, h) pairs whose scores fit the score buffer at once */
     size_t rows_blk;     /* query rows per block: Tq, or fewer when one pair does not fit (chunk 1) */
     cl_mem q, k, v;      /* split: head-major (B, H, T, d) */
@@ -129,11 +130,11 @@ static size_t trips(const clattn_core *core, const clattn_caps *caps, const clat
     return sm > hd ? sm : hd;
 }
 
-/* A work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a work-group per row
- * elsewhere, and where one work-item's passes over a row would run past the driver's loop limit (long rows on Mesa's
- * llvmpipe). */
-/* HEADS: a work-item per row of a head on CPU devices (PoCL, B4 T512 E512 H8: the three splits XX ms with a
- * work-item per element, YY per row, bench/results/pocl-2core-heads.md), per element elsewhere (coalesced). */
+/* SOFTMAX: a work-item per row on CPU devices (measured on PoCL: bench/experiments/softmax_variants.c), a work-group
+ * per row elsewhere, and where one work-item's passes over a row would run past the driver's loop limit (long rows on
+ * Mesa's llvmpipe). HEADS: a work-item per row of a head on CPU devices (PoCL, B4 T512 E512 H8, when every plan still
+ * split its heads: the three splits 9.5 ms with a work-item per element, 1.6 per row, the merge 2.35 and 0.2;
+ * bench/results/pocl-2core-reshape.md), per element elsewhere (neighbouring work-items read neighbours). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
@@ -366,7 +367,8 @@ static clattn_status product(const unfused_state *s, const clattn_core_io *io, i
 
 /* Per chunk of (b, h) pairs whose scores fit the score buffer (all of them, usually), or per block of query rows of
  * one pair: scores, softmax in place, context. With a caller's attn buffer the blocks are computed in place there.
- * A kv_half plan splits the heads first and merges them last. */
+ * A plan that copies the heads (split: kv_half, or K and V past CLBlast's reach) splits them first and merges them
+ * last. */
 static clattn_status run(void *state, const clattn_core_io *io)
 {
     const unfused_state *s = state;
