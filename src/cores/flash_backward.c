@@ -38,21 +38,24 @@ typedef struct bwd_state {
     cl_mem dd; /* D, (B, H, Tq) */
 } bwd_state;
 
-/* Defaults. CPUs: 16 rows, one float16 (an AVX-512 register) per head column, 4 partner rows per step. PoCL,
+/* Defaults. CPUs: 16 rows, one float16 (an AVX-512 register) per head column, 8 partner rows per step (4 on
+ * llvmpipe, below). PoCL,
  * 2 vCPU Zen 4, B=4 T=1024 E=512 H=8, the core's backward (bench/results/pocl-2core-backward.md): one partner
  * per step and one FMA chain per dot, ROWS=16 394 ms, 8 640 ms, 4 1197 ms; ROWS=16 with PART=1 (two chains)
  * 339 ms, 2 210 ms, 4 170 ms, 8 170 ms; ROWS=8 PART=4 223 ms, ROWS=4 PART=4 428 ms. Since flash_lanes (a faster
  * machine of the same kind, bench/results/pocl-2core-reshape.md, three rounds alternating): ROWS=16 with PART=8
  * against 4, core backward at T1024, 88 ms against 97 (d64), 83 against 88 (d128), 97-103 against 105-110
  * (d32), 80 against 91 (d256), 49 against 52 (d64 causal); at T2048 338-344 against 370-380 (d64), 319-325
- * against 342-350 (d128). So 8 partners on CPUs.
+ * against 342-350 (d128). So 8 partners on CPUs, but for Mesa's llvmpipe (the CPU driver with a loop limit): its
+ * compiler had not finished the 8-partner kernels after 13 minutes, holding 7 GB (CI's self-test, 2026-11-27), and
+ * takes seconds over 4.
  * GPUs (no GPU has run it yet): 8 rows and 4 partners, the largest that spill no registers in sm_90's PTX
  * (ptx-check, head sizes 64 to 256: 210 and 231 registers; ROWS=16 PART=4 spills, 255). */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
     p->v[ROWS] = caps->dclass == CLATTN_CLASS_CPU ? 16 : 8;
-    p->v[PART] = caps->dclass == CLATTN_CLASS_CPU ? 8 : 4;
+    p->v[PART] = caps->dclass == CLATTN_CLASS_CPU && !caps->loop_limit ? 8 : 4;
     clattn_core_fit_trips(core, caps, d, p, ROWS); /* fewer rows where the driver ends loops early */
     return 1;
 }
