@@ -211,24 +211,24 @@ static int run_cli(const char *const *args, const char *env_device, char **err)
     argv[n++] = CLATTN_CLI_PATH;
     for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
     argv[n] = NULL;
+    tu_child_env env = tu_env_with("CLATTN_DEVICE", env_device);
     fflush(NULL);
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
+    if (pid == 0) { /* async-signal-safe calls only, up to the exec (tu_env_with) */
         int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         int fo = open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fe < 0 || fo < 0 || dup2(fe, 2) < 0 || dup2(fo, 1) < 0) _exit(126);
         close(fe), close(fo);
-        if (env_device) setenv("CLATTN_DEVICE", env_device, 1);
-        else unsetenv("CLATTN_DEVICE");
         if (fsize_limit) { /* a full disk, as far as the process can tell: writes past it fail with EFBIG */
             struct rlimit rl = {fsize_limit, fsize_limit};
             signal(SIGXFSZ, SIG_IGN);
             if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(125);
         }
-        execv(CLATTN_CLI_PATH, (char *const *)argv);
+        execve(CLATTN_CLI_PATH, (char *const *)argv, env.vars);
         _exit(127);
     }
+    tu_env_free(&env);
     int status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     size_t len;
@@ -1289,15 +1289,19 @@ Test(cli, help_lists_every_option)
 Test(cli, demo_plot_makes_its_directory, .timeout = 120)
 {
     const char *dir = path_in(root, "plots/new");
+    /* no Python: the drawing fails, after the directory and the weights are there */
+    tu_child_env env = tu_env_with("CLATTN_PYTHON", "/nonexistent/python");
+    const char *argv[] = {CLATTN_CLI_PATH, "demo", "--device", "ref", "--plot", dir, NULL};
+    fflush(NULL);
     pid_t pid = fork();
     cr_assert(pid >= 0);
-    if (pid == 0) {  /* no Python: the drawing fails, after the directory and the weights are there */
-        setenv("CLATTN_PYTHON", "/nonexistent/python", 1);
+    if (pid == 0) {
         int fd = open("/dev/null", O_WRONLY);
         dup2(fd, 1), dup2(fd, 2);
-        execl(CLATTN_CLI_PATH, CLATTN_CLI_PATH, "demo", "--device", "ref", "--plot", dir, (char *)NULL);
+        execve(CLATTN_CLI_PATH, (char *const *)argv, env.vars);
         _exit(127);
     }
+    tu_env_free(&env);
     int status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "exit %d", WEXITSTATUS(status));

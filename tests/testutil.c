@@ -744,3 +744,33 @@ void tu_problem_free(tu_problem *p)
     free(p->kpm);
     free(p->bmask);
 }
+
+extern char **environ;
+
+tu_child_env tu_env_with(const char *name, const char *value)
+{
+    size_t n = 0;
+    while (environ[n]) n++;
+    tu_child_env e = {calloc(n + 2, sizeof(char *)), NULL};
+    cr_assert(e.vars, "out of memory");
+    const size_t len = strlen(name);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(strncmp(environ[i], name, len) == 0 && environ[i][len] == '=') && strncmp(environ[i], "BXFI_", 5) != 0)
+            e.vars[k++] = environ[i];
+    if (value) {
+        e.set = malloc(len + strlen(value) + 2);
+        cr_assert(e.set, "out of memory");
+        sprintf(e.set, "%s=%s", name, value);
+        e.vars[k++] = e.set;
+    }
+    e.vars[k] = NULL;
+    return e;
+}
+
+void tu_env_free(tu_child_env *e)
+{
+    free(e->set);
+    free(e->vars);
+    e->set = NULL, e->vars = NULL;
+}

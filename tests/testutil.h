@@ -152,4 +152,14 @@ void tu_case_free(tu_case *c);
 /* Names of all golden cases (sorted); returns the count. names[i] are static storage. */
 size_t tu_case_names(char names[][128], size_t cap);
 
+/* A child process's environment for execve: this process's with NAME=value (value NULL: NAME removed) and
+ * without Criterion's BXFI_ variables (a Criterion binary started with them takes itself for a worker), made
+ * before a fork. Between fork and exec the child of a Criterion test must not allocate (setenv does): the test
+ * process has other threads (Criterion's messaging, 3 of them), and one that held an allocator's lock when fork
+ * copied the process leaves it locked in the child for ever. CI's sanitizer stage hung that way in setenv, about
+ * once in 400 forks (ASan's stack depot lock), until test_cli made the environment first. */
+typedef struct tu_child_env { char **vars; char *set; } tu_child_env; /* set: the one string made */
+tu_child_env tu_env_with(const char *name, const char *value);
+void tu_env_free(tu_child_env *e);
+
 #endif
