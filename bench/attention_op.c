@@ -20,7 +20,6 @@ int clattn_op_check(const clattn_op *op, char *msg, size_t len)
     else if (op->encoder && op->dropout != 0.0f) why = "the encoder layer runs in eval mode: no dropout";
     else if (op->dtype != CLATTN_DTYPE_F32 && op->dtype != CLATTN_DTYPE_F16 && op->dtype != CLATTN_DTYPE_BF16)
         why = "unknown dtype";
-    else if (op->encoder && op->dtype != CLATTN_DTYPE_F32) why = "the encoder layer is fp32 (dtype f32)";
     else if (op->encoder && op->no_proj) why = "the encoder layer has its projections (no_proj is attention's)";
     else if (op->encoder && op->activation != CLATTN_ACTIVATION_RELU && op->activation != CLATTN_ACTIVATION_GELU)
         why = "unknown activation";
@@ -175,8 +174,8 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
     data->x_count = x_n;
     data->out_count = x_n;
     data->storage_ = m;
-    if (op->dtype != CLATTN_DTYPE_F32) { /* x and the attention's weights in the type, the floats rounded to it */
-        const size_t n = op->no_proj ? x_n : x_n + 4 * E * E + 4 * E;
+    if (op->dtype != CLATTN_DTYPE_F32) { /* x and every weight in the type, the floats rounded to it */
+        const size_t n = op->no_proj ? x_n : total;
         uint16_t *h = malloc(n * sizeof *h);
         if (!h || clattn_dtype_convert(m, CLATTN_DTYPE_F32, h, op->dtype, n) ||
             clattn_dtype_convert(h, op->dtype, m, CLATTN_DTYPE_F32, n)) {
@@ -191,8 +190,22 @@ int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, cha
                               &w->b_query, &w->b_key, &w->b_value, &w->b_out};
         for (int i = 0; i < 8; i++)
             if (*ws[i]) *ws[i] = h + ((const float *)*ws[i] - m);
+        if (op->encoder) {
+            clattn_encoder_weights *ew = &data->encoder_weights;
+            const void **es[8] = {&ew->w_ff1, &ew->b_ff1, &ew->w_ff2, &ew->b_ff2,
+                                  &ew->ln1_weight, &ew->ln1_bias, &ew->ln2_weight, &ew->ln2_bias};
+            for (int i = 0; i < 8; i++) *es[i] = h + ((const float *)*es[i] - m);
+            data->encoder_desc.attn = *d;
+            ew->attn = *w;
+        }
     }
     return 0;
+}
+
+const float *clattn_op_data_floats(const clattn_op_data *data, const void *array)
+{
+    if (!data->typed_ || !array) return array;
+    return data->storage_ + ((const uint16_t *)array - (const uint16_t *)data->typed_);
 }
 
 void clattn_op_data_free(clattn_op_data *data)

@@ -97,5 +97,8 @@ typedef struct clattn_op_data {
  * Returns 0, or 1 with a reason in msg (bad op, out of memory). */
 int clattn_op_make(const clattn_op *op, uint64_t seed, clattn_op_data *data, char *msg, size_t len);
 void clattn_op_data_free(clattn_op_data *data);
+/* The floats behind one of data's arrays (x_in, a weight): in an F16 or BF16 op's data the same values, widened
+ * (what a float64 oracle reads); in an F32 op's the array itself. */
+const float *clattn_op_data_floats(const clattn_op_data *data, const void *array);
 
 #endif

@@ -226,8 +226,9 @@ static void usage(FILE *f)
             "              \"core\" and \"core_params\" name what ran\n"
             "  --gemm      run the GEMMs on this GEMM core (gemm_tiles, gemm_clblast), beside --core; the JSON's\n"
             "              \"gemm\" and \"gemm_params\" name what ran, \"projection_gflops\" its projections' rate\n"
-            "  --dtype     the plan's arrays (x, out, the weights) in float32 (default), IEEE half or bfloat16;\n"
-            "              the JSON's \"dtype\" says which and \"device_bytes\" what the plan holds on the device\n"
+            "  --dtype     the plan's arrays (x, out, every weight; --encoder too) in float32 (default), IEEE half\n"
+            "              or bfloat16; the JSON's \"dtype\" says which and \"device_bytes\" what the attention\n"
+            "              plan holds on the device (null for --encoder)\n"
             "  --no-proj   the attention core alone, as torch's scaled_dot_product_attention: no weights, x holds\n"
             "              Q, K and V (H heads of E/H), the output the heads' merged rows (JSON \"no_proj\": true)\n"
             "  --json      one JSON object per configuration, one line each, on stdout\n"
@@ -445,7 +446,7 @@ typedef struct runner {
     int encoder;
     clattn_plan *attn;
     clattn_encoder_plan *enc;
-    const void *x;  /* in the op's type (the encoder: float) */
+    const void *x;  /* in the op's type */
     void *out;
     size_t count;   /* x's and out's element count (self-attention: both (B, T, E)) */
 } runner;

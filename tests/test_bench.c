@@ -262,8 +262,11 @@ Test(op, encoder_flops_and_check)
     cr_expect_eq(clattn_op_check(&op, msg, sizeof msg), 0, "%s", msg);
 }
 
-/* The bench's encoder data plans and runs on ref and OpenCL, and the two agree (what the bench times is right). */
-static void encoder_op_matches_ref(int norm_first, clattn_activation act, int causal, size_t T, size_t F)
+/* The bench's encoder data plans and runs on ref and OpenCL, and the two agree with each other and with the float64
+ * oracle (what the bench times is right); in F16 and BF16 (--dtype) x and every weight are in the type, and the
+ * oracle reads the same values widened. */
+static void encoder_op_matches_ref(int norm_first, clattn_activation act, int causal, size_t T, size_t F,
+                                   clattn_dtype t)
 {
     char msg[256];
     clattn_op op = op_of(2, T, 12, 3, causal);
@@ -271,6 +274,7 @@ static void encoder_op_matches_ref(int norm_first, clattn_activation act, int ca
     op.ff_dim = F;
     op.activation = act;
     op.norm_first = norm_first;
+    op.dtype = t;
     clattn_op_data data;
     cr_assert_eq(clattn_op_make(&op, 99 + T, &data, msg, sizeof msg), 0, "%s", msg);
     const clattn_encoder_desc *d = &data.encoder_desc;
@@ -282,40 +286,66 @@ static void encoder_op_matches_ref(int norm_first, clattn_activation act, int ca
     const clattn_encoder_weights *w = &data.encoder_weights;
     cr_assert(w->w_ff1 && w->b_ff1 && w->w_ff2 && w->b_ff2 && w->ln1_weight && w->ln1_bias && w->ln2_weight &&
               w->ln2_bias && w->attn.w_query && w->attn.w_out);
-    const float *g1 = w->ln1_weight;
+    cr_expect_eq(d->attn.dtype, t);
+    cr_expect_eq(data.x_in, t == CLATTN_DTYPE_F32 ? (const void *)data.x : data.typed_);
+    /* the floats behind the typed arrays (the values the plans read, widened): every weight, and x */
+    clattn_encoder_desc d32 = *d;
+    d32.attn.dtype = CLATTN_DTYPE_F32;
+    clattn_encoder_weights w32 = *w;
+    const void **slots[16] = {&w32.attn.w_query, &w32.attn.w_key, &w32.attn.w_value, &w32.attn.w_out,
+                              &w32.attn.b_query, &w32.attn.b_key, &w32.attn.b_value, &w32.attn.b_out,
+                              &w32.w_ff1, &w32.b_ff1, &w32.w_ff2, &w32.b_ff2,
+                              &w32.ln1_weight, &w32.ln1_bias, &w32.ln2_weight, &w32.ln2_bias};
+    for (int i = 0; i < 16; i++) {
+        const void *typed = *slots[i];
+        *slots[i] = clattn_op_data_floats(&data, typed);
+        if (t != CLATTN_DTYPE_F32) { /* the weight in the type: its elements' bits are the floats' rounding */
+            const float *f = *slots[i];
+            cr_expect_eq(((const uint16_t *)typed)[0], tu_dtype_bits(f[0], t), "weight %d", i);
+            cr_expect_eq((double)f[0], tu_dtype_round(f[0], t), "weight %d", i);
+        }
+    }
+    cr_expect_eq(clattn_op_data_floats(&data, data.x_in), data.x);
+    const float *g1 = w32.ln1_weight;
     for (size_t i = 0; i < 12; i++) cr_expect(g1[i] >= 0.9f && g1[i] <= 1.1f);
 
     clattn_device *ref = tu_open_ref(), *cl = tu_open_opencl();
-    float *want = tu_poisoned(data.out_count), *got = tu_poisoned(data.out_count);
+    void *want = tu_poisoned_typed(data.out_count, t), *got = tu_poisoned_typed(data.out_count, t);
     clattn_encoder_plan *pr = NULL, *pc = NULL;
     cr_assert_eq(tu_encoder_plan_create(ref, d, w, &pr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(tu_encoder_plan_create(cl, d, w, &pc), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    clattn_encoder_args a = {.x = data.x, .out = want};
+    clattn_encoder_args a = {.x = data.x_in, .out = want};
     cr_assert_eq(tu_encoder_plan_execute(pr, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     a.out = got;
     cr_assert_eq(tu_encoder_plan_execute(pc, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    size_t bad = tu_compare(got, want, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_expect_eq(bad, 0, "T=%zu F=%zu: %zu of %zu elements differ; %s", T, F, bad, data.out_count, msg);
+    float *got32 = tu_widened(got, data.out_count, t), *want32 = tu_widened(want, data.out_count, t);
+    double atol, rtol;
+    tu_dtype_tolerance_of(t, TU_ATOL, TU_RTOL, &atol, &rtol);
+    size_t bad = tu_compare(got32, want32, data.out_count, atol, rtol, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "T=%zu F=%zu dtype %d: %zu of %zu elements differ; %s", T, F, (int)t, bad, data.out_count,
+                 msg);
     double *o64 = malloc(data.out_count * sizeof *o64);
     cr_assert_not_null(o64);
-    cr_assert_eq(oracle_encoder(d, w, data.x, NULL, o64), 0);
-    bad = oracle_compare(got, o64, data.out_count, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_expect_eq(bad, 0, "T=%zu F=%zu vs float64: %zu of %zu differ; %s", T, F, bad, data.out_count, msg);
+    cr_assert_eq(oracle_encoder(&d32, &w32, data.x, NULL, o64), 0);
+    bad = oracle_compare(got32, o64, data.out_count, atol, rtol, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "T=%zu F=%zu dtype %d vs float64: %zu of %zu differ; %s", T, F, (int)t, bad,
+                 data.out_count, msg);
     free(o64);
     clattn_encoder_plan_free(pr);
     clattn_encoder_plan_free(pc);
     clattn_device_free(ref);
     clattn_device_free(cl);
-    free(want);
-    free(got);
+    free(want), free(got), free(want32), free(got32);
     clattn_op_data_free(&data);
 }
 
 Test(op, encoder_data_opencl_matches_ref, .timeout = 300)
 {
-    encoder_op_matches_ref(0, CLATTN_ACTIVATION_RELU, 0, 7, 0);
-    encoder_op_matches_ref(1, CLATTN_ACTIVATION_GELU, 1, 1, 37);
-    encoder_op_matches_ref(0, CLATTN_ACTIVATION_GELU, 1, 61, 25);
+    encoder_op_matches_ref(0, CLATTN_ACTIVATION_RELU, 0, 7, 0, CLATTN_DTYPE_F32);
+    encoder_op_matches_ref(1, CLATTN_ACTIVATION_GELU, 1, 1, 37, CLATTN_DTYPE_F32);
+    encoder_op_matches_ref(0, CLATTN_ACTIVATION_GELU, 1, 61, 25, CLATTN_DTYPE_F32);
+    encoder_op_matches_ref(1, CLATTN_ACTIVATION_RELU, 0, 13, 0, CLATTN_DTYPE_F16); /* --encoder --dtype */
+    encoder_op_matches_ref(0, CLATTN_ACTIVATION_GELU, 1, 7, 25, CLATTN_DTYPE_BF16);
 }
 
 /* ---------------------------------------------------------------- clattn-bench, end to end */
