@@ -232,8 +232,18 @@ int tu_case_load(const char *name, tu_case *c, char *msg, size_t len)
     }
     clattn_attention_desc *d = &c->desc;
     while (fgets(line, sizeof line, f)) {
-        char key[64];
+        char key[64], word[16];
         double v;
+        if (line[0] != '#' && sscanf(line, "%63s %15s", key, word) == 2 && strcmp(key, "dtype") == 0) {
+            if (strcmp(word, "f16") == 0) c->dtype = CLATTN_DTYPE_F16;
+            else if (strcmp(word, "bf16") == 0) c->dtype = CLATTN_DTYPE_BF16;
+            else {
+                snprintf(msg, len, "%s: dtype %s is not f16 or bf16", path, word);
+                fclose(f);
+                return -1;
+            }
+            continue;
+        }
         if (line[0] == '#' || sscanf(line, "%63s %lf", key, &v) != 2) continue;
         if (strcmp(key, "heads") == 0) d->heads = (size_t)v;
         else if (strcmp(key, "causal") == 0) d->causal = v != 0;

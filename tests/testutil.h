@@ -145,7 +145,8 @@ typedef struct tu_case {
     clattn_attention_weights weights;
     clattn_attention_args args;   /* x, kv, masks set; out/attn not */
     size_t out_count, attn_count;
-} tu_case;
+    clattn_dtype dtype;           /* a half case's type (meta.txt's dtype; F32: none). desc.dtype stays F32: the */
+} tu_case;                        /* arrays are floats, holding values of the type */
 /* Returns 0 on success; on failure writes why into msg. A name starting with '/' is the case's directory. */
 int tu_case_load(const char *name, tu_case *c, char *msg, size_t len);
 void tu_case_free(tu_case *c);

@@ -39,8 +39,9 @@ unless said otherwise.
 ``attn_mask.npy``    (Tq, Tk) bool (True = not allowed) or float32 (added to
                      the scaled scores).  Optional.
 ``meta.txt``         ``key value`` lines, ``#`` comments.  Keys: ``heads``,
-                     ``dk``, ``dv``, ``causal`` (always) and ``scale`` (only
-                     when it is not the default 1/sqrt(dk)).
+                     ``dk``, ``dv``, ``causal`` (always), ``scale`` (only
+                     when it is not the default 1/sqrt(dk)) and ``dtype``
+                     (``f16`` or ``bf16``: a half-precision case, below).
 ``expect_out.npy``   (B, Tq, Eo) or (B, Tq, H*dv) expected output.
 ``expect_attn.npy``  (B, H, Tq, Tk) attention weights after masking and
                      softmax (eval mode: no dropout in any fixture).
@@ -69,6 +70,14 @@ Where the expectations come from
   the fixture says ``causal 1`` and has no attn_mask.npy for it.
 * ``manual_*``: computed in float64 with numpy (cast to float32 at the end)
   and cross-checked against an independent per-head float64 torch loop.
+* ``half_*``: half-precision plans (``dtype`` in meta.txt, issue 38).  The
+  same torch.nn.MultiheadAttention, its parameters and inputs rounded to
+  float16 or bfloat16 (torch's ``.to(dtype)``, to nearest even), then the
+  module run in float64 on those values: the expectation is the float64
+  function of the rounded inputs, which README "Precision" bounds a half
+  plan's output against (torch 1.13 has no half matmul on a CPU to compare
+  with).  The arrays are float32 files like every case's, holding the rounded
+  values exactly; a test runs the case in its type and in float32.
 
 Every case, whatever its source, is re-read from disk and recomputed with a
 float64 numpy implementation of the contract above; the script fails if the
@@ -191,7 +200,7 @@ ARRAY_NAMES = ("x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key",
 def emit(name, comments, *, x, heads, dk, dv, causal, out, attn, scale=None,
          kv=None, w_query=None, w_key=None, w_value=None, b_query=None,
          b_key=None, b_value=None, w_out=None, b_out=None,
-         key_padding_mask=None, attn_mask=None, rtol=1e-4, atol=2e-5):
+         key_padding_mask=None, attn_mask=None, rtol=1e-4, atol=2e-5, dtype=None):
     """Validate one case against the contract, write it, re-read and check it."""
     arrs = {}
     given = dict(x=x, kv=kv, w_query=w_query, w_key=w_key, w_value=w_value,
@@ -257,6 +266,13 @@ def emit(name, comments, *, x, heads, dk, dv, causal, out, attn, scale=None,
               "causal %d" % (1 if causal else 0)]
     if scale is not None:
         lines.append("scale %s" % fmt_float(scale))
+    if dtype is not None:
+        assert dtype in ("f16", "bf16"), name
+        lines.append("dtype %s" % dtype)
+        tt = torch.float16 if dtype == "f16" else torch.bfloat16
+        for k in ("x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out"):
+            if k in arrs:  # every input a value of the type: the float32 file holds it exactly
+                assert np.array_equal(arrs[k], torch.from_numpy(arrs[k]).to(tt).float().numpy()), (name, k)
     with open(os.path.join(d, "meta.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -954,7 +970,7 @@ def tutorial_cases():
 
 def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
              causal=False, kpm=None, attn_mask=None, extra_comment=None,
-             fully_masked=False):
+             fully_masked=False, dtype=None):
     """Run torch.nn.MultiheadAttention and emit the fixture.
 
     kpm: (B, Tk) bool numpy array or None.  attn_mask: (Tq, Tk) bool or float32
@@ -964,6 +980,8 @@ def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
     context of 0 and an output of out_proj.bias (0 without bias). The script
     checks that torch's NaNs are exactly those rows, then writes clattn's
     values for them and torch's everywhere else.
+    dtype: torch.float16 or torch.bfloat16 for a half case: the parameters,
+    x, kv and a float mask rounded to it, the module then run in float64.
     """
     cross = kdim is not None
     Tk = Tq if Tk is None else Tk
@@ -982,6 +1000,17 @@ def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
             p.copy_(torch.randn(p.shape, generator=g) * std)
     x = torch.randn(B, Tq, E, generator=g)
     kv = torch.randn(B, Tk, kdim, generator=g) if cross else x
+    if dtype is not None:  # the values rounded to the type, the arithmetic float64
+        mha = mha.double()
+        with torch.no_grad():
+            for p in mha.parameters():
+                p.copy_(p.to(dtype).to(torch.float64))
+        x = x.to(dtype).to(torch.float64)
+        kv = kv.to(dtype).to(torch.float64) if cross else x
+        if attn_mask is not None and attn_mask.dtype != np.bool_:
+            assert np.array_equal(attn_mask, torch.from_numpy(attn_mask).to(dtype).float().numpy()), \
+                "a half case's float mask must hold values of the type"
+            attn_mask = attn_mask.astype(np.float64)
 
     tmask = None
     if causal:
@@ -1037,11 +1066,16 @@ def mha_case(name, seed, *, B, Tq, E, H, Tk=None, kdim=None, bias=True,
     if causal:
         comments.append("causal: torch 1.13 has no is_causal, torch got the equivalent boolean "
                         "mask (key j > query i); no attn_mask.npy for it")
+    if dtype is not None:
+        comments.append("half case: parameters and inputs rounded to %s (to nearest even), the module then run "
+                        "in float64 on those values (expect_* rounded to float32 at the end)" % dtype)
     if extra_comment:
         comments.append(extra_comment)
     emit(name, comments, x=x, kv=kv if cross else None, heads=H, dk=dh, dv=dh,
          causal=causal, out=out, attn=attn, key_padding_mask=kpm,
-         attn_mask=attn_mask, **kw)
+         attn_mask=attn_mask.astype(np.float32) if attn_mask is not None and attn_mask.dtype == np.float64
+         else attn_mask,
+         dtype={None: None, torch.float16: "f16", torch.bfloat16: "bf16"}[dtype], **kw)
 
 
 def rows_ok(Tq, Tk, B, causal, mask_bool=None, kpm=None, float_mask=None):
@@ -1134,6 +1168,22 @@ def mha_cases():
     mha_case("mha_causal_bool", 1015, B=2, Tq=11, E=16, H=4, causal=True,
              attn_mask=np.asarray(np.random.default_rng(2015).random((11, 11)) < 0.25) & ~np.eye(11, dtype=bool),
              extra_comment="causal + random boolean attn_mask (the diagonal kept: no fully masked row)")
+
+
+def half_cases():
+    """Half-precision plans' fixtures (issue 38): mha_case with dtype."""
+    kpm = np.zeros((2, 13), dtype=bool)
+    kpm[0, 10:] = True
+    kpm[1, 3] = True
+    mha_case("half_f16_causal_kpm", 1101, B=2, Tq=13, E=16, H=4, causal=True, kpm=kpm, dtype=torch.float16,
+             extra_comment="causal + key_padding_mask (batch 0: keys 10..12 ignored, batch 1: key 3)")
+    fm = np.zeros((6, 9), dtype=np.float32)
+    fm[:, 7] = -np.inf
+    fm[2, :4] = -1.5
+    fm[4, 5] = 0.75
+    mha_case("half_bf16_cross_float_mask", 1102, B=2, Tq=6, Tk=9, E=12, kdim=10, H=3, attn_mask=fm,
+             dtype=torch.bfloat16, extra_comment="cross-attention, float attn_mask (key 7 -inf, values of bfloat16)")
+    mha_case("half_bf16_t1", 1103, B=3, Tq=1, E=8, H=2, dtype=torch.bfloat16)
 
 
 # --------------------------------------------------------------------------
@@ -1332,6 +1382,7 @@ def main():
     tutorial_cases()
     mha_cases()
     manual_cases()
+    half_cases()
     write_header()
 
     total = 0
