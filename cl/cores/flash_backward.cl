@@ -109,7 +109,7 @@ typedef float rv_t;
  * scores are q.k * scale as they are. */
 inline int bwd_masked(uint i0, uint i1, uint j0, uint j1, uint Tk)
 {
-    int m = KPM || MASK_KIND || j1 >= Tk;
+    int m = KPM || (bool)MASK_KIND || j1 >= Tk; /* (bool): a mask kind of 2 as an operand of || makes PoCL print a warning */
 #if CAUSAL
     m |= j1 > i0; /* some key after some row */
 #endif
