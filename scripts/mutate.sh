@@ -39,6 +39,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -f "$list" ] || { echo "mutate.sh: no mutant list at $list" >&2; exit 2; }
+# The random-combination sweeps (prefill/sweep, train/sweep) run no cases here: every mutant names the families that
+# catch it, and the sweeps would add about 8 s to each of the 130 mutants that run test_train or test_conformance.
+export CLATTN_TEST_SWEEP=${CLATTN_TEST_SWEEP:-0}
 [ -n "$scratch" ] || scratch=$(mktemp -d "${TMPDIR:-/tmp}/clattn-mutate.XXXXXX")
 
 # ---- the list: id, file, find, replace, tests (fields separated by " @@ ")

@@ -329,3 +329,25 @@ Test(prefill, half_types_memory_projected)
         for (int k = 0; k < 4; k++) free(w[k]);
     }
 }
+
+/* Random combinations of every option at once (tu_case_random), a fixed series: case k (seeded 1000 + k, the
+ * failure message's "case") is described on stderr first. CLATTN_TEST_SWEEP=N runs N of them from
+ * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none), on ref (plain entries) and this entry's core. Before it was
+ * added, 60 such cases passed on ref and AUTO's cores, 12 more on each prefill and GEMM core forced (4 on the
+ * emulated flash_mma), and 4 on each core llvmpipe runs; it keeps 4 in every run. */
+Test(prefill, sweep, .timeout = 1800)
+{
+    int base;
+    const int n = tu_sweep_count(4, &base);
+    clattn_device *ref = tu_forced_core() ? NULL : tu_open_ref();
+    for (int k = base; k < base + n; k++) {
+        tu_attn_case c;
+        tu_case_random(&c, (uint64_t)k, 0);
+        char line[512]; /* on stderr, which ctest shows when the entry fails */
+        tu_case_describe(&c, line, sizeof line);
+        fprintf(stderr, "sweep case %d (seed %d): %s\n", k, 1000 + k, line);
+        if (ref) tu_attention_check(ref, &c, 1000 + (uint64_t)k);
+        tu_attention_check(dev, &c, 1000 + (uint64_t)k);
+    }
+    if (ref) clattn_device_free(ref);
+}

@@ -1209,3 +1209,23 @@ Test(train, backward_pytorch_fixtures)
         if (tu_core_applies(CLATTN_ALGORITHM_UNFUSED, 0)) check_fixture(cl_dev, cases[i], CLATTN_ALGORITHM_UNFUSED);
     }
 }
+
+/* Random combinations of every option a training plan takes (tu_case_random): the forward's statistics (fp32
+ * cases) and every gradient, on ref (plain entries) and OpenCL, with the forward's statistics and recomputing them. A
+ * fixed series, case k seeded 2000 + k and described on stderr first; CLATTN_TEST_SWEEP=N runs N of them from
+ * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none). Before it was added, 60 such cases passed with AUTO's backward
+ * core and 10 more with flash_backward_gemm (and 223 of an earlier generator); it keeps 3 in every run. */
+Test(train, sweep, .timeout = 1800)
+{
+    int base;
+    const int n = tu_sweep_count(3, &base);
+    for (int k = base; k < base + n; k++) {
+        config c;
+        tu_case_random(&c, (uint64_t)k, 1);
+        char line[512]; /* on stderr, which ctest shows when the entry fails */
+        tu_case_describe(&c, line, sizeof line);
+        fprintf(stderr, "sweep case %d (seed %d): %s\n", k, 2000 + k, line);
+        if (c.dtype == CLATTN_DTYPE_F32) check(&c, 2000 + (uint64_t)k);
+        check_backward(&c, 2000 + (uint64_t)k);
+    }
+}

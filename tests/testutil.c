@@ -784,3 +784,72 @@ void tu_env_free(tu_child_env *e)
     free(e->vars);
     e->set = NULL, e->vars = NULL;
 }
+
+static size_t tu_pick(tu_rng *r, const size_t *v, size_t n) { return v[tu_next(r) % n]; }
+
+void tu_case_random(tu_attn_case *c, uint64_t seed, int training)
+{
+    tu_rng r = {0x5EEDCA5E00000000ull ^ seed};
+    static const size_t Bs[] = {1, 2, 3}, Ts[] = {1, 2, 5, 7, 13, 17, 33, 61, 130}, Tks[] = {1, 3, 9, 17, 40, 70};
+    static const size_t Hs[] = {1, 2, 3, 4}, ds[] = {1, 2, 3, 4, 5, 8, 16, 32, 64}, Es[] = {3, 4, 7, 8, 12, 16, 20};
+    memset(c, 0, sizeof *c);
+    c->B = tu_pick(&r, Bs, 3), c->Tq = tu_pick(&r, Ts, 9);
+    c->cross = tu_next(&r) % 3 == 0;
+    if (c->cross) c->Tk = tu_pick(&r, Tks, 6);
+    c->H = tu_pick(&r, Hs, 4);
+    size_t divs[4], nd = 0;
+    for (size_t k = 1; k <= c->H; k++)
+        if (c->H % k == 0) divs[nd++] = k;
+    c->HK = tu_next(&r) % 2 ? tu_pick(&r, divs, nd) : 0;
+    c->noproj = tu_next(&r) % 4 == 0;
+    if (c->noproj) { /* x is Q, K and V: their heads E/H; GQA only across kv (cross) */
+        if (!c->cross) c->HK = 0;
+        c->dk = c->dv = tu_pick(&r, ds, 9);
+        c->E = c->H * c->dk;
+        if (c->cross && tu_next(&r) % 2) c->separate_value = 1, c->dv = tu_pick(&r, ds, 9);
+    } else {
+        c->E = tu_pick(&r, Es, 7), c->dk = tu_pick(&r, ds, 9), c->dv = tu_pick(&r, ds, 9);
+        c->Ekv = c->cross ? tu_pick(&r, Es, 7) : 0;
+        c->Eo = tu_next(&r) % 3 ? tu_pick(&r, Es, 7) : 0;
+        c->biases = (int)(tu_next(&r) % 2);
+        c->layout = tu_next(&r) % 4 == 0 ? CLATTN_LAYOUT_RAW : CLATTN_LAYOUT_LINEAR;
+    }
+    c->causal = (int)(tu_next(&r) % 2);
+    if (c->causal && tu_next(&r) % 3 == 0) c->window = 1 + tu_next(&r) % (c->Tq + 2);
+    c->kpm = tu_next(&r) % 3 == 0;
+    const int mk = (int)(tu_next(&r) % 4);
+    c->mask = mk == 1 ? CLATTN_MASK_BOOL : mk == 2 ? CLATTN_MASK_FLOAT : CLATTN_MASK_NONE;
+    if (c->mask) c->mask_pb = tu_next(&r) % 3 == 0, c->mask_ph = tu_next(&r) % 3 == 0;
+    if ((c->cross ? c->Tk : c->Tq) < 5) /* so few keys that the masks could hide them all: an all-zero output */
+        c->mask = CLATTN_MASK_NONE, c->mask_pb = c->mask_ph = 0, c->kpm = 0;
+    c->dropout = tu_next(&r) % 4 == 0 ? 0.25f : 0.0f;
+    const int dt = (int)(tu_next(&r) % 6);
+    c->dtype = dt == 4 ? CLATTN_DTYPE_F16 : dt == 5 ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F32;
+    if (tu_next(&r) % 5 == 0) c->scale = 0.3f;
+    if (training) {
+        c->training = 1;
+        return;
+    }
+    c->need_weights = tu_next(&r) % 3 == 0;
+    c->training = !c->need_weights && tu_next(&r) % 4 == 0;
+    if (!c->training && tu_next(&r) % 5 == 0) c->kv_half = c->dtype ? (int)c->dtype : 1 + (int)(tu_next(&r) % 2);
+}
+
+void tu_case_describe(const tu_attn_case *c, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "B=%zu Tq=%zu Tk=%zu cross=%d E=%zu Ekv=%zu H=%zu HK=%zu dk=%zu dv=%zu Eo=%zu noproj=%d separate_value=%d "
+             "biases=%d causal=%d window=%zu kpm=%d mask=%d per_batch=%d per_head=%d dropout=%g layout=%d dtype=%d "
+             "scale=%g need_weights=%d training=%d kv_half=%d",
+             c->B, c->Tq, c->Tk, c->cross, c->E, c->Ekv, c->H, c->HK, c->dk, c->dv, c->Eo, c->noproj,
+             c->separate_value, c->biases, c->causal, c->window, c->kpm, (int)c->mask, c->mask_pb, c->mask_ph,
+             (double)c->dropout, (int)c->layout, (int)c->dtype, (double)c->scale, c->need_weights, c->training,
+             c->kv_half);
+}
+
+int tu_sweep_count(int dflt, int *base)
+{
+    const char *n = getenv("CLATTN_TEST_SWEEP"), *b = getenv("CLATTN_TEST_SWEEP_BASE");
+    *base = b && *b ? atoi(b) : 0;
+    return n && *n ? atoi(n) : dflt;
+}

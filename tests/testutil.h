@@ -97,6 +97,16 @@ typedef struct tu_attn_case {
     clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
 } tu_attn_case;
 
+/* A random combination of the case's options (the sweeps of test_conformance and test_train): batch, lengths,
+ * self or cross, heads and GQA, head sizes, projections or none (a separate value), biases, causal and the window,
+ * every mask kind (per batch entry, per head), dropout, the layout, the scale and the dtype; with `training` a
+ * training plan's case (no attention weights, no half cache), else the weights asked for, a training plan's
+ * statistics or a half cache at random. Deterministic in seed; tu_case_describe writes it as one line. */
+void tu_case_random(tu_attn_case *c, uint64_t seed, int training);
+void tu_case_describe(const tu_attn_case *c, char *buf, size_t len);
+/* How many random cases a sweep runs: CLATTN_TEST_SWEEP (default `dflt`), from CLATTN_TEST_SWEEP_BASE (default 0). */
+int tu_sweep_count(int dflt, int *base);
+
 /* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask
  * masks a quarter of the keys and, with B > 1, the last batch entry whole; a bool mask a third; a float mask has
  * -inf at a fifth), and the description; everything the oracle and the plans read. */
