@@ -332,9 +332,9 @@ Test(prefill, half_types_memory_projected)
 
 /* Random combinations of every option at once (tu_case_random), a fixed series: case k (seeded 1000 + k, the
  * failure message's "case") is described on stderr first. CLATTN_TEST_SWEEP=N runs N of them from
- * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none), on ref (plain entries) and this entry's core. Before it was
- * added, 60 such cases passed on ref and AUTO's cores, 12 more on each prefill and GEMM core forced (4 on the
- * emulated flash_mma), and 4 on each core llvmpipe runs; it keeps 4 in every run. */
+ * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none), on ref and AUTO's cores; a core's entries run none unless
+ * asked (tu_sweep_count). Before it was added, 60 such cases passed on ref and AUTO's cores, 12 more on each prefill
+ * and GEMM core forced (4 on the emulated flash_mma), and 4 on each core llvmpipe runs; it keeps 4 in every run. */
 Test(prefill, sweep, .timeout = 1800)
 {
     int base;

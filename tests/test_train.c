@@ -1213,8 +1213,9 @@ Test(train, backward_pytorch_fixtures)
 /* Random combinations of every option a training plan takes (tu_case_random): the forward's statistics (fp32
  * cases) and every gradient, on ref (plain entries) and OpenCL, with the forward's statistics and recomputing them. A
  * fixed series, case k seeded 2000 + k and described on stderr first; CLATTN_TEST_SWEEP=N runs N of them from
- * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none). Before it was added, 60 such cases passed with AUTO's backward
- * core and 10 more with flash_backward_gemm (and 223 of an earlier generator); it keeps 3 in every run. */
+ * CLATTN_TEST_SWEEP_BASE (scripts/mutate.sh: none; a core's entries: none unless asked). Before it was added, 60 such
+ * cases passed with AUTO's backward core and 10 more with flash_backward_gemm (and 223 of an earlier generator); it
+ * keeps 3 in every run. */
 Test(train, sweep, .timeout = 1800)
 {
     int base;

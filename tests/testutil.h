@@ -104,7 +104,8 @@ typedef struct tu_attn_case {
  * statistics or a half cache at random. Deterministic in seed; tu_case_describe writes it as one line. */
 void tu_case_random(tu_attn_case *c, uint64_t seed, int training);
 void tu_case_describe(const tu_attn_case *c, char *buf, size_t len);
-/* How many random cases a sweep runs: CLATTN_TEST_SWEEP (default `dflt`), from CLATTN_TEST_SWEEP_BASE (default 0). */
+/* How many random cases a sweep runs: CLATTN_TEST_SWEEP, else `dflt` (0 in a core's entries, with CLATTN_CORE set),
+ * from CLATTN_TEST_SWEEP_BASE (default 0). */
 int tu_sweep_count(int dflt, int *base);
 
 /* Its random weights and inputs (x and kv in +-2, so that scores reach a few units), its masks (a key padding mask
