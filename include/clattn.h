@@ -271,7 +271,9 @@ typedef struct clattn_attention_desc {
     int kv_half;         /* the KV cache's element type (a clattn_kv_type): 1 (CLATTN_KV_HALF): keys and values
                             are rounded to IEEE half (round to nearest even, as vstore_half_rte) after the
                             projection and its bias, then used in fp32: the values a half-precision KV cache
-                            holds; 2 (CLATTN_KV_BF16, clattn 0.7): rounded to bfloat16 the same way; 0: float */
+                            holds; 2 (CLATTN_KV_BF16, clattn 0.7): rounded to bfloat16 the same way; 0: float;
+                            3 (CLATTN_KV_INT8, clattn 0.8): decode plans only, each appended row quantised as
+                            the int8 cache stores it (clattn_kv_type) */
     clattn_precision precision; /* the core's products: FP32 (default) or TF32, opt in; the projections stay fp32.
                             TF32 agrees with fp32 to about 2^-10 of the scores and of the weighted values
                             (README, "Precision") */
@@ -613,11 +615,21 @@ CLATTN_API const char *clattn_plan_gemm_params(const clattn_plan *plan);
 /* A KV cache on a device: for B sequences, up to `capacity` positions of keys and values of
  * kv_heads heads, stored as float, as IEEE half (vstore_half_rte / vload_half: no cl_khr_fp16
  * needed) or as bfloat16 (clattn 0.7: 16 bits a float's upper half; a bfloat16 model's keys and values
- * exactly, with a float's range). Each sequence has its own length. Device memory: B*HK*capacity*(dk+dv) elements. */
+ * exactly, with a float's range) or as int8 with scales (clattn 0.8, below). Each sequence has its own length.
+ * Device memory: B*HK*capacity*(dk+dv) elements, and for INT8 also B*HK*capacity*2 floats (the scales).
+ *
+ * INT8: each (sequence, KV head, position) row of keys, and of values, is stored as dk (dv) signed bytes q_c and one
+ * float scale s, symmetric: s = max_c |x_c| / 127 and q_c = x_c / s rounded to nearest even (so |q_c| <= 127; a row
+ * of zeros has s = 0), quantised when the row is appended or written; the cores read q_c * s. Each element's error
+ * is at most half a step, |q_c s - x_c| <= s/2 = max_c |x_c| / 254 (a bound relative to the row's largest element,
+ * not to the element; plus fp32 rounding). clattn_kv_cache_read gives q_c * s. At dk = dv = 64 a position takes 136
+ * bytes against 256 for HALF and 512 for FLOAT. Decode plans only (desc.kv_half = 3): a prefill plan's kv_half
+ * rounds each element alone, and an int8 row's rounding depends on the whole row. */
 typedef enum clattn_kv_type {
     CLATTN_KV_FLOAT = 0,
     CLATTN_KV_HALF = 1,
-    CLATTN_KV_BF16 = 2   /* clattn 0.7: bfloat16 (a float's range, 8 significant bits), round to nearest even */
+    CLATTN_KV_BF16 = 2,  /* clattn 0.7: bfloat16 (a float's range, 8 significant bits), round to nearest even */
+    CLATTN_KV_INT8 = 3   /* clattn 0.8: signed bytes with a float scale per row (above) */
 } clattn_kv_type;
 
 typedef struct clattn_kv_cache_desc {
@@ -649,10 +661,11 @@ CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, floa
 /* Write the cache from float arrays in the layout clattn_kv_cache_read uses, k (B, HK, Tmax, dk) and
  * v (B, HK, Tmax, dv), and set the lengths to lengths[b] <= Tmax (B entries): a cache computed
  * elsewhere (another framework's prefill), or a benchmark's. Positions at or past a length are not
- * used. HALF and BF16 caches round to nearest even. On error the lengths do not change. */
+ * used. HALF and BF16 caches round to nearest even, INT8 caches quantise each row (clattn_kv_type). On error the
+ * lengths do not change. */
 CLATTN_API clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, const float *v,
                                                const size_t *lengths);
-/* Bytes of device memory the cache holds (0 on ref). */
+/* Bytes of device memory the cache holds, an INT8 cache's scales included (0 on ref). */
 CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
 
 /* A decode plan: self-attention with causal = 1 over a KV cache. Each execution takes n new tokens
@@ -662,7 +675,8 @@ CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
  * (n = 1) are the same call, with no recompilation between them; the result equals one causal run
  * over the whole sequence. The description: seq_q = the most new tokens per call; causal = 1;
  * cross, masks, dropout and need_weights 0; kv_heads, window, kv_half, heads, head sizes as the
- * attention; the cache must match (batch, kv_heads, dk, dv, and its type kv_half: FLOAT 0, HALF 1, BF16 2).
+ * attention; the cache must match (batch, kv_heads, dk, dv, and its type kv_half: FLOAT 0, HALF 1, BF16 2,
+ * INT8 3).
  * On OpenCL, a call with few new tokens splits the cached keys into parts processed by separate
  * work-items (split-K) and merges them with a second kernel. */
 typedef struct clattn_decode_plan clattn_decode_plan;

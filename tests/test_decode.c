@@ -477,6 +477,165 @@ Test(decode, heads_as_given_opencl)
     clattn_device_free(dev);
 }
 
+/* ---------------------------------------------------------------- int8 caches */
+
+/* An INT8 cache's rows against the values appended: x (B, T, HK*D) for the first T positions of each sequence, the
+ * cache's dequantised rows xq (B, HK, cap, D). Each row's values are q_c * s with integer |q_c| <= 127 and
+ * s = max_c |x_c| / 127, and each within half a step of its x_c (clattn.h, clattn_kv_type); a row of zeros stays 0;
+ * positions past T read 0. */
+static void check_int8_rows(const double *x, const float *xq, size_t B, size_t T, size_t HK, size_t D, size_t cap,
+                            const char *what)
+{
+    for (size_t b = 0; b < B; b++)
+        for (size_t g = 0; g < HK; g++)
+            for (size_t t = 0; t < cap; t++) {
+                const float *row = xq + ((b * HK + g) * cap + t) * D;
+                if (t >= T) {
+                    for (size_t c = 0; c < D; c++) cr_assert(row[c] == 0.0f, "%s: position %zu past the length", what, t);
+                    continue;
+                }
+                const double *xr = x + (b * T + t) * HK * D + g * D;
+                double amax = 0.0;
+                for (size_t c = 0; c < D; c++) amax = fmax(amax, fabs(xr[c]));
+                const double s = amax / 127.0;
+                for (size_t c = 0; c < D; c++) {
+                    const double got = row[c];
+                    cr_assert(fabs(got - xr[c]) <= 0.5 * s * (1.0 + 1e-5) + 1e-7 * amax, "%s: b %zu g %zu t %zu c %zu: "
+                              "%.9g for %.9g, more than half a step (%.9g) away", what, b, g, t, c, got, xr[c], s / 2);
+                    if (s == 0.0) {
+                        cr_assert(got == 0.0, "%s: a row of zeros reads %g", what, got);
+                        continue;
+                    }
+                    const double q = got / s;
+                    cr_assert(fabs(q - nearbyint(q)) <= 1e-4 && fabs(nearbyint(q)) <= 127.0, "%s: b %zu g %zu t %zu c "
+                              "%zu: %.9g is not a whole step of %.9g (%.6f steps)", what, b, g, t, c, got, s, q);
+                }
+            }
+}
+
+typedef struct i8case {
+    size_t B, T, P, H, HK, dk, dv, window, splits;
+    const size_t *chunks; /* new tokens per call until T (NULL: P, then one by one) */
+    int special;          /* rows of zeros, a row with one large element, and a sequence 3 tokens shorter */
+} i8case;
+
+/* Decoding into an INT8 cache with the heads as given (Q, K, V random in [-2, 2]): the cache read back is a valid
+ * quantisation of every appended K and V row (check_int8_rows), and the outputs are the float64 oracle's causal
+ * attention over the dequantised K and V read back, at the ordinary tolerance. */
+static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
+{
+    const size_t B = c->B, T = c->T, H = c->H, HK = c->HK, dk = c->dk, dv = c->dv, cap = T + 2;
+    tu_rng r = {seed};
+    float *q = tu_random(&r, B * T * H * dk, -2, 2), *k = tu_random(&r, B * T * HK * dk, -2, 2);
+    float *v = tu_random(&r, B * T * HK * dv, -2, 2), *out = tu_poisoned(B * T * H * dv);
+    const size_t lens[2] = {T, c->special ? T - 3 : T};
+    if (c->special) {
+        memset(k + (0 * T + 3) * HK * dk, 0, dk * sizeof *k);            /* a row of zeros: scale 0 */
+        memset(v + (0 * T + 5) * HK * dv + (HK - 1) * dv, 0, dv * sizeof *v);
+        v[(0 * T + 6) * HK * dv + 1] = 300.0f;                          /* one large value: a coarse row */
+        k[(B - 1) * T * HK * dk + 7 * HK * dk] = -250.0f;
+    }
+    size_t maxn = c->P;
+    for (size_t i = 0; c->chunks && i < 64 && c->chunks[i]; i++) maxn = c->chunks[i] > maxn ? c->chunks[i] : maxn;
+    const clattn_attention_desc d = {.batch = B, .seq_q = maxn, .embed = H * dk, .heads = H, .kv_heads = HK,
+                                     .head_dim_v = dv, .causal = 1, .window = c->window, .separate_value = 1,
+                                     .kv_half = CLATTN_KV_INT8};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv,
+                                     .type = CLATTN_KV_INT8};
+    clattn_kv_cache *cache = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *qs = malloc(B * maxn * H * dk * 4), *ks = malloc(B * maxn * HK * dk * 4);
+    float *vs = malloc(B * maxn * HK * dv * 4), *os = malloc(B * maxn * H * dv * 4);
+    size_t done[2] = {0, 0};
+    for (size_t call = 0; done[0] < T; call++) {
+        size_t n = c->chunks ? c->chunks[call] : call == 0 ? c->P : 1;
+        if (n > T - done[0]) n = T - done[0];
+        size_t valid[2];
+        for (size_t b = 0; b < B; b++) {
+            valid[b] = done[b] + n <= lens[b] ? n : lens[b] - done[b];
+            memcpy(qs + b * n * H * dk, q + (b * T + done[b]) * H * dk, valid[b] * H * dk * 4);
+            memcpy(ks + b * n * HK * dk, k + (b * T + done[b]) * HK * dk, valid[b] * HK * dk * 4);
+            memcpy(vs + b * n * HK * dv, v + (b * T + done[b]) * HK * dv, valid[b] * HK * dv * 4);
+            for (size_t i = valid[b] * H * dk; i < n * H * dk; i++) qs[b * n * H * dk + i] = 0.0f;
+            for (size_t i = valid[b] * HK * dk; i < n * HK * dk; i++) ks[b * n * HK * dk + i] = 0.0f;
+            for (size_t i = valid[b] * HK * dv; i < n * HK * dv; i++) vs[b * n * HK * dv + i] = 0.0f;
+        }
+        const clattn_decode_args a = {.x = qs, .kv = ks, .value = vs, .new_tokens = n, .valid = valid, .out = os};
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call, clattn_last_error());
+        for (size_t b = 0; b < B; b++) {
+            memcpy(out + (b * T + done[b]) * H * dv, os + b * n * H * dv, valid[b] * H * dv * 4);
+            done[b] += valid[b];
+        }
+    }
+    float *kq = malloc(B * HK * cap * dk * 4), *vq = malloc(B * HK * cap * dv * 4);
+    cr_assert_eq(clattn_kv_cache_read(cache, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    char what[160];
+    snprintf(what, sizeof what, "int8 B=%zu T=%zu P=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu splits=%zu%s%s", B, T, c->P,
+             H, HK, dk, dv, c->window, c->splits, c->chunks ? " chunked" : "", c->special ? " special" : "");
+    for (size_t b = 0; b < B; b++) { /* each sequence alone: its own length (the rows past it read 0) */
+        const size_t Tb = lens[b];
+        double *xk = malloc(Tb * HK * dk * sizeof *xk), *xv = malloc(Tb * HK * dv * sizeof *xv);
+        for (size_t i = 0; i < Tb * HK * dk; i++) xk[i] = k[b * T * HK * dk + i];
+        for (size_t i = 0; i < Tb * HK * dv; i++) xv[i] = v[b * T * HK * dv + i];
+        check_int8_rows(xk, kq + b * HK * cap * dk, 1, Tb, HK, dk, cap, what);
+        check_int8_rows(xv, vq + b * HK * cap * dv, 1, Tb, HK, dv, cap, what);
+        /* the dequantised K and V (B, HK, cap, D) as the oracle's (T, HK*D) rows */
+        float *kb = malloc(Tb * HK * dk * 4), *vb = malloc(Tb * HK * dv * 4);
+        for (size_t t = 0; t < Tb; t++)
+            for (size_t g = 0; g < HK; g++) {
+                memcpy(kb + (t * HK + g) * dk, kq + ((b * HK + g) * cap + t) * dk, dk * 4);
+                memcpy(vb + (t * HK + g) * dv, vq + ((b * HK + g) * cap + t) * dv, dv * 4);
+            }
+        const clattn_attention_desc od = {.batch = 1, .seq_q = Tb, .seq_kv = Tb, .embed = H * dk, .heads = H,
+                                          .kv_heads = HK, .head_dim_v = dv, .causal = 1, .window = c->window,
+                                          .cross = 1, .separate_value = 1};
+        const clattn_attention_args oa = {.x = q + b * T * H * dk, .kv = kb, .value = vb};
+        double *want = malloc(Tb * H * dv * sizeof *want);
+        cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+        char wb[200];
+        snprintf(wb, sizeof wb, "%s, sequence %zu", what, b);
+        check(out + b * T * H * dv, want, Tb * H * dv, wb);
+        free(want), free(kb), free(vb), free(xk), free(xv);
+    }
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(out), free(qs), free(ks), free(vs), free(os), free(kq), free(vq);
+}
+
+static void int8_cases(clattn_device *dev)
+{
+    static const size_t uneven[] = {5, 1, 1, 13, 2, 1, 7, 40, 3, 1, 1, 64, 0};
+    const i8case cases[] = {
+        {.B = 2, .T = 40, .P = 11, .H = 4, .HK = 2, .dk = 8, .dv = 8, .special = 1},     /* GQA, zero rows, outliers */
+        {.B = 1, .T = 61, .P = 1, .H = 4, .HK = 4, .dk = 16, .dv = 8},                   /* MHA from 1 token */
+        {.B = 2, .T = 50, .P = 17, .H = 6, .HK = 1, .dk = 8, .dv = 12, .window = 9},     /* multi-query, window */
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven},          /* appends in chunks */
+        {.B = 2, .T = 70, .P = 30, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .special = 1}, /* split-K */
+        {.B = 1, .T = 90, .P = 50, .H = 8, .HK = 2, .dk = 16, .dv = 16, .splits = 7, .window = 25},
+        {.B = 2, .T = 30, .P = 7, .H = 4, .HK = 2, .dk = 5, .dv = 3},                    /* odd widths: scalar loads */
+        {.B = 2, .T = 45, .P = 20, .H = 8, .HK = 2, .dk = 128, .dv = 64, .splits = 2},   /* a real model's heads */
+        {.B = 1, .T = 37, .P = 9, .H = 32, .HK = 2, .dk = 4, .dv = 4},                   /* groups of 16 rows */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) int8_case(dev, &cases[i], 1700 + i);
+}
+
+Test(decode, int8_cache_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    int8_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, int8_cache_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    int8_cases(dev);
+    clattn_device_free(dev);
+}
+
 /* The projected key (isk) or value of token x (E floats) for key/value head g, channel c, as the cache holds it. */
 static double projected(const model *m, const float *x, int isk, size_t g, size_t c, int half)
 {
@@ -1194,6 +1353,78 @@ static void write_rounds(clattn_device *dev)
 Test(edges, write_rounds_ref) { clattn_device *d = tu_open_ref(); write_rounds(d); clattn_device_free(d); }
 Test(edges, write_rounds_opencl) { clattn_device *d = tu_open_opencl(); write_rounds(d); clattn_device_free(d); }
 
+/* An INT8 cache (clattn 0.8) written (quantised on the host) and appended to (quantised by kv_append.cl): random rows,
+ * a row of zeros and a row with one element far above the rest are valid quantisations of what was given
+ * (check_int8_rows); a row holding a NaN or an infinity reads as NaN in every element, whichever path stored it, so
+ * that it cannot pass for a number. */
+static void int8_rows(clattn_device *dev)
+{
+    enum { T = 6, HK = 2, D = 12 };
+    tu_rng r = {77};
+    float *k = tu_random(&r, T * HK * D, -3, 3), *v = tu_random(&r, T * HK * D, -3, 3);
+    memset(k + 1 * HK * D, 0, D * sizeof *k);        /* t 1, g 0: zeros */
+    v[2 * HK * D + D + 5] = 1e4f;                    /* t 2, g 1: one large element */
+    k[3 * HK * D + 4] = NAN, v[4 * HK * D + D] = INFINITY; /* t 3 g 0, t 4 g 1: not numbers */
+    const int bad[T][HK] = {[3] = {1, 0}, [4] = {0, 1}};
+    const clattn_kv_cache_desc cd = {.batch = 1, .capacity = T, .kv_heads = HK, .head_dim_qk = D, .type = CLATTN_KV_INT8};
+    for (int path = 0; path < 2; path++) {
+        clattn_kv_cache *c = NULL;
+        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (path == 0) { /* written: (B, HK, Tmax, D) */
+            float *kw = malloc(sizeof(float) * T * HK * D), *vw = malloc(sizeof(float) * T * HK * D);
+            for (size_t t = 0; t < T; t++)
+                for (size_t g = 0; g < HK; g++) {
+                    memcpy(kw + (g * T + t) * D, k + (t * HK + g) * D, D * sizeof *k);
+                    memcpy(vw + (g * T + t) * D, v + (t * HK + g) * D, D * sizeof *v);
+                }
+            const size_t len[1] = {T};
+            cr_assert_eq(clattn_kv_cache_write(c, kw, vw, len), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            free(kw), free(vw);
+        } else { /* appended by a decode step with the heads as given */
+            const clattn_attention_desc d = {.batch = 1, .seq_q = T, .embed = HK * D, .heads = HK, .causal = 1,
+                                             .separate_value = 1, .kv_half = CLATTN_KV_INT8};
+            clattn_decode_plan *p = NULL;
+            cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            float *out = malloc(sizeof(float) * T * HK * D);
+            const clattn_decode_args a = {.x = k, .kv = k, .value = v, .new_tokens = T, .out = out};
+            cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            free(out);
+            clattn_decode_plan_free(p);
+        }
+        float *kq = tu_poisoned(T * HK * D), *vq = tu_poisoned(T * HK * D);
+        cr_assert_eq(clattn_kv_cache_read(c, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        double *x = malloc(sizeof(double) * T * HK * D);
+        const float *src[2] = {k, v}, *got[2] = {kq, vq};
+        for (int w = 0; w < 2; w++) {
+            float *fin = malloc(sizeof(float) * T * HK * D); /* the rows that are numbers; the others checked here */
+            memcpy(fin, got[w], sizeof(float) * T * HK * D);
+            for (size_t t = 0; t < T; t++)
+                for (size_t g = 0; g < HK; g++) {
+                    const int nan_row = bad[t][g] && (w == 0) == (t == 3);
+                    for (size_t e = 0; e < D; e++) {
+                        const size_t i = (t * HK + g) * D + e, o = (g * T + t) * D + e;
+                        x[i] = nan_row ? 0.0 : src[w][i];
+                        if (nan_row) {
+                            cr_assert(isnan(got[w][o]), "%s path, %s row t %zu g %zu holds a non-number but reads %g",
+                                      path ? "append" : "write", w ? "value" : "key", t, g, (double)got[w][o]);
+                            fin[o] = 0.0f;
+                        }
+                    }
+                }
+            char what[64];
+            snprintf(what, sizeof what, "int8 %s, %s", path ? "append" : "write", w ? "values" : "keys");
+            check_int8_rows(x, fin, 1, T, HK, D, T, what);
+            free(fin);
+        }
+        free(x), free(kq), free(vq);
+        clattn_kv_cache_free(c);
+    }
+    free(k), free(v);
+}
+
+Test(edges, int8_rows_ref) { clattn_device *d = tu_open_ref(); int8_rows(d); clattn_device_free(d); }
+Test(edges, int8_rows_opencl) { clattn_device *d = tu_open_opencl(); int8_rows(d); clattn_device_free(d); }
+
 /* Every host allocation (and, on OpenCL, every buffer creation) a decode call makes, failed in turn: the call
  * reports it, and the lengths, the cache and the output are as before. */
 static void failing_steps(clattn_device *dev)
@@ -1285,8 +1516,8 @@ static void negative_scores(clattn_device *dev)
 Test(edges, negative_scores_ref) { clattn_device *d = tu_open_ref(); negative_scores(d); clattn_device_free(d); }
 Test(edges, negative_scores_opencl) { clattn_device *d = tu_open_opencl(); negative_scores(d); clattn_device_free(d); }
 
-/* The device bytes of every cache type, exactly: B * HK * capacity * (dk + dv) elements of 4 (FLOAT) or 2 (HALF)
- * bytes, with dk and dv apart (either one counted twice, or a type's element size for the other's, shows), and 0
+/* The device bytes of every cache type, exactly: B * HK * capacity * (dk + dv) elements of 4 (FLOAT), 2 (HALF, BF16)
+ * or 1 (INT8, and its B * HK * capacity * 2 float scales) bytes, with dk and dv apart (either one counted twice, or a type's element size for the other's, shows), and 0
  * on ref, which keeps the cache in host memory; a cache's bytes are readable through the cache alone. */
 Test(edges, cache_bytes_of_every_type)
 {
@@ -1294,17 +1525,19 @@ Test(edges, cache_bytes_of_every_type)
     clattn_device *devs[2] = {tu_open_ref(), tu_open_opencl()};
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            for (int half = 0; half < 2; half++) {
+            for (int type = 0; type < 4; type++) {
+                static const size_t elem[4] = {4, 2, 2, 1};
+                static const char *const name[4] = {"float", "half", "bfloat16", "int8"};
                 clattn_kv_cache_desc cd = {.batch = shapes[i].B, .capacity = shapes[i].cap, .kv_heads = shapes[i].HK,
                                            .head_dim_qk = shapes[i].dk, .head_dim_v = shapes[i].dv,
-                                           .type = half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                                           .type = (clattn_kv_type)type};
                 clattn_kv_cache *c = NULL;
                 cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-                const size_t want = k == 0 ? 0
-                                  : shapes[i].B * shapes[i].HK * shapes[i].cap * (shapes[i].dk + shapes[i].dv) *
-                                        (half ? 2 : 4);
+                const size_t rows = shapes[i].B * shapes[i].HK * shapes[i].cap;
+                const size_t want = k == 0 ? 0 : rows * (shapes[i].dk + shapes[i].dv) * elem[type] +
+                                                     (type == CLATTN_KV_INT8 ? rows * 2 * sizeof(float) : 0);
                 cr_assert_eq(clattn_kv_cache_device_bytes(c), want, "%s cache %zu x %zu x %zu x (%zu + %zu) on %s: "
-                             "%zu bytes, expected %zu", half ? "half" : "float", shapes[i].B, shapes[i].HK,
+                             "%zu bytes, expected %zu", name[type], shapes[i].B, shapes[i].HK,
                              shapes[i].cap, shapes[i].dk, shapes[i].dv, k ? "opencl" : "ref",
                              clattn_kv_cache_device_bytes(c), want);
                 clattn_kv_cache_free(c);

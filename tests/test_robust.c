@@ -1705,8 +1705,9 @@ Test(misuse, heads_as_given_refusals)
     clattn_device_free(devs[1]);
 }
 
-/* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), and a half training
- * plan with kv_half (training never takes kv_half), refused by name on both backends; a half plan's output that
+/* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), a half training
+ * plan with kv_half (training never takes kv_half), and kv_half outside 0..3 or INT8 in a prefill plan, refused by name
+ * on both backends; a half plan's output that
  * overlaps its input by one element (2 bytes, not 4) refused */
 Test(misuse, dtype_refusals)
 {
@@ -1715,6 +1716,11 @@ Test(misuse, dtype_refusals)
         {"dtype 3 is not CLATTN_DTYPE_F32", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .dtype = 3}},
         {"training with kv_half", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1, .kv_half = 1,
                                    .dtype = CLATTN_DTYPE_BF16}},
+        /* an int8 KV cache (clattn 0.8) is for decode plans: a prefill plan's kv_half rounds element by element */
+        {"(CLATTN_KV_INT8) is for decode plans", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .causal = 1,
+                                                  .kv_half = CLATTN_KV_INT8}},
+        {"kv_half must be 0, 1 (CLATTN_KV_HALF), 2 (CLATTN_KV_BF16) or 3", {.batch = 1, .seq_q = 3, .embed = 8,
+                                                                             .heads = 4, .kv_half = 4}},
     };
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -43,6 +43,7 @@
  * part_ml (rows*parts, 2) and part_acc (rows*parts, DV), row = (b*n + t)*H + h (parts > 1). */
 __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                             __global const kv_t *kc, __global const kv_t *vc,
+                            __global const float *ks, __global const float *vs,
                             __global const uint *lens, __global const uint *valid,
                             __global float *out, ulong out_off, uint out_ld,
                             __global float *part_ml, __global float *part_acc,
@@ -71,6 +72,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 
     __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    __global const float *ksb = ks + (b * HK + g) * (ulong)Tmax, *vsb = vs + (b * HK + g) * (ulong)Tmax; /* INT8 */
     /* a block of keys that every row sees whole needs no mask: all its keys precede the first row's
      * position (and, with a window, lie within the last row's window) */
     const uint p_first = len + q0 / GROUP, p_last = len + q_last / GROUP;
@@ -148,13 +150,14 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 for (uint r = 0; r < R; r++) hs[r] = dhsum(dot[kk][r]);
 #endif
                 const uint j = j0 + jj + kk;
+                const float sk = scale * KSCALE(ksb, min(j, je - 1)); /* an INT8 key's scale with the score's */
                 if (whole) {
                     #pragma unroll
-                    for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * scale;
+                    for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * sk;
                 } else {
                     #pragma unroll
                     for (uint r = 0; r < R; r++)
-                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * scale : -INFINITY;
+                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * sk : -INFINITY;
                 }
             }
         }
@@ -175,6 +178,14 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #endif
             l[r] = l[r] * corr[r] + sum;
         }
+#if KV_HALF == 3
+        { /* an INT8 value's scale on its weight, after the sums (keys past je have weight 0) */
+            float vsj[BK];
+            for (uint jj = 0; jj < BK; jj++) vsj[jj] = vsb[min(j0 + jj, je - 1)];
+            for (uint r = 0; r < R; r++)
+                for (uint jj = 0; jj < BK; jj++) s[r][jj] *= vsj[jj];
+        }
+#endif
         const uint nj = min((uint)BK, je - j0);
         __global const kv_t *vp0 = vb + (ulong)j0 * DV;
 #define DEC_VAL(jj, c) KLOADW((c), vp0 + (jj) * DV)

@@ -5,7 +5,10 @@
  * The cache, per sequence b and key/value head g, holds positions 0 .. Tmax-1 contiguously:
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
  * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
- * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first). lens[b] is sequence b's length before the step; the step brings n new tokens per
+ * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first), with KV_HALF 3
+ * as int8 codes whose row (b, g, j) has the scale ks[(b*HK + g)*Tmax + j] (vs likewise): the loads give the codes
+ * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE,
+ * VSCALE below; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step brings n new tokens per
  * sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
  * (when WINDOW > 0). The decode plan appends the new tokens first (decode/kv_append.cl).
@@ -36,19 +39,27 @@
 #define VW 1
 #endif
 
-#if KV_HALF == 2
+#if KV_HALF == 3
+typedef char kv_t;
+#define KSCALE(sb, j) ((sb)[(j)]) /* a row's scale, sb = ks or vs + (b*HK + g)*Tmax */
+#elif KV_HALF == 2
 typedef ushort kv_t;
 #elif KV_HALF
 typedef half kv_t;
 #else
 typedef float kv_t;
 #endif
+#ifndef KSCALE
+#define KSCALE(sb, j) 1.0f
+#endif
 
 #if VW == 8
 typedef float8 vw_t;
 #define QLOADW(i, p) vload8((i), (p))
 #define OSTOREW(v, i, p) vstore8((v), (i), (p))
-#if KV_HALF == 2
+#if KV_HALF == 3
+#define KLOADW(i, p) convert_float8(vload8((i), (p)))
+#elif KV_HALF == 2
 #define KLOADW(i, p) as_float8(convert_uint8(vload8((i), (p))) << 16)
 #elif KV_HALF
 #define KLOADW(i, p) vload_half8((i), (p))
@@ -60,7 +71,9 @@ inline float dhsum(float8 v) { float4 t = v.lo + v.hi; float2 u = t.lo + t.hi; r
 typedef float4 vw_t;
 #define QLOADW(i, p) vload4((i), (p))
 #define OSTOREW(v, i, p) vstore4((v), (i), (p))
-#if KV_HALF == 2
+#if KV_HALF == 3
+#define KLOADW(i, p) convert_float4(vload4((i), (p)))
+#elif KV_HALF == 2
 #define KLOADW(i, p) as_float4(convert_uint4(vload4((i), (p))) << 16)
 #elif KV_HALF
 #define KLOADW(i, p) vload_half4((i), (p))
@@ -72,7 +85,9 @@ inline float dhsum(float4 v) { float2 u = v.lo + v.hi; return u.x + u.y; }
 typedef float vw_t;
 #define QLOADW(i, p) ((p)[(i)])
 #define OSTOREW(v, i, p) ((p)[(i)] = (v))
-#if KV_HALF == 2
+#if KV_HALF == 3
+#define KLOADW(i, p) convert_float((p)[(i)])
+#elif KV_HALF == 2
 #define KLOADW(i, p) clattn_bf16_value((p)[(i)])
 #elif KV_HALF
 #define KLOADW(i, p) vload_half((i), (p))

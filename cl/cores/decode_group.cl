@@ -49,6 +49,7 @@
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_group(__global const float *q, ulong q_off, uint q_ld,
                   __global const kv_t *kc, __global const kv_t *vc,
+                  __global const float *ks, __global const float *vs,
                   __global const uint *lens, __global const uint *valid,
                   __global float *out, ulong out_off, uint out_ld,
                   __global float *part_ml, __global float *part_acc,
@@ -84,6 +85,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
 
     __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
     __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
+    __global const float *ksb = ks + (b * HK + g) * (ulong)Tmax, *vsb = vs + (b * HK + g) * (ulong)Tmax; /* INT8 */
     for (uint it = 0; it < steps; it++) {
         const uint j0 = js + it * step;
         __local float *red = sh + (it & 1) * RED + team * (KT * R * LANES);
@@ -108,10 +110,12 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        float sc[KT][R];
+        float sc[KT][R], vsk[KT];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             const uint j = j0 + kk * NT + team;
+            const float sk = scale * KSCALE(ksb, min(j, je - 1)); /* an INT8 key's scale with the score's */
+            vsk[kk] = KSCALE(vsb, min(j, je - 1));               /* an INT8 value's, on its weight */
             #pragma unroll
             for (uint r = 0; r < R; r++) {
                 __local const float *pr = red + (kk * R + r) * LANES;
@@ -123,7 +127,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                 float sum = 0.0f;
                 for (uint i = 0; i < LANES; i++) sum += pr[i];
 #endif
-                sc[kk][r] = j < je && dec_visible(j, pos[r]) ? sum * scale : -INFINITY;
+                sc[kk][r] = j < je && dec_visible(j, pos[r]) ? sum * sk : -INFINITY;
             }
         }
         #pragma unroll
@@ -141,7 +145,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             for (uint s = 0; s < NSV; s++) {
                 vw_t a = acc[r][s] * corr;
                 #pragma unroll
-                for (uint kk = 0; kk < KT; kk++) a = fma((vw_t)(p[kk]), vv[kk][s], a);
+                for (uint kk = 0; kk < KT; kk++) a = fma((vw_t)(p[kk] * vsk[kk]), vv[kk][s], a);
                 acc[r][s] = a;
             }
         }

@@ -2,7 +2,9 @@
  * projection rows; the layout of the cache is decode_attend.cl's:
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
  * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte: core OpenCL 1.2, no cl_khr_fp16), with KV_HALF 2 as
- * bfloat16 (common/half.cl's clattn_bf16; half.cl goes first). Specialised by -D: DK, DV, KV_HALF. */
+ * bfloat16 (common/half.cl's clattn_bf16; half.cl goes first), with KV_HALF 3 as int8 codes with a float scale per
+ * row, ks[(b*HK + g)*Tmax + j] (vs likewise; clattn.h, clattn_kv_type; src/runtime/numeric.c's
+ * clattn_kv_quantize_row is the same rule on the host). Specialised by -D: DK, DV, KV_HALF. */
 #ifndef DK
 #define DK 64
 #endif
@@ -12,7 +14,9 @@
 #ifndef KV_HALF
 #define KV_HALF 0
 #endif
-#if KV_HALF == 2
+#if KV_HALF == 3
+typedef char kv_t;
+#elif KV_HALF == 2
 typedef ushort kv_t;
 #define KV_STORE(x, i, p) ((p)[(i)] = clattn_bf16((x)))
 #elif KV_HALF
@@ -22,13 +26,32 @@ typedef half kv_t;
 typedef float kv_t;
 #define KV_STORE(x, i, p) ((p)[(i)] = (x))
 #endif
+#if KV_HALF == 3
+#define KVW 1 /* a work-item per row: its scale depends on the whole row */
+#else
 #define KVW (DK > DV ? DK : DV)
+#endif
+
+#if KV_HALF == 3
+/* One row of D values into codes q and its scale: s = max |x_c| / 127 (NaN when the row holds a NaN or an
+ * infinity: x - x is NaN only there), q_c = x_c / s rounded to nearest even, saturated (0 where s is 0 or NaN). */
+inline void int8_row(__global const float *x, uint D, __global char *q, __global float *scale)
+{
+    float amax = 0.0f, nonfinite = 0.0f;
+    for (uint c = 0; c < D; c++) amax = fmax(amax, fabs(x[c])), nonfinite += x[c] - x[c];
+    const float s = amax / 127.0f + nonfinite;
+    for (uint c = 0; c < D; c++) q[c] = s > 0.0f ? convert_char_sat_rte(x[c] / s) : (char)0;
+    *scale = s;
+}
+#endif
 
 /* One work-item per (b, t, g, c), c < max(DK, DV): K[b, g, lens[b] + t, c] and V likewise from the
- * projection row (b*n + t) of src (row stride src_ld; K of head g at column k_col + g*DK, V at v_col + g*DV). */
+ * projection row (b*n + t) of src (row stride src_ld; K of head g at column k_col + g*DK, V at v_col + g*DV).
+ * INT8 (KV_HALF 3): one work-item per (b, t, g), the whole row of K and of V and their scales (ks, vs; unused by
+ * the other types). */
 __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, uint k_col, uint v_col,
-                        __global kv_t *kc, __global kv_t *vc, __global const uint *lens, __global const uint *valid,
-                        uint n, uint HK, uint Tmax, ulong total)
+                        __global kv_t *kc, __global kv_t *vc, __global float *ks, __global float *vs,
+                        __global const uint *lens, __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
@@ -40,6 +63,12 @@ __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, u
     if (t >= valid[b]) return;
     __global const float *row = src + src_off + (b * n + t) * src_ld;
     const ulong pos = ((b * HK + g) * Tmax + lens[b] + t);
+#if KV_HALF == 3
+    (void)c;
+    int8_row(row + k_col + g * DK, DK, kc + pos * DK, ks + pos);
+    int8_row(row + v_col + g * DV, DV, vc + pos * DV, vs + pos);
+#else
     if (c < DK) KV_STORE(row[k_col + g * DK + c], pos * DK + c, kc);
     if (c < DV) KV_STORE(row[v_col + g * DV + c], pos * DV + c, vc);
+#endif
 }

@@ -36,7 +36,9 @@ class Decoder(_Shaped):
     valid (B ints, 0 <= valid[b] <= n) lets sequence b append only its first valid[b] tokens (ragged prompts);
     its other rows are the output of an empty attention (b_out, or 0). kv_dtype: the cache's element type,
     "float32" (default), "float16" or "bfloat16" (clattn 0.7; keys and values rounded to it, to nearest even, as
-    they are appended); kv_half=True is kv_dtype="float16".
+    they are appended), or "int8" (clattn 0.8: each appended token's keys of a KV head, and its values, quantised
+    to bytes with one float scale, max |x| / 127; every element within max |x| / 254 of its value; the README's
+    "KV cache"); kv_half=True is kv_dtype="float16".
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
@@ -59,12 +61,14 @@ class Decoder(_Shaped):
         self.window = _a.integer("window", window)
         self.scale = _a.real("scale", scale)
         half = _a.flag("kv_half", kv_half)
-        kvd = "float32" if kv_dtype is None else _a.dtype_name("kv_dtype", kv_dtype)
+        int8 = kv_dtype is not None and str(kv_dtype) in ("int8", "torch.int8")
+        kvd = "float32" if kv_dtype is None else "int8" if int8 else _a.dtype_name("kv_dtype", kv_dtype)
         if half and kv_dtype is not None and kvd != "float16":
             _invalid(f"kv_half=True with kv_dtype={kvd!r}: give one of them (kv_half=True is kv_dtype='float16')")
         self.kv_dtype = "float16" if half else kvd
         self.kv_half = self.kv_dtype == "float16"
-        kv_type = _a.dtype_code(self.kv_dtype)  # clattn_kv_type: 0 float, 1 half, 2 bfloat16
+        # clattn_kv_type: 0 float, 1 half, 2 bfloat16, 3 int8
+        kv_type = 3 if self.kv_dtype == "int8" else _a.dtype_code(self.kv_dtype)
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
         self._device = _Device(device)
         self.device = self._device.name

@@ -112,8 +112,9 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if ((d->attn_mask_per_batch || d->attn_mask_per_head) && d->attn_mask == CLATTN_MASK_NONE)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "attn_mask_per_%s without an attn_mask (desc.attn_mask = "
                            "CLATTN_MASK_NONE): it would be ignored", d->attn_mask_per_batch ? "batch" : "head");
-    if ((unsigned)d->kv_half > 2)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0, 1 (CLATTN_KV_HALF) or 2 (CLATTN_KV_BF16)");
+    if ((unsigned)d->kv_half > 3)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0, 1 (CLATTN_KV_HALF), 2 (CLATTN_KV_BF16) "
+                           "or 3 (CLATTN_KV_INT8)");
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
@@ -326,6 +327,10 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
     if (desc && desc->separate_value && !desc->cross) /* (a decode plan takes them as self-attention's new tokens) */
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "separate_value needs cross = 1 (keys from kv, values from "
                            "value)");
+    if (desc && desc->kv_half == CLATTN_KV_INT8)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "kv_half = 3 (CLATTN_KV_INT8) is for decode plans: an int8 KV "
+                           "cache quantises each appended row as a whole, and a prefill plan rounds keys and values "
+                           "element by element (kv_half 0, 1 or 2); prefill into an int8 cache with a decode plan");
     clattn_plan *p = NULL;
     clattn_status st = clattn_plan_prepare(device, desc, weights, host_staging, &p);
     if (st != CLATTN_STATUS_SUCCESS) return st;

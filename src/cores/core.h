@@ -98,7 +98,8 @@ clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage);
  * output rows (B*n, H*dv). */
 typedef struct clattn_decode_io {
     clattn_view q, out;
-    cl_mem cache_k, cache_v;     /* (B, HK, capacity, dk | dv), half when the plan's kv_half */
+    cl_mem cache_k, cache_v;     /* (B, HK, capacity, dk | dv), of the plan's kv_half type */
+    cl_mem cache_ks, cache_vs;   /* (B, HK, capacity) an INT8 cache's row scales (NULL for the other types) */
     size_t capacity;
     cl_mem lens, valid;          /* (B) uint: tokens cached before this step, real new tokens of this step */
     size_t n;                    /* new tokens per sequence (valid <= n) */

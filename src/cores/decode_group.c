@@ -52,7 +52,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
 }
 
 /* The widest vector dividing both head sizes, at most 4 floats (16 bytes per lane and load: NVIDIA's
- * widest load) or 8 halves; lanes dividing both heads' vectors so that each lane holds 2 vectors of a key
+ * widest load) or 8 halves (8 bytes for INT8); lanes dividing both heads' vectors so that each lane holds 2 vectors of a key
  * where the head sizes allow (few lanes: fewer partials to sum; more: more keys in flight per work-group);
  * 128 work-items, 2 keys per team and step, 4 rows. A lane's registers (the rows' query and output slices,
  * a step's keys and values) stay within 128 floats, and the work-group, keys per step and rows shrink until

@@ -6,7 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d) { return d->type == CLATTN_KV_FLOAT ? 4 : 2; }
+size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d)
+{
+    return d->type == CLATTN_KV_FLOAT ? 4 : d->type == CLATTN_KV_INT8 ? 1 : 2;
+}
+
+/* Bytes of an INT8 cache's scales (0 for the other types): a float per row of keys and per row of values. */
+static size_t scale_bytes(const clattn_kv_cache_desc *d)
+{
+    return d->type == CLATTN_KV_INT8 ? d->batch * d->kv_heads * d->capacity * 2 * sizeof(float) : 0;
+}
 
 clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc, clattn_kv_cache **cache)
 {
@@ -16,9 +25,9 @@ clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cach
     if (!device) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "device is NULL");
     if (!desc) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc is NULL");
     clattn_kv_cache_desc d = *desc;
-    if (d.type != CLATTN_KV_FLOAT && d.type != CLATTN_KV_HALF && d.type != CLATTN_KV_BF16)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "type %d is not CLATTN_KV_FLOAT, CLATTN_KV_HALF or "
-                           "CLATTN_KV_BF16", (int)d.type);
+    if (d.type != CLATTN_KV_FLOAT && d.type != CLATTN_KV_HALF && d.type != CLATTN_KV_BF16 && d.type != CLATTN_KV_INT8)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "type %d is not CLATTN_KV_FLOAT, CLATTN_KV_HALF, "
+                           "CLATTN_KV_BF16 or CLATTN_KV_INT8", (int)d.type);
     if (d.batch == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "batch must be >= 1");
     if (d.capacity == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "capacity must be >= 1");
     if (d.kv_heads == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_heads must be >= 1");
@@ -50,12 +59,15 @@ clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cach
         if (!c->k_host || !c->v_host)
             st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache (%zu floats)", nk + nv);
     } else {
-        const size_t es = clattn_kv_elem_size(&d);
-        if ((nk + nv) * es > device->caps.global_mem)
+        const size_t es = clattn_kv_elem_size(&d), rows = d.batch * d.kv_heads * d.capacity;
+        if ((nk + nv) * es + scale_bytes(&d) > device->caps.global_mem)
             st = clattn_fail(CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "the cache needs %zu bytes, more than the device's "
-                             "global memory (%zu bytes)", (nk + nv) * es, device->caps.global_mem);
+                             "global memory (%zu bytes)", (nk + nv) * es + scale_bytes(&d), device->caps.global_mem);
         else if ((st = clattn_buffer_new(device, nk, es, NULL, "the key cache", &c->k)) == CLATTN_STATUS_SUCCESS)
             st = clattn_buffer_new(device, nv, es, NULL, "the value cache", &c->v);
+        if (st == CLATTN_STATUS_SUCCESS && d.type == CLATTN_KV_INT8 &&
+            (st = clattn_buffer_new(device, rows, 4, NULL, "the key cache's scales", &c->ks)) == CLATTN_STATUS_SUCCESS)
+            st = clattn_buffer_new(device, rows, 4, NULL, "the value cache's scales", &c->vs);
     }
     if (st != CLATTN_STATUS_SUCCESS) {
         clattn_kv_cache_free(c);
@@ -70,6 +82,8 @@ void clattn_kv_cache_free(clattn_kv_cache *cache)
     if (!cache) return;
     clattn_mem_release(&cache->k);
     clattn_mem_release(&cache->v);
+    clattn_mem_release(&cache->ks);
+    clattn_mem_release(&cache->vs);
     free(cache->k_host);
     free(cache->v_host);
     free(cache->len);
@@ -130,29 +144,51 @@ size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache)
 {
     if (!cache || !cache->k) return 0;
     const size_t rows = cache->d.batch * cache->d.kv_heads * cache->d.capacity;
-    return rows * (cache->d.head_dim_qk + cache->d.head_dim_v) * clattn_kv_elem_size(&cache->d);
+    return rows * (cache->d.head_dim_qk + cache->d.head_dim_v) * clattn_kv_elem_size(&cache->d) +
+           scale_bytes(&cache->d);
+}
+
+/* n bytes of a device buffer into host memory. */
+static clattn_status read_raw(const clattn_kv_cache *c, cl_mem m, size_t n, void *dst, const char *what)
+{
+    const cl_int err = clEnqueueReadBuffer(c->device->queue, m, CL_TRUE, 0, n, dst, 0, NULL, NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail((clattn_status)err, "reading the %s failed (%d: %s)", what, err, clattn_status_string(err));
+    return CLATTN_STATUS_SUCCESS;
 }
 
 /* One of the two tensors (B, HK, Tmax, D) as float into dst, zero past each sequence's length. */
-static clattn_status cache_read_one(const clattn_kv_cache *c, cl_mem m, const float *host, size_t D, float *dst,
-                                    const char *what)
+static clattn_status cache_read_one(const clattn_kv_cache *c, cl_mem m, cl_mem scales, const float *host, size_t D,
+                                    float *dst, const char *what)
 {
     const clattn_kv_cache_desc *d = &c->d;
     const size_t rows = d->batch * d->kv_heads * d->capacity, n = rows * D;
     if (host) {
         memcpy(dst, host, n * sizeof *dst);
     } else {
-        const size_t es = clattn_kv_elem_size(d);
+        const size_t es = clattn_kv_elem_size(d), sb = d->type == CLATTN_KV_INT8 ? rows * sizeof(float) : 0;
         void *raw = clattn_malloc(n * es);
-        if (!raw) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reading the %s (%zu bytes)", what, n * es);
-        cl_int err = clEnqueueReadBuffer(c->device->queue, m, CL_TRUE, 0, n * es, raw, 0, NULL, NULL);
-        if (err != CL_SUCCESS) {
-            free(raw);
-            return clattn_fail((clattn_status)err, "reading the %s failed (%d: %s)", what, err, clattn_status_string(err));
+        float *sa = sb ? clattn_malloc(sb) : NULL; /* INT8: the rows' scales */
+        if (!raw || (sb && !sa)) {
+            free(raw), free(sa);
+            return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reading the %s (%zu bytes)", what, n * es + sb);
         }
-        if (es == 2) clattn_dtype_widen(raw, n, d->type == CLATTN_KV_BF16 ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F16, dst);
-        else memcpy(dst, raw, n * sizeof *dst);
+        clattn_status st = read_raw(c, m, n * es, raw, what);
+        if (!st && sb) st = read_raw(c, scales, sb, sa, what);
+        if (!st) {
+            if (d->type == CLATTN_KV_INT8) {
+                const int8_t *q = raw;
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t e = 0; e < D; e++) dst[r * D + e] = (float)q[r * D + e] * sa[r];
+            } else if (es == 2) {
+                clattn_dtype_widen(raw, n, d->type == CLATTN_KV_BF16 ? CLATTN_DTYPE_BF16 : CLATTN_DTYPE_F16, dst);
+            } else {
+                memcpy(dst, raw, n * sizeof *dst);
+            }
+        }
+        free(sa);
         free(raw);
+        if (st) return st;
     }
     for (size_t b = 0; b < d->batch; b++)
         for (size_t g = 0; g < d->kv_heads; g++) {
@@ -173,9 +209,32 @@ clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float
     clattn_kv_cache *c = (clattn_kv_cache *)cache; /* the lock is the cache's own state */
     pthread_mutex_lock(&c->lock);
     clattn_status st = CLATTN_STATUS_SUCCESS;
-    if (k) st = cache_read_one(cache, cache->k, cache->k_host, cache->d.head_dim_qk, k, "key cache");
-    if (v && !st) st = cache_read_one(cache, cache->v, cache->v_host, cache->d.head_dim_v, v, "value cache");
+    if (k) st = cache_read_one(cache, cache->k, cache->ks, cache->k_host, cache->d.head_dim_qk, k, "key cache");
+    if (v && !st) st = cache_read_one(cache, cache->v, cache->vs, cache->v_host, cache->d.head_dim_v, v, "value cache");
     pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* An INT8 cache's keys or values (rows of D) quantised on the host as kv_append.cl does, codes and scales uploaded. */
+static clattn_status write_int8(clattn_kv_cache *cache, const float *x, size_t D, cl_mem codes, cl_mem scales,
+                                const char *what)
+{
+    const size_t rows = cache->d.batch * cache->d.kv_heads * cache->d.capacity;
+    int8_t *q = clattn_malloc(rows * D);
+    float *s = clattn_malloc(rows * sizeof *s);
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    if (!q || !s) st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "quantising the %s cache", what);
+    for (size_t r = 0; !st && r < rows; r++) s[r] = clattn_kv_quantize_row(x + r * D, D, q + r * D);
+    const void *src[2] = {q, s};
+    const size_t n[2] = {rows * D, rows * sizeof *s};
+    cl_mem dst[2] = {codes, scales};
+    for (int t = 0; t < 2 && !st; t++) {
+        const cl_int err = clEnqueueWriteBuffer(cache->device->queue, dst[t], CL_TRUE, 0, n[t], src[t], 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            st = clattn_fail((clattn_status)err, "writing the %s cache%s failed (%d: %s)", what, t ? "'s scales" : "",
+                             err, clattn_status_string(err));
+    }
+    free(q), free(s);
     return st;
 }
 
@@ -189,8 +248,13 @@ static clattn_status write_locked(clattn_kv_cache *cache, const float *k, const 
     const size_t rows = d->batch * d->kv_heads * d->capacity;
     const size_t nk = rows * d->head_dim_qk, nv = rows * d->head_dim_v;
     if (cache->k_host) {
-        for (size_t i = 0; i < nk; i++) cache->k_host[i] = clattn_round_kv(k[i], (int)d->type);
-        for (size_t i = 0; i < nv; i++) cache->v_host[i] = clattn_round_kv(v[i], (int)d->type);
+        memcpy(cache->k_host, k, nk * sizeof *k);
+        memcpy(cache->v_host, v, nv * sizeof *v);
+        clattn_kv_round_rows(cache->k_host, rows, d->head_dim_qk, (int)d->type);
+        clattn_kv_round_rows(cache->v_host, rows, d->head_dim_v, (int)d->type);
+    } else if (d->type == CLATTN_KV_INT8) {
+        TRY(write_int8(cache, k, d->head_dim_qk, cache->k, cache->ks, "key"));
+        TRY(write_int8(cache, v, d->head_dim_v, cache->v, cache->vs, "value"));
     } else {
         const size_t es = clattn_kv_elem_size(d);
         const float *src[2] = {k, v};

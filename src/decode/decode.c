@@ -164,8 +164,8 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
                            cd->head_dim_qk, cd->head_dim_v, B, d->kv_heads, d->head_dim_qk, d->head_dim_v);
     if ((int)cd->type != d->kv_half)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache stores %s but the plan has kv_half = %d",
-                           cd->type == CLATTN_KV_HALF ? "half" : cd->type == CLATTN_KV_BF16 ? "bfloat16" : "float",
-                           d->kv_half);
+                           cd->type == CLATTN_KV_HALF ? "half" : cd->type == CLATTN_KV_BF16 ? "bfloat16" :
+                           cd->type == CLATTN_KV_INT8 ? "int8" : "float", d->kv_half);
     if (n == 0 || n > d->seq_q)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
     *max_len = 0;

@@ -10,8 +10,9 @@ struct clattn_kv_cache {
     clattn_device *device;
     clattn_kv_cache_desc d;
     size_t *len;               /* (B) current lengths */
-    float *k_host, *v_host;    /* ref: (B, HK, capacity, dk|dv), already rounded when HALF */
-    cl_mem k, v;               /* OpenCL: the same layout, float or half */
+    float *k_host, *v_host;    /* ref: (B, HK, capacity, dk|dv), already rounded (HALF, BF16) or quantised (INT8) */
+    cl_mem k, v;               /* OpenCL: the same layout, float, half, bfloat16 or int8 */
+    cl_mem ks, vs;             /* OpenCL, INT8: (B, HK, capacity) each row's scale (clattn_kv_type) */
 };
 size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d); /* bytes of one stored element */
 

@@ -3,7 +3,7 @@
  *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
  *                       and V copied into those rows' columns (rectangular copies, no kernel)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
- *                       lens[b] + t (float or half)
+ *                       lens[b] + t (float, half, bfloat16, or int8 codes and a scale per row)
  *   3. attend           the decode core select.c chose (src/cores/decode_attend.c)
  *   4. out projection   as 1.
  * Everything is launched once with no work at plan creation, so that the driver compiles it then and not
@@ -110,7 +110,8 @@ static clattn_status pass_run(void *ctx)
     }
     if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
     /* 2. append */
-    const size_t kvw = dk > dv ? dk : dv, n_app = warm ? 0 : B * n * HK * kvw;
+    const size_t kvw = d->kv_half == CLATTN_KV_INT8 ? 1 : dk > dv ? dk : dv; /* INT8: a work-item per row */
+    const size_t n_app = warm ? 0 : B * n * HK * kvw;
     clattn_args a;
     clattn_args_begin(&a, c->k_append, "kv_append");
     clattn_core_arg_rows(&a, src, c->lay.q_ld);
@@ -118,6 +119,8 @@ static clattn_status pass_run(void *ctx)
     clattn_arg_u32(&a, (cl_uint)v_col);
     clattn_arg_mem(&a, dpass->io.cache_k);
     clattn_arg_mem(&a, dpass->io.cache_v);
+    clattn_arg_mem(&a, dpass->io.cache_ks);
+    clattn_arg_mem(&a, dpass->io.cache_vs);
     clattn_arg_mem(&a, c->lens_buf);
     clattn_arg_mem(&a, c->valid_buf);
     clattn_arg_u32(&a, (cl_uint)n);
@@ -257,7 +260,8 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
     const int sv = p->d.separate_value;
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
-                         .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
+                         .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
+                                .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts},
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
@@ -300,7 +304,8 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
                                   &c->counts_written), "uploading the token counts");
     decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
-                         .io = {.cache_k = cache->k, .cache_v = cache->v, .capacity = cache->d.capacity,
+                         .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
+                                .capacity = cache->d.capacity,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts},
                          .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};

@@ -1,5 +1,5 @@
 /* decode_ref.c: a decode step on the CPU reference, in double, from the same description: the projections,
- * the append (K and V rounded as a half cache stores them), attention of each new token over its
+ * the append (K and V rounded or quantised as the cache stores them), attention of each new token over its
  * sequence's cached and new keys (causal, sliding window), the output projection. */
 #include "decode.h"
 
@@ -39,10 +39,8 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
         memcpy(K, x, B * n * E * sizeof *K);
         memcpy(V, x, B * n * E * sizeof *V);
     }
-    if (d->kv_half) {
-        for (size_t i = 0; i < B * n * HK * dk; i++) K[i] = clattn_round_kv(K[i], d->kv_half);
-        for (size_t i = 0; i < B * n * HK * dv; i++) V[i] = clattn_round_kv(V[i], d->kv_half);
-    }
+    clattn_kv_round_rows(K, B * n * HK, dk, d->kv_half); /* (an INT8 cache's rows: one per token and KV head) */
+    clattn_kv_round_rows(V, B * n * HK, dv, d->kv_half);
     /* 2. append: cache (b, g, len + t) = K (b, t, g) for the real tokens */
     for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < valid[b]; t++)

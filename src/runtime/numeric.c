@@ -67,6 +67,43 @@ float clattn_round_kv(float f, int kv_type)
     return kv_type == 1 ? clattn_round_half(f) : kv_type == 2 ? clattn_bf16_to_float(clattn_float_to_bf16(f)) : f;
 }
 
+/* An INT8 row's scale, and one element's code from it (clattn_kv_quantize_row). */
+static float int8_scale(const float *x, size_t n)
+{
+    float amax = 0.0f, nonfinite = 0.0f;
+    for (size_t c = 0; c < n; c++) {
+        amax = fmaxf(amax, fabsf(x[c]));
+        nonfinite += x[c] - x[c]; /* NaN once an element is NaN or infinite */
+    }
+    return amax / 127.0f + nonfinite;
+}
+
+static int8_t int8_code(float x, float s)
+{
+    const float r = s > 0.0f ? nearbyintf(x / s) : 0.0f;
+    return (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+}
+
+float clattn_kv_quantize_row(const float *x, size_t n, int8_t *q)
+{
+    const float s = int8_scale(x, n);
+    for (size_t c = 0; c < n; c++) q[c] = int8_code(x[c], s);
+    return s;
+}
+
+void clattn_kv_round_rows(float *x, size_t rows, size_t n, int kv_type)
+{
+    for (size_t r = 0; r < rows; r++) {
+        float *row = x + r * n;
+        if (kv_type == CLATTN_KV_INT8) {
+            const float s = int8_scale(row, n);
+            for (size_t c = 0; c < n; c++) row[c] = (float)int8_code(row[c], s) * s;
+        } else if (kv_type) {
+            for (size_t c = 0; c < n; c++) row[c] = clattn_round_kv(row[c], kv_type);
+        }
+    }
+}
+
 /* bfloat16, round to nearest even: the upper 16 bits of the float after adding half a unit of the 16 dropped
  * (plus one when the kept part is odd); NaN keeps a quiet NaN's bits (the carry could make it inf). */
 uint16_t clattn_float_to_bf16(float f)
