@@ -40,7 +40,7 @@ typedef struct dopts {
     const char *device;
     size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
     size_t batches[MAX_BATCHES], nbatches; /* --batch B[,B...]: one run per batch size */
-    int kv_half, iters, warmup, sweep, json, progress, ragged;
+    int kv_type, iters, warmup, sweep, json, progress, ragged; /* kv_type: a clattn_kv_type */
 } dopts;
 
 typedef struct dres {
@@ -51,6 +51,8 @@ typedef struct dres {
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes, step_gbps;
     double stage_ms[CLATTN_DECODE_STAGE_COUNT]; /* one more step, profiled (all -1: the device has none) */
 } dres;
+
+static const char *const kv_names[] = {"float", "half", "bf16", "int8"}; /* by clattn_kv_type */
 
 static size_t dsize(const char *opt, const char *s, size_t min)
 {
@@ -67,7 +69,7 @@ void clattn_bench_decode_usage(FILE *f)
 {
     fprintf(f,
             "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B[,B...]] [--ragged]\n"
-            "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-half] [--window W]\n"
+            "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-type T] [--window W]\n"
             "                    [--splits N] [--iters N] [--warmup W] [--json] [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
             "  --batch 1,8,64: one run per batch size (tokens/s is the whole batch's). --ragged: the sequences'\n"
@@ -75,6 +77,7 @@ void clattn_bench_decode_usage(FILE *f)
             "  Defaults: --context 8192 --batch 1 --heads 32 --kv-heads 8 --head-dim 128 --dim 128 --iters 20\n"
             "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
             "  step; small by default so that the step is the cache read). --sweep: C = 512 ... 32768.\n"
+            "  --kv-type float|half|bf16|int8: the cache's element type (--kv-half = --kv-type half).\n"
             "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
             "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
             "  kv_bandwidth_fraction, and step_bandwidth_fraction over every byte the step reads (KV cache +\n"
@@ -114,7 +117,15 @@ static void parse(int argc, char **argv, dopts *o)
         else if (!strcmp(a, "--splits")) { o->splits = dsize(a, v, 0); i++; }
         else if (!strcmp(a, "--iters")) { o->iters = (int)dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--warmup")) { o->warmup = (int)dsize(a, v, 0); i++; }
-        else if (!strcmp(a, "--kv-half")) o->kv_half = 1;
+        else if (!strcmp(a, "--kv-half")) o->kv_type = CLATTN_KV_HALF;
+        else if (!strcmp(a, "--kv-type")) {
+            if (!v) bench_usage_die("--kv-type needs a value");
+            int t = 0;
+            while (t < 4 && strcmp(v, kv_names[t])) t++;
+            if (t == 4) bench_usage_die("--kv-type: '%s' is not float, half, bf16 or int8", v);
+            o->kv_type = t;
+            i++;
+        }
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--progress")) o->progress = 1;
@@ -217,12 +228,12 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
                                   .w_key_count = HK * D * E, .w_value_count = HK * D * E, .w_out_count = E * H * D};
     const size_t P = 16; /* a short prefill first: its GEMMs and kernels are what a real prompt would warm */
     clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
-                               .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_half};
+                               .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_type};
     clattn_decode_plan *plan = NULL;
     bench_plan_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
     bench_check(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
     clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + 1, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
-                               .type = o->kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                               .type = (clattn_kv_type)o->kv_type};
     clattn_kv_cache *cache = NULL;
     bench_check(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
     float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
@@ -277,7 +288,9 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
         const size_t l = lens[b] + 1;
         visible += (double)(o->window && o->window < l ? o->window : l);
     }
-    r->kv_bytes = (double)HK * visible * 2.0 * (double)D * (o->kv_half ? 2.0 : 4.0);
+    /* per visible position and KV head: a key and a value of D elements (and an INT8 row's two scales) */
+    static const double elem[4] = {4.0, 2.0, 2.0, 1.0};
+    r->kv_bytes = (double)HK * visible * (2.0 * (double)D * elem[o->kv_type] + (o->kv_type == CLATTN_KV_INT8 ? 8.0 : 0.0));
     r->weight_bytes = 4.0 * ((double)(H * D + 2 * HK * D) * (double)E + (double)E * (double)(H * D));
     r->tokens_per_s = (double)B / (r->step_ms / 1e3);
     r->kv_gbps = r->kv_bytes / (r->step_ms * 1e6);
@@ -310,7 +323,7 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     bench_json_string(stdout, r->gemm);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
            "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
-           r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, o->kv_half ? "half" : "float",
+           r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, kv_names[o->kv_type],
            o->window, r->parts, o->iters, o->warmup);
     printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
            r->step_min, r->step_max, r->first_ms);
@@ -345,7 +358,7 @@ int clattn_bench_decode(int argc, char **argv)
     const char *name = clattn_device_name(dev);
     fprintf(stderr, "clattn-bench: decode on %s (driver %s): B=%zu%s heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s "
             "window=%zu splits=%s\n", name, driver, o.batches[0], o.nbatches > 1 ? "..." : "", o.heads, o.kv_heads, o.head_dim, o.dim,
-            o.kv_half ? "half" : "float", o.window, o.splits ? "forced" : "auto");
+            kv_names[o.kv_type], o.window, o.splits ? "forced" : "auto");
     const size_t *ctxs = o.sweep ? sweep_ctx : &o.context;
     const size_t nctx = o.sweep ? NSWEEP : 1;
     const size_t nrun = nctx * o.nbatches;
@@ -361,7 +374,7 @@ int clattn_bench_decode(int argc, char **argv)
     }
     if (!o.json) {
         printf("decode step on %s: heads=%zu kv_heads=%zu head_dim=%zu dim=%zu kv=%s window=%zu%s\n", name, o.heads,
-               o.kv_heads, o.head_dim, o.dim, o.kv_half ? "half" : "float", o.window, o.ragged ? " ragged" : "");
+               o.kv_heads, o.head_dim, o.dim, kv_names[o.kv_type], o.window, o.ragged ? " ragged" : "");
         printf("%8s %5s %6s %10s %10s %12s %10s %9s %10s %9s %9s\n", "context", "batch", "parts", "step ms", "first ms",
                "tokens/s", "KV MB", "KV GB/s", "copy GB/s", "kv frac", "step frac");
         for (size_t i = 0; i < nrun; i++)

@@ -619,8 +619,10 @@ CLATTN_API const char *clattn_plan_gemm_params(const clattn_plan *plan);
  * Device memory: B*HK*capacity*(dk+dv) elements, and for INT8 also B*HK*capacity*2 floats (the scales).
  *
  * INT8: each (sequence, KV head, position) row of keys, and of values, is stored as dk (dv) signed bytes q_c and one
- * float scale s, symmetric: s = max_c |x_c| / 127 and q_c = x_c / s rounded to nearest even (so |q_c| <= 127; a row
- * of zeros has s = 0), quantised when the row is appended or written; the cores read q_c * s. Each element's error
+ * float scale s, symmetric: s = max_c |x_c| * (1/127 rounded to a float), computed in float, and q_c = x_c / s
+ * rounded to nearest, ties to even (the exact quotient's rounding: the same codes on every device; |q_c| <= 127; a
+ * row of zeros has s = 0, a row holding a NaN or an infinity s = NaN), quantised when the row is appended or written;
+ * the cores read q_c * s. Each element's error
  * is at most half a step, |q_c s - x_c| <= s/2 = max_c |x_c| / 254 (a bound relative to the row's largest element,
  * not to the element; plus fp32 rounding). clattn_kv_cache_read gives q_c * s. At dk = dv = 64 a position takes 136
  * bytes against 256 for HALF and 512 for FLOAT. Decode plans only (desc.kv_half = 3): a prefill plan's kv_half

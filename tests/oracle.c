@@ -100,6 +100,31 @@ double oracle_bf16(double x)
 
 double oracle_kv(double x, int kv_type) { return kv_type == 2 ? oracle_bf16(x) : kv_type ? oracle_half(x) : x; }
 
+void oracle_int8_rows(double *x, size_t rows, size_t n)
+{
+    const double inv127 = (double)(1.0f / 127.0f); /* the float nearest 1/127, as clattn.h defines the scale */
+    for (size_t r = 0; r < rows; r++) {
+        double *row = x + r * n, amax = 0.0;
+        int nonfinite = 0;
+        for (size_t c = 0; c < n; c++) {
+            const float f = (float)row[c];
+            if (isnan(f) || isinf(f)) nonfinite = 1;
+            else if (fabs((double)f) > amax) amax = fabs((double)f);
+        }
+        const double s = (double)(float)(amax * inv127); /* the float product: the double one is exact */
+        for (size_t c = 0; c < n; c++) {
+            if (nonfinite) {
+                row[c] = NAN;
+                continue;
+            }
+            double q = s > 0.0 ? nearbyint((double)(float)row[c] / s) : 0.0; /* a tie of the exact quotient is one
+                                                                               in double too (see oracle.h) */
+            q = q > 127.0 ? 127.0 : q < -127.0 ? -127.0 : q;
+            row[c] = q * s;
+        }
+    }
+}
+
 int oracle_attention(const clattn_attention_desc *d, const clattn_attention_weights *w,
                      const clattn_attention_args *args, double *out, double *attn)
 {
@@ -125,7 +150,10 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
     }
     /* Q (B*Tq, H*dk), K (B*Tk, H*dk), V (B*Tk, H*dv): row t holds every head, head h at h*dk */
     project_qkv(d, w, args, &o, q, k, v);
-    if (d->kv_half) { /* the values a half or bfloat16 KV cache holds */
+    if (d->kv_half == CLATTN_KV_INT8) { /* the values an int8 KV cache holds: rows of a position and KV head */
+        oracle_int8_rows(k, B * Tk * HK, dk);
+        oracle_int8_rows(v, B * Tk * HK, dv);
+    } else if (d->kv_half) { /* the values a half or bfloat16 KV cache holds */
         for (size_t n = 0; n < B * Tk * HK * dk; n++) k[n] = oracle_kv(k[n], d->kv_half);
         for (size_t n = 0; n < B * Tk * HK * dv; n++) v[n] = oracle_kv(v[n], d->kv_half);
     }

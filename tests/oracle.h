@@ -51,6 +51,13 @@ double oracle_half(double x);
  * 1 oracle_half, 2 oracle_bf16). */
 double oracle_bf16(double x);
 double oracle_kv(double x, int kv_type);
+/* `rows` rows of n values replaced by what an int8 KV cache holds (clattn.h, CLATTN_KV_INT8), from the definition: each
+ * value taken as a float; s = the float product max |x_c| * (the float nearest 1/127); q_c = x_c / s rounded to nearest,
+ * ties to even, within +-127; the value q_c * s; a row with a NaN or an infinity all NaN. The quotient in double
+ * rounds as the exact one would: x_c / s is within 2^-53 of itself, and a quotient of two floats that is not a tie
+ * is at least about 2^-25 of it away from one. desc.kv_half = 3 in oracle_attention applies it to each (position,
+ * KV head) row of K and V. The oracle's own values: exact in float only where the projections are (dyadic inputs). */
+void oracle_int8_rows(double *x, size_t rows, size_t n);
 
 /* torch.nn.TransformerEncoderLayer (batch_first, eval): post-norm or pre-norm, ReLU or erf-GELU,
  * LayerNorm with the biased variance. out (B, T, E). Returns 0 or -1. */

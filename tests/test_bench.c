@@ -674,14 +674,16 @@ Test(bench, errors_exit_nonzero_with_a_message, .timeout = 60)
 
 /* ---------------------------------------------------------------- clattn-bench --decode */
 
-static void decode_smoke(const char *spec, const char *half, const char *window)
+/* kv: the cache's type as --decode names it (NULL: float; "half" through --kv-half, the others through --kv-type) */
+static void decode_smoke(const char *spec, const char *kv, const char *window)
 {
     run_result *r = calloc(1, sizeof *r);
     const char *args[32] = {"clattn-bench", "--decode", "--device", spec, "--context", "100", "--heads", "4",
                             "--kv-heads", "2", "--head-dim", "8", "--dim", "16", "--iters", "3", "--warmup", "1",
                             "--json"};
     int n = 19;
-    if (half) args[n++] = half;
+    if (kv && !strcmp(kv, "half")) args[n++] = "--kv-half";
+    else if (kv) args[n++] = "--kv-type", args[n++] = kv;
     if (window) args[n++] = "--window", args[n++] = window;
     args[n] = NULL;
     run_bench(args, r);
@@ -697,14 +699,18 @@ static void decode_smoke(const char *spec, const char *half, const char *window)
     json_number(j, "tokens_per_s", &tps), json_number(j, "copy_gbps", &copy);
     json_number(j, "kv_bandwidth_fraction", &frac);
     /* B * HK * visible positions * (dk + dv) * element size: 101 positions (the cache and the new token),
-     * or the window */
+     * or the window; an int8 cache's rows also have a float scale each, key and value */
     const double visible = window ? atof(window) : 101.0;
-    cr_expect(fabs(kvb - 1 * 2 * visible * 16 * (half ? 2.0 : 4.0)) < 0.5, "kv_bytes = %g", kvb);
+    const int int8 = kv && !strcmp(kv, "int8");
+    const double elem = !kv ? 4.0 : int8 ? 1.0 : 2.0;
+    cr_expect(fabs(kvb - 1 * 2 * visible * (16 * elem + (int8 ? 8.0 : 0.0))) < 0.5, "kv_bytes = %g", kvb);
     cr_expect(fabs(gbps - kvb / (step * 1e6)) <= 1e-3 * gbps, "kv_gbps %g is not kv_bytes / step", gbps);
     cr_expect(fabs(tps - 1e3 / step) <= 1e-3 * tps, "tokens_per_s %g is not 1 / step", tps);
     cr_expect(fabs(frac - gbps / copy) <= 1e-3 * frac, "kv_bandwidth_fraction %g is not kv_gbps / copy_gbps", frac);
     const char *v = json_value(j, "kv_type");
-    cr_expect(v && strncmp(v, half ? "\"half\"" : "\"float\"", half ? 6 : 7) == 0, "kv_type: %s", j);
+    char want[16];
+    snprintf(want, sizeof want, "\"%s\"", kv ? kv : "float");
+    cr_expect(v && strncmp(v, want, strlen(want)) == 0, "kv_type: %s", j);
     cr_expect(json_value(j, "clattn_version") && json_value(j, "timestamp") && json_value(j, "device"), "%s", j);
     free(r);
 }
@@ -713,7 +719,9 @@ Test(bench, decode_ref, .timeout = 120) { decode_smoke("ref", NULL, NULL); }
 Test(bench, decode_opencl, .timeout = 300)
 {
     decode_smoke(tu_opencl_spec(), NULL, NULL);
-    decode_smoke(tu_opencl_spec(), "--kv-half", "37");
+    decode_smoke(tu_opencl_spec(), "half", "37");
+    decode_smoke(tu_opencl_spec(), "int8", NULL);
+    decode_smoke(tu_opencl_spec(), "bf16", "37");
 }
 
 Test(bench, decode_errors, .timeout = 60)
@@ -726,6 +734,10 @@ Test(bench, decode_errors, .timeout = 60)
     const char *sweep_ctx[] = {"clattn-bench", "--decode", "--sweep", "--context", "64", NULL};
     run_bench(sweep_ctx, r);
     cr_expect_neq(r->status, 0);
+    const char *bad_type[] = {"clattn-bench", "--decode", "--device", "ref", "--kv-type", "int4", NULL};
+    run_bench(bad_type, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--kv-type: 'int4' is not") != NULL, "stderr: %s", r->err);
     const char *unknown[] = {"clattn-bench", "--decode", "--causal", NULL};
     run_bench(unknown, r);
     cr_expect_eq(r->status, 2);

@@ -274,6 +274,13 @@ static void decode_cases(clattn_device *dev)
         {.B = 1, .T = 41, .H = 4, .HK = 1, .dk = 8, .dv = 4, .window = 6, .half = 2, .P = 3},
         {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 2, .splits = 2, .P = 20},
         {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 2, .P = 7},
+        /* int8 caches (half = 3, CLATTN_KV_INT8, clattn 0.8) through the projections, against the oracle's own
+         * quantisation (oracle_int8_rows; dyadic inputs: the same K and V in float): each vector width of the loads */
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 3, .P = 9},
+        {.B = 1, .T = 41, .H = 4, .HK = 1, .dk = 8, .dv = 4, .window = 6, .half = 3, .P = 3},
+        {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 3, .splits = 2, .P = 20},
+        {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 3, .P = 7},
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 3, .chunks = uneven},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
@@ -1421,6 +1428,54 @@ static void int8_rows(clattn_device *dev)
     }
     free(k), free(v);
 }
+
+/* An INT8 row's codes are the exact quotient x / s rounded to nearest, ties to even, on every path (clattn.h): row 0
+ * has s = 1 exactly (max 127), so its halves are ties; row 1 has s = 100 * (float)(1/127) = 0x1.93264cp-1, and values
+ * whose float quotient x / s rounds onto a half although the exact one is above or below it (found by search: a
+ * division's rint alone gives 2 for the first, 4 for the second; the exact codes are 3 and 3). */
+static void int8_rounding(clattn_device *dev)
+{
+    enum { T = 2, D = 8 };
+    const float x[T][D] = {{127.0f, 0.5f, 1.5f, 2.5f, -2.5f, 126.5f, -3.5f, 3.5f},
+                           {100.0f, 0x1.f7efe0p+0f, 0x1.60c182p+1f, 0x1.c58b16p+1f, -0x1.f7efe0p+0f, -0x1.60c182p+1f,
+                            0x1.c58b14p+1f, -100.0f}};
+    const int want[T][D] = {{127, 0, 2, 2, -2, 126, -4, 4}, {127, 3, 3, 5, -3, -3, 4, -127}};
+    const float s[T] = {1.0f, 100.0f * (1.0f / 127.0f)};
+    cr_assert(s[1] == 0x1.93264cp-1f, "the scale of row 1 is %a", (double)s[1]);
+    const clattn_kv_cache_desc cd = {.batch = 1, .capacity = T, .kv_heads = 1, .head_dim_qk = D, .type = CLATTN_KV_INT8};
+    for (int path = 0; path < 2; path++) {
+        clattn_kv_cache *c = NULL;
+        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (path == 0) {
+            const size_t len[1] = {T};
+            cr_assert_eq(clattn_kv_cache_write(c, &x[0][0], &x[0][0], len), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+        } else {
+            const clattn_attention_desc d = {.batch = 1, .seq_q = T, .embed = D, .heads = 1, .causal = 1,
+                                             .separate_value = 1, .kv_half = CLATTN_KV_INT8};
+            clattn_decode_plan *p = NULL;
+            cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            float out[T * D];
+            const clattn_decode_args a = {.x = &x[0][0], .kv = &x[0][0], .value = &x[0][0], .new_tokens = T,
+                                          .out = out};
+            cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            clattn_decode_plan_free(p);
+        }
+        float k[T * D], v[T * D];
+        cr_assert_eq(clattn_kv_cache_read(c, k, v), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t t = 0; t < T; t++)
+            for (size_t e = 0; e < D; e++) {
+                const float w = (float)want[t][e] * s[t];
+                cr_assert(k[t * D + e] == w && v[t * D + e] == w, "%s path: %a (%.9g steps) read back as %a / %a, "
+                          "want %d steps (%a)", path ? "append" : "write", (double)x[t][e], (double)(x[t][e] / s[t]),
+                          (double)k[t * D + e], (double)v[t * D + e], want[t][e], (double)w);
+            }
+        clattn_kv_cache_free(c);
+    }
+}
+
+Test(edges, int8_rounding_ref) { clattn_device *d = tu_open_ref(); int8_rounding(d); clattn_device_free(d); }
+Test(edges, int8_rounding_opencl) { clattn_device *d = tu_open_opencl(); int8_rounding(d); clattn_device_free(d); }
 
 Test(edges, int8_rows_ref) { clattn_device *d = tu_open_ref(); int8_rows(d); clattn_device_free(d); }
 Test(edges, int8_rows_opencl) { clattn_device *d = tu_open_opencl(); int8_rows(d); clattn_device_free(d); }

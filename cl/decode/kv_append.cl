@@ -33,14 +33,25 @@ typedef float kv_t;
 #endif
 
 #if KV_HALF == 3
-/* One row of D values into codes q and its scale: s = max |x_c| / 127 (NaN when the row holds a NaN or an
- * infinity: x - x is NaN only there), q_c = x_c / s rounded to nearest even, saturated (0 where s is 0 or NaN). */
+/* One element's code from its row's scale: x / s rounded to nearest, ties to even, of the exact quotient (the
+ * division's guess corrected by its residual, exact with fma), within -127 .. 127; 0 where s is 0 or NaN. */
+inline char int8_code(float x, float s)
+{
+    if (!(s > 0.0f)) return 0;
+    float q = rint(x / s);
+    const float r = fma(-q, s, x), r2 = 2.0f * fabs(r);
+    if (r2 > s || (r2 == s && fmod(q, 2.0f) != 0.0f)) q += r > 0.0f ? 1.0f : -1.0f;
+    return (char)clamp(q, -127.0f, 127.0f);
+}
+
+/* One row of D values into codes q and its scale: s = max |x_c| * (1/127 as a float), a product (the same bits on
+ * every device), NaN when the row holds a NaN or an infinity (x - x is NaN only there). */
 inline void int8_row(__global const float *x, uint D, __global char *q, __global float *scale)
 {
     float amax = 0.0f, nonfinite = 0.0f;
     for (uint c = 0; c < D; c++) amax = fmax(amax, fabs(x[c])), nonfinite += x[c] - x[c];
-    const float s = amax / 127.0f + nonfinite;
-    for (uint c = 0; c < D; c++) q[c] = s > 0.0f ? convert_char_sat_rte(x[c] / s) : (char)0;
+    const float s = amax * (1.0f / 127.0f) + nonfinite;
+    for (uint c = 0; c < D; c++) q[c] = int8_code(x[c], s);
     *scale = s;
 }
 #endif

@@ -1,7 +1,7 @@
 /* run.c: `clattn run` — attention on NumPy .npy files.
  *
  *   clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]
- *              [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P] [--device SPEC]
+ *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P] [--device SPEC]
  *
  * Order of work: parse the flags (usage errors, exit 2), check the two
  * directories, load and check every input file against the others (exit 1),
@@ -36,7 +36,7 @@ static void say(const char *fmt, ...)
 static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
-               "                  [--dropout P --seed N] [--need-weights] [--kv-half] [--decode-from P]\n"
+               "                  [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
                "                  [--dtype f32|f16|bf16] [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
@@ -51,6 +51,8 @@ static void usage_line(FILE *f)
                "               w_key.npy and w_value.npy then have N*dk and N*dv rows\n"
                "  --window W: sliding window (with --causal, self-attention): query i sees key j when i - j < W\n"
                "  --kv-half: keys and values stored as IEEE half (rounded to nearest even), computed in fp32\n"
+               "  --kv-type float|half|bf16|int8: the keys' and values' storage (--kv-half = --kv-type half); int8\n"
+               "               (bytes and a scale per token and KV head) with --decode-from only\n"
                "  --precision: fp32 (default) or tf32: the attention core's products on TF32 operands (10-bit\n"
                "               mantissa), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma)\n"
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
@@ -77,7 +79,7 @@ static void usage_line(FILE *f)
 typedef struct run_opts {
     const char *in, *out, *device;
     size_t heads, kv_heads, window, decode_from;
-    int causal, need_weights, verbose, kv_half;
+    int causal, need_weights, verbose, kv_half; /* kv_half: a clattn_kv_type (--kv-half, --kv-type) */
     int backward, lse;  /* a training plan: the gradients (grad_out.npy in), the rows' log-sum-exp */
     float scale;        /* 0 = default 1/sqrt(dk) */
     float dropout;
@@ -85,9 +87,14 @@ typedef struct run_opts {
     clattn_algorithm algorithm;
     clattn_precision precision;
     clattn_dtype dtype;
-    int seen_prec, seen_dtype;
+    int seen_prec, seen_dtype, seen_kv_type;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
+
+static const char *kv_type_name(int t)
+{
+    return t == CLATTN_KV_HALF ? "half" : t == CLATTN_KV_BF16 ? "bf16" : t == CLATTN_KV_INT8 ? "int8" : "float";
+}
 
 /* A whole decimal number (digits only, no sign or space) in uint64 range. */
 static int parse_u64(const char *s, uint64_t *v)
@@ -147,6 +154,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
         else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
+        else if (strcmp(a, "--kv-type") == 0) seen = &o->seen_kv_type;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
         else if (strcmp(a, "--need-weights") == 0) seen = &seen_nw, takes_value = 0;
         else if (strcmp(a, "--backward") == 0) seen = &seen_bwd, takes_value = 0;
@@ -230,12 +238,25 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 say("--dtype '%s': must be f32, f16 or bf16", v);
                 return EXIT_USAGE;
             }
+        } else if (seen == &o->seen_kv_type) {
+            static const char *const names[] = {"float", "half", "bf16", "int8"}; /* by clattn_kv_type */
+            int t = 0;
+            while (t < 4 && strcmp(v, names[t])) t++;
+            if (t == 4) {
+                say("--kv-type '%s': must be float, half, bf16 or int8", v);
+                return EXIT_USAGE;
+            }
+            o->kv_half = t;
         } else if (seen == &o->seen_seed) {
             if (!parse_u64(v, &o->seed)) {
                 say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
                 return EXIT_USAGE;
             }
         }
+    }
+    if (seen_half && o->seen_kv_type) {
+        say("--kv-half and --kv-type: give one of them (--kv-half is --kv-type half)");
+        return EXIT_USAGE;
     }
     if (!seen_in) {
         say("--in DIR is required (the directory holding x.npy)");
@@ -669,7 +690,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
     clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
-                               .type = desc.kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
+                               .type = (clattn_kv_type)desc.kv_half};
     cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
     if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
     const double t0 = clattn_cli_now_ms();
@@ -816,7 +837,7 @@ static int run_decode_steps(run_state *r)
         fprintf(stderr, "clattn run: device %s\n", clattn_device_name(r->dev));
         fprintf(stderr, "clattn run: B=%zu T=%zu E=%zu heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu window=%zu "
                 "kv=%s\n", d->B, d->Tq, d->E, d->H, o->kv_heads, d->dk, d->dv, r->out_width, o->window,
-                o->kv_half ? "half" : "float");
+                kv_type_name(o->kv_half));
         fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
                 "parts); %.1f ms\n", o->decode_from, d->Tq - o->decode_from, parts, ms);
         fprintf(stderr, "clattn run: core %s\n", core);
@@ -936,7 +957,7 @@ static void report(const run_state *r)
             "causal=%s window=%zu kv=%s scale=%g precision=%s dtype=%s\n",
             d.batch, d.seq_q, d.cross ? d.seq_kv : d.seq_q, d.embed, d.cross ? " (cross)" : "", d.heads,
             d.kv_heads, d.head_dim_qk, d.head_dim_v, r->out_width, d.causal ? "yes" : "no", d.window,
-            d.kv_half ? "half" : "float", (double)d.scale, d.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32",
+            kv_type_name(d.kv_half), (double)d.scale, d.precision == CLATTN_PRECISION_TF32 ? "tf32" : "fp32",
             d.dtype == CLATTN_DTYPE_F16 ? "f16" : d.dtype == CLATTN_DTYPE_BF16 ? "bf16" : "f32");
     const char *cp = clattn_plan_core_params(r->plan);
     fprintf(stderr, "clattn run: algorithm %s, core %s%s%s%s; plan %.1f ms, execute %.1f ms\n",

@@ -67,21 +67,28 @@ float clattn_round_kv(float f, int kv_type)
     return kv_type == 1 ? clattn_round_half(f) : kv_type == 2 ? clattn_bf16_to_float(clattn_float_to_bf16(f)) : f;
 }
 
-/* An INT8 row's scale, and one element's code from it (clattn_kv_quantize_row). */
+/* An INT8 row's scale, s = max |x_c| * (1/127 as a float): a product, so the same bits on every device (a division
+ * need not be correctly rounded in OpenCL); NaN when an element is NaN or infinite (x - x is NaN only there). */
 static float int8_scale(const float *x, size_t n)
 {
     float amax = 0.0f, nonfinite = 0.0f;
     for (size_t c = 0; c < n; c++) {
         amax = fmaxf(amax, fabsf(x[c]));
-        nonfinite += x[c] - x[c]; /* NaN once an element is NaN or infinite */
+        nonfinite += x[c] - x[c];
     }
-    return amax / 127.0f + nonfinite;
+    return amax * (1.0f / 127.0f) + nonfinite;
 }
 
+/* x / s rounded to nearest, ties to even, of the exact quotient (the first guess from a division is corrected by its
+ * residual x - q s, which fma computes exactly), within -127 .. 127; 0 where s is 0 or NaN. kv_append.cl's int8_code
+ * is the same steps. */
 static int8_t int8_code(float x, float s)
 {
-    const float r = s > 0.0f ? nearbyintf(x / s) : 0.0f;
-    return (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    if (!(s > 0.0f)) return 0;
+    float q = nearbyintf(x / s);
+    const float r = fmaf(-q, s, x), r2 = 2.0f * fabsf(r);
+    if (r2 > s || (r2 == s && fmodf(q, 2.0f) != 0.0f)) q += r > 0.0f ? 1.0f : -1.0f;
+    return (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
 }
 
 float clattn_kv_quantize_row(const float *x, size_t n, int8_t *q)

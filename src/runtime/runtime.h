@@ -388,8 +388,8 @@ float clattn_round_half(float f); /* f rounded to the nearest half */
 /* f rounded to a KV cache's element type (clattn_kv_type: 0 float, 1 half, 2 bfloat16), as the cache stores it. */
 float clattn_round_kv(float f, int kv_type);
 /* An INT8 KV cache's row (clattn.h, clattn_kv_type): x (n) into q (n) and the scale returned, as kv_append.cl
- * quantises it: s = max |x_c| / 127 (NaN when the row holds a NaN or an infinity, so that its values read as NaN),
- * q_c = x_c / s rounded to nearest even (0 where s is 0 or NaN). */
+ * quantises it: s = max |x_c| * (1/127 as a float) (NaN when the row holds a NaN or an infinity, so that its values
+ * read as NaN), q_c = the exact x_c / s rounded to nearest even (0 where s is 0 or NaN). */
 float clattn_kv_quantize_row(const float *x, size_t n, int8_t *q);
 /* `rows` rows of n floats each (contiguous) replaced by what a cache of kv_type holds: rounded element by element
  * (clattn_round_kv), or for INT8 quantised by row and read back as q_c * s. */
