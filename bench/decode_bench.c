@@ -5,11 +5,12 @@
  * on a CPU and is not what is timed). Then:
  *   first step   the first decode step after the plan's creation and a short prefill: what a user waits
  *                for after prompt processing (no kernel may be compiled here)
- *   step         clattn_decode_execute for one new token per sequence, from host arrays (upload x, the
+ *   step         clattn_decode_execute for one new token per sequence (--new-tokens N: N, a speculative
+ *                decoding's verify step), from host arrays (upload x, the
  *                step, read back the output), the cache truncated back to C between steps (host only);
  *                median, min, max over --iters steps after --warmup
- * and from those: tokens per second (B / step), the KV bytes one step reads (every visible cached key
- * and value of every sequence and KV head: B * HK * min(C + 1, W) * (dk + dv) * element size) per second
+ * and from those: tokens per second (B * N / step), the KV bytes one step reads (every visible cached key
+ * and value of every sequence and KV head: B * HK * min(C + N, W) * (dk + dv) * element size) per second
  * (kv_gbps), next to the device's own bandwidth measured in the same run by a plain copy kernel
  * (copy_gbps: 2 * bytes / time, read + write, median of 7 over 256 MiB or the device's max allocation,
  * measured right before each context's steps, since a shared machine's bandwidth drifts), and their
@@ -39,6 +40,7 @@ static const size_t sweep_ctx[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
 typedef struct dopts {
     const char *device;
     size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
+    size_t new_tokens; /* --new-tokens N: N new tokens per sequence and step (a speculative verify's drafts) */
     size_t batches[MAX_BATCHES], nbatches; /* --batch B[,B...]: one run per batch size */
     int kv_type, iters, warmup, sweep, json, progress, ragged; /* kv_type: a clattn_kv_type */
 } dopts;
@@ -70,7 +72,7 @@ void clattn_bench_decode_usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B[,B...]] [--ragged]\n"
             "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-type T] [--window W]\n"
-            "                    [--splits N] [--iters N] [--warmup W] [--json] [--progress]\n"
+            "                    [--splits N] [--new-tokens N] [--iters N] [--warmup W] [--json] [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
             "  --batch 1,8,64: one run per batch size (tokens/s is the whole batch's). --ragged: the sequences'\n"
             "  lengths spread evenly from C down to C/2, as a server's batch of requests.\n"
@@ -78,6 +80,7 @@ void clattn_bench_decode_usage(FILE *f)
             "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
             "  step; small by default so that the step is the cache read). --sweep: C = 512 ... 32768.\n"
             "  --kv-type float|half|bf16|int8: the cache's element type (--kv-half = --kv-type half).\n"
+            "  --new-tokens N: N new tokens per sequence and step, 1..16 (a speculative verify; default 1).\n"
             "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
             "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
             "  kv_bandwidth_fraction, and step_bandwidth_fraction over every byte the step reads (KV cache +\n"
@@ -89,7 +92,7 @@ static void parse(int argc, char **argv, dopts *o)
 {
     memset(o, 0, sizeof *o);
     o->batch = 1, o->context = 8192, o->heads = 32, o->kv_heads = 8, o->head_dim = 128, o->dim = 128;
-    o->iters = 20, o->warmup = 3;
+    o->iters = 20, o->warmup = 3, o->new_tokens = 1;
     int ctx_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -115,6 +118,7 @@ static void parse(int argc, char **argv, dopts *o)
         else if (!strcmp(a, "--dim")) { o->dim = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--window")) { o->window = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--splits")) { o->splits = dsize(a, v, 0); i++; }
+        else if (!strcmp(a, "--new-tokens")) { o->new_tokens = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--iters")) { o->iters = (int)dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--warmup")) { o->warmup = (int)dsize(a, v, 0); i++; }
         else if (!strcmp(a, "--kv-half")) o->kv_type = CLATTN_KV_HALF;
@@ -140,6 +144,7 @@ static void parse(int argc, char **argv, dopts *o)
     if (o->sweep && ctx_given) bench_usage_die("--context and --sweep do not go together (the sweep sets the context)");
     if (o->heads % o->kv_heads) bench_usage_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
     if (o->splits > 64) bench_usage_die("--splits: at most 64");
+    if (o->new_tokens > 16) bench_usage_die("--new-tokens: at most 16");
 }
 
 static float *rnd(size_t n, float scale, uint64_t *s)
@@ -220,7 +225,7 @@ static size_t seq_len(const dopts *o, size_t C, size_t b, size_t B)
 
 static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres *r)
 {
-    const size_t H = o->heads, HK = o->kv_heads, D = o->head_dim, E = o->dim;
+    const size_t H = o->heads, HK = o->kv_heads, D = o->head_dim, E = o->dim, N = o->new_tokens;
     uint64_t seed = 12345;
     float *wq = rnd(H * D * E, 1.0f / sqrtf((float)E), &seed), *wk = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed);
     float *wv = rnd(HK * D * E, 1.0f / sqrtf((float)E), &seed), *wo = rnd(E * H * D, 1.0f / sqrtf((float)(H * D)), &seed);
@@ -232,7 +237,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     clattn_decode_plan *plan = NULL;
     bench_plan_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
     bench_check(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
-    clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + 1, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + N, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
                                .type = (clattn_kv_type)o->kv_type};
     clattn_kv_cache *cache = NULL;
     bench_check(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
@@ -250,9 +255,9 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     for (size_t b = 0; b < B; b++) lens[b] = seq_len(o, C, b, B);
     bench_check(clattn_kv_cache_write(cache, k, v, lens), "filling the cache");
     free(k), free(v);
-    float *x = rnd(B * E, 1.0f, &seed), *out = malloc(B * E * sizeof *out);
+    float *x = rnd(B * N * E, 1.0f, &seed), *out = malloc(B * N * E * sizeof *out);
     if (!out) bench_die("out of memory");
-    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out, .x_count = B * E, .out_count = B * E};
+    clattn_decode_args a = {.x = x, .new_tokens = N, .out = out, .x_count = B * N * E, .out_count = B * N * E};
     double t0 = bench_now_ms();
     bench_check(clattn_decode_execute(plan, cache, &a), "the first decode step");
     r->first_ms = bench_now_ms() - t0;
@@ -285,14 +290,14 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     snprintf(r->gemm, sizeof r->gemm, "%s", clattn_decode_plan_gemm(plan));
     double visible = 0;
     for (size_t b = 0; b < B; b++) {
-        const size_t l = lens[b] + 1;
+        const size_t l = lens[b] + N; /* the cache the step's last token sees */
         visible += (double)(o->window && o->window < l ? o->window : l);
     }
     /* per visible position and KV head: a key and a value of D elements (and an INT8 row's two scales) */
     static const double elem[4] = {4.0, 2.0, 2.0, 1.0};
     r->kv_bytes = (double)HK * visible * (2.0 * (double)D * elem[o->kv_type] + (o->kv_type == CLATTN_KV_INT8 ? 8.0 : 0.0));
     r->weight_bytes = 4.0 * ((double)(H * D + 2 * HK * D) * (double)E + (double)E * (double)(H * D));
-    r->tokens_per_s = (double)B / (r->step_ms / 1e3);
+    r->tokens_per_s = (double)(B * N) / (r->step_ms / 1e3);
     r->kv_gbps = r->kv_bytes / (r->step_ms * 1e6);
     r->step_gbps = (r->kv_bytes + r->weight_bytes) / (r->step_ms * 1e6);
     free(t), free(x), free(out), free(xp), free(op), free(lens);
@@ -322,9 +327,9 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     printf(",\"gemm\":");
     bench_json_string(stdout, r->gemm);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
-           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"iters\":%d,\"warmup\":%d",
+           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"new_tokens\":%zu,\"iters\":%d,\"warmup\":%d",
            r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, kv_names[o->kv_type],
-           o->window, r->parts, o->iters, o->warmup);
+           o->window, r->parts, o->new_tokens, o->iters, o->warmup);
     printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
            r->step_min, r->step_max, r->first_ms);
     if (r->stage_ms[0] >= 0.0) {

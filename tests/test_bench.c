@@ -724,6 +724,29 @@ Test(bench, decode_opencl, .timeout = 300)
     decode_smoke(tu_opencl_spec(), "bf16", "37");
 }
 
+/* --new-tokens N (a speculative verify step): the step takes N tokens per sequence, tokens/s counts them, and the KV
+ * bytes cover the cache up to the last of them (C + N positions) */
+Test(bench, decode_new_tokens, .timeout = 120)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *args[] = {"clattn-bench", "--decode", "--device", "ref", "--context", "100", "--heads", "4", "--kv-heads",
+                          "2", "--head-dim", "8", "--dim", "16", "--iters", "2", "--warmup", "1", "--new-tokens", "5",
+                          "--json", NULL};
+    run_bench(args, r);
+    cr_assert_eq(r->status, 0, "exit %d; stderr: %s", r->status, r->err);
+    double n = 0, kvb = 0, step = 0, tps = 0;
+    cr_assert(json_number(r->out, "new_tokens", &n) && n == 5, "%s", r->out);
+    json_number(r->out, "kv_bytes", &kvb), json_number(r->out, "step_ms", &step);
+    json_number(r->out, "tokens_per_s", &tps);
+    cr_expect(fabs(kvb - 2.0 * 105 * 16 * 4) < 0.5, "kv_bytes = %g", kvb);
+    cr_expect(fabs(tps - 5e3 / step) <= 1e-3 * tps, "tokens_per_s %g is not 5 / step", tps);
+    const char *many[] = {"clattn-bench", "--decode", "--device", "ref", "--new-tokens", "17", NULL};
+    run_bench(many, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--new-tokens: at most 16") != NULL, "stderr: %s", r->err);
+    free(r);
+}
+
 Test(bench, decode_errors, .timeout = 60)
 {
     run_result *r = calloc(1, sizeof *r);

@@ -1094,7 +1094,9 @@ static void decode_check(const char *dev, size_t window, int half, const char *d
     args[n++] = "--device", args[n++] = dev, args[n++] = "--heads", args[n++] = "4", args[n++] = "--kv-heads";
     args[n++] = "2", args[n++] = "--causal";
     if (window) args[n++] = "--window", args[n++] = wbuf;
-    if (half) args[n++] = "--kv-half";
+    static const char *const kv_types[] = {"float", "half", "bf16", "int8"}; /* half: a clattn_kv_type */
+    if (half == 1) args[n++] = "--kv-half";
+    else if (half) args[n++] = "--kv-type", args[n++] = kv_types[half];
     if (decode_from) args[n++] = "--decode-from", args[n++] = decode_from;
     args[n] = NULL;
     char *err;
@@ -1128,6 +1130,12 @@ Test(cli, gqa_window_half_decode)
     decode_check(cl, 0, 0, NULL);
     decode_check(cl, 3, 0, "19");
     decode_check("ref", 5, 1, "6");
+    /* --kv-type: bfloat16 on both paths, int8 (clattn 0.8; decode plans only) through the decode plan, against the
+     * oracle's own rounding and quantisation */
+    decode_check(cl, 5, 2, NULL);
+    decode_check(cl, 5, 3, "6");
+    decode_check(cl, 0, 3, "1");
+    decode_check("ref", 3, 3, "6");
 }
 
 Test(cli, bad_decode_flags)
@@ -1137,6 +1145,12 @@ Test(cli, bad_decode_flags)
     bad("kv-heads not dividing heads", 2, "--kv-heads 3", FLAGS("--heads", "4", "--kv-heads", "3"));
     bad("kv-heads above heads", 2, "--kv-heads 8", FLAGS("--heads", "4", "--kv-heads", "8"));
     bad("kv-heads 0", 2, "--kv-heads", FLAGS("--heads", "4", "--kv-heads", "0"));
+    bad("kv-type unknown", 2, "--kv-type 'int4': must be float, half, bf16 or int8",
+        FLAGS("--heads", "4", "--kv-type", "int4"));
+    bad("kv-half and kv-type", 2, "--kv-half and --kv-type: give one of them",
+        FLAGS("--heads", "4", "--kv-half", "--kv-type", "half"));
+    bad("int8 without decode-from", 1, "(CLATTN_KV_INT8) is for decode plans",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--kv-type", "int8"));
     bad("window without causal", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--window", "3"));
     bad("window 0", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--window", "0"));
     bad("decode without causal", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--decode-from", "3"));
@@ -1255,7 +1269,8 @@ Test(cli, help_lists_every_option)
 {
     static const struct { const char *cmd; const char *flags[24]; } subs[] = {
         {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
-                 "--window", "--decode-from", "--kv-half", "--causal", "--need-weights", "--verbose", "--precision",
+                 "--window", "--decode-from", "--kv-half", "--kv-type", "--causal", "--need-weights", "--verbose",
+                 "--precision",
                  NULL}},
         {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
                      "--algorithm", NULL}},
