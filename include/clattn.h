@@ -657,6 +657,15 @@ CLATTN_API clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache);
 CLATTN_API clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *lengths);
 /* The current lengths, B entries. */
 CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths);
+/* clattn 0.8: keep the accepted branch of a verify step (clattn_decode_args.tree_mask). Sequence b had from[b]
+ * positions before the step; of the step's tokens (now at from[b] + i), it keeps counts[b] of them, the tokens
+ * index[b*stride + 0 .. counts[b]-1] (strictly ascending: a branch of the tree, root first), moved in that order to
+ * positions from[b] + 0 .. counts[b]-1, keys, values (and an INT8 cache's scales) alike; its length becomes
+ * from[b] + counts[b]. Nothing before from[b] changes. counts[b] = 0 drops the whole step; for a chain (no tree),
+ * clattn_kv_cache_truncate does the same as index 0 .. k-1. Refused with nothing changed: from[b] + index past the
+ * current length, an index not ascending, counts[b] > stride. */
+CLATTN_API clattn_status clattn_kv_cache_accept(clattn_kv_cache *cache, const size_t *from, const size_t *counts,
+                                                const size_t *index, size_t stride);
 /* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL; the two may not
  * overlap); positions at or past a sequence's length read as 0. */
 CLATTN_API clattn_status clattn_kv_cache_read(const clattn_kv_cache *cache, float *k, float *v);
@@ -702,6 +711,13 @@ typedef struct clattn_decode_args {
     const void *kv;            /* (B, n, HK*dk) */
     const void *value;         /* (B, n, HK*dv) */
     size_t kv_count, value_count;
+    /* clattn 0.8, a speculative decoding's verify step: the draft tokens' tree (B, n, n), optional. New token i of
+     * sequence b sees new token j only where tree_mask[(b*n + i)*n + j] is nonzero (its ancestors in the draft
+     * tree, and itself: the diagonal must be nonzero, the entries above it 0); every cached position stays visible.
+     * NULL: causal among the new tokens (a chain). Not with a window (refused). The tokens are appended at positions
+     * len + i as ever; clattn_kv_cache_accept keeps the accepted branch. */
+    const uint8_t *tree_mask;
+    size_t tree_mask_count;
 } clattn_decode_args;
 
 /* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its

@@ -6,10 +6,12 @@
 # (an exact text replacement), rebuilds incrementally, runs the tests the list names for it, and
 # reports which test caught it. The working tree is never touched.
 #
-#   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N] [--workers N]
+#   bash scripts/mutate.sh [--list FILE] [--only REGEX] [--scratch DIR] [--jobs N] [--workers N] [--no-baseline]
 # The scratch directory (default: a new one under $TMPDIR) keeps each mutant's test log. --workers (default: the
 # CPUs, at most 2 when more than 20 mutants are chosen, else 1): copies of the tree, each with its own build, that
-# take the mutants in turn side by side (a mutant's build and tests are mostly single-threaded).
+# take the mutants in turn side by side (a mutant's build and tests are mostly single-threaded). --no-baseline: skip
+# the unmutated run of the named tests, for a caller that has just run them on the same sources (CI: the README's
+# command, the matrix and the torch2 stage, a Release build as here), where it cost minutes for no new verdict.
 #
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
@@ -26,6 +28,7 @@ only=
 scratch=
 jobs=$(nproc 2>/dev/null || echo 2)
 workers=
+baseline=1
 test_timeout=${MUTATE_TEST_TIMEOUT:-300}
 while [ $# -gt 0 ]; do
     case $1 in
@@ -34,7 +37,8 @@ while [ $# -gt 0 ]; do
         --scratch) scratch=$2; shift 2 ;;
         --jobs) jobs=$2; shift 2 ;;
         --workers) workers=$2; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        --no-baseline) baseline=0; shift ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "mutate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -102,8 +106,10 @@ build_for() { # k build-dir: the targets of mutant k, or the whole build
 }
 # the union of the lists' regexes, alternatives of the form ^name$ listed once
 union=$(printf '%s\n' "${regexes[@]}" | sed 's/\$|\^/$\n^/g' | sort -u | paste -sd'|')
-echo "mutate.sh: unmutated run of: $union"
-if ! (cd "$scratch/build" && ctest -R "$union" --output-on-failure >"$scratch/baseline.log" 2>&1); then
+if [ "$baseline" -eq 0 ]; then
+    echo "mutate.sh: no unmutated run (--no-baseline): the caller ran these tests on the same sources"
+elif echo "mutate.sh: unmutated run of: $union" &&
+     ! (cd "$scratch/build" && ctest -R "$union" --output-on-failure >"$scratch/baseline.log" 2>&1); then
     grep -E "Failed|\*\*\*" "$scratch/baseline.log" | head -20
     echo "mutate.sh: the tests fail without any planted bug; fix that first" >&2
     exit 2
@@ -140,8 +146,8 @@ one() {
         return
     fi
     local log=$scratch/$id.log
-    # the first failing test is the verdict: ctest stops there, and so does Criterion within a binary
-    (cd "$bld" && CRITERION_FAIL_FAST=1 CTEST_PARALLEL_LEVEL=$per_ctest \
+    # the first failing test is the verdict: ctest stops there, and so do Criterion and pytest (-x) within a binary
+    (cd "$bld" && CRITERION_FAIL_FAST=1 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -x" CTEST_PARALLEL_LEVEL=$per_ctest \
         timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
         rc=$?
     verdict=caught

@@ -484,6 +484,233 @@ Test(decode, heads_as_given_opencl)
     clattn_device_free(dev);
 }
 
+/* ---------------------------------------------------------------- speculative decoding: verify and accept */
+
+/* A verify step: T0 tokens prefilled (the heads as given, random), then n draft tokens in one step whose tree is
+ * random (token i's parent one of 0 .. i-1 or none: a child of the context), each sequence its own tree. Each draft
+ * token's output against the float64 oracle's attention over the context and its ancestors and itself (a boolean
+ * mask over the dequantised K and V the cache holds). Then clattn_kv_cache_accept keeps a root-to-leaf branch of
+ * each tree: the cache then holds the context and the branch's tokens in order, nothing else changed, and one more
+ * step (the token after the branch) equals the oracle's causal attention over context + branch + that token. */
+static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_t H, size_t HK, size_t dk, size_t dv,
+                        int kv_type, size_t splits, uint64_t seed)
+{
+    tu_rng r = {seed};
+    const size_t T = T0 + n + 1, cap = T0 + n + 2; /* the context, the drafts, the step after the branch */
+    float *q = tu_random(&r, B * T * H * dk, -2, 2), *k = tu_random(&r, B * T * HK * dk, -2, 2);
+    float *v = tu_random(&r, B * T * HK * dv, -2, 2);
+    uint8_t *tree = calloc(B * n * n, 1);
+    size_t *branch = calloc(B * n, sizeof *branch), counts[4] = {0}, from[4];
+    cr_assert(B <= 4);
+    for (size_t b = 0; b < B; b++) {
+        long parent[16];
+        cr_assert(n <= 16);
+        for (size_t i = 0; i < n; i++) {
+            parent[i] = i == 0 ? -1 : (long)(tu_next(&r) % (i + 1)) - 1; /* -1: a child of the context */
+            for (long a = (long)i; a >= 0; a = parent[a]) tree[(b * n + i) * n + (size_t)a] = 1;
+        }
+        /* the accepted branch: the ancestors of a random draft token, root first */
+        size_t leaf = (size_t)(tu_next(&r) % n), path[16], len = 0;
+        for (long a = (long)leaf; a >= 0; a = parent[a]) path[len++] = (size_t)a;
+        if (b == 1) len = 0; /* sequence 1 rejects every draft */
+        for (size_t i = 0; i < len; i++) branch[b * n + i] = path[len - 1 - i];
+        counts[b] = len;
+        from[b] = T0;
+    }
+    const clattn_attention_desc d = {.batch = B, .seq_q = T0 > n ? T0 : n, .embed = H * dk, .heads = H,
+                                     .kv_heads = HK, .head_dim_v = dv, .causal = 1, .separate_value = 1,
+                                     .kv_half = kv_type};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv,
+                                     .type = (clattn_kv_type)kv_type};
+    clattn_kv_cache *cache = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    /* a step of m tokens per sequence from token t0 of each */
+    const size_t most = T0 > n ? T0 : n;
+    float *qs = malloc(B * most * H * dk * 4), *ks = malloc(B * most * HK * dk * 4), *vs = malloc(B * most * HK * dv * 4);
+    float *os = tu_poisoned(B * most * H * dv);
+#define STEP(t0, m, mask)                                                                                              \
+    do {                                                                                                             \
+        for (size_t b_ = 0; b_ < B; b_++) {                                                                          \
+            memcpy(qs + b_ * (m) * H * dk, q + (b_ * T + (t0)) * H * dk, (m) * H * dk * 4);                          \
+            memcpy(ks + b_ * (m) * HK * dk, k + (b_ * T + (t0)) * HK * dk, (m) * HK * dk * 4);                       \
+            memcpy(vs + b_ * (m) * HK * dv, v + (b_ * T + (t0)) * HK * dv, (m) * HK * dv * 4);                       \
+        }                                                                                                            \
+        const clattn_decode_args a_ = {.x = qs, .kv = ks, .value = vs, .new_tokens = (m), .out = os,                 \
+                                       .tree_mask = (mask)};                                                         \
+        cr_assert_eq(tu_decode_execute(p, cache, &a_), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());            \
+    } while (0)
+    STEP(0, T0, NULL);
+    STEP(T0, n, tree);
+    char what[160];
+    snprintf(what, sizeof what, "verify B=%zu T0=%zu n=%zu H=%zu HK=%zu dk=%zu dv=%zu kv=%d splits=%zu", B, T0, n, H,
+             HK, dk, dv, kv_type, splits);
+    float *kq = malloc(B * HK * cap * dk * 4), *vq = malloc(B * HK * cap * dv * 4);
+    cr_assert_eq(clattn_kv_cache_read(cache, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    /* the oracle: sequence b's drafts over its cache rows 0 .. T0+n-1 as read back, masked by the tree */
+    const size_t Tk = T0 + n;
+    float *kb = malloc(Tk * HK * dk * 4), *vb = malloc(Tk * HK * dv * 4);
+    uint8_t *mask = malloc(n * Tk);
+    double *want = malloc(n * H * dv * sizeof *want);
+    for (size_t b = 0; b < B; b++) {
+        for (size_t t = 0; t < Tk; t++)
+            for (size_t g = 0; g < HK; g++) {
+                memcpy(kb + (t * HK + g) * dk, kq + ((b * HK + g) * cap + t) * dk, dk * 4);
+                memcpy(vb + (t * HK + g) * dv, vq + ((b * HK + g) * cap + t) * dv, dv * 4);
+            }
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < Tk; j++) mask[i * Tk + j] = !(j < T0 || tree[(b * n + i) * n + (j - T0)]);
+        const clattn_attention_desc od = {.batch = 1, .seq_q = n, .seq_kv = Tk, .embed = H * dk, .heads = H,
+                                          .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1,
+                                          .attn_mask = CLATTN_MASK_BOOL};
+        const clattn_attention_args oa = {.x = qs + b * n * H * dk, .kv = kb, .value = vb, .attn_mask = mask};
+        cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+        char wb[200];
+        snprintf(wb, sizeof wb, "%s, sequence %zu's drafts", what, b);
+        check(os + b * n * H * dv, want, n * H * dv, wb);
+    }
+    /* accept each sequence's branch: the context unchanged, the branch's rows in order, the lengths */
+    cr_assert_eq(clattn_kv_cache_accept(cache, from, counts, branch, n), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    size_t lens[4];
+    cr_assert_eq(clattn_kv_cache_lengths(cache, lens), CLATTN_STATUS_SUCCESS);
+    float *ka = malloc(B * HK * cap * dk * 4), *va = malloc(B * HK * cap * dv * 4);
+    cr_assert_eq(clattn_kv_cache_read(cache, ka, va), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++) {
+        cr_assert_eq(lens[b], T0 + counts[b], "%s: sequence %zu's length %zu after accepting %zu", what, b, lens[b],
+                     counts[b]);
+        for (size_t g = 0; g < HK; g++)
+            for (size_t t = 0; t < lens[b]; t++) {
+                const size_t src = t < T0 ? t : T0 + branch[b * n + t - T0];
+                const size_t at = (b * HK + g) * cap;
+                cr_assert(!memcmp(ka + (at + t) * dk, kq + (at + src) * dk, dk * 4) &&
+                          !memcmp(va + (at + t) * dv, vq + (at + src) * dv, dv * 4),
+                          "%s: sequence %zu, KV head %zu, position %zu after accepting: not cache row %zu", what, b, g,
+                          t, src);
+            }
+    }
+    /* one more step: each sequence's next token over context + branch + itself, causal */
+    for (size_t b = 0; b < B; b++) { /* the next token's q, k, v are token T - 1's */
+        memcpy(qs + b * H * dk, q + (b * T + T - 1) * H * dk, H * dk * 4);
+        memcpy(ks + b * HK * dk, k + (b * T + T - 1) * HK * dk, HK * dk * 4);
+        memcpy(vs + b * HK * dv, v + (b * T + T - 1) * HK * dv, HK * dv * 4);
+    }
+    const clattn_decode_args a1 = {.x = qs, .kv = ks, .value = vs, .new_tokens = 1, .out = os};
+    cr_assert_eq(tu_decode_execute(p, cache, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_read(cache, ka, va), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++) {
+        const size_t L = T0 + counts[b] + 1;
+        for (size_t t = 0; t < L; t++)
+            for (size_t g = 0; g < HK; g++) {
+                memcpy(kb + (t * HK + g) * dk, ka + ((b * HK + g) * cap + t) * dk, dk * 4);
+                memcpy(vb + (t * HK + g) * dv, va + ((b * HK + g) * cap + t) * dv, dv * 4);
+            }
+        const clattn_attention_desc od = {.batch = 1, .seq_q = 1, .seq_kv = L, .embed = H * dk, .heads = H,
+                                          .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1};
+        const clattn_attention_args oa = {.x = qs + b * H * dk, .kv = kb, .value = vb};
+        cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+        char wb[200];
+        snprintf(wb, sizeof wb, "%s, sequence %zu's step after accepting %zu", what, b, counts[b]);
+        check(os + b * H * dv, want, H * dv, wb);
+    }
+#undef STEP
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(tree), free(branch), free(qs), free(ks), free(vs), free(os), free(kq), free(vq);
+    free(kb), free(vb), free(mask), free(want), free(ka), free(va);
+}
+
+static void verify_cases(clattn_device *dev)
+{
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 1800);    /* GQA, 8 drafts */
+    verify_case(dev, 2, 20, 16, 6, 1, 16, 12, 0, 3, 1801); /* multi-query, 16 drafts, split-K */
+    verify_case(dev, 3, 61, 5, 4, 4, 8, 4, 3, 0, 1802);    /* int8 cache */
+    verify_case(dev, 2, 130, 3, 8, 2, 64, 64, 1, 2, 1803); /* half cache, a real head size */
+}
+
+Test(decode, verify_tree_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    verify_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, verify_tree_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    verify_cases(dev);
+    clattn_device_free(dev);
+}
+
+/* What a verify step or an accept cannot mean is refused by name with nothing changed: a tree whose token does not see
+ * itself or sees a later one, a tree with a window, a tree of the wrong size; an accept past a length, out of order,
+ * or longer than its stride. */
+Test(decode, verify_refusals)
+{
+    clattn_device *devs[2] = {tu_open_ref(), tu_open_opencl()};
+    for (int k = 0; k < 2; k++) {
+        clattn_attention_desc d = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .causal = 1};
+        clattn_decode_plan *p = NULL;
+        cr_assert_eq(tu_decode_plan_create(devs[k], &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const clattn_kv_cache_desc cd = {.batch = 1, .capacity = 8, .kv_heads = 2, .head_dim_qk = 4};
+        clattn_kv_cache *c = NULL;
+        cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS);
+        float x[24] = {0}, out[24];
+        const uint8_t no_diag[9] = {1, 0, 0, 1, 0, 0, 0, 1, 1}, later[9] = {1, 0, 0, 1, 1, 1, 0, 0, 1};
+        const struct { const char *needle; const uint8_t *tree; size_t count; } bad[] = {
+            {"args.tree_mask[0][1][1] is 0", no_diag, 9},
+            {"args.tree_mask[0][1][2] is nonzero", later, 9},
+            {"args.tree_mask has 8 elements", later, 8},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            const clattn_decode_args a = {.x = x, .new_tokens = 3, .out = out, .x_count = 24, .out_count = 24,
+                                          .tree_mask = bad[i].tree, .tree_mask_count = bad[i].count};
+            cr_assert_neq(clattn_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+        }
+        size_t len = 9;
+        clattn_kv_cache_lengths(c, &len);
+        cr_assert_eq(len, 0, "a refused verify step appended");
+        clattn_decode_plan_free(p);
+        d.window = 4; /* a tree with a window */
+        cr_assert_eq(tu_decode_plan_create(devs[k], &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const uint8_t chain[9] = {1, 0, 0, 1, 1, 0, 1, 1, 1};
+        const clattn_decode_args aw = {.x = x, .new_tokens = 3, .out = out, .x_count = 24, .out_count = 24,
+                                       .tree_mask = chain, .tree_mask_count = 9};
+        cr_assert_eq(clattn_decode_execute(p, c, &aw), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "tree_mask with a window"), "%s", clattn_last_error());
+        /* accept: 3 tokens after a context of 2 (length 5) */
+        const clattn_decode_args a2 = {.x = x, .new_tokens = 2, .out = out, .x_count = 16, .out_count = 16};
+        const clattn_decode_args a3 = {.x = x, .new_tokens = 3, .out = out, .x_count = 24, .out_count = 24};
+        cr_assert_eq(clattn_decode_execute(p, c, &a2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(clattn_decode_execute(p, c, &a3), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const size_t from[1] = {2}, past[1] = {6}, one[1] = {1}, two[1] = {2}, three[1] = {3};
+        const size_t idx_past[2] = {0, 3}, idx_down[2] = {1, 0}, idx_ok[2] = {0, 2};
+        struct { const char *needle; const size_t *from, *counts, *index; size_t stride; } acc[] = {
+            {"from[0] = 6 is past", past, one, idx_ok, 2},
+            {"index[1] = 3 (sequence 0): token 5", from, two, idx_past, 2},
+            {"does not come after", from, two, idx_down, 2},
+            {"counts[0] = 3 is more than stride (2)", from, three, idx_ok, 2},
+            {"index is NULL", from, one, NULL, 2},
+        };
+        for (size_t i = 0; i < sizeof acc / sizeof acc[0]; i++) {
+            cr_assert_eq(clattn_kv_cache_accept(c, acc[i].from, acc[i].counts, acc[i].index, acc[i].stride),
+                         CLATTN_STATUS_INVALID_ARGUMENT, "%s", acc[i].needle);
+            cr_assert(strstr(clattn_last_error(), acc[i].needle), "%s: %s", acc[i].needle, clattn_last_error());
+            clattn_kv_cache_lengths(c, &len);
+            cr_assert_eq(len, 5, "a refused accept changed the length (%zu)", len);
+        }
+        cr_assert_eq(clattn_kv_cache_accept(c, from, two, idx_ok, 2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_kv_cache_lengths(c, &len);
+        cr_assert_eq(len, 4);
+        clattn_kv_cache_free(c);
+        clattn_decode_plan_free(p);
+        clattn_device_free(devs[k]);
+    }
+}
+
 /* ---------------------------------------------------------------- int8 caches */
 
 /* An INT8 cache's rows against the values appended: x (B, T, HK*D) for the first T positions of each sequence, the

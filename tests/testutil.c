@@ -460,6 +460,7 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
     fill(&c.out_count, c.out, d->batch * c.new_tokens * plan->base->out_width);
     fill(&c.kv_count, c.kv, d->batch * c.new_tokens * d->kv_heads * d->head_dim_qk);
     fill(&c.value_count, c.value, d->batch * c.new_tokens * d->kv_heads * d->head_dim_v);
+    fill(&c.tree_mask_count, c.tree_mask, d->batch * c.new_tokens * c.new_tokens);
     return clattn_decode_execute(plan, cache, &c);
 }
 

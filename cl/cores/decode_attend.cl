@@ -45,6 +45,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                             __global const kv_t *kc, __global const kv_t *vc,
                             __global const float *ks, __global const float *vs,
                             __global const uint *lens, __global const uint *valid,
+                            __global const uchar *tree, uint tree_on,
                             __global float *out, ulong out_off, uint out_ld,
                             __global float *part_ml, __global float *part_acc,
                             uint n, uint H, uint HK, uint Tmax, uint parts, float scale, ulong total)
@@ -80,7 +81,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #if WINDOW
         const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first && p_last - j0 < WINDOW;
 #else
-        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first;
+        const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first && (!tree_on || j0 + BK <= len);
 #endif
         float s[R][BK];
         for (uint jj = 0; jj < BK; jj += KP) {
@@ -157,7 +158,8 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 } else {
                     #pragma unroll
                     for (uint r = 0; r < R; r++)
-                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) ? hs[r] * sk : -INFINITY;
+                        s[r][jj + kk] = j < je && dec_visible(j, pos[r]) && dec_tree(tree, tree_on, b, n, len, pos[r], j)
+                                      ? hs[r] * sk : -INFINITY;
                 }
             }
         }

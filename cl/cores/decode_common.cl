@@ -11,7 +11,8 @@
  * VSCALE below; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step brings n new tokens per
  * sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
- * (when WINDOW > 0). The decode plan appends the new tokens first (decode/kv_append.cl).
+ * (when WINDOW > 0), and in a verify step with a draft tree only its ancestors among the new tokens (dec_tree). The
+ * decode plan appends the new tokens first (decode/kv_append.cl).
  *
  * Split-K parts: query row (b*n + t)*H + h, part p has slot row*parts + p: part_ml[slot*2] its running
  * max m (natural-log units), part_ml[slot*2 + 1] its sum l, part_acc[slot*DV ..] its unnormalised output.
@@ -108,6 +109,14 @@ inline int dec_visible(uint j, uint p)
 #else
     return j <= p;
 #endif
+}
+
+/* A verify step's draft tree (clattn 0.8; tree_on = 0: none, a chain): may the new token at position p >= len of
+ * sequence b see the new token at position j (len <= j <= p)? tree (B, n, n): row p - len, column j - len nonzero.
+ * Cached keys (j < len) are always visible. The plan refuses a tree with a window. */
+inline int dec_tree(__global const uchar *tree, uint tree_on, ulong b, uint n, uint len, uint p, uint j)
+{
+    return !tree_on || j < len || tree[(b * n + (p - len)) * n + (j - len)] != 0;
 }
 
 /* A decode kernel's unit of work (a work-item of decode_attend, a work-group of decode_group), x in

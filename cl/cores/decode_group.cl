@@ -51,6 +51,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                   __global const kv_t *kc, __global const kv_t *vc,
                   __global const float *ks, __global const float *vs,
                   __global const uint *lens, __global const uint *valid,
+                  __global const uchar *tree, uint tree_on,
                   __global float *out, ulong out_off, uint out_ld,
                   __global float *part_ml, __global float *part_acc,
                   uint n, uint H, uint HK, uint Tmax, uint parts, float scale, ulong first, ulong groups)
@@ -127,7 +128,8 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                 float sum = 0.0f;
                 for (uint i = 0; i < LANES; i++) sum += pr[i];
 #endif
-                sc[kk][r] = j < je && dec_visible(j, pos[r]) ? sum * sk : -INFINITY;
+                sc[kk][r] = j < je && dec_visible(j, pos[r]) && dec_tree(tree, tree_on, b, n, len, pos[r], j)
+                            ? sum * sk : -INFINITY;
             }
         }
         #pragma unroll

@@ -102,6 +102,7 @@ typedef struct clattn_decode_io {
     cl_mem cache_ks, cache_vs;   /* (B, HK, capacity) an INT8 cache's row scales (NULL for the other types) */
     size_t capacity;
     cl_mem lens, valid;          /* (B) uint: tokens cached before this step, real new tokens of this step */
+    cl_mem tree;                 /* (B, n, n) uchar: a verify step's draft tree (clattn_decode_args.tree_mask), or NULL */
     size_t n;                    /* new tokens per sequence (valid <= n) */
     size_t max_len;              /* the longest sequence after this step */
     size_t max_parts;            /* split-K parts: 0 = the core chooses, else at most this many */

@@ -129,6 +129,75 @@ clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *len
     return st;
 }
 
+/* Row (b, g, pos) of one tensor (keys or values, D elements of es bytes) to (b, g, to), on the device or the host. */
+static clattn_status move_row(clattn_kv_cache *c, cl_mem m, float *host, size_t D, size_t es, size_t row_from,
+                              size_t row_to)
+{
+    if (host) {
+        memmove(host + row_to * D, host + row_from * D, D * sizeof *host);
+        return CLATTN_STATUS_SUCCESS;
+    }
+    const cl_int err = clEnqueueCopyBuffer(c->device->queue, m, m, row_from * D * es, row_to * D * es, D * es, 0, NULL,
+                                           NULL);
+    if (err != CL_SUCCESS)
+        return clattn_fail((clattn_status)err, "moving a cache row failed (%d: %s)", err, clattn_status_string(err));
+    return CLATTN_STATUS_SUCCESS;
+}
+
+static clattn_status accept_locked(clattn_kv_cache *c, const size_t *from, const size_t *counts, const size_t *index,
+                                   size_t stride)
+{
+    const clattn_kv_cache_desc *d = &c->d;
+    for (size_t b = 0; b < d->batch; b++) {
+        if (from[b] > c->len[b])
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "accept: from[%zu] = %zu is past the sequence's length "
+                               "%zu", b, from[b], c->len[b]);
+        if (counts[b] > stride)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "accept: counts[%zu] = %zu is more than stride (%zu)",
+                               b, counts[b], stride);
+        for (size_t i = 0; i < counts[b]; i++) {
+            const size_t x = index[b * stride + i];
+            if (from[b] + x >= c->len[b])
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "accept: index[%zu] = %zu (sequence %zu): token "
+                                   "%zu of the step is past the sequence's length %zu", b * stride + i, x, b,
+                                   from[b] + x, c->len[b]);
+            if (i && x <= index[b * stride + i - 1])
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "accept: index[%zu] = %zu (sequence %zu) does not "
+                                   "come after the one before it (%zu): a branch is strictly ascending", b * stride + i,
+                                   x, b, index[b * stride + i - 1]);
+        }
+    }
+    /* in order: token i goes to from + i <= from + index[i], the source of no later move (the indices ascend) */
+    const size_t es = clattn_kv_elem_size(d), HK = d->kv_heads, cap = d->capacity;
+    for (size_t b = 0; b < d->batch; b++)
+        for (size_t g = 0; g < HK; g++)
+            for (size_t i = 0; i < counts[b]; i++) {
+                const size_t base = (b * HK + g) * cap + from[b], src = base + index[b * stride + i], dst = base + i;
+                if (src == dst) continue;
+                TRY(move_row(c, c->k, c->k_host, d->head_dim_qk, es, src, dst));
+                TRY(move_row(c, c->v, c->v_host, d->head_dim_v, es, src, dst));
+                if (c->ks) TRY(move_row(c, c->ks, NULL, 1, sizeof(float), src, dst));
+                if (c->vs) TRY(move_row(c, c->vs, NULL, 1, sizeof(float), src, dst));
+            }
+    if (!c->k_host) CL_CHECK(clFinish(c->device->queue), "moving the accepted cache rows");
+    for (size_t b = 0; b < d->batch; b++) c->len[b] = from[b] + counts[b];
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_kv_cache_accept(clattn_kv_cache *cache, const size_t *from, const size_t *counts,
+                                     const size_t *index, size_t stride)
+{
+    clattn_clear_error();
+    if (!cache || !from || !counts) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache, from or counts is NULL");
+    size_t any = 0;
+    for (size_t b = 0; b < cache->d.batch; b++) any |= counts[b];
+    if (any && !index) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "accept: index is NULL");
+    pthread_mutex_lock(&cache->lock);
+    const clattn_status st = accept_locked(cache, from, counts, index, stride);
+    pthread_mutex_unlock(&cache->lock);
+    return st;
+}
+
 clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, size_t *lengths)
 {
     clattn_clear_error();

@@ -211,6 +211,31 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clatt
     return clattn_check_no_overlap(outs, 1, ins, 4);
 }
 
+/* A verify step's draft tree (args.tree_mask, (B, n, n)): each new token sees itself (a nonzero diagonal) and only
+ * tokens before it (zeros above the diagonal); not with a window, which counts cache positions that a draft tree's
+ * branches do not have. */
+static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n)
+{
+    if (!tree) return CLATTN_STATUS_SUCCESS;
+    if (d->window)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with a window (desc.window = %zu): the window "
+                           "counts cache positions, and a draft tree's branches are not consecutive positions",
+                           d->window);
+    for (size_t b = 0; b < d->batch; b++)
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i; j < n; j++) {
+                const uint8_t m = tree[(b * n + i) * n + j];
+                if (j == i && !m)
+                    return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.tree_mask[%zu][%zu][%zu] is 0: a draft "
+                                       "token sees itself (the diagonal must be nonzero)", b, i, j);
+                if (j > i && m)
+                    return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.tree_mask[%zu][%zu][%zu] is nonzero: a "
+                                       "draft token sees only tokens before it (its ancestors), so the entries above "
+                                       "the diagonal must be 0", b, i, j);
+            }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* A half-precision plan's step from host arrays (desc.dtype F16 or BF16): a step's few rows widened to float on the
  * host (exactly), the fp32 step, its output rounded to the type once. */
 static clattn_status execute_typed(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args,
@@ -227,8 +252,8 @@ static clattn_status execute_typed(clattn_decode_plan *plan, clattn_kv_cache *ca
     float *x = buf, *kv = x + nx, *value = kv + nk, *out = value + nv;
     clattn_dtype_widen(args->x, nx, d->dtype, x);
     if (sv) clattn_dtype_widen(args->kv, nk, d->dtype, kv), clattn_dtype_widen(args->value, nv, d->dtype, value);
-    const clattn_status st = plan->ops->execute(plan, cache, x, sv ? kv : NULL, sv ? value : NULL, n, valid, max_len,
-                                                out);
+    const clattn_status st = plan->ops->execute(plan, cache, x, sv ? kv : NULL, sv ? value : NULL, n, valid,
+                                                args->tree_mask, max_len, out);
     if (st == CLATTN_STATUS_SUCCESS) clattn_dtype_narrow(out, no, d->dtype, args->out);
     free(buf);
     return st;
@@ -253,6 +278,9 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     snprintf(how, sizeof how, "batch x new_tokens x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, n, HK,
              d->head_dim_v);
     TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * B * n * HK * d->head_dim_v, how));
+    snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
+    TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
+    TRY(check_tree(d, args->tree_mask, n));
     TRY(step_no_overlap(p, n, args, NULL, NULL));
     size_t *valid = clattn_malloc(B * sizeof *valid);
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
@@ -261,7 +289,8 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     if (st == CLATTN_STATUS_SUCCESS && d->dtype != CLATTN_DTYPE_F32)
         st = execute_typed(plan, cache, args, n, valid, max_len);
     else if (st == CLATTN_STATUS_SUCCESS)
-        st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, n, valid, max_len, args->out);
+        st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, n, valid, args->tree_mask, max_len,
+                                args->out);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
     free(valid);

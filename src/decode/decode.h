@@ -32,12 +32,13 @@ struct clattn_decode_plan {
 /* One decode step of `n` new tokens per sequence, valid[b] of them real, checked against the cache; the
  * longest sequence reaches max_len. The backend writes out (B, n, out_width) and the new keys and values
  * into the cache; the caller advances the lengths after success. kv and value: the new tokens' K and V of a plan
- * with separate_value (x then their Q), else NULL. */
+ * with separate_value (x then their Q), else NULL. tree: a verify step's draft tree (B, n, n), checked, or NULL. */
 typedef struct clattn_decode_ops {
     clattn_status (*init)(clattn_decode_plan *plan);        /* NULL: nothing to build */
     void (*release)(clattn_decode_plan *plan);
     clattn_status (*execute)(clattn_decode_plan *plan, clattn_kv_cache *cache, const float *x, const float *kv,
-                             const float *value, size_t n, const size_t *valid, size_t max_len, float *out);
+                             const float *value, size_t n, const size_t *valid, const uint8_t *tree, size_t max_len,
+                             float *out);
     /* the same on the caller's buffers (NULL: the device has none) */
     clattn_status (*execute_buffers)(clattn_decode_plan *plan, clattn_kv_cache *cache,
                                      const clattn_decode_buffers *buffers, size_t n, const size_t *valid,

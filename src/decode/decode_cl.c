@@ -25,6 +25,8 @@ struct clattn_decode_cl {
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
+    cl_mem tree_buf;           /* a verify step's draft tree (B, n, n) bytes, made at the first such step, grown */
+    size_t tree_bytes;
     cl_mem kv32, value32;      /* a half plan with separate_value, on buffers: the step's K and V widened */
     cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
@@ -171,7 +173,7 @@ static void cl_release(clattn_decode_plan *dp)
     free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
-                      &c->lens_buf, &c->valid_buf, &c->kv32, &c->value32};
+                      &c->lens_buf, &c->valid_buf, &c->kv32, &c->value32, &c->tree_buf};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     free(c);
     dp->cl = NULL;
@@ -250,11 +252,18 @@ static clattn_status check_parts(const clattn_decode_plan *dp, const clattn_deco
 }
 
 static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, const float *kv,
-                                const float *value, size_t n, const size_t *valid, size_t max_len, float *out)
+                                const float *value, size_t n, const size_t *valid, const uint8_t *tree,
+                                size_t max_len, float *out)
 {
     struct clattn_decode_cl *c = dp->cl;
     const clattn_plan *p = dp->base;
     const size_t B = p->d.batch;
+    if (tree && B * n * n > c->tree_bytes) { /* a buffer for the draft tree, before anything of the step */
+        cl_mem m = NULL;
+        TRY(clattn_buffer_new(p->device, B * n * n, 1, NULL, "the draft tree", &m));
+        clattn_mem_release(&c->tree_buf);
+        c->tree_buf = m, c->tree_bytes = B * n * n;
+    }
     cl_uint *lens32 = clattn_malloc(2 * B * sizeof *lens32);
     if (!lens32) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
@@ -262,8 +271,8 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
                                 .capacity = cache->d.capacity,
-                                .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
-                                .max_parts = dp->max_parts},
+                                .lens = c->lens_buf, .valid = c->valid_buf, .tree = tree ? c->tree_buf : NULL,
+                                .n = n, .max_len = max_len, .max_parts = dp->max_parts},
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
     clattn_status st = check_parts(dp, &dpass.io);
     if (st != CLATTN_STATUS_SUCCESS) {
@@ -272,9 +281,10 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     }
     const clattn_transfer in[] = {{sv ? NULL : c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
                                   {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
-                                  {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"}};
+                                  {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"},
+                                  {tree ? c->tree_buf : NULL, B * n * n, (void *)tree, "the draft tree"}};
     const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
-    st = clattn_exec_host(p->device, in, 3, pass_run, &dpass, &o, 1);
+    st = clattn_exec_host(p->device, in, 4, pass_run, &dpass, &o, 1);
     free(lens32);
     if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
     return st;

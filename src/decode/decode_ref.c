@@ -9,7 +9,8 @@
 
 /* out (B, n, out_width); the cache is written only after everything else succeeded. */
 static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, const float *x, const float *kv,
-                                 const float *value, size_t n, const size_t *valid, size_t max_len, float *out)
+                                 const float *value, size_t n, const size_t *valid, const uint8_t *tree,
+                                 size_t max_len, float *out)
 {
     (void)max_len;
     const clattn_plan *p = dp->base;
@@ -49,7 +50,8 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 memcpy(c->k_host + pos * dk, K + (b * n + t) * HK * dk + g * dk, dk * sizeof(float));
                 memcpy(c->v_host + pos * dv, V + (b * n + t) * HK * dv + g * dv, dv * sizeof(float));
             }
-    /* 3. token t of sequence b at position P = len + t sees the keys j <= P with P - j < window */
+    /* 3. token t of sequence b at position P = len + t sees the keys j <= P with P - j < window, and with a draft tree
+     * of the new tokens (len <= j) only its ancestors */
     for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < valid[b]; t++)
             for (size_t h = 0; h < H; h++) {
@@ -59,7 +61,10 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 const float *kb = c->k_host + (b * HK + g) * Tmax * dk, *vb = c->v_host + (b * HK + g) * Tmax * dv;
                 double max = -INFINITY;
                 int any_nan = 0;
+                const uint8_t *tr = tree ? tree + (b * n + t) * n : NULL; /* row t of b's draft tree */
+#define HIDDEN(j) (tr && (j) >= c->len[b] && !tr[(j) - c->len[b]])
                 for (size_t j = lo; j <= P; j++) {
+                    if (HIDDEN(j)) continue;
                     double s = 0.0;
                     for (size_t e = 0; e < dk; e++) s += (double)q[e] * (double)kb[j * dk + e];
                     w[j] = s * d->scale;
@@ -67,13 +72,16 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                     else if (w[j] > max) max = w[j];
                 }
                 double sum = 0.0;
-                for (size_t j = lo; j <= P; j++) sum += (w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max));
+                for (size_t j = lo; j <= P; j++)
+                    if (!HIDDEN(j)) sum += (w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max));
                 float *o = ctx + (b * n + t) * H * dv + h * dv;
                 for (size_t e = 0; e < dv; e++) {
                     double acc = 0.0;
-                    for (size_t j = lo; j <= P; j++) acc += w[j] * (double)vb[j * dv + e];
+                    for (size_t j = lo; j <= P; j++)
+                        if (!HIDDEN(j)) acc += w[j] * (double)vb[j * dv + e];
                     o[e] = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(acc / sum);
                 }
+#undef HIDDEN
             }
     /* 4. output projection */
     if (p->has_out) clattn_ref_linear(ctx, B * n, H * dv, p->w_out, p->b_out, d->out_dim, out);
