@@ -103,8 +103,12 @@ class Decoder(_Shaped):
                 + (f", kv_dtype={self.kv_dtype!r}" if self.kv_dtype != "float32" else "")
                 + f", lengths={self.lengths}, device={self.device!r})")
 
-    def __call__(self, x: Any, valid: Optional[Sequence[int]] = None) -> Any:
-        """Append x's tokens to the cache and return their outputs (B, n, out width); see the class."""
+    def __call__(self, x: Any, valid: Optional[Sequence[int]] = None, tree_mask: Any = None) -> Any:
+        """Append x's tokens to the cache and return their outputs (B, n, out width); see the class.
+
+        tree_mask (clattn 0.8, a speculative decoding's verify step): bool or 0/1 (B, n, n), or (n, n) for every
+        sequence; draft token i sees draft token j only where tree_mask[b, i, j] (its ancestors and itself: the
+        diagonal set, nothing above it), and every cached token. Then accept() keeps the accepted branch."""
         kind = _a.Kind(x)
         xa = _a.floats("x", x, ndim=3)
         B, n, E = xa.shape
@@ -121,6 +125,15 @@ class Decoder(_Shaped):
             if len(items) != B:
                 _shape(f"valid: {len(items)} values, expected one per sequence ({B})")
             v = np.array([_a.integer(f"valid[{b}]", t, 0, n) for b, t in enumerate(items)], dtype=np.uintp)
+        tree = None
+        if tree_mask is not None:
+            t = np.asarray(tree_mask.cpu().numpy() if hasattr(tree_mask, "cpu") else tree_mask)
+            if t.ndim == 2:
+                t = np.broadcast_to(t, (B,) + t.shape)
+            if t.shape != (B, n, n):
+                _shape(f"tree_mask: shape {t.shape}, expected (batch, new tokens, new tokens) = ({B}, {n}, {n}) or "
+                       f"({n}, {n})")
+            tree = np.ascontiguousarray(t != 0, dtype=np.uint8)
         with self._lock:
             lengths = self.lengths
             for b in range(B):
@@ -129,7 +142,8 @@ class Decoder(_Shaped):
                     _shape(f"x: sequence {b} holds {lengths[b]} tokens; {add} more exceed capacity={self.capacity}")
             out = np.full((B, n, self.out_width), np.nan, dtype=np.float32)
             args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, valid=_a.pointer(v, ctypes.c_size_t),
-                                   out=_a.pointer(out), x_count=xa.size, valid_count=_a.count(v), out_count=out.size)
+                                   out=_a.pointer(out), x_count=xa.size, valid_count=_a.count(v), out_count=out.size,
+                                   tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
         return kind.out(out)
 
@@ -155,6 +169,24 @@ class Decoder(_Shaped):
         now = self.lengths
         vals = [_a.integer(f"lengths[{b}]", t, 0, now[b]) for b, t in enumerate(items)]
         _check(_lib.kv_cache_truncate(self._cache.handle, (ctypes.c_size_t * self.batch)(*vals)), "truncating the cache")
+
+    def accept(self, start: Sequence[int], branches: Sequence[Sequence[int]]) -> None:
+        """Keep the accepted branch of a verify step (clattn_kv_cache_accept): sequence b had start[b] tokens before
+        the step; of the step's draft tokens it keeps branches[b] (their indices in the step, strictly ascending:
+        the tree's root first), moved to positions start[b], start[b] + 1, ...; its length becomes start[b] +
+        len(branches[b]). An empty branch drops the whole step."""
+        st = [_a.integer(f"start[{b}]", t, 0) for b, t in enumerate(list(start))]
+        br = [list(x) for x in branches]
+        if len(st) != self.batch or len(br) != self.batch:
+            _shape(f"start and branches: {len(st)} and {len(br)} entries, expected one per sequence ({self.batch})")
+        stride = max([len(x) for x in br] + [1])
+        idx = (ctypes.c_size_t * (self.batch * stride))()
+        for b, x in enumerate(br):
+            for i, t in enumerate(x):
+                idx[b * stride + i] = _a.integer(f"branches[{b}][{i}]", t, 0)
+        n = ctypes.c_size_t * self.batch
+        _check(_lib.kv_cache_accept(self._cache.handle, n(*st), n(*[len(x) for x in br]), idx, stride),
+               "accepting a branch")
 
     def read_cache(self) -> Tuple[np.ndarray, np.ndarray]:
         """The cache as float32 NumPy arrays: k (B, kv_heads, capacity, head_dim_qk), v (B, kv_heads, capacity,

@@ -119,7 +119,8 @@ class KVCacheDesc(Structure):
 class DecodeArgs(Structure):
     _fields_ = [("x", c_float_p), ("new_tokens", c_size_t), ("valid", POINTER(c_size_t)), ("out", c_float_p),
                 ("x_count", c_size_t), ("valid_count", c_size_t), ("out_count", c_size_t),
-                ("kv", c_float_p), ("value", c_float_p), ("kv_count", c_size_t), ("value_count", c_size_t)]
+                ("kv", c_float_p), ("value", c_float_p), ("kv_count", c_size_t), ("value_count", c_size_t),
+                ("tree_mask", POINTER(ctypes.c_uint8)), ("tree_mask_count", c_size_t)]  # clattn 0.8
 
 
 def _load():
@@ -191,6 +192,8 @@ kv_cache_free = _fn("clattn_kv_cache_free", None, c_void_p)
 kv_cache_reset = _fn("clattn_kv_cache_reset", c_int, c_void_p)
 kv_cache_truncate = _fn("clattn_kv_cache_truncate", c_int, c_void_p, POINTER(c_size_t))
 kv_cache_lengths = _fn("clattn_kv_cache_lengths", c_int, c_void_p, POINTER(c_size_t))
+kv_cache_accept = _fn("clattn_kv_cache_accept", c_int, c_void_p, POINTER(c_size_t), POINTER(c_size_t),
+                      POINTER(c_size_t), c_size_t)
 kv_cache_read = _fn("clattn_kv_cache_read", c_int, c_void_p, c_float_p, c_float_p)
 kv_cache_write = _fn("clattn_kv_cache_write", c_int, c_void_p, c_float_p, c_float_p, POINTER(c_size_t))
 decode_plan_create = _fn("clattn_decode_plan_create", c_int, c_void_p, POINTER(AttentionDesc),

@@ -178,3 +178,47 @@ def test_decoder_int8_cache(device):
     assert not np.array_equal(outs["int8"], outs["float32"])  # the cache did quantise
     with pytest.raises(clattn.InvalidArgumentError, match="kv_half=True with kv_dtype"):
         clattn.Decoder(4, kv_half=True, kv_dtype="int8", **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_verify_tree_and_accept(device):
+    """A verify step with a draft tree (clattn 0.8): draft token i's output equals the last output of a plain causal
+    run of the context followed by i's ancestors and i (a chain, on another Decoder); accept() keeps a branch, and
+    the next step equals the chain's next step."""
+    w = weights()
+    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=16,
+              max_new_tokens=6, batch=1, device=device)
+    ctx = rng.standard_normal((1, 5, 16)).astype(np.float32)
+    drafts = rng.standard_normal((1, 6, 16)).astype(np.float32)
+    parent = [-1, 0, 0, 1, -1, 3]
+    tree = np.zeros((6, 6), bool)
+    for i in range(6):
+        a = i
+        while a >= 0:
+            tree[i, a] = True
+            a = parent[a]
+    dec = clattn.Decoder(4, **kw)
+    dec(ctx)
+    out = dec(drafts, tree_mask=tree)
+    assert dec.lengths == [11]
+
+    def chain(i):
+        path, a = [], i
+        while a >= 0:
+            path.insert(0, a)
+            a = parent[a]
+        ref = clattn.Decoder(4, **kw)
+        ref(ctx)
+        return path, ref, ref(drafts[:, path])
+    for i in range(6):
+        _, _, want = chain(i)
+        np.testing.assert_allclose(out[:, i], want[:, -1], rtol=1e-4, atol=1e-5)
+    path, ref, _ = chain(5)
+    dec.accept([5], [path])
+    assert dec.lengths == [5 + len(path)]
+    nxt = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    np.testing.assert_allclose(dec(nxt), ref(nxt), rtol=1e-4, atol=1e-5)
+    with pytest.raises(clattn.InvalidArgumentError, match="diagonal"):
+        dec(drafts[:, :2], tree_mask=np.zeros((2, 2)))
+    with pytest.raises(clattn.InvalidArgumentError, match="does not come after"):
+        dec.accept([5], [[1, 0]])
