@@ -43,6 +43,7 @@ typedef struct dopts {
     size_t new_tokens; /* --new-tokens N: N new tokens per sequence and step (a speculative verify's drafts) */
     size_t batches[MAX_BATCHES], nbatches; /* --batch B[,B...]: one run per batch size */
     int kv_type, iters, warmup, sweep, json, progress, ragged; /* kv_type: a clattn_kv_type */
+    int tree; /* --tree: the N new tokens are a binary draft tree (token i's parent (i-1)/2), args.tree_mask */
 } dopts;
 
 typedef struct dres {
@@ -72,7 +73,7 @@ void clattn_bench_decode_usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B[,B...]] [--ragged]\n"
             "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-type T] [--window W]\n"
-            "                    [--splits N] [--new-tokens N] [--iters N] [--warmup W] [--json] [--progress]\n"
+            "                    [--splits N] [--new-tokens N [--tree]] [--iters N] [--warmup W] [--json] [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
             "  --batch 1,8,64: one run per batch size (tokens/s is the whole batch's). --ragged: the sequences'\n"
             "  lengths spread evenly from C down to C/2, as a server's batch of requests.\n"
@@ -80,7 +81,8 @@ void clattn_bench_decode_usage(FILE *f)
             "  --warmup 3. --dim is the width of x (the projections read H*D*E + N*2D*E + E*H*D weights per\n"
             "  step; small by default so that the step is the cache read). --sweep: C = 512 ... 32768.\n"
             "  --kv-type float|half|bf16|int8: the cache's element type (--kv-half = --kv-type half).\n"
-            "  --new-tokens N: N new tokens per sequence and step, 1..16 (a speculative verify; default 1).\n"
+            "  --new-tokens N: N new tokens per sequence and step, 1..16 (a speculative verify; default 1);\n"
+            "  --tree: they are a binary draft tree (token i's parent (i-1)/2), given as args.tree_mask.\n"
             "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
             "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
             "  kv_bandwidth_fraction, and step_bandwidth_fraction over every byte the step reads (KV cache +\n"
@@ -131,6 +133,7 @@ static void parse(int argc, char **argv, dopts *o)
             i++;
         }
         else if (!strcmp(a, "--sweep")) o->sweep = 1;
+        else if (!strcmp(a, "--tree")) o->tree = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--progress")) o->progress = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { clattn_bench_decode_usage(stdout); exit(0); }
@@ -258,6 +261,17 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     float *x = rnd(B * N * E, 1.0f, &seed), *out = malloc(B * N * E * sizeof *out);
     if (!out) bench_die("out of memory");
     clattn_decode_args a = {.x = x, .new_tokens = N, .out = out, .x_count = B * N * E, .out_count = B * N * E};
+    uint8_t *tree = NULL;
+    if (o->tree) { /* a binary draft tree: token i sees itself and its ancestors (i-1)/2, ... */
+        if (!(tree = calloc(B * N * N, 1))) bench_die("out of memory");
+        for (size_t b = 0; b < B; b++)
+            for (size_t i = 0; i < N; i++)
+                for (size_t j = i;; j = (j - 1) / 2) {
+                    tree[(b * N + i) * N + j] = 1;
+                    if (j == 0) break;
+                }
+        a.tree_mask = tree, a.tree_mask_count = B * N * N;
+    }
     double t0 = bench_now_ms();
     bench_check(clattn_decode_execute(plan, cache, &a), "the first decode step");
     r->first_ms = bench_now_ms() - t0;
@@ -300,7 +314,7 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
     r->tokens_per_s = (double)(B * N) / (r->step_ms / 1e3);
     r->kv_gbps = r->kv_bytes / (r->step_ms * 1e6);
     r->step_gbps = (r->kv_bytes + r->weight_bytes) / (r->step_ms * 1e6);
-    free(t), free(x), free(out), free(xp), free(op), free(lens);
+    free(t), free(x), free(out), free(xp), free(op), free(lens), free(tree);
     free(wq), free(wk), free(wv), free(wo);
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
@@ -327,9 +341,9 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     printf(",\"gemm\":");
     bench_json_string(stdout, r->gemm);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
-           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"new_tokens\":%zu,\"iters\":%d,\"warmup\":%d",
-           r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, kv_names[o->kv_type],
-           o->window, r->parts, o->new_tokens, o->iters, o->warmup);
+           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"new_tokens\":%zu,\"tree\":%s,\"iters\":%d,"
+           "\"warmup\":%d", r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, kv_names[o->kv_type],
+           o->window, r->parts, o->new_tokens, o->tree ? "true" : "false", o->iters, o->warmup);
     printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
            r->step_min, r->step_max, r->first_ms);
     if (r->stage_ms[0] >= 0.0) {

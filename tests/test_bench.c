@@ -724,18 +724,20 @@ Test(bench, decode_opencl, .timeout = 300)
     decode_smoke(tu_opencl_spec(), "bf16", "37");
 }
 
-/* --new-tokens N (a speculative verify step): the step takes N tokens per sequence, tokens/s counts them, and the KV
- * bytes cover the cache up to the last of them (C + N positions) */
+/* --new-tokens N --tree (a speculative verify step): the step takes N tokens per sequence as a draft tree, tokens/s
+ * counts them, and the KV bytes cover the cache up to the last of them (C + N positions) */
 Test(bench, decode_new_tokens, .timeout = 120)
 {
     run_result *r = calloc(1, sizeof *r);
     const char *args[] = {"clattn-bench", "--decode", "--device", "ref", "--context", "100", "--heads", "4", "--kv-heads",
                           "2", "--head-dim", "8", "--dim", "16", "--iters", "2", "--warmup", "1", "--new-tokens", "5",
-                          "--json", NULL};
+                          "--tree", "--json", NULL};
     run_bench(args, r);
     cr_assert_eq(r->status, 0, "exit %d; stderr: %s", r->status, r->err);
     double n = 0, kvb = 0, step = 0, tps = 0;
     cr_assert(json_number(r->out, "new_tokens", &n) && n == 5, "%s", r->out);
+    const char *tr = json_value(r->out, "tree");
+    cr_expect(tr && strncmp(tr, "true", 4) == 0, "tree: %s", r->out);
     json_number(r->out, "kv_bytes", &kvb), json_number(r->out, "step_ms", &step);
     json_number(r->out, "tokens_per_s", &tps);
     cr_expect(fabs(kvb - 2.0 * 105 * 16 * 4) < 0.5, "kv_bytes = %g", kvb);
