@@ -488,7 +488,7 @@ Test(decode, heads_as_given_opencl)
 /* ---------------------------------------------------------------- speculative decoding: verify and accept */
 
 /* A verify step: T0 tokens prefilled (the heads as given, random), then n draft tokens in one step whose tree is
- * random (token i's parent one of 0 .. i-1 or none: a child of the context), each sequence its own tree. Each draft
+ * random (tokens 0 and 1 children of the context, token i > 1 a child of one of 1 .. i-1), each sequence its own. Each draft
  * token's output against the float64 oracle's attention over the context and its ancestors and itself (a boolean
  * mask over the dequantised K and V the cache holds). Then clattn_kv_cache_accept keeps a root-to-leaf branch of
  * each tree: the cache then holds the context and the branch's tokens in order, nothing else changed, and one more
@@ -506,12 +506,13 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     for (size_t b = 0; b < B; b++) {
         long parent[16];
         cr_assert(n <= 16);
+        /* tokens 0 and 1 children of the context, the others below token 1: every accepted token moves */
         for (size_t i = 0; i < n; i++) {
-            parent[i] = i == 0 ? -1 : (long)(tu_next(&r) % (i + 1)) - 1; /* -1: a child of the context */
+            parent[i] = i < 2 ? -1 : 1 + (long)(tu_next(&r) % (i - 1));
             for (long a = (long)i; a >= 0; a = parent[a]) tree[(b * n + i) * n + (size_t)a] = 1;
         }
-        /* the accepted branch: the ancestors of a random draft token, root first */
-        size_t leaf = (size_t)(tu_next(&r) % n), path[16], len = 0;
+        /* the accepted branch: the ancestors of the last draft token, root first */
+        size_t leaf = n - 1, path[16], len = 0;
         for (long a = (long)leaf; a >= 0; a = parent[a]) path[len++] = (size_t)a;
         if (b == 1) len = 0; /* sequence 1 rejects every draft */
         for (size_t i = 0; i < len; i++) branch[b * n + i] = path[len - 1 - i];
