@@ -569,7 +569,7 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
                                           .attn_mask = CLATTN_MASK_BOOL};
         const clattn_attention_args oa = {.x = qs + b * n * H * dk, .kv = kb, .value = vb, .attn_mask = mask};
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
-        char wb[200];
+        char wb[260];
         snprintf(wb, sizeof wb, "%s, sequence %zu's drafts", what, b);
         check(os + b * n * H * dv, want, n * H * dv, wb);
     }
@@ -613,7 +613,7 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
                                           .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1};
         const clattn_attention_args oa = {.x = qs + b * H * dk, .kv = kb, .value = vb};
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
-        char wb[200];
+        char wb[260];
         snprintf(wb, sizeof wb, "%s, sequence %zu's step after accepting %zu", what, b, counts[b]);
         check(os + b * H * dv, want, H * dv, wb);
     }
