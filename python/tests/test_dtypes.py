@@ -128,56 +128,48 @@ def test_float32_module_rounds_half_inputs_back(device):
         assert torch.equal(out, want.to(dt)) and torch.equal(w, want_w.to(dt))
 
 
+def decode_float_and(device, kvd):
+    """The same prefill and steps through a float32 cache and one of type kvd: each one's outputs and cache read back
+    (k, v). Checked here for both types: the repr names kvd, the outputs are close (rounded or quantised keys and
+    values) but not equal (the cache did change them), kv_half=True with kvd is refused."""
+    w = weights()
+    x = rng.standard_normal((2, 9, 16)).astype(np.float32)
+    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=12,
+              max_new_tokens=5, batch=2, device=device)
+    outs, caches = {}, {}
+    for t in ("float32", kvd):
+        dec = clattn.Decoder(4, kv_dtype=t, **kw)
+        assert dec.kv_dtype == t and (t == "float32" or f"kv_dtype='{kvd}'" in repr(dec))
+        outs[t] = np.concatenate([dec(x[:, :5])] + [dec(x[:, i:i + 1]) for i in range(5, 9)], axis=1)
+        caches[t] = dec.read_cache()
+    np.testing.assert_allclose(outs[kvd], outs["float32"], rtol=3e-2, atol=3e-2)
+    assert not np.array_equal(outs[kvd], outs["float32"])
+    with pytest.raises(clattn.InvalidArgumentError, match="kv_half=True with kv_dtype"):
+        clattn.Decoder(4, kv_half=True, kv_dtype=kvd, **kw)
+    return caches
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decoder_bfloat16_cache(device):
     """Decoder(kv_dtype="bfloat16"): a bfloat16 KV cache (CLATTN_KV_BF16) holds every appended key and value rounded
     to bfloat16 (read back exactly representable), the outputs close to the float cache's (keys and values off by at
     most 2^-9 of themselves); kv_half and kv_dtype together must agree."""
-    w = weights()
-    x = rng.standard_normal((2, 9, 16)).astype(np.float32)
-    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=12,
-              max_new_tokens=5, batch=2, device=device)
-    outs = {}
-    for kvd in ("float32", "bfloat16"):
-        dec = clattn.Decoder(4, kv_dtype=kvd, **kw)
-        assert dec.kv_dtype == kvd and (kvd == "float32" or "kv_dtype='bfloat16'" in repr(dec))
-        outs[kvd] = np.concatenate([dec(x[:, :5])] + [dec(x[:, t:t + 1]) for t in range(5, 9)], axis=1)
-        k, v = dec.read_cache()
-        if kvd == "bfloat16":
-            for a in (k, v):
-                np.testing.assert_array_equal(a, rounded(a, "bfloat16"))
-    np.testing.assert_allclose(outs["bfloat16"], outs["float32"], rtol=3e-2, atol=3e-2)
-    assert not np.array_equal(outs["bfloat16"], outs["float32"])  # the cache did round
-    with pytest.raises(clattn.InvalidArgumentError, match="kv_half=True with kv_dtype"):
-        clattn.Decoder(4, kv_half=True, kv_dtype="bfloat16", **kw)
+    for a in decode_float_and(device, "bfloat16")["bfloat16"]:
+        np.testing.assert_array_equal(a, rounded(a, "bfloat16"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_decoder_int8_cache(device):
     """Decoder(kv_dtype="int8") (clattn 0.8, CLATTN_KV_INT8): every cached row (one position's keys, or values, of a KV
     head) reads back as whole steps of its own scale, max |row| / 127, with at most 127 steps, and within half a
-    step of the float cache's row (the keys and values as projected); the outputs close to the float cache's but not
-    equal to them."""
-    w = weights()
-    x = rng.standard_normal((2, 9, 16)).astype(np.float32)
-    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=12,
-              max_new_tokens=5, batch=2, device=device)
-    outs, caches = {}, {}
-    for kvd in ("float32", "int8"):
-        dec = clattn.Decoder(4, kv_dtype=kvd, **kw)
-        assert dec.kv_dtype == kvd and (kvd == "float32" or "kv_dtype='int8'" in repr(dec))
-        outs[kvd] = np.concatenate([dec(x[:, :5])] + [dec(x[:, t:t + 1]) for t in range(5, 9)], axis=1)
-        caches[kvd] = dec.read_cache()
+    step of the float cache's row (the keys and values as projected); the outputs close to the float cache's."""
+    caches = decode_float_and(device, "int8")
     for exact, got in zip(caches["float32"], caches["int8"]):
         exact, got = exact[:, :, :9].astype(np.float64), got[:, :, :9].astype(np.float64)
         step = np.abs(exact).max(axis=-1, keepdims=True) / 127
         assert (np.abs(got - exact) <= step * (0.5 + 1e-5) + 1e-6).all()
         q = got / step
         assert (np.abs(q - np.rint(q)) < 1e-3).all() and (np.abs(q) <= 127.001).all()
-    np.testing.assert_allclose(outs["int8"], outs["float32"], rtol=3e-2, atol=3e-2)
-    assert not np.array_equal(outs["int8"], outs["float32"])  # the cache did quantise
-    with pytest.raises(clattn.InvalidArgumentError, match="kv_half=True with kv_dtype"):
-        clattn.Decoder(4, kv_half=True, kv_dtype="int8", **kw)
 
 
 @pytest.mark.parametrize("device", DEVICES)
