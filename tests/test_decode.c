@@ -5,8 +5,9 @@
  *   decode       prefill + one decode step per token = one causal run; appends in uneven chunks;
  *                sequences of different lengths in one batch; truncation; split-K forced to 1..64
  *                parts (empty parts included); the cache read back; every validation error
- *   accept       (first: its mutants' tests) a verify step's draft tree and clattn_kv_cache_accept (speculative decoding)
- *   codes        (before decode) int8 caches: the codes and scales on both paths, decoding over them
+ *   accept       a verify step's draft tree and clattn_kv_cache_accept (speculative decoding)
+ *   codes        int8 caches: the codes and scales on both paths, decoding over them
+ *                (accept and codes: the ctest entry test_decode_verify; the plain entry runs the other suites)
  *   edges        capacities exactly at their boundary with the neighbours read back (appends, padding rows,
  *                truncation, writes); every refused call and every failed allocation of a call leaves the
  *                lengths, the cache and the output as they were; writes round to half as appends do; split-K
