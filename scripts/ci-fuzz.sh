@@ -3,7 +3,7 @@
 #
 # Builds the libFuzzer harnesses of fuzz/ with clang (-fsanitize=fuzzer,address,undefined;
 # the library itself with fuzzer-no-link,address,undefined) in ./build-fuzz, then runs each
-# harness for FUZZ_SECONDS over a scratch copy of its committed seed corpus
+# harness for FUZZ_SECONDS (side by side, one per CPU) over a scratch copy of its committed seed corpus
 # (fuzz/corpus/<harness>/, never modified here). A crash, a sanitizer report (ASan, UBSan,
 # LeakSanitizer), a violated property (the harnesses abort), a slow input (> 25 s) or an
 # input that needs more than 2 GiB fails the stage: the input is kept as
@@ -55,25 +55,41 @@ built=$(date +%s)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
+# The harnesses run side by side, as many at once as there are CPUs (each is one process and one thread: on CI's
+# 2 cores the two default harnesses take FUZZ_SECONDS together, not twice that); their reports follow in order.
+fuzz_one() { # harness: its log and exit status under build-fuzz/fuzz-work/<harness>
+  local h=$1 work=$root/$build/fuzz-work/$1 artifacts=$root/$build/artifacts/$1 rc=0 dict=()
+  if [ -f "fuzz/$h.dict" ]; then dict=(-dict="fuzz/$h.dict"); fi
+  "$build/fuzz_$h" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
+      "${dict[@]}" -artifact_prefix="$artifacts/" "$work/corpus" > "$work/log" 2>&1 || rc=$?
+  echo "$rc" > "$work/rc"
+}
+cpus=$(nproc 2>/dev/null || echo 1)
+running=0
+for h in $harnesses; do
+  work=$root/$build/fuzz-work/$h
+  rm -rf "$work" "$root/$build/artifacts/$h"
+  mkdir -p "$work/corpus" "$root/$build/artifacts/$h"
+  cp fuzz/corpus/"$h"/* "$work/corpus/"   # new inputs go to the scratch copy
+  echo "fuzz: fuzz_$h for ${seconds} s (seeds: fuzz/corpus/$h, $(find fuzz/corpus/"$h" -type f | wc -l) files)"
+  fuzz_one "$h" &
+  running=$((running + 1))
+  if [ "$running" -ge "$cpus" ]; then wait -n || true; running=$((running - 1)); fi
+done
+wait
+
 failed=()
 for h in $harnesses; do
   work=$root/$build/fuzz-work/$h
   artifacts=$root/$build/artifacts/$h
-  rm -rf "$work" "$artifacts"
-  mkdir -p "$work/corpus" "$artifacts"
-  cp fuzz/corpus/"$h"/* "$work/corpus/"   # new inputs go to the scratch copy
-  dict=()
-  if [ -f "fuzz/$h.dict" ]; then dict=(-dict="fuzz/$h.dict"); fi
-  echo "fuzz: fuzz_$h for ${seconds} s (seeds: fuzz/corpus/$h, $(find fuzz/corpus/"$h" -type f | wc -l) files)"
-  rc=0
-  "$build/fuzz_$h" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
-      "${dict[@]}" -artifact_prefix="$artifacts/" "$work/corpus" > "$work/log" 2>&1 || rc=$?
+  rc=$(cat "$work/rc" 2>/dev/null || echo "?")
+  echo "fuzz: fuzz_$h:"
   grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' "$work/log" \
       | sed "s/^/fuzz:   /" || true
-  if [ "$rc" -ne 0 ]; then
+  if [ "$rc" != 0 ]; then
     failed+=("$h")
     echo "fuzz: fuzz_$h FAILED (exit $rc); the end of its log ($work/log):"
-    grep -v -E '^#[0-9]+' "$work/log" | tail -60
+    grep -v -E '^#[0-9]+' "$work/log" | tail -60 || true
     for f in "$artifacts"/*; do
       [ -f "$f" ] || continue
       echo "fuzz: input $f ($(stat -c %s "$f") bytes), replay with: $build/fuzz_$h $f"

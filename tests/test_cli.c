@@ -179,6 +179,8 @@ static const char *cl_spec(void) { return tu_opencl_spec(); }
 #define ENV_UNSET ((const char *)0)
 
 static rlim_t fsize_limit; /* run_cli's child may write files of at most this many bytes (0: no limit) */
+static unsigned cli_deadline; /* run_cli's child is killed (SIGALRM) after this many seconds (0: never): a run that
+                                 must not hang fails at once when it does, not at the test's timeout */
 
 /* The ctest entries of each core run this suite with CLATTN_CORE set, which the CLI notes on plans it does nothing
  * for ("clattn run: note: CLATTN_CORE=..."): those lines are dropped from stderr, the rest checked as it is
@@ -225,6 +227,7 @@ static int run_cli(const char *const *args, const char *env_device, char **err)
             signal(SIGXFSZ, SIG_IGN);
             if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(125);
         }
+        if (cli_deadline) alarm(cli_deadline); /* kept across execve */
         execve(CLATTN_CLI_PATH, (char *const *)argv, env.vars);
         _exit(127);
     }
@@ -1034,7 +1037,8 @@ Test(cli, outputs_never_half_written, .timeout = 30)
     clattn_npy a;
     load(path_in(out_dir, "out.npy"), &a);
     clattn_npy_free(&a);
-    /* a FIFO at out.npy: replaced, no hang */
+    /* a FIFO at out.npy: replaced, no hang (a run of this case takes well under a second: a hang is killed at 5 s) */
+    cli_deadline = 5;
     cr_assert_eq(remove(path_in(out_dir, "out.npy")), 0);
     cr_assert_eq(mkfifo(path_in(out_dir, "out.npy"), 0600), 0);
     cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
@@ -1052,6 +1056,7 @@ Test(cli, outputs_never_half_written, .timeout = 30)
     cr_assert_eq(run_cli(args2, ENV_UNSET, &err), 1, "%s", err);
     cr_assert(strstr(err, "not a regular file"), "stderr: %s", err);
     free(err);
+    cli_deadline = 0;
     remove(victim);
 }
 

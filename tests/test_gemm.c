@@ -15,7 +15,8 @@
  *   types      A and B in F16 and BF16 (typed_operands: a half plan's projections read its inputs and weights as
  *              they are), refused by a core without reads_dtypes
  *   refusals   sizes of 0, row strides shorter than a row and an unknown dtype: INVALID_ARGUMENT naming the GEMM,
- *              C untouched */
+ *              C untouched; an operand that ends one element past its buffer (a row stride, a batch stride, a
+ *              transposed A): SHAPE_MISMATCH naming it, C untouched, and a batch that ends exactly at the end computed */
 #include "attention/attention.h"
 #include "testutil.h"
 
@@ -399,10 +400,35 @@ Test(gemm, refusals)
         cr_assert_eq(clattn_gemm_run(&f.core, &bad[i]), CLATTN_STATUS_INVALID_ARGUMENT, "case %d", i);
         cr_assert(strstr(clattn_last_error(), "the refused GEMM"), "case %d: %s", i, clattn_last_error());
     }
+    /* operands that end past the buffer's 64 floats by one element (and a batch whose stride overflows size_t):
+     * SHAPE_MISMATCH naming the GEMM and the operand, nothing enqueued */
+    clattn_gemm_call past[6] = {ok, ok, ok, ok, ok, ok};
+    past[0].c.off = 61;                                          /* C: 61 + 2 + 2 */
+    past[1].c.off = 59, past[1].ldc = 4;                         /* C's row stride: 59 + 4 + 2 */
+    past[2].count = 2, past[2].stride_c = 45;                    /* C's second product: 16 + 45 + 2 + 2 */
+    past[3].count = 2, past[3].stride_b = 53;                    /* B's second product: 8 + 53 + 2 + 2 */
+    past[4].trans_a = 1, past[4].k = 3, past[4].a.off = 59;      /* A stored (k, m) = (3, 2): 59 + 2 * 2 + 2 */
+    past[5].count = 3, past[5].stride_a = (size_t)-1 / 2 + 1;    /* (count - 1) * stride overflows */
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(clattn_gemm_run(&f.core, &past[i]), CLATTN_STATUS_SHAPE_MISMATCH, "past %d: %s", i,
+                     clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), "the refused GEMM: operand ") &&
+                      strstr(clattn_last_error(), "does not fit its buffer of 256 bytes"),
+                  "past %d: %s", i, clattn_last_error());
+    }
+    cr_assert(strstr((clattn_gemm_run(&f.core, &past[4]), clattn_last_error()), "operand A"));
     float back[64];
     cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(f.dev), m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
                  CL_SUCCESS);
     for (int i = 0; i < 64; i++) cr_assert_eq(back[i], 7.0f, "element %d written by a refused call", i);
+    /* the last products of a batch that ends exactly at the buffer's end: computed (7 * 7 * 2 = 98) */
+    clattn_gemm_call fits = ok;
+    fits.count = 2, fits.stride_c = 44, fits.stride_b = 0;       /* C at 16 and 60: 60 + 2 + 2 = 64 */
+    cr_assert_eq(clattn_gemm_run(&f.core, &fits), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(f.dev), m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
+                 CL_SUCCESS);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(back[i], (i >= 16 && i < 20) || i >= 60 ? 98.0f : 7.0f, "element %d", i);
     const clattn_gemm none = {NULL, NULL};
     cr_assert_eq(clattn_gemm_run(&none, &ok), CLATTN_STATUS_INVALID_ARGUMENT);
     clReleaseMemObject(m);

@@ -7,9 +7,9 @@
  * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
  * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first), with KV_HALF 3
  * as int8 codes whose row (b, g, j) has the scale ks[(b*HK + g)*Tmax + j] (vs likewise): the loads give the codes
- * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE,
- * VSCALE below; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step brings n new tokens per
- * sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
+ * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE
+ * below reads either; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step
+ * brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
  * (when WINDOW > 0), and in a verify step with a draft tree only its ancestors among the new tokens (dec_tree). The
  * decode plan appends the new tokens first (decode/kv_append.cl).

@@ -3,6 +3,22 @@
  * is created (attention/select.c, like the attention cores). */
 #include "core.h"
 
+/* Operand `name` of a batch: count products `stride` elements apart, each `rows` stored rows of `len` elements
+ * `ld` apart, from element v.off of v.mem, must end inside the buffer (NULL: INVALID_ARGUMENT). */
+static clattn_status operand_fits(const char *what, char name, clattn_view v, size_t rows, size_t len, size_t ld,
+                                  size_t count, size_t stride, clattn_dtype type)
+{
+    if (!v.mem) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: operand %c has no buffer", what, name);
+    size_t last, span, bytes, end = v.off;
+    const int overflows = clattn_mul_overflows(count - 1, stride, &last) || clattn_mul_overflows(rows - 1, ld, &span) ||
+                          (end += last) < last || (end += span) < span || (end += len) < len;
+    if (overflows || clattn_mul_overflows(end, clattn_dtype_size(type), &bytes) || bytes > clattn_mem_bytes(v.mem))
+        return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "%s: operand %c (%zu x %zu elements, %zu products from "
+                           "element %zu) does not fit its buffer of %zu bytes", what, name, rows, len, count, v.off,
+                           clattn_mem_bytes(v.mem));
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *c)
 {
     const char *what = c->what ? c->what : "GEMM";
@@ -26,5 +42,11 @@ clattn_status clattn_gemm_run(const clattn_gemm *g, const clattn_gemm_call *c)
     }
     if (c->bias.mem && !g->core->adds_biases)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s: %s does not add a bias row", what, g->core->name);
+    /* every operand inside its buffer: a layout error of the caller's (a shell, a core's chunking) is refused here by
+     * name instead of reading or writing past a buffer, which a driver neither reports nor survives reliably */
+    TRY(operand_fits(what, 'A', c->a, c->trans_a ? c->k : c->m, row_a, c->lda, c->count, c->stride_a, types[0]));
+    TRY(operand_fits(what, 'B', c->b, c->trans_b ? c->n : c->k, row_b, c->ldb, c->count, c->stride_b, types[1]));
+    TRY(operand_fits(what, 'C', c->c, c->m, c->n, c->ldc, c->count, c->stride_c, CLATTN_DTYPE_F32));
+    if (c->bias.mem) TRY(operand_fits(what, 'b', c->bias, 1, c->n, c->n, 1, 0, CLATTN_DTYPE_F32));
     return g->core->run_gemm(g->state, c);
 }
