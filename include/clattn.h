@@ -295,6 +295,9 @@ typedef struct clattn_attention_desc {
                             once. Attention, decode and encoder plans for inference in 0.7 (a decode plan's steps:
                             x, kv, value and out, its cache keeping its own type; an encoder layer's x, out and
                             every weight): a training plan refuses F16 and BF16 */
+    /* clattn 0.8: */
+    size_t kv_page_size; /* decode plans: the page size of the caches they run on (clattn_kv_cache_desc.page_size;
+                            0: contiguous caches). Prefill and training plans: 0 */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -641,8 +644,20 @@ typedef struct clattn_kv_cache_desc {
     size_t head_dim_qk;  /* dk >= 1 */
     size_t head_dim_v;   /* dv (0 = dk) */
     clattn_kv_type type;
+    /* clattn 0.8: a paged cache (below) */
+    size_t page_size;    /* P: positions per page, a power of two 1 .. 65536; 0: contiguous (one region per sequence) */
+    size_t pages;        /* paged: the pool's pages (0 = B * ceil(capacity / P), every sequence full at once) */
 } clattn_kv_cache_desc;
 
+/* PAGED (clattn 0.8, page_size P > 0): the keys and values live in a pool of `pages` pages of P positions (all
+ * kv_heads heads), and each sequence has a block table: its positions i*P .. i*P + P-1 are page table[i]. clattn keeps
+ * the tables and counts the references to each page itself (the caller never writes a table): a step takes free
+ * pages as its sequences grow (refused, nothing changed, when the pool has too few), clattn_kv_cache_share lets
+ * sequences share the pages of a common prefix, a page shared by several sequences is copied before one of them
+ * writes into it (copy-on-write: the step, clattn_kv_cache_accept, clattn_kv_cache_write), and pages no position
+ * uses any more (truncate, reset, accept, share, write) go back to the pool for reuse. capacity stays each
+ * sequence's limit. A decode plan runs on paged caches of its desc.kv_page_size only. Device memory: pages * P *
+ * HK * (dk + dv) elements (INT8: and 2 floats per position and head), and B * ceil(capacity / P) table entries. */
 typedef struct clattn_kv_cache clattn_kv_cache;
 
 CLATTN_API clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc,
@@ -678,6 +693,15 @@ CLATTN_API clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const flo
                                                const size_t *lengths);
 /* Bytes of device memory the cache holds, an INT8 cache's scales included (0 on ref). */
 CLATTN_API size_t clattn_kv_cache_device_bytes(const clattn_kv_cache *cache);
+/* clattn 0.8: sequence dst's positions become sequence src's first `length` (<= src's length): its own are dropped
+ * first, and its length becomes `length` (a prompt's prefix shared between requests). A paged cache shares src's pages
+ * (no copy; a page both then write into is copied first); a contiguous one copies the positions. dst = src, an index
+ * past the batch or a length past src's are refused with nothing changed. */
+CLATTN_API clattn_status clattn_kv_cache_share(clattn_kv_cache *cache, size_t dst, size_t src, size_t length);
+/* clattn 0.8, paged caches: sequence b's pages, table[0 .. count-1] (count = ceil(length / P); at most
+ * ceil(capacity / P) entries written), and the pages in use by any sequence. A contiguous cache: UNSUPPORTED. */
+CLATTN_API clattn_status clattn_kv_cache_pages(const clattn_kv_cache *cache, size_t b, size_t *table, size_t *count,
+                                               size_t *in_use);
 
 /* A decode plan: self-attention with causal = 1 over a KV cache. Each execution takes n new tokens
  * per sequence, x (B, n, E) with 1 <= n <= desc.seq_q, projects them, appends their keys and values

@@ -166,7 +166,19 @@ typedef struct dcase {
     size_t splits;          /* clattn_decode_plan_set_splits */
     const size_t *chunks;   /* new tokens per call, until T; NULL = prefill P then one by one */
     size_t P;
+    size_t page;            /* a paged cache's page size (the pages suite); 0: contiguous */
 } dcase;
+
+static clattn_kv_cache *make_paged(clattn_device *dev, const model *m, size_t B, size_t cap, int half, size_t page,
+                                   size_t pages)
+{
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = m->HK, .head_dim_qk = m->dk,
+                               .head_dim_v = m->dv, .type = (clattn_kv_type)half, /* half: the cache's type */
+                               .page_size = page, .pages = pages};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    return c;
+}
 
 static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B, size_t cap, int half)
 {
@@ -183,10 +195,11 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
     const size_t B = c->B, T = c->T, E = m->E;
     const size_t maxn = c->chunks ? T : c->P;
     clattn_attention_desc d = model_desc(m, B, maxn, c->window, c->half);
+    d.kv_page_size = c->page;
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m->w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
-    clattn_kv_cache *cache = make_cache(dev, m, B, T + 3, c->half);
+    clattn_kv_cache *cache = make_paged(dev, m, B, T + 3, c->half, c->page, 0);
     float *xs = malloc(B * maxn * E * sizeof *xs), *os = malloc(B * maxn * m->Eo * sizeof *os);
     size_t t0 = 0;
     for (size_t call = 0; t0 < T; call++) {
@@ -240,9 +253,9 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
     decode_all(dev, &m, c, x, out);
     double *want = expect(&m, c->B, c->T, c->window, c->half, x);
     char what[200];
-    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu%s%s", c->B,
-             c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->chunks ? " chunked" : "",
-             c->coarse ? " coarse" : "");
+    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s",
+             c->B, c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->page,
+             c->chunks ? " chunked" : "", c->coarse ? " coarse" : "");
     check(out, want, c->B * c->T * m.Eo, what);
     free(x), free(out), free(want);
     model_free(&m);
@@ -495,7 +508,7 @@ Test(decode, heads_as_given_opencl)
  * each tree: the cache then holds the context and the branch's tokens in order, nothing else changed, and one more
  * step (the token after the branch) equals the oracle's causal attention over context + branch + that token. */
 static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_t H, size_t HK, size_t dk, size_t dv,
-                        int kv_type, size_t splits, uint64_t seed)
+                        int kv_type, size_t splits, size_t page, uint64_t seed)
 {
     tu_rng r = {seed};
     const size_t T = T0 + n + 1, cap = T0 + n + 2; /* the context, the drafts, the step after the branch */
@@ -522,12 +535,12 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     }
     const clattn_attention_desc d = {.batch = B, .seq_q = T0 > n ? T0 : n, .embed = H * dk, .heads = H,
                                      .kv_heads = HK, .head_dim_v = dv, .causal = 1, .separate_value = 1,
-                                     .kv_half = kv_type};
+                                     .kv_half = kv_type, .kv_page_size = page};
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv,
-                                     .type = (clattn_kv_type)kv_type};
+                                     .type = (clattn_kv_type)kv_type, .page_size = page};
     clattn_kv_cache *cache = NULL;
     cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     /* a step of m tokens per sequence from token t0 of each */
@@ -548,8 +561,8 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     STEP(0, T0, NULL);
     STEP(T0, n, tree);
     char what[160];
-    snprintf(what, sizeof what, "verify B=%zu T0=%zu n=%zu H=%zu HK=%zu dk=%zu dv=%zu kv=%d splits=%zu", B, T0, n, H,
-             HK, dk, dv, kv_type, splits);
+    snprintf(what, sizeof what, "verify B=%zu T0=%zu n=%zu H=%zu HK=%zu dk=%zu dv=%zu kv=%d splits=%zu page=%zu", B,
+             T0, n, H, HK, dk, dv, kv_type, splits, page);
     float *kq = malloc(B * HK * cap * dk * 4), *vq = malloc(B * HK * cap * dv * 4);
     cr_assert_eq(clattn_kv_cache_read(cache, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     /* the oracle: sequence b's drafts over its cache rows 0 .. T0+n-1 as read back, masked by the tree */
@@ -628,10 +641,10 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
 static void verify_cases(clattn_device *dev)
 {
     /* the head shapes of decode_cases and int8_cases: no kernel compiled for these alone (a slow driver's compiles) */
-    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 1800);    /* GQA, 8 drafts */
-    verify_case(dev, 2, 20, 16, 6, 1, 8, 12, 0, 3, 1801);  /* multi-query, 16 drafts (96 query rows), split-K */
-    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 1802);    /* int8 cache */
-    verify_case(dev, 2, 130, 3, 4, 2, 8, 8, 1, 2, 1803);   /* half cache, a long context */
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 0, 1800);    /* GQA, 8 drafts */
+    verify_case(dev, 2, 20, 16, 6, 1, 8, 12, 0, 3, 0, 1801);  /* multi-query, 16 drafts (96 query rows), split-K */
+    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 0, 1802);    /* int8 cache */
+    verify_case(dev, 2, 130, 3, 4, 2, 8, 8, 1, 2, 0, 1803);   /* half cache, a long context */
 }
 
 Test(accept, verify_tree_ref)
@@ -1958,3 +1971,384 @@ Test(decode, half_types_opencl)
     half_decode_cases(dev);
     clattn_device_free(dev);
 }
+
+/* ---------------------------------------------------------------- paged caches (clattn 0.8) */
+
+/* The decode cases on paged caches of several page sizes (a page of one position, pages smaller and larger than a
+ * step, a sequence within one page), against the float64 oracle as on contiguous caches: the sequences' pages
+ * interleave in the pool as they grow (each step takes the next free page), so every table entry is exercised. Then
+ * verify steps with draft trees and their accept on paged caches. */
+static void paged_cases(clattn_device *dev)
+{
+    static const size_t uneven[] = {5, 1, 1, 13, 2, 1, 7, 40, 3, 1, 1, 64};
+    const dcase cases[] = {
+        {.B = 2, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .P = 11, .page = 4},               /* GQA */
+        {.B = 1, .T = 61, .H = 4, .HK = 4, .dk = 16, .dv = 8, .P = 1, .page = 1},               /* pages of 1 */
+        {.B = 2, .T = 50, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 9, .P = 17, .page = 8},  /* window */
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven, .page = 16},   /* chunks */
+        {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 30, .page = 4},  /* split-K */
+        {.B = 1, .T = 45, .H = 32, .HK = 2, .dk = 4, .dv = 4, .P = 30, .page = 8},              /* 16-row groups */
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 1, .P = 9, .page = 2},     /* half */
+        {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 2, .P = 7, .page = 64}, /* one page */
+        {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 3, .splits = 2, .P = 20, .page = 16}, /* int8 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 2100 + i);
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 4, 2200);  /* a tree across pages, accept moving rows between them */
+    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 8, 2201);  /* int8 */
+}
+
+Test(pages, equals_causal_run_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    paged_cases(dev);
+    clattn_device_free(dev);
+}
+
+Test(pages, equals_causal_run_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    paged_cases(dev);
+    clattn_device_free(dev);
+}
+
+/* Shared prefixes: sequence 0 takes a prompt of L = 21 tokens (pages of 4: its last page part full); sequences 1, 2
+ * and 3 share its first 21, 13 and 20 positions (clattn_kv_cache_share: no page copied, the tables the same), then
+ * every sequence takes STEPS tokens of its own, one a step: the shared last pages are copied before they are written
+ * (copy-on-write), each sequence's outputs equal the float64 oracle's causal attention over its prefix of the prompt
+ * and its own tokens, and equal bit for bit the same run on a contiguous cache (whose share copies the positions);
+ * the prompt read back from every sequence is still the prompt. Then truncation and reset give the pages back. */
+enum { SH_B = 4, SH_L = 21, SH_STEPS = 5, SH_CAP = 40, SH_H = 4, SH_HK = 2, SH_D = 8, SH_PAGE = 4 };
+
+static void shared_run(clattn_device *dev, size_t page, int kv_type, const float *q, const float *k, const float *v,
+                       float *outs /* (SH_STEPS, SH_B, SH_H*SH_D) */)
+{
+    enum { B = SH_B, H = SH_H, HK = SH_HK, D = SH_D, L = SH_L, T = SH_L + SH_STEPS };
+    static const size_t prefix[SH_B] = {SH_L, SH_L, 13, 20};
+    const clattn_attention_desc d = {.batch = B, .seq_q = L, .embed = H * D, .heads = H, .kv_heads = HK, .causal = 1,
+                                     .separate_value = 1, .kv_half = kv_type, .kv_page_size = page};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = SH_CAP, .kv_heads = HK, .head_dim_qk = D,
+                                     .type = (clattn_kv_type)kv_type, .page_size = page};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *qs = malloc(B * L * H * D * 4), *ks = malloc(B * L * HK * D * 4), *vs = malloc(B * L * HK * D * 4);
+    float *os = tu_poisoned(B * L * H * D);
+    /* the prompt: sequence 0's tokens 0 .. L-1 (the others take none) */
+    memcpy(qs, q, L * H * D * 4), memcpy(ks, k, L * HK * D * 4), memcpy(vs, v, L * HK * D * 4);
+    const size_t prompt_valid[SH_B] = {L, 0, 0, 0};
+    clattn_decode_args a = {.x = qs, .kv = ks, .value = vs, .new_tokens = L, .valid = prompt_valid, .out = os};
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 1; b < B; b++)
+        cr_assert_eq(clattn_kv_cache_share(c, b, 0, prefix[b]), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    size_t t0[16], tb[16], n0 = 0, nb = 0, used = 0;
+    if (page) {
+        cr_assert_eq(clattn_kv_cache_pages(c, 0, t0, &n0, &used), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(n0, (L + page - 1) / page);
+        cr_assert_eq(used, n0, "sharing took pages: %zu in use, the prompt has %zu", used, n0);
+        for (size_t b = 1; b < B; b++) {
+            cr_assert_eq(clattn_kv_cache_pages(c, b, tb, &nb, NULL), CLATTN_STATUS_SUCCESS);
+            cr_assert_eq(nb, (prefix[b] + page - 1) / page, "sequence %zu: %zu pages", b, nb);
+            for (size_t i = 0; i < nb; i++)
+                cr_assert_eq(tb[i], t0[i], "sequence %zu's page %zu is %zu, the prompt's %zu", b, i, tb[i], t0[i]);
+        }
+    }
+    /* the steps: sequence b's token s is row (b * SH_STEPS + s) of the tokens after the prompt */
+    for (size_t s = 0; s < SH_STEPS; s++) {
+        for (size_t b = 0; b < B; b++) {
+            const size_t row = L + b * SH_STEPS + s;
+            memcpy(qs + b * H * D, q + row * H * D, H * D * 4);
+            memcpy(ks + b * HK * D, k + row * HK * D, HK * D * 4);
+            memcpy(vs + b * HK * D, v + row * HK * D, HK * D * 4);
+        }
+        const clattn_decode_args a1 = {.x = qs, .kv = ks, .value = vs, .new_tokens = 1, .out = outs + s * B * H * D};
+        cr_assert_eq(tu_decode_execute(p, c, &a1), CLATTN_STATUS_SUCCESS, "step %zu: %s", s, clattn_last_error());
+    }
+    if (page) { /* step 1 copied sequence 0's shared last page (1 and 0 held it; 1 kept it), 2's page 3 (held by all
+                 * four) and gave 3 a new block; each later page boundary a new page per sequence */
+        cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+        size_t want = (L + page - 1) / page;
+        for (size_t b = 0; b < B; b++) {
+            const size_t first = prefix[b] / page, last = (prefix[b] + SH_STEPS - 1) / page; /* blocks written */
+            for (size_t i = first; i <= last; i++) {
+                const int had = i * page < prefix[b];            /* a shared block */
+                const int keeps = b == 1 && i == (L - 1) / page; /* the last holder of the prompt's last page */
+                if (!had || !keeps) want += 1;
+            }
+        }
+        cr_assert_eq(used, want, "after the steps: %zu pages in use, expected %zu", used, want);
+    }
+    /* the prompt read back through every sequence's table */
+    float *kr = malloc(B * HK * SH_CAP * D * 4), *vr = malloc(B * HK * SH_CAP * D * 4);
+    cr_assert_eq(clattn_kv_cache_read(c, kr, vr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 1; b < B; b++)
+        for (size_t g = 0; g < HK; g++)
+            cr_assert(!memcmp(kr + (b * HK + g) * SH_CAP * D, kr + g * SH_CAP * D, prefix[b] * D * 4) &&
+                          !memcmp(vr + (b * HK + g) * SH_CAP * D, vr + g * SH_CAP * D, prefix[b] * D * 4),
+                      "page %zu: sequence %zu's prefix (KV head %zu) differs from the prompt after the steps", page, b,
+                      g);
+    if (page) { /* truncation and reset give the pages back */
+        size_t lens[SH_B] = {L + SH_STEPS, L + SH_STEPS, 0, 0}, before = used;
+        cr_assert_eq(clattn_kv_cache_truncate(c, lens), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+        const size_t own2 = (13 + SH_STEPS - 1) / page - 13 / page + 1, own3 = (20 + SH_STEPS - 1) / page - 20 / page + 1;
+        cr_assert_eq(used, before - own2 - own3, "truncating sequences 2 and 3: %zu pages in use of %zu", used, before);
+        cr_assert_eq(clattn_kv_cache_reset(c), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(used, 0, "after reset: %zu pages in use", used);
+    }
+    (void)T;
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    free(qs), free(ks), free(vs), free(os), free(kr), free(vr);
+}
+
+static void shared_prefix(clattn_device *dev)
+{
+    enum { B = SH_B, H = SH_H, HK = SH_HK, D = SH_D, L = SH_L, ROWS = SH_L + SH_B * SH_STEPS };
+    static const size_t prefix[SH_B] = {SH_L, SH_L, 13, 20};
+    for (int kv_type = 0; kv_type < 4; kv_type += 3) { /* float, int8 */
+        tu_rng r = {2300 + (uint64_t)kv_type};
+        float *q = tu_random(&r, ROWS * H * D, -2, 2), *k = tu_random(&r, ROWS * HK * D, -2, 2);
+        float *v = tu_random(&r, ROWS * HK * D, -2, 2);
+        float *paged = tu_poisoned(SH_STEPS * B * H * D), *flat = tu_poisoned(SH_STEPS * B * H * D);
+        shared_run(dev, SH_PAGE, kv_type, q, k, v, paged);
+        shared_run(dev, 0, kv_type, q, k, v, flat);
+        cr_assert(!memcmp(paged, flat, SH_STEPS * B * H * D * 4), "kv=%d: the paged cache's steps differ from the "
+                  "contiguous cache's", kv_type);
+        if (kv_type == 0) { /* float: the oracle over each sequence's keys (INT8: the bit-for-bit equality above) */
+            float *kb = malloc((L + SH_STEPS) * HK * D * 4), *vb = malloc((L + SH_STEPS) * HK * D * 4);
+            double *want = malloc(H * D * sizeof *want);
+            for (size_t b = 0; b < B; b++)
+                for (size_t s = 0; s < SH_STEPS; s++) {
+                    const size_t n = prefix[b] + s + 1; /* the prefix, its earlier tokens and this one */
+                    for (size_t j = 0; j < n; j++) {
+                        const size_t row = j < prefix[b] ? j : L + b * SH_STEPS + (j - prefix[b]);
+                        memcpy(kb + j * HK * D, k + row * HK * D, HK * D * 4);
+                        memcpy(vb + j * HK * D, v + row * HK * D, HK * D * 4);
+                    }
+                    const clattn_attention_desc od = {.batch = 1, .seq_q = 1, .seq_kv = n, .embed = H * D, .heads = H,
+                                                      .kv_heads = HK, .cross = 1, .separate_value = 1};
+                    const clattn_attention_args oa = {.x = q + (L + b * SH_STEPS + s) * H * D, .kv = kb, .value = vb};
+                    cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+                    char what[120];
+                    snprintf(what, sizeof what, "shared prefix: sequence %zu's step %zu", b, s);
+                    check(paged + (s * B + b) * H * D, want, H * D, what);
+                }
+            free(kb), free(vb), free(want);
+        }
+        free(q), free(k), free(v), free(paged), free(flat);
+    }
+}
+
+Test(pages, shared_prefix_ref) { clattn_device *d = tu_open_ref(); shared_prefix(d); clattn_device_free(d); }
+Test(pages, shared_prefix_opencl) { clattn_device *d = tu_open_opencl(); shared_prefix(d); clattn_device_free(d); }
+
+/* A pool too small: sequence 0's prompt fills all 6 pages, sequence 1 shares it; a step in which both write needs a
+ * copy of the shared last page and there is no free page: refused (TOO_LARGE_FOR_DEVICE) with nothing changed (the
+ * lengths, the tables, the pages in use, out). Sequence 1 dropped to 20 positions no longer holds the last page: a step
+ * of sequence 0 alone writes into it in place (no page needed), and equals the same step on a contiguous cache.
+ * clattn_kv_cache_write refuses lengths that need more pages than the pool has, and writes the others (every page
+ * anew): read back, the same floats. */
+static void pool_limits(clattn_device *dev)
+{
+    enum { B = 2, H = 2, HK = 1, D = 4, L = 21, CAP = 24, PAGE = 4 };
+    tu_rng r = {2400};
+    float *q = tu_random(&r, B * L * H * D, -2, 2), *k = tu_random(&r, B * L * HK * D, -2, 2);
+    float *v = tu_random(&r, B * L * HK * D, -2, 2);
+    clattn_decode_plan *pp = NULL, *pf = NULL;
+    clattn_attention_desc d = {.batch = B, .seq_q = L, .embed = H * D, .heads = H, .kv_heads = HK, .causal = 1,
+                               .separate_value = 1, .kv_page_size = PAGE};
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &pp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    d.kv_page_size = 0;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &pf), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE,
+                               .pages = 6};
+    clattn_kv_cache *c = NULL, *f = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cd.page_size = 0, cd.pages = 0;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &f), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *out = tu_poisoned(B * L * H * D), *outf = tu_poisoned(B * L * H * D);
+    const size_t v0[B] = {L, 0};
+    clattn_decode_args a = {.x = q, .kv = k, .value = v, .new_tokens = L, .valid = v0, .out = out};
+    cr_assert_eq(tu_decode_execute(pp, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    a.out = outf;
+    cr_assert_eq(tu_decode_execute(pf, f, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_share(c, 1, 0, L), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_share(f, 1, 0, L), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    size_t t_before[8], t_after[8], n, used, lens[B];
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, t_before, &n, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(used, 6);
+    float *o1 = tu_poisoned(B * H * D);
+    const clattn_decode_args both = {.x = q + L * H * D, .kv = k + L * HK * D, .value = v + L * HK * D,
+                                     .new_tokens = 1, .out = o1};
+    cr_assert_eq(tu_decode_execute(pp, c, &both), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE, "a step past the pool: %s",
+                 clattn_last_error());
+    cr_assert(strstr(clattn_last_error(), "0 free pages") && strstr(clattn_last_error(), "needs 1"), "%s",
+              clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_lengths(c, lens), CLATTN_STATUS_SUCCESS);
+    cr_assert(lens[0] == L && lens[1] == L, "a refused step changed the lengths to %zu, %zu", lens[0], lens[1]);
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, t_after, &n, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert(used == 6 && !memcmp(t_before, t_after, n * sizeof *t_after), "a refused step changed the pages");
+    for (size_t i = 0; i < B * H * D; i++) cr_assert(isnan(o1[i]), "a refused step wrote out[%zu]", i);
+    /* sequence 1 down to 20: the last page is sequence 0's alone, written in place */
+    const size_t down[B] = {L, 20}, one[B] = {1, 0};
+    cr_assert_eq(clattn_kv_cache_truncate(c, down), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_truncate(f, down), CLATTN_STATUS_SUCCESS);
+    float *o2 = tu_poisoned(B * H * D);
+    clattn_decode_args s0 = both;
+    s0.valid = one, s0.valid_count = B;
+    cr_assert_eq(tu_decode_execute(pp, c, &s0), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, t_after, &n, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert(used == 6 && t_after[5] == t_before[5], "the last page was copied though it had one holder");
+    s0.out = o2;
+    cr_assert_eq(tu_decode_execute(pf, f, &s0), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert(!memcmp(o1, o2, B * H * D * 4), "the step in place differs from the contiguous cache's");
+    /* writes: 24 + 1 positions need 6 + 1 pages of a pool of 6; 13 + 8 need 4 + 2 */
+    float *kw = tu_random(&r, B * HK * CAP * D, -2, 2), *vw = tu_random(&r, B * HK * CAP * D, -2, 2);
+    const size_t too_many[B] = {24, 1}, fit[B] = {13, 8};
+    cr_assert_eq(clattn_kv_cache_write(c, kw, vw, too_many), CLATTN_STATUS_TOO_LARGE_FOR_DEVICE);
+    cr_assert_eq(clattn_kv_cache_lengths(c, lens), CLATTN_STATUS_SUCCESS);
+    cr_assert(lens[0] == L + 1 && lens[1] == 20, "a refused write changed the lengths");
+    cr_assert_eq(clattn_kv_cache_write(c, kw, vw, fit), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *kr = malloc(B * HK * CAP * D * 4), *vr = malloc(B * HK * CAP * D * 4);
+    cr_assert_eq(clattn_kv_cache_read(c, kr, vr), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        for (size_t j = 0; j < CAP; j++)
+            for (size_t e = 0; e < D; e++) {
+                const size_t i = (b * CAP + j) * D + e;
+                cr_assert(kr[i] == (j < fit[b] ? kw[i] : 0.0f) && vr[i] == (j < fit[b] ? vw[i] : 0.0f),
+                          "read back after a write: sequence %zu, position %zu, element %zu", b, j, e);
+            }
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(used, 6, "after the write: %zu pages in use", used);
+    clattn_kv_cache_free(c), clattn_kv_cache_free(f);
+    clattn_decode_plan_free(pp), clattn_decode_plan_free(pf);
+    free(q), free(k), free(v), free(out), free(outf), free(o1), free(o2), free(kw), free(vw), free(kr), free(vr);
+}
+
+Test(pages, pool_limits_ref) { clattn_device *d = tu_open_ref(); pool_limits(d); clattn_device_free(d); }
+Test(pages, pool_limits_opencl) { clattn_device *d = tu_open_opencl(); pool_limits(d); clattn_device_free(d); }
+
+/* accept after a share: sequence 0's step of 4 tokens is shared whole with sequence 1, then sequence 0 keeps tokens 1
+ * and 3 of it. The rows move within pages sequence 1 holds too: they are copied first, and sequence 1 reads back
+ * exactly what it did before; sequence 0 its context and the two tokens. */
+static void accept_after_share(clattn_device *dev)
+{
+    enum { B = 2, H = 2, HK = 1, D = 4, T0 = 6, N = 4, CAP = 12, PAGE = 4 };
+    tu_rng r = {2500};
+    float *q = tu_random(&r, (T0 + N) * H * D, -2, 2), *k = tu_random(&r, (T0 + N) * HK * D, -2, 2);
+    float *v = tu_random(&r, (T0 + N) * HK * D, -2, 2), *out = tu_poisoned(B * T0 * H * D);
+    const clattn_attention_desc d = {.batch = B, .seq_q = T0, .embed = H * D, .heads = H, .kv_heads = HK, .causal = 1,
+                                     .separate_value = 1, .kv_page_size = PAGE};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    /* (the rows of sequence 1, which takes no token, are sequence 0's: never read) */
+    float *qs = malloc(B * T0 * H * D * 4), *ks = malloc(B * T0 * HK * D * 4), *vs = malloc(B * T0 * HK * D * 4);
+    for (size_t b = 0; b < B; b++) {
+        memcpy(qs + b * T0 * H * D, q, T0 * H * D * 4);
+        memcpy(ks + b * T0 * HK * D, k, T0 * HK * D * 4);
+        memcpy(vs + b * T0 * HK * D, v, T0 * HK * D * 4);
+    }
+    const size_t ctx[B] = {T0, 0}, drafts[B] = {N, 0};
+    clattn_decode_args a = {.x = qs, .kv = ks, .value = vs, .new_tokens = T0, .valid = ctx, .out = out};
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++) {
+        memcpy(qs + b * N * H * D, q + T0 * H * D, N * H * D * 4);
+        memcpy(ks + b * N * HK * D, k + T0 * HK * D, N * HK * D * 4);
+        memcpy(vs + b * N * HK * D, v + T0 * HK * D, N * HK * D * 4);
+    }
+    a.new_tokens = N, a.valid = drafts;
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_share(c, 1, 0, T0 + N), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *kb = malloc(B * CAP * D * 4), *vb = malloc(B * CAP * D * 4), *ka = malloc(B * CAP * D * 4);
+    float *va = malloc(B * CAP * D * 4);
+    cr_assert_eq(clattn_kv_cache_read(c, kb, vb), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const size_t from[B] = {T0, T0 + N}, counts[B] = {2, 0}, index[2 * B] = {1, 3, 0, 0};
+    cr_assert_eq(clattn_kv_cache_accept(c, from, counts, index, 2), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_read(c, ka, va), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert(!memcmp(ka + CAP * D, kb + CAP * D, CAP * D * 4) && !memcmp(va + CAP * D, vb + CAP * D, CAP * D * 4),
+              "accepting sequence 0's tokens changed sequence 1, which shares its pages");
+    for (size_t j = 0; j < T0 + 2; j++) {
+        const size_t src = j < T0 ? j : T0 + index[j - T0];
+        cr_assert(!memcmp(ka + j * D, kb + src * D, D * 4) && !memcmp(va + j * D, vb + src * D, D * 4),
+                  "sequence 0's position %zu after accepting is not its row %zu", j, src);
+    }
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(out), free(qs), free(ks), free(vs), free(kb), free(vb), free(ka), free(va);
+}
+
+Test(pages, accept_after_share_ref) { clattn_device *d = tu_open_ref(); accept_after_share(d); clattn_device_free(d); }
+Test(pages, accept_after_share_opencl)
+{
+    clattn_device *d = tu_open_opencl();
+    accept_after_share(d);
+    clattn_device_free(d);
+}
+
+/* What a paged cache cannot mean is refused by name, with nothing changed: a page size that is not a power of two
+ * from 1 to 65536, pages without a page size, a plan and a cache of different page sizes (either way), a prefill plan
+ * with a page size; a share of a sequence with itself, past the batch or past the source's length; the pages of a
+ * contiguous cache or of a sequence past the batch. */
+static void paged_refusals(clattn_device *dev)
+{
+    const clattn_kv_cache_desc ok = {.batch = 2, .capacity = 8, .kv_heads = 1, .head_dim_qk = 4, .page_size = 4};
+    clattn_kv_cache_desc bad[4] = {ok, ok, ok, ok};
+    bad[0].page_size = 3, bad[1].page_size = 131072, bad[2].page_size = 0, bad[2].pages = 4, bad[3].page_size = 6;
+    for (int i = 0; i < 4; i++) {
+        clattn_kv_cache *c = (clattn_kv_cache *)1;
+        cr_assert_eq(clattn_kv_cache_create(dev, &bad[i], &c), CLATTN_STATUS_INVALID_ARGUMENT, "case %d", i);
+        cr_assert_null(c);
+        cr_assert(strstr(clattn_last_error(), i == 2 ? "without page_size" : "power of two"), "case %d: %s", i,
+                  clattn_last_error());
+    }
+    clattn_attention_desc d = {.batch = 2, .seq_q = 2, .embed = 4, .heads = 1, .causal = 1, .separate_value = 1,
+                               .kv_page_size = 6};
+    clattn_decode_plan *p = (clattn_decode_plan *)1;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "kv_page_size 6: a power of two"), "%s", clattn_last_error());
+    clattn_attention_desc pre = {.batch = 1, .seq_q = 2, .embed = 4, .heads = 1, .kv_page_size = 4};
+    clattn_plan *pl = NULL;
+    cr_assert_eq(clattn_plan_create(dev, &pre, NULL, &pl), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert(strstr(clattn_last_error(), "kv_page_size = 4 is for decode plans"), "%s", clattn_last_error());
+    clattn_kv_cache *paged = NULL, *flat = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &ok, &paged), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache_desc fd = ok;
+    fd.page_size = 0;
+    cr_assert_eq(clattn_kv_cache_create(dev, &fd, &flat), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float x[2 * 2 * 4] = {0}, out[2 * 2 * 4];
+    const clattn_decode_args a = {.x = x, .kv = x, .value = x, .new_tokens = 2, .out = out};
+    for (size_t pd = 0; pd <= 8; pd += 8) { /* plans of pages of 8 and of contiguous caches, on the other */
+        d.kv_page_size = pd;
+        cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_decode_execute(p, paged, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "desc.kv_page_size"), "%s", clattn_last_error());
+        cr_assert_eq(tu_decode_execute(p, flat, &a), pd ? CLATTN_STATUS_INVALID_ARGUMENT : CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        clattn_decode_plan_free(p);
+    }
+    /* share: flat has 2 positions in each sequence */
+    const struct { size_t dst, src, length; const char *why; } sh[] = {
+        {1, 1, 1, "both sequence 1"}, {2, 0, 1, "past the batch"}, {0, 2, 1, "past the batch"},
+        {1, 0, 3, "past sequence 0's length 2"}};
+    size_t lens[2];
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        cr_assert_eq(clattn_kv_cache_share(flat, sh[i].dst, sh[i].src, sh[i].length), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), sh[i].why), "share %zu: %s", i, clattn_last_error());
+        cr_assert_eq(clattn_kv_cache_lengths(flat, lens), CLATTN_STATUS_SUCCESS);
+        cr_assert(lens[0] == 2 && lens[1] == 2, "a refused share changed the lengths");
+    }
+    cr_assert_eq(clattn_kv_cache_share(NULL, 0, 1, 0), CLATTN_STATUS_INVALID_ARGUMENT);
+    size_t t[2], n;
+    cr_assert_eq(clattn_kv_cache_pages(flat, 0, t, &n, NULL), CLATTN_STATUS_UNSUPPORTED);
+    cr_assert_eq(clattn_kv_cache_pages(paged, 2, t, &n, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(clattn_kv_cache_pages(NULL, 0, t, &n, NULL), CLATTN_STATUS_INVALID_ARGUMENT);
+    clattn_kv_cache_free(paged), clattn_kv_cache_free(flat);
+}
+
+Test(pages, refusals_ref) { clattn_device *d = tu_open_ref(); paged_refusals(d); clattn_device_free(d); }
+Test(pages, refusals_opencl) { clattn_device *d = tu_open_opencl(); paged_refusals(d); clattn_device_free(d); }

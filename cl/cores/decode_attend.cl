@@ -44,6 +44,7 @@
 __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                             __global const kv_t *kc, __global const kv_t *vc,
                             __global const float *ks, __global const float *vs,
+                            __global const uint *pages, uint npage,
                             __global const uint *lens, __global const uint *valid,
                             __global const uchar *tree, uint tree_on,
                             __global float *out, ulong out_off, uint out_ld,
@@ -71,9 +72,9 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
     }
     const uint q_last = blk.q_last, js = blk.js, je = blk.je;
 
-    __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
-    __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
-    __global const float *ksb = ks + (b * HK + g) * (ulong)Tmax, *vsb = vs + (b * HK + g) * (ulong)Tmax; /* INT8 */
+    __global const kv_t *kb = kc + DEC_BASE(b, g) * DK; /* position j's row: kb + DEC_POS(b, g, j) * DK */
+    __global const kv_t *vb = vc + DEC_BASE(b, g) * DV;
+    __global const float *ksb = ks + DEC_BASE(b, g), *vsb = vs + DEC_BASE(b, g); /* INT8 */
     /* a block of keys that every row sees whole needs no mask: all its keys precede the first row's
      * position (and, with a window, lie within the last row's window) */
     const uint p_first = len + q0 / GROUP, p_last = len + q_last / GROUP;
@@ -94,7 +95,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #endif
             #pragma unroll
             for (uint kk = 0; kk < KP; kk++) {
-                kp[kk] = kb + (ulong)min(j0 + jj + kk, je - 1) * DK; /* keys past je: a valid key, masked below */
+                kp[kk] = kb + DEC_POS(b, g, min(j0 + jj + kk, je - 1)) * DK; /* keys past je: a valid key, masked */
                 #pragma unroll
                 for (uint r = 0; r < R; r++) dot[kk][r] = (vw_t)(0.0f);
 #if NCH == 2
@@ -151,7 +152,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 for (uint r = 0; r < R; r++) hs[r] = dhsum(dot[kk][r]);
 #endif
                 const uint j = j0 + jj + kk;
-                const float sk = scale * KSCALE(ksb, min(j, je - 1)); /* an INT8 key's scale with the score's */
+                const float sk = scale * KSCALE(ksb, DEC_POS(b, g, min(j, je - 1))); /* an INT8 key's scale */
                 if (whole) {
                     #pragma unroll
                     for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * sk;
@@ -183,14 +184,20 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #if KV_HALF == 3
         { /* an INT8 value's scale on its weight, after the sums (keys past je have weight 0) */
             float vsj[BK];
-            for (uint jj = 0; jj < BK; jj++) vsj[jj] = vsb[min(j0 + jj, je - 1)];
+            for (uint jj = 0; jj < BK; jj++) vsj[jj] = vsb[DEC_POS(b, g, min(j0 + jj, je - 1))];
             for (uint r = 0; r < R; r++)
                 for (uint jj = 0; jj < BK; jj++) s[r][jj] *= vsj[jj];
         }
 #endif
         const uint nj = min((uint)BK, je - j0);
+#if PAGE
+        ulong vrow[BK]; /* the block's value rows (a block may cross a page) */
+        for (uint jj = 0; jj < BK; jj++) vrow[jj] = DEC_POS(b, g, min(j0 + jj, je - 1)) * DV;
+#define DEC_VAL(jj, c) KLOADW((c), vb + vrow[(jj)])
+#else
         __global const kv_t *vp0 = vb + (ulong)j0 * DV;
 #define DEC_VAL(jj, c) KLOADW((c), vp0 + (jj) * DV)
+#endif
         CLATTN_VALUE_PASS(vw_t, R, RV, DNVW, acc, corr, s, nj, DEC_VAL)
 #undef DEC_VAL
     }

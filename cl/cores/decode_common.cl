@@ -6,7 +6,7 @@
  *   K[b, g, j, c] = kc[((b*HK + g)*Tmax + j)*DK + c]     (V likewise with DV)
  * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte / vload_half: core OpenCL 1.2, no
  * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first), with KV_HALF 3
- * as int8 codes whose row (b, g, j) has the scale ks[(b*HK + g)*Tmax + j] (vs likewise): the loads give the codes
+ * as int8 codes whose row (b, g, j) has the scale ks[DEC_BASE(b, g) + DEC_POS(b, g, j)] (vs likewise): the loads give the codes
  * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE
  * below reads either; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step
  * brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
@@ -19,8 +19,13 @@
  * common/combine.cl's split_combine merges them (out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p;
  * 0 when no key).
  *
- * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, VW (vector width along
- * the head dimension; divides DK and DV). */
+ * A paged cache (PAGE > 0, clattn 0.8): the rows are (page, HK, PAGE), and position j of sequence b is row j % PAGE of
+ * page pages[b*npage + j / PAGE] (its block table; decode/cache.c gives every position a kernel reads a page).
+ * DEC_BASE(b, g) is the first row of (b, g) in a contiguous cache (0 when paged) and DEC_POS(b, g, j) the row of
+ * position j from there; the kernels' arguments pages, npage, HK and Tmax are in scope.
+ *
+ * Specialised by -D: DK, DV, GROUP (query heads per KV head), WINDOW, KV_HALF, PAGE (0: contiguous), VW (vector
+ * width along the head dimension; divides DK and DV). */
 #ifndef DK
 #define DK 64
 #endif
@@ -39,10 +44,20 @@
 #ifndef VW
 #define VW 1
 #endif
+#ifndef PAGE
+#define PAGE 0
+#endif
+#if PAGE
+#define DEC_BASE(b, g) 0
+#define DEC_POS(b, g, j) (((ulong)pages[(b) * npage + (j) / PAGE] * HK + (g)) * PAGE + (j) % PAGE)
+#else
+#define DEC_BASE(b, g) (((b) * HK + (g)) * (ulong)Tmax)
+#define DEC_POS(b, g, j) ((ulong)(j))
+#endif
 
 #if KV_HALF == 3
 typedef char kv_t;
-#define KSCALE(sb, j) ((sb)[(j)]) /* a row's scale, sb = ks or vs + (b*HK + g)*Tmax */
+#define KSCALE(sb, j) ((sb)[(j)]) /* a row's scale, sb = ks or vs + DEC_BASE(b, g), j a DEC_POS */
 #elif KV_HALF == 2
 typedef ushort kv_t;
 #elif KV_HALF

@@ -50,6 +50,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_group(__global const float *q, ulong q_off, uint q_ld,
                   __global const kv_t *kc, __global const kv_t *vc,
                   __global const float *ks, __global const float *vs,
+                  __global const uint *pages, uint npage,
                   __global const uint *lens, __global const uint *valid,
                   __global const uchar *tree, uint tree_on,
                   __global float *out, ulong out_off, uint out_ld,
@@ -84,9 +85,9 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     const uint step = NT * KT;
     const uint steps = (je - js + step - 1) / step;
 
-    __global const kv_t *kb = kc + ((b * HK + g) * (ulong)Tmax) * DK;
-    __global const kv_t *vb = vc + ((b * HK + g) * (ulong)Tmax) * DV;
-    __global const float *ksb = ks + (b * HK + g) * (ulong)Tmax, *vsb = vs + (b * HK + g) * (ulong)Tmax; /* INT8 */
+    __global const kv_t *kb = kc + DEC_BASE(b, g) * DK; /* position j's row: kb + DEC_POS(b, g, j) * DK */
+    __global const kv_t *vb = vc + DEC_BASE(b, g) * DV;
+    __global const float *ksb = ks + DEC_BASE(b, g), *vsb = vs + DEC_BASE(b, g); /* INT8 */
     for (uint it = 0; it < steps; it++) {
         const uint j0 = js + it * step;
         __local float *red = sh + (it & 1) * RED + team * (KT * R * LANES);
@@ -94,7 +95,8 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             const uint j = min(j0 + kk * NT + team, je - 1); /* keys past je: a valid key, masked below */
-            __global const kv_t *kp = kb + (ulong)j * DK, *vp = vb + (ulong)j * DV;
+            const ulong row = DEC_POS(b, g, j);
+            __global const kv_t *kp = kb + row * DK, *vp = vb + row * DV;
             #pragma unroll
             for (uint s = 0; s < NSK; s++) kv[kk][s] = OWNK(s) ? KLOADW(lane + s * LANES, kp) : (vw_t)(0.0f);
             #pragma unroll
@@ -115,8 +117,8 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             const uint j = j0 + kk * NT + team;
-            const float sk = scale * KSCALE(ksb, min(j, je - 1)); /* an INT8 key's scale with the score's */
-            vsk[kk] = KSCALE(vsb, min(j, je - 1));               /* an INT8 value's, on its weight */
+            const float sk = scale * KSCALE(ksb, DEC_POS(b, g, min(j, je - 1))); /* an INT8 key's scale */
+            vsk[kk] = KSCALE(vsb, DEC_POS(b, g, min(j, je - 1)));               /* an INT8 value's, on its weight */
             #pragma unroll
             for (uint r = 0; r < R; r++) {
                 __local const float *pr = red + (kk * R + r) * LANES;

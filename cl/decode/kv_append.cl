@@ -4,7 +4,9 @@
  * as float, or with KV_HALF 1 as IEEE half (vstore_half_rte: core OpenCL 1.2, no cl_khr_fp16), with KV_HALF 2 as
  * bfloat16 (common/half.cl's clattn_bf16; half.cl goes first), with KV_HALF 3 as int8 codes with a float scale per
  * row, ks[(b*HK + g)*Tmax + j] (vs likewise; clattn.h, clattn_kv_type; src/runtime/numeric.c's
- * clattn_kv_quantize_row is the same rule on the host). Specialised by -D: DK, DV, KV_HALF. */
+ * clattn_kv_quantize_row is the same rule on the host). A paged cache (PAGE > 0; decode_common.cl): position j of
+ * sequence b is row (pages[b*npage + j/PAGE]*HK + g)*PAGE + j % PAGE, its page given by decode/cache.c before the
+ * step. Specialised by -D: DK, DV, KV_HALF, PAGE. */
 #ifndef DK
 #define DK 64
 #endif
@@ -13,6 +15,9 @@
 #endif
 #ifndef KV_HALF
 #define KV_HALF 0
+#endif
+#ifndef PAGE
+#define PAGE 0
 #endif
 #if KV_HALF == 3
 typedef char kv_t;
@@ -62,7 +67,7 @@ inline void int8_row(__global const float *x, uint D, __global char *q, __global
  * the other types). */
 __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, uint k_col, uint v_col,
                         __global kv_t *kc, __global kv_t *vc, __global float *ks, __global float *vs,
-                        __global const uint *lens, __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
+                        __global const uint *pages, uint npage, __global const uint *lens, __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
@@ -73,7 +78,12 @@ __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, u
     const ulong b = x / n;
     if (t >= valid[b]) return;
     __global const float *row = src + src_off + (b * n + t) * src_ld;
+#if PAGE
+    const uint j = lens[b] + t;
+    const ulong pos = ((ulong)pages[b * npage + j / PAGE] * HK + g) * PAGE + j % PAGE;
+#else
     const ulong pos = ((b * HK + g) * Tmax + lens[b] + t);
+#endif
 #if KV_HALF == 3
     (void)c;
     int8_row(row + k_col + g * DK, DK, kc + pos * DK, ks + pos);

@@ -115,6 +115,9 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if ((unsigned)d->kv_half > 3)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_half must be 0, 1 (CLATTN_KV_HALF), 2 (CLATTN_KV_BF16) "
                            "or 3 (CLATTN_KV_INT8)");
+    if (d->kv_page_size > 65536 || (d->kv_page_size & (d->kv_page_size - 1)))
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_page_size %zu: a power of two from 1 to 65536 (a paged "
+                           "cache's page_size), or 0 for contiguous caches", d->kv_page_size);
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
@@ -331,6 +334,9 @@ static clattn_status plan_create(clattn_device *device, const clattn_attention_d
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "kv_half = 3 (CLATTN_KV_INT8) is for decode plans: an int8 KV "
                            "cache quantises each appended row as a whole, and a prefill plan rounds keys and values "
                            "element by element (kv_half 0, 1 or 2); prefill into an int8 cache with a decode plan");
+    if (desc && desc->kv_page_size)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "kv_page_size = %zu is for decode plans, which run on a paged KV "
+                           "cache; a prefill plan keeps no cache (kv_page_size 0)", desc->kv_page_size);
     clattn_plan *p = NULL;
     clattn_status st = clattn_plan_prepare(device, desc, weights, host_staging, &p);
     if (st != CLATTN_STATUS_SUCCESS) return st;

@@ -79,6 +79,7 @@ int clattn_core_attention_defines(const clattn_attention_desc *d, unsigned what,
     if (what & CLATTN_DEFINES_SHAPE)
         PUT(" -DDK=%zu -DDV=%zu -DGROUP=%zu -DKV_HALF=%d", d->head_dim_qk, d->head_dim_v, d->heads / d->kv_heads,
             d->kv_half);
+    if ((what & CLATTN_DEFINES_SHAPE) && d->kv_page_size) PUT(" -DPAGE=%zu", d->kv_page_size); /* decode: paged */
     if (what & (CLATTN_DEFINES_SHAPE | CLATTN_DEFINES_MASKS)) PUT(" -DWINDOW=%zu", d->window);
     if (what & CLATTN_DEFINES_MASKS)
         PUT(" -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d", d->causal, d->key_padding_mask, (int)d->attn_mask);

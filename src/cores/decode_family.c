@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #define PART_ROWS 4    /* the partial buffers hold split-K parts for steps of up to 4 new tokens */
-#define ARG_FIRST 22   /* PER_GROUP: the index of the kernel's `first` argument (core.h's list) */
+#define ARG_FIRST 24   /* PER_GROUP: the index of the kernel's `first` argument (the list in attend below) */
 
 typedef struct variant {
     cl_program prog;
@@ -221,6 +221,8 @@ static clattn_status attend(const decode_state *s, const variant *v, const clatt
     clattn_arg_mem(&a, io->cache_v);
     clattn_arg_mem(&a, io->cache_ks);
     clattn_arg_mem(&a, io->cache_vs);
+    clattn_arg_mem(&a, io->pages ? io->pages : io->lens); /* (contiguous: never read) */
+    clattn_arg_u32(&a, (cl_uint)io->npage);
     clattn_arg_mem(&a, io->lens);
     clattn_arg_mem(&a, io->valid);
     clattn_arg_mem(&a, io->tree);

@@ -166,6 +166,11 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache stores %s but the plan has kv_half = %d",
                            cd->type == CLATTN_KV_HALF ? "half" : cd->type == CLATTN_KV_BF16 ? "bfloat16" :
                            cd->type == CLATTN_KV_INT8 ? "int8" : "float", d->kv_half);
+    if (cd->page_size != d->kv_page_size)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "the cache has %s%zu%s but the plan was made for %s "
+                           "(desc.kv_page_size = %zu)", cd->page_size ? "pages of " : "", cd->page_size,
+                           cd->page_size ? " positions" : " pages (contiguous)",
+                           d->kv_page_size ? "paged caches" : "contiguous caches", d->kv_page_size);
     if (n == 0 || n > d->seq_q)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
     *max_len = 0;
@@ -236,6 +241,21 @@ static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *t
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* A checked step's pages: each sequence's new positions len .. len + valid - 1 given pages of its own (a paged cache;
+ * refused with nothing changed when the pool has too few), the tables written to the device before the step. */
+static clattn_status reserve_step(clattn_kv_cache *cache, const size_t *valid)
+{
+    const size_t B = cache->d.batch;
+    if (!cache->d.page_size) return CLATTN_STATUS_SUCCESS;
+    size_t *to = clattn_malloc(B * sizeof *to);
+    if (!to) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the step's ranges");
+    for (size_t b = 0; b < B; b++) to[b] = cache->len[b] + valid[b];
+    clattn_status st = clattn_kv_cache_reserve(cache, cache->len, to);
+    free(to);
+    if (st == CLATTN_STATUS_SUCCESS) st = clattn_kv_cache_sync_table(cache);
+    return st;
+}
+
 /* A half-precision plan's step from host arrays (desc.dtype F16 or BF16): a step's few rows widened to float on the
  * host (exactly), the fp32 step, its output rounded to the type once. */
 static clattn_status execute_typed(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args,
@@ -286,6 +306,7 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
     clattn_status st = check_step(plan, cache, n, args->valid, valid, &max_len);
+    if (st == CLATTN_STATUS_SUCCESS) st = reserve_step(cache, valid);
     if (st == CLATTN_STATUS_SUCCESS && d->dtype != CLATTN_DTYPE_F32)
         st = execute_typed(plan, cache, args, n, valid, max_len);
     else if (st == CLATTN_STATUS_SUCCESS)
@@ -293,6 +314,8 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
                                 args->out);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
+    else
+        clattn_kv_cache_unreserve(cache); /* pages a refused step took, back to the pool */
     free(valid);
     return st;
 }
@@ -307,10 +330,13 @@ static clattn_status execute_buffers_locked(clattn_decode_plan *plan, clattn_kv_
     if (!v) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     size_t max_len = 0;
     clattn_status st = check_step(plan, cache, n, valid, v, &max_len);
+    if (st == CLATTN_STATUS_SUCCESS) st = reserve_step(cache, v);
     if (st == CLATTN_STATUS_SUCCESS)
         st = plan->ops->execute_buffers(plan, cache, buffers, n, v, max_len, nwait, wait, event);
     if (st == CLATTN_STATUS_SUCCESS)
         for (size_t b = 0; b < B; b++) cache->len[b] += v[b];
+    else
+        clattn_kv_cache_unreserve(cache);
     free(v);
     return st;
 }

@@ -5,16 +5,40 @@
 
 #include "attention/attention.h"
 
+/* The cache's rows (a position of one KV head: dk keys, dv values, an INT8 row's scale) are (B, HK, capacity) in a
+ * contiguous cache and (pages, HK, P) in a paged one (clattn_kv_row maps a sequence's position to its row). */
 struct clattn_kv_cache {
     pthread_mutex_t lock;      /* one call at a time (a decode step holds it for the whole step) */
     clattn_device *device;
-    clattn_kv_cache_desc d;
+    clattn_kv_cache_desc d;    /* defaults resolved (head_dim_v, pages) */
     size_t *len;               /* (B) current lengths */
-    float *k_host, *v_host;    /* ref: (B, HK, capacity, dk|dv), already rounded (HALF, BF16) or quantised (INT8) */
-    cl_mem k, v;               /* OpenCL: the same layout, float, half, bfloat16 or int8 */
-    cl_mem ks, vs;             /* OpenCL, INT8: (B, HK, capacity) each row's scale (clattn_kv_type) */
+    float *k_host, *v_host;    /* ref: rows of dk | dv, already rounded (HALF, BF16) or quantised (INT8) */
+    cl_mem k, v;               /* OpenCL: the same rows, float, half, bfloat16 or int8 */
+    cl_mem ks, vs;             /* OpenCL, INT8: each row's scale (clattn_kv_type) */
+    /* paged (d.page_size > 0; else npage 0 and the rest NULL) */
+    size_t npage;              /* block-table entries per sequence: ceil(capacity / P) */
+    uint32_t *table;           /* (B, npage) the page of each block, CLATTN_NO_PAGE where none */
+    uint32_t *refs;            /* (pages) how many sequences' tables hold each page */
+    uint32_t *free_pages;      /* a stack of the pages no table holds, nfree of them */
+    size_t nfree;
+    cl_mem table_mem;          /* OpenCL: the tables as the kernels read them, (B, npage) uint */
+    cl_uint *table_snap;       /* the host copy table_mem is written from (kept until table_written completes) */
+    cl_event table_written;
+    int table_dirty;           /* table changed since table_mem was last written */
 };
+#define CLATTN_NO_PAGE 0xFFFFFFFFu
 size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d); /* bytes of one stored element */
+size_t clattn_kv_rows(const clattn_kv_cache_desc *d);      /* rows stored: B*HK*capacity, or pages*HK*P */
+/* The row of position pos of sequence b, KV head g (paged: pos's block must have a page). */
+size_t clattn_kv_row(const clattn_kv_cache *c, size_t b, size_t g, size_t pos);
+/* Before a step writes positions from[b] .. to[b]-1 of each sequence: a paged cache gives every block there a page
+ * of the sequence's own (a free page, or a copy of a shared one). Refused with nothing changed when the pool has
+ * too few free pages. A contiguous cache: nothing to do. */
+clattn_status clattn_kv_cache_reserve(clattn_kv_cache *c, const size_t *from, const size_t *to);
+/* After a failed step: the pages past each sequence's length back to the pool (paged; else nothing). */
+void clattn_kv_cache_unreserve(clattn_kv_cache *c);
+/* OpenCL, paged: table_mem written (enqueued, on the device's queue) when the tables changed. */
+clattn_status clattn_kv_cache_sync_table(clattn_kv_cache *c);
 
 struct clattn_decode_cl;       /* decode_cl.c */
 struct clattn_decode_ops;

@@ -123,6 +123,8 @@ static clattn_status pass_run(void *ctx)
     clattn_arg_mem(&a, dpass->io.cache_v);
     clattn_arg_mem(&a, dpass->io.cache_ks);
     clattn_arg_mem(&a, dpass->io.cache_vs);
+    clattn_arg_mem(&a, dpass->io.pages ? dpass->io.pages : c->lens_buf); /* (contiguous: never read) */
+    clattn_arg_u32(&a, (cl_uint)dpass->io.npage);
     clattn_arg_mem(&a, c->lens_buf);
     clattn_arg_mem(&a, c->valid_buf);
     clattn_arg_u32(&a, (cl_uint)n);
@@ -203,7 +205,8 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     TRY(clattn_linear_build(dev, &p->d, &c->lin));
     clattn_linear_gemm_describe(&c->lin, &p->gemm, p->gemm_params_text, sizeof p->gemm_params_text);
     char opts[160];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DKV_HALF=%d", dk, dv, d->kv_half);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDK=%zu -DDV=%zu -DKV_HALF=%d -DPAGE=%zu", dk, dv, d->kv_half,
+             d->kv_page_size);
     const char *src[] = {"common/half", "decode/kv_append"};
     TRY(clattn_program_build(dev, src, 2, opts, &c->append_prog));
     TRY(clattn_kernel_create(c->append_prog, "kv_append", &c->k_append));
@@ -270,7 +273,7 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     const int sv = p->d.separate_value;
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.capacity,
+                                .capacity = cache->d.capacity, .pages = cache->table_mem, .npage = cache->npage,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .tree = tree ? c->tree_buf : NULL,
                                 .n = n, .max_len = max_len, .max_parts = dp->max_parts},
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
@@ -315,7 +318,7 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
                                   &c->counts_written), "uploading the token counts");
     decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.capacity,
+                                .capacity = cache->d.capacity, .pages = cache->table_mem, .npage = cache->npage,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts},
                          .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};

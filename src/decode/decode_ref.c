@@ -46,7 +46,7 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
     for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < valid[b]; t++)
             for (size_t g = 0; g < HK; g++) {
-                const size_t pos = (b * HK + g) * Tmax + c->len[b] + t;
+                const size_t pos = clattn_kv_row(c, b, g, c->len[b] + t); /* (paged: its page given) */
                 memcpy(c->k_host + pos * dk, K + (b * n + t) * HK * dk + g * dk, dk * sizeof(float));
                 memcpy(c->v_host + pos * dv, V + (b * n + t) * HK * dv + g * dv, dv * sizeof(float));
             }
@@ -58,7 +58,6 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 const size_t P = c->len[b] + t, g = h / G;
                 const size_t lo = d->window && P + 1 > d->window ? P + 1 - d->window : 0;
                 const float *q = Q + (b * n + t) * H * dk + h * dk;
-                const float *kb = c->k_host + (b * HK + g) * Tmax * dk, *vb = c->v_host + (b * HK + g) * Tmax * dv;
                 double max = -INFINITY;
                 int any_nan = 0;
                 const uint8_t *tr = tree ? tree + (b * n + t) * n : NULL; /* row t of b's draft tree */
@@ -66,7 +65,8 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 for (size_t j = lo; j <= P; j++) {
                     if (HIDDEN(j)) continue;
                     double s = 0.0;
-                    for (size_t e = 0; e < dk; e++) s += (double)q[e] * (double)kb[j * dk + e];
+                    const float *kj = c->k_host + clattn_kv_row(c, b, g, j) * dk;
+                    for (size_t e = 0; e < dk; e++) s += (double)q[e] * (double)kj[e];
                     w[j] = s * d->scale;
                     if (isnan(w[j])) any_nan = 1;
                     else if (w[j] > max) max = w[j];
@@ -78,7 +78,7 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 for (size_t e = 0; e < dv; e++) {
                     double acc = 0.0;
                     for (size_t j = lo; j <= P; j++)
-                        if (!HIDDEN(j)) acc += w[j] * (double)vb[j * dv + e];
+                        if (!HIDDEN(j)) acc += w[j] * (double)c->v_host[clattn_kv_row(c, b, g, j) * dv + e];
                     o[e] = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(acc / sum);
                 }
 #undef HIDDEN
