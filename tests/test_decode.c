@@ -1030,7 +1030,7 @@ Test(decode, ragged_truncate_read_opencl)
  * same steps from host arrays on a second cache, bit for bit (the host path is the oracle-checked one), the
  * cache read back included; a prefill with valid counts, then steps; refused calls (sizes, overlap, capacity,
  * wait list, the ref device) leave the lengths, the cache and the output buffer unchanged. */
-static void buffers_case(clattn_device *dev, int half, size_t splits)
+static void buffers_case(clattn_device *dev, int half, size_t splits, size_t page)
 {
     enum { B = 3, P = 9, STEPS = 5, OX = 7, OO = 5 };
     const size_t valid[B] = {9, 4, 6};
@@ -1040,10 +1040,11 @@ static void buffers_case(clattn_device *dev, int half, size_t splits)
     model_make(&m, &r, E, 4, 2, 8, 8, half);
     const size_t Eo = m.Eo;
     clattn_attention_desc d = model_desc(&m, B, P, 0, half);
+    d.kv_page_size = page;
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
-    clattn_kv_cache *ch = make_cache(dev, &m, B, cap, half), *cb = make_cache(dev, &m, B, cap, half);
+    clattn_kv_cache *ch = make_paged(dev, &m, B, cap, half, page, 0), *cb = make_paged(dev, &m, B, cap, half, page, 0);
     cl_context ctx = clattn_device_context(dev);
     cl_command_queue q = clattn_device_queue(dev);
     cl_int err;
@@ -1121,7 +1122,7 @@ static void buffers_case(clattn_device *dev, int half, size_t splits)
     /* the ref device has no buffers */
     clattn_device *ref = tu_open_ref();
     clattn_decode_plan *rp = NULL;
-    clattn_kv_cache *rc = make_cache(ref, &m, B, cap, half);
+    clattn_kv_cache *rc = make_paged(ref, &m, B, cap, half, page, 0);
     cr_assert_eq(tu_decode_plan_create(ref, &d, &m.w, &rp), CLATTN_STATUS_SUCCESS);
     const clattn_decode_buffers any = {.x = {xb, 0}, .out = {ob, 0}};
     cr_assert_eq(clattn_decode_execute_buffers(rp, rc, &any, 1, NULL, 0, NULL, NULL), CLATTN_STATUS_UNSUPPORTED);
@@ -1139,8 +1140,17 @@ static void buffers_case(clattn_device *dev, int half, size_t splits)
 Test(decode, buffers_opencl)
 {
     clattn_device *dev = tu_open_opencl();
-    buffers_case(dev, 0, 0);
-    buffers_case(dev, 1, 3);
+    buffers_case(dev, 0, 0, 0);
+    buffers_case(dev, 1, 3, 0);
+    clattn_device_free(dev);
+}
+
+/* the same on paged caches: the steps on the caller's buffers (each behind a user event) and from host arrays */
+Test(pages, buffers_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    buffers_case(dev, 0, 0, 4);
+    buffers_case(dev, 1, 3, 2);
     clattn_device_free(dev);
 }
 
@@ -1722,16 +1732,18 @@ Test(codes, int8_rows_opencl) { clattn_device *d = tu_open_opencl(); int8_rows(d
 
 /* Every host allocation (and, on OpenCL, every buffer creation) a decode call makes, failed in turn: the call
  * reports it, and the lengths, the cache and the output are as before. */
-static void failing_steps(clattn_device *dev)
+static void failing_steps(clattn_device *dev, size_t page)
 {
     enum { B = 2, CAP = 12, N = 4 };
     tu_rng r = {141};
     model m;
     model_make(&m, &r, 24, 4, 2, 8, 8, 0);
     clattn_attention_desc d = model_desc(&m, B, N, 0, 0);
+    d.kv_page_size = page;
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    clattn_kv_cache *cache = make_cache(dev, &m, B, CAP, 0);
+    clattn_kv_cache *cache = make_paged(dev, &m, B, CAP, 0, page, 0);
+    size_t used = 0, used_before = 0; /* a paged cache's pages in use */
     float *seq = vals(&r, B * CAP * 24, 0, 6, 1.0f);
     float xs[B * N * 24], out[B * N * 13], before[B * N * 13];
     size_t len[B] = {0, 0};
@@ -1746,6 +1758,7 @@ static void failing_steps(clattn_device *dev)
             for (size_t i = 0; i < B * n * 13; i++) out[i] = NAN;
             memcpy(before, out, sizeof before);
             clattn_decode_args a = {.x = xs, .new_tokens = n, .out = out};
+            if (page) cr_assert_eq(clattn_kv_cache_pages(cache, 0, NULL, NULL, &used_before), CLATTN_STATUS_SUCCESS);
             clattn_test_fail_nth_alloc(buffers ? 0 : k, buffers ? k : 0);
             const clattn_status st = tu_decode_execute(p, cache, &a);
             const int fired = clattn_test_alloc_fault_fired();
@@ -1759,6 +1772,11 @@ static void failing_steps(clattn_device *dev)
             cr_assert_neq(st, CLATTN_STATUS_SUCCESS, "allocation %ld failed, the call succeeded", k);
             failed[buffers]++;
             cr_assert_eq(memcmp(before, out, B * n * 13 * sizeof *out), 0, "allocation %ld: out written", k);
+            if (page) {
+                cr_assert_eq(clattn_kv_cache_pages(cache, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+                cr_assert_eq(used, used_before, "allocation %ld failed: %zu pages in use, %zu before", k, used,
+                             used_before);
+            }
             char what[64];
             snprintf(what, sizeof what, "%s %ld failed", buffers ? "buffer" : "allocation", k);
             expect_cache(cache, &m, B, CAP, seq, len, 0, what);
@@ -1777,8 +1795,11 @@ static void failing_steps(clattn_device *dev)
     model_free(&m);
 }
 
-Test(edges, failing_steps_ref) { clattn_device *d = tu_open_ref(); failing_steps(d); clattn_device_free(d); }
-Test(edges, failing_steps_opencl) { clattn_device *d = tu_open_opencl(); failing_steps(d); clattn_device_free(d); }
+Test(edges, failing_steps_ref) { clattn_device *d = tu_open_ref(); failing_steps(d, 0); clattn_device_free(d); }
+Test(edges, failing_steps_opencl) { clattn_device *d = tu_open_opencl(); failing_steps(d, 0); clattn_device_free(d); }
+/* a paged cache (pages of 4: the steps cross pages): a failed step gives back the pages it took */
+Test(pages, failing_steps_ref) { clattn_device *d = tu_open_ref(); failing_steps(d, 4); clattn_device_free(d); }
+Test(pages, failing_steps_opencl) { clattn_device *d = tu_open_opencl(); failing_steps(d, 4); clattn_device_free(d); }
 
 /* Split-K where every score is far below zero (queries = x, keys = -x, scale 32): the combine must start its
  * maximum at the parts' own, not at 0, or every part's weight underflows. */
@@ -2222,6 +2243,25 @@ static void pool_limits(clattn_device *dev)
             }
     cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
     cr_assert_eq(used, 6, "after the write: %zu pages in use", used);
+    const size_t drop1[B] = {13, 0}; /* the written pages are each sequence's own: dropping sequence 1 frees 2 */
+    cr_assert_eq(clattn_kv_cache_truncate(c, drop1), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(used, 4, "after the write and a truncation: %zu pages in use", used);
+    /* the pool's bytes: 6 pages of 4 positions of (4 + 4) floats, and the tables' 2 x 6 entries */
+    const size_t bytes = clattn_device_backend(dev) == CLATTN_BACKEND_REF ? 0 : 6 * PAGE * HK * (D + D) * 4 + B * 6 * 4;
+    cr_assert_eq(clattn_kv_cache_device_bytes(c), bytes, "%zu bytes, expected %zu", clattn_kv_cache_device_bytes(c),
+                 bytes);
+    clattn_kv_cache_free(c);
+    /* a pool of 7: both holders of the prompt's last page write into it, and one copy (one free page) suffices */
+    cd.page_size = PAGE, cd.pages = 7;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    a.out = out;
+    cr_assert_eq(tu_decode_execute(pp, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_share(c, 1, 0, L), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(pp, c, &both), CLATTN_STATUS_SUCCESS, "two writers of a page of two holders, one "
+                 "free page: %s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_pages(c, 0, NULL, NULL, &used), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(used, 7);
     clattn_kv_cache_free(c), clattn_kv_cache_free(f);
     clattn_decode_plan_free(pp), clattn_decode_plan_free(pf);
     free(q), free(k), free(v), free(out), free(outf), free(o1), free(o2), free(kw), free(vw), free(kr), free(vr);

@@ -140,19 +140,34 @@ clattn_status clattn_kv_cache_reserve(clattn_kv_cache *c, const size_t *from, co
     return CLATTN_STATUS_SUCCESS;
 }
 
+static void CL_CALLBACK free_snapshot(cl_event ev, cl_int status, void *snapshot)
+{
+    (void)ev, (void)status;
+    free(snapshot);
+}
+
 clattn_status clattn_kv_cache_sync_table(clattn_kv_cache *c)
 {
     if (!c->table_mem || !c->table_dirty) return CLATTN_STATUS_SUCCESS;
-    if (c->table_written) { /* the last write read table_snap: it completes before table_snap changes */
-        const cl_int err = clWaitForEvents(1, &c->table_written);
-        clReleaseEvent(c->table_written);
-        c->table_written = NULL;
-        CL_CHECK(err, "waiting for the last write of the KV cache's block tables");
-    }
+    /* from a copy of its own, freed when the write completes: no wait here for an earlier step (a step on the
+     * caller's buffers may sit behind the caller's events) */
     const size_t n = c->d.batch * c->npage;
-    for (size_t i = 0; i < n; i++) c->table_snap[i] = c->table[i];
-    CL_CHECK(clEnqueueWriteBuffer(c->device->queue, c->table_mem, CL_FALSE, 0, n * sizeof(cl_uint), c->table_snap, 0,
-                                  NULL, &c->table_written), "writing the KV cache's block tables");
+    cl_uint *snap = clattn_malloc(n * sizeof *snap);
+    if (!snap) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the KV cache's block tables");
+    for (size_t i = 0; i < n; i++) snap[i] = c->table[i];
+    cl_event ev = NULL;
+    const cl_int err = clEnqueueWriteBuffer(c->device->queue, c->table_mem, CL_FALSE, 0, n * sizeof *snap, snap, 0,
+                                            NULL, &ev);
+    if (err != CL_SUCCESS) {
+        free(snap);
+        return clattn_fail((clattn_status)err, "writing the KV cache's block tables failed (%d: %s)", err,
+                           clattn_status_string(err));
+    }
+    if (clSetEventCallback(ev, CL_COMPLETE, free_snapshot, snap) != CL_SUCCESS) {
+        clWaitForEvents(1, &ev);
+        free(snap);
+    }
+    clReleaseEvent(ev);
     c->table_dirty = 0;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -165,8 +180,7 @@ static clattn_status make_tables(clattn_kv_cache *c, size_t npage)
     c->table = clattn_malloc(B * npage * sizeof *c->table);
     c->refs = clattn_calloc(pages, sizeof *c->refs);
     c->free_pages = clattn_malloc(pages * sizeof *c->free_pages);
-    c->table_snap = clattn_malloc(B * npage * sizeof *c->table_snap);
-    if (!c->table || !c->refs || !c->free_pages || !c->table_snap)
+    if (!c->table || !c->refs || !c->free_pages)
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the cache's block tables");
     for (size_t i = 0; i < B * npage; i++) c->table[i] = CLATTN_NO_PAGE;
     for (size_t i = 0; i < pages; i++) c->free_pages[i] = (uint32_t)(pages - 1 - i);
@@ -258,12 +272,9 @@ void clattn_kv_cache_free(clattn_kv_cache *cache)
     clattn_mem_release(&cache->v);
     clattn_mem_release(&cache->ks);
     clattn_mem_release(&cache->vs);
-    if (cache->table_written) {
-        clWaitForEvents(1, &cache->table_written); /* it reads table_snap */
-        clReleaseEvent(cache->table_written);
-    }
+    if (cache->table_mem) clFinish(cache->device->queue); /* the tables' writes done: their copies freed */
     clattn_mem_release(&cache->table_mem);
-    free(cache->table), free(cache->refs), free(cache->free_pages), free(cache->table_snap);
+    free(cache->table), free(cache->refs), free(cache->free_pages);
     free(cache->k_host);
     free(cache->v_host);
     free(cache->len);

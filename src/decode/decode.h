@@ -22,8 +22,6 @@ struct clattn_kv_cache {
     uint32_t *free_pages;      /* a stack of the pages no table holds, nfree of them */
     size_t nfree;
     cl_mem table_mem;          /* OpenCL: the tables as the kernels read them, (B, npage) uint */
-    cl_uint *table_snap;       /* the host copy table_mem is written from (kept until table_written completes) */
-    cl_event table_written;
     int table_dirty;           /* table changed since table_mem was last written */
 };
 #define CLATTN_NO_PAGE 0xFFFFFFFFu
