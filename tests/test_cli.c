@@ -1087,7 +1087,7 @@ static void decode_inputs(float *x, float *wq, float *wk, float *wv, float *bk, 
     save_f32(path_in(in_dir, "w_out.npy"), wo, 2, wos);
 }
 
-static void decode_check(const char *dev, size_t window, int half, const char *decode_from)
+static void decode_check(const char *dev, size_t window, int half, const char *decode_from, const char *page)
 {
     float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
     decode_inputs(x, wq, wk, wv, bk, wo);
@@ -1103,6 +1103,7 @@ static void decode_check(const char *dev, size_t window, int half, const char *d
     if (half == 1) args[n++] = "--kv-half";
     else if (half) args[n++] = "--kv-type", args[n++] = kv_types[half];
     if (decode_from) args[n++] = "--decode-from", args[n++] = decode_from;
+    if (page) args[n++] = "--page-size", args[n++] = page;
     args[n] = NULL;
     char *err;
     int rc = run_cli(args, ENV_UNSET, &err);
@@ -1121,26 +1122,49 @@ static void decode_check(const char *dev, size_t window, int half, const char *d
     expect_shape(&out, "out.npy", 3, shape);
     char msg[256];
     size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_assert_eq(bad_n, 0, "%s W=%zu half=%d decode-from %s: %zu elements differ; first: %s", dev, window, half,
-                 decode_from ? decode_from : "-", bad_n, msg);
+    cr_assert_eq(bad_n, 0, "%s W=%zu half=%d decode-from %s page-size %s: %zu elements differ; first: %s", dev, window,
+                 half, decode_from ? decode_from : "-", page ? page : "-", bad_n, msg);
     clattn_npy_free(&out);
 }
 
 Test(cli, gqa_window_half_decode)
 {
     const char *cl = cl_spec();
-    decode_check(cl, 5, 1, NULL);
-    decode_check(cl, 5, 1, "6");
-    decode_check(cl, 0, 0, "1");
-    decode_check(cl, 0, 0, NULL);
-    decode_check(cl, 3, 0, "19");
-    decode_check("ref", 5, 1, "6");
+    decode_check(cl, 5, 1, NULL, NULL);
+    decode_check(cl, 5, 1, "6", NULL);
+    decode_check(cl, 0, 0, "1", NULL);
+    decode_check(cl, 0, 0, NULL, NULL);
+    decode_check(cl, 3, 0, "19", NULL);
+    decode_check("ref", 5, 1, "6", NULL);
     /* --kv-type: bfloat16 on both paths, int8 (clattn 0.8; decode plans only) through the decode plan, against the
      * oracle's own rounding and quantisation */
-    decode_check(cl, 5, 2, NULL);
-    decode_check(cl, 5, 3, "6");
-    decode_check(cl, 0, 3, "1");
-    decode_check("ref", 3, 3, "6");
+    decode_check(cl, 5, 2, NULL, NULL);
+    decode_check(cl, 5, 3, "6", NULL);
+    decode_check(cl, 0, 3, "1", NULL);
+    decode_check("ref", 3, 3, "6", NULL);
+    /* --page-size (clattn 0.8): a paged cache, pages of 4 (the prefill and the steps cross them) and of 1 */
+    decode_check(cl, 5, 1, "6", "4");
+    decode_check(cl, 0, 3, "1", "1");
+    decode_check("ref", 3, 0, "6", "4");
+}
+
+/* -v after a decode session says what the cache was: pages of --page-size and how many the session ended with
+ * (2 sequences of 19 tokens: 5 pages of 4 each), or contiguous */
+Test(cli, decode_report)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    for (int paged = 0; paged < 2; paged++) {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", "ref", "--heads", "4",
+                              "--kv-heads", "2", "--causal", "--decode-from", "6", "-v",
+                              paged ? "--page-size" : NULL, "4", NULL};
+        char *err;
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
+        cr_assert(strstr(err, "decode: prefill of 6 tokens, then 13 decode steps"), "stderr: %s", err);
+        cr_assert(strstr(err, paged ? "paged KV cache: pages of 4 positions, 10 in use at the end"
+                                    : "contiguous KV cache"), "stderr: %s", err);
+        free(err);
+    }
 }
 
 Test(cli, bad_decode_flags)
@@ -1154,6 +1178,12 @@ Test(cli, bad_decode_flags)
         FLAGS("--heads", "4", "--kv-type", "int4"));
     bad("kv-half and kv-type", 2, "--kv-half and --kv-type: give one of them",
         FLAGS("--heads", "4", "--kv-half", "--kv-type", "half"));
+    bad("page size not a power of two", 2, "--page-size '6': must be a power of two",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--page-size", "6"));
+    bad("page size past 65536", 2, "--page-size '131072'",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--page-size", "131072"));
+    bad("page size without decode-from", 2, "--page-size without --decode-from",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--page-size", "4"));
     bad("int8 without decode-from", 1, "(CLATTN_KV_INT8) is for decode plans",
         FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--kv-type", "int8"));
     bad("window without causal", 2, "--window", FLAGS("--heads", "4", "--kv-heads", "2", "--window", "3"));
@@ -1275,7 +1305,7 @@ Test(cli, help_lists_every_option)
     static const struct { const char *cmd; const char *flags[24]; } subs[] = {
         {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
                  "--window", "--decode-from", "--kv-half", "--kv-type", "--causal", "--need-weights", "--verbose",
-                 "--precision",
+                 "--precision", "--page-size",
                  NULL}},
         {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
                      "--algorithm", NULL}},

@@ -38,7 +38,10 @@ class Decoder(_Shaped):
     "float32" (default), "float16" or "bfloat16" (clattn 0.7; keys and values rounded to it, to nearest even, as
     they are appended), or "int8" (clattn 0.8: each appended token's keys of a KV head, and its values, quantised
     to bytes with one float scale, max |x| / 127; every element within max |x| / 254 of its value; the README's
-    "KV cache"); kv_half=True is kv_dtype="float16".
+    "KV cache"); kv_half=True is kv_dtype="float16". page_size (clattn 0.8): a paged cache, pages of page_size
+    positions (a power of two) from a pool of `pages` (0: enough for every sequence's capacity), taken as sequences
+    grow and given back when they shrink; share() lets sequences share a prompt's pages (a shared page is copied
+    before one of them writes into it). A step the pool cannot hold raises TooLargeForDeviceError, nothing changed.
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
@@ -46,7 +49,7 @@ class Decoder(_Shaped):
                  b_out: Any = None, kv_heads: Optional[int] = None, head_dim_qk: Optional[int] = None,
                  head_dim_v: Optional[int] = None, window: int = 0, scale: float = 0.0, kv_half: bool = False,
                  layout: str = "linear", algorithm: str = "auto", device: Optional[str] = None,
-                 kv_dtype: Optional[str] = None):
+                 kv_dtype: Optional[str] = None, page_size: int = 0, pages: int = 0):
         if w_query is None or w_key is None or w_value is None:
             _invalid("Decoder: w_query, w_key and w_value are required")
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
@@ -69,6 +72,10 @@ class Decoder(_Shaped):
         self.kv_half = self.kv_dtype == "float16"
         # clattn_kv_type: 0 float, 1 half, 2 bfloat16, 3 int8
         kv_type = 3 if self.kv_dtype == "int8" else _a.dtype_code(self.kv_dtype)
+        self.page_size = _a.integer("page_size", page_size, 0)
+        self.pages = _a.integer("pages", pages, 0)
+        if self.pages and not self.page_size:
+            _invalid(f"pages={self.pages} without page_size: a contiguous cache has no pages")
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
         self._device = _Device(device)
         self.device = self._device.name
@@ -76,11 +83,12 @@ class Decoder(_Shaped):
                                head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, out_dim=wt.out_dim, causal=1,
                                scale=self.scale, layout=_layout_code(wt.layout),
                                algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=wt.kv_heads, window=self.window,
-                               kv_half=kv_type)
+                               kv_half=kv_type, kv_page_size=self.page_size)
         self._dplan = _create(self._device, _lib.decode_plan_create, _lib.decode_plan_free, d, wt.struct(),
                               "creating the decode plan")
         cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=wt.kv_heads,
-                              head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=kv_type)
+                              head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, type=kv_type,
+                              page_size=self.page_size, pages=self.pages)
         ch = ctypes.c_void_p()
         _check(_lib.kv_cache_create(self._device.handle, ctypes.byref(cd), ctypes.byref(ch)), "creating the KV cache")
         self._cache = _Handle(ch, _lib.kv_cache_free, self._device)
@@ -101,6 +109,7 @@ class Decoder(_Shaped):
         return (f"clattn.Decoder({self._wt.describe()}, batch={self.batch}, capacity={self.capacity}, "
                 f"max_new_tokens={self.max_new_tokens}" + (f", window={self.window}" if self.window else "")
                 + (f", kv_dtype={self.kv_dtype!r}" if self.kv_dtype != "float32" else "")
+                + (f", page_size={self.page_size}" if self.page_size else "")
                 + f", lengths={self.lengths}, device={self.device!r})")
 
     def __call__(self, x: Any, valid: Optional[Sequence[int]] = None, tree_mask: Any = None) -> Any:
@@ -187,6 +196,33 @@ class Decoder(_Shaped):
         n = ctypes.c_size_t * self.batch
         _check(_lib.kv_cache_accept(self._cache.handle, n(*st), n(*[len(x) for x in br]), idx, stride),
                "accepting a branch")
+
+    def share(self, dst: int, src: int, length: Optional[int] = None) -> None:
+        """Sequence dst's cache becomes sequence src's first `length` tokens (default: all of them), its own dropped
+        (clattn_kv_cache_share): a paged cache shares src's pages, a contiguous one copies the tokens."""
+        d = _a.integer("dst", dst, 0, self.batch - 1)
+        s = _a.integer("src", src, 0, self.batch - 1)
+        n = self.lengths[s] if length is None else _a.integer("length", length, 0)
+        _check(_lib.kv_cache_share(self._cache.handle, d, s, n), "sharing a prefix")
+
+    def pages_of(self, b: int) -> List[int]:
+        """A paged cache's pages of sequence b, in order (its block table up to its length)."""
+        if not self.page_size:
+            _invalid("pages_of: this Decoder's cache is contiguous (page_size=0)")
+        b = _a.integer("b", b, 0, self.batch - 1)
+        most = (self.capacity + self.page_size - 1) // self.page_size
+        table, count = (ctypes.c_size_t * most)(), ctypes.c_size_t()
+        _check(_lib.kv_cache_pages(self._cache.handle, b, table, ctypes.byref(count), None), "reading the pages")
+        return list(table[:count.value])
+
+    @property
+    def pages_in_use(self) -> int:
+        """A paged cache's pages held by any sequence (0 for a contiguous cache)."""
+        if not self.page_size:
+            return 0
+        used = ctypes.c_size_t()
+        _check(_lib.kv_cache_pages(self._cache.handle, 0, None, None, ctypes.byref(used)), "reading the pages")
+        return used.value
 
     def read_cache(self) -> Tuple[np.ndarray, np.ndarray]:
         """The cache as float32 NumPy arrays: k (B, kv_heads, capacity, head_dim_qk), v (B, kv_heads, capacity,

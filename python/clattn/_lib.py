@@ -65,7 +65,8 @@ class AttentionDesc(Structure):
                 ("seed", c_uint64), ("layout", c_int), ("algorithm", c_int), ("need_weights", c_int),
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
                 ("precision", c_int), ("training", c_int), ("separate_value", c_int),
-                ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int)]
+                ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int),
+                ("kv_page_size", c_size_t)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
@@ -113,7 +114,7 @@ class EncoderArgs(Structure):
 
 class KVCacheDesc(Structure):
     _fields_ = [("batch", c_size_t), ("capacity", c_size_t), ("kv_heads", c_size_t), ("head_dim_qk", c_size_t),
-                ("head_dim_v", c_size_t), ("type", c_int)]
+                ("head_dim_v", c_size_t), ("type", c_int), ("page_size", c_size_t), ("pages", c_size_t)]
 
 
 class DecodeArgs(Structure):
@@ -192,6 +193,9 @@ kv_cache_free = _fn("clattn_kv_cache_free", None, c_void_p)
 kv_cache_reset = _fn("clattn_kv_cache_reset", c_int, c_void_p)
 kv_cache_truncate = _fn("clattn_kv_cache_truncate", c_int, c_void_p, POINTER(c_size_t))
 kv_cache_lengths = _fn("clattn_kv_cache_lengths", c_int, c_void_p, POINTER(c_size_t))
+kv_cache_share = _fn("clattn_kv_cache_share", c_int, c_void_p, c_size_t, c_size_t, c_size_t)
+kv_cache_pages = _fn("clattn_kv_cache_pages", c_int, c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_size_t),
+                     POINTER(c_size_t))
 kv_cache_accept = _fn("clattn_kv_cache_accept", c_int, c_void_p, POINTER(c_size_t), POINTER(c_size_t),
                       POINTER(c_size_t), c_size_t)
 kv_cache_read = _fn("clattn_kv_cache_read", c_int, c_void_p, c_float_p, c_float_p)

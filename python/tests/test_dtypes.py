@@ -214,3 +214,45 @@ def test_decoder_verify_tree_and_accept(device):
         dec(drafts[:, :2], tree_mask=np.zeros((2, 2)))
     with pytest.raises(clattn.InvalidArgumentError, match="does not come after"):
         dec.accept([5], [[1, 0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_paged_shared_prefix(device):
+    """Decoder(page_size=4) (clattn 0.8, a paged cache): a prompt in sequence 0, shared with sequences 1 and 2
+    (share(): the same pages, none taken), then steps of every sequence's own tokens: each sequence's outputs equal a
+    contiguous Decoder's that took its prefix of the prompt and its tokens itself; shared pages copied only as written;
+    truncation gives pages back; a pool too small raises TooLargeForDeviceError with nothing changed."""
+    w = weights()
+    kw = dict(w_query=w["w_query"], w_key=w["w_key"], w_value=w["w_value"], w_out=w["w_out"], capacity=16,
+              max_new_tokens=9, device=device)
+    prompt = rng.standard_normal((1, 9, 16)).astype(np.float32)
+    steps = rng.standard_normal((3, 3, 1, 16)).astype(np.float32)  # (step, sequence, token, embed)
+    dec = clattn.Decoder(4, batch=3, page_size=4, **kw)
+    x = np.zeros((3, 9, 16), np.float32)
+    x[0] = prompt[0]
+    dec(x, valid=[9, 0, 0])
+    dec.share(1, 0)
+    dec.share(2, 0, 6)
+    assert dec.lengths == [9, 9, 6] and dec.pages_in_use == 3
+    assert dec.pages_of(1) == dec.pages_of(0) and dec.pages_of(2) == dec.pages_of(0)[:2]
+    outs = [dec(steps[s, :, 0][:, None]) for s in range(3)]
+    for b, pre in enumerate([9, 9, 6]):
+        ref = clattn.Decoder(4, batch=1, **kw)
+        ref(prompt[:, :pre])
+        for s in range(3):
+            np.testing.assert_allclose(outs[s][b], ref(steps[s, b][None])[0], rtol=1e-4, atol=1e-5)
+    # pages: 0 wrote into the prompt's last page (a copy; 1, the last holder, kept it); 2 copied the page of
+    # positions 4 .. 7 and took a new one for position 8
+    assert dec.pages_in_use == 3 + 1 + 2
+    dec.truncate([12, 12, 0])  # 2's two pages of its own back; the prompt's first page stays 0's and 1's
+    assert dec.pages_in_use == 3 + 1
+    small = clattn.Decoder(4, batch=2, page_size=4, pages=3, **kw)
+    small(np.concatenate([prompt, prompt]), valid=[9, 0])
+    small.share(1, 0)
+    with pytest.raises(clattn.TooLargeForDeviceError, match="free pages"):
+        small(np.zeros((2, 1, 16), np.float32))
+    assert small.lengths == [9, 9] and small.pages_in_use == 3
+    with pytest.raises(clattn.InvalidArgumentError, match="power of two"):
+        clattn.Decoder(4, batch=1, page_size=3, **kw)
+    with pytest.raises(clattn.InvalidArgumentError, match="without page_size"):
+        clattn.Decoder(4, batch=1, pages=3, **kw)

@@ -1,7 +1,8 @@
 /* run.c: `clattn run` — attention on NumPy .npy files.
  *
  *   clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]
- *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P] [--device SPEC]
+ *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P [--page-size N]]
+ *              [--device SPEC]
  *
  * Order of work: parse the flags (usage errors, exit 2), check the two
  * directories, load and check every input file against the others (exit 1),
@@ -36,7 +37,8 @@ static void say(const char *fmt, ...)
 static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
-               "                  [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P]\n"
+               "                  [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T]\n"
+               "                  [--decode-from P [--page-size N]]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
                "                  [--dtype f32|f16|bf16] [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
@@ -57,6 +59,7 @@ static void usage_line(FILE *f)
                "               mantissa), taken only by the tensor-core core flash_mma (CLATTN_CORE=flash_mma)\n"
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
                "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
+               "  --page-size N: (with --decode-from) a paged KV cache of pages of N positions (a power of two)\n"
                "  --backward: also the gradients: reads grad_out.npy (the shape of out.npy) and writes grad_NAME.npy\n"
                "               for every differentiable input NAME.npy given (x, kv, w_*, b_*), through a training\n"
                "               plan with the same seed (dropout keeps the forward's weights)\n"
@@ -78,7 +81,7 @@ static void usage_line(FILE *f)
 
 typedef struct run_opts {
     const char *in, *out, *device;
-    size_t heads, kv_heads, window, decode_from;
+    size_t heads, kv_heads, window, decode_from, page_size;
     int causal, need_weights, verbose, kv_half; /* kv_half: a clattn_kv_type (--kv-half, --kv-type) */
     int backward, lse;  /* a training plan: the gradients (grad_out.npy in), the rows' log-sum-exp */
     float scale;        /* 0 = default 1/sqrt(dk) */
@@ -87,7 +90,7 @@ typedef struct run_opts {
     clattn_algorithm algorithm;
     clattn_precision precision;
     clattn_dtype dtype;
-    int seen_prec, seen_dtype, seen_kv_type;
+    int seen_prec, seen_dtype, seen_kv_type, seen_page;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
@@ -153,6 +156,7 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--kv-heads") == 0) seen = &o->seen_kv_heads;
         else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
         else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
+        else if (strcmp(a, "--page-size") == 0) seen = &o->seen_page;
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--kv-type") == 0) seen = &o->seen_kv_type;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
@@ -211,6 +215,13 @@ static int parse_flags(int argc, char **argv, run_opts *o)
             if (seen == &o->seen_kv_heads) o->kv_heads = (size_t)n;
             else if (seen == &o->seen_window) o->window = (size_t)n;
             else o->decode_from = (size_t)n;
+        } else if (seen == &o->seen_page) {
+            uint64_t n;
+            if (!parse_u64(v, &n) || n == 0 || n > 65536 || (n & (n - 1))) {
+                say("--page-size '%s': must be a power of two from 1 to 65536", v);
+                return EXIT_USAGE;
+            }
+            o->page_size = (size_t)n;
         } else if (seen == &o->seen_scale) {
             if (!parse_float(v, &o->scale) || o->scale == 0.0f) {
                 say("--scale '%s': must be a finite nonzero number (in float32 range)", v);
@@ -273,6 +284,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (o->seen_window && !o->causal) {
         say("--window needs --causal (the sliding window limits how far back a query sees)");
+        return EXIT_USAGE;
+    }
+    if (o->seen_page && !o->seen_decode) {
+        say("--page-size without --decode-from: only a decode session keeps a KV cache");
         return EXIT_USAGE;
     }
     if (o->seen_decode && !o->causal) {
@@ -676,11 +691,12 @@ static int mul_ok(size_t a, size_t b, size_t *out)
 /* x (B, T, E): the first P tokens as one prefill into a KV cache of T positions, then each later token
  * as its own decode step; out (B, T, out_width) gathers every step's rows. Reports like the plan path. */
 static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
-                                const dims *d, size_t P, const float *x, size_t out_width, float *out,
-                                size_t *parts, double *ms, char *core, size_t core_len)
+                                const dims *d, size_t P, size_t page, const float *x, size_t out_width, float *out,
+                                size_t *parts, double *ms, char *core, size_t core_len, size_t *pages_used)
 {
     const size_t B = d->B, T = d->Tq, E = d->E;
     desc.seq_q = P;
+    desc.kv_page_size = page; /* (0: a contiguous cache) */
     clattn_decode_plan *plan = NULL;
     clattn_kv_cache *cache = NULL;
     float *xs = malloc(B * P * E * sizeof *xs), *os = malloc(B * P * out_width * sizeof *os);
@@ -690,7 +706,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
     clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
-                               .type = (clattn_kv_type)desc.kv_half};
+                               .type = (clattn_kv_type)desc.kv_half, .page_size = page};
     cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
     if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
     const double t0 = clattn_cli_now_ms();
@@ -706,6 +722,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
         t0k += n;
     }
     *ms = clattn_cli_now_ms() - t0;
+    if (page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, pages_used);
 done:
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
@@ -827,8 +844,9 @@ static int run_decode_steps(run_state *r)
     size_t parts = 1;
     double ms = 0.0;
     char core[32] = "";
-    clattn_status st = decode_run(r->dev, r->desc, &r->w, d, o->decode_from, r->in.a[F_X].data, r->out_width, r->out,
-                                  &parts, &ms, core, sizeof core);
+    size_t pages_used = 0;
+    clattn_status st = decode_run(r->dev, r->desc, &r->w, d, o->decode_from, o->page_size, r->in.a[F_X].data,
+                                  r->out_width, r->out, &parts, &ms, core, sizeof core, &pages_used);
     if (st != CLATTN_STATUS_SUCCESS) {
         say("decoding on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st), clattn_last_error());
         return -1;
@@ -841,6 +859,11 @@ static int run_decode_steps(run_state *r)
         fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
                 "parts); %.1f ms\n", o->decode_from, d->Tq - o->decode_from, parts, ms);
         fprintf(stderr, "clattn run: core %s\n", core);
+        if (o->page_size)
+            fprintf(stderr, "clattn run: paged KV cache: pages of %zu positions, %zu in use at the end\n", o->page_size,
+                    pages_used);
+        else
+            fprintf(stderr, "clattn run: contiguous KV cache\n");
     }
     return write_outputs(o->out, d, r->out_width, r->out, NULL);
 }
