@@ -19,7 +19,8 @@
  * step_bandwidth_fraction counts both (KV + weight bytes per step time, over copy_gbps). stages_ms: one more
  * step after the timed ones, with profiling markers between its stages (clattn_decode_plan_stage_times;
  * absent where the device has none). --batch 1,8,64 runs each batch size (tokens/s is the whole batch's);
- * --ragged spreads the sequences' lengths from C down to C/2, as a server's batch of requests.
+ * --ragged spreads the sequences' lengths from C down to C/2, as a server's batch of requests. --page-size N: a paged
+ * cache (pages of N positions; each sequence's pages in order in the pool, as clattn_kv_cache_write lays them out).
  */
 #include "bench_util.h"
 #include "decode_bench.h"
@@ -41,6 +42,7 @@ typedef struct dopts {
     const char *device;
     size_t batch, context, heads, kv_heads, head_dim, dim, window, splits;
     size_t new_tokens; /* --new-tokens N: N new tokens per sequence and step (a speculative verify's drafts) */
+    size_t page_size;  /* --page-size N: a paged cache (0: contiguous) */
     size_t batches[MAX_BATCHES], nbatches; /* --batch B[,B...]: one run per batch size */
     int kv_type, iters, warmup, sweep, json, progress, ragged; /* kv_type: a clattn_kv_type */
     int tree; /* --tree: the N new tokens are a binary draft tree (token i's parent (i-1)/2), args.tree_mask */
@@ -49,7 +51,7 @@ typedef struct dopts {
 typedef struct dres {
     char core[32];          /* the decode core that ran ("ref" on ref) */
     char gemm[32];          /* the GEMM core of its projections above a few rows ("ref" on ref) */
-    size_t batch, context, parts;
+    size_t batch, context, parts, page_size; /* page_size: the cache's own (clattn_kv_cache_desc_get) */
     double copy_gbps; /* measured just before this context's steps: the machine's state then */
     double step_ms, step_min, step_max, first_ms, tokens_per_s, kv_bytes, kv_gbps, weight_bytes, step_gbps;
     double stage_ms[CLATTN_DECODE_STAGE_COUNT]; /* one more step, profiled (all -1: the device has none) */
@@ -73,7 +75,8 @@ void clattn_bench_decode_usage(FILE *f)
     fprintf(f,
             "usage: clattn-bench --decode [--context C | --sweep] [--device SPEC] [--batch B[,B...]] [--ragged]\n"
             "                    [--heads H] [--kv-heads N] [--head-dim D] [--dim E] [--kv-type T] [--window W]\n"
-            "                    [--splits N] [--new-tokens N [--tree]] [--iters N] [--warmup W] [--json] [--progress]\n"
+            "                    [--splits N] [--new-tokens N [--tree]] [--page-size N] [--iters N] [--warmup W] [--json]\n"
+            "                    [--progress]\n"
             "  Times one decode step (B sequences, one new token each) against a KV cache of C tokens.\n"
             "  --batch 1,8,64: one run per batch size (tokens/s is the whole batch's). --ragged: the sequences'\n"
             "  lengths spread evenly from C down to C/2, as a server's batch of requests.\n"
@@ -83,6 +86,7 @@ void clattn_bench_decode_usage(FILE *f)
             "  --kv-type float|half|bf16|int8: the cache's element type (--kv-half = --kv-type half).\n"
             "  --new-tokens N: N new tokens per sequence and step, 1..16 (a speculative verify; default 1);\n"
             "  --tree: they are a binary draft tree (token i's parent (i-1)/2), given as args.tree_mask.\n"
+            "  --page-size N: a paged KV cache, pages of N positions (a power of two; default 0, contiguous).\n"
             "  --splits N: split-K parts (0 = automatic). Reports step time, tokens/s, kv_gbps (KV bytes read\n"
             "  per second), copy_gbps (a plain copy kernel on the same device, same run) and their ratio\n"
             "  kv_bandwidth_fraction, and step_bandwidth_fraction over every byte the step reads (KV cache +\n"
@@ -121,6 +125,7 @@ static void parse(int argc, char **argv, dopts *o)
         else if (!strcmp(a, "--window")) { o->window = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--splits")) { o->splits = dsize(a, v, 0); i++; }
         else if (!strcmp(a, "--new-tokens")) { o->new_tokens = dsize(a, v, 1); i++; }
+        else if (!strcmp(a, "--page-size")) { o->page_size = dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--iters")) { o->iters = (int)dsize(a, v, 1); i++; }
         else if (!strcmp(a, "--warmup")) { o->warmup = (int)dsize(a, v, 0); i++; }
         else if (!strcmp(a, "--kv-half")) o->kv_type = CLATTN_KV_HALF;
@@ -148,6 +153,8 @@ static void parse(int argc, char **argv, dopts *o)
     if (o->heads % o->kv_heads) bench_usage_die("--kv-heads %zu must divide --heads %zu", o->kv_heads, o->heads);
     if (o->splits > 64) bench_usage_die("--splits: at most 64");
     if (o->new_tokens > 16) bench_usage_die("--new-tokens: at most 16");
+    if (o->page_size & (o->page_size - 1) || o->page_size > 65536)
+        bench_usage_die("--page-size: a power of two from 1 to 65536");
 }
 
 static float *rnd(size_t n, float scale, uint64_t *s)
@@ -236,14 +243,18 @@ static void measure(clattn_device *dev, const dopts *o, size_t C, size_t B, dres
                                   .w_key_count = HK * D * E, .w_value_count = HK * D * E, .w_out_count = E * H * D};
     const size_t P = 16; /* a short prefill first: its GEMMs and kernels are what a real prompt would warm */
     clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .kv_heads = HK, .head_dim_qk = D,
-                               .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_type};
+                               .head_dim_v = D, .out_dim = E, .causal = 1, .window = o->window, .kv_half = o->kv_type,
+                               .kv_page_size = o->page_size};
     clattn_decode_plan *plan = NULL;
     bench_plan_check(clattn_decode_plan_create(dev, &d, &w, &plan), "creating the decode plan");
     bench_check(clattn_decode_plan_set_splits(plan, o->splits), "--splits");
     clattn_kv_cache_desc cd = {.batch = B, .capacity = C + P + N, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D,
-                               .type = (clattn_kv_type)o->kv_type};
+                               .type = (clattn_kv_type)o->kv_type, .page_size = o->page_size};
     clattn_kv_cache *cache = NULL;
     bench_check(clattn_kv_cache_create(dev, &cd, &cache), "creating the KV cache");
+    clattn_kv_cache_desc made;
+    bench_check(clattn_kv_cache_desc_get(cache, &made), "reading the KV cache's description");
+    r->page_size = made.page_size;
     float *xp = rnd(B * P * E, 1.0f, &seed), *op = malloc(B * P * E * sizeof *op);
     if (!op) bench_die("out of memory");
     clattn_decode_args pa = {.x = xp, .new_tokens = P, .out = op, .x_count = B * P * E, .out_count = B * P * E};
@@ -341,9 +352,10 @@ static void print_json(const char *device, const char *driver, const dopts *o, c
     printf(",\"gemm\":");
     bench_json_string(stdout, r->gemm);
     printf(",\"batch\":%zu,\"context\":%zu,\"heads\":%zu,\"kv_heads\":%zu,\"head_dim\":%zu,\"dim\":%zu,"
-           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"new_tokens\":%zu,\"tree\":%s,\"iters\":%d,"
-           "\"warmup\":%d", r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim, kv_names[o->kv_type],
-           o->window, r->parts, o->new_tokens, o->tree ? "true" : "false", o->iters, o->warmup);
+           "\"kv_type\":\"%s\",\"window\":%zu,\"splits\":%zu,\"new_tokens\":%zu,\"tree\":%s,\"page_size\":%zu,"
+           "\"iters\":%d,\"warmup\":%d", r->batch, r->context, o->heads, o->kv_heads, o->head_dim, o->dim,
+           kv_names[o->kv_type], o->window, r->parts, o->new_tokens, o->tree ? "true" : "false", r->page_size, o->iters,
+           o->warmup);
     printf(",\"step_ms\":%.6g,\"step_min_ms\":%.6g,\"step_max_ms\":%.6g,\"first_step_ms\":%.6g", r->step_ms,
            r->step_min, r->step_max, r->first_ms);
     if (r->stage_ms[0] >= 0.0) {

@@ -749,6 +749,24 @@ Test(bench, decode_new_tokens, .timeout = 120)
     free(r);
 }
 
+/* --page-size N: the step on a paged cache (the JSON says so); refused when not a power of two */
+Test(bench, decode_paged, .timeout = 120)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *args[] = {"clattn-bench", "--decode", "--device", "ref", "--context", "100", "--heads", "4", "--kv-heads",
+                          "2", "--head-dim", "8", "--dim", "16", "--iters", "2", "--warmup", "1", "--page-size", "16",
+                          "--json", NULL};
+    run_bench(args, r);
+    cr_assert_eq(r->status, 0, "exit %d; stderr: %s", r->status, r->err);
+    double page = 0;
+    cr_assert(json_number(r->out, "page_size", &page) && page == 16, "%s", r->out);
+    const char *bad[] = {"clattn-bench", "--decode", "--device", "ref", "--page-size", "12", NULL};
+    run_bench(bad, r);
+    cr_expect_neq(r->status, 0);
+    cr_expect(strstr(r->err, "--page-size: a power of two") != NULL, "stderr: %s", r->err);
+    free(r);
+}
+
 Test(bench, decode_errors, .timeout = 60)
 {
     run_result *r = calloc(1, sizeof *r);
