@@ -654,8 +654,9 @@ typedef struct clattn_kv_cache_desc {
  * the tables and counts the references to each page itself (the caller never writes a table): a step takes free
  * pages as its sequences grow (refused, nothing changed, when the pool has too few), clattn_kv_cache_share lets
  * sequences share the pages of a common prefix, a page shared by several sequences is copied before one of them
- * writes into it (copy-on-write: the step, clattn_kv_cache_accept, clattn_kv_cache_write), and pages no position
- * uses any more (truncate, reset, accept, share, write) go back to the pool for reuse. capacity stays each
+ * writes into it (copy-on-write: a step, clattn_kv_cache_accept; the last holder keeps the page), and pages no
+ * position uses any more (truncate, reset, accept, share, a failed step; write lays every sequence out anew) go back
+ * to the pool for reuse. capacity stays each
  * sequence's limit. A decode plan runs on paged caches of its desc.kv_page_size only. Device memory: pages * P *
  * HK * (dk + dv) elements (INT8: and 2 floats per position and head), and B * ceil(capacity / P) table entries. */
 typedef struct clattn_kv_cache clattn_kv_cache;
