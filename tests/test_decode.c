@@ -1995,7 +1995,7 @@ Test(decode, half_types_opencl)
 
 /* ---------------------------------------------------------------- paged caches (clattn 0.8) */
 
-/* The decode cases on paged caches (pages of 4 positions, and of 1 and of 64: a sequence within one page), against
+/* The decode cases on paged caches (pages of 4 positions, of 16, and of 1 and of 64: a sequence within one page), against
  * the float64 oracle as on contiguous caches: the sequences' pages interleave in the pool as they grow (each step
  * takes the next free page), so every table entry is exercised. Then verify steps with draft trees and their accept
  * on paged caches. The suite's tests share head shapes and page sizes (H = 4, HK = 2, d = 8, pages of 4) where they
@@ -2009,6 +2009,10 @@ static void paged_cases(clattn_device *dev)
         {.B = 2, .T = 50, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 9, .P = 17, .page = 4},  /* window */
         {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven, .page = 4},    /* chunks */
         {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 30, .page = 4},  /* split-K */
+        /* pages of 16, decode_attend's block: its blocks each within a page, the parts' bounds rounded to blocks */
+        {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 30, .page = 16},
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven, .page = 16},
+        {.B = 2, .T = 20, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 64, .P = 5, .page = 16},  /* empty parts */
         {.B = 1, .T = 45, .H = 32, .HK = 2, .dk = 4, .dv = 4, .P = 30, .page = 4},              /* 16-row groups */
         {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 1, .P = 9, .page = 4},     /* half */
         {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 2, .P = 7, .page = 64}, /* one page */

@@ -79,6 +79,12 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
      * position (and, with a window, lie within the last row's window) */
     const uint p_first = len + q0 / GROUP, p_last = len + q_last / GROUP;
     for (uint j0 = js; j0 < je; j0 += BK) {
+#if DEC_ALIGNED
+        const ulong row0 = DEC_POS(b, g, j0); /* the block's keys j are rows row0 + (j - j0) of one page */
+#define DEC_ROW_OF(j) (row0 + ((j) - j0))
+#else
+#define DEC_ROW_OF(j) DEC_POS(b, g, (j))
+#endif
 #if WINDOW
         const int whole = j0 + BK <= je && j0 + BK - 1 <= p_first && p_last - j0 < WINDOW;
 #else
@@ -95,7 +101,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #endif
             #pragma unroll
             for (uint kk = 0; kk < KP; kk++) {
-                kp[kk] = kb + DEC_POS(b, g, min(j0 + jj + kk, je - 1)) * DK; /* keys past je: a valid key, masked */
+                kp[kk] = kb + DEC_ROW_OF(min(j0 + jj + kk, je - 1)) * DK; /* keys past je: a valid key, masked */
                 #pragma unroll
                 for (uint r = 0; r < R; r++) dot[kk][r] = (vw_t)(0.0f);
 #if NCH == 2
@@ -152,7 +158,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                 for (uint r = 0; r < R; r++) hs[r] = dhsum(dot[kk][r]);
 #endif
                 const uint j = j0 + jj + kk;
-                const float sk = scale * KSCALE(ksb, DEC_POS(b, g, min(j, je - 1))); /* an INT8 key's scale */
+                const float sk = scale * KSCALE(ksb, DEC_ROW_OF(min(j, je - 1))); /* an INT8 key's scale */
                 if (whole) {
                     #pragma unroll
                     for (uint r = 0; r < R; r++) s[r][jj + kk] = hs[r] * sk;
@@ -184,22 +190,23 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 #if KV_HALF == 3
         { /* an INT8 value's scale on its weight, after the sums (keys past je have weight 0) */
             float vsj[BK];
-            for (uint jj = 0; jj < BK; jj++) vsj[jj] = vsb[DEC_POS(b, g, min(j0 + jj, je - 1))];
+            for (uint jj = 0; jj < BK; jj++) vsj[jj] = vsb[DEC_ROW_OF(min(j0 + jj, je - 1))];
             for (uint r = 0; r < R; r++)
                 for (uint jj = 0; jj < BK; jj++) s[r][jj] *= vsj[jj];
         }
 #endif
         const uint nj = min((uint)BK, je - j0);
-#if PAGE
+#if PAGE && !DEC_ALIGNED
         ulong vrow[BK]; /* the block's value rows (a block may cross a page) */
         for (uint jj = 0; jj < BK; jj++) vrow[jj] = DEC_POS(b, g, min(j0 + jj, je - 1)) * DV;
 #define DEC_VAL(jj, c) KLOADW((c), vb + vrow[(jj)])
 #else
-        __global const kv_t *vp0 = vb + (ulong)j0 * DV;
+        __global const kv_t *vp0 = vb + DEC_ROW_OF(j0) * DV;
 #define DEC_VAL(jj, c) KLOADW((c), vp0 + (jj) * DV)
 #endif
         CLATTN_VALUE_PASS(vw_t, R, RV, DNVW, acc, corr, s, nj, DEC_VAL)
 #undef DEC_VAL
+#undef DEC_ROW_OF
     }
     for (uint r = 0; r < R; r++) {
         const uint qq = q0 + r;

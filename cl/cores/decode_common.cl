@@ -47,6 +47,16 @@
 #ifndef PAGE
 #define PAGE 0
 #endif
+/* decode_attend on a paged cache without a window, pages a multiple of its blocks of BK keys: the split-K parts'
+ * bounds are multiples of BK (dec_block_of), so a block lies in one page and its keys' rows follow each other (one
+ * table read a block, the contiguous cache's addressing within it). Else each key's row from the table. */
+#define DEC_ALIGNED 0
+#if PAGE && !WINDOW && defined(BK)
+#if PAGE % BK == 0
+#undef DEC_ALIGNED
+#define DEC_ALIGNED 1
+#endif
+#endif
 #if PAGE
 #define DEC_BASE(b, g) 0
 #define DEC_POS(b, g, j) (((ulong)pages[(b) * npage + (j) / PAGE] * HK + (g)) * PAGE + (j) % PAGE)
@@ -168,7 +178,11 @@ inline dec_block dec_block_of(ulong x, uint rows, uint n, uint HK, uint parts, _
     const uint lo = 0;
 #endif
     const uint span = hi > lo ? hi - lo : 0;
+#if DEC_ALIGNED
+    const uint per = ((span + parts - 1) / parts + BK - 1) / BK * BK; /* (lo is 0: no window) */
+#else
     const uint per = (span + parts - 1) / parts;
+#endif
     k.js = min(hi, lo + k.part * per);
     k.je = min(hi, k.js + per);
     return k;
