@@ -19,8 +19,11 @@
  * common/combine.cl's split_combine merges them (out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p;
  * 0 when no key).
  *
- * A paged cache (PAGE > 0, clattn 0.8): the rows are (page, HK, PAGE), and position j of sequence b is row j % PAGE of
- * page pages[b*npage + j / PAGE] (its block table; decode/cache.c gives every position a kernel reads a page).
+ * A paged cache (PAGE > 0, clattn 0.8): the rows are (HK, pool pages, PAGE), Tmax the pool's pages, and position j of
+ * sequence b is row j % PAGE of page pages[b*npage + j / PAGE] of KV head g (its block table; decode/cache.c gives
+ * every position a kernel reads a page). Head-major, so that a sequence's consecutive pages are one stream per head
+ * wherever they are consecutive in the pool, as in a contiguous cache (a page of all heads interleaved cost PoCL
+ * 15-45 % of a step).
  * DEC_BASE(b, g) is the first row of (b, g) in a contiguous cache (0 when paged) and DEC_POS(b, g, j) the row of
  * position j from there; the kernels' arguments pages, npage, HK and Tmax are in scope.
  *
@@ -59,7 +62,7 @@
 #endif
 #if PAGE
 #define DEC_BASE(b, g) 0
-#define DEC_POS(b, g, j) (((ulong)pages[(b) * npage + (j) / PAGE] * HK + (g)) * PAGE + (j) % PAGE)
+#define DEC_POS(b, g, j) (((ulong)(g) * Tmax + pages[(b) * npage + (j) / PAGE]) * PAGE + (j) % PAGE)
 #else
 #define DEC_BASE(b, g) (((b) * HK + (g)) * (ulong)Tmax)
 #define DEC_POS(b, g, j) ((ulong)(j))

@@ -5,8 +5,8 @@
  * bfloat16 (common/half.cl's clattn_bf16; half.cl goes first), with KV_HALF 3 as int8 codes with a float scale per
  * row, ks[(b*HK + g)*Tmax + j] (vs likewise; clattn.h, clattn_kv_type; src/runtime/numeric.c's
  * clattn_kv_quantize_row is the same rule on the host). A paged cache (PAGE > 0; decode_common.cl): position j of
- * sequence b is row (pages[b*npage + j/PAGE]*HK + g)*PAGE + j % PAGE, its page given by decode/cache.c before the
- * step. Specialised by -D: DK, DV, KV_HALF, PAGE. */
+ * sequence b, KV head g is row (g*Tmax + pages[b*npage + j/PAGE])*PAGE + j % PAGE, Tmax the pool's pages, its page
+ * given by decode/cache.c before the step. Specialised by -D: DK, DV, KV_HALF, PAGE. */
 #ifndef DK
 #define DK 64
 #endif
@@ -80,7 +80,7 @@ __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, u
     __global const float *row = src + src_off + (b * n + t) * src_ld;
 #if PAGE
     const uint j = lens[b] + t;
-    const ulong pos = ((ulong)pages[b * npage + j / PAGE] * HK + g) * PAGE + j % PAGE;
+    const ulong pos = ((ulong)g * Tmax + pages[b * npage + j / PAGE]) * PAGE + j % PAGE; /* Tmax: the pool's pages */
 #else
     const ulong pos = ((b * HK + g) * Tmax + lens[b] + t);
 #endif

@@ -100,9 +100,9 @@ typedef struct clattn_decode_io {
     clattn_view q, out;
     cl_mem cache_k, cache_v;     /* (B, HK, capacity, dk | dv), of the plan's kv_half type */
     cl_mem cache_ks, cache_vs;   /* (B, HK, capacity) an INT8 cache's row scales (NULL for the other types) */
-    size_t capacity;
+    size_t capacity;             /* a paged cache's pool of pages */
     cl_mem pages;                /* a paged cache (the plan's kv_page_size P): its block tables (B, npage) uint, and
-                                    the rows above are (pages, HK, P) (decode/decode.h); NULL: contiguous */
+                                    the rows above are (HK, pool pages, P) (decode/decode.h); NULL: contiguous */
     size_t npage;
     cl_mem lens, valid;          /* (B) uint: tokens cached before this step, real new tokens of this step */
     cl_mem tree;                 /* (B, n, n) uchar: a verify step's draft tree (clattn_decode_args.tree_mask), or NULL */

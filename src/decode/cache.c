@@ -2,7 +2,9 @@
  * 0 .. capacity-1 of keys and values, in host memory on ref and in device buffers (float, half, bfloat16 or int8
  * with scales) on OpenCL; each sequence's length lives on the host. Its rows are (B, HK, capacity) when contiguous;
  * a paged cache's are (pages, HK, P), and its block tables, the pages' reference counts and the free pages (a stack)
- * live on the host too, the tables copied to the device before a step that needs them. */
+ * live on the host too, the tables copied to the device before a step that needs them. A paged cache's rows are
+ * head-major, (HK, pages, P): a sequence's consecutive pages are one stream per head where the pool has them in
+ * order (clattn_kv_cache_write lays them out so; a step takes the next free page). */
 #include "decode.h"
 
 #include <stdlib.h>
@@ -20,9 +22,9 @@ size_t clattn_kv_rows(const clattn_kv_cache_desc *d)
 
 size_t clattn_kv_row(const clattn_kv_cache *c, size_t b, size_t g, size_t pos)
 {
-    const size_t P = c->d.page_size, HK = c->d.kv_heads;
-    if (!P) return (b * HK + g) * c->d.capacity + pos;
-    return ((size_t)c->table[b * c->npage + pos / P] * HK + g) * P + pos % P;
+    const size_t P = c->d.page_size;
+    if (!P) return (b * c->d.kv_heads + g) * c->d.capacity + pos;
+    return (g * c->d.pages + c->table[b * c->npage + pos / P]) * P + pos % P;
 }
 
 /* Bytes of an INT8 cache's scales (0 for the other types): a float per row of keys and per row of values. */
@@ -57,28 +59,29 @@ void clattn_kv_cache_unreserve(clattn_kv_cache *c)
     for (size_t b = 0; b < c->d.batch; b++) release_tail(c, b, c->len[b]);
 }
 
-/* Page `from`'s rows (every tensor) into page `to`. */
+/* Page `from`'s rows (every head, every tensor) into page `to`: per head, the P rows at row (g*pages + page)*P. */
 static clattn_status page_copy(clattn_kv_cache *c, uint32_t from, uint32_t to)
 {
     const clattn_kv_cache_desc *d = &c->d;
-    const size_t rows = d->kv_heads * d->page_size, es = clattn_kv_elem_size(d);
-    if (c->k_host) {
-        memcpy(c->k_host + to * rows * d->head_dim_qk, c->k_host + from * rows * d->head_dim_qk,
-               rows * d->head_dim_qk * sizeof(float));
-        memcpy(c->v_host + to * rows * d->head_dim_v, c->v_host + from * rows * d->head_dim_v,
-               rows * d->head_dim_v * sizeof(float));
-        return CLATTN_STATUS_SUCCESS;
-    }
+    const size_t P = d->page_size, es = clattn_kv_elem_size(d);
+    const size_t w[4] = {d->head_dim_qk, d->head_dim_v, 1, 1};           /* elements a row */
+    float *const host[4] = {c->k_host, c->v_host, NULL, NULL};
     const cl_mem m[4] = {c->k, c->v, c->ks, c->vs};
-    const size_t bytes[4] = {rows * d->head_dim_qk * es, rows * d->head_dim_v * es, rows * 4, rows * 4};
-    for (int t = 0; t < 4; t++) {
-        if (!m[t]) continue;
-        const cl_int err = clEnqueueCopyBuffer(c->device->queue, m[t], m[t], from * bytes[t], to * bytes[t], bytes[t],
-                                               0, NULL, NULL);
-        if (err != CL_SUCCESS)
-            return clattn_fail((clattn_status)err, "copying a shared page of the KV cache failed (%d: %s)", err,
-                               clattn_status_string(err));
-    }
+    const size_t size[4] = {c->k_host ? sizeof(float) : es, c->k_host ? sizeof(float) : es, 4, 4}; /* bytes an element */
+    for (size_t g = 0; g < d->kv_heads; g++)
+        for (int t = 0; t < 4; t++) {
+            const size_t n = P * w[t], src = (g * d->pages + from) * n, dst = (g * d->pages + to) * n; /* elements */
+            if (host[t]) {
+                memcpy(host[t] + dst, host[t] + src, n * sizeof(float));
+                continue;
+            }
+            if (!m[t]) continue;
+            const cl_int err = clEnqueueCopyBuffer(c->device->queue, m[t], m[t], src * size[t], dst * size[t],
+                                                   n * size[t], 0, NULL, NULL);
+            if (err != CL_SUCCESS)
+                return clattn_fail((clattn_status)err, "copying a shared page of the KV cache failed (%d: %s)", err,
+                                   clattn_status_string(err));
+        }
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -541,7 +544,7 @@ static float *storage_image(const clattn_kv_cache *c, const uint32_t *table, con
         for (size_t i = 0; i < c->npage && table[b * c->npage + i] != CLATTN_NO_PAGE; i++)
             for (size_t g = 0; g < HK; g++)
                 for (size_t j = i * P; j < (i + 1) * P && j < cap; j++)
-                    memcpy(img + (((size_t)table[b * c->npage + i] * HK + g) * P + j % P) * D,
+                    memcpy(img + ((g * d->pages + table[b * c->npage + i]) * P + j % P) * D,
                            x + ((b * HK + g) * cap + j) * D, D * sizeof *img);
     return img;
 }

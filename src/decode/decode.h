@@ -6,7 +6,7 @@
 #include "attention/attention.h"
 
 /* The cache's rows (a position of one KV head: dk keys, dv values, an INT8 row's scale) are (B, HK, capacity) in a
- * contiguous cache and (pages, HK, P) in a paged one (clattn_kv_row maps a sequence's position to its row). */
+ * contiguous cache and (HK, pages, P) in a paged one (clattn_kv_row maps a sequence's position to its row). */
 struct clattn_kv_cache {
     pthread_mutex_t lock;      /* one call at a time (a decode step holds it for the whole step) */
     clattn_device *device;

@@ -273,7 +273,8 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     const int sv = p->d.separate_value;
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.capacity, .pages = cache->table_mem, .npage = cache->npage,
+                                .capacity = cache->d.page_size ? cache->d.pages : cache->d.capacity,
+                                .pages = cache->table_mem, .npage = cache->npage,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .tree = tree ? c->tree_buf : NULL,
                                 .n = n, .max_len = max_len, .max_parts = dp->max_parts},
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
@@ -318,7 +319,8 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
                                   &c->counts_written), "uploading the token counts");
     decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
                          .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.capacity, .pages = cache->table_mem, .npage = cache->npage,
+                                .capacity = cache->d.page_size ? cache->d.pages : cache->d.capacity,
+                                .pages = cache->table_mem, .npage = cache->npage,
                                 .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
                                 .max_parts = dp->max_parts},
                          .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
