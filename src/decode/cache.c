@@ -1,10 +1,10 @@
 /* cache.c: the KV cache (clattn.h, "KV cache and decoding"): per sequence b and key/value head g, positions
  * 0 .. capacity-1 of keys and values, in host memory on ref and in device buffers (float, half, bfloat16 or int8
  * with scales) on OpenCL; each sequence's length lives on the host. Its rows are (B, HK, capacity) when contiguous;
- * a paged cache's are (pages, HK, P), and its block tables, the pages' reference counts and the free pages (a stack)
- * live on the host too, the tables copied to the device before a step that needs them. A paged cache's rows are
- * head-major, (HK, pages, P): a sequence's consecutive pages are one stream per head where the pool has them in
- * order (clattn_kv_cache_write lays them out so; a step takes the next free page). */
+ * a paged cache's are head-major, (HK, pages, P), so that a sequence's consecutive pages are one stream per head where
+ * the pool has them in order (clattn_kv_cache_write lays them out so; a step takes the next free page). Its block
+ * tables, the pages' reference counts and the free pages (a stack) live on the host, the tables copied to the device
+ * before a step that needs them. */
 #include "decode.h"
 
 #include <stdlib.h>
