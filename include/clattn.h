@@ -656,9 +656,9 @@ typedef struct clattn_kv_cache_desc {
  * sequences share the pages of a common prefix, a page shared by several sequences is copied before one of them
  * writes into it (copy-on-write: a step, clattn_kv_cache_accept; the last holder keeps the page), and pages no
  * position uses any more (truncate, reset, accept, share, a failed step; write lays every sequence out anew) go back
- * to the pool for reuse. capacity stays each
- * sequence's limit. A decode plan runs on paged caches of its desc.kv_page_size only. Device memory: pages * P *
- * HK * (dk + dv) elements (INT8: and 2 floats per position and head), and B * ceil(capacity / P) table entries. */
+ * to the pool for reuse. capacity stays each sequence's limit. A decode plan runs on paged caches of its
+ * desc.kv_page_size only. Device memory: pages * P * HK * (dk + dv) elements (INT8: and 2 floats per position and
+ * head), and B * ceil(capacity / P) table entries. */
 typedef struct clattn_kv_cache clattn_kv_cache;
 
 CLATTN_API clattn_status clattn_kv_cache_create(clattn_device *device, const clattn_kv_cache_desc *desc,
