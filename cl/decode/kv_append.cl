@@ -67,7 +67,8 @@ inline void int8_row(__global const float *x, uint D, __global char *q, __global
  * the other types). */
 __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, uint k_col, uint v_col,
                         __global kv_t *kc, __global kv_t *vc, __global float *ks, __global float *vs,
-                        __global const uint *pages, uint npage, __global const uint *lens, __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
+                        __global const uint *pages, uint npage, __global const uint *lens,
+                        __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
