@@ -59,29 +59,36 @@ void clattn_kv_cache_unreserve(clattn_kv_cache *c)
     for (size_t b = 0; b < c->d.batch; b++) release_tail(c, b, c->len[b]);
 }
 
+/* Rows from .. from+n-1 of every tensor (keys, values, an INT8 cache's scales) to rows to .. to+n-1, on the host or
+ * the device: the one copy behind copy-on-write, accept's moves and a contiguous cache's share. */
+static clattn_status copy_rows(clattn_kv_cache *c, size_t from, size_t to, size_t n, const char *what)
+{
+    const clattn_kv_cache_desc *d = &c->d;
+    const size_t w[4] = {d->head_dim_qk, d->head_dim_v, 1, 1}; /* elements a row */
+    float *const host[4] = {c->k_host, c->v_host, NULL, NULL};
+    const cl_mem m[4] = {c->k, c->v, c->ks, c->vs};
+    const size_t es[4] = {clattn_kv_elem_size(d), clattn_kv_elem_size(d), 4, 4}; /* bytes an element on the device */
+    for (int t = 0; t < 4; t++) {
+        if (host[t]) {
+            memmove(host[t] + to * w[t], host[t] + from * w[t], n * w[t] * sizeof(float));
+            continue;
+        }
+        if (!m[t]) continue;
+        const size_t row = w[t] * es[t];
+        const cl_int err = clEnqueueCopyBuffer(c->device->queue, m[t], m[t], from * row, to * row, n * row, 0, NULL,
+                                               NULL);
+        if (err != CL_SUCCESS)
+            return clattn_fail((clattn_status)err, "%s failed (%d: %s)", what, err, clattn_status_string(err));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* Page `from`'s rows (every head, every tensor) into page `to`: per head, the P rows at row (g*pages + page)*P. */
 static clattn_status page_copy(clattn_kv_cache *c, uint32_t from, uint32_t to)
 {
-    const clattn_kv_cache_desc *d = &c->d;
-    const size_t P = d->page_size, es = clattn_kv_elem_size(d);
-    const size_t w[4] = {d->head_dim_qk, d->head_dim_v, 1, 1};           /* elements a row */
-    float *const host[4] = {c->k_host, c->v_host, NULL, NULL};
-    const cl_mem m[4] = {c->k, c->v, c->ks, c->vs};
-    const size_t size[4] = {c->k_host ? sizeof(float) : es, c->k_host ? sizeof(float) : es, 4, 4}; /* bytes an element */
-    for (size_t g = 0; g < d->kv_heads; g++)
-        for (int t = 0; t < 4; t++) {
-            const size_t n = P * w[t], src = (g * d->pages + from) * n, dst = (g * d->pages + to) * n; /* elements */
-            if (host[t]) {
-                memcpy(host[t] + dst, host[t] + src, n * sizeof(float));
-                continue;
-            }
-            if (!m[t]) continue;
-            const cl_int err = clEnqueueCopyBuffer(c->device->queue, m[t], m[t], src * size[t], dst * size[t],
-                                                   n * size[t], 0, NULL, NULL);
-            if (err != CL_SUCCESS)
-                return clattn_fail((clattn_status)err, "copying a shared page of the KV cache failed (%d: %s)", err,
-                                   clattn_status_string(err));
-        }
+    const size_t P = c->d.page_size, pages = c->d.pages;
+    for (size_t g = 0; g < c->d.kv_heads; g++)
+        TRY(copy_rows(c, (g * pages + from) * P, (g * pages + to) * P, P, "copying a shared page of the KV cache"));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -325,21 +332,6 @@ clattn_status clattn_kv_cache_truncate(clattn_kv_cache *cache, const size_t *len
     return st;
 }
 
-/* Row (b, g, pos) of one tensor (keys or values, D elements of es bytes) to (b, g, to), on the device or the host. */
-static clattn_status move_row(clattn_kv_cache *c, cl_mem m, float *host, size_t D, size_t es, size_t row_from,
-                              size_t row_to)
-{
-    if (host) {
-        memmove(host + row_to * D, host + row_from * D, D * sizeof *host);
-        return CLATTN_STATUS_SUCCESS;
-    }
-    const cl_int err = clEnqueueCopyBuffer(c->device->queue, m, m, row_from * D * es, row_to * D * es, D * es, 0, NULL,
-                                           NULL);
-    if (err != CL_SUCCESS)
-        return clattn_fail((clattn_status)err, "moving a cache row failed (%d: %s)", err, clattn_status_string(err));
-    return CLATTN_STATUS_SUCCESS;
-}
-
 static clattn_status accept_locked(clattn_kv_cache *c, const size_t *from, const size_t *counts, const size_t *index,
                                    size_t stride)
 {
@@ -371,17 +363,14 @@ static clattn_status accept_locked(clattn_kv_cache *c, const size_t *from, const
     free(to);
     TRY(st);
     /* in order: token i goes to from + i <= from + index[i], the source of no later move (the indices ascend) */
-    const size_t es = clattn_kv_elem_size(d), HK = d->kv_heads;
+    const size_t HK = d->kv_heads;
     for (size_t b = 0; b < d->batch; b++)
         for (size_t g = 0; g < HK; g++)
             for (size_t i = 0; i < counts[b]; i++) {
                 const size_t src = clattn_kv_row(c, b, g, from[b] + index[b * stride + i]);
                 const size_t dst = clattn_kv_row(c, b, g, from[b] + i);
                 if (src == dst) continue;
-                TRY(move_row(c, c->k, c->k_host, d->head_dim_qk, es, src, dst));
-                TRY(move_row(c, c->v, c->v_host, d->head_dim_v, es, src, dst));
-                if (c->ks) TRY(move_row(c, c->ks, NULL, 1, sizeof(float), src, dst));
-                if (c->vs) TRY(move_row(c, c->vs, NULL, 1, sizeof(float), src, dst));
+                TRY(copy_rows(c, src, dst, 1, "moving a cache row"));
             }
     if (!c->k_host) CL_CHECK(clFinish(c->device->queue), "moving the accepted cache rows");
     for (size_t b = 0; b < d->batch; b++) c->len[b] = from[b] + counts[b];
@@ -642,27 +631,8 @@ clattn_status clattn_kv_cache_write(clattn_kv_cache *cache, const float *k, cons
 /* A contiguous cache: sequence src's first `length` rows of every head into sequence dst's (device or host). */
 static clattn_status copy_prefix(clattn_kv_cache *c, size_t dst, size_t src, size_t length)
 {
-    const clattn_kv_cache_desc *d = &c->d;
-    const size_t HK = d->kv_heads, es = clattn_kv_elem_size(d);
-    for (size_t g = 0; g < HK && length; g++) {
-        const size_t from = clattn_kv_row(c, src, g, 0), to = clattn_kv_row(c, dst, g, 0);
-        if (c->k_host) {
-            memcpy(c->k_host + to * d->head_dim_qk, c->k_host + from * d->head_dim_qk,
-                   length * d->head_dim_qk * sizeof(float));
-            memcpy(c->v_host + to * d->head_dim_v, c->v_host + from * d->head_dim_v, length * d->head_dim_v * sizeof(float));
-            continue;
-        }
-        const cl_mem m[4] = {c->k, c->v, c->ks, c->vs};
-        const size_t w[4] = {d->head_dim_qk * es, d->head_dim_v * es, 4, 4}; /* bytes a row */
-        for (int t = 0; t < 4; t++) {
-            if (!m[t]) continue;
-            const cl_int err = clEnqueueCopyBuffer(c->device->queue, m[t], m[t], from * w[t], to * w[t], length * w[t],
-                                                   0, NULL, NULL);
-            if (err != CL_SUCCESS)
-                return clattn_fail((clattn_status)err, "share: copying the prefix failed (%d: %s)", err,
-                                   clattn_status_string(err));
-        }
-    }
+    for (size_t g = 0; g < c->d.kv_heads && length; g++)
+        TRY(copy_rows(c, clattn_kv_row(c, src, g, 0), clattn_kv_row(c, dst, g, 0), length, "share: copying the prefix"));
     if (!c->k_host) CL_CHECK(clFinish(c->device->queue), "share: copying the prefix");
     return CLATTN_STATUS_SUCCESS;
 }
