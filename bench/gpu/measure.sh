@@ -2,7 +2,8 @@
 # bench/gpu/measure.sh: one device call's worth of checks and timings on an NVIDIA GPU, run there from the
 # project root after `bash ../shared/gpu/prepare.sh` here (carry .gpu and build):
 #   bash bench/gpu/measure.sh [SECTION...]     (default: every section, in this order)
-# Sections: info selftest cores torch dtype decode conformance (the default run), and plain (the README's ctest
+# Sections: info selftest cores torch dtype decode conformance (the default run), sweep (flash_mma's half products
+# over its parameters), serve (paged and verify decode steps), and plain (the README's ctest
 # command, every family at AUTO), accum (flash_mma's long sums, and its core against OLD's), python (the Python tests on
 # the GPU), probe gemm matrix auto
 # backward tune (a second call: the sub-buffer probe, test_gemm on CLBlast, every family of the cores MATRIX names,
@@ -90,6 +91,38 @@ for s in "$@"; do
                 --kv-heads 8 $kv --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/decode.jsonl" ||
                 echo "decode $core $kv failed" | tee -a "$log"
             done; done; summary "$OUT/decode.jsonl" | tee -a "$log" ;;
+    sweep) # flash_mma's half products over its tuning space (SWEEP_PARAMS: "P=V,..." sets; the defaults first), the core
+           # alone on f16 arrays at d64 and d128 (SWEEP_SHAPES), two rounds alternating the sets
+           sets=${SWEEP_PARAMS:-"- NW=2 NW=8 BK=32 QREG=0 NW=8,BK=32 NW=2,BK=32 NW=8,QREG=0"}
+           shapes=${SWEEP_SHAPES:-"2 4096 1024 16,4 2048 1024 8"}
+           IFS=, read -ra ss <<< "$shapes"
+           for round in 1 2; do for c in "${ss[@]}"; do set -- $c; for p in $sets; do
+             k=flash_mma; [ "$p" = - ] || k=flash_mma:$p
+             cl timeout 40 build/clattn-bench --device "$dev" --iters 10 --warmup 2 --json --batch "$1" --seq "$2" --dim "$3" \
+               --heads "$4" --core "$k" --dtype "${SWEEP_DTYPE:-f16}" --no-proj 2>>"$log" |
+               awk -v r=$round -v p="$p" '/^\{/ {sub(/^\{/, "{\"round\":" r ",\"set\":\"" p "\","); print; n++} END {exit n == 0}' \
+               >> "$OUT/bench.jsonl" || echo "sweep $c $p failed" | tee -a "$log"
+           done; done; done
+           summary "$OUT/bench.jsonl" | tee -a "$log" ;;
+    serve) # issue 40 on the GPU: paged (pages of 16) against contiguous, and a q=8 tree verify against q=1, float and
+           # half caches, batch 1 and 8, contexts 4k-32k
+           for C in ${SERVE_CONTEXTS:-4096 32768}; do for kv in float half; do for ps in 0 16; do
+             cl timeout 60 build/clattn-bench --device "$dev" --decode --context $C --batch 1,8 --heads 32 --kv-heads 8 \
+               --kv-type $kv $([ "$ps" = 0 ] || echo --page-size "$ps") --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/serve.jsonl" ||
+               echo "serve $kv page $ps failed" | tee -a "$log"
+           done
+             cl timeout 60 build/clattn-bench --device "$dev" --decode --context $C --batch 1,8 --heads 32 --kv-heads 8 \
+               --kv-type $kv --new-tokens 8 --tree --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/serve.jsonl" ||
+               echo "serve $kv verify failed" | tee -a "$log"
+           done; done
+           python3 - "$OUT/serve.jsonl" <<'PY' | tee -a "$log"
+import json, sys
+for l in open(sys.argv[1]):
+    o = json.loads(l)
+    print(f"serve B{o['batch']} C{o['context']} {o['kv_type']} page {o.get('page_size', 0)} q{o['new_tokens']} {o['core']} "
+          f"splits {o['splits']}: {o['step_ms']:.3f} ms, attend {o['stages_ms']['attend']:.3f} ms")
+PY
+           ;;
     probe) cl timeout 30 .gpu/subbuf_probe 2>&1 | tee -a "$log" ;;   # built by: cc -o .gpu/subbuf_probe bench/gpu/subbuf_probe.c ...
     gemm) CLATTN_CORE=gemm_clblast CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_gemm --verbose 2>&1 | grep -E 'FAIL|PASS|Failed|Synthesis|\[----\]' | tee -a "$log" ;;
     accum) # flash_mma's sums over long rows: the long module test and test_mma's accumulation cases, and flash_mma's core
