@@ -2339,6 +2339,118 @@ Test(pages, accept_after_share_opencl)
     clattn_device_free(d);
 }
 
+/* Pages change hands: sequence 0 takes a prompt of 6 tokens (pages of 4: two pages), sequence 1 one of 4; then each step
+ * truncates both to 4 and one sequence takes a token, the two in turn, so the page sequence 0 gave back is sequence 1's
+ * next, then sequence 0's again: its table entry returns to what it was two writes of the tables before, while the
+ * device's copy holds what the step between wrote (the tables are written only where they differ from that copy).
+ * Each step's output row equals bit for bit the same steps on a contiguous cache. */
+enum { CH_STEPS = 5, CH_H = 2, CH_D = 8, CH_L = 6 };
+static void change_hands_run(clattn_device *dev, size_t page, const float *q, const float *k, const float *v,
+                             float *outs /* (CH_STEPS, CH_H*CH_D) */)
+{
+    enum { B = 2, H = CH_H, HK = 1, D = CH_D, L = CH_L, CAP = 12 };
+    const clattn_attention_desc d = {.batch = B, .seq_q = L, .embed = H * D, .heads = H, .kv_heads = HK, .causal = 1,
+                                     .separate_value = 1, .kv_page_size = page};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = page};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *os = tu_poisoned(B * L * H * D);
+    const size_t prompt[B] = {L, 4}, keep[B] = {4, 4};
+    /* both prompts from the same rows of q, k, v (their first 6 and 4) */
+    float *qs = malloc(B * L * H * D * 4), *ks = malloc(B * L * HK * D * 4), *vs = malloc(B * L * HK * D * 4);
+    for (size_t b = 0; b < B; b++) {
+        memcpy(qs + b * L * H * D, q, L * H * D * 4);
+        memcpy(ks + b * L * HK * D, k, L * HK * D * 4);
+        memcpy(vs + b * L * HK * D, v, L * HK * D * 4);
+    }
+    clattn_decode_args a = {.x = qs, .kv = ks, .value = vs, .new_tokens = L, .valid = prompt, .out = os};
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t s = 0; s < CH_STEPS; s++) {
+        const size_t who = (s + 1) % 2, take[B] = {who == 0, who == 1};
+        cr_assert_eq(clattn_kv_cache_truncate(c, keep), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        if (page) {
+            size_t t[4], n = 0, used = 0;
+            cr_assert_eq(clattn_kv_cache_pages(c, 0, t, &n, &used), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+            cr_assert_eq(used, 2, "step %zu: after truncating both sequences to 4 positions, %zu pages in use", s, used);
+        }
+        /* the step's token: row L + s of q, k, v in the stepping sequence's place */
+        memcpy(qs + who * H * D, q + (L + s) * H * D, H * D * 4);
+        memcpy(ks + who * HK * D, k + (L + s) * HK * D, HK * D * 4);
+        memcpy(vs + who * HK * D, v + (L + s) * HK * D, HK * D * 4);
+        a.new_tokens = 1, a.valid = take;
+        cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        memcpy(outs + s * H * D, os + who * H * D, H * D * 4);
+    }
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    free(qs), free(ks), free(vs), free(os);
+}
+
+static void pages_change_hands(clattn_device *dev)
+{
+    tu_rng r = {2600};
+    const size_t n = CH_L + CH_STEPS;
+    float *q = tu_random(&r, n * CH_H * CH_D, -2, 2), *k = tu_random(&r, n * CH_D, -2, 2);
+    float *v = tu_random(&r, n * CH_D, -2, 2);
+    float *paged = tu_poisoned(CH_STEPS * CH_H * CH_D), *flat = tu_poisoned(CH_STEPS * CH_H * CH_D);
+    change_hands_run(dev, 4, q, k, v, paged);
+    change_hands_run(dev, 0, q, k, v, flat);
+    for (size_t i = 0; i < CH_STEPS * CH_H * CH_D; i++)
+        cr_assert(!memcmp(&paged[i], &flat[i], 4), "step %zu, element %zu: paged %.9g, contiguous %.9g",
+                  i / (CH_H * CH_D), i % (CH_H * CH_D), paged[i], flat[i]);
+    free(q), free(k), free(v), free(paged), free(flat);
+}
+
+/* A step's pages come back: three sequences (prompts of 5, 8 and 3 positions, pages of 4) each take 6 tokens, are
+ * truncated to their prompts, and take 6 tokens again (a rejected draft's positions taken again): every sequence holds
+ * the same pages in the same blocks as after the first step (the tables unchanged, not written again), and as many
+ * pages are in use. */
+static void pages_come_back(clattn_device *dev)
+{
+    enum { B = 3, H = 2, HK = 1, D = 8, N = 6, CAP = 16, PAGE = 4 };
+    const clattn_attention_desc d = {.batch = B, .seq_q = 8, .embed = H * D, .heads = H, .kv_heads = HK, .causal = 1,
+                                     .separate_value = 1, .kv_page_size = PAGE};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE};
+    clattn_kv_cache *c = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    tu_rng r = {2700};
+    float *q = tu_random(&r, B * 8 * H * D, -2, 2), *k = tu_random(&r, B * 8 * HK * D, -2, 2);
+    float *v = tu_random(&r, B * 8 * HK * D, -2, 2), *out = tu_poisoned(B * 8 * H * D);
+    const size_t prompt[B] = {5, 8, 3}, steps[B] = {N, N, N};
+    clattn_decode_args a = {.x = q, .kv = k, .value = v, .new_tokens = 8, .valid = prompt, .out = out};
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    a.new_tokens = N, a.valid = steps;
+    size_t first[B][CAP / PAGE], count[B], used = 0, used0 = 0;
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        cr_assert_eq(clattn_kv_cache_pages(c, b, first[b], &count[b], &used0), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_truncate(c, prompt), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(p, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++) {
+        size_t again[CAP / PAGE], n = 0;
+        cr_assert_eq(clattn_kv_cache_pages(c, b, again, &n, &used), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(n, count[b], "sequence %zu: %zu blocks after the step taken again, %zu before", b, n, count[b]);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(again[i], first[b][i], "sequence %zu, block %zu: page %zu after the step taken again, %zu "
+                         "before", b, i, again[i], first[b][i]);
+    }
+    cr_assert_eq(used, used0, "%zu pages in use after the step taken again, %zu before", used, used0);
+    clattn_kv_cache_free(c);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(out);
+}
+
+Test(pages, come_back_ref) { clattn_device *d = tu_open_ref(); pages_come_back(d); clattn_device_free(d); }
+Test(pages, come_back_opencl) { clattn_device *d = tu_open_opencl(); pages_come_back(d); clattn_device_free(d); }
+
+Test(pages, change_hands_ref) { clattn_device *d = tu_open_ref(); pages_change_hands(d); clattn_device_free(d); }
+Test(pages, change_hands_opencl) { clattn_device *d = tu_open_opencl(); pages_change_hands(d); clattn_device_free(d); }
+
 /* What a paged cache cannot mean is refused by name, with nothing changed: a page size that is not a power of two
  * from 1 to 65536, pages without a page size, a plan and a cache of different page sizes (either way), a prefill plan
  * with a page size; a share of a sequence with itself, past the batch or past the source's length; the pages of a

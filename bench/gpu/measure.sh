@@ -3,7 +3,8 @@
 # project root after `bash ../shared/gpu/prepare.sh` here (carry .gpu and build):
 #   bash bench/gpu/measure.sh [SECTION...]     (default: every section, in this order)
 # Sections: info selftest cores torch dtype decode conformance (the default run), sweep (flash_mma's half products
-# over its parameters), serve (paged and verify decode steps), and plain (the README's ctest
+# over its parameters), serve (paged and verify decode steps), serve_ab (the paged step, OLD's build against this),
+# decode_params (decode_group's parameters on half caches and verify steps), and plain (the README's ctest
 # command, every family at AUTO), accum (flash_mma's long sums, and its core against OLD's), python (the Python tests on
 # the GPU), probe gemm matrix auto
 # backward tune (a second call: the sub-buffer probe, test_gemm on CLBlast, every family of the cores MATRIX names,
@@ -46,6 +47,16 @@ for l in open(sys.argv[1]):
               f"{'core-only ' if o.get('no_proj') else ''}"
               f"{o['core']:11s} {o['median_ms']:.3f} ms, core {o.get('core_ms') or 0:.3f} ms {(o.get('core_gflops') or 0) / 1000:.1f} TFLOP/s, "
               f"proj {(o.get('projection_gflops') or 0) / 1000:.1f} TFLOP/s, first call {o['first_call_ms']:.0f} ms [{o.get('core_params')}]")
+PY
+}
+serve_summary() {  # one line per decode step record (serve, serve_ab, decode_params)
+  python3 - "$1" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    o = json.loads(l)
+    tag = (f"{o['binary']} r{o['round']} " if 'binary' in o else "") + (f"[{o['set']}] " if 'set' in o else "")
+    print(f"serve {tag}B{o['batch']} C{o['context']} {o['kv_type']} page {o.get('page_size', 0)} q{o['new_tokens']} {o['core']} "
+          f"splits {o['splits']}: {o['step_ms']:.3f} ms, attend {o['stages_ms']['attend']:.3f} ms")
 PY
 }
 bench() {  # bench ARGS...: one clattn-bench configuration, its JSON line appended
@@ -115,14 +126,29 @@ for s in "$@"; do
                --kv-type $kv --new-tokens 8 --tree --iters 20 --json 2>>"$log" | grep '^{' >> "$OUT/serve.jsonl" ||
                echo "serve $kv verify failed" | tee -a "$log"
            done; done
-           python3 - "$OUT/serve.jsonl" <<'PY' | tee -a "$log"
-import json, sys
-for l in open(sys.argv[1]):
-    o = json.loads(l)
-    print(f"serve B{o['batch']} C{o['context']} {o['kv_type']} page {o.get('page_size', 0)} q{o['new_tokens']} {o['core']} "
-          f"splits {o['splits']}: {o['step_ms']:.3f} ms, attend {o['stages_ms']['attend']:.3f} ms")
-PY
-           ;;
+           serve_summary "$OUT/serve.jsonl" | tee -a "$log" ;;
+    serve_ab) # the paged step of an earlier build's clattn-bench (OLD: a folder with it) against this build's, contiguous
+           # beside it, rounds alternating
+           old=${OLD:-.gpu/old}
+           for round in 1 2; do for b in "$old/clattn-bench" build/clattn-bench; do [ -x "$b" ] || continue
+             for c in "--context 4096" "--context 4096 --page-size 16" "--context 32768 --page-size 16"; do
+               cl timeout 60 "$b" --device "$dev" --decode $c --batch 1,8 --heads 32 --kv-heads 8 --iters 20 --json 2>>"$log" |
+                 awk -v r=$round -v p="$b" '/^\{/ {sub(/^\{/, "{\"binary\":\"" p "\",\"round\":" r ","); print; n++} END {exit n == 0}' \
+                 >> "$OUT/serve.jsonl" || echo "serve_ab $b $c failed" | tee -a "$log"
+           done; done; done
+           serve_summary "$OUT/serve.jsonl" | tee -a "$log" ;;
+    decode_params) # decode_group's parameters (DECODE_SETS: "P=V,..." sets, - the defaults) on a half cache's step and on a
+           # float cache's q=8 tree verify, contexts 4096 and 32768, batch 1 and 8
+           for C in 4096 32768; do for kv in half verify; do
+             for p in ${DECODE_SETS:-- LANES=16 VW=4,LANES=16 LANES=32,R=8 LANES=32,R=8,KT=1}; do
+               k=decode_group; [ "$p" = - ] || k=decode_group:$p
+               a="--kv-type half"; [ $kv = verify ] && a="--new-tokens 8 --tree"
+               CLATTN_CORE=$k cl timeout 60 build/clattn-bench --device "$dev" --decode --context $C $a --batch 1,8 --heads 32 \
+                 --kv-heads 8 --iters 20 --json 2>>"$log" |
+                 awk -v p="$p" '/^\{/ {sub(/^\{/, "{\"set\":\"" p "\","); print; n++} END {exit n == 0}' \
+                 >> "$OUT/params.jsonl" || echo "decode_params $C $kv $p failed" | tee -a "$log"
+           done; done; done
+           serve_summary "$OUT/params.jsonl" | tee -a "$log" ;;
     probe) cl timeout 30 .gpu/subbuf_probe 2>&1 | tee -a "$log" ;;   # built by: cc -o .gpu/subbuf_probe bench/gpu/subbuf_probe.c ...
     gemm) CLATTN_CORE=gemm_clblast CLATTN_TEST_DEVICE=$dev cl timeout 60 build/test_gemm --verbose 2>&1 | grep -E 'FAIL|PASS|Failed|Synthesis|\[----\]' | tee -a "$log" ;;
     accum) # flash_mma's sums over long rows: the long module test and test_mma's accumulation cases, and flash_mma's core

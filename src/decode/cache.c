@@ -40,11 +40,12 @@ static void page_unref(clattn_kv_cache *c, uint32_t page)
     if (--c->refs[page] == 0) c->free_pages[c->nfree++] = page;
 }
 
-/* Sequence b's blocks from the one holding position len on (those no position below len uses) back to the pool. */
+/* Sequence b's blocks from the one holding position len on (those no position below len uses) back to the pool, the
+ * last first: the free stack then gives them back in order (see clattn_kv_cache_unreserve). */
 static void release_tail(clattn_kv_cache *c, size_t b, size_t len)
 {
     const size_t P = c->d.page_size;
-    for (size_t i = (len + P - 1) / P; i < c->npage; i++) {
+    for (size_t i = c->npage; i-- > (len + P - 1) / P;) {
         uint32_t *t = &c->table[b * c->npage + i];
         if (*t == CLATTN_NO_PAGE) continue;
         page_unref(c, *t);
@@ -56,7 +57,9 @@ static void release_tail(clattn_kv_cache *c, size_t b, size_t len)
 void clattn_kv_cache_unreserve(clattn_kv_cache *c)
 {
     if (!c->d.page_size) return;
-    for (size_t b = 0; b < c->d.batch; b++) release_tail(c, b, c->len[b]);
+    /* the last sequence first: a step that takes the positions again (a rejected draft's, a benchmark's) gets back the
+     * same pages in the same blocks (reserve pops them in sequence and block order), so the tables are not written */
+    for (size_t b = c->d.batch; b-- > 0;) release_tail(c, b, c->len[b]);
 }
 
 /* Rows from .. from+n-1 of every tensor (keys, values, an INT8 cache's scales) to rows to .. to+n-1, on the host or
@@ -156,20 +159,45 @@ static void CL_CALLBACK free_snapshot(cl_event ev, cl_int status, void *snapshot
     free(snapshot);
 }
 
+/* After a failed write: what table_mem holds is not known, so the next write takes every entry. */
+static void forget_shown(clattn_kv_cache *c)
+{
+    free(c->shown);
+    c->shown = NULL;
+}
+
 clattn_status clattn_kv_cache_sync_table(clattn_kv_cache *c)
 {
     if (!c->table_mem || !c->table_dirty) return CLATTN_STATUS_SUCCESS;
+    /* only the entries that differ from what table_mem holds, from first to last: a step that takes back the page a
+     * truncation gave up writes nothing, one that starts a page writes a word per sequence at most */
+    const size_t n = c->d.batch * c->npage;
+    const int first = !c->shown; /* table_mem not yet written: every entry goes */
+    if (first && !(c->shown = clattn_malloc(n * sizeof *c->shown)))
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the KV cache's block tables");
+    size_t lo = 0, hi = n;
+    if (!first) {
+        while (lo < n && c->table[lo] == c->shown[lo]) lo++;
+        while (hi > lo && c->table[hi - 1] == c->shown[hi - 1]) hi--;
+    }
+    if (lo == hi) {
+        c->table_dirty = 0;
+        return CLATTN_STATUS_SUCCESS;
+    }
     /* from a copy of its own, freed when the write completes: no wait here for an earlier step (a step on the
      * caller's buffers may sit behind the caller's events) */
-    const size_t n = c->d.batch * c->npage;
-    cl_uint *snap = clattn_malloc(n * sizeof *snap);
-    if (!snap) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the KV cache's block tables");
-    for (size_t i = 0; i < n; i++) snap[i] = c->table[i];
+    cl_uint *snap = clattn_malloc((hi - lo) * sizeof *snap);
+    if (!snap) {
+        forget_shown(c);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the KV cache's block tables");
+    }
+    for (size_t i = lo; i < hi; i++) snap[i - lo] = c->table[i];
     cl_event ev = NULL;
-    const cl_int err = clEnqueueWriteBuffer(c->device->queue, c->table_mem, CL_FALSE, 0, n * sizeof *snap, snap, 0,
-                                            NULL, &ev);
+    const cl_int err = clEnqueueWriteBuffer(c->device->queue, c->table_mem, CL_FALSE, lo * sizeof *snap,
+                                            (hi - lo) * sizeof *snap, snap, 0, NULL, &ev);
     if (err != CL_SUCCESS) {
         free(snap);
+        forget_shown(c);
         return clattn_fail((clattn_status)err, "writing the KV cache's block tables failed (%d: %s)", err,
                            clattn_status_string(err));
     }
@@ -178,6 +206,7 @@ clattn_status clattn_kv_cache_sync_table(clattn_kv_cache *c)
         free(snap);
     }
     clReleaseEvent(ev);
+    memcpy(c->shown + lo, c->table + lo, (hi - lo) * sizeof *c->shown);
     c->table_dirty = 0;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -284,7 +313,7 @@ void clattn_kv_cache_free(clattn_kv_cache *cache)
     clattn_mem_release(&cache->vs);
     if (cache->table_mem) clFinish(cache->device->queue); /* the tables' writes done: their copies freed */
     clattn_mem_release(&cache->table_mem);
-    free(cache->table), free(cache->refs), free(cache->free_pages);
+    free(cache->table), free(cache->refs), free(cache->free_pages), free(cache->shown);
     free(cache->k_host);
     free(cache->v_host);
     free(cache->len);

@@ -22,7 +22,8 @@ struct clattn_kv_cache {
     uint32_t *free_pages;      /* a stack of the pages no table holds, nfree of them */
     size_t nfree;
     cl_mem table_mem;          /* OpenCL: the tables as the kernels read them, (B, npage) uint */
-    int table_dirty;           /* table changed since table_mem was last written */
+    uint32_t *shown;           /* OpenCL: what table_mem holds (NULL before its first write or after a failed one) */
+    int table_dirty;           /* table may differ from shown */
 };
 #define CLATTN_NO_PAGE 0xFFFFFFFFu
 size_t clattn_kv_elem_size(const clattn_kv_cache_desc *d); /* bytes of one stored element */
