@@ -648,6 +648,20 @@ Test(emit, simulated_target_emits_and_runs_nothing)
     memcpy(text, opts, on);
     cr_assert(strstr(text, "-DMMA_NATIVE=1"), "%s: %s", path, text);
     free(text), free(opts);
+    /* a decode plan: decode_group with the H100's warp shuffles (SHFL_PTX=1), which the host compiled portably */
+    const clattn_attention_desc dd = {.batch = 1, .seq_q = 1, .embed = 32, .heads = 4, .kv_heads = 2, .causal = 1,
+                                      .separate_value = 1};
+    clattn_decode_plan *dp = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_str_eq(clattn_decode_plan_core(dp), "decode_group");
+    snprintf(path, sizeof path, "%s/decode_group.opts", edir);
+    opts = slurp(path, &on);
+    cr_assert(opts, "no %s", path);
+    text = calloc(on + 1, 1);
+    memcpy(text, opts, on);
+    cr_assert(strstr(text, "-DSHFL_PTX=1"), "%s: %s", path, text);
+    free(text), free(opts);
+    clattn_decode_plan_free(dp);
     /* nothing runs on a simulated device, and no output is written */
     float *out = tu_poisoned(PB * PT * PH * PD);
     clattn_attention_args a = {.x = s.x, .out = out};

@@ -127,11 +127,12 @@ for s in "$@"; do
                echo "serve $kv verify failed" | tee -a "$log"
            done; done
            serve_summary "$OUT/serve.jsonl" | tee -a "$log" ;;
-    serve_ab) # the paged step of an earlier build's clattn-bench (OLD: a folder with it) against this build's, contiguous
-           # beside it, rounds alternating
+    serve_ab) # decode steps of an earlier build's clattn-bench (OLD: a folder with it) against this build's: contiguous
+           # and paged float caches, a half cache; rounds alternating
            old=${OLD:-.gpu/old}
            for round in 1 2; do for b in "$old/clattn-bench" build/clattn-bench; do [ -x "$b" ] || continue
-             for c in "--context 4096" "--context 4096 --page-size 16" "--context 32768 --page-size 16"; do
+             for c in "--context 4096" "--context 4096 --page-size 16" "--context 32768" "--context 32768 --page-size 16" \
+                      "--context 32768 --kv-type half"; do
                cl timeout 60 "$b" --device "$dev" --decode $c --batch 1,8 --heads 32 --kv-heads 8 --iters 20 --json 2>>"$log" |
                  awk -v r=$round -v p="$b" '/^\{/ {sub(/^\{/, "{\"binary\":\"" p "\",\"round\":" r ","); print; n++} END {exit n == 0}' \
                  >> "$OUT/serve.jsonl" || echo "serve_ab $b $c failed" | tee -a "$log"

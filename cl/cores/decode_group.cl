@@ -11,7 +11,8 @@
  * Per step, each lane loads its slices of its team's KT keys and values (the values before the scores
  * are known, so that both reads are in flight together), reduces its partial dot products into local
  * memory, and after one barrier every lane of the team sums the LANES partials of each of its KT x R
- * scores (double-buffered, so one barrier per step suffices). Each team keeps its own online softmax
+ * scores (double-buffered, so one barrier per step suffices). On NVIDIA (SHFL_PTX = 1) the lanes sum them by
+ * warp shuffles instead: no local memory and no barrier in the loop. Each team keeps its own online softmax
  * (natural base, the score scaled after the dot product: the differences to the running max are then exact
  * wherever the scores are, as the decode tests' large-score cases require) and its lanes their slices of
  * the R output rows; at
@@ -34,6 +35,9 @@
 #ifndef R
 #define R 4
 #endif
+#ifndef SHFL_PTX
+#define SHFL_PTX 0 /* 1: a team's partial dot products summed by warp shuffles (inline PTX, NVIDIA) */
+#endif
 #define NT (WG / LANES)           /* teams */
 #define NSK ((DNKW + LANES - 1) / LANES) /* key vectors per lane (the last lanes may hold one fewer) */
 #define NSV ((DNVW + LANES - 1) / LANES) /* value vectors per lane */
@@ -42,9 +46,33 @@
 #define OWNV(s) (DNVW % LANES == 0 || lane + (s) * LANES < DNVW)
 /* A team's partials of one (key, row): its lanes write consecutive words (no bank conflict, no padding
  * needed) and every lane reads them back, as float4 where LANES allows (a quarter of the local loads). */
-#define RED (NT * KT * R * LANES)        /* one buffer of partial dot products */
+#define RED (SHFL_PTX ? 0 : NT * KT * R * LANES) /* one buffer of partial dot products (none with shuffles) */
 #define MRG (NT * (DV + 1) + 2 * NT * R) /* the teams' merge: one row's outputs, every row's max and sum */
 #define LOCAL_FLOATS (2 * RED > MRG ? 2 * RED : MRG)
+
+/* A lane's part of the dot product of a query row's slices and a key's. */
+static inline float lane_dot(const vw_t *qs, const vw_t *ks)
+{
+    vw_t dot = qs[0] * ks[0];
+    #pragma unroll
+    for (uint s = 1; s < NSK; s++) dot = fma(qs[s], ks[s], dot);
+    return dhsum(dot);
+}
+
+#if SHFL_PTX
+/* The sum of x over the LANES lanes of a team, in each of them: a team's lanes are consecutive work-items of one warp
+ * (LANES a power of two up to 32, WG a multiple of 32), and every lane of the warp takes part (no branch around). */
+static inline float team_sum(float x)
+{
+    #pragma unroll
+    for (uint m = 1; m < LANES; m <<= 1) {
+        float y;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(y) : "f"(x), "r"(m));
+        x += y;
+    }
+    return x;
+}
+#endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_group(__global const float *q, ulong q_off, uint q_ld,
@@ -90,7 +118,6 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     __global const float *ksb = ks + DEC_BASE(b, g), *vsb = vs + DEC_BASE(b, g); /* INT8 */
     for (uint it = 0; it < steps; it++) {
         const uint j0 = js + it * step;
-        __local float *red = sh + (it & 1) * RED + team * (KT * R * LANES);
         vw_t kv[KT][NSK], vv[KT][NSV];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
@@ -102,17 +129,39 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             #pragma unroll
             for (uint s = 0; s < NSV; s++) vv[kk][s] = OWNV(s) ? KLOADW(lane + s * LANES, vp) : (vw_t)(0.0f);
         }
+        /* the (key, row) dot products, each summed over the team's lanes */
+        float dots[KT][R];
+#if SHFL_PTX
+        #pragma unroll
+        for (uint kk = 0; kk < KT; kk++) {
+            #pragma unroll
+            for (uint r = 0; r < R; r++) dots[kk][r] = team_sum(lane_dot(qr[r], kv[kk]));
+        }
+#else
+        __local float *red = sh + (it & 1) * RED + team * (KT * R * LANES);
+        #pragma unroll
+        for (uint kk = 0; kk < KT; kk++) {
+            #pragma unroll
+            for (uint r = 0; r < R; r++) red[(kk * R + r) * LANES + lane] = lane_dot(qr[r], kv[kk]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
             #pragma unroll
             for (uint r = 0; r < R; r++) {
-                vw_t dot = qr[r][0] * kv[kk][0];
-                #pragma unroll
-                for (uint s = 1; s < NSK; s++) dot = fma(qr[r][s], kv[kk][s], dot);
-                red[(kk * R + r) * LANES + lane] = dhsum(dot);
+                __local const float *pr = red + (kk * R + r) * LANES;
+#if LANES % 4 == 0
+                float4 s4 = vload4(0, pr);
+                for (uint i = 1; i < LANES / 4; i++) s4 += vload4(i, pr);
+                dots[kk][r] = (s4.x + s4.y) + (s4.z + s4.w);
+#else
+                float sum = 0.0f;
+                for (uint i = 0; i < LANES; i++) sum += pr[i];
+                dots[kk][r] = sum;
+#endif
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
         float sc[KT][R], vsk[KT];
         #pragma unroll
         for (uint kk = 0; kk < KT; kk++) {
@@ -120,19 +169,9 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
             const float sk = scale * KSCALE(ksb, DEC_POS(b, g, min(j, je - 1))); /* an INT8 key's scale */
             vsk[kk] = KSCALE(vsb, DEC_POS(b, g, min(j, je - 1)));               /* an INT8 value's, on its weight */
             #pragma unroll
-            for (uint r = 0; r < R; r++) {
-                __local const float *pr = red + (kk * R + r) * LANES;
-#if LANES % 4 == 0
-                float4 s4 = vload4(0, pr);
-                for (uint i = 1; i < LANES / 4; i++) s4 += vload4(i, pr);
-                const float sum = (s4.x + s4.y) + (s4.z + s4.w);
-#else
-                float sum = 0.0f;
-                for (uint i = 0; i < LANES; i++) sum += pr[i];
-#endif
+            for (uint r = 0; r < R; r++)
                 sc[kk][r] = j < je && dec_visible(j, pos[r]) && dec_tree(tree, tree_on, b, n, len, pos[r], j)
-                            ? sum * sk : -INFINITY;
-            }
+                            ? dots[kk][r] * sk : -INFINITY;
         }
         #pragma unroll
         for (uint r = 0; r < R; r++) {

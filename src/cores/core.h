@@ -381,6 +381,8 @@ typedef struct clattn_decode_spec {
     int rows;                    /* the parameter of query rows per work-item or work-group (R) */
     int group;                   /* PER_GROUP: the parameter of work-items per work-group (WG); -1: none */
     const char *defines;         /* -D options of its own beyond its parameters (NULL: none) */
+    /* -D options that depend on the device (NULL: none): written to opts (len bytes), their length returned */
+    int (*device_defines)(const clattn_caps *caps, char *opts, size_t len);
     /* split-K: units (work-items or groups) wanted per compute unit on a CPU and on a GPU, and the fewest keys of
      * the longest sequence a part takes, for parameters p on this device class */
     size_t per_cu_cpu, per_cu_gpu;

@@ -89,7 +89,13 @@ static clattn_status build_variant(decode_state *s, size_t rows, variant *v, int
     int n = clattn_core_attention_defines(&s->d, CLATTN_DEFINES_SHAPE, opts, sizeof opts);
     if (n > 0 && (size_t)n < sizeof opts)
         n += clattn_core_param_defines(s->core, &s->p, spec->rows, rows, opts + n, sizeof opts - (size_t)n);
-    if (spec->defines && n > 0 && (size_t)n < sizeof opts) snprintf(opts + n, sizeof opts - (size_t)n, " %s", spec->defines);
+    if (spec->defines && n > 0 && (size_t)n < sizeof opts)
+        n += snprintf(opts + n, sizeof opts - (size_t)n, " %s", spec->defines);
+    if (spec->device_defines && n > 0 && (size_t)n < sizeof opts)
+        n += spec->device_defines(&s->dev->caps, opts + n, sizeof opts - (size_t)n);
+    if (n <= 0 || (size_t)n >= sizeof opts)
+        return clattn_fail(CLATTN_STATUS_BUILD_FAILURE, "%s: its build options do not fit %zu bytes", s->core->name,
+                           sizeof opts);
     TRY(clattn_program_build(s->dev, spec->sources, spec->nsources, opts, &v->prog));
     v->rows = rows;
     TRY(clattn_kernel_create(v->prog, spec->kernel, &v->attend));

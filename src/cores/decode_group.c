@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 enum { WG, LANES, KT, VW, R };
 static const size_t wg_v[] = {32, 64, 128, 256};
@@ -30,12 +31,21 @@ static const clattn_core_param params[] = {
     [R] = {"R", r_v, 4, r_t, 1, NULL},
 };
 
+/* NVIDIA's compiler takes inline PTX (caps.nv_inline_ptx): a team's partial dot products are summed by warp
+ * shuffles (decode_group.cl's SHFL_PTX), not through local memory. */
+static int shfl_here(const clattn_caps *caps) { return caps && caps->nv_inline_ptx; }
+
+static int device_defines(const clattn_caps *caps, char *opts, size_t len)
+{
+    return snprintf(opts, len, " -DSHFL_PTX=%d", shfl_here(caps));
+}
+
 /* Local memory of a work-group, in floats (decode_group.cl's LOCAL_FLOATS): two buffers of the teams'
- * partial dot products, or the merge of the teams' outputs. */
-static size_t local_floats(const clattn_attention_desc *d, const clattn_core_params *p)
+ * partial dot products (none with shuffles), or the merge of the teams' outputs. */
+static size_t local_floats(const clattn_caps *caps, const clattn_attention_desc *d, const clattn_core_params *p)
 {
     const size_t nt = p->v[WG] / p->v[LANES];
-    const size_t red = 2 * nt * p->v[KT] * p->v[R] * p->v[LANES];
+    const size_t red = shfl_here(caps) ? 0 : 2 * nt * p->v[KT] * p->v[R] * p->v[LANES];
     const size_t mrg = nt * (d->head_dim_v + 1) + 2 * nt * p->v[R];
     return red > mrg ? red : mrg;
 }
@@ -48,7 +58,7 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (caps && p->v[WG] > caps->max_work_group) return 0;
     if (!d) return 1;
     if (d->head_dim_qk % p->v[VW] || d->head_dim_v % p->v[VW]) return 0;
-    return !caps || local_floats(d, p) * sizeof(float) <= caps->local_mem;
+    return !caps || local_floats(caps, d, p) * sizeof(float) <= caps->local_mem;
 }
 
 /* The widest vector dividing both head sizes, at most 4 floats (16 bytes per lane and load: NVIDIA's
@@ -57,7 +67,10 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
  * 128 work-items, 2 keys per team and step, 4 rows. A lane's registers (the rows' query and output slices,
  * a step's keys and values) stay within 128 floats, and the work-group, keys per step and rows shrink until
  * the device takes them. By construction; on an H200 at context 32768 (d128, 32 heads over 8): 955 GB/s of the fp32
- * cache at B1, 1694 at B8 (copy 3.9 TB/s), tune's best WG=128 within 3 % (bench/results/h200-2026-11-26.md). */
+ * cache at B1, 1694 at B8 (copy 3.9 TB/s), tune's best WG=128 within 3 % (bench/results/h200-2026-11-26.md); with the
+ * lanes' sums by warp shuffles (SHFL_PTX) the attention reads it at 3.3 and 3.2 TB/s (bench/results/h200-2026-11-27b.md).
+ * A half cache keeps 8 halves a lane (LANES 8, R 2 at d128): LANES=16 with VW=4 (R 4) was 10 % faster at B8 and 7 %
+ * slower at B1 there, before the shuffles (the same file), so the rule stays. */
 static int defaults(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                     clattn_core_params *p)
 {
@@ -103,7 +116,8 @@ static size_t part_trips(const clattn_attention_desc *d, const clattn_core_param
 static const char *const sources[] = {"common/half", "common/dtype", "common/combine", "cores/decode_common", "cores/decode_group"};
 static const clattn_decode_spec spec = {
     .sources = sources, .nsources = sizeof sources / sizeof sources[0], .kernel = "decode_group", .launch = CLATTN_FLASH_PER_GROUP, .rows = R,
-    .group = WG, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys, .part_trips = part_trips,
+    .group = WG, .device_defines = device_defines, .per_cu_cpu = 2, .per_cu_gpu = 4, .min_keys = min_keys,
+    .part_trips = part_trips,
 };
 
 /* the defaults; one lane per key, one key per team and step, one row per work-group; lanes that do not
@@ -115,8 +129,8 @@ static const char *const test_configs[] = {"-", "WG=64,LANES=1,KT=1,VW=1,R=1", "
 static size_t local_of(const clattn_core *core, const clattn_caps *caps, const clattn_attention_desc *d,
                        const clattn_core_params *p)
 {
-    (void)core, (void)caps;
-    return local_floats(d, p) * sizeof(float);
+    (void)core;
+    return local_floats(caps, d, p) * sizeof(float);
 }
 
 const clattn_core clattn_core_decode_group = {

@@ -226,11 +226,11 @@ clattn_status clattn_device_runs(const clattn_device *dev, const char *what)
 }
 
 /* The options the host compiles a simulated target's program with: the target's native instructions as their
- * emulation or portable form (flash_mma's MMA_NATIVE=1 and the flash cores' EX2_PTX=1 are inline PTX only NVIDIA's
- * compiler takes), the rest as the target's. */
+ * emulation or portable form (flash_mma's MMA_NATIVE=1, the flash cores' EX2_PTX=1 and decode_group's SHFL_PTX=1 are
+ * inline PTX only NVIDIA's compiler takes), the rest as the target's. */
 static const char *host_options(const char *options, char *buf, size_t len)
 {
-    static const char *const native[] = {"-DMMA_NATIVE=1", "-DEX2_PTX=1"};
+    static const char *const native[] = {"-DMMA_NATIVE=1", "-DEX2_PTX=1", "-DSHFL_PTX=1"};
     if (!options || strlen(options) >= len) return options;
     snprintf(buf, len, "%s", options);
     int changed = 0;
