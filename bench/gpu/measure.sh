@@ -23,6 +23,12 @@ echo "NVIDIA OpenCL library: ${lib:-none found}" | tee -a "$log"
 [ -z "$lib" ] || { mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd; }
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build/CMakeCache.txt)
 if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+# the python3 the tests were configured with (the script checks and the Python entries run it): this machine's, where
+# that path is missing here (a pyenv shim, say)
+py=$(sed -n 's/^_Python3_EXECUTABLE:INTERNAL=//p' build/CMakeCache.txt)
+if [ -n "$py" ] && [ ! -e "$py" ] && command -v python3 > /dev/null; then
+  mkdir -p "$(dirname "$py")" && ln -s "$(command -v python3)" "$py"
+fi
 export CLATTN_CACHE_DIR=/tmp/clattn-cache
 cl() { LD_LIBRARY_PATH=$kit/lib "$@"; }
 configs=${CONFIGS:-"4 512 512 8,2 4096 1024 16,4 2048 1024 8"}
