@@ -1087,7 +1087,8 @@ static void decode_inputs(float *x, float *wq, float *wk, float *wv, float *bk, 
     save_f32(path_in(in_dir, "w_out.npy"), wo, 2, wos);
 }
 
-static void decode_check(const char *dev, size_t window, int half, const char *decode_from, const char *page)
+static void decode_check(const char *dev, size_t window, int half, const char *decode_from, const char *page,
+                         const char *draft, const char *reject)
 {
     float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
     decode_inputs(x, wq, wk, wv, bk, wo);
@@ -1104,6 +1105,8 @@ static void decode_check(const char *dev, size_t window, int half, const char *d
     else if (half) args[n++] = "--kv-type", args[n++] = kv_types[half];
     if (decode_from) args[n++] = "--decode-from", args[n++] = decode_from;
     if (page) args[n++] = "--page-size", args[n++] = page;
+    if (draft) args[n++] = "--draft", args[n++] = draft;
+    if (reject) args[n++] = "--reject", args[n++] = reject;
     args[n] = NULL;
     char *err;
     int rc = run_cli(args, ENV_UNSET, &err);
@@ -1122,30 +1125,37 @@ static void decode_check(const char *dev, size_t window, int half, const char *d
     expect_shape(&out, "out.npy", 3, shape);
     char msg[256];
     size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_assert_eq(bad_n, 0, "%s W=%zu half=%d decode-from %s page-size %s: %zu elements differ; first: %s", dev, window,
-                 half, decode_from ? decode_from : "-", page ? page : "-", bad_n, msg);
+    cr_assert_eq(bad_n, 0, "%s W=%zu half=%d decode-from %s page-size %s draft %s reject %s: %zu elements differ; "
+                 "first: %s", dev, window, half, decode_from ? decode_from : "-", page ? page : "-", draft ? draft : "-",
+                 reject ? reject : "-", bad_n, msg);
     clattn_npy_free(&out);
 }
 
 Test(cli, gqa_window_half_decode)
 {
     const char *cl = cl_spec();
-    decode_check(cl, 5, 1, NULL, NULL);
-    decode_check(cl, 5, 1, "6", NULL);
-    decode_check(cl, 0, 0, "1", NULL);
-    decode_check(cl, 0, 0, NULL, NULL);
-    decode_check(cl, 3, 0, "19", NULL);
-    decode_check("ref", 5, 1, "6", NULL);
+    decode_check(cl, 5, 1, NULL, NULL, NULL, NULL);
+    decode_check(cl, 5, 1, "6", NULL, NULL, NULL);
+    decode_check(cl, 0, 0, "1", NULL, NULL, NULL);
+    decode_check(cl, 0, 0, NULL, NULL, NULL, NULL);
+    decode_check(cl, 3, 0, "19", NULL, NULL, NULL);
+    decode_check("ref", 5, 1, "6", NULL, NULL, NULL);
     /* --kv-type: bfloat16 on both paths, int8 (clattn 0.8; decode plans only) through the decode plan, against the
      * oracle's own rounding and quantisation */
-    decode_check(cl, 5, 2, NULL, NULL);
-    decode_check(cl, 5, 3, "6", NULL);
-    decode_check(cl, 0, 3, "1", NULL);
-    decode_check("ref", 3, 3, "6", NULL);
+    decode_check(cl, 5, 2, NULL, NULL, NULL, NULL);
+    decode_check(cl, 5, 3, "6", NULL, NULL, NULL);
+    decode_check(cl, 0, 3, "1", NULL, NULL, NULL);
+    decode_check("ref", 3, 3, "6", NULL, NULL, NULL);
     /* --page-size (clattn 0.8): a paged cache, pages of 4 (the prefill and the steps cross them) and of 1 */
-    decode_check(cl, 5, 1, "6", "4");
-    decode_check(cl, 0, 3, "1", "1");
-    decode_check("ref", 3, 0, "6", "4");
+    decode_check(cl, 5, 1, "6", "4", NULL, NULL);
+    decode_check(cl, 0, 3, "1", "1", NULL, NULL);
+    decode_check("ref", 3, 0, "6", "4", NULL, NULL);
+    /* --draft, --reject (clattn 0.8): verify steps of 4 and of 3 tokens, the last 1 or 2 of each rolled back and run
+     * again (19 tokens: the last step shorter than a draft), on a contiguous and a paged cache, a window, int8 */
+    decode_check(cl, 0, 0, "6", NULL, "4", NULL);
+    decode_check(cl, 5, 1, "6", "4", "4", "1");
+    decode_check(cl, 0, 3, "1", "4", "3", "2");
+    decode_check("ref", 3, 0, "2", NULL, "4", "3");
 }
 
 /* -v after a decode session says what the cache was: pages of --page-size and how many the session ended with
@@ -1165,6 +1175,18 @@ Test(cli, decode_report)
                                     : "contiguous KV cache"), "stderr: %s", err);
         free(err);
     }
+    /* a verify session: 13 tokens after the prefill in steps of 4, five keeping 2 and the last (3 tokens, which reach
+     * the end) all (without the rollback: 4 steps); the rolled-back pages go back to the pool (5 pages a sequence at
+     * the end) */
+    const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", "ref", "--heads", "4", "--kv-heads", "2",
+                          "--causal", "--decode-from", "6", "--draft", "4", "--reject", "2", "--page-size", "4", "-v",
+                          NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s", err);
+    cr_assert(strstr(err, "decode: prefill of 6 tokens, then 6 verify steps of up to 4 tokens (the last 2 of each "
+                          "rolled back and run again"), "stderr: %s", err);
+    cr_assert(strstr(err, "paged KV cache: pages of 4 positions, 10 in use at the end"), "stderr: %s", err);
+    free(err);
 }
 
 Test(cli, bad_decode_flags)
@@ -1192,6 +1214,16 @@ Test(cli, bad_decode_flags)
     bad("decode-from 0", 2, "--decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "0"));
     bad("decode-from past T", 2, "--decode-from 20",
         FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "20"));
+    bad("draft without decode-from", 2, "--draft without --decode-from",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--draft", "4"));
+    bad("draft 0", 2, "--draft '0': must be a whole number from 1 to 16",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--draft", "0"));
+    bad("draft 17", 2, "--draft '17'",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--draft", "17"));
+    bad("reject without draft", 2, "--reject without --draft",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--reject", "1"));
+    bad("reject the whole draft", 2, "--reject 4 with --draft 4",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--draft", "4", "--reject", "4"));
     bad("decode with weights", 2, "--need-weights",
         FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "3", "--need-weights"));
     bad("decode with dropout", 2, "--dropout",

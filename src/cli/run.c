@@ -1,7 +1,8 @@
 /* run.c: `clattn run` — attention on NumPy .npy files.
  *
  *   clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]
- *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T] [--decode-from P [--page-size N]]
+ *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T]
+ *              [--decode-from P [--page-size N] [--draft N [--reject K]]]
  *              [--device SPEC]
  *
  * Order of work: parse the flags (usage errors, exit 2), check the two
@@ -38,7 +39,7 @@ static void usage_line(FILE *f)
 {
     fprintf(f, "usage: clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]\n"
                "                  [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T]\n"
-               "                  [--decode-from P [--page-size N]]\n"
+               "                  [--decode-from P [--page-size N] [--draft N [--reject K]]]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
                "                  [--dtype f32|f16|bf16] [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
@@ -60,6 +61,11 @@ static void usage_line(FILE *f)
                "  --decode-from P: (with --causal, self-attention) the first P tokens run as one prefill into a KV\n"
                "               cache, then each later token as its own decode step; out.npy holds all T outputs\n"
                "  --page-size N: (with --decode-from) a paged KV cache of pages of N positions (a power of two)\n"
+               "  --draft N: (with --decode-from) the tokens after the prefill in verify steps of N (1 to 16) at a\n"
+               "               time, each seeing the cache and the step's earlier tokens (a chain of drafts)\n"
+               "  --reject K: (with --draft, 0 <= K < N) each step's last K tokens are rejected: the cache is rolled\n"
+               "               back past them (clattn_kv_cache_truncate) and they run again at the head of the next\n"
+               "               step; a step that reaches the last token keeps all. out.npy is the same either way\n"
                "  --backward: also the gradients: reads grad_out.npy (the shape of out.npy) and writes grad_NAME.npy\n"
                "               for every differentiable input NAME.npy given (x, kv, w_*, b_*), through a training\n"
                "               plan with the same seed (dropout keeps the forward's weights)\n"
@@ -81,7 +87,7 @@ static void usage_line(FILE *f)
 
 typedef struct run_opts {
     const char *in, *out, *device;
-    size_t heads, kv_heads, window, decode_from, page_size;
+    size_t heads, kv_heads, window, decode_from, page_size, draft, reject;
     int causal, need_weights, verbose, kv_half; /* kv_half: a clattn_kv_type (--kv-half, --kv-type) */
     int backward, lse;  /* a training plan: the gradients (grad_out.npy in), the rows' log-sum-exp */
     float scale;        /* 0 = default 1/sqrt(dk) */
@@ -90,7 +96,7 @@ typedef struct run_opts {
     clattn_algorithm algorithm;
     clattn_precision precision;
     clattn_dtype dtype;
-    int seen_prec, seen_dtype, seen_kv_type, seen_page;
+    int seen_prec, seen_dtype, seen_kv_type, seen_page, seen_draft, seen_reject;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
@@ -157,6 +163,8 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--window") == 0) seen = &o->seen_window;
         else if (strcmp(a, "--decode-from") == 0) seen = &o->seen_decode;
         else if (strcmp(a, "--page-size") == 0) seen = &o->seen_page;
+        else if (strcmp(a, "--draft") == 0) seen = &o->seen_draft;
+        else if (strcmp(a, "--reject") == 0) seen = &o->seen_reject;
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--kv-type") == 0) seen = &o->seen_kv_type;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
@@ -215,6 +223,16 @@ static int parse_flags(int argc, char **argv, run_opts *o)
             if (seen == &o->seen_kv_heads) o->kv_heads = (size_t)n;
             else if (seen == &o->seen_window) o->window = (size_t)n;
             else o->decode_from = (size_t)n;
+        } else if (seen == &o->seen_draft || seen == &o->seen_reject) {
+            uint64_t n;
+            const uint64_t lo = seen == &o->seen_draft, hi = seen == &o->seen_draft ? 16 : 15;
+            if (!parse_u64(v, &n) || n < lo || n > hi) {
+                say("%s '%s': must be a whole number from %llu to %llu", a, v, (unsigned long long)lo,
+                    (unsigned long long)hi);
+                return EXIT_USAGE;
+            }
+            if (seen == &o->seen_draft) o->draft = (size_t)n;
+            else o->reject = (size_t)n;
         } else if (seen == &o->seen_page) {
             uint64_t n;
             if (!parse_u64(v, &n) || n == 0 || n > 65536 || (n & (n - 1))) {
@@ -288,6 +306,19 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (o->seen_page && !o->seen_decode) {
         say("--page-size without --decode-from: only a decode session keeps a KV cache");
+        return EXIT_USAGE;
+    }
+    if (o->seen_draft && !o->seen_decode) {
+        say("--draft without --decode-from: verify steps run on a decode session's KV cache");
+        return EXIT_USAGE;
+    }
+    if (o->seen_reject && !o->seen_draft) {
+        say("--reject without --draft: only a verify step of several tokens can reject some");
+        return EXIT_USAGE;
+    }
+    if (!o->seen_draft) o->draft = 1;
+    if (o->reject >= o->draft) {
+        say("--reject %zu with --draft %zu: a step must keep at least one of its tokens (K < N)", o->reject, o->draft);
         return EXIT_USAGE;
     }
     if (o->seen_decode && !o->causal) {
@@ -688,20 +719,31 @@ static int mul_ok(size_t a, size_t b, size_t *out)
 
 /* ---------------------------------------------------------------- --decode-from */
 
-/* x (B, T, E): the first P tokens as one prefill into a KV cache of T positions, then each later token
- * as its own decode step; out (B, T, out_width) gathers every step's rows. Reports like the plan path. */
+/* A session: the first P tokens of x as one prefill, then steps of `draft` tokens (1: decode steps), and `reject` of
+ * them rolled back after each step that does not reach the end. */
+typedef struct decode_session {
+    size_t P, page, draft, reject;
+    size_t parts, pages_used, steps; /* out: the most split-K parts a step took, pages in use at the end, steps */
+    double ms;
+} decode_session;
+
+/* x (B, T, E): the first P tokens as one prefill into a KV cache of T positions, then the later tokens in steps of
+ * s->draft (the last s->reject of each step that does not reach T rolled back and run again in the next);
+ * out (B, T, out_width) gathers every token's rows from the step that kept it. Reports like the plan path. */
 static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
-                                const dims *d, size_t P, size_t page, const float *x, size_t out_width, float *out,
-                                size_t *parts, double *ms, char *core, size_t core_len, size_t *pages_used)
+                                const dims *d, decode_session *s, const float *x, size_t out_width, float *out,
+                                char *core, size_t core_len)
 {
-    const size_t B = d->B, T = d->Tq, E = d->E;
-    desc.seq_q = P;
+    const size_t B = d->B, T = d->Tq, E = d->E, P = s->P, page = s->page;
+    const size_t nmax = P > s->draft ? P : s->draft;
+    desc.seq_q = nmax;
     desc.kv_page_size = page; /* (0: a contiguous cache) */
     clattn_decode_plan *plan = NULL;
     clattn_kv_cache *cache = NULL;
-    float *xs = malloc(B * P * E * sizeof *xs), *os = malloc(B * P * out_width * sizeof *os);
+    float *xs = malloc(B * nmax * E * sizeof *xs), *os = malloc(B * nmax * out_width * sizeof *os);
+    size_t *keep = malloc(B * sizeof *keep);
     clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
-    if (!xs || !os) goto done;
+    if (!xs || !os || !keep) goto done;
     if ((st = clattn_decode_plan_create(dev, &desc, w, &plan)) != CLATTN_STATUS_SUCCESS) goto done;
     clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
@@ -711,23 +753,31 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
     const double t0 = clattn_cli_now_ms();
     for (size_t t0k = 0; t0k < T;) {
-        const size_t n = t0k == 0 ? P : 1;
+        const size_t n = t0k == 0 ? P : T - t0k < s->draft ? T - t0k : s->draft;
         for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0k) * E, n * E * sizeof *xs);
         clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os, .x_count = B * n * E,
                                 .out_count = B * n * out_width};
         if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
         for (size_t b = 0; b < B; b++)
             memcpy(out + (b * T + t0k) * out_width, os + b * n * out_width, n * out_width * sizeof *out);
-        if (clattn_decode_plan_last_splits(plan) > *parts) *parts = clattn_decode_plan_last_splits(plan);
-        t0k += n;
+        if (clattn_decode_plan_last_splits(plan) > s->parts) s->parts = clattn_decode_plan_last_splits(plan);
+        s->steps += t0k > 0;
+        /* a verify step that does not reach the end keeps n - reject of its tokens (n is the whole draft there) */
+        const size_t kept = t0k > 0 && t0k + n < T ? n - s->reject : n;
+        if (kept < n) {
+            for (size_t b = 0; b < B; b++) keep[b] = t0k + kept;
+            if ((st = clattn_kv_cache_truncate(cache, keep)) != CLATTN_STATUS_SUCCESS) goto done;
+        }
+        t0k += kept;
     }
-    *ms = clattn_cli_now_ms() - t0;
-    if (page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, pages_used);
+    s->ms = clattn_cli_now_ms() - t0;
+    if (page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, &s->pages_used);
 done:
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
     free(xs);
     free(os);
+    free(keep);
     return st;
 }
 
@@ -841,12 +891,10 @@ static int run_decode_steps(run_state *r)
         say("out of memory allocating the outputs (%zu floats)", r->n_out);
         return -1;
     }
-    size_t parts = 1;
-    double ms = 0.0;
+    decode_session s = {.P = o->decode_from, .page = o->page_size, .draft = o->draft, .reject = o->reject, .parts = 1};
     char core[32] = "";
-    size_t pages_used = 0;
-    clattn_status st = decode_run(r->dev, r->desc, &r->w, d, o->decode_from, o->page_size, r->in.a[F_X].data,
-                                  r->out_width, r->out, &parts, &ms, core, sizeof core, &pages_used);
+    clattn_status st = decode_run(r->dev, r->desc, &r->w, d, &s, r->in.a[F_X].data, r->out_width, r->out, core,
+                                  sizeof core);
     if (st != CLATTN_STATUS_SUCCESS) {
         say("decoding on %s: %s: %s", clattn_device_name(r->dev), clattn_status_string(st), clattn_last_error());
         return -1;
@@ -856,12 +904,17 @@ static int run_decode_steps(run_state *r)
         fprintf(stderr, "clattn run: B=%zu T=%zu E=%zu heads=%zu kv_heads=%zu dk=%zu dv=%zu out=%zu window=%zu "
                 "kv=%s\n", d->B, d->Tq, d->E, d->H, o->kv_heads, d->dk, d->dv, r->out_width, o->window,
                 kv_type_name(o->kv_half));
-        fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
-                "parts); %.1f ms\n", o->decode_from, d->Tq - o->decode_from, parts, ms);
+        if (o->draft > 1)
+            fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu verify steps of up to %zu tokens (the "
+                    "last %zu of each rolled back and run again; split-K up to %zu parts); %.1f ms\n", o->decode_from,
+                    s.steps, o->draft, o->reject, s.parts, s.ms);
+        else
+            fprintf(stderr, "clattn run: decode: prefill of %zu tokens, then %zu decode steps (split-K up to %zu "
+                    "parts); %.1f ms\n", o->decode_from, s.steps, s.parts, s.ms);
         fprintf(stderr, "clattn run: core %s\n", core);
         if (o->page_size)
             fprintf(stderr, "clattn run: paged KV cache: pages of %zu positions, %zu in use at the end\n", o->page_size,
-                    pages_used);
+                    s.pages_used);
         else
             fprintf(stderr, "clattn run: contiguous KV cache\n");
     }
