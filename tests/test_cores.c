@@ -727,7 +727,7 @@ Test(cores, flash_mma_defaults_and_native)
 {
     const clattn_core *c = clattn_core_find("flash_mma");
     cr_assert(c && c->native && c->tf32);
-    enum { NW, BK, QREG, SPLIT, PS };
+    enum { NW, BK, QREG, SPLIT, PS, PF };
     clattn_caps caps = {.dclass = CLATTN_CLASS_NVIDIA, .local_mem = 49152, .max_work_group = 1024,
                         .compute_units = 132, .max_alloc = (size_t)1 << 34, .nv_inline_ptx = 1, .nv_cc = 90,
                         .nv_mma_tf32 = 1};
@@ -747,6 +747,7 @@ Test(cores, flash_mma_defaults_and_native)
         cr_assert_eq(p.v[QREG], mx <= 128, "head %zu: QREG=%zu", mx, p.v[QREG]);
         cr_assert_eq(p.v[NW], mx <= 128 ? 4u : 1u, "head %zu: NW=%zu", mx, p.v[NW]);
         cr_assert_eq(p.v[PS], mx <= 128, "head %zu/%zu: PS=%zu", heads[k][0], heads[k][1], p.v[PS]);
+        cr_assert_eq(p.v[PF], 0, "head %zu: PF=%zu (not measured: off by default)", mx, p.v[PF]);
         cr_assert_eq(p.v[BK], mx <= 64 ? 32u : 8u, "head %zu: BK=%zu", mx, p.v[BK]);
         /* in TF32 mode the tiles and Q fragments have no low parts: 16-key tiles at 128 */
         clattn_attention_desc t = d;

@@ -21,6 +21,7 @@
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -629,6 +630,62 @@ Test(half, p_rounded_to_nearest_even)
         p_rounding_case(dev, (clattn_dtype)t, "flash_mma");
         p_rounding_case(dev, (clattn_dtype)t, "flash_mma:NW=1,BK=16,QREG=0,SPLIT=1");
     }
+    unsetenv("CLATTN_CORE");
+    clattn_device_free(dev);
+}
+
+/* PF = 1 (the next tile's K and V in registers while this tile's products run) changes when the tiles are loaded,
+ * not what the products see: its outputs equal PF = 0's bit for bit, in f16 and bf16, for tiles of 16 keys over
+ * 61 and 21 keys (a last tile part full, masked), split parts (some of them empty under the causal mask), GQA, head
+ * sizes that are no multiple of 16 (padded with zeros) or of 8 (the general kernel, 16-bit loads one by one). A
+ * float plan is refused PF = 1 by name. */
+Test(half, prefetch_equals_staging)
+{
+    clattn_device *dev = tu_open_opencl();
+    static const char *const base[] = {"flash_mma:NW=1,BK=16,QREG=0,SPLIT=1", "flash_mma:NW=2,BK=32,SPLIT=4"};
+    static const struct { size_t T, S, H, HK, dk, dv; int causal; } shapes[] = {{61, 61, 4, 2, 24, 40, 1},
+                                                                            {7, 21, 2, 2, 20, 12, 0}};
+    for (int t = 1; t <= 2; t++)
+        for (size_t k = 0; k < 2; k++) {
+            const size_t sh = (t + k) % 2; /* each type with both configurations and both shapes (a kernel each) */
+            const size_t B = 2, T = shapes[sh].T, S = shapes[sh].S, H = shapes[sh].H, HK = shapes[sh].HK;
+            const size_t dk = shapes[sh].dk, dv = shapes[sh].dv;
+            const clattn_dtype dt = (clattn_dtype)t;
+            tu_rng r = {900u + 10u * (unsigned)t + (unsigned)(2 * k + sh)};
+            float *q = tu_random(&r, B * T * H * dk, -2.0f, 2.0f), *kk = tu_random(&r, B * S * HK * dk, -2.0f, 2.0f);
+            float *v = tu_random(&r, B * S * HK * dv, -2.0f, 2.0f);
+            void *hq = tu_typed(q, B * T * H * dk, dt), *hk = tu_typed(kk, B * S * HK * dk, dt);
+            void *hv = tu_typed(v, B * S * HK * dv, dt);
+            void *out[2];
+            for (int pf = 0; pf < 2; pf++) {
+                char spec[96];
+                snprintf(spec, sizeof spec, "%s%s", base[k], pf ? ",PF=1" : "");
+                setenv("CLATTN_CORE", spec, 1);
+                clattn_attention_desc d = {.batch = B, .seq_q = T, .seq_kv = S, .embed = H * dk, .heads = H,
+                                           .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv, .cross = 1,
+                                           .separate_value = 1, .causal = shapes[sh].causal, .dtype = dt};
+                clattn_plan *plan = NULL;
+                cr_assert_eq(tu_plan_create(dev, &d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s: %s", spec,
+                             clattn_last_error());
+                cr_assert(strstr(clattn_plan_core_params(plan), pf ? "PF=1" : "PF=0"), "%s: ran %s", spec,
+                          clattn_plan_core_params(plan));
+                out[pf] = tu_poisoned_typed(B * T * H * dv, dt);
+                clattn_attention_args a = {.x = hq, .kv = hk, .value = hv, .out = out[pf]};
+                cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s: %s", spec, clattn_last_error());
+                clattn_plan_free(plan);
+            }
+            const uint16_t *o0 = out[0], *o1 = out[1];
+            for (size_t i = 0; i < B * T * H * dv; i++)
+                cr_assert_eq(o0[i], o1[i], "%s %s, shape %zu: element %zu: PF=1 gives 0x%04x, PF=0 0x%04x",
+                             t == 1 ? "f16" : "bf16", base[k], sh, i, o1[i], o0[i]);
+            free(q), free(kk), free(v), free(hq), free(hk), free(hv), free(out[0]), free(out[1]);
+        }
+    setenv("CLATTN_CORE", "flash_mma:PF=1", 1);
+    clattn_attention_desc f = {.batch = 1, .seq_q = 8, .embed = 32, .heads = 2};
+    clattn_plan *plan = NULL;
+    cr_assert_neq(clattn_plan_create(dev, &f, NULL, &plan), CLATTN_STATUS_SUCCESS, "a float plan took PF=1");
+    cr_assert(strstr(clattn_last_error(), "PF=1 does not fit this plan"), "%s", clattn_last_error());
+    cr_assert_null(plan);
     unsetenv("CLATTN_CORE");
     clattn_device_free(dev);
 }

@@ -69,7 +69,9 @@
  * each lane keeps its Q fragments in registers, read once from global memory; 0: the Q block in local
  * memory, read per tile), SPLIT (key parts per block, merged by split_combine, common/combine.cl), PS (1: the K
  * and V tiles, and the Q block when QREG = 0, are split into TF32 high and low parts once, by the whole work-group
- * as it stages them, into local arrays of their own; 0: each warp splits every element it reads, NW times per tile). Head sizes are padded to
+ * as it stages them, into local arrays of their own; 0: each warp splits every element it reads, NW times per tile), PF
+ * (HMMA only; 1: the next tile's K and V loaded from global memory into registers while this tile's products run,
+ * then stored to local memory after the tile; 0: each tile loaded and stored before its products). Head sizes are padded to
  * multiples of 8 with zeros. Local memory: the K and V tiles (rows padded by 4 floats, so that the lanes of a
  * fragment read 32 different banks), the Q block when QREG = 0, each twice with PS in 3xTF32 (the low parts), and
  * with MMA_NATIVE = 0 the exchange area. */
@@ -93,6 +95,12 @@
 #endif
 #ifndef HMMA
 #define HMMA 0
+#endif
+#ifndef PF
+#define PF 0
+#endif
+#if PF && !HMMA
+#error "PF prefetches HMMA's 16-bit tiles"
 #endif
 #if HMMA && !(IO_DTYPE == 1 || IO_DTYPE == 2)
 #error "HMMA needs a half plan's arrays (IO_DTYPE 1 or 2)"
@@ -472,10 +480,10 @@ inline uint hpair(__global const ushort *row, uint c, uint n)
 #ifndef ALIGNED
 #define ALIGNED 0
 #endif
-inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int left)
+inline uint4 load8h(__global const ushort *src, int ok, int left)
 {
 #if ALIGNED
-    *(__local uint4 *)dst = ok && left > 0 ? *(__global const uint4 *)src : (uint4)(0u);
+    return ok && left > 0 ? *(__global const uint4 *)src : (uint4)(0u);
 #else
     ushort8 x;
     x.s0 = ok && 0 < left ? src[0] : 0;
@@ -486,9 +494,19 @@ inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int l
     x.s5 = ok && 5 < left ? src[5] : 0;
     x.s6 = ok && 6 < left ? src[6] : 0;
     x.s7 = ok && 7 < left ? src[7] : 0;
-    *(__local uint4 *)dst = as_uint4(x); /* 16-byte aligned: one 128-bit store */
+    return as_uint4(x);
 #endif
 }
+inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int left)
+{
+    *(__local uint4 *)dst = load8h(src, ok, left); /* 16-byte aligned: one 128-bit store */
+}
+/* PF: a work-item's share of a tile's K (V) rows, NKL (NVL) 16-byte pieces: piece i is x = i*WGS + lid of the tile, row
+ * x / (DKP/8), columns x % (DKP/8) * 8 .. + 7 (the staging loop's order) */
+#define NKL ((BK * DKP / 8 + WGS - 1) / WGS)
+#define NVL ((BK * DVP / 8 + WGS - 1) / WGS)
+#define PIECE_K(x) ((BK * DKP / 8) % WGS == 0 || (x) < BK * DKP / 8)
+#define PIECE_V(x) ((BK * DVP / 8) % WGS == 0 || (x) < BK * DVP / 8)
 #if MMA_NATIVE
 inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local float *xs, uint lane)
 {
@@ -698,9 +716,53 @@ void flash_mma(FLASH_ARGS)
 #endif
 #endif
 
+#if PF
+    /* the first tile's pieces (a block with no key loads nothing: jbeg = jend) */
+    uint4 kr[NKL], vr[NVL];
+    #pragma unroll
+    for (uint i = 0; i < NKL; i++) {
+        const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
+        kr[i] = PIECE_K(x) ? load8h((__global const ushort *)(kb + (ulong)(jbeg + jj) * k_ld + c), jbeg + jj < jend,
+                                    (int)DK - (int)c) : (uint4)(0u);
+    }
+    #pragma unroll
+    for (uint i = 0; i < NVL; i++) {
+        const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
+        vr[i] = PIECE_V(x) ? load8h((__global const ushort *)(vb + (ulong)(jbeg + jj) * v_ld + c), jbeg + jj < jend,
+                                    (int)DV - (int)c) : (uint4)(0u);
+    }
+#endif
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
-#if HMMA
+#if PF
+        /* this tile's pieces to local memory, then the next tile's loads, in flight during this tile's products */
+        #pragma unroll
+        for (uint i = 0; i < NKL; i++) {
+            const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
+            if (PIECE_K(x)) *(__local uint4 *)(ks + jj * KLDW + c / 2) = kr[i];
+        }
+        #pragma unroll
+        for (uint i = 0; i < NVL; i++) {
+            const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
+            if (PIECE_V(x)) *(__local uint4 *)(vs + jj * VLDW + c / 2) = vr[i];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const uint j1 = j0 + BK; /* the next tile (none past jend: every load there is masked to 0) */
+        #pragma unroll
+        for (uint i = 0; i < NKL; i++) {
+            const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
+            kr[i] = PIECE_K(x) && j1 + jj < jend
+                        ? load8h((__global const ushort *)(kb + (ulong)(j1 + jj) * k_ld + c), 1, (int)DK - (int)c)
+                        : (uint4)(0u);
+        }
+        #pragma unroll
+        for (uint i = 0; i < NVL; i++) {
+            const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
+            vr[i] = PIECE_V(x) && j1 + jj < jend
+                        ? load8h((__global const ushort *)(vb + (ulong)(j1 + jj) * v_ld + c), 1, (int)DV - (int)c)
+                        : (uint4)(0u);
+        }
+#elif HMMA
         STAGE_LOOP
         for (uint x0 = 0; x0 < BK * DKP / 8; x0 += WGS) {
             const uint x = x0 + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
@@ -716,6 +778,8 @@ void flash_mma(FLASH_ARGS)
                         j0 + jj < jend, (int)DV - (int)c);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+#if HMMA
 
         /* S (16 x BK per warp) = Q K^T, 16 head columns at a time */
         float s[NSB][4];

@@ -14,18 +14,20 @@
 
 #include <stdio.h>
 
-enum { NW, BK, QREG, SPLIT, PS };
+enum { NW, BK, QREG, SPLIT, PS, PF };
 static const size_t nw_v[] = {1, 2, 4, 8}, nw_tried[] = {2, 4};
 static const size_t bk_v[] = {8, 16, 32, 64}, bk_tried[] = {16, 32};
 static const size_t qreg_v[] = {0, 1};
 static const size_t split_v[] = {1, 2, 4, 8}, split_tried[] = {1, 2, 4};
 static const size_t ps_v[] = {0, 1};
+static const size_t pf_v[] = {0, 1};
 static const clattn_core_param params[] = {
     [NW] = {"NW", nw_v, 4, nw_tried, 2, NULL},
     [BK] = {"BK", bk_v, 4, bk_tried, 2, NULL},
     [QREG] = {"QREG", qreg_v, 2, qreg_v, 2, NULL},
     [SPLIT] = {"SPLIT", split_v, 4, split_tried, 3, NULL},
     [PS] = {"PS", ps_v, 2, ps_v, 2, NULL},
+    [PF] = {"PF", pf_v, 2, pf_v, 2, NULL},
 };
 
 /* the defaults (tiles split once, PS = 1); one warp with 16-key tiles (HMMA's smallest), the Q block in local memory, the keys of
@@ -36,6 +38,10 @@ static const char *const test_configs[] = {"-", "NW=1,BK=16,QREG=0,SPLIT=4,PS=0"
 /* floats a lane keeps: its Q fragments (QREG), output and score fragments. 200: head size 128 in 3xTF32 with 8-key
  * tiles, 255 registers and no spill on sm_90 (clang 15 + ptxas 13); 16-key tiles (208) spilled 52 bytes there */
 #define MAX_REGS 200
+/* with PF (HMMA), whose 16-byte pieces the count above undercounts: f16 d64 PF at 112 took 211 registers, no spill;
+ * d128 PF at 192 took 255 and spilled 264 bytes; d128 without PF, 128, took 243 (scripts/gpu-static.sh, sm_90,
+ * clang 15 + ptxas 13; bench/results/h200-2026-11-27b.md) */
+#define MAX_REGS_PF 128
 
 static size_t pad8(size_t x) { return (x + 7) / 8 * 8; }
 
@@ -70,10 +76,13 @@ static size_t local_bytes(const clattn_caps *caps, size_t dk, size_t dv, int tf3
 }
 
 /* Floats a lane keeps in registers: the Q fragments (QREG; their low parts too in 3xTF32; two 16-bit values to a
- * register with HMMA), the output fragments, the tile's scores (and their small terms in 3xTF32). */
+ * register with HMMA), the output fragments, the tile's scores (and their small terms in 3xTF32); with PF the next
+ * tile's K and V pieces (16 bytes each, flash_mma.cl's NKL and NVL). */
 static size_t registers(size_t dk, size_t dv, int tf32, int hmma, const clattn_core_params *p)
 {
-    if (hmma) return (p->v[QREG] ? pad16(dk) / 4 : 0) + pad16(dv) / 2 + p->v[BK] / 2;
+    const size_t wgs = 32 * p->v[NW];
+    const size_t pieces = (p->v[BK] * pad16(dk) / 8 + wgs - 1) / wgs + (p->v[BK] * pad16(dv) / 8 + wgs - 1) / wgs;
+    if (hmma) return (p->v[QREG] ? pad16(dk) / 4 : 0) + pad16(dv) / 2 + p->v[BK] / 2 + (p->v[PF] ? 4 * pieces : 0);
     const size_t parts = tf32 ? 1 : 2;
     return (p->v[QREG] ? parts * pad8(dk) / 2 : 0) + pad8(dv) / 2 + parts * p->v[BK] / 2;
 }
@@ -88,7 +97,9 @@ static int fits(const clattn_core *core, const clattn_caps *caps, const clattn_a
     if (caps && wg > caps->max_work_group) return 0;
     if (!d) return 1;
     if (hmma_of(d) && p->v[BK] % 16) return 0; /* HMMA's products take 16 keys */
-    if (registers(d->head_dim_qk, d->head_dim_v, tf32_of(d), hmma_of(d), p) > MAX_REGS) return 0;
+    if (p->v[PF] && !hmma_of(d)) return 0;      /* PF prefetches HMMA's 16-bit tiles */
+    const size_t regs = registers(d->head_dim_qk, d->head_dim_v, tf32_of(d), hmma_of(d), p);
+    if (regs > (p->v[PF] ? MAX_REGS_PF : MAX_REGS)) return 0;
     return !caps || local_bytes(caps, d->head_dim_qk, d->head_dim_v, tf32_of(d), hmma_of(d), p) + CLATTN_LOCAL_SLACK <=
                         caps->local_mem;
 }
@@ -106,6 +117,7 @@ static int hmma_defaults(const clattn_core *core, const clattn_caps *caps, const
     p->v[QREG] = cls <= 2;
     p->v[SPLIT] = 1;
     p->v[PS] = 1;
+    p->v[PF] = 0; /* not measured yet (bench/results/h200-2026-11-27b.md names the next GPU run's A/B) */
     while (!fits(core, caps, d, p)) {
         if (p->v[BK] > 16) p->v[BK] /= 2;
         else if (p->v[QREG]) p->v[QREG] = 0, p->v[BK] = cls <= 2 ? 64 : 16;
@@ -140,6 +152,7 @@ static int defaults(const clattn_core *core, const clattn_caps *caps, const clat
     p->v[QREG] = cls <= 2;
     p->v[SPLIT] = 1;
     p->v[PS] = 1;
+    p->v[PF] = 0; /* fp32 plans: no PF */
     while (!fits(core, caps, d, p)) {
         if (p->v[BK] > 8) p->v[BK] /= 2;
         else if (p->v[QREG]) p->v[QREG] = 0, p->v[BK] = 16;
@@ -221,7 +234,7 @@ const clattn_core clattn_core_flash_mma = {
     .reads_dtypes = 1,
     .tf32 = 1,
     .params = params,
-    .nparams = 5,
+    .nparams = 6,
     .test_configs = test_configs,
     .spec = &spec,
     .supports = supports,
