@@ -110,7 +110,8 @@ for s in "$@"; do
             done; done; summary "$OUT/decode.jsonl" | tee -a "$log" ;;
     sweep) # flash_mma's half products over its tuning space (SWEEP_PARAMS: "P=V,..." sets; the defaults first), the core
            # alone on f16 arrays at d64 and d128 (SWEEP_SHAPES), two rounds alternating the sets
-           sets=${SWEEP_PARAMS:-"- NW=2 NW=8 BK=32 QREG=0 NW=8,BK=32 NW=2,BK=32 NW=8,QREG=0"}
+           # (the defaults against PF, the next tile in registers: bench/results/h200-2026-11-27b.md swept the rest)
+           sets=${SWEEP_PARAMS:-"- PF=1 BK=32,PF=1 NW=8,QREG=0 NW=8,QREG=0,PF=1"}
            shapes=${SWEEP_SHAPES:-"2 4096 1024 16,4 2048 1024 8"}
            IFS=, read -ra ss <<< "$shapes"
            for round in 1 2; do for c in "${ss[@]}"; do set -- $c; for p in $sets; do
