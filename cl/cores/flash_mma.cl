@@ -507,6 +507,23 @@ inline void stage8h(__local uint *dst, __global const ushort *src, int ok, int l
 #define NVL ((BK * DVP / 8 + WGS - 1) / WGS)
 #define PIECE_K(x) ((BK * DKP / 8) % WGS == 0 || (x) < BK * DKP / 8)
 #define PIECE_V(x) ((BK * DVP / 8) % WGS == 0 || (x) < BK * DVP / 8)
+#if PF
+/* The work-item's pieces of the tile of keys j0 .. j0+BK-1 (kb, vb: its (b, KV head)'s first rows), 0 past jend */
+inline void pf_load(uint4 *kr, uint4 *vr, __global const ushort *kb, uint k_ld, __global const ushort *vb, uint v_ld,
+                    uint j0, uint jend, uint lid)
+{
+    #pragma unroll
+    for (uint i = 0; i < NKL; i++) {
+        const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
+        kr[i] = PIECE_K(x) ? load8h(kb + (ulong)(j0 + jj) * k_ld + c, j0 + jj < jend, (int)DK - (int)c) : (uint4)(0u);
+    }
+    #pragma unroll
+    for (uint i = 0; i < NVL; i++) {
+        const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
+        vr[i] = PIECE_V(x) ? load8h(vb + (ulong)(j0 + jj) * v_ld + c, j0 + jj < jend, (int)DV - (int)c) : (uint4)(0u);
+    }
+}
+#endif
 #if MMA_NATIVE
 inline void mma16_block(float *d, const uint *a, const uint *b, uint n, __local float *xs, uint lane)
 {
@@ -719,18 +736,7 @@ void flash_mma(FLASH_ARGS)
 #if PF
     /* the first tile's pieces (a block with no key loads nothing: jbeg = jend) */
     uint4 kr[NKL], vr[NVL];
-    #pragma unroll
-    for (uint i = 0; i < NKL; i++) {
-        const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
-        kr[i] = PIECE_K(x) ? load8h((__global const ushort *)(kb + (ulong)(jbeg + jj) * k_ld + c), jbeg + jj < jend,
-                                    (int)DK - (int)c) : (uint4)(0u);
-    }
-    #pragma unroll
-    for (uint i = 0; i < NVL; i++) {
-        const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
-        vr[i] = PIECE_V(x) ? load8h((__global const ushort *)(vb + (ulong)(jbeg + jj) * v_ld + c), jbeg + jj < jend,
-                                    (int)DV - (int)c) : (uint4)(0u);
-    }
+    pf_load(kr, vr, (__global const ushort *)kb, k_ld, (__global const ushort *)vb, v_ld, jbeg, jend, lid);
 #endif
     for (uint j0 = jbeg; j0 < jend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's reads are done (and the Q block is in) */
@@ -747,21 +753,8 @@ void flash_mma(FLASH_ARGS)
             if (PIECE_V(x)) *(__local uint4 *)(vs + jj * VLDW + c / 2) = vr[i];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        const uint j1 = j0 + BK; /* the next tile (none past jend: every load there is masked to 0) */
-        #pragma unroll
-        for (uint i = 0; i < NKL; i++) {
-            const uint x = i * WGS + lid, jj = x / (DKP / 8), c = x % (DKP / 8) * 8;
-            kr[i] = PIECE_K(x) && j1 + jj < jend
-                        ? load8h((__global const ushort *)(kb + (ulong)(j1 + jj) * k_ld + c), 1, (int)DK - (int)c)
-                        : (uint4)(0u);
-        }
-        #pragma unroll
-        for (uint i = 0; i < NVL; i++) {
-            const uint x = i * WGS + lid, jj = x / (DVP / 8), c = x % (DVP / 8) * 8;
-            vr[i] = PIECE_V(x) && j1 + jj < jend
-                        ? load8h((__global const ushort *)(vb + (ulong)(j1 + jj) * v_ld + c), 1, (int)DV - (int)c)
-                        : (uint4)(0u);
-        }
+        /* the next tile (none past jend: every load there is masked to 0) */
+        pf_load(kr, vr, (__global const ushort *)kb, k_ld, (__global const ushort *)vb, v_ld, j0 + BK, jend, lid);
 #elif HMMA
         STAGE_LOOP
         for (uint x0 = 0; x0 < BK * DKP / 8; x0 += WGS) {
