@@ -734,10 +734,10 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
                                 const dims *d, decode_session *s, const float *x, size_t out_width, float *out,
                                 char *core, size_t core_len)
 {
-    const size_t B = d->B, T = d->Tq, E = d->E, P = s->P, page = s->page;
+    const size_t B = d->B, T = d->Tq, E = d->E, P = s->P;
     const size_t nmax = P > s->draft ? P : s->draft;
     desc.seq_q = nmax;
-    desc.kv_page_size = page; /* (0: a contiguous cache) */
+    desc.kv_page_size = s->page; /* (0: a contiguous cache) */
     clattn_decode_plan *plan = NULL;
     clattn_kv_cache *cache = NULL;
     float *xs = malloc(B * nmax * E * sizeof *xs), *os = malloc(B * nmax * out_width * sizeof *os);
@@ -748,7 +748,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
     clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
-                               .type = (clattn_kv_type)desc.kv_half, .page_size = page};
+                               .type = (clattn_kv_type)desc.kv_half, .page_size = s->page};
     cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
     if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
     const double t0 = clattn_cli_now_ms();
@@ -771,7 +771,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
         t0k += kept;
     }
     s->ms = clattn_cli_now_ms() - t0;
-    if (page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, &s->pages_used);
+    if (s->page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, &s->pages_used);
 done:
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
