@@ -298,6 +298,13 @@ typedef struct clattn_attention_desc {
     /* clattn 0.8: */
     size_t kv_page_size; /* decode plans: the page size of the caches they run on (clattn_kv_cache_desc.page_size;
                             0: contiguous caches). Prefill and training plans: 0 */
+    int varlen;          /* 1: variable-length batches (prefill plans for inference): each execution packs `batch`
+                            sequences of their own lengths without padding, sequence b at rows cu_seqlens_q[b] ..
+                            cu_seqlens_q[b+1]-1 of x and out (and cu_seqlens_kv's of kv and value), as FlashAttention's
+                            varlen functions; seq_q and seq_kv are the longest a sequence may be (the plan's sizes are
+                            those of the padded batch, an upper bound). Causal and the window per sequence, top-left.
+                            Refused with training, dropout, key_padding_mask (the lengths say it), attn_mask and
+                            need_weights (README, "Variable-length batches") */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -378,6 +385,14 @@ typedef struct clattn_attention_args {
     /* clattn 0.6, desc.separate_value only, else refused: */
     const void *value;                /* (B, Tk, HK*dv): V */
     size_t value_count;
+    /* clattn 0.8, desc.varlen only, else refused: where each sequence starts, B+1 offsets from 0, non-decreasing
+       (an empty sequence has two equal ones), each sequence at most seq_q (seq_kv) long. With them x is
+       (total_q, E) and out (total_q, Eo or H*dv), total_q = cu_seqlens_q[B], and kv and value (cross-attention)
+       (total_kv, ...), total_kv = cu_seqlens_kv[B]; the counts of x, kv, value and out are those of the packed rows.
+       Self-attention: cu_seqlens_kv NULL (the keys are the queries' rows). A sequence with queries and no keys
+       (cross-attention) gives the output of a row with no visible key: its context 0 */
+    const uint32_t *cu_seqlens_q, *cu_seqlens_kv;
+    size_t cu_seqlens_q_count, cu_seqlens_kv_count;
 } clattn_attention_args;
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
@@ -399,6 +414,9 @@ typedef struct clattn_attention_buffers {
     clattn_buffer x, kv, key_padding_mask, attn_mask, out, attn; /* attn.mem NULL = not wanted */
     clattn_buffer lse, context; /* clattn 0.5, training plans: as args.lse and args.context (mem NULL = not wanted) */
     clattn_buffer value;        /* clattn 0.6, desc.separate_value only: as args.value */
+    /* clattn 0.8, desc.varlen only: as args' (host arrays, read during the call; the buffers hold the packed rows) */
+    const uint32_t *cu_seqlens_q, *cu_seqlens_kv;
+    size_t cu_seqlens_q_count, cu_seqlens_kv_count;
 } clattn_attention_buffers;
 
 CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,

@@ -155,6 +155,30 @@ Test(prefill, half_types)
     CHECK_ALL(cases, 600);
 }
 
+/* Variable-length batches (desc.varlen): sequences of their own lengths packed without padding, each against the oracle
+ * run on it alone. Odd lengths past a tile, a sequence of one row, an empty one; cross-attention with its own key
+ * lengths (fewer keys than queries, one sequence without keys); GQA and the window per sequence; a half plan; the buffer form at an offset. The
+ * shapes are those of cases above (the same kernels: nothing new to compile). */
+Test(prefill, varlen)
+{
+    static const struct {
+        tu_attn_case c;
+        size_t q[5], k[5];
+        int on_buffers;
+    } cases[] = {
+        {{.B = 5, .Tq = 130, .E = 16, .H = 4, .dk = 4, .dv = 4, .causal = 1, .biases = 1, .Eo = 16},
+         {7, 1, 130, 0, 61}, {0}, 1},
+        {{.B = 3, .Tq = 33, .Tk = 40, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .causal = 1, .window = 5,
+          .noproj = 1, .separate_value = 1}, {9, 1, 33}, {5, 0, 40}, 1}, /* 9 queries on 5 keys: the last see all */
+        {{.B = 3, .Tq = 130, .E = 128, .H = 2, .noproj = 1}, {61, 130, 1}, {0}, 0},
+        {{.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16},
+         {17, 3}, {0}, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        tu_varlen_check(dev, &cases[i].c, cases[i].q, cases[i].c.cross ? cases[i].k : NULL, 1000 + i,
+                        cases[i].on_buffers);
+}
+
 /* A half plan on cl_mem buffers at element offsets (x, kv, value in the type, out and the weights written in it):
  * the same numbers as from host arrays, bit for bit, and nothing written outside out and attn */
 static cl_mem typed_buffer(cl_context cx, cl_command_queue q, const void *host, size_t n, size_t off)

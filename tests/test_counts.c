@@ -335,3 +335,79 @@ Test(counts, decode_counts_leave_the_cache_unchanged)
     }
     free(wq), free(wk), free(wv), free(x);
 }
+
+/* ---- variable-length batches (desc.varlen): what the plan refuses to take with it, the offsets checked before
+ * anything is read or written (each wrong alone), the offsets refused on a plan without varlen; and the reference's
+ * own varlen batches against the oracle (the OpenCL cores': test_conformance's prefill/varlen) */
+Test(counts, varlen)
+{
+    for (int k = 0; k < 2; k++) {
+        clattn_device *dev = open_dev(k);
+        /* what varlen does not take */
+        const clattn_attention_desc base = {.batch = 3, .seq_q = 8, .embed = 8, .heads = 2, .varlen = 1};
+        clattn_attention_desc bad[6];
+        for (int i = 0; i < 6; i++) bad[i] = base;
+        bad[0].training = 1, bad[1].dropout = 0.1f, bad[2].key_padding_mask = 1, bad[3].attn_mask = CLATTN_MASK_BOOL;
+        bad[4].need_weights = 1, bad[5].varlen = 2;
+        const char *named[6] = {"training", "dropout", "key_padding_mask", "attn_mask", "need_weights", "varlen"};
+        for (int i = 0; i < 6; i++) {
+            clattn_plan *plan = NULL;
+            const clattn_status st = clattn_plan_create(dev, &bad[i], NULL, &plan);
+            cr_assert(st == (i == 5 ? CLATTN_STATUS_INVALID_ARGUMENT : CLATTN_STATUS_UNSUPPORTED) && !plan,
+                      "varlen with %s: %s", named[i], clattn_status_string(st));
+            cr_assert(strstr(clattn_last_error(), named[i]), "%s not named in: %s", named[i], clattn_last_error());
+        }
+        clattn_attention_desc dd = {.batch = 2, .seq_q = 4, .embed = 8, .heads = 2, .causal = 1, .varlen = 1};
+        clattn_decode_plan *dp = NULL;
+        cr_assert_eq(clattn_decode_plan_create(dev, &dd, NULL, &dp), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(!dp && strstr(clattn_last_error(), "varlen"), "%s", clattn_last_error());
+        /* the offsets: a self-attention plan of 3 sequences of at most 8 rows; out keeps its poison when refused */
+        clattn_plan *plan = NULL;
+        cr_assert_eq(clattn_plan_create(dev, &base, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        tu_rng r = {77};
+        float *x = tu_random(&r, 3 * 8 * 8, -1, 1), *out = tu_poisoned(3 * 8 * 8);
+        const uint32_t good[4] = {0, 5, 5, 12};
+        const uint32_t wrong[5][4] = {{1, 5, 5, 12}, {0, 5, 4, 12}, {0, 9, 9, 12}, {0, 5, 5, 12}, {0, 5, 5, 12}};
+        const char *why[5] = {"[0]", "decreases", "past seq_q", "cu_seqlens_q", "cu_seqlens_kv"};
+        for (int i = 0; i < 5; i++) {
+            clattn_attention_args a = {.x = x, .x_count = 12 * 8, .out = out, .out_count = 12 * 8,
+                                       .cu_seqlens_q = wrong[i], .cu_seqlens_q_count = i == 3 ? 3 : 4};
+            if (i == 4) a.cu_seqlens_kv = good, a.cu_seqlens_kv_count = 4; /* self-attention: the queries' own */
+            const clattn_status st = clattn_plan_execute(plan, &a);
+            cr_assert_neq(st, CLATTN_STATUS_SUCCESS, "offsets %d taken", i);
+            cr_assert(strstr(clattn_last_error(), why[i]), "%s not named in: %s", why[i], clattn_last_error());
+            cr_assert(all_nan(out, 3 * 8 * 8), "a refused call wrote out");
+        }
+        clattn_attention_args a = {.x = x, .x_count = 12 * 8, .out = out, .out_count = 12 * 8};
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT, "varlen without offsets taken");
+        a.cu_seqlens_q = good, a.cu_seqlens_q_count = 4, a.x_count = 3 * 8 * 8; /* the padded batch's count */
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SHAPE_MISMATCH);
+        expect_named("args.x", 3 * 8 * 8, 12 * 8);
+        cr_assert(all_nan(out, 3 * 8 * 8), "a refused call wrote out");
+        a.x_count = 12 * 8;
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert(!isnan(out[12 * 8 - 1]) && all_nan(out + 12 * 8, 3 * 8 * 8 - 12 * 8), "out past the packed rows");
+        clattn_plan_free(plan);
+        /* offsets on a plan without varlen: refused, not ignored */
+        clattn_attention_desc plain = base;
+        plain.varlen = 0;
+        cr_assert_eq(clattn_plan_create(dev, &plain, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        a.x_count = a.out_count = 3 * 8 * 8;
+        cr_assert_eq(clattn_plan_execute(plan, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "ignored"), "%s", clattn_last_error());
+        clattn_plan_free(plan);
+        free(x), free(out);
+        /* the reference's varlen batches (OpenCL's: test_conformance) */
+        if (k == 0) {
+            const tu_attn_case self = {.B = 4, .Tq = 9, .E = 12, .H = 3, .dk = 4, .dv = 5, .Eo = 7, .biases = 1,
+                                       .causal = 1, .window = 3};
+            const size_t lq[4] = {9, 0, 1, 6};
+            tu_varlen_check(dev, &self, lq, NULL, 41, 0);
+            const tu_attn_case cross = {.B = 3, .Tq = 5, .Tk = 7, .E = 8, .Ekv = 6, .H = 2, .HK = 1, .dk = 3, .dv = 4,
+                                        .Eo = 5, .biases = 1, .cross = 1, .dtype = CLATTN_DTYPE_BF16};
+            const size_t cq[3] = {5, 2, 3}, ck[3] = {7, 0, 1};
+            tu_varlen_check(dev, &cross, cq, ck, 42, 0);
+        }
+        clattn_device_free(dev);
+    }
+}

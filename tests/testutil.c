@@ -749,6 +749,141 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     tu_problem_free(&p);
 }
 
+/* n elements of es bytes at `off` elements into a new buffer of off + n + 3, the rest 0x5A bytes; host NULL: all 0x5A */
+static cl_mem varlen_buffer(clattn_device *dev, const void *host, size_t n, size_t es, size_t off)
+{
+    cl_int e;
+    const size_t bytes = (off + n + 3) * es;
+    cl_mem m = clCreateBuffer(clattn_device_context(dev), CL_MEM_READ_WRITE, bytes, NULL, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    unsigned char *fill = malloc(bytes);
+    cr_assert(fill);
+    memset(fill, 0x5A, bytes);
+    if (host) memcpy(fill + off * es, host, n * es);
+    cr_assert_eq(clEnqueueWriteBuffer(clattn_device_queue(dev), m, CL_TRUE, 0, bytes, fill, 0, NULL, NULL), CL_SUCCESS);
+    free(fill);
+    return m;
+}
+
+void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
+                     uint64_t seed, int on_buffers)
+{
+    const clattn_core_info *forced = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core() : NULL;
+    tu_problem p;
+    tu_problem_make(&p, c, seed);
+    const clattn_dtype t = c->dtype;
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, H = c->H, E = c->E;
+    const size_t HK = c->HK ? c->HK : H;
+    const size_t Ekv = !c->cross ? 0 : c->Ekv ? c->Ekv : c->noproj ? HK * (E / H) : E;
+    const size_t dv = c->noproj && !c->separate_value ? E / H : p.d.head_dim_v, Vw = c->separate_value ? HK * dv : 0;
+    /* the offsets, and the padded batch's rows packed */
+    uint32_t cu_q[17] = {0}, cu_k[17] = {0};
+    cr_assert(B <= 16);
+    for (size_t b = 0; b < B; b++) {
+        cr_assert(lens_q[b] <= Tq && (!c->cross || lens_k[b] <= Tk), "case %llu: a sequence past the case's lengths",
+                  (unsigned long long)seed);
+        cu_q[b + 1] = cu_q[b] + (uint32_t)lens_q[b];
+        cu_k[b + 1] = cu_k[b] + (uint32_t)(c->cross ? lens_k[b] : lens_q[b]);
+    }
+    const size_t rq = cu_q[B], rk = cu_k[B];
+    float *x = malloc((rq * E + 1) * sizeof *x), *kv = malloc((rk * Ekv + 1) * sizeof *kv);
+    float *v = malloc((rk * Vw + 1) * sizeof *v);
+    cr_assert(x && kv && v);
+    for (size_t b = 0; b < B; b++) {
+        memcpy(x + cu_q[b] * E, (const float *)p.a.x + b * Tq * E, lens_q[b] * E * sizeof *x);
+        const size_t nk = cu_k[b + 1] - cu_k[b];
+        if (Ekv) memcpy(kv + cu_k[b] * Ekv, (const float *)p.a.kv + b * Tk * Ekv, nk * Ekv * sizeof *kv);
+        if (Vw) memcpy(v + cu_k[b] * Vw, (const float *)p.a.value + b * Tk * Vw, nk * Vw * sizeof *v);
+    }
+    /* the plan */
+    clattn_attention_desc d = p.d;
+    d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
+    d.varlen = 1;
+    clattn_attention_weights w = p.w;
+    void *typed[11] = {0};
+    int nt = tu_weights_typed(&w, &d, t, typed);
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
+    char what[48];
+    snprintf(what, sizeof what, "varlen case %llu", (unsigned long long)seed);
+    if (tu_refused_by_device(dev, st, what)) {
+        for (int k = 0; k < nt; k++) free(typed[k]);
+        free(x), free(kv), free(v);
+        tu_problem_free(&p);
+        return;
+    }
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu: plan: %s: %s", (unsigned long long)seed,
+                 clattn_status_string(st), clattn_last_error());
+    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    const size_t ow = clattn_plan_out_width(plan), n_out = rq * ow, es = t == CLATTN_DTYPE_F32 ? 4 : 2;
+    /* the oracle: each sequence alone */
+    double *o64 = malloc((n_out + 1) * sizeof *o64);
+    cr_assert(o64);
+    int nonzero = 0;
+    for (size_t b = 0; b < B; b++) {
+        const size_t nq = lens_q[b], nk = cu_k[b + 1] - cu_k[b];
+        if (nq == 0) continue;
+        double *o = o64 + cu_q[b] * ow;
+        if (nk == 0) { /* no keys: context 0 */
+            for (size_t i = 0; i < nq * ow; i++) o[i] = p.w.b_out ? ((const float *)p.w.b_out)[i % ow] : 0.0;
+            continue;
+        }
+        clattn_attention_desc d1 = p.d;
+        d1.batch = 1, d1.seq_q = nq;
+        if (c->cross) d1.seq_kv = nk;
+        clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
+        if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
+        if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
+        cr_assert_eq(oracle_attention(&d1, &p.w, &a1, o, NULL), 0);
+        for (size_t i = 0; i < nq * ow; i++) nonzero |= o[i] != 0.0;
+    }
+    cr_assert(nonzero || rq == 0, "varlen case %llu: the oracle's output is all zero", (unsigned long long)seed);
+    /* the host call */
+    void *xt = tu_typed(x, rq * E, t), *kvt = tu_typed(kv, rk * Ekv, t), *vt = tu_typed(v, rk * Vw, t);
+    void *out = tu_poisoned_typed(n_out + 1, t);
+    clattn_attention_args a = {.x = xt, .x_count = rq * E, .out = out, .out_count = n_out, .cu_seqlens_q = cu_q,
+                               .cu_seqlens_q_count = B + 1};
+    if (c->cross) a.kv = kvt, a.kv_count = rk * Ekv, a.cu_seqlens_kv = cu_k, a.cu_seqlens_kv_count = B + 1;
+    if (Vw) a.value = vt, a.value_count = rk * Vw;
+    st = clattn_plan_execute(plan, &a);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu (%s): execute: %s: %s", (unsigned long long)seed,
+                 clattn_plan_core(plan), clattn_status_string(st), clattn_last_error());
+    double atol, rtol;
+    tu_dtype_tolerance(t, &atol, &rtol);
+    float *outf = tu_widened(out, n_out, t);
+    char msg[256];
+    const size_t bad = oracle_compare(outf, o64, n_out, atol, rtol, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "varlen case %llu (%s) out: %zu of %zu differ; %s", (unsigned long long)seed,
+                 clattn_plan_core(plan), bad, n_out, msg);
+    if (on_buffers && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+        const size_t off = 5;
+        cl_mem bx = varlen_buffer(dev, xt, rq * E, es, off), bo = varlen_buffer(dev, NULL, n_out, es, off);
+        cl_mem bkv = c->cross ? varlen_buffer(dev, kvt, rk * Ekv, es, off) : NULL;
+        cl_mem bv = Vw ? varlen_buffer(dev, vt, rk * Vw, es, off) : NULL;
+        clattn_attention_buffers bb = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off}, .out = {bo, off},
+                                       .cu_seqlens_q = cu_q, .cu_seqlens_q_count = B + 1};
+        if (c->cross) bb.cu_seqlens_kv = cu_k, bb.cu_seqlens_kv_count = B + 1;
+        st = clattn_plan_execute_buffers(plan, &bb, 0, NULL, NULL);
+        cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu (%s): on buffers: %s", (unsigned long long)seed,
+                     clattn_plan_core(plan), clattn_last_error());
+        unsigned char *got = malloc((off + n_out + 3) * es);
+        cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(dev), bo, CL_TRUE, 0, (off + n_out + 3) * es, got, 0, NULL,
+                                         NULL), CL_SUCCESS);
+        cr_assert(memcmp(got + off * es, out, n_out * es) == 0, "varlen case %llu: buffers and host arrays differ",
+                  (unsigned long long)seed);
+        for (size_t j = 0; j < off * es; j++) cr_assert_eq(got[j], 0x5A, "varlen: written before the offset");
+        for (size_t j = 0; j < 3 * es; j++) cr_assert_eq(got[(off + n_out) * es + j], 0x5A, "varlen: written past out");
+        free(got);
+        clReleaseMemObject(bx), clReleaseMemObject(bo);
+        if (bkv) clReleaseMemObject(bkv);
+        if (bv) clReleaseMemObject(bv);
+    }
+    clattn_plan_free(plan);
+    for (int k = 0; k < nt; k++) free(typed[k]);
+    free(x), free(kv), free(v), free(xt), free(kvt), free(vt), free(out), free(outf), free(o64);
+    tu_problem_free(&p);
+}
+
 void tu_problem_free(tu_problem *p)
 {
     for (int i = 0; i < p->nb; i++) free(p->bufs[i]);

@@ -142,6 +142,14 @@ int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d
  * weights when asked for (and, with a prefill core forced, when it returns them), a training case's lse and context.
  * A half-precision case (c->dtype) gives the plan its arrays in the type and compares with that type's bound. */
 void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed);
+/* A variable-length batch (desc.varlen) of case c's kind: c->B sequences of lens_q[b] queries (and lens_k[b] keys in
+ * cross-attention; NULL for self-attention), each at most c->Tq (c->Tk), packed without padding. The plan's output
+ * for every packed row against the float64 oracle run on each sequence alone (a batch of one of its lengths), after
+ * poisoning; a sequence without keys gives b_out (or 0). With on_buffers the same call on cl_mem buffers at an offset
+ * must give the host call's bits and write nothing outside out. c: no masks, dropout, weights or training (refused
+ * with varlen). */
+void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
+                     uint64_t seed, int on_buffers);
 /* Whether the plan rounds P to its type before P V (flash_mma's fp16/bf16 products on a half plan without projections
  * whose kv_half is 0 or the plan's type; README, "Precision"): then each output element's bound adds u·Σ_j a_ij·|v_jc|
  * (a: the weights after dropout) and, for F16, 2^-25·(1/(1-p))·Σ_j |v_jc| (weights below half's normal range) */

@@ -66,7 +66,7 @@ class AttentionDesc(Structure):
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
                 ("precision", c_int), ("training", c_int), ("separate_value", c_int),
                 ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int),
-                ("kv_page_size", c_size_t)]
+                ("kv_page_size", c_size_t), ("varlen", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
@@ -81,7 +81,9 @@ class AttentionArgs(Structure):
                 ("out", c_float_p), ("attn", c_float_p)] + [
         (n + "_count", c_size_t) for n in ("x", "kv", "key_padding_mask", "attn_mask", "out", "attn")] + [
         ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t),
-        ("value", c_float_p), ("value_count", c_size_t)]
+        ("value", c_float_p), ("value_count", c_size_t),
+        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_uint32)), ("cu_seqlens_kv", ctypes.POINTER(ctypes.c_uint32)),
+        ("cu_seqlens_q_count", c_size_t), ("cu_seqlens_kv_count", c_size_t)]
 
 
 GRAD_NAMES = ("x", "kv") + WEIGHT_NAMES  # the differentiable inputs, in clattn_attention_grads' order

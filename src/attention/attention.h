@@ -131,6 +131,31 @@ static inline size_t clattn_plan_value_elems(const clattn_attention_desc *d)
 {
     return d->separate_value ? d->batch * d->seq_kv * d->kv_heads * d->head_dim_v : 0;
 }
+/* An execution's rows of x and out (q) and of kv and value (k): the padded batch's B*Tq and B*Tk, or with desc.varlen
+ * the packed totals of its offsets (cu_q, cu_k: B+1 each; self-attention cu_k = cu_q; NULL without varlen). */
+typedef struct clattn_rows {
+    size_t q, k;
+    const uint32_t *cu_q, *cu_k;
+} clattn_rows;
+/* The rows of an execution with these offsets (args' or buffers', "owner" in messages), checked: given only with
+ * desc.varlen and then required, B+1 of them, from 0, non-decreasing, no sequence past seq_q (seq_kv); self-attention
+ * takes no cu_k other than cu_q. r NULL: the checks alone. */
+clattn_status clattn_plan_rows(const struct clattn_plan *p, const uint32_t *cu_q, size_t nq, const uint32_t *cu_k,
+                               size_t nk, const char *owner, clattn_rows *r);
+/* The same for rows already checked (the backends': the execution's entry point checked them; here, below the
+ * backends, which plan.c's table of them names). */
+static inline clattn_rows clattn_plan_rows_of(const struct clattn_plan *p, const uint32_t *cu_q, const uint32_t *cu_k)
+{
+    const clattn_attention_desc *d = &p->d;
+    if (!d->varlen || !cu_q) return (clattn_rows){d->batch * d->seq_q, d->batch * d->seq_kv, NULL, NULL};
+    if (!d->cross) cu_k = cu_q;
+    return (clattn_rows){cu_q[d->batch], cu_k ? cu_k[d->batch] : 0, cu_q, cu_k};
+}
+/* The value input's elements for these rows (0 without separate_value). */
+static inline size_t clattn_rows_value_elems(const clattn_attention_desc *d, const clattn_rows *r)
+{
+    return d->separate_value ? r->k * d->kv_heads * d->head_dim_v : 0;
+}
 /* buffers declares what the plan has: no kv for self-attention, no mask the plan was made without, lse and context
  * only on a training plan. */
 clattn_status clattn_plan_check_buffers_declared(const struct clattn_plan *plan, const clattn_attention_buffers *b);

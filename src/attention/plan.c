@@ -119,6 +119,12 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "kv_page_size %zu: a power of two from 1 to 65536 (a paged "
                            "cache's page_size), or 0 for contiguous caches", d->kv_page_size);
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
+    if ((unsigned)d->varlen > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "varlen must be 0 or 1");
+    if (d->varlen && (d->training || d->dropout != 0.0f || d->key_padding_mask || d->attn_mask || d->need_weights))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run inference plans "
+                           "without masks or weights (the lengths say which keys a sequence has; README, "
+                           "\"Variable-length batches\")", d->training ? "training" : d->dropout != 0.0f ? "dropout" :
+                           d->key_padding_mask ? "key_padding_mask" : d->attn_mask ? "attn_mask" : "need_weights");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
                            "storage; a training plan computes them in fp32 (kv_half = 0)");
@@ -483,11 +489,62 @@ static clattn_status check_training_outputs(const clattn_plan *plan, int lse, in
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* One offsets array: B+1 entries from 0, non-decreasing, no sequence longer than max. */
+static clattn_status check_offsets(const char *owner, const char *name, const uint32_t *cu, size_t n, size_t B,
+                                   size_t max, const char *max_name)
+{
+    char how[64];
+    snprintf(how, sizeof how, "batch + 1 = %zu + 1", B);
+    if (!cu) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is NULL (the plan has desc.varlen)", owner, name);
+    TRY(clattn_count_check(owner, name, cu, n, B + 1, how));
+    if (cu[0] != 0)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s[0] is %u: the first sequence starts at row 0", owner,
+                           name, (unsigned)cu[0]);
+    for (size_t b = 0; b < B; b++) {
+        if (cu[b + 1] < cu[b])
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s decreases: [%zu] = %u after [%zu] = %u (offsets "
+                               "must not decrease)", owner, name, b + 1, (unsigned)cu[b + 1], b, (unsigned)cu[b]);
+        if (cu[b + 1] - cu[b] > max)
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "%s.%s: sequence %zu has %u rows, past %s = %zu (the "
+                               "longest the plan takes)", owner, name, b, (unsigned)(cu[b + 1] - cu[b]), max_name, max);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_rows(const clattn_plan *p, const uint32_t *cu_q, size_t nq, const uint32_t *cu_k, size_t nk,
+                               const char *owner, clattn_rows *r)
+{
+    const clattn_attention_desc *d = &p->d;
+    if (!d->varlen) {
+        if (cu_q || cu_k)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_%s is given, but the plan was created "
+                               "without desc.varlen = 1: it would be ignored", owner, cu_q ? "q" : "kv");
+    } else {
+        TRY(check_offsets(owner, "cu_seqlens_q", cu_q, nq, d->batch, d->seq_q, "seq_q"));
+        if (d->cross) {
+            if (!cu_k)
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_kv is NULL (a varlen cross-attention "
+                                   "plan: the keys' sequences have lengths of their own)", owner);
+            TRY(check_offsets(owner, "cu_seqlens_kv", cu_k, nk, d->batch, d->seq_kv, "seq_kv"));
+        } else if (cu_k) {
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_kv is given, but the plan is "
+                               "self-attention: the keys are the queries' rows (cu_seqlens_q); it would be ignored",
+                               owner);
+        }
+    }
+    if (r) *r = clattn_plan_rows_of(p, cu_q, cu_k);
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_attention_args *a)
 {
     if (!a) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
-    if (!a->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
-    if (plan->d.cross && !a->kv) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is NULL (cross-attention plan)");
+    clattn_rows r = {0}; /* B*Tq and B*Tk, or a varlen batch's rows: there may be none, and then NULL arrays */
+    TRY(clattn_plan_rows(plan, a->cu_seqlens_q, a->cu_seqlens_q_count, a->cu_seqlens_kv, a->cu_seqlens_kv_count, "args",
+                         &r));
+    if (!a->x && r.q) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (plan->d.cross && !a->kv && r.k)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.kv is NULL (cross-attention plan)");
     if (plan->d.key_padding_mask && !a->key_padding_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.key_padding_mask is NULL (the plan expects one)");
     if (plan->d.attn_mask != CLATTN_MASK_NONE && !a->attn_mask)
@@ -502,7 +559,7 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     if (plan->d.attn_mask == CLATTN_MASK_NONE && a->attn_mask)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.attn_mask is given, but the plan was created "
                            "without one (desc.attn_mask = CLATTN_MASK_NONE): it would be ignored");
-    if (plan->d.separate_value && !a->value)
+    if (plan->d.separate_value && !a->value && r.k)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.value is NULL (the plan has desc.separate_value)");
     if (!plan->d.separate_value && a->value)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.value is given, but the plan was created without "
@@ -511,10 +568,16 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     char how[120];
-    snprintf(how, sizeof how, "batch x seq_q x embed = %zu x %zu x %zu", B, Tq, d->embed);
-    TRY(clattn_count_check("args", "x", a->x, a->x_count, B * Tq * d->embed, how));
-    snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, d->kv_embed);
-    TRY(clattn_count_check("args", "kv", a->kv, a->kv_count, B * Tk * d->kv_embed, how));
+    if (d->varlen)
+        snprintf(how, sizeof how, "cu_seqlens_q[batch] x embed = %zu x %zu", r.q, d->embed);
+    else
+        snprintf(how, sizeof how, "batch x seq_q x embed = %zu x %zu x %zu", B, Tq, d->embed);
+    TRY(clattn_count_check("args", "x", a->x, a->x_count, r.q * d->embed, how));
+    if (d->varlen)
+        snprintf(how, sizeof how, "cu_seqlens_kv[batch] x kv_embed = %zu x %zu", r.k, d->kv_embed);
+    else
+        snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, d->kv_embed);
+    TRY(clattn_count_check("args", "kv", a->kv, a->kv_count, r.k * d->kv_embed, how));
     snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", B, Tk);
     TRY(clattn_count_check("args", "key_padding_mask", a->key_padding_mask, a->key_padding_mask_count, B * Tk, how));
     {
@@ -525,23 +588,25 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
                  d->attn_mask_per_head ? "heads x " : "", pre, Tq, Tk);
     }
     TRY(clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, clattn_plan_mask_elems(d), how));
-    snprintf(how, sizeof how, "batch x seq_kv x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tk, d->kv_heads,
-             d->head_dim_v);
-    return clattn_count_check("args", "value", a->value, a->value_count, clattn_plan_value_elems(d), how);
+    snprintf(how, sizeof how, "%s x kv_heads*head_dim_v = %zu x %zu*%zu", d->varlen ? "cu_seqlens_kv[batch]" :
+             "batch x seq_kv", r.k, d->kv_heads, d->head_dim_v);
+    return clattn_count_check("args", "value", a->value, a->value_count, clattn_rows_value_elems(d, &r), how);
 }
 
 void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args *a, const clattn_attention_buffers *b,
                               clattn_mem_range ins[CLATTN_PLAN_INPUTS])
 {
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const size_t B = d->batch, Tk = d->seq_kv;
     const char *o = a ? "args" : "buffers";
     const size_t es = clattn_dtype_size(d->dtype);
-    ins[0] = CLATTN_RANGE(o, a, b, x, B * Tq * d->embed, es);
-    ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? B * Tk * d->kv_embed : 0, es);
+    const clattn_rows r = a ? clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv)
+                            : clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv);
+    ins[0] = CLATTN_RANGE(o, a, b, x, r.q * d->embed, es);
+    ins[1] = CLATTN_RANGE(o, a, b, kv, d->cross ? r.k * d->kv_embed : 0, es);
     ins[2] = CLATTN_RANGE(o, a, b, key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1);
     ins[3] = CLATTN_RANGE(o, a, b, attn_mask, clattn_plan_mask_elems(d), d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1);
-    ins[4] = CLATTN_RANGE(o, a, b, value, clattn_plan_value_elems(d), es);
+    ins[4] = CLATTN_RANGE(o, a, b, value, clattn_rows_value_elems(d, &r), es);
 }
 
 /* The forward's outputs against its inputs and each other, from host args (a) or buffers (b): one list for both
@@ -555,7 +620,9 @@ static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_atten
     clattn_mem_range ins[CLATTN_PLAN_INPUTS];
     clattn_plan_input_ranges(p, a, b, ins);
     const size_t es = clattn_dtype_size(d->dtype);
-    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * Tq * p->out_width, es),
+    const clattn_rows r = a ? clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv)
+                            : clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv);
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, r.q * p->out_width, es),
                                      CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, es),
                                      CLATTN_RANGE(o, a, b, lse, B * H * Tq, 4),
                                      CLATTN_RANGE(o, a, b, context, B * Tq * H * d->head_dim_v, 4)};
@@ -565,13 +632,18 @@ static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_atten
 static clattn_status check_args(const clattn_plan *plan, const clattn_attention_args *a)
 {
     TRY(clattn_plan_check_inputs(plan, a));
-    if (!a->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
     const clattn_attention_desc *d = &plan->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const clattn_rows r = clattn_plan_rows_of(plan, a->cu_seqlens_q, a->cu_seqlens_kv); /* checked with the inputs */
+    if (!a->out && r.q) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
     char how[120];
-    snprintf(how, sizeof how, "batch x seq_q x %s = %zu x %zu x %zu", plan->has_out ? "out_dim" : "heads*head_dim_v",
-             B, Tq, plan->out_width);
-    TRY(clattn_count_check("args", "out", a->out, a->out_count, B * Tq * plan->out_width, how));
+    if (d->varlen)
+        snprintf(how, sizeof how, "cu_seqlens_q[batch] x %s = %zu x %zu", plan->has_out ? "out_dim" : "heads*head_dim_v",
+                 r.q, plan->out_width);
+    else
+        snprintf(how, sizeof how, "batch x seq_q x %s = %zu x %zu x %zu", plan->has_out ? "out_dim" : "heads*head_dim_v",
+                 B, Tq, plan->out_width);
+    TRY(clattn_count_check("args", "out", a->out, a->out_count, r.q * plan->out_width, how));
     snprintf(how, sizeof how, "batch x heads x seq_q x seq_kv = %zu x %zu x %zu x %zu", B, d->heads, Tq, Tk);
     TRY(clattn_count_check("args", "attn", a->attn, a->attn_count, B * d->heads * Tq * Tk, how));
     TRY(check_training_outputs(plan, a->lse != NULL, a->context != NULL, "args"));
@@ -597,6 +669,8 @@ clattn_status clattn_plan_check_buffers_declared(const clattn_plan *plan, const 
     if (!plan->d.separate_value && b->value.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.value is given, but the plan was created without "
                            "desc.separate_value = 1: it would be ignored");
+    TRY(clattn_plan_rows(plan, b->cu_seqlens_q, b->cu_seqlens_q_count, b->cu_seqlens_kv, b->cu_seqlens_kv_count,
+                         "buffers", NULL));
     return check_training_outputs(plan, b->lse.mem != NULL, b->context.mem != NULL, "buffers");
 }
 

@@ -135,8 +135,47 @@ static clattn_status ref_execute_typed(struct clattn_plan *p, const clattn_atten
     return st;
 }
 
+static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a);
+
+/* A varlen plan (desc.varlen): each sequence alone, as a plan of batch 1 and its own lengths would compute it (the
+ * definition of a variable-length batch), on its rows of the packed arrays. A sequence with queries and no keys:
+ * its rows' context is 0, so each output row is b_out (or 0). */
+static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_attention_args *a)
+{
+    const clattn_attention_desc *d = &p->d;
+    const clattn_rows r = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv);
+    const size_t es = clattn_dtype_size(d->dtype), W = p->out_width;
+    const size_t v_row = d->separate_value ? d->kv_heads * d->head_dim_v : 0;
+    double ms[CLATTN_NSTAGES] = {0};
+    for (size_t b = 0; b < d->batch; b++) {
+        const size_t q0 = r.cu_q[b], nq = r.cu_q[b + 1] - q0, k0 = r.cu_k[b], nk = r.cu_k[b + 1] - k0;
+        if (nq == 0) continue;
+        char *out = (char *)a->out + q0 * W * es;
+        if (nk == 0) {
+            float *row = clattn_calloc(W, sizeof *row);
+            if (!row) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference: an output row");
+            if (p->has_out && p->b_out) memcpy(row, p->b_out, W * sizeof *row);
+            for (size_t i = 0; i < nq; i++) clattn_dtype_narrow(row, W, d->dtype, out + i * W * es);
+            free(row);
+            continue;
+        }
+        /* the plan of this sequence alone: a copy read by the reference's functions only (its lock is never used) */
+        struct clattn_plan sub = *p;
+        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq;
+        clattn_attention_args s = {
+            .x = (const char *)a->x + q0 * d->embed * es, .x_count = nq * d->embed, .out = out, .out_count = nq * W};
+        if (d->cross) s.kv = (const char *)a->kv + k0 * d->kv_embed * es, s.kv_count = nk * d->kv_embed;
+        if (d->separate_value) s.value = (const char *)a->value + k0 * v_row * es, s.value_count = nk * v_row;
+        TRY(ref_execute_host(&sub, &s));
+        for (int st = 0; st < CLATTN_NSTAGES; st++) ms[st] += sub.stage_ms[st];
+    }
+    if (p->profiling) memcpy(p->stage_ms, ms, sizeof ms);
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a)
 {
+    if (p->d.varlen) return ref_execute_varlen(p, a);
     if (p->d.dtype != CLATTN_DTYPE_F32) return ref_execute_typed(p, a);
     return clattn_ref_execute(p, a, a->out, a->attn, a->lse, a->context);
 }

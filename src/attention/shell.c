@@ -249,12 +249,41 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 
 static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
 
+/* A varlen batch's core (desc.varlen): the core once per sequence, as a batch of one of its own lengths
+ * (clattn_core_io.seq_q, seq_kv) on its rows of Q, K, V and the output; a sequence with queries and no keys gets
+ * context 0 (a row with no visible key). One launch per sequence: the kernels stay those of the padded batch. */
+static clattn_status run_core_varlen(struct clattn_plan *p, const run_io *io, const clattn_core_io *cio)
+{
+    shell *c = state(p);
+    const clattn_attention_desc *d = &p->d;
+    const clattn_rows *r = &io->rows;
+    for (size_t b = 0; b < d->batch; b++) {
+        const size_t q0 = r->cu_q[b], nq = r->cu_q[b + 1] - q0, k0 = r->cu_k[b], nk = r->cu_k[b + 1] - k0;
+        if (nq == 0) continue;
+        clattn_core_io s = *cio;
+        s.out.off += q0 * c->lay.out_ld;
+        if (nk == 0) { /* zero bits: 0 in float, half and bfloat16 (a core writing the plan's type: native_io) */
+            const cl_uchar zero = 0;
+            const size_t es = c->native_io ? clattn_dtype_size(d->dtype) : sizeof(float);
+            CL_CHECK(clEnqueueFillBuffer(p->device->queue, s.out.mem, &zero, 1, s.out.off * es,
+                                         nq * c->lay.out_ld * es, 0, NULL, NULL),
+                     "writing the context of a sequence without keys");
+            continue;
+        }
+        s.q.off += q0 * c->lay.q_ld, s.k.off += k0 * c->lay.k_ld, s.v.off += k0 * c->lay.v_ld;
+        s.seq_q = nq, s.seq_kv = nk;
+        if (b + 1 < d->batch) s.mark = NULL; /* the stage ends with the last sequence */
+        TRY(c->core.core->run(c->core.state, &s));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* The whole forward pass, enqueued on the device queue. */
 static clattn_status run(struct clattn_plan *p, const run_io *io)
 {
     shell *c = state(p);
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, H = d->heads, dv = d->head_dim_v;
+    const size_t rq = io->rows.q, H = d->heads, dv = d->head_dim_v; /* rq: B*Tq, or a varlen batch's rows */
     TRY(mark(p, -1));
     clattn_core_io cio = {.b_q = c->b_q, .b_k = c->b_k, .b_v = c->b_v, .kpm = io->kpm, .mask = io->mask,
                           .attn = io->attn, .attn_host = io->attn_host, .lse = io->lse, .seed = d->seed};
@@ -265,15 +294,18 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
      * reads them from there */
     cio.out = !p->has_out ? io->out : io->context.mem ? io->context : (view){c->merged, 0};
     /* 2. the core */
-    TRY(c->core.core->run(c->core.state, &cio));
+    if (d->varlen)
+        TRY(run_core_varlen(p, io, &cio));
+    else
+        TRY(c->core.core->run(c->core.state, &cio));
     if (!p->has_out && io->context.mem) /* no output projection: the context is the output */
         CL_CHECK(clEnqueueCopyBuffer(p->device->queue, io->out.mem, io->context.mem, io->out.off * sizeof(float),
-                                     io->context.off * sizeof(float), B * Tq * H * dv * sizeof(float), 0, NULL, NULL),
+                                     io->context.off * sizeof(float), rq * H * dv * sizeof(float), 0, NULL, NULL),
                  "copying the output to the context");
     /* 3. output projection: out = merged Wo^T + bo */
     if (p->has_out) {
         const clattn_dtype wt = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32;
-        TRY(clattn_linear_run_typed(&c->lin, B * Tq, d->out_dim, H * dv, cio.out, CLATTN_DTYPE_F32, c->w_out, wt,
+        TRY(clattn_linear_run_typed(&c->lin, rq, d->out_dim, H * dv, cio.out, CLATTN_DTYPE_F32, c->w_out, wt,
                                     c->b_out, io->out, "output projection"));
         TRY(mark(p, CLATTN_STAGE_OUT_PROJECTION));
     }
@@ -288,7 +320,7 @@ static clattn_status narrow_outputs(struct clattn_plan *p, const run_io *io, con
     shell *c = state(p);
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
-    TRY(clattn_linear_convert(&c->lin, w->out, io->out, B * Tq * p->out_width, d->dtype, 1));
+    TRY(clattn_linear_convert(&c->lin, w->out, io->out, io->rows.q * p->out_width, d->dtype, 1));
     if (io->attn.mem) TRY(clattn_linear_convert(&c->lin, w->attn, io->attn, B * d->heads * Tq * Tk, d->dtype, 1));
     return CLATTN_STATUS_SUCCESS;
 }
@@ -299,7 +331,7 @@ static clattn_status run_typed(struct clattn_plan *p, const run_io *io)
     run_io w = *io;
     w.out = c->out_f32;
     if (io->attn.mem) w.attn = (view){c->attn32, 0};
-    TRY(clattn_shell_widen_inputs(p, &w.x, &w.kv, &w.value));
+    TRY(clattn_shell_widen_inputs(p, &io->rows, &w.x, &w.kv, &w.value));
     TRY(run(p, &w));
     return narrow_outputs(p, io, &w);
 }
@@ -312,6 +344,7 @@ typedef struct pass_ctx {
 static clattn_status pass(void *ctx)
 {
     const pass_ctx *pc = ctx;
+    if (pc->io->rows.q == 0) return CLATTN_STATUS_SUCCESS; /* a varlen batch of empty sequences: nothing to compute */
     const int boundary = pc->p->d.dtype != CLATTN_DTYPE_F32 && !state(pc->p)->native_io;
     return boundary ? run_typed(pc->p, pc->io) : run(pc->p, pc->io);
 }
@@ -329,22 +362,23 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
     if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
     const size_t es = clattn_dtype_size(d->dtype);
+    const clattn_rows rows = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
     const clattn_transfer in[] = {
-        {c->x_in, B * Tq * d->embed * es, (void *)a->x, "x"},
-        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * es, (void *)a->kv, "kv"},
+        {c->x_in, rows.q * d->embed * es, (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, rows.k * d->kv_embed * es, (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
         {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          (void *)a->attn_mask, "the attention mask"},
-        {c->value_in, clattn_plan_value_elems(d) * es, (void *)a->value, "value"}};
+        {c->value_in, clattn_rows_value_elems(d, &rows) * es, (void *)a->value, "value"}};
     const size_t H = d->heads, dv = d->head_dim_v;
     const clattn_transfer out[] = {
-        {c->out_buf, B * Tq * p->out_width * es, a->out, "the output"},
+        {c->out_buf, rows.q * p->out_width * es, a->out, "the output"},
         {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
         {p->has_out ? c->merged : c->out32 ? c->out32 : c->out_buf, B * Tq * H * dv * sizeof(float), a->context,
          "the context"}}; /* without an output projection the output itself, before a half plan narrows it */
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0},
-                 .value = {c->value_in, 0}};
+                 .value = {c->value_in, 0}, .rows = rows};
     pass_ctx pc = {p, &io};
     clattn_status st = clattn_exec_host(p->device, in, 5, pass, &pc, out, 3);
     if (st == CLATTN_STATUS_SUCCESS && a->attn) clattn_dtype_narrow(attn_host, n_attn, d->dtype, a->attn);
@@ -357,16 +391,17 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, es = clattn_dtype_size(d->dtype);
-    TRY(clattn_buffer_check(b->x.mem, b->x.offset, B * Tq * d->embed, es, "x"));
-    if (d->cross) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, B * Tk * d->kv_embed, es, "kv"));
+    const clattn_rows rows = clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
+    if (rows.q) TRY(clattn_buffer_check(b->x.mem, b->x.offset, rows.q * d->embed, es, "x")); /* none: varlen's empty */
+    if (d->cross && rows.k) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, rows.k * d->kv_embed, es, "kv"));
     if (d->key_padding_mask)
         TRY(clattn_buffer_check(b->key_padding_mask.mem, b->key_padding_mask.offset, B * Tk, 1, "key_padding_mask"));
     if (d->attn_mask)
         TRY(clattn_buffer_check(b->attn_mask.mem, b->attn_mask.offset, clattn_plan_mask_elems(d),
                                 d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1, "attn_mask"));
-    if (d->separate_value)
-        TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_plan_value_elems(d), es, "value"));
-    TRY(clattn_buffer_check(b->out.mem, b->out.offset, B * Tq * p->out_width, es, "out"));
+    if (d->separate_value && rows.k)
+        TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_rows_value_elems(d, &rows), es, "value"));
+    if (rows.q) TRY(clattn_buffer_check(b->out.mem, b->out.offset, rows.q * p->out_width, es, "out"));
     if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, es, "attn"));
     const size_t n_lse = B * d->heads * Tq, n_ctx = B * Tq * d->heads * d->head_dim_v;
     if (b->lse.mem) TRY(clattn_buffer_check(b->lse.mem, b->lse.offset, n_lse, 4, "lse"));
@@ -382,7 +417,8 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .out = {b->out.mem, b->out.offset},
                  .attn = {b->attn.mem, b->attn.offset},
                  .lse = b->lse.mem ? (view){b->lse.mem, b->lse.offset} : (view){c->lse_buf, 0},
-                 .context = {b->context.mem, b->context.offset}, .value = {b->value.mem, b->value.offset}};
+                 .context = {b->context.mem, b->context.offset}, .value = {b->value.mem, b->value.offset},
+                 .rows = rows};
     pass_ctx pc = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, pass, &pc, event);
 }

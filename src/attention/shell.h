@@ -55,11 +55,12 @@ typedef struct run_io {
     float *attn_host;                 /* host path: where to read the weights, block by block (or NULL) */
     view lse, context;                /* training plans: the rows' log-sum-exp (always somewhere), the merged
                                          heads before the output projection (mem NULL: not wanted) */
+    clattn_rows rows;                 /* the rows of x and out, kv and value: B*Tq and B*Tk, or a varlen batch's */
 } run_io;
 
 /* A half plan's x, kv and value widened into its fp32 work buffers, the views moved onto them; nothing where its
  * projections read them in the type (no such buffers: shell.c's typed_buffers). */
-clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, view *x, view *kv, view *value);
+clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, const clattn_rows *rows, view *x, view *kv, view *value);
 
 /* The projections (or the inputs themselves), the views the core reads Q, K and V from (shell_project.c). */
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio);

@@ -140,7 +140,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const clattn_dtype tx = c->typed_proj && p->has_qkv ? d->dtype : CLATTN_DTYPE_F32;
     /* 1. Q, K, V */
     clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask, .seed = d->seed};
-    const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value};
+    const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value, .rows = clattn_plan_rows_of(p, NULL, NULL)};
     TRY(clattn_shell_project(p, &rio, &cio));
     /* 2. the forward's lse and context */
     view ctx = io->ctx, lse = io->lse;
@@ -215,7 +215,8 @@ static clattn_status bwd_typed(struct clattn_plan *p, const bwd_io *io)
     bwd_io w = *io;
     w.gout = (view){t->gout32, 0};
     TRY(clattn_linear_convert(l, io->gout, w.gout, B * Tq * p->out_width, ty, 0));
-    TRY(clattn_shell_widen_inputs(p, &w.x, &w.kv, &w.value));
+    const clattn_rows rows = clattn_plan_rows_of(p, NULL, NULL); /* a training plan: never varlen */
+    TRY(clattn_shell_widen_inputs(p, &rows, &w.x, &w.kv, &w.value));
     if (io->gx.mem) w.gx = (view){t->gx32, 0};
     if (io->gkv.mem) w.gkv = (view){t->gkv32, 0};
     if (io->gvalue.mem) w.gvalue = (view){t->gvalue32, 0};

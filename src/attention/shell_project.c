@@ -8,7 +8,7 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
 {
     shell *c = p->backend_state;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    const size_t rq = io->rows.q, rk = io->rows.k, E = d->embed, Ekv = d->kv_embed; /* B*Tq, B*Tk or varlen's */
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk;
     if (!p->has_qkv) {
         cio->q = io->x;
@@ -20,17 +20,18 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
     /* a half plan's x, kv and weights as they are, where the GEMM core reads the type (shell.h: typed_proj) */
     const clattn_dtype t = c->typed_proj ? d->dtype : CLATTN_DTYPE_F32;
     if (!d->cross) {
-        TRY(clattn_linear_run_typed(&c->lin, B * Tq, c->n_qkv, E, io->x, t, c->w_proj, t, c->b_proj, proj,
+        TRY(clattn_linear_run_typed(&c->lin, rq, c->n_qkv, E, io->x, t, c->w_proj, t, c->b_proj, proj,
                                     "QKV projection"));
         cio->q = proj;
         cio->k = (view){c->proj, H * dk};
         cio->v = (view){c->proj, (H + HK) * dk};
     } else {
         view proj_kv = {c->proj_kv, 0};
-        TRY(clattn_linear_run_typed(&c->lin, B * Tq, H * dk, E, io->x, t, c->w_proj, t, c->b_proj, proj,
+        TRY(clattn_linear_run_typed(&c->lin, rq, H * dk, E, io->x, t, c->w_proj, t, c->b_proj, proj,
                                     "Q projection"));
-        TRY(clattn_linear_run_typed(&c->lin, B * Tk, c->lay.k_ld, Ekv, io->kv, t, c->w_kv, t, c->b_proj_kv, proj_kv,
-                                    "K|V projection"));
+        if (rk) /* a varlen batch may have no keys at all */
+            TRY(clattn_linear_run_typed(&c->lin, rk, c->lay.k_ld, Ekv, io->kv, t, c->w_kv, t, c->b_proj_kv, proj_kv,
+                                        "K|V projection"));
         cio->q = proj;
         cio->k = proj_kv;
         cio->v = (view){c->proj_kv, HK * dk};
@@ -38,21 +39,21 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, view *x, view *kv, view *value)
+clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, const clattn_rows *rows, view *x, view *kv, view *value)
 {
     shell *c = p->backend_state;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const clattn_dtype t = d->dtype;
     if (!c->x32) return CLATTN_STATUS_SUCCESS; /* the projections read x and kv in the type (clattn_shell_project) */
-    TRY(clattn_linear_convert(&c->lin, *x, (view){c->x32, 0}, B * Tq * d->embed, t, 0));
+    if (rows->q) TRY(clattn_linear_convert(&c->lin, *x, (view){c->x32, 0}, rows->q * d->embed, t, 0));
     *x = (view){c->x32, 0};
     if (d->cross) {
-        TRY(clattn_linear_convert(&c->lin, *kv, (view){c->kv32, 0}, B * Tk * d->kv_embed, t, 0));
+        if (rows->k) TRY(clattn_linear_convert(&c->lin, *kv, (view){c->kv32, 0}, rows->k * d->kv_embed, t, 0));
         *kv = (view){c->kv32, 0};
     }
     if (d->separate_value) {
-        TRY(clattn_linear_convert(&c->lin, *value, (view){c->value32, 0}, clattn_plan_value_elems(d), t, 0));
+        if (rows->k)
+            TRY(clattn_linear_convert(&c->lin, *value, (view){c->value32, 0}, clattn_rows_value_elems(d, rows), t, 0));
         *value = (view){c->value32, 0};
     }
     return CLATTN_STATUS_SUCCESS;

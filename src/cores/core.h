@@ -88,11 +88,16 @@ typedef struct clattn_core_io {
     float *attn_host;            /* or read to this host array, block by block (NULL: none) */
     uint64_t seed;               /* this execution's dropout seed (the plan's now: clattn_plan_set_seed), not the
                                     description's at build */
+    size_t seq_q, seq_kv;        /* a varlen batch's sequence (clattn 0.8): a batch of one, of these lengths (at most
+                                    the plan's), from q, k, v and out as given; 0: the plan's batch and lengths */
     /* profiling: a marker at the end of a stage (NULL: profiling off) */
     clattn_status (*mark)(void *ctx, clattn_stage stage);
     void *mark_ctx;
 } clattn_core_io;
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage);
+/* What a prefill core computes in this execution: the plan's description d, or for a varlen batch's sequence
+ * (io->seq_q > 0) the same with batch 1 and the sequence's lengths. */
+clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, const clattn_core_io *io);
 
 /* One step of a decode core: query rows (B*n rows of q_ld, the layout's), the cache, and the merged
  * output rows (B*n, H*dv). */

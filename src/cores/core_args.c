@@ -194,6 +194,13 @@ clattn_status clattn_core_check_local(const clattn_core *core, const clattn_devi
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, const clattn_core_io *io)
+{
+    clattn_attention_desc s = *d;
+    if (io->seq_q) s.batch = 1, s.seq_q = io->seq_q, s.seq_kv = io->seq_kv;
+    return s;
+}
+
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage)
 {
     return io->mark ? io->mark(io->mark_ctx, stage) : CLATTN_STATUS_SUCCESS;

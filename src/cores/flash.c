@@ -183,9 +183,8 @@ static clattn_status set_first_group(cl_kernel k, size_t first, void *ctx)
 
 /* The parts in the workspace merged into the output rows (and lse): row (b*Tq + i)*parts + p of ws, of H*(DV+2)
  * floats, holds part p's outputs at h*DV and its max (base 2) and sum at H*DV + 2h. */
-static clattn_status combine(const flash_state *s, const clattn_core_io *io)
+static clattn_status combine(const flash_state *s, const clattn_attention_desc *d, const clattn_core_io *io)
 {
-    const clattn_attention_desc *d = &s->d;
     const size_t ws_ld = d->heads * (d->head_dim_v + 2);
     const clattn_split_combine c = {
         .acc = {s->ws, 0}, .a_row = s->parts * ws_ld, .a_part = ws_ld, .a_head = d->head_dim_v,
@@ -210,7 +209,7 @@ static clattn_status kernel_any(flash_state *s, cl_kernel *k)
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
 {
     flash_state *s = state;
-    const clattn_attention_desc *d = &s->d;
+    const clattn_attention_desc shape = clattn_core_shape(&s->d, io), *d = &shape; /* a varlen sequence's, or the plan's */
     const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows) * s->parts;
     cl_kernel k = s->k;
     if (s->align && (io->k.off % s->align || io->v.off % s->align)) TRY(kernel_any(s, &k));
@@ -235,6 +234,6 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
         TRY(clattn_enqueue_1d(s->dev, k, blocks, what));
     else
         TRY(clattn_enqueue_groups(s->dev, k, blocks, s->wg, set_first_group, NULL, what));
-    if (s->parts > 1) TRY(combine(s, io));
+    if (s->parts > 1) TRY(combine(s, d, io));
     return clattn_core_mark(io, CLATTN_STAGE_ATTENTION);
 }

@@ -369,9 +369,8 @@ static clattn_status product(const unfused_state *s, const clattn_core_io *io, i
  * one pair: scores, softmax in place, context. With a caller's attn buffer the blocks are computed in place there.
  * A plan that copies the heads (split: kv_half, or K and V past CLBlast's reach) splits them first and merges them
  * last. */
-static clattn_status run(void *state, const clattn_core_io *io)
+static clattn_status run_shape(const unfused_state *s, const clattn_core_io *io)
 {
-    const unfused_state *s = state;
     const clattn_attention_desc *d = &s->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
     const size_t H = d->heads, dk = d->head_dim_qk, dv = d->head_dim_v;
@@ -407,6 +406,15 @@ static clattn_status run(void *state, const clattn_core_io *io)
         TRY(clattn_core_mark(io, CLATTN_STAGE_HEAD_MERGE));
     }
     return CLATTN_STATUS_SUCCESS;
+}
+
+/* A varlen batch's sequence (io->seq_q): the same on a copy of the state whose description is the sequence's, a batch of
+ * one of its lengths (its buffers, made for the plan's longest, hold it). */
+static clattn_status run(void *state, const clattn_core_io *io)
+{
+    unfused_state s = *(const unfused_state *)state;
+    s.d = clattn_core_shape(&s.d, io);
+    return run_shape(&s, io);
 }
 
 const clattn_core clattn_core_unfused = {

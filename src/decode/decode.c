@@ -23,6 +23,9 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no attn_mask or key_padding_mask (the "
                            "cache lengths and args.valid say which positions exist)");
     if (d->dropout != 0.0f) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan takes no dropout");
+    if (d->varlen)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen: a decode plan's sequences have lengths of their own "
+                           "already (the cache's lengths, args.valid); desc.varlen is for prefill plans");
     if (d->training)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
     if (d->need_weights)

@@ -10,7 +10,7 @@ clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *
     cl_command_queue q = dev->queue;
     clattn_status st = CLATTN_STATUS_SUCCESS;
     for (int i = 0; i < nin && st == CLATTN_STATUS_SUCCESS; i++) {
-        if (!in[i].buf) continue;
+        if (!in[i].buf || !in[i].bytes) continue; /* nothing to upload (a varlen batch without keys) */
         cl_int err = clEnqueueWriteBuffer(q, in[i].buf, CL_FALSE, 0, in[i].bytes, in[i].host, 0, NULL, NULL);
         if (err != CL_SUCCESS)
             st = clattn_fail((clattn_status)err, "uploading %s failed (%d: %s)", in[i].what, err,
@@ -25,7 +25,7 @@ clattn_status clattn_exec_host(const clattn_device *dev, const clattn_transfer *
      * and waited for once (a blocking read each costs a round trip to the driver) */
     int reads = 0;
     for (int i = 0; i < nout && st == CLATTN_STATUS_SUCCESS; i++) {
-        if (!out[i].buf || !out[i].host) continue;
+        if (!out[i].buf || !out[i].host || !out[i].bytes) continue;
         err = clEnqueueReadBuffer(q, out[i].buf, CL_FALSE, 0, out[i].bytes, out[i].host, 0, NULL, NULL);
         if (err != CL_SUCCESS)
             st = clattn_fail((clattn_status)err, "reading %s failed (%d: %s)", out[i].what, err,
