@@ -36,7 +36,7 @@ from ._errors import invalid as _invalid
 from ._errors import shape as _shape
 from ._errors import UnsupportedError
 
-__all__ = ["scaled_dot_product_attention", "attend", "PLAN_CACHE_SIZE"]
+__all__ = ["scaled_dot_product_attention", "attend", "varlen_attention", "PLAN_CACHE_SIZE"]
 
 PLAN_CACHE_SIZE = 64  # plans kept per device (least recently used out)
 # Inference calls of a few query rows (decode steps, whose key length grows by one each token) run on a plan for
@@ -305,6 +305,101 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
         q, k, v, m = _bucketed(q, k, v, m, Sb)
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
                device or "")
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def _offsets(name: str, cu: Any, rows: int) -> torch.Tensor:
+    """cu_seqlens as clattn takes them: a 1-D integer tensor of B+1 offsets, contiguous uint32 (checked by the
+    library: from 0, non-decreasing, the last the packed rows)."""
+    if not isinstance(cu, torch.Tensor):
+        cu = torch.as_tensor(cu)
+    if cu.dim() != 1 or cu.numel() < 2:
+        _shape(f"{name}: {tuple(cu.shape)}; the offsets are a 1-D tensor of batch + 1 entries")
+    if cu.dtype.is_floating_point or cu.dtype == torch.bool or cu.dtype.is_complex:
+        _invalid(f"{name}: dtype {cu.dtype}; the offsets are integers")
+    cu = cu.cpu().to(torch.int64)
+    if int(cu.min()) < 0 or int(cu.max()) > 2 ** 31 - 1:
+        _invalid(f"{name}: offsets outside 0 .. 2^31-1")
+    if int(cu[-1]) != rows:
+        _shape(f"{name}[-1] = {int(cu[-1])}: the packed tensor has {rows} rows")
+    return cu.to(torch.int32).contiguous()
+
+
+def _varlen_plan(dev: _Device, cache: _PlanCache, key: tuple):
+    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dtype) = key
+
+    def make():
+        d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
+                               head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
+                               scale=scale, dtype=dtype, varlen=1)
+        return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(),
+                       "creating the varlen attention plan")
+
+    return cache.get(key, make)
+
+
+def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: Any,
+                     cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     window: int = 0, scale: Optional[float] = None, device: Optional[str] = None) -> torch.Tensor:
+    """Attention over a variable-length batch packed without padding, as flash_attn_varlen_func takes it (inference):
+    query (total_q, H, E), key (total_k, Hk, E), value (total_k, Hk, Ev); sequence b is rows cu_seqlens_q[b] ..
+    cu_seqlens_q[b+1]-1 of query and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of key and value (B+1 offsets each,
+    integer tensors or lists), each at most max_seqlen_q (max_seqlen_k) long -> (total_q, H, Ev). causal and window
+    per sequence, top-left aligned; a sequence without keys gives 0. Each sequence gets what attend() gives it
+    alone, with no padding computed (clattn_attention_desc.varlen). The plan is made for the longest lengths rounded
+    up to a multiple of KEY_BUCKET (one plan for many batches). No gradient: a call that would train is refused."""
+    q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() != 3:
+            _shape(f"{name}: {tuple(t.shape)}; varlen_attention takes (total rows, heads, head size)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        _unsupported("varlen_attention computes no gradient yet: call it under torch.no_grad() (or detach the "
+                     "inputs); training on variable-length batches is not available")
+    _, H, E = q.shape
+    S, Hk = k.shape[0], k.shape[1]
+    if k.shape[2] != E:
+        _shape(f"key {tuple(k.shape)}: head size {k.shape[2]} must be query's ({E})")
+    if tuple(v.shape[:2]) != (S, Hk):
+        _shape(f"value {tuple(v.shape)}: (rows, heads) must be key's ({S}, {Hk})")
+    if Hk == 0 or H % Hk:
+        _shape(f"key/value heads ({Hk}) must divide query heads ({H})")
+    if min(H, E, v.shape[2]) == 0:
+        _shape(f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}: a head dimension is 0")
+    cq, ck = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0]), _offsets("cu_seqlens_k", cu_seqlens_k, S)
+    if cq.numel() != ck.numel():
+        _shape(f"cu_seqlens_q has {cq.numel()} offsets, cu_seqlens_k {ck.numel()}: one batch, batch + 1 each")
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_q < 1 or max_k < 1:
+        _invalid(f"max_seqlen_q={max_q}, max_seqlen_k={max_k}: must be >= 1")
+    for name, c, m in (("cu_seqlens_q", cq, max_q), ("cu_seqlens_k", ck, max_k)):
+        lens = c[1:] - c[:-1]
+        if int(lens.max()) > m:  # (a decrease is the library's to name)
+            b = int(lens.argmax())
+            _shape(f"{name}: sequence {b} has {int(lens[b])} rows, past max_seqlen_{name[-1]} = {m}")
+    causal, window = bool(causal), int(window)
+    if window < 0 or (window and not causal):
+        _invalid(f"window={window}: a sliding window needs causal=True and window >= 0")
+    scale = float(1.0 / math.sqrt(E) if scale is None else scale)
+    if not math.isfinite(scale) or scale == 0.0:
+        _invalid(f"scale={scale}: must be finite and nonzero")
+    dtype = query.dtype
+    if not q.dtype == k.dtype == v.dtype:
+        q, k, v = q.float(), k.float(), v.float()
+    q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
+    B = cq.numel() - 1
+    bucket = lambda n: -(-n // KEY_BUCKET) * KEY_BUCKET  # noqa: E731
+    dev, cache = _device(device or None)
+    plan = _varlen_plan(dev, cache, ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window,
+                                     scale, _DTYPES[q.dtype]))
+    out = torch.empty((q.shape[0], H, v.shape[2]), dtype=q.dtype)
+    if q.shape[0] == 0:  # every sequence empty: nothing to compute
+        return out.to(dtype)
+    a = _inputs(q, k, v, None)
+    a.out, a.out_count = _ptr(out), out.numel()
+    u32 = ctypes.POINTER(ctypes.c_uint32)
+    a.cu_seqlens_q, a.cu_seqlens_q_count = ctypes.cast(cq.data_ptr(), u32), cq.numel()
+    a.cu_seqlens_kv, a.cu_seqlens_kv_count = ctypes.cast(ck.data_ptr(), u32), ck.numel()
+    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "varlen_attention")
     return out if out.dtype == dtype else out.to(dtype)
 
 

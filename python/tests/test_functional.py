@@ -280,3 +280,61 @@ def test_decode_steps_share_a_plan_per_key_bucket(device, monkeypatch):
             torch.testing.assert_close(out.double(), oracle(q, k, v, pad[..., :S]), **FWD)
     # 26 calls, two mask forms over the buckets of 64, 128 and 192 keys: 6 plans
     assert sorted(made) == [64, 64, 128, 128, 192, 192], made
+
+
+def varlen_oracle(q, k, v, cq, ck, causal=False, window=0):
+    """Each packed sequence alone through the oracle: (L, H, E) rows as (H, L, E); a causal window hides keys
+    i - j >= window; a sequence without keys gives 0."""
+    out = torch.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=torch.float64)
+    for b in range(len(cq) - 1):
+        qs, ks, vs = (t[c[b]:c[b + 1]].transpose(0, 1) for t, c in ((q, cq), (k, ck), (v, ck)))
+        if qs.shape[1] == 0 or ks.shape[1] == 0:
+            continue
+        L, S = qs.shape[1], ks.shape[1]
+        i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+        allowed = (j <= i) & ((i - j < window) if window else True) if causal else None
+        out[cq[b]:cq[b + 1]] = oracle(qs, ks, vs, allowed).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 0), (True, 3)])
+def test_varlen_each_sequence_alone(device, causal, window):
+    lq, lk = [7, 1, 0, 30], [9, 1, 0, 30] if not causal else [7, 1, 0, 30]
+    if not causal:
+        lk[2] = 4  # a sequence without queries but with keys
+    cq = [0] + torch.tensor(lq).cumsum(0).tolist()
+    ck = [0] + torch.tensor(lk).cumsum(0).tolist()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(cq[-1], 4, 8, generator=g)
+    k, v = torch.randn(ck[-1], 2, 8, generator=g), torch.randn(ck[-1], 2, 5, generator=g)
+    with torch.no_grad():
+        out = CF.varlen_attention(q, k, v, cq, torch.tensor(ck), max(lq), max(lk), causal=causal, window=window,
+                                  device=device)
+    assert out.shape == (cq[-1], 4, 5) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), varlen_oracle(q, k, v, cq, ck, causal, window), **FWD)
+    # a sequence with queries and no keys: 0
+    with torch.no_grad():
+        none = CF.varlen_attention(q[:7], k[:0], v[:0], [0, 7], [0, 0], 7, 1, device=device)
+    assert torch.equal(none, torch.zeros_like(none))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_half_and_refusals(device):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(12, 2, 8, generator=g) for _ in range(3))
+    cu = [0, 5, 12]
+    with torch.no_grad():
+        out = CF.varlen_attention(q.half(), k.half(), v.half(), cu, cu, 7, 7, causal=True, device=device)
+    assert out.dtype == torch.float16
+    want = varlen_oracle(q.half().float(), k.half().float(), v.half().float(), cu, cu, True)
+    torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=1e-3)
+    with pytest.raises(clattn.UnsupportedError, match="no gradient"):
+        CF.varlen_attention(q.requires_grad_(True), k, v, cu, cu, 7, 7, device=device)
+    q = q.detach()
+    with pytest.raises(clattn.ShapeMismatchError, match="rows"):
+        CF.varlen_attention(q, k, v, [0, 5, 11], cu, 7, 7, device=device)
+    with pytest.raises(clattn.InvalidArgumentError, match="decreas"):
+        CF.varlen_attention(q, k, v, [0, 13, 12], [0, 13, 12], 64, 64, device=device)
+    with pytest.raises(clattn.ShapeMismatchError, match="past max_seqlen_q"):
+        CF.varlen_attention(q, k, v, [0, 0, 12], [0, 0, 12], 3, 3, device=device)
