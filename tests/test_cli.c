@@ -1621,3 +1621,49 @@ Test(cli, dtype_half_runs)
     bad("half decode", 2, "decode steps are fp32",
         FLAGS("--heads", "2", "--causal", "--dtype", "bf16", "--decode-from", "3"));
 }
+
+/* --seqlens (clattn 0.8): the decode inputs' 38 rows as a packed batch of sequences of 7, 0, 12 and 19 rows (x.npy
+ * (38, 16)), causal with a window and GQA, on the OpenCL device and ref: out.npy (38, 16), each sequence's rows the
+ * oracle's for it alone. Then what the flags refuse. */
+Test(cli, varlen_batch)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    const size_t lens[4] = {7, 0, 12, 19}, total = DB * DT, xs[2] = {total, DE};
+    save_f32(path_in(in_dir, "x.npy"), x, 2, xs);
+    double want[DB * DT * DE];
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_key = bk, .w_out = wo};
+    for (size_t b = 0, r0 = 0; b < 4; r0 += lens[b++]) {
+        if (!lens[b]) continue;
+        clattn_attention_desc d = {.batch = 1, .seq_q = lens[b], .embed = DE, .heads = DH, .kv_heads = DHK,
+                                   .head_dim_qk = DD, .head_dim_v = DD, .out_dim = DE, .causal = 1, .window = 5};
+        clattn_attention_args a = {.x = x + r0 * DE};
+        cr_assert_eq(oracle_attention(&d, &w, &a, want + r0 * DE, NULL), 0);
+    }
+    const char *devs[2] = {cl_spec(), "ref"};
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
+                              "--kv-heads", "2", "--causal", "--window", "5", "--seqlens", "7,0,12,19", "-v", NULL};
+        char *err;
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k], err);
+        cr_assert(strstr(err, "variable-length batch: 4 sequences of up to 19 rows (38 in all)"), "stderr: %s", err);
+        free(err);
+        clattn_npy out;
+        load(path_in(out_dir, "out.npy"), &out);
+        expect_shape(&out, "out.npy", 2, xs);
+        char msg[256];
+        const size_t bad_n = oracle_compare(out.data, want, total * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad_n, 0, "%s --seqlens: %zu elements differ; first: %s", devs[k], bad_n, msg);
+        clattn_npy_free(&out);
+        remove(path_in(out_dir, "out.npy"));
+    }
+    bad("seqlens not adding up", 1, "add up to 37 rows but x.npy has 38", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,11,19"));
+    bad("seqlens malformed", 2, "--seqlens '7,,19'", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,,19"));
+    bad("seqlens with lse", 2, "--seqlens with --lse", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "38", "--lse"));
+    bad("kv-seqlens without kv.npy", 2, "--kv-seqlens without kv.npy",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "38", "--kv-seqlens", "5"));
+    bad("kv-seqlens alone", 2, "--kv-seqlens without --seqlens", FLAGS("--heads", "4", "--kv-heads", "2", "--kv-seqlens", "38"));
+    const size_t x3[3] = {2, 19, 16};
+    save_f32(path_in(in_dir, "x.npy"), x, 3, x3);
+    bad("seqlens with 3-D x", 1, "x.npy is 3-D", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "19,19"));
+}

@@ -41,7 +41,8 @@ static void usage_line(FILE *f)
                "                  [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T]\n"
                "                  [--decode-from P [--page-size N] [--draft N [--reject K]]]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
-               "                  [--dtype f32|f16|bf16] [--device SPEC] [-v]\n"
+               "                  [--dtype f32|f16|bf16] [--seqlens L,L,... [--kv-seqlens L,L,...]]\n"
+               "                  [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
                "               at all: each to a temporary file, renamed into place when every output is written)\n"
                "  --heads H: query heads (default 1); --causal: query i sees keys j <= i\n"
@@ -76,6 +77,10 @@ static void usage_line(FILE *f)
                "               '<f2' for f16, '<u2' holding bfloat16 bit patterns for bf16; out.npy and attn.npy are\n"
                "               written in the type ('<f2', '<u2'); with --backward grad_out.npy is read and the\n"
                "               gradients written the same way (lse.npy stays float32). Not with --decode-from\n"
+               "  --seqlens L,L,...: a variable-length batch: x.npy (and out.npy) is (total, E), its sequences of\n"
+               "               these lengths packed without padding, each attending to its own rows only (causal and\n"
+               "               --window per sequence); with kv.npy, --kv-seqlens gives its sequences' lengths. Not\n"
+               "               with masks, --dropout, --need-weights, --backward, --lse or --decode-from\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -96,7 +101,9 @@ typedef struct run_opts {
     clattn_algorithm algorithm;
     clattn_precision precision;
     clattn_dtype dtype;
-    int seen_prec, seen_dtype, seen_kv_type, seen_page, seen_draft, seen_reject;
+    int seen_prec, seen_dtype, seen_kv_type, seen_page, seen_draft, seen_reject, seen_seqlens, seen_kv_seqlens;
+    uint32_t *cu_q, *cu_k; /* --seqlens, --kv-seqlens: the offsets (nseq + 1 each; malloc'd) */
+    size_t nseq, nseq_k;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
 } run_opts;
 
@@ -135,6 +142,40 @@ static int parse_float(const char *s, float *v)
 }
 
 /* Returns -1 to go on, or an exit status. */
+/* "7,1,130": each a whole number up to 2^31 - 1, the sum too, at most 65536 of them, as B+1 offsets (malloc'd). */
+static int parse_seqlens(const char *flag, const char *v, uint32_t **cu, size_t *n)
+{
+    size_t count = 1;
+    for (const char *p = v; *p; p++) count += *p == ',';
+    if (count > 65536) {
+        say("%s: %zu lengths; at most 65536 sequences", flag, count);
+        return -1;
+    }
+    if (!(*cu = malloc((count + 1) * sizeof **cu))) {
+        say("out of memory");
+        return -1;
+    }
+    (*cu)[0] = 0;
+    const char *p = v;
+    for (size_t b = 0; b < count; b++) {
+        char num[24];
+        const size_t len = strcspn(p, ",");
+        uint64_t x;
+        if (len == 0 || len >= sizeof num) x = UINT64_MAX;
+        else memcpy(num, p, len), num[len] = 0;
+        if (len == 0 || len >= sizeof num || !parse_u64(num, &x) || x > 0x7FFFFFFFu ||
+            (*cu)[b] + x > 0x7FFFFFFFu) {
+            say("%s '%s': a comma-separated list of whole numbers (sequence lengths, 0 allowed), their sum below 2^31",
+                flag, v);
+            return -1;
+        }
+        (*cu)[b + 1] = (*cu)[b] + (uint32_t)x;
+        p += len + (p[len] == ',');
+    }
+    *n = count;
+    return 0;
+}
+
 static int parse_flags(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -165,6 +206,8 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--page-size") == 0) seen = &o->seen_page;
         else if (strcmp(a, "--draft") == 0) seen = &o->seen_draft;
         else if (strcmp(a, "--reject") == 0) seen = &o->seen_reject;
+        else if (strcmp(a, "--seqlens") == 0) seen = &o->seen_seqlens;
+        else if (strcmp(a, "--kv-seqlens") == 0) seen = &o->seen_kv_seqlens;
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--kv-type") == 0) seen = &o->seen_kv_type;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
@@ -276,6 +319,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
                 return EXIT_USAGE;
             }
             o->kv_half = t;
+        } else if (seen == &o->seen_seqlens || seen == &o->seen_kv_seqlens) {
+            if (seen == &o->seen_seqlens ? parse_seqlens(a, v, &o->cu_q, &o->nseq)
+                                         : parse_seqlens(a, v, &o->cu_k, &o->nseq_k))
+                return EXIT_USAGE;
         } else if (seen == &o->seen_seed) {
             if (!parse_u64(v, &o->seed)) {
                 say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
@@ -335,6 +382,20 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (o->seen_decode && o->algorithm == CLATTN_ALGORITHM_UNFUSED) {
         say("--decode-from with --algorithm unfused: decoding runs its own fused kernel (use auto or fused)");
+        return EXIT_USAGE;
+    }
+    if (o->seen_kv_seqlens && !o->seen_seqlens) {
+        say("--kv-seqlens without --seqlens: give the queries' sequence lengths too");
+        return EXIT_USAGE;
+    }
+    if (o->seen_kv_seqlens && o->nseq_k != o->nseq) {
+        say("--kv-seqlens has %zu lengths, --seqlens %zu: one key sequence per query sequence", o->nseq_k, o->nseq);
+        return EXIT_USAGE;
+    }
+    if (o->seen_seqlens && (o->seen_decode || o->need_weights || o->backward || o->lse || o->dropout > 0.0f)) {
+        say("--seqlens with %s: a variable-length batch runs inference without weights (README, \"Variable-length "
+            "batches\")", o->seen_decode ? "--decode-from" : o->need_weights ? "--need-weights" : o->backward ?
+            "--backward" : o->lse ? "--lse" : "--dropout");
         return EXIT_USAGE;
     }
     if (o->seen_decode && (o->backward || o->lse)) {
@@ -832,6 +893,31 @@ static int check_combination(run_state *r)
             o->dtype == CLATTN_DTYPE_F16 ? "f16" : "bf16");
         return r->code = EXIT_USAGE, -1;
     }
+    if (o->seen_seqlens) {
+        const dims *d = &r->d;
+        if (in->has[F_KPM] || in->has[F_MASK]) {
+            say("--seqlens with %s: a variable-length batch takes no masks (the lengths say which keys a sequence has)",
+                in->has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
+            return r->code = EXIT_USAGE, -1;
+        }
+        if (!d->two_d) {
+            say("--seqlens: x.npy is 3-D; a variable-length batch is packed: x.npy (total, E)");
+            return -1;
+        }
+        if (o->cu_q[o->nseq] != d->Tq) {
+            say("--seqlens: the lengths add up to %u rows but x.npy has %zu", (unsigned)o->cu_q[o->nseq], d->Tq);
+            return -1;
+        }
+        if (d->cross != o->seen_kv_seqlens) {
+            say(d->cross ? "kv.npy with --seqlens needs --kv-seqlens (its sequences' lengths)"
+                         : "--kv-seqlens without kv.npy: self-attention's keys are the queries' rows");
+            return r->code = EXIT_USAGE, -1;
+        }
+        if (d->cross && o->cu_k[o->nseq] != d->Tk) {
+            say("--kv-seqlens: the lengths add up to %u rows but kv.npy has %zu", (unsigned)o->cu_k[o->nseq], d->Tk);
+            return -1;
+        }
+    }
     if (o->seen_decode && (in->has[F_KPM] || in->has[F_MASK])) {
         say("--decode-from with %s: decode steps take no masks", in->has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
         return r->code = EXIT_USAGE, -1;
@@ -858,6 +944,14 @@ static int describe(run_state *r)
     desc->layout = CLATTN_LAYOUT_LINEAR, desc->algorithm = o->algorithm, desc->precision = o->precision;
     desc->need_weights = o->need_weights, desc->kv_heads = o->kv_heads, desc->window = o->window;
     desc->kv_half = o->kv_half, desc->training = o->backward || o->lse, desc->dtype = o->dtype;
+    if (o->seen_seqlens) { /* the packed rows (d: one batch of them, as out.npy is written) in sequences */
+        size_t mq = 1, mk = 1;
+        for (size_t b = 0; b < o->nseq; b++) {
+            if (o->cu_q[b + 1] - o->cu_q[b] > mq) mq = o->cu_q[b + 1] - o->cu_q[b];
+            if (d->cross && o->cu_k[b + 1] - o->cu_k[b] > mk) mk = o->cu_k[b + 1] - o->cu_k[b];
+        }
+        desc->varlen = 1, desc->batch = o->nseq, desc->seq_q = mq, desc->seq_kv = d->cross ? mk : 0;
+    }
 
     static const int files[] = {F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO};
     clattn_attention_weights *w = &r->w;
@@ -954,6 +1048,8 @@ static int run_forward(run_state *r)
     if (in->has[F_MASK]) args->attn_mask = in->a[F_MASK].data, args->attn_mask_count = in->a[F_MASK].count;
     args->out = r->out, args->out_count = r->n_out;
     args->attn = r->attn, args->attn_count = r->attn ? r->n_attn : 0;
+    if (r->o.seen_seqlens) args->cu_seqlens_q = r->o.cu_q, args->cu_seqlens_q_count = r->o.nseq + 1;
+    if (r->o.seen_kv_seqlens) args->cu_seqlens_kv = r->o.cu_k, args->cu_seqlens_kv_count = r->o.nseq + 1;
     /* a training plan: the rows' log-sum-exp (and for the backward the context, so that it recomputes neither) */
     if (r->desc.training) {
         r->lse = malloc(r->n_lse * sizeof *r->lse);
@@ -1045,6 +1141,9 @@ static void report(const run_state *r)
     fprintf(stderr, "clattn run: tuned: %s%s\n", clattn_plan_tuned(r->plan) ? "yes, from " : "no",
             clattn_plan_tuned(r->plan) ? tf : "");
     if (tn) fprintf(stderr, "clattn run: tuning file notice: %s\n", tn);
+    if (d.varlen)
+        fprintf(stderr, "clattn run: variable-length batch: %zu sequences of up to %zu rows (%zu in all)\n", d.batch,
+                d.seq_q, r->d.Tq);
     if (r->o.backward) {
         const char *bp = clattn_plan_backward_core_params(r->plan);
         fprintf(stderr, "clattn run: backward core %s%s%s%s, %.1f ms\n", clattn_plan_backward_core(r->plan),
@@ -1082,6 +1181,8 @@ static void run_state_free(run_state *r)
     clattn_plan_free(r->plan);
     clattn_device_free(r->dev);
     inputs_free(&r->in);
+    free(r->o.cu_q);
+    free(r->o.cu_k);
 }
 
 /* clattn run: the inputs read and checked, the plan (or the decode steps) run, the outputs written whole. */
