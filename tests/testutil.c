@@ -884,6 +884,178 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     tu_problem_free(&p);
 }
 
+void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
+                           uint64_t seed)
+{
+    const clattn_core_info *forced = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core() : NULL;
+    const clattn_core_info *forced_bwd =
+        clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core_of(CLATTN_CORE_BACKWARD) : NULL;
+    tu_attn_case cc = *c;
+    cc.training = 1;
+    tu_problem p;
+    tu_problem_make(&p, &cc, seed);
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, H = c->H, E = c->E;
+    const size_t HK = c->HK ? c->HK : H;
+    const size_t Ekv = !c->cross ? 0 : c->Ekv ? c->Ekv : c->noproj ? HK * (E / H) : E;
+    const size_t dv = c->noproj && !c->separate_value ? E / H : p.d.head_dim_v, Vw = c->separate_value ? HK * dv : 0;
+    uint32_t cu_q[17] = {0}, cu_k[17] = {0};
+    cr_assert(B <= 16);
+    for (size_t b = 0; b < B; b++) {
+        cu_q[b + 1] = cu_q[b] + (uint32_t)lens_q[b];
+        cu_k[b + 1] = cu_k[b] + (uint32_t)(c->cross ? lens_k[b] : lens_q[b]);
+    }
+    const size_t rq = cu_q[B], rk = cu_k[B];
+    float *x = malloc((rq * E + 1) * sizeof *x), *kv = malloc((rk * Ekv + 1) * sizeof *kv);
+    float *v = malloc((rk * Vw + 1) * sizeof *v);
+    cr_assert(x && kv && v);
+    for (size_t b = 0; b < B; b++) {
+        const size_t nk = cu_k[b + 1] - cu_k[b];
+        memcpy(x + cu_q[b] * E, (const float *)p.a.x + b * Tq * E, lens_q[b] * E * sizeof *x);
+        if (Ekv) memcpy(kv + cu_k[b] * Ekv, (const float *)p.a.kv + b * Tk * Ekv, nk * Ekv * sizeof *kv);
+        if (Vw) memcpy(v + cu_k[b] * Vw, (const float *)p.a.value + b * Tk * Vw, nk * Vw * sizeof *v);
+    }
+    clattn_attention_desc d = p.d;
+    d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
+    d.varlen = 1, d.training = 1;
+    clattn_plan *plan = NULL;
+    clattn_status st = tu_plan_create(dev, &d, &p.w, &plan);
+    char what[48];
+    snprintf(what, sizeof what, "varlen training case %llu", (unsigned long long)seed);
+    if (tu_refused_by_device(dev, st, what)) {
+        free(x), free(kv), free(v);
+        tu_problem_free(&p);
+        return;
+    }
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s", what, clattn_last_error());
+    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    if (forced_bwd) cr_assert_str_eq(clattn_plan_backward_core(plan), forced_bwd->name);
+    const size_t ow = clattn_plan_out_width(plan), C = H * dv, n_out = rq * ow;
+    /* the oracle, each sequence alone: out, lse, context and the gradients */
+    enum { NG = 11 };
+    const size_t Ew = c->cross ? Ekv : E; /* the K and V weights' input width */
+    const size_t n[NG] = {rq * E, rk * Ekv, H * p.d.head_dim_qk * E, HK * p.d.head_dim_qk * Ew,
+                          HK * p.d.head_dim_v * Ew, H * p.d.head_dim_qk, HK * p.d.head_dim_qk, HK * p.d.head_dim_v,
+                          p.d.out_dim * C, p.d.out_dim, rk * Vw};
+    const int has[NG] = {1, c->cross, p.w.w_query != NULL, p.w.w_key != NULL, p.w.w_value != NULL,
+                         p.w.b_query != NULL, p.w.b_key != NULL, p.w.b_value != NULL, p.w.w_out != NULL,
+                         p.w.b_out != NULL, Vw != 0};
+    static const char *names[NG] = {"x", "kv", "w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out",
+                                    "b_out", "value"};
+    double *o64 = calloc(n_out + 1, sizeof *o64), *l64 = calloc(H * rq + 1, sizeof *l64);
+    double *c64 = calloc(rq * C + 1, sizeof *c64), *want[NG] = {0}, *one[NG] = {0};
+    for (int i = 0; i < NG; i++)
+        if (has[i]) want[i] = calloc(n[i] + 1, sizeof(double)), one[i] = calloc(n[i] + 1, sizeof(double));
+    tu_rng rng = {seed ^ 0x9E37u};
+    float *dout = tu_random(&rng, n_out + 1, -1.0f, 1.0f);
+    for (size_t b = 0; b < B; b++) {
+        const size_t q0 = cu_q[b], nq = lens_q[b], k0 = cu_k[b], nk = cu_k[b + 1] - k0;
+        if (nq == 0) continue; /* its keys' gradients stay 0 */
+        if (nk == 0) { /* out = b_out, lse -inf, context 0; b_out's gradient takes grad_out's rows */
+            for (size_t i = 0; i < nq * ow; i++) {
+                o64[q0 * ow + i] = p.w.b_out ? ((const float *)p.w.b_out)[i % ow] : 0.0;
+                if (want[9]) want[9][i % ow] += dout[q0 * ow + i];
+            }
+            for (size_t i = 0; i < H * nq; i++) l64[H * q0 + i] = -INFINITY;
+            continue;
+        }
+        clattn_attention_desc d1 = p.d;
+        d1.batch = 1, d1.seq_q = nq, d1.training = 1;
+        if (c->cross) d1.seq_kv = nk;
+        clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
+        if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
+        if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
+        cr_assert_eq(oracle_attention_stats(&d1, &p.w, &a1, o64 + q0 * ow, NULL, l64 + H * q0, c64 + q0 * C), 0);
+        oracle_grads og = {one[0], one[1], one[2], one[3], one[4], one[5], one[6], one[7], one[8], one[9], one[10]};
+        cr_assert_eq(oracle_attention_backward(&d1, &p.w, &a1, dout + q0 * ow, &og), 0);
+        memcpy(want[0] + q0 * E, one[0], nq * E * sizeof(double));
+        if (want[1]) memcpy(want[1] + k0 * Ekv, one[1], nk * Ekv * sizeof(double));
+        if (want[10]) memcpy(want[10] + k0 * Vw, one[10], nk * Vw * sizeof(double));
+        for (int i = 2; i < 10; i++)
+            for (size_t j = 0; want[i] && j < n[i]; j++) want[i][j] += one[i][j];
+    }
+    /* the forward: out, lse, context */
+    float *out = tu_poisoned(n_out + 1), *lse = tu_poisoned(H * rq + 1), *ctx = tu_poisoned(rq * C + 1);
+    clattn_attention_args a = {.x = x, .x_count = rq * E, .out = out, .out_count = n_out, .lse = lse,
+                               .lse_count = H * rq, .context = ctx, .context_count = rq * C, .cu_seqlens_q = cu_q,
+                               .cu_seqlens_q_count = B + 1};
+    if (c->cross) a.kv = kv, a.kv_count = rk * Ekv, a.cu_seqlens_kv = cu_k, a.cu_seqlens_kv_count = B + 1;
+    if (Vw) a.value = v, a.value_count = rk * Vw;
+    st = clattn_plan_execute(plan, &a);
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s (%s): forward: %s", what, clattn_plan_core(plan), clattn_last_error());
+    char msg[256];
+    size_t bad = oracle_compare(out, o64, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) out: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, n_out, msg);
+    bad = oracle_compare_nonfinite(lse, l64, H * rq, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) lse: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, H * rq, msg);
+    bad = oracle_compare(ctx, c64, rq * C, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad, 0, "%s (%s) context: %zu of %zu differ; %s", what, clattn_plan_core(plan), bad, rq * C, msg);
+    /* the backward, with the forward's statistics and without */
+    for (int saved = 0; saved < 2; saved++) {
+        float *got[NG] = {0};
+        for (int i = 0; i < NG; i++)
+            if (has[i]) got[i] = tu_poisoned(n[i] + 1);
+        clattn_attention_grads g = {.grad_out = dout, .grad_out_count = n_out, .grad_x = got[0], .grad_kv = got[1],
+                                    .grad_w_query = got[2], .grad_w_key = got[3], .grad_w_value = got[4],
+                                    .grad_b_query = got[5], .grad_b_key = got[6], .grad_b_value = got[7],
+                                    .grad_w_out = got[8], .grad_b_out = got[9], .grad_value = got[10]};
+        size_t *counts[NG] = {&g.grad_x_count, &g.grad_kv_count, &g.grad_w_query_count, &g.grad_w_key_count,
+                              &g.grad_w_value_count, &g.grad_b_query_count, &g.grad_b_key_count, &g.grad_b_value_count,
+                              &g.grad_w_out_count, &g.grad_b_out_count, &g.grad_value_count};
+        for (int i = 0; i < NG; i++) *counts[i] = has[i] ? n[i] : 0;
+        if (saved) g.lse = lse, g.lse_count = H * rq, g.context = ctx, g.context_count = rq * C;
+        clattn_attention_args ba = a;
+        ba.out = NULL, ba.out_count = 0, ba.lse = NULL, ba.lse_count = 0, ba.context = NULL, ba.context_count = 0;
+        st = clattn_plan_backward(plan, &ba, &g);
+        cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s (%s): backward: %s", what, clattn_plan_backward_core(plan),
+                     clattn_last_error());
+        for (int i = 0; i < NG; i++) {
+            if (!has[i]) continue;
+            bad = oracle_compare(got[i], want[i], n[i], 1e-4, 1e-3, msg, sizeof msg);
+            cr_assert_eq(bad, 0, "%s (%s%s) grad_%s: %zu of %zu differ; %s", what, clattn_plan_backward_core(plan),
+                         saved ? ", saved statistics" : "", names[i], bad, n[i], msg);
+        }
+        /* the buffer form (OpenCL), the same offsets as host arrays: the host call's bits, nothing past the ends */
+        if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && !saved) {
+            const size_t off = 3;
+            cl_mem bx = varlen_buffer(dev, x, rq * E, 4, off), bg = varlen_buffer(dev, dout, n_out, 4, off);
+            cl_mem bkv = c->cross && rk ? varlen_buffer(dev, kv, rk * Ekv, 4, off) : NULL;
+            cl_mem bv = Vw && rk ? varlen_buffer(dev, v, rk * Vw, 4, off) : NULL, bo[NG] = {0};
+            for (int i = 0; i < NG; i++)
+                if (has[i] && n[i]) bo[i] = varlen_buffer(dev, NULL, n[i], 4, off);
+            clattn_attention_buffers bb = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off},
+                                           .cu_seqlens_q = cu_q, .cu_seqlens_q_count = B + 1};
+            if (c->cross) bb.cu_seqlens_kv = cu_k, bb.cu_seqlens_kv_count = B + 1;
+            clattn_attention_grad_buffers gb = {.grad_out = {bg, off}};
+            clattn_buffer *slot[NG] = {&gb.grad_x, &gb.grad_kv, &gb.grad_w_query, &gb.grad_w_key, &gb.grad_w_value,
+                                       &gb.grad_b_query, &gb.grad_b_key, &gb.grad_b_value, &gb.grad_w_out,
+                                       &gb.grad_b_out, &gb.grad_value};
+            for (int i = 0; i < NG; i++) *slot[i] = (clattn_buffer){bo[i], off};
+            st = clattn_plan_backward_buffers(plan, &bb, &gb, 0, NULL, NULL);
+            cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: backward on buffers: %s", what, clattn_last_error());
+            for (int i = 0; i < NG; i++) {
+                if (!bo[i]) continue;
+                unsigned char *back = malloc((off + n[i] + 3) * 4);
+                cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(dev), bo[i], CL_TRUE, 0, (off + n[i] + 3) * 4, back,
+                                                 0, NULL, NULL), CL_SUCCESS);
+                cr_assert(memcmp(back + off * 4, got[i], n[i] * 4) == 0, "%s grad_%s: buffers and host arrays differ",
+                          what, names[i]);
+                for (size_t j = 0; j < off * 4; j++) cr_assert_eq(back[j], 0x5A, "grad_%s: written before", names[i]);
+                for (size_t j = 0; j < 12; j++) cr_assert_eq(back[(off + n[i]) * 4 + j], 0x5A, "grad_%s: past", names[i]);
+                free(back);
+                clReleaseMemObject(bo[i]);
+            }
+            clReleaseMemObject(bx), clReleaseMemObject(bg);
+            if (bkv) clReleaseMemObject(bkv);
+            if (bv) clReleaseMemObject(bv);
+        }
+        for (int i = 0; i < NG; i++) free(got[i]);
+    }
+    clattn_plan_free(plan);
+    for (int i = 0; i < NG; i++) free(want[i]), free(one[i]);
+    free(x), free(kv), free(v), free(o64), free(l64), free(c64), free(dout), free(out), free(lse), free(ctx);
+    tu_problem_free(&p);
+}
+
 void tu_problem_free(tu_problem *p)
 {
     for (int i = 0; i < p->nb; i++) free(p->bufs[i]);

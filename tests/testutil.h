@@ -150,6 +150,14 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
  * with varlen). */
 void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
                      uint64_t seed, int on_buffers);
+/* The same for a training plan (c->training, fp32): the forward's out, lse (each sequence's (H, L) rows at H times its
+ * first row) and context against the oracle per sequence, then the backward from a random grad_out, with the
+ * forward's statistics and without: the inputs' gradients row by row and the parameters' summed over the sequences
+ * against oracle_attention_backward's per sequence (a sequence without keys: grad_x 0 and grad_out's rows in b_out's
+ * gradient; without queries: its grad_kv rows 0); on OpenCL the backward on buffers at an offset gives the host
+ * call's bits and writes nothing outside the gradients. */
+void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
+                           uint64_t seed);
 /* Whether the plan rounds P to its type before P V (flash_mma's fp16/bf16 products on a half plan without projections
  * whose kv_half is 0 or the plan's type; README, "Precision"): then each output element's bound adds u·Σ_j a_ij·|v_jc|
  * (a: the weights after dropout) and, for F16, 2^-25·(1/(1-p))·Σ_j |v_jc| (weights below half's normal range) */

@@ -45,19 +45,21 @@ static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_atte
                                          const clattn_attention_grad_buffers *gb)
 {
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim, es = clattn_dtype_size(d->dtype);
+    const clattn_rows r = a ? clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv) /* B*Tq, B*Tk, or varlen's */
+                            : clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv);
     enum { N = CLATTN_PLAN_INPUTS };
     clattn_mem_range ins[N + 3];
     clattn_plan_input_ranges(p, a, b, ins);
     /* grad_out and the gradients in the plan's type; lse and context fp32 */
-    ins[N] = CLATTN_RANGE("grads", g, gb, grad_out, B * Tq * p->out_width, es);
-    ins[N + 1] = CLATTN_RANGE("grads", g, gb, lse, B * H * Tq, 4);
-    ins[N + 2] = CLATTN_RANGE("grads", g, gb, context, B * Tq * H * dv, 4);
+    ins[N] = CLATTN_RANGE("grads", g, gb, grad_out, r.q * p->out_width, es);
+    ins[N + 1] = CLATTN_RANGE("grads", g, gb, lse, H * r.q, 4);
+    ins[N + 2] = CLATTN_RANGE("grads", g, gb, context, r.q * H * dv, 4);
     const clattn_mem_range outs[] = {
-        CLATTN_RANGE("grads", g, gb, grad_value, clattn_plan_value_elems(d), es),
-        CLATTN_RANGE("grads", g, gb, grad_x, B * Tq * d->embed, es),
-        CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? B * Tk * d->kv_embed : 0, es),
+        CLATTN_RANGE("grads", g, gb, grad_value, clattn_rows_value_elems(d, &r), es),
+        CLATTN_RANGE("grads", g, gb, grad_x, r.q * d->embed, es),
+        CLATTN_RANGE("grads", g, gb, grad_kv, d->cross ? r.k * d->kv_embed : 0, es),
         CLATTN_RANGE("grads", g, gb, grad_w_query, p->has_qkv ? H * dk * d->embed : 0, es),
         CLATTN_RANGE("grads", g, gb, grad_w_key, p->has_qkv ? HK * dk * d->kv_embed : 0, es),
         CLATTN_RANGE("grads", g, gb, grad_w_value, p->has_qkv ? HK * dv * d->kv_embed : 0, es),
@@ -69,13 +71,15 @@ static clattn_status backward_no_overlap(const clattn_plan *p, const clattn_atte
     return clattn_check_no_overlap(outs, (int)(sizeof outs / sizeof outs[0]), ins, N + 3);
 }
 
-static clattn_status check_grads(const clattn_plan *plan, const clattn_attention_grads *g)
+static clattn_status check_grads(const clattn_plan *plan, const clattn_attention_args *a,
+                                 const clattn_attention_grads *g)
 {
     const clattn_attention_desc *d = &plan->d;
+    const clattn_rows r = clattn_plan_rows_of(plan, a->cu_seqlens_q, a->cu_seqlens_kv); /* checked with the inputs */
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed, H = d->heads;
     const size_t dv = d->head_dim_v;
     if (!g) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
-    if (!g->grad_out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out is NULL");
+    if (!g->grad_out && r.q) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out is NULL");
     const void *const arrays[8] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                    g->grad_b_value, g->grad_w_out, g->grad_b_out};
     const size_t counts[8] = {g->grad_w_query_count, g->grad_w_key_count, g->grad_w_value_count,
@@ -86,18 +90,28 @@ static clattn_status check_grads(const clattn_plan *plan, const clattn_attention
     given[9] = g->grad_value != NULL;
     TRY(check_given(plan, "grads", g->lse != NULL, g->context != NULL, given));
     char how[120];
-    snprintf(how, sizeof how, "batch x seq_q x out width = %zu x %zu x %zu", B, Tq, plan->out_width);
-    TRY(clattn_count_check("grads", "grad_out", g->grad_out, g->grad_out_count, B * Tq * plan->out_width, how));
-    snprintf(how, sizeof how, "batch x heads x seq_q = %zu x %zu x %zu", B, H, Tq);
-    TRY(clattn_count_check("grads", "lse", g->lse, g->lse_count, B * H * Tq, how));
-    snprintf(how, sizeof how, "batch x seq_q x heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tq, H, dv);
-    TRY(clattn_count_check("grads", "context", g->context, g->context_count, B * Tq * H * dv, how));
-    snprintf(how, sizeof how, "batch x seq_q x embed = %zu x %zu x %zu", B, Tq, E);
-    TRY(clattn_count_check("grads", "grad_x", g->grad_x, g->grad_x_count, B * Tq * E, how));
-    snprintf(how, sizeof how, "batch x seq_kv x kv_embed = %zu x %zu x %zu", B, Tk, Ekv);
-    TRY(clattn_count_check("grads", "grad_kv", g->grad_kv, g->grad_kv_count, B * Tk * Ekv, how));
-    snprintf(how, sizeof how, "batch x seq_kv x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tk, d->kv_heads, dv);
-    TRY(clattn_count_check("grads", "grad_value", g->grad_value, g->grad_value_count, clattn_plan_value_elems(d), how));
+    /* the query rows (B x Tq, or a varlen batch's cu_seqlens_q[batch]) and the key rows, in messages */
+    char qr[64], kr[64];
+    if (d->varlen)
+        snprintf(qr, sizeof qr, "cu_seqlens_q[batch] (%zu)", r.q), snprintf(kr, sizeof kr, "%s (%zu)",
+                                                                            d->cross ? "cu_seqlens_kv[batch]" :
+                                                                            "cu_seqlens_q[batch]", r.k);
+    else
+        snprintf(qr, sizeof qr, "batch x seq_q (%zu x %zu)", B, Tq), snprintf(kr, sizeof kr, "batch x seq_kv (%zu x %zu)",
+                                                                               B, Tk);
+    snprintf(how, sizeof how, "%s x out width %zu", qr, plan->out_width);
+    TRY(clattn_count_check("grads", "grad_out", g->grad_out, g->grad_out_count, r.q * plan->out_width, how));
+    snprintf(how, sizeof how, "heads %zu x %s", H, qr);
+    TRY(clattn_count_check("grads", "lse", g->lse, g->lse_count, H * r.q, how));
+    snprintf(how, sizeof how, "%s x heads*head_dim_v %zu*%zu", qr, H, dv);
+    TRY(clattn_count_check("grads", "context", g->context, g->context_count, r.q * H * dv, how));
+    snprintf(how, sizeof how, "%s x embed %zu", qr, E);
+    TRY(clattn_count_check("grads", "grad_x", g->grad_x, g->grad_x_count, r.q * E, how));
+    snprintf(how, sizeof how, "%s x kv_embed %zu", kr, Ekv);
+    TRY(clattn_count_check("grads", "grad_kv", g->grad_kv, g->grad_kv_count, r.k * Ekv, how));
+    snprintf(how, sizeof how, "%s x kv_heads*head_dim_v %zu*%zu", kr, d->kv_heads, dv);
+    TRY(clattn_count_check("grads", "grad_value", g->grad_value, g->grad_value_count, clattn_rows_value_elems(d, &r),
+                           how));
     return clattn_weight_counts_check(d, "grads", "grad_", arrays, counts);
 }
 
@@ -106,10 +120,11 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
                                         const clattn_attention_grad_buffers *g)
 {
     const clattn_attention_desc *d = &plan->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t B = d->batch, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Eo = d->out_dim, es = clattn_dtype_size(d->dtype);
+    const clattn_rows r = clattn_plan_rows_of(plan, b->cu_seqlens_q, b->cu_seqlens_kv); /* checked: declared() */
     if (!g) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
-    if (!g->grad_out.mem) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out.mem is NULL");
+    if (!g->grad_out.mem && r.q) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "grads.grad_out.mem is NULL");
     if (b->out.mem || b->attn.mem || b->lse.mem || b->context.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.%s is given to the backward pass, which writes "
                            "gradients only (the forward's lse and context go in grads)",
@@ -122,16 +137,16 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
     const size_t mask_size = d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1;
     /* x, kv, value, grad_out and the gradients in the plan's type; lse and context fp32 */
     const struct { clattn_buffer buf; size_t elems, size; const char *what; } all[] = {
-        {b->x, B * Tq * d->embed, es, "x"},
-        {b->kv, d->cross ? B * Tk * d->kv_embed : 0, es, "kv"},
+        {b->x, r.q * d->embed, es, "x"},
+        {b->kv, d->cross ? r.k * d->kv_embed : 0, es, "kv"},
         {b->key_padding_mask, d->key_padding_mask ? B * Tk : 0, 1, "key_padding_mask"},
         {b->attn_mask, clattn_plan_mask_elems(d), mask_size, "attn_mask"},
-        {b->value, clattn_plan_value_elems(d), es, "value"},
-        {g->grad_out, B * Tq * plan->out_width, es, "grad_out"},
-        {g->lse, B * H * Tq, 4, "lse"},
-        {g->context, B * Tq * H * dv, 4, "context"},
-        {g->grad_x, B * Tq * d->embed, es, "grad_x"},
-        {g->grad_kv, B * Tk * d->kv_embed, es, "grad_kv"},
+        {b->value, clattn_rows_value_elems(d, &r), es, "value"},
+        {g->grad_out, r.q * plan->out_width, es, "grad_out"},
+        {g->lse, H * r.q, 4, "lse"},
+        {g->context, r.q * H * dv, 4, "context"},
+        {g->grad_x, r.q * d->embed, es, "grad_x"},
+        {g->grad_kv, r.k * d->kv_embed, es, "grad_kv"},
         {g->grad_w_query, H * dk * d->embed, es, "grad_w_query"},
         {g->grad_w_key, HK * dk * d->kv_embed, es, "grad_w_key"},
         {g->grad_w_value, HK * dv * d->kv_embed, es, "grad_w_value"},
@@ -140,9 +155,10 @@ static clattn_status check_grad_buffers(const clattn_plan *plan, const clattn_at
         {g->grad_b_value, HK * dv, es, "grad_b_value"},
         {g->grad_w_out, Eo * H * dv, es, "grad_w_out"},
         {g->grad_b_out, Eo, es, "grad_b_out"},
-        {g->grad_value, clattn_plan_value_elems(d), es, "grad_value"}};
+        {g->grad_value, clattn_rows_value_elems(d, &r), es, "grad_value"}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (i < 5 && !all[i].elems) continue; /* an input the plan does not declare (refused before) */
+        if ((i < 5 || i >= 8) && !all[i].elems) continue; /* an input the plan lacks (refused before), or no rows */
+        if (i == 5 && !all[i].elems) continue; /* a varlen batch without rows: no grad_out needed */
         if (i == 0 || i == 5 || all[i].buf.mem)
             TRY(clattn_buffer_check(all[i].buf.mem, all[i].buf.offset, all[i].elems, all[i].size, all[i].what));
     }
@@ -162,7 +178,7 @@ clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_arg
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.%s is given to the backward pass, which writes "
                            "gradients only (the forward's lse and context go in grads)",
                            args->out ? "out" : args->attn ? "attn" : args->lse ? "lse" : "context");
-    TRY(check_grads(plan, grads));
+    TRY(check_grads(plan, args, grads));
     TRY(backward_no_overlap(plan, args, grads, NULL, NULL));
     pthread_mutex_lock(&plan->lock);
     const clattn_status st = plan->ops->backward_host(plan, args, grads);

@@ -186,6 +186,66 @@ done:
     return st;
 }
 
+/* A varlen training plan (desc.varlen), in fp32: each sequence's backward alone (a plan of batch 1 and its lengths) on
+ * its rows, the inputs' gradients written in their rows, the parameters' summed over the sequences (in double). A
+ * sequence with queries and no keys: its output rows are b_out, so grad_x's rows are 0 and grad_out's rows add to
+ * b_out's gradient; one with keys and no queries: its grad_kv (grad_value) rows are 0. */
+static clattn_status ref_backward_varlen(struct clattn_plan *plan, const clattn_attention_args *a,
+                                         const clattn_attention_grads *g)
+{
+    const clattn_attention_desc *d = &plan->d;
+    const clattn_rows r = clattn_plan_rows_of(plan, a->cu_seqlens_q, a->cu_seqlens_kv);
+    const size_t E = d->embed, Ekv = d->kv_embed, H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk;
+    const size_t dv = d->head_dim_v, W = plan->out_width, C = H * dv, Vw = d->separate_value ? HK * dv : 0;
+    enum { NP = 8 };
+    float *const out[NP] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
+                            g->grad_b_value, g->grad_w_out, g->grad_b_out};
+    const size_t n[NP] = {H * dk * E, HK * dk * Ekv, HK * dv * Ekv, H * dk, HK * dk, HK * dv, d->out_dim * C, d->out_dim};
+    double *sum[NP] = {0};
+    float *one[NP] = {0};
+    clattn_status st = CLATTN_STATUS_SUCCESS;
+    for (int i = 0; i < NP && !st; i++)
+        if (out[i] && (!(sum[i] = calloc(n[i], sizeof *sum[i])) || !(one[i] = clattn_malloc(n[i] * sizeof *one[i]))))
+            st = clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "reference backward: a parameter's gradient");
+    const float *x = a->x, *kv = a->kv, *value = a->value, *gout = g->grad_out;
+    float *gx = g->grad_x, *gkv = g->grad_kv, *gvalue = g->grad_value;
+    for (size_t b = 0; b < d->batch && !st; b++) {
+        const size_t q0 = r.cu_q[b], nq = r.cu_q[b + 1] - q0, k0 = r.cu_k[b], nk = r.cu_k[b + 1] - k0;
+        if (nq == 0 || nk == 0) {
+            if (gkv && nq == 0) memset(gkv + k0 * Ekv, 0, nk * Ekv * sizeof *gkv);
+            if (gvalue && nq == 0) memset(gvalue + k0 * Vw, 0, nk * Vw * sizeof *gvalue);
+            if (gx && nk == 0) memset(gx + q0 * E, 0, nq * E * sizeof *gx);
+            for (size_t i = 0; sum[7] && nk == 0 && i < nq * W; i++) sum[7][i % W] += gout[q0 * W + i];
+            continue;
+        }
+        struct clattn_plan sub = *plan; /* read by the reference only (its lock is never used) */
+        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq;
+        clattn_attention_args sa = {.x = x + q0 * E};
+        if (d->cross) sa.kv = kv + k0 * Ekv;
+        if (Vw) sa.value = value + k0 * Vw;
+        clattn_attention_grads sg = {.grad_out = gout + q0 * W};
+        if (g->lse) sg.lse = g->lse + H * q0, sg.context = g->context + q0 * C;
+        if (gx) sg.grad_x = gx + q0 * E;
+        if (gkv) sg.grad_kv = gkv + k0 * Ekv;
+        if (gvalue) sg.grad_value = gvalue + k0 * Vw;
+        sg.grad_w_query = one[0], sg.grad_w_key = one[1], sg.grad_w_value = one[2], sg.grad_b_query = one[3];
+        sg.grad_b_key = one[4], sg.grad_b_value = one[5], sg.grad_w_out = one[6], sg.grad_b_out = one[7];
+        st = ref_backward_f32(&sub, &sa, &sg);
+        for (int i = 0; i < NP && !st; i++)
+            for (size_t j = 0; one[i] && j < n[i]; j++) sum[i][j] += one[i][j];
+    }
+    for (int i = 0; i < NP && !st; i++)
+        if (out[i]) store(sum[i], n[i], out[i]);
+    for (int i = 0; i < NP; i++) free(sum[i]), free(one[i]);
+    return st;
+}
+
+static clattn_status backward_fp32(struct clattn_plan *plan, const clattn_attention_args *a,
+                                   const clattn_attention_grads *g)
+{
+    return plan->d.varlen ? ref_backward_varlen(plan, a, g) : ref_backward_f32(plan, a, g);
+}
+
 /* A half-precision training plan (desc.dtype F16 or BF16): x, kv, value and grad_out widened to float (exactly), the
  * fp32 backward above, each gradient rounded to the type once (to nearest even); lse and context are fp32 as given. */
 static clattn_status ref_backward_typed(struct clattn_plan *plan, const clattn_attention_args *a,
@@ -193,19 +253,20 @@ static clattn_status ref_backward_typed(struct clattn_plan *plan, const clattn_a
 {
     const clattn_attention_desc *d = &plan->d;
     const clattn_dtype t = d->dtype;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
+    const size_t H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
+    const clattn_rows r = clattn_plan_rows_of(plan, a->cu_seqlens_q, a->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
     enum { NIN = 4, NG = 11 };
     /* the inputs: x, kv, value, grad_out */
     const void *in[NIN] = {a->x, d->cross ? a->kv : NULL, d->separate_value ? a->value : NULL, g->grad_out};
-    const size_t n_in[NIN] = {B * Tq * d->embed, B * Tk * d->kv_embed, clattn_plan_value_elems(d),
-                              B * Tq * plan->out_width};
+    const size_t n_in[NIN] = {r.q * d->embed, r.k * d->kv_embed, clattn_rows_value_elems(d, &r),
+                              r.q * plan->out_width};
     /* the gradients, in clattn_attention_grads' order after grad_out */
     void *const out[NG] = {g->grad_x, g->grad_kv, g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query,
                            g->grad_b_key, g->grad_b_value, g->grad_w_out, g->grad_b_out, g->grad_value};
-    const size_t n_out[NG] = {B * Tq * d->embed, B * Tk * d->kv_embed, H * dk * d->embed, HK * dk * d->kv_embed,
+    const size_t n_out[NG] = {r.q * d->embed, r.k * d->kv_embed, H * dk * d->embed, HK * dk * d->kv_embed,
                               HK * dv * d->kv_embed, H * dk, HK * dk, HK * dv, d->out_dim * H * dv, d->out_dim,
-                              clattn_plan_value_elems(d)};
+                              clattn_rows_value_elems(d, &r)};
     float *wide[NIN] = {0}, *grad[NG] = {0};
     clattn_status st = CLATTN_STATUS_SUCCESS;
     for (int i = 0; i < NIN && !st; i++)
@@ -228,7 +289,7 @@ static clattn_status ref_backward_typed(struct clattn_plan *plan, const clattn_a
                                    &wg.grad_b_query, &wg.grad_b_key, &wg.grad_b_value, &wg.grad_w_out,
                                    &wg.grad_b_out, &wg.grad_value};
         for (int i = 0; i < NG; i++) *slots[i] = grad[i];
-        st = ref_backward_f32(plan, &wa, &wg);
+        st = backward_fp32(plan, &wa, &wg);
         for (int i = 0; i < NG && !st; i++)
             if (out[i]) clattn_dtype_narrow(grad[i], n_out[i], t, out[i]);
     }
@@ -241,5 +302,5 @@ clattn_status clattn_ref_backward(struct clattn_plan *plan, const clattn_attenti
                                   const clattn_attention_grads *g)
 {
     if (plan->d.dtype != CLATTN_DTYPE_F32) return ref_backward_typed(plan, a, g);
-    return ref_backward_f32(plan, a, g);
+    return backward_fp32(plan, a, g);
 }

@@ -120,10 +120,10 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
                            "cache's page_size), or 0 for contiguous caches", d->kv_page_size);
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if ((unsigned)d->varlen > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "varlen must be 0 or 1");
-    if (d->varlen && (d->training || d->dropout != 0.0f || d->key_padding_mask || d->attn_mask || d->need_weights))
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run inference plans "
-                           "without masks or weights (the lengths say which keys a sequence has; README, "
-                           "\"Variable-length batches\")", d->training ? "training" : d->dropout != 0.0f ? "dropout" :
+    if (d->varlen && (d->dropout != 0.0f || d->key_padding_mask || d->attn_mask || d->need_weights))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run without masks, "
+                           "dropout or the weights (the lengths say which keys a sequence has; README, "
+                           "\"Variable-length batches\")", d->dropout != 0.0f ? "dropout" :
                            d->key_padding_mask ? "key_padding_mask" : d->attn_mask ? "attn_mask" : "need_weights");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "
@@ -624,8 +624,8 @@ static clattn_status forward_no_overlap(const clattn_plan *p, const clattn_atten
                             : clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv);
     const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, r.q * p->out_width, es),
                                      CLATTN_RANGE(o, a, b, attn, B * H * Tq * Tk, es),
-                                     CLATTN_RANGE(o, a, b, lse, B * H * Tq, 4),
-                                     CLATTN_RANGE(o, a, b, context, B * Tq * H * d->head_dim_v, 4)};
+                                     CLATTN_RANGE(o, a, b, lse, H * r.q, 4),
+                                     CLATTN_RANGE(o, a, b, context, r.q * H * d->head_dim_v, 4)};
     return clattn_check_no_overlap(outs, 4, ins, CLATTN_PLAN_INPUTS);
 }
 
@@ -647,10 +647,18 @@ static clattn_status check_args(const clattn_plan *plan, const clattn_attention_
     snprintf(how, sizeof how, "batch x heads x seq_q x seq_kv = %zu x %zu x %zu x %zu", B, d->heads, Tq, Tk);
     TRY(clattn_count_check("args", "attn", a->attn, a->attn_count, B * d->heads * Tq * Tk, how));
     TRY(check_training_outputs(plan, a->lse != NULL, a->context != NULL, "args"));
-    snprintf(how, sizeof how, "batch x heads x seq_q = %zu x %zu x %zu", B, d->heads, Tq);
-    TRY(clattn_count_check("args", "lse", a->lse, a->lse_count, B * d->heads * Tq, how));
-    snprintf(how, sizeof how, "batch x seq_q x heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tq, d->heads, d->head_dim_v);
-    TRY(clattn_count_check("args", "context", a->context, a->context_count, B * Tq * d->heads * d->head_dim_v, how));
+    if (d->varlen) /* each sequence's (H, L) rows, one after another */
+        snprintf(how, sizeof how, "heads x cu_seqlens_q[batch] = %zu x %zu", d->heads, r.q);
+    else
+        snprintf(how, sizeof how, "batch x heads x seq_q = %zu x %zu x %zu", B, d->heads, Tq);
+    TRY(clattn_count_check("args", "lse", a->lse, a->lse_count, r.q * d->heads, how));
+    if (d->varlen)
+        snprintf(how, sizeof how, "cu_seqlens_q[batch] x heads*head_dim_v = %zu x %zu*%zu", r.q, d->heads,
+                 d->head_dim_v);
+    else
+        snprintf(how, sizeof how, "batch x seq_q x heads*head_dim_v = %zu x %zu x %zu*%zu", B, Tq, d->heads,
+                 d->head_dim_v);
+    TRY(clattn_count_check("args", "context", a->context, a->context_count, r.q * d->heads * d->head_dim_v, how));
     return forward_no_overlap(plan, a, NULL);
 }
 

@@ -138,13 +138,14 @@ static clattn_status ref_execute_typed(struct clattn_plan *p, const clattn_atten
 static clattn_status ref_execute_host(struct clattn_plan *p, const clattn_attention_args *a);
 
 /* A varlen plan (desc.varlen): each sequence alone, as a plan of batch 1 and its own lengths would compute it (the
- * definition of a variable-length batch), on its rows of the packed arrays. A sequence with queries and no keys:
- * its rows' context is 0, so each output row is b_out (or 0). */
+ * definition of a variable-length batch), on its rows of the packed arrays (a training plan's lse: the sequence's
+ * (H, L) rows at H * its first row). A sequence with queries and no keys: its rows' context is 0, so each output
+ * row is b_out (or 0), and their lse -inf. */
 static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_attention_args *a)
 {
     const clattn_attention_desc *d = &p->d;
     const clattn_rows r = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv);
-    const size_t es = clattn_dtype_size(d->dtype), W = p->out_width;
+    const size_t es = clattn_dtype_size(d->dtype), W = p->out_width, H = d->heads, C = H * d->head_dim_v;
     const size_t v_row = d->separate_value ? d->kv_heads * d->head_dim_v : 0;
     double ms[CLATTN_NSTAGES] = {0};
     for (size_t b = 0; b < d->batch; b++) {
@@ -157,6 +158,8 @@ static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_atte
             if (p->has_out && p->b_out) memcpy(row, p->b_out, W * sizeof *row);
             for (size_t i = 0; i < nq; i++) clattn_dtype_narrow(row, W, d->dtype, out + i * W * es);
             free(row);
+            for (size_t i = 0; a->lse && i < H * nq; i++) a->lse[H * q0 + i] = -INFINITY;
+            if (a->context) memset(a->context + q0 * C, 0, nq * C * sizeof *a->context);
             continue;
         }
         /* the plan of this sequence alone: a copy read by the reference's functions only (its lock is never used) */
@@ -166,6 +169,8 @@ static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_atte
             .x = (const char *)a->x + q0 * d->embed * es, .x_count = nq * d->embed, .out = out, .out_count = nq * W};
         if (d->cross) s.kv = (const char *)a->kv + k0 * d->kv_embed * es, s.kv_count = nk * d->kv_embed;
         if (d->separate_value) s.value = (const char *)a->value + k0 * v_row * es, s.value_count = nk * v_row;
+        if (a->lse) s.lse = a->lse + H * q0, s.lse_count = H * nq;
+        if (a->context) s.context = a->context + q0 * C, s.context_count = nq * C;
         TRY(ref_execute_host(&sub, &s));
         for (int st = 0; st < CLATTN_NSTAGES; st++) ms[st] += sub.stage_ms[st];
     }

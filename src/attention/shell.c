@@ -249,35 +249,6 @@ static clattn_status mark(struct clattn_plan *p, int stage)
 
 static clattn_status core_mark(void *ctx, clattn_stage stage) { return mark(ctx, (int)stage); }
 
-/* A varlen batch's core (desc.varlen): the core once per sequence, as a batch of one of its own lengths
- * (clattn_core_io.seq_q, seq_kv) on its rows of Q, K, V and the output; a sequence with queries and no keys gets
- * context 0 (a row with no visible key). One launch per sequence: the kernels stay those of the padded batch. */
-static clattn_status run_core_varlen(struct clattn_plan *p, const run_io *io, const clattn_core_io *cio)
-{
-    shell *c = state(p);
-    const clattn_attention_desc *d = &p->d;
-    const clattn_rows *r = &io->rows;
-    for (size_t b = 0; b < d->batch; b++) {
-        const size_t q0 = r->cu_q[b], nq = r->cu_q[b + 1] - q0, k0 = r->cu_k[b], nk = r->cu_k[b + 1] - k0;
-        if (nq == 0) continue;
-        clattn_core_io s = *cio;
-        s.out.off += q0 * c->lay.out_ld;
-        if (nk == 0) { /* zero bits: 0 in float, half and bfloat16 (a core writing the plan's type: native_io) */
-            const cl_uchar zero = 0;
-            const size_t es = c->native_io ? clattn_dtype_size(d->dtype) : sizeof(float);
-            CL_CHECK(clEnqueueFillBuffer(p->device->queue, s.out.mem, &zero, 1, s.out.off * es,
-                                         nq * c->lay.out_ld * es, 0, NULL, NULL),
-                     "writing the context of a sequence without keys");
-            continue;
-        }
-        s.q.off += q0 * c->lay.q_ld, s.k.off += k0 * c->lay.k_ld, s.v.off += k0 * c->lay.v_ld;
-        s.seq_q = nq, s.seq_kv = nk;
-        if (b + 1 < d->batch) s.mark = NULL; /* the stage ends with the last sequence */
-        TRY(c->core.core->run(c->core.state, &s));
-    }
-    return CLATTN_STATUS_SUCCESS;
-}
-
 /* The whole forward pass, enqueued on the device queue. */
 static clattn_status run(struct clattn_plan *p, const run_io *io)
 {
@@ -295,7 +266,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
     cio.out = !p->has_out ? io->out : io->context.mem ? io->context : (view){c->merged, 0};
     /* 2. the core */
     if (d->varlen)
-        TRY(run_core_varlen(p, io, &cio));
+        TRY(clattn_shell_core_varlen(p, &io->rows, &cio));
     else
         TRY(c->core.core->run(c->core.state, &cio));
     if (!p->has_out && io->context.mem) /* no output projection: the context is the output */
@@ -373,8 +344,8 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
     const size_t H = d->heads, dv = d->head_dim_v;
     const clattn_transfer out[] = {
         {c->out_buf, rows.q * p->out_width * es, a->out, "the output"},
-        {c->lse_buf, B * H * Tq * sizeof(float), a->lse, "the rows' log-sum-exp"},
-        {p->has_out ? c->merged : c->out32 ? c->out32 : c->out_buf, B * Tq * H * dv * sizeof(float), a->context,
+        {c->lse_buf, H * rows.q * sizeof(float), a->lse, "the rows' log-sum-exp"},
+        {p->has_out ? c->merged : c->out32 ? c->out32 : c->out_buf, rows.q * H * dv * sizeof(float), a->context,
          "the context"}}; /* without an output projection the output itself, before a half plan narrows it */
     run_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .out = {c->out_buf, 0}, .attn = {NULL, 0}, .attn_host = attn_host, .lse = {c->lse_buf, 0},
@@ -403,7 +374,7 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
         TRY(clattn_buffer_check(b->value.mem, b->value.offset, clattn_rows_value_elems(d, &rows), es, "value"));
     if (rows.q) TRY(clattn_buffer_check(b->out.mem, b->out.offset, rows.q * p->out_width, es, "out"));
     if (b->attn.mem) TRY(clattn_buffer_check(b->attn.mem, b->attn.offset, B * d->heads * Tq * Tk, es, "attn"));
-    const size_t n_lse = B * d->heads * Tq, n_ctx = B * Tq * d->heads * d->head_dim_v;
+    const size_t n_lse = rows.q * d->heads, n_ctx = rows.q * d->heads * d->head_dim_v; /* B*Tq rows, or varlen's */
     if (b->lse.mem) TRY(clattn_buffer_check(b->lse.mem, b->lse.offset, n_lse, 4, "lse"));
     if (b->context.mem) TRY(clattn_buffer_check(b->context.mem, b->context.offset, n_ctx, 4, "context"));
     shell *c = state(p);

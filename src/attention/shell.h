@@ -62,6 +62,12 @@ typedef struct run_io {
  * projections read them in the type (no such buffers: shell.c's typed_buffers). */
 clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, const clattn_rows *rows, view *x, view *kv, view *value);
 
+/* A varlen batch's core (desc.varlen; shell_project.c): the core once per sequence, as a batch of one of its own
+ * lengths (clattn_core_io.seq_q, seq_kv) on its rows of Q, K, V, the output and lse (the sequence's (H, L) rows at
+ * H * its first row); a sequence with queries and no keys gets context 0 and lse -inf (rows with no visible key).
+ * One launch per sequence, with the kernels of the padded batch; profiling marks the core as one stage (attention). */
+clattn_status clattn_shell_core_varlen(struct clattn_plan *p, const clattn_rows *rows, const clattn_core_io *cio);
+
 /* The projections (or the inputs themselves), the views the core reads Q, K and V from (shell_project.c). */
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio);
 

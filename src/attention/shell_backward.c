@@ -24,6 +24,7 @@ typedef struct bwd_io {
     view gout, lse, ctx;
     view gx, gkv, gvalue;
     view gw[NGRAD];
+    clattn_rows rows; /* B*Tq and B*Tk, or a varlen batch's rows and offsets */
 } bwd_io;
 
 /* Elements of each parameter's gradient (0: the plan has no such parameter). */
@@ -126,13 +127,71 @@ static clattn_status grad_input(const clattn_linear *l, view a, size_t lda, cl_m
     return clattn_gemm_run(&l->gemm, &g);
 }
 
+/* n elements of es bytes from v on, zero bits (0 in float, half and bfloat16) */
+static clattn_status zero_view(const struct clattn_plan *p, view v, size_t n, size_t es, const char *what)
+{
+    const cl_uchar zero = 0;
+    if (!v.mem || !n) return CLATTN_STATUS_SUCCESS;
+    CL_CHECK(clEnqueueFillBuffer(p->device->queue, v.mem, &zero, 1, v.off * es, n * es, 0, NULL, NULL), what);
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A varlen batch without query rows, or without key rows: no query sees a key, so every output row is b_out (or 0);
+ * b_out's gradient is grad_out's column sums, every other gradient 0. */
+static clattn_status bwd_no_scores(struct clattn_plan *p, const bwd_io *io)
+{
+    const clattn_attention_desc *d = &p->d;
+    const clattn_rows *r = &io->rows;
+    size_t n[NGRAD];
+    grad_sizes(p, n);
+    for (int i = 0; i < NGRAD; i++)
+        if (i != GB_OUT || !r->q) TRY(zero_view(p, io->gw[i], n[i], sizeof(float), "zeroing a parameter's gradient"));
+    if (r->q && io->gw[GB_OUT].mem)
+        TRY(clattn_linear_colsum(&((shell *)p->backend_state)->lin, io->gout, p->out_width, r->q, p->out_width,
+                                 io->gw[GB_OUT]));
+    TRY(zero_view(p, io->gx, r->q * d->embed, sizeof(float), "zeroing grad_x"));
+    TRY(zero_view(p, io->gkv, r->k * d->kv_embed, sizeof(float), "zeroing grad_kv"));
+    return zero_view(p, io->gvalue, clattn_rows_value_elems(d, r), sizeof(float), "zeroing grad_value");
+}
+
+/* A varlen batch's backward core: once per sequence (clattn_backward_io.seq_q, seq_kv) on its rows; a sequence with
+ * queries and no keys gets dQ 0, one with keys and no queries dK and dV 0. */
+static clattn_status bwd_core_varlen(struct clattn_plan *p, const bwd_io *io, const clattn_backward_io *bio)
+{
+    shell_train *t = &((shell *)p->backend_state)->train;
+    const clattn_attention_desc *d = &p->d;
+    const clattn_rows *r = &io->rows;
+    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    for (size_t b = 0; b < d->batch; b++) {
+        const size_t q0 = r->cu_q[b], nq = r->cu_q[b + 1] - q0, k0 = r->cu_k[b], nk = r->cu_k[b + 1] - k0;
+        clattn_backward_io s = *bio;
+        const clattn_core_layout *lay = &((shell *)p->backend_state)->lay; /* Q, K and V's row strides */
+        s.q.off += q0 * lay->q_ld, s.k.off += k0 * lay->k_ld, s.v.off += k0 * lay->v_ld;
+        s.dq.off += q0 * bio->dq_ld, s.dk.off += k0 * bio->dkv_ld, s.dv.off += k0 * bio->dkv_ld;
+        if (nq == 0 || nk == 0) { /* (self-attention: both 0, nothing to do) */
+            for (size_t i = 0; nk == 0 && i < nq; i++)
+                TRY(zero_view(p, (view){s.dq.mem, s.dq.off + i * bio->dq_ld}, H * dk, sizeof(float), "zeroing dQ"));
+            for (size_t i = 0; nq == 0 && i < nk; i++) {
+                TRY(zero_view(p, (view){s.dk.mem, s.dk.off + i * bio->dkv_ld}, HK * dk, sizeof(float), "zeroing dK"));
+                TRY(zero_view(p, (view){s.dv.mem, s.dv.off + i * bio->dkv_ld}, HK * dv, sizeof(float), "zeroing dV"));
+            }
+            continue;
+        }
+        s.ctx.off += q0 * bio->ctx_ld, s.dctx.off += q0 * bio->dctx_ld, s.lse.off += H * q0;
+        s.seq_q = nq, s.seq_kv = nk;
+        TRY(t->core.core->run_backward(t->core.state, &s));
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
 {
     shell *c = p->backend_state;
     shell_train *t = &c->train;
     const clattn_linear *l = &c->lin;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, E = d->embed, Ekv = d->kv_embed;
+    if (!io->rows.q || !io->rows.k) return bwd_no_scores(p, io); /* (a varlen batch's edge) */
+    const size_t rq = io->rows.q, rk = io->rows.k, E = d->embed, Ekv = d->kv_embed; /* B*Tq, B*Tk or varlen's */
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
     const size_t Hdv = H * dv, Eo = p->out_width;
     /* a half plan's typed projections (shell.h): the weights in the type, and x and kv read as the caller's */
@@ -140,7 +199,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const clattn_dtype tx = c->typed_proj && p->has_qkv ? d->dtype : CLATTN_DTYPE_F32;
     /* 1. Q, K, V */
     clattn_core_io cio = {.kpm = io->kpm, .mask = io->mask, .seed = d->seed};
-    const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value, .rows = clattn_plan_rows_of(p, NULL, NULL)};
+    const run_io rio = {.x = io->x, .kv = io->kv, .value = io->value, .rows = io->rows};
     TRY(clattn_shell_project(p, &rio, &cio));
     /* 2. the forward's lse and context */
     view ctx = io->ctx, lse = io->lse;
@@ -149,18 +208,21 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
         lse = (view){c->lse_buf, 0};
         cio.out = ctx;
         cio.lse = lse;
-        TRY(c->core.core->run(c->core.state, &cio));
+        if (d->varlen)
+            TRY(clattn_shell_core_varlen(p, &io->rows, &cio));
+        else
+            TRY(c->core.core->run(c->core.state, &cio));
     }
     /* 3. the output projection's gradients, and the context's */
     view dctx = io->gout;
     if (p->has_out) {
         dctx = (view){t->dctx, 0};
-        TRY(grad_input(l, io->gout, Eo, c->w_out, tw, B * Tq, Eo, Hdv, dctx, "the context's gradient"));
+        TRY(grad_input(l, io->gout, Eo, c->w_out, tw, rq, Eo, Hdv, dctx, "the context's gradient"));
         if (io->gw[GW_OUT].mem)
-            TRY(clattn_linear_grad_weight(l, io->gout, Eo, ctx, Hdv, CLATTN_DTYPE_F32, B * Tq, Eo, Hdv, d->layout,
+            TRY(clattn_linear_grad_weight(l, io->gout, Eo, ctx, Hdv, CLATTN_DTYPE_F32, rq, Eo, Hdv, d->layout,
                                           io->gw[GW_OUT],
                                           "w_out's gradient"));
-        if (io->gw[GB_OUT].mem) TRY(clattn_linear_colsum(l, io->gout, Eo, B * Tq, Eo, io->gw[GB_OUT]));
+        if (io->gw[GB_OUT].mem) TRY(clattn_linear_colsum(l, io->gout, Eo, rq, Eo, io->gw[GB_OUT]));
     }
     /* 4. the backward core */
     const int self = !d->cross;
@@ -171,32 +233,35 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
     const clattn_backward_io bio = {.q = cio.q, .k = cio.k, .v = cio.v, .ctx = ctx, .dctx = dctx, .ctx_ld = Hdv,
                                     .dctx_ld = Hdv, .lse = lse, .kpm = io->kpm, .mask = io->mask, .dq = dq, .dk = dK,
                                     .dv = dV, .dq_ld = nq, .dkv_ld = nkv, .seed = d->seed};
-    TRY(t->core.core->run_backward(t->core.state, &bio));
+    if (d->varlen)
+        TRY(bwd_core_varlen(p, io, &bio));
+    else
+        TRY(t->core.core->run_backward(t->core.state, &bio));
     /* 5. the projections' gradients and the inputs' */
     const view kvin = self ? io->x : io->kv;
     if (!p->has_qkv) {
-        if (io->gx.mem) TRY(clattn_linear_sum_blocks(l, dq, nq, self ? 3 : 1, E, io->gx, E, B * Tq));
+        if (io->gx.mem) TRY(clattn_linear_sum_blocks(l, dq, nq, self ? 3 : 1, E, io->gx, E, rq));
         /* K = V = kv: dkv = dK + dV; separate_value: dkv = dK, dvalue = dV */
         const size_t sv = d->separate_value;
-        if (io->gkv.mem) TRY(clattn_linear_sum_blocks(l, dK, nkv, sv ? 1 : 2, Ekv, io->gkv, Ekv, B * Tk));
-        if (io->gvalue.mem) TRY(clattn_linear_sum_blocks(l, dV, nkv, 1, HK * dv, io->gvalue, HK * dv, B * Tk));
+        if (io->gkv.mem) TRY(clattn_linear_sum_blocks(l, dK, nkv, sv ? 1 : 2, Ekv, io->gkv, Ekv, rk));
+        if (io->gvalue.mem) TRY(clattn_linear_sum_blocks(l, dV, nkv, 1, HK * dv, io->gvalue, HK * dv, rk));
         return CLATTN_STATUS_SUCCESS;
     }
     const clattn_layout lay = d->layout;
     if (io->gw[GW_Q].mem)
-        TRY(clattn_linear_grad_weight(l, dq, nq, io->x, E, tx, B * Tq, H * dk, E, lay, io->gw[GW_Q],
+        TRY(clattn_linear_grad_weight(l, dq, nq, io->x, E, tx, rq, H * dk, E, lay, io->gw[GW_Q],
                                       "w_query's gradient"));
     if (io->gw[GW_K].mem)
-        TRY(clattn_linear_grad_weight(l, dK, nkv, kvin, Ekv, tx, B * Tk, HK * dk, Ekv, lay, io->gw[GW_K],
+        TRY(clattn_linear_grad_weight(l, dK, nkv, kvin, Ekv, tx, rk, HK * dk, Ekv, lay, io->gw[GW_K],
                                       "w_key's gradient"));
     if (io->gw[GW_V].mem)
-        TRY(clattn_linear_grad_weight(l, dV, nkv, kvin, Ekv, tx, B * Tk, HK * dv, Ekv, lay, io->gw[GW_V],
+        TRY(clattn_linear_grad_weight(l, dV, nkv, kvin, Ekv, tx, rk, HK * dv, Ekv, lay, io->gw[GW_V],
                                       "w_value's gradient"));
-    if (io->gw[GB_Q].mem) TRY(clattn_linear_colsum(l, dq, nq, B * Tq, H * dk, io->gw[GB_Q]));
-    if (io->gw[GB_K].mem) TRY(clattn_linear_colsum(l, dK, nkv, B * Tk, HK * dk, io->gw[GB_K]));
-    if (io->gw[GB_V].mem) TRY(clattn_linear_colsum(l, dV, nkv, B * Tk, HK * dv, io->gw[GB_V]));
-    if (io->gx.mem) TRY(grad_input(l, dq, nq, c->w_proj, tw, B * Tq, nq, E, io->gx, "x's gradient"));
-    if (io->gkv.mem) TRY(grad_input(l, dK, nkv, c->w_kv, tw, B * Tk, nkv, Ekv, io->gkv, "kv's gradient"));
+    if (io->gw[GB_Q].mem) TRY(clattn_linear_colsum(l, dq, nq, rq, H * dk, io->gw[GB_Q]));
+    if (io->gw[GB_K].mem) TRY(clattn_linear_colsum(l, dK, nkv, rk, HK * dk, io->gw[GB_K]));
+    if (io->gw[GB_V].mem) TRY(clattn_linear_colsum(l, dV, nkv, rk, HK * dv, io->gw[GB_V]));
+    if (io->gx.mem) TRY(grad_input(l, dq, nq, c->w_proj, tw, rq, nq, E, io->gx, "x's gradient"));
+    if (io->gkv.mem) TRY(grad_input(l, dK, nkv, c->w_kv, tw, rk, nkv, Ekv, io->gkv, "kv's gradient"));
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -209,23 +274,23 @@ static clattn_status bwd_typed(struct clattn_plan *p, const bwd_io *io)
     const clattn_linear *l = &c->lin;
     const clattn_attention_desc *d = &p->d;
     const clattn_dtype ty = d->dtype;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv;
+    const size_t rq = io->rows.q, rk = io->rows.k; /* B*Tq and B*Tk, or a varlen batch's */
     size_t n[NGRAD];
     grad_sizes(p, n);
     bwd_io w = *io;
     w.gout = (view){t->gout32, 0};
-    TRY(clattn_linear_convert(l, io->gout, w.gout, B * Tq * p->out_width, ty, 0));
-    const clattn_rows rows = clattn_plan_rows_of(p, NULL, NULL); /* a training plan: never varlen */
-    TRY(clattn_shell_widen_inputs(p, &rows, &w.x, &w.kv, &w.value));
+    if (rq) TRY(clattn_linear_convert(l, io->gout, w.gout, rq * p->out_width, ty, 0));
+    TRY(clattn_shell_widen_inputs(p, &io->rows, &w.x, &w.kv, &w.value));
     if (io->gx.mem) w.gx = (view){t->gx32, 0};
     if (io->gkv.mem) w.gkv = (view){t->gkv32, 0};
     if (io->gvalue.mem) w.gvalue = (view){t->gvalue32, 0};
     for (int i = 0; i < NGRAD; i++)
         if (io->gw[i].mem) w.gw[i] = (view){t->gw32[i], 0};
     TRY(bwd_run(p, &w));
-    if (io->gx.mem) TRY(clattn_linear_convert(l, w.gx, io->gx, B * Tq * d->embed, ty, 1));
-    if (io->gkv.mem) TRY(clattn_linear_convert(l, w.gkv, io->gkv, B * Tk * d->kv_embed, ty, 1));
-    if (io->gvalue.mem) TRY(clattn_linear_convert(l, w.gvalue, io->gvalue, clattn_plan_value_elems(d), ty, 1));
+    if (io->gx.mem && rq) TRY(clattn_linear_convert(l, w.gx, io->gx, rq * d->embed, ty, 1));
+    if (io->gkv.mem && rk) TRY(clattn_linear_convert(l, w.gkv, io->gkv, rk * d->kv_embed, ty, 1));
+    if (io->gvalue.mem && rk)
+        TRY(clattn_linear_convert(l, w.gvalue, io->gvalue, clattn_rows_value_elems(d, &io->rows), ty, 1));
     for (int i = 0; i < NGRAD; i++)
         if (io->gw[i].mem) TRY(clattn_linear_convert(l, w.gw[i], io->gw[i], n[i], ty, 1));
     return CLATTN_STATUS_SUCCESS;
@@ -245,34 +310,37 @@ clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_att
     shell *c = p->backend_state;
     shell_train *t = &c->train;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
+    const size_t B = d->batch, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
     if (!p->host_staging)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
+    const clattn_rows rows = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
+    const size_t rq = rows.q, rk = rows.k;
     const int saved = g->lse != NULL;
     const cl_mem ctx_buf = p->has_out ? c->merged : t->ctx;
     const size_t es = clattn_dtype_size(d->dtype); /* x, kv, value, grad_out and the gradients in the plan's type */
     const clattn_transfer in[] = {
-        {c->x_in, B * Tq * d->embed * es, (void *)a->x, "x"},
-        {d->cross ? c->kv_in : NULL, B * Tk * d->kv_embed * es, (void *)a->kv, "kv"},
+        {c->x_in, rq * d->embed * es, (void *)a->x, "x"},
+        {d->cross ? c->kv_in : NULL, rk * d->kv_embed * es, (void *)a->kv, "kv"},
         {d->key_padding_mask ? c->kpm_in : NULL, B * Tk, (void *)a->key_padding_mask, "the key padding mask"},
         {d->attn_mask ? c->mask_in : NULL, clattn_plan_mask_elems(d) * (d->attn_mask == CLATTN_MASK_FLOAT ? 4 : 1),
          (void *)a->attn_mask, "the attention mask"},
-        {c->value_in, clattn_plan_value_elems(d) * es, (void *)a->value, "value"},
-        {t->gout_in, B * Tq * p->out_width * es, (void *)g->grad_out, "grad_out"},
-        {saved ? c->lse_buf : NULL, B * H * Tq * sizeof(float), (void *)g->lse, "lse"},
-        {saved ? ctx_buf : NULL, B * Tq * H * dv * sizeof(float), (void *)g->context, "context"}};
+        {c->value_in, clattn_rows_value_elems(d, &rows) * es, (void *)a->value, "value"},
+        {t->gout_in, rq * p->out_width * es, (void *)g->grad_out, "grad_out"},
+        {saved ? c->lse_buf : NULL, H * rq * sizeof(float), (void *)g->lse, "lse"},
+        {saved ? ctx_buf : NULL, rq * H * dv * sizeof(float), (void *)g->context, "context"}};
     size_t n[NGRAD];
     grad_sizes(p, n);
     void *const host[NGRAD] = {g->grad_w_query, g->grad_w_key, g->grad_w_value, g->grad_b_query, g->grad_b_key,
                                 g->grad_b_value, g->grad_w_out, g->grad_b_out};
     clattn_transfer out[3 + NGRAD] = {
-        {t->gx_out, B * Tq * d->embed * es, g->grad_x, "grad_x"},
-        {t->gkv_out, B * Tk * d->kv_embed * es, g->grad_kv, "grad_kv"},
-        {t->gvalue_out, clattn_plan_value_elems(d) * es, g->grad_value, "grad_value"}};
+        {t->gx_out, rq * d->embed * es, g->grad_x, "grad_x"},
+        {t->gkv_out, rk * d->kv_embed * es, g->grad_kv, "grad_kv"},
+        {t->gvalue_out, clattn_rows_value_elems(d, &rows) * es, g->grad_value, "grad_value"}};
     bwd_io io = {.x = {c->x_in, 0}, .kv = {c->kv_in, 0}, .kpm = {c->kpm_in, 0}, .mask = {c->mask_in, 0},
                  .value = {c->value_in, 0}, .gout = {t->gout_in, 0}, .lse = {saved ? c->lse_buf : NULL, 0},
                  .ctx = {saved ? ctx_buf : NULL, 0}, .gx = {g->grad_x ? t->gx_out : NULL, 0},
-                 .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}, .gvalue = {g->grad_value ? t->gvalue_out : NULL, 0}};
+                 .gkv = {g->grad_kv ? t->gkv_out : NULL, 0}, .gvalue = {g->grad_value ? t->gvalue_out : NULL, 0},
+                 .rows = rows};
     for (int i = 0; i < NGRAD; i++) {
         out[3 + i] = (clattn_transfer){t->gw[i], n[i] * es, host[i], "a parameter's gradient"};
         io.gw[i] = (view){host[i] ? t->gw[i] : NULL, 0};
@@ -292,7 +360,8 @@ clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_
                  .mask = {b->attn_mask.mem, b->attn_mask.offset}, .gout = {g->grad_out.mem, g->grad_out.offset},
                  .lse = {g->lse.mem, g->lse.offset}, .ctx = {g->context.mem, g->context.offset},
                  .gx = {g->grad_x.mem, g->grad_x.offset}, .gkv = {g->grad_kv.mem, g->grad_kv.offset},
-                 .value = {b->value.mem, b->value.offset}, .gvalue = {g->grad_value.mem, g->grad_value.offset}};
+                 .value = {b->value.mem, b->value.offset}, .gvalue = {g->grad_value.mem, g->grad_value.offset},
+                 .rows = clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv)};
     for (int i = 0; i < NGRAD; i++) io.gw[i] = (view){gws[i].mem, gws[i].offset};
     void *pc[2] = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, bwd_pass, pc, event);

@@ -1,8 +1,41 @@
-/* shell_project.c: the OpenCL shell's first step, which the forward (shell.c) and the backward (shell_backward.c)
- * both run: a half plan's inputs widened where its projections do not read them as they are, then self-attention one GEMM against [Wq|Wk|Wv], cross-attention
+/* shell_project.c: what the forward (shell.c) and the backward (shell_backward.c) both run: a varlen batch's core,
+ * sequence by sequence, and the OpenCL shell's first step: a half plan's inputs widened where its projections do not read them as they are, then self-attention one GEMM against [Wq|Wk|Wv], cross-attention
  * Q = x Wq^T and [K|V] = kv [Wk|Wv]^T, or without projections the inputs themselves (V the value input with
  * separate_value). */
 #include "shell.h"
+
+#include <math.h>
+
+clattn_status clattn_shell_core_varlen(struct clattn_plan *p, const clattn_rows *r, const clattn_core_io *cio)
+{
+    shell *c = p->backend_state;
+    const clattn_attention_desc *d = &p->d;
+    cl_command_queue q = p->device->queue;
+    for (size_t b = 0; b < d->batch; b++) {
+        const size_t q0 = r->cu_q[b], nq = r->cu_q[b + 1] - q0, k0 = r->cu_k[b], nk = r->cu_k[b + 1] - k0;
+        if (nq == 0) continue;
+        clattn_core_io s = *cio;
+        s.out.off += q0 * c->lay.out_ld;
+        s.lse.off += d->heads * q0;
+        s.mark = NULL; /* marked once below */
+        if (nk == 0) { /* zero bits: 0 in float, half and bfloat16 (a core writing the plan's type: native_io) */
+            const cl_uchar zero = 0;
+            const size_t es = c->native_io ? clattn_dtype_size(d->dtype) : sizeof(float);
+            CL_CHECK(clEnqueueFillBuffer(q, s.out.mem, &zero, 1, s.out.off * es, nq * c->lay.out_ld * es, 0, NULL, NULL),
+                     "writing the context of a sequence without keys");
+            const cl_float none = -INFINITY;
+            if (s.lse.mem)
+                CL_CHECK(clEnqueueFillBuffer(q, s.lse.mem, &none, sizeof none, s.lse.off * sizeof none,
+                                             d->heads * nq * sizeof none, 0, NULL, NULL),
+                         "writing the log-sum-exp of a sequence without keys");
+            continue;
+        }
+        s.q.off += q0 * c->lay.q_ld, s.k.off += k0 * c->lay.k_ld, s.v.off += k0 * c->lay.v_ld;
+        s.seq_q = nq, s.seq_kv = nk;
+        TRY(c->core.core->run(c->core.state, &s));
+    }
+    return clattn_core_mark(cio, CLATTN_STAGE_ATTENTION);
+}
 
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
 {

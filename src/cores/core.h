@@ -95,9 +95,9 @@ typedef struct clattn_core_io {
     void *mark_ctx;
 } clattn_core_io;
 clattn_status clattn_core_mark(const clattn_core_io *io, clattn_stage stage);
-/* What a prefill core computes in this execution: the plan's description d, or for a varlen batch's sequence
- * (io->seq_q > 0) the same with batch 1 and the sequence's lengths. */
-clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, const clattn_core_io *io);
+/* What a prefill or backward core computes in this execution: the plan's description d, or for a varlen batch's
+ * sequence (the io's seq_q > 0) the same with batch 1 and the sequence's lengths. */
+clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, size_t seq_q, size_t seq_kv);
 
 /* One step of a decode core: query rows (B*n rows of q_ld, the layout's), the cache, and the merged
  * output rows (B*n, H*dv). */
@@ -136,6 +136,8 @@ typedef struct clattn_backward_io {
     clattn_view dq, dk, dv;
     size_t dq_ld, dkv_ld;
     uint64_t seed;               /* the forward's dropout seed (the plan's now), as clattn_core_io's */
+    size_t seq_q, seq_kv;        /* a varlen batch's sequence, as clattn_core_io's (0: the plan's shape); lse then
+                                    holds the sequence's (H, seq_q) rows */
 } clattn_backward_io;
 
 typedef struct clattn_core clattn_core;

@@ -194,10 +194,10 @@ clattn_status clattn_core_check_local(const clattn_core *core, const clattn_devi
     return CLATTN_STATUS_SUCCESS;
 }
 
-clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, const clattn_core_io *io)
+clattn_attention_desc clattn_core_shape(const clattn_attention_desc *d, size_t seq_q, size_t seq_kv)
 {
     clattn_attention_desc s = *d;
-    if (io->seq_q) s.batch = 1, s.seq_q = io->seq_q, s.seq_kv = io->seq_kv;
+    if (seq_q) s.batch = 1, s.seq_q = seq_q, s.seq_kv = seq_kv;
     return s;
 }
 

@@ -209,7 +209,7 @@ static clattn_status kernel_any(flash_state *s, cl_kernel *k)
 clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
 {
     flash_state *s = state;
-    const clattn_attention_desc shape = clattn_core_shape(&s->d, io), *d = &shape; /* a varlen sequence's, or the plan's */
+    const clattn_attention_desc shape = clattn_core_shape(&s->d, io->seq_q, io->seq_kv), *d = &shape; /* a varlen sequence's, or the plan's */
     const size_t blocks = d->batch * d->heads * ((d->seq_q + s->rows - 1) / s->rows) * s->parts;
     cl_kernel k = s->k;
     if (s->align && (io->k.off % s->align || io->v.off % s->align)) TRY(kernel_any(s, &k));

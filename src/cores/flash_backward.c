@@ -127,7 +127,8 @@ static clattn_status build(const clattn_core *core, const clattn_device *dev, co
 static clattn_status run_backward(void *state, const clattn_backward_io *io)
 {
     bwd_state *s = state;
-    const clattn_attention_desc *d = &s->d;
+    /* a varlen batch's sequence (io->seq_q), or the plan's shape */
+    const clattn_attention_desc shape = clattn_core_shape(&s->d, io->seq_q, io->seq_kv), *d = &shape;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     const size_t rows = s->p.v[ROWS];
     TRY(clattn_core_backward_dot(s->dev, s->k_dot, io, s->dd, d)); /* D = rowsum(dctx * ctx) */

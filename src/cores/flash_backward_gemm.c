@@ -193,7 +193,8 @@ static clattn_status set_first(cl_kernel k, size_t first, void *ctx)
 static clattn_status run_backward(void *state, const clattn_backward_io *io)
 {
     bwd_state *s = state;
-    const clattn_attention_desc *d = &s->d;
+    /* a varlen batch's sequence (io->seq_q), or the plan's shape */
+    const clattn_attention_desc shape = clattn_core_shape(&s->d, io->seq_q, io->seq_kv), *d = &shape;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, H = d->heads, HK = d->kv_heads;
     TRY(clattn_core_backward_dot(s->dev, s->k_dot, io, s->dd, d)); /* D = rowsum(dctx * ctx) */
     clattn_args a;

@@ -413,7 +413,7 @@ static clattn_status run_shape(const unfused_state *s, const clattn_core_io *io)
 static clattn_status run(void *state, const clattn_core_io *io)
 {
     unfused_state s = *(const unfused_state *)state;
-    s.d = clattn_core_shape(&s.d, io);
+    s.d = clattn_core_shape(&s.d, io->seq_q, io->seq_kv);
     return run_shape(&s, io);
 }
 
