@@ -326,16 +326,69 @@ def _offsets(name: str, cu: Any, rows: int) -> torch.Tensor:
 
 
 def _varlen_plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dtype) = key
+    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dtype, training) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
-                               scale=scale, dtype=dtype, varlen=1)
+                               scale=scale, dtype=dtype, varlen=1, training=int(training))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(),
                        "creating the varlen attention plan")
 
     return cache.get(key, make)
+
+
+def _varlen_inputs(q, k, v, cq, ck) -> "_lib.AttentionArgs":
+    a = _inputs(q, k, v, None)
+    u32 = ctypes.POINTER(ctypes.c_uint32)
+    a.cu_seqlens_q, a.cu_seqlens_q_count = ctypes.cast(cq.data_ptr(), u32), cq.numel()
+    a.cu_seqlens_kv, a.cu_seqlens_kv_count = ctypes.cast(ck.data_ptr(), u32), ck.numel()
+    return a
+
+
+def _varlen_impl(q, k, v, cq, ck, key: tuple, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out (total_q, H, dv) and, for a training plan (key[-1]), lse: each sequence's (H, L) rows one after another."""
+    dev, cache = _device(device or None)
+    plan = _varlen_plan(dev, cache, key)
+    H, dv, training = q.shape[1], v.shape[2], key[-1]
+    out = torch.empty((q.shape[0], H, dv), dtype=q.dtype)
+    lse = torch.empty((H * q.shape[0],) if training else (0,), dtype=torch.float32)
+    a = _varlen_inputs(q, k, v, cq, ck)
+    a.out, a.out_count = _ptr(out), out.numel()
+    if training:
+        a.lse, a.lse_count = _ptr(lse), lse.numel()
+    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "varlen_attention")
+    return out, lse
+
+
+class _VarlenFunction(torch.autograd.Function):
+    """varlen_attention's gradients through the plan's backward (the forward's lse and output passed back)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cq, ck, key, device):
+        out, lse = _varlen_impl(q, k, v, cq, ck, key, device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.opts = (cq, ck, key, device)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if torch.is_grad_enabled():
+            _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
+                         "computes first derivatives only")
+        q, k, v, out, lse = ctx.saved_tensors
+        cq, ck, key, device = ctx.opts
+        dev, cache = _device(device or None)
+        plan = _varlen_plan(dev, cache, key)
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        a = _varlen_inputs(q, k, v, cq, ck)
+        g = _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
+                                grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
+                                lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),
+                                grad_kv_count=dk.numel(), grad_value_count=dv.numel())
+        _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "varlen_attention backward")
+        return dq, dk, dv, None, None, None, None
 
 
 def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: Any,
@@ -347,14 +400,13 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     integer tensors or lists), each at most max_seqlen_q (max_seqlen_k) long -> (total_q, H, Ev). causal and window
     per sequence, top-left aligned; a sequence without keys gives 0. Each sequence gets what attend() gives it
     alone, with no padding computed (clattn_attention_desc.varlen). The plan is made for the longest lengths rounded
-    up to a multiple of KEY_BUCKET (one plan for many batches). No gradient: a call that would train is refused."""
+    up to a multiple of KEY_BUCKET (one plan for many batches). Differentiable (query, key and value) through
+    clattn's backward, computed in float32 (a torch.autograd.Function: torch.compile breaks the graph there)."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.dim() != 3:
             _shape(f"{name}: {tuple(t.shape)}; varlen_attention takes (total rows, heads, head size)")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        _unsupported("varlen_attention computes no gradient yet: call it under torch.no_grad() (or detach the "
-                     "inputs); training on variable-length batches is not available")
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     _, H, E = q.shape
     S, Hk = k.shape[0], k.shape[1]
     if k.shape[2] != E:
@@ -383,23 +435,19 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if not math.isfinite(scale) or scale == 0.0:
         _invalid(f"scale={scale}: must be finite and nonzero")
     dtype = query.dtype
-    if not q.dtype == k.dtype == v.dtype:
+    if training or not q.dtype == k.dtype == v.dtype:  # training plans compute from float32 copies
         q, k, v = q.float(), k.float(), v.float()
-    q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if q.shape[0] == 0:  # every sequence empty: nothing to compute
+        return torch.zeros((0, H, v.shape[2]), dtype=dtype)
     B = cq.numel() - 1
     bucket = lambda n: -(-n // KEY_BUCKET) * KEY_BUCKET  # noqa: E731
-    dev, cache = _device(device or None)
-    plan = _varlen_plan(dev, cache, ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window,
-                                     scale, _DTYPES[q.dtype]))
-    out = torch.empty((q.shape[0], H, v.shape[2]), dtype=q.dtype)
-    if q.shape[0] == 0:  # every sequence empty: nothing to compute
-        return out.to(dtype)
-    a = _inputs(q, k, v, None)
-    a.out, a.out_count = _ptr(out), out.numel()
-    u32 = ctypes.POINTER(ctypes.c_uint32)
-    a.cu_seqlens_q, a.cu_seqlens_q_count = ctypes.cast(cq.data_ptr(), u32), cq.numel()
-    a.cu_seqlens_kv, a.cu_seqlens_kv_count = ctypes.cast(ck.data_ptr(), u32), ck.numel()
-    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "varlen_attention")
+    key = ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window, scale, _DTYPES[q.dtype],
+           training)
+    if training:
+        out = _VarlenFunction.apply(q, k, v, cq, ck, key, device or "")
+    else:
+        out = _varlen_impl(q.detach(), k.detach(), v.detach(), cq, ck, key, device or "")[0]
     return out if out.dtype == dtype else out.to(dtype)
 
 

@@ -329,12 +329,31 @@ def test_varlen_half_and_refusals(device):
     assert out.dtype == torch.float16
     want = varlen_oracle(q.half().float(), k.half().float(), v.half().float(), cu, cu, True)
     torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=1e-3)
-    with pytest.raises(clattn.UnsupportedError, match="no gradient"):
-        CF.varlen_attention(q.requires_grad_(True), k, v, cu, cu, 7, 7, device=device)
-    q = q.detach()
     with pytest.raises(clattn.ShapeMismatchError, match="rows"):
         CF.varlen_attention(q, k, v, [0, 5, 11], cu, 7, 7, device=device)
     with pytest.raises(clattn.InvalidArgumentError, match="decreas"):
         CF.varlen_attention(q, k, v, [0, 13, 12], [0, 13, 12], 64, 64, device=device)
     with pytest.raises(clattn.ShapeMismatchError, match="past max_seqlen_q"):
         CF.varlen_attention(q, k, v, [0, 0, 12], [0, 0, 12], 3, 3, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_gradients(device, causal):
+    """query, key and value's gradients through varlen_attention against the oracle's per sequence, GQA, an empty
+    sequence and (non-causal) one with queries and no keys"""
+    lq, lk = [5, 0, 9, 3], [5, 0, 9, 3] if causal else [8, 2, 9, 0]
+    cq = [0] + torch.tensor(lq).cumsum(0).tolist()
+    ck = [0] + torch.tensor(lk).cumsum(0).tolist()
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(cq[-1], 4, 8, generator=g).requires_grad_(True)
+    k = torch.randn(ck[-1], 2, 8, generator=g).requires_grad_(True)
+    v = torch.randn(ck[-1], 2, 6, generator=g).requires_grad_(True)
+    out = CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=causal, window=4 if causal else 0, device=device)
+    want = varlen_oracle(q, k, v, cq, ck, causal, 4 if causal else 0)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(out, (q, k, v), gout)
+    exp = torch.autograd.grad(want, (q, k, v), gout.double())
+    for name, a, b in zip("qkv", got, exp):
+        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
