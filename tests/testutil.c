@@ -765,6 +765,44 @@ static cl_mem varlen_buffer(clattn_device *dev, const void *host, size_t n, size
     return m;
 }
 
+/* A varlen case's batch: the offsets, and the padded problem's rows packed (x; kv and value of cross-attention) */
+typedef struct varlen_batch {
+    uint32_t cu_q[17], cu_k[17];
+    size_t rq, rk, Ekv, Vw, dv; /* packed rows of x and of kv; kv's and value's widths; the value head size */
+    float *x, *kv, *v;
+} varlen_batch;
+
+static void varlen_pack(const tu_problem *p, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
+                        uint64_t seed, varlen_batch *vb)
+{
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, H = c->H, E = c->E;
+    const size_t HK = c->HK ? c->HK : H;
+    memset(vb, 0, sizeof *vb);
+    vb->Ekv = !c->cross ? 0 : c->Ekv ? c->Ekv : c->noproj ? HK * (E / H) : E;
+    vb->dv = c->noproj && !c->separate_value ? E / H : p->d.head_dim_v;
+    vb->Vw = c->separate_value ? HK * vb->dv : 0;
+    cr_assert(B <= 16);
+    for (size_t b = 0; b < B; b++) {
+        cr_assert(lens_q[b] <= Tq && (!c->cross || lens_k[b] <= Tk), "case %llu: a sequence past the case's lengths",
+                  (unsigned long long)seed);
+        vb->cu_q[b + 1] = vb->cu_q[b] + (uint32_t)lens_q[b];
+        vb->cu_k[b + 1] = vb->cu_k[b] + (uint32_t)(c->cross ? lens_k[b] : lens_q[b]);
+    }
+    vb->rq = vb->cu_q[B], vb->rk = vb->cu_k[B];
+    const size_t Ekv = vb->Ekv, Vw = vb->Vw;
+    vb->x = malloc((vb->rq * E + 1) * sizeof *vb->x), vb->kv = malloc((vb->rk * Ekv + 1) * sizeof *vb->kv);
+    vb->v = malloc((vb->rk * Vw + 1) * sizeof *vb->v);
+    cr_assert(vb->x && vb->kv && vb->v);
+    for (size_t b = 0; b < B; b++) {
+        const size_t nk = vb->cu_k[b + 1] - vb->cu_k[b];
+        memcpy(vb->x + vb->cu_q[b] * E, (const float *)p->a.x + b * Tq * E, lens_q[b] * E * sizeof *vb->x);
+        if (Ekv) memcpy(vb->kv + vb->cu_k[b] * Ekv, (const float *)p->a.kv + b * Tk * Ekv, nk * Ekv * sizeof *vb->kv);
+        if (Vw) memcpy(vb->v + vb->cu_k[b] * Vw, (const float *)p->a.value + b * Tk * Vw, nk * Vw * sizeof *vb->v);
+    }
+}
+
+static void varlen_free(varlen_batch *vb) { free(vb->x), free(vb->kv), free(vb->v); }
+
 void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
                      uint64_t seed, int on_buffers)
 {
@@ -772,29 +810,12 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     tu_problem p;
     tu_problem_make(&p, c, seed);
     const clattn_dtype t = c->dtype;
-    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, H = c->H, E = c->E;
-    const size_t HK = c->HK ? c->HK : H;
-    const size_t Ekv = !c->cross ? 0 : c->Ekv ? c->Ekv : c->noproj ? HK * (E / H) : E;
-    const size_t dv = c->noproj && !c->separate_value ? E / H : p.d.head_dim_v, Vw = c->separate_value ? HK * dv : 0;
-    /* the offsets, and the padded batch's rows packed */
-    uint32_t cu_q[17] = {0}, cu_k[17] = {0};
-    cr_assert(B <= 16);
-    for (size_t b = 0; b < B; b++) {
-        cr_assert(lens_q[b] <= Tq && (!c->cross || lens_k[b] <= Tk), "case %llu: a sequence past the case's lengths",
-                  (unsigned long long)seed);
-        cu_q[b + 1] = cu_q[b] + (uint32_t)lens_q[b];
-        cu_k[b + 1] = cu_k[b] + (uint32_t)(c->cross ? lens_k[b] : lens_q[b]);
-    }
-    const size_t rq = cu_q[B], rk = cu_k[B];
-    float *x = malloc((rq * E + 1) * sizeof *x), *kv = malloc((rk * Ekv + 1) * sizeof *kv);
-    float *v = malloc((rk * Vw + 1) * sizeof *v);
-    cr_assert(x && kv && v);
-    for (size_t b = 0; b < B; b++) {
-        memcpy(x + cu_q[b] * E, (const float *)p.a.x + b * Tq * E, lens_q[b] * E * sizeof *x);
-        const size_t nk = cu_k[b + 1] - cu_k[b];
-        if (Ekv) memcpy(kv + cu_k[b] * Ekv, (const float *)p.a.kv + b * Tk * Ekv, nk * Ekv * sizeof *kv);
-        if (Vw) memcpy(v + cu_k[b] * Vw, (const float *)p.a.value + b * Tk * Vw, nk * Vw * sizeof *v);
-    }
+    const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, E = c->E;
+    varlen_batch vb;
+    varlen_pack(&p, c, lens_q, lens_k, seed, &vb);
+    const uint32_t *cu_q = vb.cu_q, *cu_k = vb.cu_k;
+    const size_t rq = vb.rq, rk = vb.rk, Ekv = vb.Ekv, Vw = vb.Vw;
+    float *x = vb.x, *kv = vb.kv, *v = vb.v;
     /* the plan */
     clattn_attention_desc d = p.d;
     d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
@@ -808,7 +829,7 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     snprintf(what, sizeof what, "varlen case %llu", (unsigned long long)seed);
     if (tu_refused_by_device(dev, st, what)) {
         for (int k = 0; k < nt; k++) free(typed[k]);
-        free(x), free(kv), free(v);
+        varlen_free(&vb);
         tu_problem_free(&p);
         return;
     }
@@ -880,7 +901,8 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     }
     clattn_plan_free(plan);
     for (int k = 0; k < nt; k++) free(typed[k]);
-    free(x), free(kv), free(v), free(xt), free(kvt), free(vt), free(out), free(outf), free(o64);
+    varlen_free(&vb);
+    free(xt), free(kvt), free(vt), free(out), free(outf), free(o64);
     tu_problem_free(&p);
 }
 
@@ -896,24 +918,11 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
     tu_problem_make(&p, &cc, seed);
     const size_t B = c->B, Tq = c->Tq, Tk = c->cross ? c->Tk : c->Tq, H = c->H, E = c->E;
     const size_t HK = c->HK ? c->HK : H;
-    const size_t Ekv = !c->cross ? 0 : c->Ekv ? c->Ekv : c->noproj ? HK * (E / H) : E;
-    const size_t dv = c->noproj && !c->separate_value ? E / H : p.d.head_dim_v, Vw = c->separate_value ? HK * dv : 0;
-    uint32_t cu_q[17] = {0}, cu_k[17] = {0};
-    cr_assert(B <= 16);
-    for (size_t b = 0; b < B; b++) {
-        cu_q[b + 1] = cu_q[b] + (uint32_t)lens_q[b];
-        cu_k[b + 1] = cu_k[b] + (uint32_t)(c->cross ? lens_k[b] : lens_q[b]);
-    }
-    const size_t rq = cu_q[B], rk = cu_k[B];
-    float *x = malloc((rq * E + 1) * sizeof *x), *kv = malloc((rk * Ekv + 1) * sizeof *kv);
-    float *v = malloc((rk * Vw + 1) * sizeof *v);
-    cr_assert(x && kv && v);
-    for (size_t b = 0; b < B; b++) {
-        const size_t nk = cu_k[b + 1] - cu_k[b];
-        memcpy(x + cu_q[b] * E, (const float *)p.a.x + b * Tq * E, lens_q[b] * E * sizeof *x);
-        if (Ekv) memcpy(kv + cu_k[b] * Ekv, (const float *)p.a.kv + b * Tk * Ekv, nk * Ekv * sizeof *kv);
-        if (Vw) memcpy(v + cu_k[b] * Vw, (const float *)p.a.value + b * Tk * Vw, nk * Vw * sizeof *v);
-    }
+    varlen_batch vb;
+    varlen_pack(&p, c, lens_q, lens_k, seed, &vb);
+    const uint32_t *cu_q = vb.cu_q, *cu_k = vb.cu_k;
+    const size_t rq = vb.rq, rk = vb.rk, Ekv = vb.Ekv, Vw = vb.Vw, dv = vb.dv;
+    float *x = vb.x, *kv = vb.kv, *v = vb.v;
     clattn_attention_desc d = p.d;
     d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
     d.varlen = 1, d.training = 1;
@@ -922,7 +931,7 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
     char what[48];
     snprintf(what, sizeof what, "varlen training case %llu", (unsigned long long)seed);
     if (tu_refused_by_device(dev, st, what)) {
-        free(x), free(kv), free(v);
+        varlen_free(&vb);
         tu_problem_free(&p);
         return;
     }
@@ -1052,7 +1061,8 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
     }
     clattn_plan_free(plan);
     for (int i = 0; i < NG; i++) free(want[i]), free(one[i]);
-    free(x), free(kv), free(v), free(o64), free(l64), free(c64), free(dout), free(out), free(lse), free(ctx);
+    varlen_free(&vb);
+    free(o64), free(l64), free(c64), free(dout), free(out), free(lse), free(ctx);
     tu_problem_free(&p);
 }
 

@@ -56,6 +56,22 @@ def _unsupported(message: str):
     raise UnsupportedError(-3008, message)
 
 
+def _first_derivatives_only():
+    """Refuse a double backward (a backward run with grad enabled)."""
+    if torch.is_grad_enabled():
+        _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn computes "
+                     "first derivatives only")
+
+
+def _grads(grad_out, lse, out, dq, dk, dv) -> "_lib.AttentionGrads":
+    """A backward call's arrays: dOut, the forward's lse and output (the context: no output projection), dQ in grad_x,
+    dK in grad_kv, dV in grad_value."""
+    return _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
+                               grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
+                               lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),
+                               grad_kv_count=dk.numel(), grad_value_count=dv.numel())
+
+
 def _device(spec: Optional[str]) -> Tuple[_Device, _PlanCache]:
     """The open device of a spec and its plan cache, opened once per process."""
     with _devices_lock:
@@ -137,10 +153,7 @@ def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, windo
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     a = _inputs(q, k, v, mask)
-    g = _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
-                            grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
-                            lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),
-                            grad_kv_count=dk.numel(), grad_value_count=dv.numel())
+    g = _grads(grad_out, lse, out, dq, dk, dv)
     _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "scaled_dot_product_attention backward")
     return dq, dk, dv
 
@@ -180,9 +193,7 @@ if _HAS_CUSTOM_OP:
 
     def _backward(ctx, grad_out, grad_lse):
         q, k, v, mask, out, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
-                         "computes first derivatives only")
+        _first_derivatives_only()
         dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts)
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
@@ -205,9 +216,7 @@ else:
 
         @staticmethod
         def backward(ctx, grad_out):
-            if torch.is_grad_enabled():
-                _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
-                             "computes first derivatives only")
+            _first_derivatives_only()
             q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts)
             return dq, dk, dv, None, None, None, None, None, None, None, None
@@ -373,9 +382,7 @@ class _VarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        if torch.is_grad_enabled():
-            _unsupported("clattn.functional: a second derivative (double backward) is not supported; clattn "
-                         "computes first derivatives only")
+        _first_derivatives_only()
         q, k, v, out, lse = ctx.saved_tensors
         cq, ck, key, device = ctx.opts
         dev, cache = _device(device or None)
@@ -383,10 +390,7 @@ class _VarlenFunction(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         a = _varlen_inputs(q, k, v, cq, ck)
-        g = _lib.AttentionGrads(grad_out=_ptr(grad_out), lse=_ptr(lse), context=_ptr(out), grad_x=_ptr(dq),
-                                grad_kv=_ptr(dk), grad_value=_ptr(dv), grad_out_count=grad_out.numel(),
-                                lse_count=lse.numel(), context_count=out.numel(), grad_x_count=dq.numel(),
-                                grad_kv_count=dk.numel(), grad_value_count=dv.numel())
+        g = _grads(grad_out, lse, out, dq, dk, dv)
         _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "varlen_attention backward")
         return dq, dk, dv, None, None, None, None
 
