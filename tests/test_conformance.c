@@ -173,6 +173,10 @@ Test(prefill, varlen)
         {{.B = 3, .Tq = 130, .E = 128, .H = 2, .noproj = 1}, {61, 130, 1}, {0}, 0},
         {{.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16},
          {17, 3}, {0}, 1},
+        /* a half plan without projections: a core with reads_dtypes (flash_rows) reads and writes the caller's halves
+         * at each sequence's rows, and zeroes those of a sequence without keys in the type */
+        {{.B = 3, .Tq = 33, .Tk = 61, .E = 128, .H = 2, .HK = 1, .dv = 64, .cross = 1, .noproj = 1,
+          .separate_value = 1, .causal = 1, .dtype = CLATTN_DTYPE_F16}, {33, 1, 20}, {61, 7, 0}, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         tu_varlen_check(dev, &cases[i].c, cases[i].q, cases[i].c.cross ? cases[i].k : NULL, 1000 + i,

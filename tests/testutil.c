@@ -837,9 +837,11 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
                  clattn_status_string(st), clattn_last_error());
     if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
     const size_t ow = clattn_plan_out_width(plan), n_out = rq * ow, es = t == CLATTN_DTYPE_F32 ? 4 : 2;
-    /* the oracle: each sequence alone */
-    double *o64 = malloc((n_out + 1) * sizeof *o64);
+    /* the oracle: each sequence alone (and where the plan rounds P to its type, each element's added bound) */
+    double *o64 = malloc((n_out + 1) * sizeof *o64), *extra = NULL;
     cr_assert(o64);
+    const int rounds = tu_rounds_p(plan, c);
+    if (rounds) cr_assert(extra = calloc(n_out + 1, sizeof *extra));
     int nonzero = 0;
     for (size_t b = 0; b < B; b++) {
         const size_t nq = lens_q[b], nk = cu_k[b + 1] - cu_k[b];
@@ -855,8 +857,18 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
         clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
         if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
         if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
-        cr_assert_eq(oracle_attention(&d1, &p.w, &a1, o, NULL), 0);
+        double *w1 = rounds ? malloc(c->H * nq * nk * sizeof *w1) : NULL;
+        cr_assert(!rounds || w1);
+        cr_assert_eq(oracle_attention(&d1, &p.w, &a1, o, w1), 0);
         for (size_t i = 0; i < nq * ow; i++) nonzero |= o[i] != 0.0;
+        if (rounds) { /* the sequence as a problem of its own (no projections: out is the heads' rows) */
+            tu_problem sp = p;
+            sp.d = d1, sp.a = a1;
+            double *e = p_rounding_bound(&sp, c, w1, vb.dv);
+            memcpy(extra + cu_q[b] * ow, e, nq * ow * sizeof *e);
+            free(e);
+        }
+        free(w1);
     }
     cr_assert(nonzero || rq == 0, "varlen case %llu: the oracle's output is all zero", (unsigned long long)seed);
     /* the host call */
@@ -873,7 +885,7 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     tu_dtype_tolerance(t, &atol, &rtol);
     float *outf = tu_widened(out, n_out, t);
     char msg[256];
-    const size_t bad = oracle_compare(outf, o64, n_out, atol, rtol, msg, sizeof msg);
+    const size_t bad = oracle_compare_extra(outf, o64, n_out, atol, extra, rtol, msg, sizeof msg);
     cr_assert_eq(bad, 0, "varlen case %llu (%s) out: %zu of %zu differ; %s", (unsigned long long)seed,
                  clattn_plan_core(plan), bad, n_out, msg);
     if (on_buffers && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
@@ -902,7 +914,7 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     clattn_plan_free(plan);
     for (int k = 0; k < nt; k++) free(typed[k]);
     varlen_free(&vb);
-    free(xt), free(kvt), free(vt), free(out), free(outf), free(o64);
+    free(xt), free(kvt), free(vt), free(out), free(outf), free(o64), free(extra);
     tu_problem_free(&p);
 }
 
