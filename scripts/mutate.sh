@@ -13,6 +13,9 @@
 # the unmutated run of the named tests, for a caller that has just run them on the same sources (CI: the README's
 # command, the matrix and the torch2 stage, a Release build as here), where it cost minutes for no new verdict.
 #
+# The tests field is a ctest regex, optionally followed by " % PATTERN": a Criterion filter (CRITERION_TEST_PATTERN,
+# "suite/name" globs) that the mutant's test binaries run instead of all their tests, as the test that catches it
+# (scripts/mutants-narrow.py writes them from a run's log). An entry that passes its own --filter keeps it.
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
 # Exit status: 0 when every bug was caught; 1 when any survived; 2 when the list is stale (a text
@@ -49,7 +52,7 @@ export CLATTN_TEST_SWEEP=${CLATTN_TEST_SWEEP:-0}
 [ -n "$scratch" ] || scratch=$(mktemp -d "${TMPDIR:-/tmp}/clattn-mutate.XXXXXX")
 
 # ---- the list: id, file, find, replace, tests (fields separated by " @@ ")
-ids=(); files=(); finds=(); repls=(); regexes=()
+ids=(); files=(); finds=(); repls=(); regexes=(); patterns=()
 while IFS= read -r line; do
     case $line in ''|'#'*) continue ;; esac
     seps=$(printf '%s' "$line" | grep -o ' @@ ' | wc -l)
@@ -63,7 +66,10 @@ while IFS= read -r line; do
     fields+=("$rest")
     if [ -n "$only" ] && ! [[ ${fields[0]} =~ $only ]]; then continue; fi
     [ -f "$root/${fields[1]}" ] || { echo "mutate.sh: ${fields[0]}: no file ${fields[1]}" >&2; exit 2; }
+    pattern=
+    case ${fields[4]} in *' % '*) pattern=${fields[4]#* % }; fields[4]=${fields[4]%% % *} ;; esac
     ids+=("${fields[0]}"); files+=("${fields[1]}"); finds+=("${fields[2]}"); repls+=("${fields[3]}"); regexes+=("${fields[4]}")
+    patterns+=("$pattern")
 done < "$list"
 [ "${#ids[@]}" -gt 0 ] || { echo "mutate.sh: no mutant selected" >&2; exit 2; }
 
@@ -147,7 +153,8 @@ one() {
     fi
     local log=$scratch/$id.log
     # the first failing test is the verdict: ctest stops there, and so do Criterion and pytest (-x) within a binary
-    (cd "$bld" && CRITERION_FAIL_FAST=1 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -x" CTEST_PARALLEL_LEVEL=$per_ctest \
+    (cd "$bld" && if [ -n "${patterns[$k]}" ]; then export CRITERION_TEST_PATTERN="${patterns[$k]}"; fi &&
+        CRITERION_FAIL_FAST=1 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -x" CTEST_PARALLEL_LEVEL=$per_ctest \
         timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
         rc=$?
     verdict=caught
@@ -156,7 +163,7 @@ one() {
         line=$(printf '%-30s caught: its tests ran past %s s (a hang)' "$id" "$test_timeout")
     elif [ "$rc" -eq 0 ]; then
         verdict=survived
-        line=$(printf '%-30s SURVIVED  (ran %s)' "$id" "${regexes[$k]}")
+        line=$(printf '%-30s SURVIVED  (ran %s%s)' "$id" "${regexes[$k]}" "${patterns[$k]:+ % ${patterns[$k]}}")
     elif grep -qE "CL_BUILD_PROGRAM_FAILURE|building kernels .* failed" "$log"; then   # the compiler's refusal (a
         # kernel the library refuses after its build, as clattn_core_check_local does, is a catch)
         verdict=broken
