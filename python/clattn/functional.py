@@ -439,7 +439,7 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if not math.isfinite(scale) or scale == 0.0:
         _invalid(f"scale={scale}: must be finite and nonzero")
     dtype = query.dtype
-    if training or not q.dtype == k.dtype == v.dtype:  # training plans compute from float32 copies
+    if training or q.dtype != k.dtype or k.dtype != v.dtype:  # training plans compute from float32 copies
         q, k, v = q.float(), k.float(), v.float()
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if q.shape[0] == 0:  # every sequence empty: nothing to compute
