@@ -161,20 +161,16 @@ static clattn_status bwd_core_varlen(struct clattn_plan *p, const bwd_io *io, co
     shell_train *t = &((shell *)p->backend_state)->train;
     const clattn_attention_desc *d = &p->d;
     const clattn_rows *r = &io->rows;
-    const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
+    const size_t H = d->heads;
     for (size_t b = 0; b < d->batch; b++) {
         const size_t q0 = r->cu_q[b], nq = r->cu_q[b + 1] - q0, k0 = r->cu_k[b], nk = r->cu_k[b + 1] - k0;
         clattn_backward_io s = *bio;
         const clattn_core_layout *lay = &((shell *)p->backend_state)->lay; /* Q, K and V's row strides */
         s.q.off += q0 * lay->q_ld, s.k.off += k0 * lay->k_ld, s.v.off += k0 * lay->v_ld;
         s.dq.off += q0 * bio->dq_ld, s.dk.off += k0 * bio->dkv_ld, s.dv.off += k0 * bio->dkv_ld;
-        if (nq == 0 || nk == 0) { /* (self-attention: both 0, nothing to do) */
-            for (size_t i = 0; nk == 0 && i < nq; i++)
-                TRY(zero_view(p, (view){s.dq.mem, s.dq.off + i * bio->dq_ld}, H * dk, sizeof(float), "zeroing dQ"));
-            for (size_t i = 0; nq == 0 && i < nk; i++) {
-                TRY(zero_view(p, (view){s.dk.mem, s.dk.off + i * bio->dkv_ld}, HK * dk, sizeof(float), "zeroing dK"));
-                TRY(zero_view(p, (view){s.dv.mem, s.dv.off + i * bio->dkv_ld}, HK * dv, sizeof(float), "zeroing dV"));
-            }
+        if (nq == 0 || nk == 0) { /* cross-attention only (self: both 0): whole rows of dQ, or of [dK|dV] */
+            if (nk == 0) TRY(zero_view(p, s.dq, nq * bio->dq_ld, sizeof(float), "zeroing dQ"));
+            if (nq == 0) TRY(zero_view(p, s.dk, nk * bio->dkv_ld, sizeof(float), "zeroing dK and dV"));
             continue;
         }
         s.ctx.off += q0 * bio->ctx_ld, s.dctx.off += q0 * bio->dctx_ld, s.lse.off += H * q0;
