@@ -667,6 +667,28 @@ static double *p_rounding_bound(const tu_problem *p, const tu_attn_case *c, cons
     return extra;
 }
 
+/* The plan of d with w's arrays copied into type t (typed[], *nt of them, for the caller to free) on dev, running the
+ * forced core where one is; NULL (the copies freed) when the device refuses it for a limit of its own
+ * (tu_refused_by_device), else asserted made. `what` names the case. */
+static clattn_plan *typed_plan(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *pw,
+                               clattn_dtype t, const clattn_core_info *forced, void *typed[11], int *nt,
+                               const char *what)
+{
+    clattn_attention_weights w = *pw;
+    *nt = tu_weights_typed(&w, d, t, typed);
+    clattn_plan *plan = NULL;
+    const clattn_status st = tu_plan_create(dev, d, &w, &plan);
+    if (tu_refused_by_device(dev, st, what)) {
+        for (int k = 0; k < *nt; k++) free(typed[k]);
+        *nt = 0;
+        return NULL;
+    }
+    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s: plan: %s: %s\n%s", what, clattn_status_string(st), clattn_last_error(),
+                 clattn_last_build_log());
+    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    return plan;
+}
+
 void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed)
 {
     const clattn_core_info *forced = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL ? tu_forced_core() : NULL;
@@ -680,21 +702,16 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     /* the plan's arrays in its type (the oracle reads p's floats, the same values) */
     const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, H = d.heads;
     const size_t HK = d.kv_heads ? d.kv_heads : H;
-    clattn_attention_weights w = p.w;
     void *typed[11] = {0};
-    int nt = tu_weights_typed(&w, &d, t, typed);
-    clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
+    int nt;
     char what[48];
     snprintf(what, sizeof what, "case %llu", (unsigned long long)seed);
-    if (tu_refused_by_device(dev, st, what)) {
-        for (int k = 0; k < nt; k++) free(typed[k]);
+    clattn_plan *plan = typed_plan(dev, &d, &p.w, t, forced, typed, &nt, what);
+    if (!plan) {
         tu_problem_free(&p);
         return;
     }
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "case %llu: plan: %s: %s\n%s", (unsigned long long)seed,
-                 clattn_status_string(st), clattn_last_error(), clattn_last_build_log());
-    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    clattn_status st;
     const size_t dv = cc.noproj && !cc.separate_value ? d.embed / H : d.head_dim_v, ow = clattn_plan_out_width(plan);
     const size_t n_out = B * Tq * ow, n_attn = B * H * Tq * Tk, n_lse = B * H * Tq, n_ctx = B * Tq * H * dv;
     void *out = tu_poisoned_typed(n_out, t), *attn = tu_poisoned_typed(n_attn, t);
@@ -820,22 +837,17 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     clattn_attention_desc d = p.d;
     d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
     d.varlen = 1;
-    clattn_attention_weights w = p.w;
     void *typed[11] = {0};
-    int nt = tu_weights_typed(&w, &d, t, typed);
-    clattn_plan *plan = NULL;
-    clattn_status st = tu_plan_create(dev, &d, &w, &plan);
+    int nt;
     char what[48];
     snprintf(what, sizeof what, "varlen case %llu", (unsigned long long)seed);
-    if (tu_refused_by_device(dev, st, what)) {
-        for (int k = 0; k < nt; k++) free(typed[k]);
+    clattn_plan *plan = typed_plan(dev, &d, &p.w, t, forced, typed, &nt, what);
+    if (!plan) {
         varlen_free(&vb);
         tu_problem_free(&p);
         return;
     }
-    cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu: plan: %s: %s", (unsigned long long)seed,
-                 clattn_status_string(st), clattn_last_error());
-    if (forced) cr_assert_str_eq(clattn_plan_core(plan), forced->name);
+    clattn_status st;
     const size_t ow = clattn_plan_out_width(plan), n_out = rq * ow, es = t == CLATTN_DTYPE_F32 ? 4 : 2;
     /* the oracle: each sequence alone (and where the plan rounds P to its type, each element's added bound) */
     double *o64 = malloc((n_out + 1) * sizeof *o64), *extra = NULL;
