@@ -761,6 +761,14 @@ typedef struct clattn_decode_args {
      * len + i as ever; clattn_kv_cache_accept keeps the accepted branch. */
     const uint8_t *tree_mask;
     size_t tree_mask_count;
+    /* clattn 0.8, packed new tokens (optional): sequence b's new tokens are rows cu_new[b] .. cu_new[b+1]-1 of x (kv,
+     * value) and out, B+1 offsets from 0, never decreasing, so that x is (cu_new[B], E) and out (cu_new[B], Eo or
+     * H*dv): no padding row is computed or stored, and the element counts are those rows'. valid must then be NULL
+     * (the offsets give each sequence's count; a sequence may bring none). new_tokens: the most new tokens any
+     * sequence brings (each count at most new_tokens), or 0 for the longest of them; a step in which no sequence
+     * brings a token changes nothing. tree_mask keeps its (B, new_tokens, new_tokens) layout. */
+    const uint32_t *cu_new;
+    size_t cu_new_count;
 } clattn_decode_args;
 
 /* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its
@@ -782,6 +790,13 @@ CLATTN_API clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan,
                                                        const clattn_decode_buffers *buffers, size_t new_tokens,
                                                        const size_t *valid, cl_uint num_events_in_wait_list,
                                                        const cl_event *event_wait_list, cl_event *event);
+/* clattn 0.8: the same with packed new tokens (as clattn_decode_args.cu_new, a host array of cu_new_count = B+1
+ * offsets read during the call): x (cu_new[B], E), out (cu_new[B], Eo or H*dv), kv and value likewise. */
+CLATTN_API clattn_status clattn_decode_execute_buffers_varlen(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                                              const clattn_decode_buffers *buffers, size_t new_tokens,
+                                                              const uint32_t *cu_new, size_t cu_new_count,
+                                                              cl_uint num_events_in_wait_list,
+                                                              const cl_event *event_wait_list, cl_event *event);
 
 /* Stage times of a decode step (OpenCL plans, on a queue with CL_QUEUE_PROFILING_ENABLE; ref refuses):
  * while profiling is on, each step records device timestamps between its stages, and

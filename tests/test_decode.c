@@ -1145,6 +1145,220 @@ Test(decode, buffers_opencl)
     clattn_device_free(dev);
 }
 
+/* ---------------------------------------------------------------- packed new tokens (args.cu_new) */
+
+/* Packed steps (args.cu_new): prompts of different lengths (one empty) without padding rows, then steps in which the
+ * sequences bring 0 to 7 tokens (new_tokens given, or 0 for the longest), and a step without any token (NULL arrays:
+ * nothing changes). Each sequence's outputs equal the oracle's causal run over its own tokens, the cache holds exactly
+ * its tokens, and nothing is written past the packed rows of out. On OpenCL the same steps on the caller's buffers
+ * (clattn_decode_execute_buffers_varlen, at offsets, behind a user event) give the same bits and the same cache. */
+static void packed(clattn_device *dev, int half, size_t splits, size_t page, int plain)
+{
+    enum { B = 4, P = 13, STEPS = 6, OX = 5, OO = 3, TAIL = 7 };
+    static const uint32_t counts[STEPS][B] = {{13, 0, 1, 6}, {1, 1, 1, 1}, {0, 3, 1, 2}, {2, 0, 0, 0}, {0, 0, 0, 0},
+                                              {1, 7, 0, 1}};
+    static const size_t given[STEPS] = {0, 1, 3, 0, 0, 9}; /* new_tokens: 0 = the longest count */
+    tu_rng r = {91 + (uint64_t)half + 7 * page + 13 * (uint64_t)plain};
+    model m;
+    /* plain: no projections, x holds each token's heads (Q = K = V) and out is the attention output itself, written
+     * by the decode core (or the split-K merge) into the caller's rows */
+    const size_t E = plain ? 4 * 8 : half ? 16 : 24;
+    model_make(&m, &r, E, 4, plain ? 4 : 2, 8, 8, half);
+    const size_t Eo = plain ? E : m.Eo, cap = P + 12;
+    clattn_attention_desc d = model_desc(&m, B, P, 0, half);
+    if (plain) d.out_dim = 0, d.head_dim_qk = d.head_dim_v = 0;
+    d.kv_page_size = page;
+    const clattn_attention_weights none = {0};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, plain ? NULL : &m.w, &p), CLATTN_STATUS_SUCCESS, "%s",
+                 clattn_last_error());
+    cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
+    clattn_kv_cache *cache = make_paged(dev, &m, B, cap, half, page, 0);
+    const int cl = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL;
+    clattn_kv_cache *cb = cl ? make_paged(dev, &m, B, cap, half, page, 0) : NULL;
+    cl_context ctx = cl ? clattn_device_context(dev) : NULL;
+    cl_command_queue q = cl ? clattn_device_queue(dev) : NULL;
+    cl_mem xb = NULL, ob = NULL;
+    if (cl) {
+        cl_int err;
+        xb = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OX + B * P * E) * sizeof(float), NULL, &err);
+        ob = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OO + B * P * Eo + TAIL) * sizeof(float), NULL, &err);
+        cr_assert_eq(err, CL_SUCCESS);
+    }
+    float *seq = calloc(B * cap * E, sizeof *seq), *got = calloc(B * cap * Eo, sizeof *got);
+    size_t len[B] = {0};
+    for (int s = 0; s < STEPS; s++) {
+        uint32_t cu[B + 1] = {0};
+        for (size_t b = 0; b < B; b++) cu[b + 1] = cu[b] + counts[s][b];
+        const size_t rows = cu[B];
+        float *x = rows ? vals(&r, rows * E, half, 6, 1.0f) : NULL;
+        float *out = rows ? tu_poisoned(rows * Eo + TAIL) : NULL; /* TAIL past the packed rows: never written */
+        clattn_decode_args a = {.x = x, .new_tokens = given[s], .out = out, .cu_new = cu};
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "step %d: %s", s, clattn_last_error());
+        for (size_t i = rows * Eo; rows && i < rows * Eo + TAIL; i++)
+            cr_assert(isnan(out[i]), "step %d: out[%zu], past the packed rows, was written", s, i);
+        if (cl) { /* the same step on buffers */
+            cr_assert_eq(clEnqueueFillBuffer(q, ob, &(float){NAN}, sizeof(float), 0,
+                                             (OO + B * P * Eo + TAIL) * sizeof(float), 0, NULL, NULL), CL_SUCCESS);
+            if (rows)
+                cr_assert_eq(clEnqueueWriteBuffer(q, xb, CL_TRUE, OX * sizeof(float), rows * E * sizeof(float), x, 0,
+                                                  NULL, NULL), CL_SUCCESS);
+            cl_int err;
+            cl_event gate = clCreateUserEvent(ctx, &err), done = NULL;
+            const clattn_decode_buffers bufs = {.x = {rows ? xb : NULL, OX}, .out = {rows ? ob : NULL, OO}};
+            cr_assert_eq(clattn_decode_execute_buffers_varlen(p, cb, &bufs, given[s], cu, B + 1, 1, &gate, &done),
+                         CLATTN_STATUS_SUCCESS, "step %d on buffers: %s", s, clattn_last_error());
+            cr_assert_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+            cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS, "step %d: the completion event", s);
+            clReleaseEvent(gate), clReleaseEvent(done);
+            float *back = tu_poisoned(OO + B * P * Eo + TAIL);
+            cr_assert_eq(clEnqueueReadBuffer(q, ob, CL_TRUE, 0, (OO + B * P * Eo + TAIL) * sizeof(float), back, 0, NULL,
+                                             NULL), CL_SUCCESS);
+            if (rows)
+                cr_assert_eq(memcmp(back + OO, out, rows * Eo * sizeof *out), 0, "step %d (half %d, splits %zu, page "
+                             "%zu): the buffers' output differs from the host path's", s, half, splits, page);
+            for (size_t i = 0; i < OO + B * P * Eo + TAIL; i++)
+                if (i < OO || i >= OO + rows * Eo)
+                    cr_assert(isnan(back[i]), "step %d on buffers: out[%zu], outside the packed rows, was written", s, i);
+            free(back);
+        }
+        for (size_t b = 0; b < B; b++) {
+            memcpy(seq + (b * cap + len[b]) * E, x + cu[b] * E, counts[s][b] * E * sizeof *seq);
+            memcpy(got + (b * cap + len[b]) * Eo, out + cu[b] * Eo, counts[s][b] * Eo * sizeof *got);
+            len[b] += counts[s][b];
+        }
+        free(x), free(out);
+    }
+    for (size_t b = 0; b < B; b++) {
+        if (!len[b]) continue;
+        double *want = NULL;
+        if (plain) { /* the oracle on the sequence's own tokens, without projections */
+            clattn_attention_desc one = d;
+            one.batch = 1, one.seq_q = len[b], one.kv_page_size = 0;
+            want = malloc(len[b] * Eo * sizeof *want);
+            clattn_attention_args oa = {.x = seq + b * cap * E};
+            cr_assert_eq(oracle_attention(&one, &none, &oa, want, NULL), 0);
+        } else {
+            want = expect(&m, 1, len[b], 0, half, seq + b * cap * E);
+        }
+        char what[140];
+        snprintf(what, sizeof what, "packed: sequence %zu (%zu tokens, half %d, splits %zu, page %zu, plain %d)", b,
+                 len[b], half, splits, page, plain);
+        check(got + b * cap * Eo, want, len[b] * Eo, what);
+        free(want);
+    }
+    if (!plain) expect_cache(cache, &m, B, cap, seq, len, half, "packed");
+    if (cl && !plain) expect_cache(cb, &m, B, cap, seq, len, half, "packed, on buffers");
+    if (cl) clReleaseMemObject(xb), clReleaseMemObject(ob), clattn_kv_cache_free(cb);
+    free(seq), free(got);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+static void packed_cases(clattn_device *dev)
+{
+    packed(dev, 0, 0, 0, 0);
+    packed(dev, 0, 3, 0, 0); /* split-K: the packed rows merged */
+    packed(dev, 1, 0, 0, 0);
+    packed(dev, 0, 0, 0, 1); /* no projections: the core writes the caller's rows */
+    packed(dev, 0, 3, 0, 1); /* ... and the merge */
+}
+
+Test(decode, packed_ref) { clattn_device *d = tu_open_ref(); packed_cases(d); clattn_device_free(d); }
+Test(decode, packed_opencl) { clattn_device *d = tu_open_opencl(); packed_cases(d); clattn_device_free(d); }
+Test(pages, packed_ref) { clattn_device *d = tu_open_ref(); packed(d, 0, 0, 4, 0); clattn_device_free(d); }
+Test(pages, packed_opencl) { clattn_device *d = tu_open_opencl(); packed(d, 0, 2, 4, 0); clattn_device_free(d); }
+
+/* Packed steps refused with the reason, the cache's lengths and contents and out unchanged. */
+static void packed_refusals(clattn_device *dev)
+{
+    enum { B = 3, P = 5 };
+    tu_rng r = {404};
+    model m;
+    model_make(&m, &r, 24, 4, 2, 8, 8, 0);
+    const size_t Eo = m.Eo, cap = 7;
+    clattn_attention_desc d = model_desc(&m, B, P, 0, 0);
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_kv_cache *cache = make_cache(dev, &m, B, cap, 0);
+    /* a decode step's rows are 32-bit in the kernels (their first rows, cu_new's offsets) */
+    clattn_attention_desc huge = d;
+    huge.batch = (size_t)1 << 17, huge.seq_q = (size_t)1 << 15;
+    clattn_decode_plan *hp = NULL;
+    cr_assert_eq(clattn_decode_plan_create(dev, &huge, &m.w, &hp), CLATTN_STATUS_SIZE_OVERFLOW, "%s",
+                 clattn_last_error());
+    cr_assert(strstr(clattn_last_error(), "rows are 32-bit"), "%s", clattn_last_error());
+    huge.seq_q = ((size_t)1 << 15) - 1; /* 2^32 - 2^17 rows pass this check (refused later: no weight counts) */
+    cr_assert_neq(clattn_decode_plan_create(dev, &huge, &m.w, &hp), CLATTN_STATUS_SUCCESS);
+    cr_assert_null(strstr(clattn_last_error(), "32-bit"), "%s", clattn_last_error());
+    cr_assert_null(hp);
+    const uint32_t ok[B + 1] = {0, 2, 2, 5};
+    float *x = vals(&r, B * P * m.E, 0, 0, 1.0f), *out = tu_poisoned(B * P * Eo);
+    clattn_decode_args a0 = {.x = x, .out = out, .cu_new = ok};
+    cr_assert_eq(tu_decode_execute(p, cache, &a0), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const size_t HK = m.HK, nk = B * HK * cap * m.dk, nv = B * HK * cap * m.dv;
+    float *k1 = tu_poisoned(nk), *v1 = tu_poisoned(nv), *k2 = tu_poisoned(nk), *v2 = tu_poisoned(nv);
+    clattn_kv_cache_read(cache, k1, v1);
+    const size_t valid[B] = {1, 1, 1};
+    struct {
+        uint32_t cu[B + 1];
+        size_t cu_count, n, x_rows;
+        const size_t *valid;
+        clattn_status st;
+        const char *needle;
+    } bad[] = {
+        {{0, 2, 2, 5}, B + 1, 0, 5, valid, CLATTN_STATUS_INVALID_ARGUMENT, "valid is given with args.cu_new"},
+        {{0, 2, 2, 5}, B, 0, 5, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "cu_new has 3 elements"},
+        {{1, 2, 2, 5}, B + 1, 0, 4, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "cu_new[0] is 1"},
+        {{0, 3, 2, 5}, B + 1, 0, 5, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "cu_new decreases"},
+        {{0, 2, 2, 5}, B + 1, 2, 5, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "sequence 2 has 3 rows, past new_tokens = 2"},
+        {{0, 6, 6, 6}, B + 1, 0, 6, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "sequence 0 has 6 rows, past seq_q = 5"},
+        {{0, 2, 2, 5}, B + 1, P + 1, 5, NULL, CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = 6: at most seq_q"},
+        {{0, 2, 2, 5}, B + 1, 0, 4, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "cu_new[batch] = 5 rows x embed"},
+        {{0, 0, 0, 5}, B + 1, 0, 5, NULL, CLATTN_STATUS_SHAPE_MISMATCH, "sequence 2: 3 cached + 5 new tokens exceed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        clattn_decode_args a = {.x = x, .x_count = bad[i].x_rows * m.E, .new_tokens = bad[i].n, .valid = bad[i].valid,
+                                .valid_count = bad[i].valid ? B : 0, .out = out, .out_count = bad[i].x_rows * Eo,
+                                .cu_new = bad[i].cu, .cu_new_count = bad[i].cu_count};
+        for (size_t e = 0; e < B * P * Eo; e++) out[e] = 1234.5f;
+        cr_assert_eq(clattn_decode_execute(p, cache, &a), bad[i].st, "case %zu: %s", i, clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "case %zu: '%s' lacks '%s'", i, clattn_last_error(),
+                  bad[i].needle);
+        for (size_t e = 0; e < B * P * Eo; e++) cr_assert_eq(out[e], 1234.5f, "case %zu wrote out[%zu]", i, e);
+    }
+    /* cu_new_count without cu_new */
+    clattn_decode_args a = {.x = x, .new_tokens = 1, .out = out, .cu_new_count = B + 1};
+    cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "cu_new is NULL"), "%s", clattn_last_error());
+    size_t lens[B];
+    clattn_kv_cache_lengths(cache, lens);
+    for (size_t b = 0; b < B; b++) cr_assert_eq(lens[b], ok[b + 1] - ok[b], "a refused step changed length %zu", b);
+    clattn_kv_cache_read(cache, k2, v2);
+    cr_assert_eq(memcmp(k1, k2, nk * sizeof *k1), 0, "a refused step changed the keys");
+    cr_assert_eq(memcmp(v1, v2, nv * sizeof *v1), 0, "a refused step changed the values");
+    if (clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL) {
+        cl_int err;
+        cl_mem xb = clCreateBuffer(clattn_device_context(dev), CL_MEM_READ_WRITE, 4096, NULL, &err);
+        const clattn_decode_buffers bufs = {.x = {xb, 0}, .out = {xb, 512}};
+        cr_assert_eq(clattn_decode_execute_buffers_varlen(p, cache, &bufs, 0, NULL, 0, 0, NULL, NULL),
+                     CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "cu_new is NULL"), "%s", clattn_last_error());
+        cr_assert_eq(clattn_decode_execute_buffers_varlen(p, cache, &bufs, 0, (const uint32_t[]){0, 1, 1}, 3, 0, NULL,
+                                                          NULL), CLATTN_STATUS_SHAPE_MISMATCH);
+        cr_assert(strstr(clattn_last_error(), "buffers.cu_new has 3 elements"), "%s", clattn_last_error());
+        clReleaseMemObject(xb);
+    }
+    free(k1), free(v1), free(k2), free(v2), free(x), free(out);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+    model_free(&m);
+}
+
+Test(decode, packed_refusals_ref) { clattn_device *d = tu_open_ref(); packed_refusals(d); clattn_device_free(d); }
+Test(decode, packed_refusals_opencl) { clattn_device *d = tu_open_opencl(); packed_refusals(d); clattn_device_free(d); }
+
 /* the same on paged caches: the steps on the caller's buffers (each behind a user event) and from host arrays */
 Test(pages, buffers_opencl)
 {
@@ -1926,8 +2140,12 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
         cr_assert_eq(tu_decode_execute(p32, c32, &a32), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         void *xh = tu_typed(xs, B * n * ex, t), *kh = tu_typed(ks, B * n * HK * DK, t);
         void *vh = tu_typed(vs, B * n * HK * DV, t), *oh = tu_poisoned_typed(B * n * ow, t);
+        /* every other decode step packed (cu_new; every sequence brings its one token, so the rows are the padded
+         * step's): the typed conversions of a packed step's rows, on host arrays and on buffers */
+        const int pk = t0 % 2 == 1;
+        const uint32_t cu[B + 1] = {0, 1, 2};
         const clattn_decode_args ah = {.x = xh, .kv = separate ? kh : NULL, .value = separate ? vh : NULL,
-                                       .new_tokens = n, .out = oh};
+                                       .new_tokens = pk ? 0 : n, .out = oh, .cu_new = pk ? cu : NULL};
         cr_assert_eq(tu_decode_execute(ph, ch, &ah), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         for (size_t i = 0; i < B * n * ow; i++)
             cr_assert_eq(((const uint16_t *)oh)[i], tu_dtype_bits((float)tu_dtype_round(o32[i], t), t),
@@ -1949,8 +2167,9 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
             }
             const clattn_decode_buffers bb = {.x = {bufs[0], OFF}, .kv = {separate ? bufs[1] : NULL, OFF},
                                               .value = {separate ? bufs[2] : NULL, OFF}, .out = {bufs[3], OFF}};
-            cr_assert_eq(clattn_decode_execute_buffers(pb, cb, &bb, n, NULL, 0, NULL, NULL), CLATTN_STATUS_SUCCESS,
-                         "%s", clattn_last_error());
+            cr_assert_eq(pk ? clattn_decode_execute_buffers_varlen(pb, cb, &bb, 0, cu, B + 1, 0, NULL, NULL)
+                            : clattn_decode_execute_buffers(pb, cb, &bb, n, NULL, 0, NULL, NULL),
+                         CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
             uint16_t got[B * P * 16];
             cr_assert_eq(clEnqueueReadBuffer(q, bufs[3], CL_TRUE, OFF * 2, B * n * ow * 2, got, 0, NULL, NULL),
                          CL_SUCCESS);

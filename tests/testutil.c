@@ -455,12 +455,20 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
     if (!plan || !a) return clattn_decode_execute(plan, cache, a);
     clattn_decode_args c = *a;
     const clattn_attention_desc *d = &plan->base->d;
-    fill(&c.x_count, c.x, d->batch * c.new_tokens * d->embed);
+    size_t n = c.new_tokens, rows = d->batch * n; /* packed (cu_new): its rows, and n 0 = the longest count */
+    if (c.cu_new) {
+        fill(&c.cu_new_count, c.cu_new, d->batch + 1);
+        rows = c.cu_new[d->batch];
+        if (!c.new_tokens)
+            for (size_t b = 0; b < d->batch; b++)
+                if (c.cu_new[b + 1] - c.cu_new[b] > n) n = c.cu_new[b + 1] - c.cu_new[b];
+    }
+    fill(&c.x_count, c.x, rows * d->embed);
     fill(&c.valid_count, c.valid, d->batch);
-    fill(&c.out_count, c.out, d->batch * c.new_tokens * plan->base->out_width);
-    fill(&c.kv_count, c.kv, d->batch * c.new_tokens * d->kv_heads * d->head_dim_qk);
-    fill(&c.value_count, c.value, d->batch * c.new_tokens * d->kv_heads * d->head_dim_v);
-    fill(&c.tree_mask_count, c.tree_mask, d->batch * c.new_tokens * c.new_tokens);
+    fill(&c.out_count, c.out, rows * plan->base->out_width);
+    fill(&c.kv_count, c.kv, rows * d->kv_heads * d->head_dim_qk);
+    fill(&c.value_count, c.value, rows * d->kv_heads * d->head_dim_v);
+    fill(&c.tree_mask_count, c.tree_mask, d->batch * n * n);
     return clattn_decode_execute(plan, cache, &c);
 }
 

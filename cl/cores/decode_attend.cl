@@ -38,14 +38,15 @@
 #endif
 #endif
 
-/* q: the queries at column 0 of head 0, rows (b*n + t) of stride q_ld, head h at h*DK.
- * out: merged rows (b*n + t) of stride out_ld, head h at h*DV (parts = 1).
- * part_ml (rows*parts, 2) and part_acc (rows*parts, DV), row = (b*n + t)*H + h (parts > 1). */
+/* q: the queries at column 0 of head 0, rows (first_rows[b] + t) of stride q_ld, head h at h*DK.
+ * out: merged rows (first_rows[b] + t) of stride out_ld, head h at h*DV (parts = 1).
+ * part_ml (rows*parts, 2) and part_acc (rows*parts, DV), row = (first_rows[b] + t)*H + h (parts > 1). */
 __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
                             __global const kv_t *kc, __global const kv_t *vc,
                             __global const float *ks, __global const float *vs,
                             __global const uint *pages, uint npage,
                             __global const uint *lens, __global const uint *valid,
+                            __global const uint *first_rows, uint packed,
                             __global const uchar *tree, uint tree_on,
                             __global float *out, ulong out_off, uint out_ld,
                             __global float *part_ml, __global float *part_acc,
@@ -53,8 +54,10 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
-    const dec_block blk = dec_block_of(gid, R, n, HK, parts, lens, valid);
+    const dec_block blk = dec_block_of(gid, R, n, HK, parts, lens, valid, first_rows, packed);
+    if (blk.q0 >= blk.nrows) return; /* a packed step's sequence with fewer tokens */
     const ulong b = blk.b;
+    const uint r0 = blk.r0; /* (a decode plan has at most 2^32 - 1 rows) */
     const uint g = blk.g, part = blk.part, nrows = blk.nrows, len = blk.len, nv = blk.nv, q0 = blk.q0;
 
     vw_t qr[R][DNKW], acc[R][DNVW];
@@ -64,7 +67,7 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
         const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
         const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
         pos[r] = len + t;
-        __global const float *qp = q + q_off + (b * n + t) * q_ld + (ulong)h * DK;
+        __global const float *qp = q + q_off + (ulong)(r0 + t) * q_ld + (ulong)h * DK;
         for (uint c = 0; c < DNKW; c++) qr[r][c] = QLOADW(c, qp);
         for (uint c = 0; c < DNVW; c++) acc[r][c] = (vw_t)(0.0f);
         m[r] = -FLT_MAX;
@@ -213,12 +216,12 @@ __kernel void decode_attend(__global const float *q, ulong q_off, uint q_ld,
         if (qq >= nrows) break;
         const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
         if (parts == 1) {
-            __global float *op = out + out_off + (b * n + t) * out_ld + (ulong)h * DV;
+            __global float *op = out + out_off + (ulong)(r0 + t) * out_ld + (ulong)h * DV;
             const int zero = t >= nv || l[r] == 0.0f; /* padding token, or no visible key */
             const float inv = zero ? 0.0f : 1.0f / l[r];
             for (uint c = 0; c < DNVW; c++) OSTOREW(zero ? (vw_t)(0.0f) : acc[r][c] * inv, c, op);
         } else {
-            const ulong slot = ((b * n + t) * H + h) * parts + part;
+            const ulong slot = ((ulong)(r0 + t) * H + h) * parts + part;
             part_ml[slot * 2] = m[r];
             part_ml[slot * 2 + 1] = l[r];
             __global float *ap = part_acc + slot * DV;

@@ -9,12 +9,14 @@
  * as int8 codes whose row (b, g, j) has the scale ks[DEC_BASE(b, g) + DEC_POS(b, g, j)] (vs likewise): the loads give the codes
  * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE
  * below reads either; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step
- * brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0). New
+ * brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0).
+ * Sequence b's new token t is row first_rows[b] + t of q and out: b*n + t in a padded step; in a packed step (packed = 1,
+ * clattn_decode_args.cu_new) only its valid[b] real rows exist, and the padding tokens are neither read nor written. New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
  * (when WINDOW > 0), and in a verify step with a draft tree only its ancestors among the new tokens (dec_tree). The
  * decode plan appends the new tokens first (decode/kv_append.cl).
  *
- * Split-K parts: query row (b*n + t)*H + h, part p has slot row*parts + p: part_ml[slot*2] its running
+ * Split-K parts: query row (first_rows[b] + t)*H + h, part p has slot row*parts + p: part_ml[slot*2] its running
  * max m (natural-log units), part_ml[slot*2 + 1] its sum l, part_acc[slot*DV ..] its unnormalised output.
  * common/combine.cl's split_combine merges them (out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p;
  * 0 when no key).
@@ -151,14 +153,16 @@ inline int dec_tree(__global const uchar *tree, uint tree_on, ulong b, uint n, u
  * 0 .. B*HK*nblk*parts: its sequence b, KV head g, block of `rows` query rows from q0 (rows run over (token, head
  * in the group): row q -> token q / GROUP, head g*GROUP + q % GROUP; nrows = n*GROUP of them), its part of the
  * block's keys [js, je): up to its last token's position (never past the appended ones), from its first token's
- * window on, cut into `parts` equal parts (split-K). len and nv: the sequence's cached and real new tokens. */
+ * window on, cut into `parts` equal parts (split-K). len and nv: the sequence's cached and real new tokens; r0 its
+ * first row of q and out. In a packed step the rows are clamped to the real tokens' (nrows = nv*GROUP; none: the block
+ * has nothing to do, and returns). */
 typedef struct dec_block {
     ulong b;
-    uint g, part, q0, q_last, nrows, len, nv, js, je;
+    uint r0, g, part, q0, q_last, nrows, len, nv, js, je;
 } dec_block;
 
 inline dec_block dec_block_of(ulong x, uint rows, uint n, uint HK, uint parts, __global const uint *lens,
-                              __global const uint *valid)
+                              __global const uint *valid, __global const uint *first_rows, uint packed)
 {
     dec_block k;
     k.nrows = n * GROUP;
@@ -171,6 +175,8 @@ inline dec_block dec_block_of(ulong x, uint rows, uint n, uint HK, uint parts, _
     k.b = x / HK;
     k.len = lens[k.b];
     k.nv = valid[k.b];
+    k.r0 = first_rows[k.b];
+    if (packed) k.nrows = k.nv * GROUP; /* (the blocks past it: q0 >= nrows) */
     k.q0 = blk * rows;
     k.q_last = min(k.q0 + rows, k.nrows) - 1;
     const uint hi = min(k.len + k.q_last / GROUP + 1, k.len + k.nv);

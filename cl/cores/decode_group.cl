@@ -80,6 +80,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                   __global const float *ks, __global const float *vs,
                   __global const uint *pages, uint npage,
                   __global const uint *lens, __global const uint *valid,
+                  __global const uint *first_rows, uint packed,
                   __global const uchar *tree, uint tree_on,
                   __global float *out, ulong out_off, uint out_ld,
                   __global float *part_ml, __global float *part_acc,
@@ -89,8 +90,10 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
     const ulong grp = first + get_group_id(0);
     if (grp >= groups) return; /* the whole work-group together */
     const uint lid = get_local_id(0), lane = lid % LANES, team = lid / LANES;
-    const dec_block blk = dec_block_of(grp, R, n, HK, parts, lens, valid);
+    const dec_block blk = dec_block_of(grp, R, n, HK, parts, lens, valid, first_rows, packed);
+    if (blk.q0 >= blk.nrows) return; /* a packed step's sequence with fewer tokens (the whole group) */
     const ulong b = blk.b;
+    const uint r0 = blk.r0; /* (a decode plan has at most 2^32 - 1 rows) */
     const uint g = blk.g, part = blk.part, nrows = blk.nrows, len = blk.len, nv = blk.nv, q0 = blk.q0;
 
     vw_t qr[R][NSK], acc[R][NSV];
@@ -101,7 +104,7 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
         const uint qq = min(q0 + r, nrows - 1); /* rows past the end repeat the last one, never written */
         const uint t = qq / GROUP, h = g * GROUP + qq % GROUP;
         pos[r] = len + t;
-        __global const float *qp = q + q_off + (b * n + t) * q_ld + (ulong)h * DK;
+        __global const float *qp = q + q_off + (ulong)(r0 + t) * q_ld + (ulong)h * DK;
         #pragma unroll
         for (uint s = 0; s < NSK; s++) qr[r][s] = OWNK(s) ? QLOADW(lane + s * LANES, qp) : (vw_t)(0.0f);
         #pragma unroll
@@ -223,9 +226,9 @@ void decode_group(__global const float *q, ulong q_off, uint q_ld,
                 float a = 0.0f;
                 for (uint tt = 0; tt < NT; tt++) a += sh[tt * (DV + 1) + c];
                 if (parts == 1) {
-                    out[out_off + (b * n + t) * out_ld + (ulong)h * DV + c] = zero ? 0.0f : a / Ls;
+                    out[out_off + (ulong)(r0 + t) * out_ld + (ulong)h * DV + c] = zero ? 0.0f : a / Ls;
                 } else {
-                    const ulong slot = ((b * n + t) * H + h) * parts + part;
+                    const ulong slot = ((ulong)(r0 + t) * H + h) * parts + part;
                     part_acc[slot * DV + c] = a;
                     if (c == 0) part_ml[slot * 2] = M, part_ml[slot * 2 + 1] = Ls;
                 }

@@ -62,13 +62,15 @@ inline void int8_row(__global const float *x, uint D, __global char *q, __global
 #endif
 
 /* One work-item per (b, t, g, c), c < max(DK, DV): K[b, g, lens[b] + t, c] and V likewise from the
- * projection row (b*n + t) of src (row stride src_ld; K of head g at column k_col + g*DK, V at v_col + g*DV).
+ * projection row first_rows[b] + t of src (b*n + t, or a packed step's cu_new[b] + t; row stride src_ld; K of head g
+ * at column k_col + g*DK, V at v_col + g*DV).
  * INT8 (KV_HALF 3): one work-item per (b, t, g), the whole row of K and of V and their scales (ks, vs; unused by
  * the other types). */
 __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, uint k_col, uint v_col,
                         __global kv_t *kc, __global kv_t *vc, __global float *ks, __global float *vs,
                         __global const uint *pages, uint npage, __global const uint *lens,
-                        __global const uint *valid, uint n, uint HK, uint Tmax, ulong total)
+                        __global const uint *valid, __global const uint *first_rows, uint n, uint HK, uint Tmax,
+                        ulong total)
 {
     const ulong gid = get_global_id(0);
     if (gid >= total) return;
@@ -78,7 +80,7 @@ __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, u
     const uint t = (uint)(x % n);
     const ulong b = x / n;
     if (t >= valid[b]) return;
-    __global const float *row = src + src_off + (b * n + t) * src_ld;
+    __global const float *row = src + src_off + (first_rows[b] + t) * src_ld;
 #if PAGE
     const uint j = lens[b] + t;
     const ulong pos = ((ulong)g * Tmax + pages[b * npage + j / PAGE]) * PAGE + j % PAGE; /* Tmax: the pool's pages */

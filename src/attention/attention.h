@@ -142,6 +142,10 @@ typedef struct clattn_rows {
  * takes no cu_k other than cu_q. r NULL: the checks alone. */
 clattn_status clattn_plan_rows(const struct clattn_plan *p, const uint32_t *cu_q, size_t nq, const uint32_t *cu_k,
                                size_t nk, const char *owner, clattn_rows *r);
+/* One offsets array (owner.name, n entries): B+1 of them from 0, never decreasing, no sequence of more than max rows
+ * (max_name and max_why name max in the message). */
+clattn_status clattn_offsets_check(const char *owner, const char *name, const uint32_t *cu, size_t n, size_t B,
+                                  size_t max, const char *max_name, const char *max_why);
 /* The same for rows already checked (the backends': the execution's entry point checked them; here, below the
  * backends, which plan.c's table of them names). */
 static inline clattn_rows clattn_plan_rows_of(const struct clattn_plan *p, const uint32_t *cu_q, const uint32_t *cu_k)

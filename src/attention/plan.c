@@ -489,13 +489,11 @@ static clattn_status check_training_outputs(const clattn_plan *plan, int lse, in
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* One offsets array: B+1 entries from 0, non-decreasing, no sequence longer than max. */
-static clattn_status check_offsets(const char *owner, const char *name, const uint32_t *cu, size_t n, size_t B,
-                                   size_t max, const char *max_name)
+clattn_status clattn_offsets_check(const char *owner, const char *name, const uint32_t *cu, size_t n, size_t B,
+                                  size_t max, const char *max_name, const char *max_why)
 {
     char how[64];
     snprintf(how, sizeof how, "batch + 1 = %zu + 1", B);
-    if (!cu) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s is NULL (the plan has desc.varlen)", owner, name);
     TRY(clattn_count_check(owner, name, cu, n, B + 1, how));
     if (cu[0] != 0)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s[0] is %u: the first sequence starts at row 0", owner,
@@ -505,8 +503,8 @@ static clattn_status check_offsets(const char *owner, const char *name, const ui
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s decreases: [%zu] = %u after [%zu] = %u (offsets "
                                "must not decrease)", owner, name, b + 1, (unsigned)cu[b + 1], b, (unsigned)cu[b]);
         if (cu[b + 1] - cu[b] > max)
-            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "%s.%s: sequence %zu has %u rows, past %s = %zu (the "
-                               "longest the plan takes)", owner, name, b, (unsigned)(cu[b + 1] - cu[b]), max_name, max);
+            return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "%s.%s: sequence %zu has %u rows, past %s = %zu (%s)",
+                               owner, name, b, (unsigned)(cu[b + 1] - cu[b]), max_name, max, max_why);
     }
     return CLATTN_STATUS_SUCCESS;
 }
@@ -520,12 +518,17 @@ clattn_status clattn_plan_rows(const clattn_plan *p, const uint32_t *cu_q, size_
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_%s is given, but the plan was created "
                                "without desc.varlen = 1: it would be ignored", owner, cu_q ? "q" : "kv");
     } else {
-        TRY(check_offsets(owner, "cu_seqlens_q", cu_q, nq, d->batch, d->seq_q, "seq_q"));
+        if (!cu_q)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_q is NULL (the plan has desc.varlen)",
+                               owner);
+        TRY(clattn_offsets_check(owner, "cu_seqlens_q", cu_q, nq, d->batch, d->seq_q, "seq_q",
+                                 "the longest the plan takes"));
         if (d->cross) {
             if (!cu_k)
                 return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_kv is NULL (a varlen cross-attention "
                                    "plan: the keys' sequences have lengths of their own)", owner);
-            TRY(check_offsets(owner, "cu_seqlens_kv", cu_k, nk, d->batch, d->seq_kv, "seq_kv"));
+            TRY(clattn_offsets_check(owner, "cu_seqlens_kv", cu_k, nk, d->batch, d->seq_kv, "seq_kv",
+                                     "the longest the plan takes"));
         } else if (cu_k) {
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.cu_seqlens_kv is given, but the plan is "
                                "self-attention: the keys are the queries' rows (cu_seqlens_q); it would be ignored",

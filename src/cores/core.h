@@ -110,8 +110,12 @@ typedef struct clattn_decode_io {
                                     the rows above are (HK, pool pages, P) (decode/decode.h); NULL: contiguous */
     size_t npage;
     cl_mem lens, valid;          /* (B) uint: tokens cached before this step, real new tokens of this step */
+    cl_mem row0;                 /* (B) uint: sequence b's first row of q and out, b*n or a packed step's cu_new[b] */
+    int packed;                  /* a packed step: only rows row0[b] + t < row0[b] + valid[b] exist (else a padded
+                                    step's rows t >= valid[b] get a zero output) */
     cl_mem tree;                 /* (B, n, n) uchar: a verify step's draft tree (clattn_decode_args.tree_mask), or NULL */
-    size_t n;                    /* new tokens per sequence (valid <= n) */
+    size_t n;                    /* new tokens per sequence at most (valid <= n) */
+    size_t rows;                 /* rows of q and out: B*n, or a packed step's */
     size_t max_len;              /* the longest sequence after this step */
     size_t max_parts;            /* split-K parts: 0 = the core chooses, else at most this many */
     int warm;                    /* plan creation: every launch with no work, so that the driver compiles */

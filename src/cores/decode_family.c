@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #define PART_ROWS 4    /* the partial buffers hold split-K parts for steps of up to 4 new tokens */
-#define ARG_FIRST 24   /* PER_GROUP: the index of the kernel's `first` argument (the list in attend below) */
+#define ARG_FIRST 26   /* PER_GROUP: the index of the kernel's `first` argument (the list in attend below) */
 
 typedef struct variant {
     cl_program prog;
@@ -231,6 +231,8 @@ static clattn_status attend(const decode_state *s, const variant *v, const clatt
     clattn_arg_u32(&a, (cl_uint)io->npage);
     clattn_arg_mem(&a, io->lens);
     clattn_arg_mem(&a, io->valid);
+    clattn_arg_mem(&a, io->row0);
+    clattn_arg_u32(&a, (cl_uint)io->packed);
     clattn_arg_mem(&a, io->tree);
     clattn_arg_u32(&a, io->tree != NULL);
     clattn_core_arg_rows(&a, io->out, H * d->head_dim_v);
@@ -252,16 +254,17 @@ static clattn_status attend(const decode_state *s, const variant *v, const clatt
     return clattn_enqueue_items(s->dev, v->attend, units, what);
 }
 
-/* The parts merged into io->out (launched with no work when io->warm): slot (row*parts + p) of (b*n + t)*H + h
- * holds part p's max and sum (natural units) at ml + 2*slot and its output at acc + slot*dv. */
+/* The parts merged into io->out (launched with no work when io->warm): slot (row*parts + p) of (row0[b] + t)*H + h
+ * holds part p's max and sum (natural units) at ml + 2*slot and its output at acc + slot*dv. A packed step's rows are
+ * all real: merged without the padded step's counts (valid), which would zero rows by a padded row's place. */
 static clattn_status combine(const decode_state *s, const clattn_decode_io *io, size_t parts)
 {
     const size_t H = s->d.heads, dv = s->d.head_dim_v;
     const clattn_split_combine c = {
         .acc = {s->acc, 0}, .a_row = H * parts * dv, .a_part = dv, .a_head = parts * dv,
         .st = {s->ml, 0}, .s_row = H * parts * 2, .s_part = 2, .s_head = parts * 2,
-        .parts = parts, .rows = io->warm ? 0 : s->d.batch * io->n, .heads = H, .dv = dv, .n = io->n, .base2 = 0,
-        .valid = io->valid, .out = io->out, .out_ld = H * dv, .lse = {NULL, 0}};
+        .parts = parts, .rows = io->warm ? 0 : io->rows, .heads = H, .dv = dv, .n = io->n, .base2 = 0,
+        .valid = io->packed ? NULL : io->valid, .out = io->out, .out_ld = H * dv, .lse = {NULL, 0}};
     TRY(clattn_core_combine(s->dev, s->combine, &c));
     return clattn_decode_mark(io, CLATTN_DECODE_STAGE_COMBINE);
 }

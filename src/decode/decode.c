@@ -30,6 +30,9 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
     if (d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not return the attention weights");
+    if (d->seq_q && d->batch > UINT32_MAX / d->seq_q)
+        return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "batch x seq_q = %zu x %zu rows: a decode step's rows are "
+                           "32-bit in its kernels (at most %u)", d->batch, d->seq_q, (unsigned)UINT32_MAX);
     if (d->algorithm == CLATTN_ALGORITHM_UNFUSED)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan runs its own fused kernel: algorithm "
                            "UNFUSED is not available (use AUTO)");
@@ -149,10 +152,51 @@ const char *clattn_decode_plan_core(const clattn_decode_plan *plan) { return pla
 
 const char *clattn_decode_plan_gemm(const clattn_decode_plan *plan) { return plan ? clattn_plan_gemm(plan->base) : ""; }
 
-/* The cache against the plan, and a step of n new tokens (valid[b] of them real, NULL: all n) against the
- * cache: the tokens per sequence into vout (B entries) and the longest sequence after the step. */
-static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_cache *cache, size_t n,
-                                const size_t *valid, size_t *vout, size_t *max_len)
+/* A step's shape from its arguments (owner "args" or "buffers" in messages), checked against the plan: n new tokens
+ * per sequence at most (new_tokens), each sequence's count (valid, NULL: all n) and first row, b*n; or with packed
+ * offsets cu (B+1 of them: args.cu_new) each sequence's count and first row from them, and n = new_tokens or, given
+ * as 0, the longest count. s->valid and s->row0 point into room (2B entries). */
+static clattn_status step_shape(const clattn_plan *p, size_t n, const size_t *valid, const uint32_t *cu,
+                                size_t cu_count, const char *owner, size_t *room, clattn_decode_step *s)
+{
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch;
+    size_t *v = room, *r0 = room + B;
+    if (cu) {
+        if (valid)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.valid is given with %s.cu_new: the offsets give "
+                               "each sequence's count of new tokens, so valid would be ignored", owner, owner);
+        if (n > d->seq_q)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: at most seq_q (%zu), or 0 for the "
+                               "longest of cu_new's sequences", n, d->seq_q);
+        TRY(clattn_offsets_check(owner, "cu_new", cu, cu_count, B, n ? n : d->seq_q, n ? "new_tokens" : "seq_q",
+                                 n ? "the most this step brings" : "the most new tokens a step may bring"));
+        size_t most = 0;
+        for (size_t b = 0; b < B; b++) {
+            v[b] = cu[b + 1] - cu[b], r0[b] = cu[b];
+            if (v[b] > most) most = v[b];
+        }
+        *s = (clattn_decode_step){.n = n ? n : most ? most : 1, .rows = cu[B], .packed = 1};
+    } else {
+        TRY(clattn_count_check(owner, "cu_new", cu, cu_count, B + 1, "batch + 1"));
+        if (n == 0 || n > d->seq_q)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n,
+                               d->seq_q);
+        for (size_t b = 0; b < B; b++) {
+            v[b] = valid ? valid[b] : n, r0[b] = b * n;
+            if (v[b] > n)
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "valid[%zu] = %zu is more than new_tokens (%zu)", b,
+                                   valid[b], n);
+        }
+        *s = (clattn_decode_step){.n = n, .rows = B * n};
+    }
+    s->valid = v, s->row0 = r0;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The cache against the plan, and a step of that shape against the cache: the longest sequence after it into
+ * s->max_len. */
+static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_cache *cache, clattn_decode_step *s)
 {
     const clattn_plan *p = plan->base;
     const clattn_attention_desc *d = &p->d;
@@ -174,18 +218,12 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
                            "(desc.kv_page_size = %zu)", cd->page_size ? "pages of " : "", cd->page_size,
                            cd->page_size ? " positions" : " pages (contiguous)",
                            d->kv_page_size ? "paged caches" : "contiguous caches", d->kv_page_size);
-    if (n == 0 || n > d->seq_q)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, d->seq_q);
-    *max_len = 0;
+    s->max_len = 0;
     for (size_t b = 0; b < B; b++) {
-        vout[b] = valid ? valid[b] : n;
-        if (vout[b] > n)
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "valid[%zu] = %zu is more than new_tokens (%zu)", b,
-                               valid[b], n);
-        if (cache->len[b] + vout[b] > cd->capacity)
+        if (cache->len[b] + s->valid[b] > cd->capacity)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
-                               "cache's capacity (%zu)", b, cache->len[b], vout[b], cd->capacity);
-        if (cache->len[b] + n > *max_len) *max_len = cache->len[b] + n;
+                               "cache's capacity (%zu)", b, cache->len[b], s->valid[b], cd->capacity);
+        if (cache->len[b] + s->n > s->max_len) s->max_len = cache->len[b] + s->n;
     }
     return CLATTN_STATUS_SUCCESS;
 }
@@ -203,20 +241,22 @@ static clattn_status check_separate(const clattn_plan *p, int kv, int value, con
 }
 
 /* A step's output against its inputs, host form (a) or buffer form (b and the host array valid): one list for both
- * forms. */
-static clattn_status step_no_overlap(const clattn_plan *p, size_t n, const clattn_decode_args *a,
+ * forms. rows: x's and out's rows (B*n, or a packed step's). */
+static clattn_status step_no_overlap(const clattn_plan *p, size_t rows, const clattn_decode_args *a,
                                      const clattn_decode_buffers *b, const size_t *valid)
 {
     const size_t B = p->d.batch, es = clattn_dtype_size(p->d.dtype);
     const char *o = a ? "args" : "buffers";
     const size_t sv = p->d.separate_value, HK = p->d.kv_heads;
-    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, B * n * p->d.embed, es),
+    const clattn_mem_range ins[] = {CLATTN_RANGE(o, a, b, x, rows * p->d.embed, es),
                                     clattn_range(a ? "args" : "", "valid", a ? a->valid : valid, NULL,
                                                  a ? a->valid_count : valid ? B : 0, sizeof(size_t)),
-                                    CLATTN_RANGE(o, a, b, kv, sv * B * n * HK * p->d.head_dim_qk, es),
-                                    CLATTN_RANGE(o, a, b, value, sv * B * n * HK * p->d.head_dim_v, es)};
-    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, B * n * p->out_width, es)};
-    return clattn_check_no_overlap(outs, 1, ins, 4);
+                                    CLATTN_RANGE(o, a, b, kv, sv * rows * HK * p->d.head_dim_qk, es),
+                                    CLATTN_RANGE(o, a, b, value, sv * rows * HK * p->d.head_dim_v, es),
+                                    clattn_range(a ? "args" : "", "cu_new", a ? a->cu_new : NULL, NULL,
+                                                 a ? a->cu_new_count : 0, sizeof(uint32_t))};
+    const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, rows * p->out_width, es)};
+    return clattn_check_no_overlap(outs, 1, ins, 5);
 }
 
 /* A verify step's draft tree (args.tree_mask, (B, n, n)): each new token sees itself (a nonzero diagonal) and only
@@ -262,85 +302,126 @@ static clattn_status reserve_step(clattn_kv_cache *cache, const size_t *valid)
 /* A half-precision plan's step from host arrays (desc.dtype F16 or BF16): a step's few rows widened to float on the
  * host (exactly), the fp32 step, its output rounded to the type once. */
 static clattn_status execute_typed(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args,
-                                   size_t n, const size_t *valid, size_t max_len)
+                                   const clattn_decode_step *step)
 {
     const clattn_plan *p = plan->base;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, sv = d->separate_value, HK = d->kv_heads;
-    const size_t nx = B * n * d->embed, nk = sv * B * n * HK * d->head_dim_qk, nv = sv * B * n * HK * d->head_dim_v;
-    const size_t no = B * n * p->out_width;
+    const size_t rows = step->rows, sv = d->separate_value, HK = d->kv_heads;
+    const size_t nx = rows * d->embed, nk = sv * rows * HK * d->head_dim_qk, nv = sv * rows * HK * d->head_dim_v;
+    const size_t no = rows * p->out_width;
     float *buf = clattn_malloc((nx + nk + nv + no) * sizeof *buf);
     if (!buf) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "widening the step's %s arrays",
                                  clattn_dtype_name(d->dtype));
     float *x = buf, *kv = x + nx, *value = kv + nk, *out = value + nv;
     clattn_dtype_widen(args->x, nx, d->dtype, x);
     if (sv) clattn_dtype_widen(args->kv, nk, d->dtype, kv), clattn_dtype_widen(args->value, nv, d->dtype, value);
-    const clattn_status st = plan->ops->execute(plan, cache, x, sv ? kv : NULL, sv ? value : NULL, n, valid,
-                                                args->tree_mask, max_len, out);
+    const clattn_status st = plan->ops->execute(plan, cache, x, sv ? kv : NULL, sv ? value : NULL, step, out);
     if (st == CLATTN_STATUS_SUCCESS) clattn_dtype_narrow(out, no, d->dtype, args->out);
     free(buf);
     return st;
 }
 
-/* A step with the plan's and the cache's locks held. */
-static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
+static clattn_status no_pass(void *ctx)
 {
-    clattn_plan *p = plan->base;
-    const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, n = args->new_tokens;
-    char how[120];
-    snprintf(how, sizeof how, "batch x new_tokens x embed = %zu x %zu x %zu", B, n, d->embed);
-    TRY(clattn_count_check("args", "x", args->x, args->x_count, B * n * d->embed, how));
-    TRY(clattn_count_check("args", "valid", args->valid, args->valid_count, B, "batch"));
-    snprintf(how, sizeof how, "batch x new_tokens x out_width = %zu x %zu x %zu", B, n, p->out_width);
-    TRY(clattn_count_check("args", "out", args->out, args->out_count, B * n * p->out_width, how));
-    const size_t sv = d->separate_value, HK = d->kv_heads;
-    snprintf(how, sizeof how, "batch x new_tokens x kv_heads*head_dim_qk = %zu x %zu x %zu*%zu", B, n, HK,
-             d->head_dim_qk);
-    TRY(clattn_count_check("args", "kv", args->kv, args->kv_count, sv * B * n * HK * d->head_dim_qk, how));
-    snprintf(how, sizeof how, "batch x new_tokens x kv_heads*head_dim_v = %zu x %zu x %zu*%zu", B, n, HK,
-             d->head_dim_v);
-    TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * B * n * HK * d->head_dim_v, how));
-    snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
-    TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
-    TRY(check_tree(d, args->tree_mask, n));
-    TRY(step_no_overlap(p, n, args, NULL, NULL));
-    size_t *valid = clattn_malloc(B * sizeof *valid);
-    if (!valid) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
-    size_t max_len = 0;
-    clattn_status st = check_step(plan, cache, n, args->valid, valid, &max_len);
-    if (st == CLATTN_STATUS_SUCCESS) st = reserve_step(cache, valid);
-    if (st == CLATTN_STATUS_SUCCESS && d->dtype != CLATTN_DTYPE_F32)
-        st = execute_typed(plan, cache, args, n, valid, max_len);
+    (void)ctx;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* The step checked and run, its pages reserved (and given back when it fails); the lengths advance when it succeeds.
+ * A packed step without a token changes nothing. */
+static clattn_status run_step(clattn_decode_plan *plan, clattn_kv_cache *cache, clattn_decode_step *step,
+                              const clattn_decode_args *args, const clattn_decode_buffers *buffers, cl_uint nwait,
+                              const cl_event *wait, cl_event *event)
+{
+    const size_t B = plan->base->d.batch;
+    TRY(check_step(plan, cache, step));
+    if (!step->rows) /* (on buffers: the event still completes after the wait list) */
+        return buffers ? clattn_exec_buffers(plan->base->device, nwait, wait, no_pass, NULL, event)
+                       : CLATTN_STATUS_SUCCESS;
+    clattn_status st = reserve_step(cache, step->valid);
+    if (st == CLATTN_STATUS_SUCCESS && buffers)
+        st = plan->ops->execute_buffers(plan, cache, buffers, step, nwait, wait, event);
+    else if (st == CLATTN_STATUS_SUCCESS && plan->base->d.dtype != CLATTN_DTYPE_F32)
+        st = execute_typed(plan, cache, args, step);
     else if (st == CLATTN_STATUS_SUCCESS)
-        st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, n, valid, args->tree_mask, max_len,
-                                args->out);
+        st = plan->ops->execute(plan, cache, args->x, args->kv, args->value, step, args->out);
     if (st == CLATTN_STATUS_SUCCESS)
-        for (size_t b = 0; b < B; b++) cache->len[b] += valid[b];
+        for (size_t b = 0; b < B; b++) cache->len[b] += step->valid[b];
     else
         clattn_kv_cache_unreserve(cache); /* pages a refused step took, back to the pool */
-    free(valid);
     return st;
 }
 
-static clattn_status execute_buffers_locked(clattn_decode_plan *plan, clattn_kv_cache *cache,
-                                            const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
-                                            cl_uint nwait, const cl_event *wait, cl_event *event)
+/* A step from host arrays with the plan's and the cache's locks held; room: 2B entries for the step's shape. */
+static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args,
+                                    size_t *room)
 {
+    clattn_plan *p = plan->base;
+    const clattn_attention_desc *d = &p->d;
+    const size_t B = d->batch;
+    TRY(clattn_count_check("args", "valid", args->valid, args->valid_count, B, "batch"));
+    clattn_decode_step step;
+    TRY(step_shape(p, args->new_tokens, args->valid, args->cu_new, args->cu_new_count, "args", room, &step));
+    const size_t n = step.n, rows = step.rows;
+    if (rows && !args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
+    if (rows && !args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
+    const int sv_empty = !rows && d->separate_value; /* a packed step without a token may leave kv and value NULL */
+    TRY(check_separate(p, args->kv || sv_empty, args->value || sv_empty, "args"));
+    char how[160], lead[64];
+    if (step.packed) snprintf(lead, sizeof lead, "cu_new[batch] = %zu", rows);
+    else snprintf(lead, sizeof lead, "batch x new_tokens = %zu x %zu", B, n);
+    snprintf(how, sizeof how, "%s rows x embed %zu", lead, d->embed);
+    TRY(clattn_count_check("args", "x", args->x, args->x_count, rows * d->embed, how));
+    snprintf(how, sizeof how, "%s rows x out_width %zu", lead, p->out_width);
+    TRY(clattn_count_check("args", "out", args->out, args->out_count, rows * p->out_width, how));
+    const size_t sv = d->separate_value, HK = d->kv_heads;
+    snprintf(how, sizeof how, "%s rows x kv_heads*head_dim_qk %zu*%zu", lead, HK, d->head_dim_qk);
+    TRY(clattn_count_check("args", "kv", args->kv, args->kv_count, sv * rows * HK * d->head_dim_qk, how));
+    snprintf(how, sizeof how, "%s rows x kv_heads*head_dim_v %zu*%zu", lead, HK, d->head_dim_v);
+    TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * rows * HK * d->head_dim_v, how));
+    snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
+    TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
+    TRY(check_tree(d, args->tree_mask, n));
+    TRY(step_no_overlap(p, rows, args, NULL, NULL));
+    step.tree = args->tree_mask;
+    return run_step(plan, cache, &step, args, NULL, 0, NULL, NULL);
+}
+
+/* A step on buffers (valid or cu: host arrays), checked before anything is enqueued. */
+static clattn_status execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                     const clattn_decode_buffers *buffers, size_t new_tokens, const size_t *valid,
+                                     const uint32_t *cu, size_t cu_count, cl_uint nwait, const cl_event *wait,
+                                     cl_event *event)
+{
+    clattn_clear_error();
+    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
+    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers,
+                                  plan ? plan->base->device : NULL, nwait, wait));
     const clattn_plan *p = plan->base;
     const size_t B = p->d.batch;
-    size_t *v = clattn_malloc(B * sizeof *v);
-    if (!v) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
-    size_t max_len = 0;
-    clattn_status st = check_step(plan, cache, n, valid, v, &max_len);
-    if (st == CLATTN_STATUS_SUCCESS) st = reserve_step(cache, v);
-    if (st == CLATTN_STATUS_SUCCESS)
-        st = plan->ops->execute_buffers(plan, cache, buffers, n, v, max_len, nwait, wait, event);
-    if (st == CLATTN_STATUS_SUCCESS)
-        for (size_t b = 0; b < B; b++) cache->len[b] += v[b];
-    else
-        clattn_kv_cache_unreserve(cache);
-    free(v);
+    size_t *room = clattn_malloc(2 * B * sizeof *room);
+    if (!room) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
+    clattn_decode_step step;
+    clattn_status st = step_shape(p, new_tokens, valid, cu, cu_count, "buffers", room, &step);
+    const size_t rows = step.rows, es = clattn_dtype_size(p->d.dtype), HK = p->d.kv_heads;
+    /* (a packed step without a token: its buffers may be NULL) */
+    if (!st && rows) st = clattn_buffer_check(buffers->x.mem, buffers->x.offset, rows * p->d.embed, es, "x");
+    if (!st && rows) st = clattn_buffer_check(buffers->out.mem, buffers->out.offset, rows * p->out_width, es, "out");
+    const int sv_empty = !rows && p->d.separate_value;
+    if (!st) st = check_separate(p, buffers->kv.mem || sv_empty, buffers->value.mem || sv_empty, "buffers");
+    if (!st && rows && p->d.separate_value)
+        st = clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, rows * HK * p->d.head_dim_qk, es, "kv");
+    if (!st && rows && p->d.separate_value)
+        st = clattn_buffer_check(buffers->value.mem, buffers->value.offset, rows * HK * p->d.head_dim_v, es, "value");
+    if (!st) st = step_no_overlap(p, rows, NULL, buffers, valid);
+    if (!st) {
+        pthread_mutex_lock(&plan->lock);
+        pthread_mutex_lock(&cache->lock);
+        st = run_step(plan, cache, &step, NULL, buffers, nwait, wait, event);
+        pthread_mutex_unlock(&cache->lock);
+        pthread_mutex_unlock(&plan->lock);
+    }
+    free(room);
     return st;
 }
 
@@ -349,45 +430,37 @@ clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_
                                             const size_t *valid, cl_uint num_events_in_wait_list,
                                             const cl_event *event_wait_list, cl_event *event)
 {
-    clattn_clear_error();
-    if (!cache) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cache is NULL");
-    TRY(clattn_buffers_call_check(plan, buffers, plan && plan->ops->execute_buffers,
-                                  plan ? plan->base->device : NULL, num_events_in_wait_list, event_wait_list));
-    const clattn_plan *p = plan->base;
-    const size_t B = p->d.batch, n = new_tokens;
-    if (n == 0 || n > p->d.seq_q)
-        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "new_tokens = %zu: must be 1 .. seq_q (%zu)", n, p->d.seq_q);
-    const size_t nx = B * n * p->d.embed, no = B * n * p->out_width, es = clattn_dtype_size(p->d.dtype);
-    TRY(clattn_buffer_check(buffers->x.mem, buffers->x.offset, nx, es, "x"));
-    TRY(clattn_buffer_check(buffers->out.mem, buffers->out.offset, no, es, "out"));
-    TRY(check_separate(p, buffers->kv.mem != NULL, buffers->value.mem != NULL, "buffers"));
-    if (p->d.separate_value) {
-        const size_t HK = p->d.kv_heads;
-        TRY(clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, B * n * HK * p->d.head_dim_qk, es, "kv"));
-        TRY(clattn_buffer_check(buffers->value.mem, buffers->value.offset, B * n * HK * p->d.head_dim_v, es, "value"));
+    return execute_buffers(plan, cache, buffers, new_tokens, valid, NULL, 0, num_events_in_wait_list,
+                           event_wait_list, event);
+}
+
+clattn_status clattn_decode_execute_buffers_varlen(clattn_decode_plan *plan, clattn_kv_cache *cache,
+                                                   const clattn_decode_buffers *buffers, size_t new_tokens,
+                                                   const uint32_t *cu_new, size_t cu_new_count,
+                                                   cl_uint num_events_in_wait_list, const cl_event *event_wait_list,
+                                                   cl_event *event)
+{
+    if (!cu_new) {
+        clattn_clear_error();
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "cu_new is NULL (clattn_decode_execute_buffers takes a "
+                           "step without offsets)");
     }
-    TRY(step_no_overlap(p, n, NULL, buffers, valid));
-    pthread_mutex_lock(&plan->lock);
-    pthread_mutex_lock(&cache->lock);
-    const clattn_status st = execute_buffers_locked(plan, cache, buffers, n, valid, num_events_in_wait_list,
-                                                    event_wait_list, event);
-    pthread_mutex_unlock(&cache->lock);
-    pthread_mutex_unlock(&plan->lock);
-    return st;
+    return execute_buffers(plan, cache, buffers, new_tokens, NULL, cu_new, cu_new_count, num_events_in_wait_list,
+                           event_wait_list, event);
 }
 
 clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *args)
 {
     clattn_clear_error();
     if (!plan || !cache || !args) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "plan, cache or args is NULL");
-    if (!args->x) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.x is NULL");
-    if (!args->out) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args.out is NULL");
-    TRY(check_separate(plan->base, args->kv != NULL, args->value != NULL, "args"));
+    size_t *room = clattn_malloc(2 * plan->base->d.batch * sizeof *room);
+    if (!room) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     /* the plan, then the cache: every step takes them in this order, so two steps cannot wait on each other */
     pthread_mutex_lock(&plan->lock);
     pthread_mutex_lock(&cache->lock);
-    const clattn_status st = execute_locked(plan, cache, args);
+    const clattn_status st = execute_locked(plan, cache, args, room);
     pthread_mutex_unlock(&cache->lock);
     pthread_mutex_unlock(&plan->lock);
+    free(room);
     return st;
 }

@@ -52,20 +52,29 @@ struct clattn_decode_plan {
     int profiling;             /* stage times on (OpenCL) */
 };
 
-/* One decode step of `n` new tokens per sequence, valid[b] of them real, checked against the cache; the
- * longest sequence reaches max_len. The backend writes out (B, n, out_width) and the new keys and values
- * into the cache; the caller advances the lengths after success. kv and value: the new tokens' K and V of a plan
- * with separate_value (x then their Q), else NULL. tree: a verify step's draft tree (B, n, n), checked, or NULL. */
+/* One decode step, checked against the cache: up to n new tokens per sequence, valid[b] of them real; sequence b's
+ * rows of x and out (and kv, value) start at row0[b]: b*n when the step is padded (out's rows t >= valid[b] get a
+ * zero attention output), cu_new[b] when it is packed (args.cu_new: only the real rows exist). rows: x's rows (B*n,
+ * or cu_new[B]). The longest sequence reaches max_len. tree: a verify step's draft tree (B, n, n), checked, or NULL. */
+typedef struct clattn_decode_step {
+    size_t n, rows, max_len;
+    const size_t *valid, *row0;
+    int packed;
+    const uint8_t *tree;
+} clattn_decode_step;
+
+/* The backend writes out (rows, out_width) and the new keys and values into the cache; the caller advances the
+ * lengths after success. kv and value: the new tokens' K and V of a plan with separate_value (x then their Q), else
+ * NULL. */
 typedef struct clattn_decode_ops {
     clattn_status (*init)(clattn_decode_plan *plan);        /* NULL: nothing to build */
     void (*release)(clattn_decode_plan *plan);
     clattn_status (*execute)(clattn_decode_plan *plan, clattn_kv_cache *cache, const float *x, const float *kv,
-                             const float *value, size_t n, const size_t *valid, const uint8_t *tree, size_t max_len,
-                             float *out);
+                             const float *value, const clattn_decode_step *step, float *out);
     /* the same on the caller's buffers (NULL: the device has none) */
     clattn_status (*execute_buffers)(clattn_decode_plan *plan, clattn_kv_cache *cache,
-                                     const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
-                                     size_t max_len, cl_uint nwait, const cl_event *wait, cl_event *event);
+                                     const clattn_decode_buffers *buffers, const clattn_decode_step *step,
+                                     cl_uint nwait, const cl_event *wait, cl_event *event);
     const char *(*core)(const clattn_decode_plan *plan);
     /* the last step's stage times (NULL: the device has none) */
     clattn_status (*stage_times)(clattn_decode_plan *plan, double *ms);

@@ -1,5 +1,5 @@
 /* decode_cl.c: a decode step on an OpenCL device:
- *   1. projections      x (B*n, E) -> [Q | K | V] rows, one GEMM (biases as prefilled rows), or for a
+ *   1. projections      x (rows, E) -> [Q | K | V] rows (rows: B*n, or a packed step's cu_new[B]), one GEMM (biases as prefilled rows), or for a
  *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
  *                       and V copied into those rows' columns (rectangular copies, no kernel)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
@@ -25,10 +25,11 @@ struct clattn_decode_cl {
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
+    cl_mem row0_buf;           /* (B) uint: each sequence's first row of x and out (b*n, or a packed step's cu_new[b]) */
     cl_mem tree_buf;           /* a verify step's draft tree (B, n, n) bytes, made at the first such step, grown */
     size_t tree_bytes;
     cl_mem kv32, value32;      /* a half plan with separate_value, on buffers: the step's K and V widened */
-    cl_uint *counts;           /* (2B) the lengths and token counts a step on buffers uploads from */
+    cl_uint *counts;           /* (3B) the lengths, token counts and first rows a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
     clattn_marks marks;        /* profiling markers of the last step */
 };
@@ -42,8 +43,8 @@ static clattn_status mark(struct clattn_decode_cl *c, const clattn_device *dev, 
 /* One step's pass (or the warm-up at plan creation: every launch with no work). */
 typedef struct decode_pass {
     clattn_decode_plan *dp;
-    clattn_decode_io io;       /* the core's: cache, lengths, n, ... */
-    clattn_view x, out;        /* (B, n, E) and (B, n, out_width): the staging buffers or the caller's */
+    clattn_decode_io io;       /* the core's: cache, lengths, n, rows, ... */
+    clattn_view x, out;        /* (rows, E) and (rows, out_width): the staging buffers or the caller's */
     /* separate_value: Q, K and V from the host (hq, hk, hv) or from the caller's buffers (x, kv, value) */
     const float *hq, *hk, *hv;
     clattn_view kv, value;
@@ -53,7 +54,7 @@ typedef struct decode_pass {
     clattn_view tx, tkv, tvalue, tout;
 } decode_pass;
 
-/* separate_value: one of Q (col 0), K or V ((B*n) rows of `width` floats) into its columns of the projection rows,
+/* separate_value: one of Q (col 0), K or V (the step's rows of `width` floats) into its columns of the projection rows,
  * from the host (h) or a buffer (src). */
 static clattn_status copy_columns(const clattn_device *dev, cl_mem proj, size_t ld, size_t col, size_t rows,
                                   size_t width, const float *h, clattn_view src, const char *what)
@@ -87,7 +88,7 @@ static clattn_status pass_run(void *ctx)
     struct clattn_decode_cl *c = dpass->dp->cl;
     const clattn_plan *p = dpass->dp->base;
     const clattn_attention_desc *d = &p->d;
-    const size_t B = d->batch, n = dpass->io.n, E = d->embed, H = d->heads, HK = d->kv_heads;
+    const size_t B = d->batch, n = dpass->io.n, rows = dpass->io.rows, E = d->embed, H = d->heads, HK = d->kv_heads;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v;
     const int warm = dpass->warm, prof = dpass->dp->profiling && !warm;
     if (prof) {
@@ -98,15 +99,15 @@ static clattn_status pass_run(void *ctx)
     view src = dpass->x;
     size_t k_col = 0, v_col = 0;
     if (p->has_qkv) {
-        TRY(clattn_linear_run(&c->lin, B * n, c->n_qkv, E, src, c->w_proj, c->b_proj, (view){c->proj, 0}, 1, warm,
+        TRY(clattn_linear_run(&c->lin, rows, c->n_qkv, E, src, c->w_proj, c->b_proj, (view){c->proj, 0}, 1, warm,
                               "QKV projection"));
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     } else if (d->separate_value) {
         if (!warm) {
             const clattn_device *dev = p->device;
-            TRY(copy_columns(dev, c->proj, c->n_qkv, 0, B * n, H * dk, dpass->hq, dpass->x, "Q"));
-            TRY(copy_columns(dev, c->proj, c->n_qkv, H * dk, B * n, HK * dk, dpass->hk, dpass->kv, "K"));
-            TRY(copy_columns(dev, c->proj, c->n_qkv, (H + HK) * dk, B * n, HK * dv, dpass->hv, dpass->value, "V"));
+            TRY(copy_columns(dev, c->proj, c->n_qkv, 0, rows, H * dk, dpass->hq, dpass->x, "Q"));
+            TRY(copy_columns(dev, c->proj, c->n_qkv, H * dk, rows, HK * dk, dpass->hk, dpass->kv, "K"));
+            TRY(copy_columns(dev, c->proj, c->n_qkv, (H + HK) * dk, rows, HK * dv, dpass->hv, dpass->value, "V"));
         }
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
@@ -127,6 +128,7 @@ static clattn_status pass_run(void *ctx)
     clattn_arg_u32(&a, (cl_uint)dpass->io.npage);
     clattn_arg_mem(&a, c->lens_buf);
     clattn_arg_mem(&a, c->valid_buf);
+    clattn_arg_mem(&a, c->row0_buf);
     clattn_arg_u32(&a, (cl_uint)n);
     clattn_arg_u32(&a, (cl_uint)HK);
     clattn_arg_u32(&a, (cl_uint)dpass->io.capacity);
@@ -140,7 +142,7 @@ static clattn_status pass_run(void *ctx)
     TRY(c->core.core->run_decode(c->core.state, &dpass->io));
     /* 4. output projection */
     if (p->has_out)
-        TRY(clattn_linear_run(&c->lin, B * n, d->out_dim, H * dv, (view){c->merged, 0}, c->w_out, c->b_out,
+        TRY(clattn_linear_run(&c->lin, rows, d->out_dim, H * dv, (view){c->merged, 0}, c->w_out, c->b_out,
                               dpass->out, 1, warm, "output projection"));
     if (prof && p->has_out) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_OUT_PROJECTION));
     return CLATTN_STATUS_SUCCESS;
@@ -153,14 +155,14 @@ static clattn_status pass_typed(void *ctx)
     decode_pass *dpass = ctx;
     struct clattn_decode_cl *c = dpass->dp->cl;
     const clattn_attention_desc *d = &dpass->dp->base->d;
-    const size_t B = d->batch, n = dpass->io.n, HK = d->kv_heads;
-    TRY(clattn_linear_convert(&c->lin, dpass->tx, dpass->x, B * n * d->embed, d->dtype, 0));
+    const size_t rows = dpass->io.rows, HK = d->kv_heads;
+    TRY(clattn_linear_convert(&c->lin, dpass->tx, dpass->x, rows * d->embed, d->dtype, 0));
     if (d->separate_value) {
-        TRY(clattn_linear_convert(&c->lin, dpass->tkv, dpass->kv, B * n * HK * d->head_dim_qk, d->dtype, 0));
-        TRY(clattn_linear_convert(&c->lin, dpass->tvalue, dpass->value, B * n * HK * d->head_dim_v, d->dtype, 0));
+        TRY(clattn_linear_convert(&c->lin, dpass->tkv, dpass->kv, rows * HK * d->head_dim_qk, d->dtype, 0));
+        TRY(clattn_linear_convert(&c->lin, dpass->tvalue, dpass->value, rows * HK * d->head_dim_v, d->dtype, 0));
     }
     TRY(pass_run(dpass));
-    return clattn_linear_convert(&c->lin, dpass->out, dpass->tout, B * n * dpass->dp->base->out_width, d->dtype, 1);
+    return clattn_linear_convert(&c->lin, dpass->out, dpass->tout, rows * dpass->dp->base->out_width, d->dtype, 1);
 }
 
 static void cl_release(clattn_decode_plan *dp)
@@ -175,7 +177,7 @@ static void cl_release(clattn_decode_plan *dp)
     free(c->counts);
     clattn_program_release(&c->append_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
-                      &c->lens_buf, &c->valid_buf, &c->kv32, &c->value32, &c->tree_buf};
+                      &c->lens_buf, &c->valid_buf, &c->row0_buf, &c->kv32, &c->value32, &c->tree_buf};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     free(c);
     dp->cl = NULL;
@@ -196,7 +198,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     const size_t ld = qkv_rows ? c->n_qkv : E;
     c->lay = (clattn_core_layout){.q_ld = ld, .k_ld = ld, .v_ld = ld, .out_ld = H * dv};
     const size_t own = c->n_qkv * (E + 1 + B * Tn) + (p->has_out ? d->out_dim * (H * dv + 1) + B * Tn * H * dv : 0) +
-                       B * Tn * (E + p->out_width) + 2 * B;
+                       B * Tn * (E + p->out_width) + 3 * B;
     TRY(clattn_core_create(dev, CLATTN_CORE_DECODE, &p->d, &c->lay, own, &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
@@ -233,12 +235,14 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     }
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the cache lengths", &c->lens_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the valid token counts", &c->valid_buf));
-    if (!(c->counts = clattn_malloc(2 * B * sizeof *c->counts)))
+    TRY(clattn_buffer_new(dev, B, 4, NULL, "the sequences' first rows", &c->row0_buf));
+    if (!(c->counts = clattn_malloc(3 * B * sizeof *c->counts)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     /* every kernel launched once with no work: compiled now, not in the first decode step */
     decode_pass warm = {.dp = dp, .warm = 1, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
                         .io = {.cache_k = c->out_buf, .cache_v = c->out_buf, .capacity = 1, .lens = c->lens_buf,
-                               .valid = c->valid_buf, .n = 1, .max_len = 1, .warm = 1}};
+                               .valid = c->valid_buf, .row0 = c->row0_buf, .n = 1, .rows = B, .max_len = 1,
+                               .warm = 1}};
     TRY(pass_run(&warm));
     CL_CHECK(clFinish(dev->queue), "warming the decode kernels");
     return CLATTN_STATUS_SUCCESS;
@@ -254,76 +258,85 @@ static clattn_status check_parts(const clattn_decode_plan *dp, const clattn_deco
     return c->core.core->run_decode(c->core.state, &check);
 }
 
+/* The step's lengths, token counts and first rows as the kernels read them (3B uints). */
+static void step_counts(const clattn_kv_cache *cache, const clattn_decode_step *step, size_t B, cl_uint *to)
+{
+    for (size_t b = 0; b < B; b++)
+        to[b] = (cl_uint)cache->len[b], to[B + b] = (cl_uint)step->valid[b], to[2 * B + b] = (cl_uint)step->row0[b];
+}
+
+/* The core's view of a step on this cache (the plan's buffers of lengths, counts and first rows). */
+static clattn_decode_io step_io(const clattn_decode_plan *dp, const clattn_kv_cache *cache,
+                                const clattn_decode_step *step)
+{
+    const struct clattn_decode_cl *c = dp->cl;
+    return (clattn_decode_io){.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
+                              .capacity = cache->d.page_size ? cache->d.pages : cache->d.capacity,
+                              .pages = cache->table_mem, .npage = cache->npage, .lens = c->lens_buf,
+                              .valid = c->valid_buf, .row0 = c->row0_buf, .packed = step->packed,
+                              .tree = step->tree ? c->tree_buf : NULL, .n = step->n, .rows = step->rows,
+                              .max_len = step->max_len, .max_parts = dp->max_parts};
+}
+
 static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, const float *x, const float *kv,
-                                const float *value, size_t n, const size_t *valid, const uint8_t *tree,
-                                size_t max_len, float *out)
+                                const float *value, const clattn_decode_step *step, float *out)
 {
     struct clattn_decode_cl *c = dp->cl;
     const clattn_plan *p = dp->base;
-    const size_t B = p->d.batch;
+    const size_t B = p->d.batch, n = step->n, rows = step->rows;
+    const uint8_t *tree = step->tree;
     if (tree && B * n * n > c->tree_bytes) { /* a buffer for the draft tree, before anything of the step */
         cl_mem m = NULL;
         TRY(clattn_buffer_new(p->device, B * n * n, 1, NULL, "the draft tree", &m));
         clattn_mem_release(&c->tree_buf);
         c->tree_buf = m, c->tree_bytes = B * n * n;
     }
-    cl_uint *lens32 = clattn_malloc(2 * B * sizeof *lens32);
-    if (!lens32) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
-    for (size_t b = 0; b < B; b++) lens32[b] = (cl_uint)cache->len[b], lens32[B + b] = (cl_uint)valid[b];
     const int sv = p->d.separate_value;
-    decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
-                         .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.page_size ? cache->d.pages : cache->d.capacity,
-                                .pages = cache->table_mem, .npage = cache->npage,
-                                .lens = c->lens_buf, .valid = c->valid_buf, .tree = tree ? c->tree_buf : NULL,
-                                .n = n, .max_len = max_len, .max_parts = dp->max_parts},
+    decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0}, .io = step_io(dp, cache, step),
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
-    clattn_status st = check_parts(dp, &dpass.io);
-    if (st != CLATTN_STATUS_SUCCESS) {
-        free(lens32);
-        return st;
-    }
-    const clattn_transfer in[] = {{sv ? NULL : c->x_in, B * n * p->d.embed * sizeof(float), (void *)x, "x"},
-                                  {c->lens_buf, B * sizeof(cl_uint), lens32, "the cache lengths"},
-                                  {c->valid_buf, B * sizeof(cl_uint), lens32 + B, "the token counts"},
+    TRY(check_parts(dp, &dpass.io));
+    cl_uint *counts = clattn_malloc(3 * B * sizeof *counts);
+    if (!counts) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
+    step_counts(cache, step, B, counts);
+    const clattn_transfer in[] = {{sv ? NULL : c->x_in, rows * p->d.embed * sizeof(float), (void *)x, "x"},
+                                  {c->lens_buf, B * sizeof(cl_uint), counts, "the cache lengths"},
+                                  {c->valid_buf, B * sizeof(cl_uint), counts + B, "the token counts"},
+                                  {c->row0_buf, B * sizeof(cl_uint), counts + 2 * B, "the first rows"},
                                   {tree ? c->tree_buf : NULL, B * n * n, (void *)tree, "the draft tree"}};
-    const clattn_transfer o = {c->out_buf, B * n * p->out_width * sizeof(float), out, "the output"};
-    st = clattn_exec_host(p->device, in, 4, pass_run, &dpass, &o, 1);
-    free(lens32);
+    const clattn_transfer o = {c->out_buf, rows * p->out_width * sizeof(float), out, "the output"};
+    const clattn_status st = clattn_exec_host(p->device, in, 5, pass_run, &dpass, &o, 1);
+    free(counts);
     if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
     return st;
 }
 
-/* On the caller's buffers: the lengths and token counts uploaded from the plan's own host array (after the
- * previous step's upload of it has completed), the caller's wait list, the pass, a completion event. */
+/* On the caller's buffers: the lengths, token counts and first rows uploaded from the plan's own host array (after
+ * the previous step's upload of it has completed), the caller's wait list, the pass, a completion event. */
 static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache *cache,
-                                        const clattn_decode_buffers *buffers, size_t n, const size_t *valid,
-                                        size_t max_len, cl_uint nwait, const cl_event *wait, cl_event *event)
+                                        const clattn_decode_buffers *buffers, const clattn_decode_step *step,
+                                        cl_uint nwait, const cl_event *wait, cl_event *event)
 {
     struct clattn_decode_cl *c = dp->cl;
     const clattn_plan *p = dp->base;
     const clattn_device *dev = p->device;
     const size_t B = p->d.batch;
-    const clattn_decode_io step = {.capacity = cache->d.capacity, .n = n, .max_len = max_len, .max_parts = dp->max_parts};
-    TRY(check_parts(dp, &step));
+    decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
+                         .io = step_io(dp, cache, step),
+                         .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
+    TRY(check_parts(dp, &dpass.io));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
         clReleaseEvent(c->counts_written);
         c->counts_written = NULL;
         CL_CHECK(err, "waiting for the previous step's upload of the token counts");
     }
-    for (size_t b = 0; b < B; b++) c->counts[b] = (cl_uint)cache->len[b], c->counts[B + b] = (cl_uint)valid[b];
+    step_counts(cache, step, B, c->counts);
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->lens_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts, 0, NULL, NULL),
              "uploading the cache lengths");
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
-                                  &c->counts_written), "uploading the token counts");
-    decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
-                         .io = {.cache_k = cache->k, .cache_v = cache->v, .cache_ks = cache->ks, .cache_vs = cache->vs,
-                                .capacity = cache->d.page_size ? cache->d.pages : cache->d.capacity,
-                                .pages = cache->table_mem, .npage = cache->npage,
-                                .lens = c->lens_buf, .valid = c->valid_buf, .n = n, .max_len = max_len,
-                                .max_parts = dp->max_parts},
-                         .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
+                                  NULL), "uploading the token counts");
+    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->row0_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + 2 * B, 0,
+                                  NULL, &c->counts_written), "uploading the first rows");
     const int typed = p->d.dtype != CLATTN_DTYPE_F32;
     if (typed) { /* the caller's arrays converted around the pass, through the plan's fp32 staging */
         dpass.tx = dpass.x, dpass.tout = dpass.out, dpass.tkv = dpass.kv, dpass.tvalue = dpass.value;

@@ -7,20 +7,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* out (B, n, out_width); the cache is written only after everything else succeeded. */
+/* out (rows, out_width): sequence b's new token t at row row0[b] + t (a padded step's rows past valid[b]: a zero
+ * context); the cache is written only after everything else succeeded. */
 static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, const float *x, const float *kv,
-                                 const float *value, size_t n, const size_t *valid, const uint8_t *tree,
-                                 size_t max_len, float *out)
+                                 const float *value, const clattn_decode_step *step, float *out)
 {
-    (void)max_len;
     const clattn_plan *p = dp->base;
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, E = d->embed, H = d->heads, HK = d->kv_heads, G = H / HK;
     const size_t dk = d->head_dim_qk, dv = d->head_dim_v, Tmax = c->d.capacity;
-    float *Q = clattn_malloc(B * n * H * dk * sizeof *Q);
-    float *K = clattn_malloc(B * n * HK * dk * sizeof *K);
-    float *V = clattn_malloc(B * n * HK * dv * sizeof *V);
-    float *ctx = clattn_calloc(B * n * H * dv, sizeof *ctx);
+    const size_t n = step->n, rows = step->rows, *valid = step->valid, *row0 = step->row0;
+    const uint8_t *tree = step->tree;
+    float *Q = clattn_malloc(rows * H * dk * sizeof *Q);
+    float *K = clattn_malloc(rows * HK * dk * sizeof *K);
+    float *V = clattn_malloc(rows * HK * dv * sizeof *V);
+    float *ctx = clattn_calloc(rows * H * dv, sizeof *ctx);
     double *w = clattn_malloc((Tmax ? Tmax : 1) * sizeof *w);
     if (!Q || !K || !V || !ctx || !w) {
         free(Q); free(K); free(V); free(ctx); free(w);
@@ -28,27 +29,27 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
     }
     /* 1. projections (or x itself), K and V rounded as the cache stores them */
     if (p->has_qkv) {
-        clattn_ref_linear(x, B * n, E, p->w_query, p->b_query, H * dk, Q);
-        clattn_ref_linear(x, B * n, E, p->w_key, p->b_key, HK * dk, K);
-        clattn_ref_linear(x, B * n, E, p->w_value, p->b_value, HK * dv, V);
+        clattn_ref_linear(x, rows, E, p->w_query, p->b_query, H * dk, Q);
+        clattn_ref_linear(x, rows, E, p->w_key, p->b_key, HK * dk, K);
+        clattn_ref_linear(x, rows, E, p->w_value, p->b_value, HK * dv, V);
     } else if (d->separate_value) { /* the heads as given */
-        memcpy(Q, x, B * n * H * dk * sizeof *Q);
-        memcpy(K, kv, B * n * HK * dk * sizeof *K);
-        memcpy(V, value, B * n * HK * dv * sizeof *V);
+        memcpy(Q, x, rows * H * dk * sizeof *Q);
+        memcpy(K, kv, rows * HK * dk * sizeof *K);
+        memcpy(V, value, rows * HK * dv * sizeof *V);
     } else {
-        memcpy(Q, x, B * n * E * sizeof *Q);
-        memcpy(K, x, B * n * E * sizeof *K);
-        memcpy(V, x, B * n * E * sizeof *V);
+        memcpy(Q, x, rows * E * sizeof *Q);
+        memcpy(K, x, rows * E * sizeof *K);
+        memcpy(V, x, rows * E * sizeof *V);
     }
-    clattn_kv_round_rows(K, B * n * HK, dk, d->kv_half); /* (an INT8 cache's rows: one per token and KV head) */
-    clattn_kv_round_rows(V, B * n * HK, dv, d->kv_half);
+    clattn_kv_round_rows(K, rows * HK, dk, d->kv_half); /* (an INT8 cache's rows: one per token and KV head) */
+    clattn_kv_round_rows(V, rows * HK, dv, d->kv_half);
     /* 2. append: cache (b, g, len + t) = K (b, t, g) for the real tokens */
     for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < valid[b]; t++)
             for (size_t g = 0; g < HK; g++) {
                 const size_t pos = clattn_kv_row(c, b, g, c->len[b] + t); /* (paged: its page given) */
-                memcpy(c->k_host + pos * dk, K + (b * n + t) * HK * dk + g * dk, dk * sizeof(float));
-                memcpy(c->v_host + pos * dv, V + (b * n + t) * HK * dv + g * dv, dv * sizeof(float));
+                memcpy(c->k_host + pos * dk, K + (row0[b] + t) * HK * dk + g * dk, dk * sizeof(float));
+                memcpy(c->v_host + pos * dv, V + (row0[b] + t) * HK * dv + g * dv, dv * sizeof(float));
             }
     /* 3. token t of sequence b at position P = len + t sees the keys j <= P with P - j < window, and with a draft tree
      * of the new tokens (len <= j) only its ancestors */
@@ -57,7 +58,7 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
             for (size_t h = 0; h < H; h++) {
                 const size_t P = c->len[b] + t, g = h / G;
                 const size_t lo = d->window && P + 1 > d->window ? P + 1 - d->window : 0;
-                const float *q = Q + (b * n + t) * H * dk + h * dk;
+                const float *q = Q + (row0[b] + t) * H * dk + h * dk;
                 double max = -INFINITY;
                 int any_nan = 0;
                 const uint8_t *tr = tree ? tree + (b * n + t) * n : NULL; /* row t of b's draft tree */
@@ -74,7 +75,7 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
                 double sum = 0.0;
                 for (size_t j = lo; j <= P; j++)
                     if (!HIDDEN(j)) sum += (w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max));
-                float *o = ctx + (b * n + t) * H * dv + h * dv;
+                float *o = ctx + (row0[b] + t) * H * dv + h * dv;
                 for (size_t e = 0; e < dv; e++) {
                     double acc = 0.0;
                     for (size_t j = lo; j <= P; j++)
@@ -84,8 +85,8 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
 #undef HIDDEN
             }
     /* 4. output projection */
-    if (p->has_out) clattn_ref_linear(ctx, B * n, H * dv, p->w_out, p->b_out, d->out_dim, out);
-    else memcpy(out, ctx, B * n * H * dv * sizeof *out);
+    if (p->has_out) clattn_ref_linear(ctx, rows, H * dv, p->w_out, p->b_out, d->out_dim, out);
+    else memcpy(out, ctx, rows * H * dv * sizeof *out);
     free(Q); free(K); free(V); free(ctx); free(w);
     dp->last_parts = 1;
     return CLATTN_STATUS_SUCCESS;
