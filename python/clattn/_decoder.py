@@ -25,6 +25,18 @@ from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
 
 # ---------------------------------------------------------------- decoding over a KV cache
 
+def _tree(tree_mask: Any, B: int, n: int) -> Optional[np.ndarray]:
+    """A verify step's draft tree as the library takes it: (B, n, n) bytes, 0 or 1; (n, n) serves every sequence."""
+    if tree_mask is None:
+        return None
+    t = np.asarray(tree_mask.cpu().numpy() if hasattr(tree_mask, "cpu") else tree_mask)
+    if t.ndim == 2:
+        t = np.broadcast_to(t, (B,) + t.shape)
+    if t.shape != (B, n, n):
+        _shape(f"tree_mask: shape {t.shape}, expected (batch, new tokens, new tokens) = ({B}, {n}, {n}) or ({n}, {n})")
+    return np.ascontiguousarray(t != 0, dtype=np.uint8)
+
+
 class Decoder(_Shaped):
     """Causal self-attention over a KV cache on the device (clattn_decode_plan + clattn_kv_cache).
 
@@ -112,12 +124,21 @@ class Decoder(_Shaped):
                 + (f", page_size={self.page_size}" if self.page_size else "")
                 + f", lengths={self.lengths}, device={self.device!r})")
 
-    def __call__(self, x: Any, valid: Optional[Sequence[int]] = None, tree_mask: Any = None) -> Any:
+    def __call__(self, x: Any, valid: Optional[Sequence[int]] = None, tree_mask: Any = None,
+                 cu_seqlens: Any = None) -> Any:
         """Append x's tokens to the cache and return their outputs (B, n, out width); see the class.
 
         tree_mask (clattn 0.8, a speculative decoding's verify step): bool or 0/1 (B, n, n), or (n, n) for every
         sequence; draft token i sees draft token j only where tree_mask[b, i, j] (its ancestors and itself: the
-        diagonal set, nothing above it), and every cached token. Then accept() keeps the accepted branch."""
+        diagonal set, nothing above it), and every cached token. Then accept() keeps the accepted branch.
+
+        cu_seqlens (clattn 0.8, packed new tokens): B+1 offsets from 0, never decreasing (FlashAttention's
+        cu_seqlens); x is then (cu_seqlens[B], E), sequence b's new tokens at rows cu_seqlens[b] ..
+        cu_seqlens[b+1]-1 (none, or up to max_new_tokens of them), and the outputs come back the same way, (rows,
+        out width): no padding is computed. Not with valid (the offsets give the counts); a tree_mask is then
+        (B, n, n) with n the longest sequence's count."""
+        if cu_seqlens is not None:
+            return self._packed(x, cu_seqlens, valid, tree_mask)
         kind = _a.Kind(x)
         xa = _a.floats("x", x, ndim=3)
         B, n, E = xa.shape
@@ -134,15 +155,7 @@ class Decoder(_Shaped):
             if len(items) != B:
                 _shape(f"valid: {len(items)} values, expected one per sequence ({B})")
             v = np.array([_a.integer(f"valid[{b}]", t, 0, n) for b, t in enumerate(items)], dtype=np.uintp)
-        tree = None
-        if tree_mask is not None:
-            t = np.asarray(tree_mask.cpu().numpy() if hasattr(tree_mask, "cpu") else tree_mask)
-            if t.ndim == 2:
-                t = np.broadcast_to(t, (B,) + t.shape)
-            if t.shape != (B, n, n):
-                _shape(f"tree_mask: shape {t.shape}, expected (batch, new tokens, new tokens) = ({B}, {n}, {n}) or "
-                       f"({n}, {n})")
-            tree = np.ascontiguousarray(t != 0, dtype=np.uint8)
+        tree = _tree(tree_mask, B, n)
         with self._lock:
             lengths = self.lengths
             for b in range(B):
@@ -153,6 +166,50 @@ class Decoder(_Shaped):
             args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, valid=_a.pointer(v, ctypes.c_size_t),
                                    out=_a.pointer(out), x_count=xa.size, valid_count=_a.count(v), out_count=out.size,
                                    tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree))
+            _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
+        return kind.out(out)
+
+    def _packed(self, x: Any, cu_seqlens: Any, valid: Any, tree_mask: Any) -> Any:
+        """A step of packed new tokens (__call__'s cu_seqlens)."""
+        if valid is not None:
+            _invalid("valid with cu_seqlens: the offsets give each sequence's count of new tokens")
+        kind = _a.Kind(x)
+        B = self.batch
+        try:
+            cu_list = list(cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens)
+        except TypeError:
+            _invalid(f"cu_seqlens: {cu_seqlens!r} is not a sequence of integers")
+        if len(cu_list) != B + 1:
+            _shape(f"cu_seqlens: {len(cu_list)} offsets, expected batch + 1 = {B + 1}")
+        cu = np.array([_a.integer(f"cu_seqlens[{b}]", t, 0, 2**32 - 1) for b, t in enumerate(cu_list)],
+                      dtype=np.uint32)
+        if cu[0] != 0 or np.any(cu[1:] < cu[:-1]):
+            _invalid(f"cu_seqlens: {cu_list}: offsets from 0 that never decrease")
+        counts = [int(c) for c in np.diff(cu)]
+        if not cu[-1]:  # no sequence brings a token: nothing to append or compute
+            if tuple(np.shape(x)) != (0, self.embed):
+                _shape(f"x: shape {tuple(np.shape(x))}, expected (cu_seqlens[-1], embed) = (0, {self.embed})")
+            return kind.out(np.zeros((0, self.out_width), dtype=np.float32))
+        xa = _a.floats("x", x, ndim=2)
+        rows, E = xa.shape
+        if E != self.embed or rows != int(cu[-1]):
+            _shape(f"x: shape {tuple(xa.shape)}, expected (cu_seqlens[-1], embed) = ({int(cu[-1])}, {self.embed})")
+        if max(counts) > self.max_new_tokens:
+            _shape(f"cu_seqlens: sequence {counts.index(max(counts))} brings {max(counts)} new tokens, but this "
+                   f"Decoder takes at most max_new_tokens={self.max_new_tokens} per call")
+        n = max(counts + [1])
+        tree = _tree(tree_mask, B, n)
+        with self._lock:
+            lengths = self.lengths
+            for b in range(B):
+                if lengths[b] + counts[b] > self.capacity:
+                    _shape(f"x: sequence {b} holds {lengths[b]} tokens; {counts[b]} more exceed "
+                           f"capacity={self.capacity}")
+            out = np.full((rows, self.out_width), np.nan, dtype=np.float32)
+            args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, out=_a.pointer(out), x_count=xa.size,
+                                   out_count=out.size, tree_mask=_a.pointer(tree, ctypes.c_uint8),
+                                   tree_mask_count=_a.count(tree), cu_new=_a.pointer(cu, ctypes.c_uint32),
+                                   cu_new_count=cu.size)
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
         return kind.out(out)
 

@@ -465,6 +465,50 @@ def test_gqa_window_attention_and_decoder(device):
         clattn.Attention(H, kv_heads=3, w_query=wq, w_key=wk, w_value=wv)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_packed_steps(device):
+    """cu_seqlens (clattn 0.8): packed new tokens, no padding rows; each sequence equals its own causal run."""
+    rng = np.random.default_rng(17)
+    B, T, E, H, HK, d = 3, 11, 16, 4, 2, 4
+    wq, wk, wv = rnd(rng, H * d, E, scale=0.4), rnd(rng, HK * d, E, scale=0.4), rnd(rng, HK * d, E, scale=0.4)
+    wo = rnd(rng, E, H * d, scale=0.4)
+    x = rnd(rng, B, T, E)
+    want = ref_gqa(x, H, HK, wq, wk, wv, wo)
+    dec = clattn.Decoder(H, kv_heads=HK, w_query=wq, w_key=wk, w_value=wv, w_out=wo, batch=B, capacity=T,
+                         max_new_tokens=6, device=device)
+    steps = [[6, 0, 2], [1, 4, 0], [0, 0, 0], [4, 6, 1], [0, 1, 6]]  # counts per sequence, summing to T
+    got = [[] for _ in range(B)]
+    at = [0] * B
+    for counts in steps:
+        cu = np.concatenate([[0], np.cumsum(counts)])
+        packed = np.concatenate([x[b, at[b]:at[b] + counts[b]] for b in range(B)]).reshape(-1, E)
+        out = dec(packed, cu_seqlens=cu)
+        assert out.shape == (cu[-1], E)
+        for b in range(B):
+            got[b].append(out[cu[b]:cu[b + 1]])
+            at[b] += counts[b]
+    assert dec.lengths == at
+    for b in range(B):
+        np.testing.assert_allclose(np.concatenate(got[b])[:at[b]], want[b, :at[b]], **TOL)
+    dec.reset()
+    with pytest.raises(clattn.Error) as e:
+        dec(x[0, :3], cu_seqlens=[0, 1, 2])  # B + 1 = 4 offsets
+    assert "batch + 1" in e.value.message
+    with pytest.raises(clattn.Error) as e:
+        dec(x[0, :3], cu_seqlens=[0, 2, 1, 3])
+    assert "never decrease" in e.value.message
+    with pytest.raises(clattn.Error) as e:
+        dec(x[0, :7], cu_seqlens=[0, 7, 7, 7])
+    assert "max_new_tokens=6" in e.value.message
+    with pytest.raises(clattn.Error) as e:
+        dec(x[0, :3], cu_seqlens=[0, 1, 2, 3], valid=[1, 1, 1])
+    assert "valid with cu_seqlens" in e.value.message
+    with pytest.raises(clattn.Error) as e:
+        dec(x[0, :4], cu_seqlens=[0, 1, 2, 3])
+    assert "cu_seqlens[-1]" in e.value.message
+    assert dec.lengths == [0, 0, 0]
+
+
 # ---------------------------------------------------------------- backward (clattn 0.5)
 def test_backward_matches_torch_autograd():
     torch = pytest.importorskip("torch")
