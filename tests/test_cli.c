@@ -1641,24 +1641,38 @@ Test(cli, varlen_batch)
         cr_assert_eq(oracle_attention(&d, &w, &a, want + r0 * DE, NULL), 0);
     }
     const char *devs[2] = {cl_spec(), "ref"};
-    for (int k = 0; k < 2; k++) {
-        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
-                              "--kv-heads", "2", "--causal", "--window", "5", "--seqlens", "7,0,12,19", "-v", NULL};
+    /* the plan, then decode sessions of packed steps: a prefill of each sequence's first 5 tokens (at most its length)
+     * and decode steps; a prefill of 9 and verify steps of 3 with the last of each rejected, on a paged cache */
+    static const char *const session[3][7] = {{NULL}, {"--decode-from", "5", NULL},
+                                               {"--decode-from", "9", "--draft", "3", "--reject", "1", NULL}};
+    for (int k = 0; k < 6; k++) {
+        const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k % 2], "--heads", "4",
+                                "--kv-heads", "2", "--causal", "--window", "5", "--seqlens", "7,0,12,19", "-v"};
+        size_t na = 17;
+        for (size_t i = 0; session[k / 2][i]; i++) args[na++] = session[k / 2][i];
+        if (k / 2 == 2) args[na++] = "--page-size", args[na++] = "4";
         char *err;
-        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k], err);
-        cr_assert(strstr(err, "variable-length batch: 4 sequences of up to 19 rows (38 in all)"), "stderr: %s", err);
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
+        if (k / 2 == 0)
+            cr_assert(strstr(err, "variable-length batch: 4 sequences of up to 19 rows (38 in all)"), "stderr: %s", err);
+        else
+            cr_assert(strstr(err, k / 2 == 1 ? "then 14 decode steps" : "then 5 verify steps"), "stderr: %s", err);
         free(err);
         clattn_npy out;
         load(path_in(out_dir, "out.npy"), &out);
         expect_shape(&out, "out.npy", 2, xs);
         char msg[256];
         const size_t bad_n = oracle_compare(out.data, want, total * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad_n, 0, "%s --seqlens: %zu elements differ; first: %s", devs[k], bad_n, msg);
+        cr_assert_eq(bad_n, 0, "%s --seqlens (session %d): %zu elements differ; first: %s", devs[k % 2], k / 2, bad_n,
+                     msg);
         clattn_npy_free(&out);
         remove(path_in(out_dir, "out.npy"));
     }
     bad("seqlens not adding up", 1, "add up to 37 rows but x.npy has 38", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,11,19"));
     bad("seqlens malformed", 2, "--seqlens '7,,19'", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,,19"));
+    bad("decode-from past the longest sequence", 2, "--decode-from 20: must be from 1 to T = 19 (the tokens of the "
+        "longest sequence)", FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--seqlens", "7,0,12,19",
+                                   "--decode-from", "20"));
     bad("seqlens with lse", 2, "--seqlens with --lse", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "38", "--lse"));
     bad("kv-seqlens without kv.npy", 2, "--kv-seqlens without kv.npy",
         FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "38", "--kv-seqlens", "5"));

@@ -80,8 +80,10 @@ static void usage_line(FILE *f)
                "  --seqlens L,L,...: a variable-length batch: x.npy (and out.npy) is (total, E), its sequences of\n"
                "               these lengths packed without padding, each attending to its own rows only (causal and\n"
                "               --window per sequence); with kv.npy, --kv-seqlens gives its sequences' lengths. Not\n"
-               "               with masks, --dropout, --need-weights, --backward, --lse or --decode-from (the C API\n"
-               "               trains on varlen batches; the CLI's are inference)\n"
+               "               with masks, --dropout, --need-weights, --backward or --lse (the C API trains on varlen\n"
+               "               batches; the CLI's are inference). With --decode-from, each sequence's first P tokens\n"
+               "               (or all it has) are the prefill and every decode or verify step brings each sequence's\n"
+               "               next tokens, packed (none once a sequence is done)\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -393,10 +395,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         say("--kv-seqlens has %zu lengths, --seqlens %zu: one key sequence per query sequence", o->nseq_k, o->nseq);
         return EXIT_USAGE;
     }
-    if (o->seen_seqlens && (o->seen_decode || o->need_weights || o->backward || o->lse || o->dropout > 0.0f)) {
+    if (o->seen_seqlens && (o->need_weights || o->backward || o->lse || o->dropout > 0.0f)) {
         say("--seqlens with %s: a variable-length batch runs inference without weights (README, \"Variable-length "
-            "batches\")", o->seen_decode ? "--decode-from" : o->need_weights ? "--need-weights" : o->backward ?
-            "--backward" : o->lse ? "--lse" : "--dropout");
+            "batches\")", o->need_weights ? "--need-weights" : o->backward ? "--backward" : o->lse ? "--lse" :
+            "--dropout");
         return EXIT_USAGE;
     }
     if (o->seen_decode && (o->backward || o->lse)) {
@@ -781,65 +783,78 @@ static int mul_ok(size_t a, size_t b, size_t *out)
 
 /* ---------------------------------------------------------------- --decode-from */
 
-/* A session: the first P tokens of x as one prefill, then steps of `draft` tokens (1: decode steps), and `reject` of
- * them rolled back after each step that does not reach the end. */
+/* A session: the first P tokens of each sequence as one prefill, then steps of `draft` tokens (1: decode steps), and
+ * `reject` of them rolled back after each step that does not reach the sequence's end. */
 typedef struct decode_session {
     size_t P, page, draft, reject;
+    const uint32_t *cu;              /* --seqlens: nseq sequences packed in x (NULL: x's B sequences of T tokens) */
+    size_t nseq;
     size_t parts, pages_used, steps; /* out: the most split-K parts a step took, pages in use at the end, steps */
     double ms;
 } decode_session;
 
-/* x (B, T, E): the first P tokens as one prefill into a KV cache of T positions, then the later tokens in steps of
- * s->draft (the last s->reject of each step that does not reach T rolled back and run again in the next);
- * out (B, T, out_width) gathers every token's rows from the step that kept it. Reports like the plan path. */
+/* Every step is packed (clattn_decode_args.cu_new): sequence b's tokens are rows start[b] .. start[b] + len[b] - 1 of
+ * x, b*T .. of x (B, T, E) or its --seqlens offsets of a packed x; the first min(P, len[b]) of each go as one prefill
+ * into a KV cache of the longest sequence's positions, then each sequence's later tokens in steps of s->draft (a
+ * sequence that is done brings none; the last s->reject of a step that does not reach its end are rolled back and run
+ * again in the next); out, laid out as x, gathers every token's rows from the step that kept it. */
 static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
                                 const dims *d, decode_session *s, const float *x, size_t out_width, float *out,
                                 char *core, size_t core_len)
 {
-    const size_t B = d->B, T = d->Tq, E = d->E, P = s->P;
+    const size_t B = s->cu ? s->nseq : d->B, E = d->E, P = s->P;
     const size_t nmax = P > s->draft ? P : s->draft;
-    desc.seq_q = nmax;
+    desc.batch = B, desc.varlen = 0, desc.seq_q = nmax;
     desc.kv_page_size = s->page; /* (0: a contiguous cache) */
     clattn_decode_plan *plan = NULL;
     clattn_kv_cache *cache = NULL;
-    float *xs = malloc(B * nmax * E * sizeof *xs), *os = malloc(B * nmax * out_width * sizeof *os);
-    size_t *keep = malloc(B * sizeof *keep);
+    float *xs = malloc((B * nmax * E + 1) * sizeof *xs), *os = malloc((B * nmax * out_width + 1) * sizeof *os);
+    size_t *len = malloc(4 * B * sizeof *len), *start = len + B, *at = len + 2 * B, *keep = len + 3 * B;
+    uint32_t *cu = malloc((B + 1) * sizeof *cu), *cnt = malloc(B * sizeof *cnt);
     clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
-    if (!xs || !os || !keep) goto done;
+    if (!xs || !os || !len || !cu || !cnt) goto done;
+    size_t cap = 1, left = 0;
+    for (size_t b = 0; b < B; b++) {
+        len[b] = s->cu ? s->cu[b + 1] - s->cu[b] : d->Tq, start[b] = s->cu ? s->cu[b] : b * d->Tq, at[b] = 0;
+        if (len[b] > cap) cap = len[b];
+        left += len[b];
+    }
     if ((st = clattn_decode_plan_create(dev, &desc, w, &plan)) != CLATTN_STATUS_SUCCESS) goto done;
     clattn_cli_notice("clattn run");
     snprintf(core, core_len, "%s", clattn_decode_plan_core(plan));
-    clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
+    clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = desc.kv_heads ? desc.kv_heads : desc.heads,
                                .type = (clattn_kv_type)desc.kv_half, .page_size = s->page};
     cd.head_dim_qk = d->dk, cd.head_dim_v = d->dv;
     if ((st = clattn_kv_cache_create(dev, &cd, &cache)) != CLATTN_STATUS_SUCCESS) goto done;
     const double t0 = clattn_cli_now_ms();
-    for (size_t t0k = 0; t0k < T;) {
-        const size_t n = t0k == 0 ? P : T - t0k < s->draft ? T - t0k : s->draft;
-        for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0k) * E, n * E * sizeof *xs);
-        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os, .x_count = B * n * E,
-                                .out_count = B * n * out_width};
-        if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
-        for (size_t b = 0; b < B; b++)
-            memcpy(out + (b * T + t0k) * out_width, os + b * n * out_width, n * out_width * sizeof *out);
-        if (clattn_decode_plan_last_splits(plan) > s->parts) s->parts = clattn_decode_plan_last_splits(plan);
-        s->steps += t0k > 0;
-        /* a verify step that does not reach the end keeps n - reject of its tokens (n is the whole draft there) */
-        const size_t kept = t0k > 0 && t0k + n < T ? n - s->reject : n;
-        if (kept < n) {
-            for (size_t b = 0; b < B; b++) keep[b] = t0k + kept;
-            if ((st = clattn_kv_cache_truncate(cache, keep)) != CLATTN_STATUS_SUCCESS) goto done;
+    for (int first = 1; left; first = 0) {
+        cu[0] = 0;
+        for (size_t b = 0; b < B; b++) {
+            const size_t n = first ? P : s->draft, rest = len[b] - at[b];
+            cnt[b] = (uint32_t)(rest < n ? rest : n), cu[b + 1] = cu[b] + cnt[b];
+            memcpy(xs + cu[b] * E, x + (start[b] + at[b]) * E, cnt[b] * E * sizeof *xs);
         }
-        t0k += kept;
+        clattn_decode_args a = {.x = xs, .out = os, .x_count = cu[B] * E, .out_count = cu[B] * out_width,
+                                .cu_new = cu, .cu_new_count = B + 1};
+        if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
+        if (clattn_decode_plan_last_splits(plan) > s->parts) s->parts = clattn_decode_plan_last_splits(plan);
+        s->steps += !first;
+        int rolled = 0;
+        for (size_t b = 0; b < B; b++) {
+            memcpy(out + (start[b] + at[b]) * out_width, os + cu[b] * out_width, cnt[b] * out_width * sizeof *out);
+            /* a verify step that does not reach the end keeps cnt - reject of its tokens (cnt is the whole draft) */
+            const size_t kept = !first && at[b] + cnt[b] < len[b] ? cnt[b] - s->reject : cnt[b];
+            rolled |= kept < cnt[b];
+            at[b] += kept, left -= kept, keep[b] = at[b];
+        }
+        if (rolled && (st = clattn_kv_cache_truncate(cache, keep)) != CLATTN_STATUS_SUCCESS) goto done;
     }
     s->ms = clattn_cli_now_ms() - t0;
     if (s->page) st = clattn_kv_cache_pages(cache, 0, NULL, NULL, &s->pages_used);
 done:
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
-    free(xs);
-    free(os);
-    free(keep);
+    free(xs), free(os), free(len), free(cu), free(cnt);
     return st;
 }
 
@@ -877,8 +892,12 @@ static int check_combination(run_state *r)
         say("%s needs self-attention: kv.npy is given (cross-attention)", o->seen_decode ? "--decode-from" : "--window");
         return r->code = EXIT_USAGE, -1;
     }
-    if (o->seen_decode && o->decode_from > r->d.Tq) {
-        say("--decode-from %zu: must be from 1 to T = %zu (the tokens of x.npy)", o->decode_from, r->d.Tq);
+    size_t longest = r->d.Tq; /* (--seqlens: the longest sequence's tokens) */
+    for (size_t b = 0; o->seen_seqlens && b < o->nseq; b++)
+        longest = b == 0 || o->cu_q[b + 1] - o->cu_q[b] > longest ? o->cu_q[b + 1] - o->cu_q[b] : longest;
+    if (o->seen_decode && o->decode_from > longest) {
+        say("--decode-from %zu: must be from 1 to T = %zu (the tokens of %s)", o->decode_from, longest,
+            o->seen_seqlens ? "the longest sequence" : "x.npy");
         return r->code = EXIT_USAGE, -1;
     }
     if (in->has[F_GOUT] && !o->backward) {
@@ -986,7 +1005,8 @@ static int run_decode_steps(run_state *r)
         say("out of memory allocating the outputs (%zu floats)", r->n_out);
         return -1;
     }
-    decode_session s = {.P = o->decode_from, .page = o->page_size, .draft = o->draft, .reject = o->reject, .parts = 1};
+    decode_session s = {.P = o->decode_from, .page = o->page_size, .draft = o->draft, .reject = o->reject, .parts = 1,
+                        .cu = o->seen_seqlens ? o->cu_q : NULL, .nseq = o->nseq};
     char core[32] = "";
     clattn_status st = decode_run(r->dev, r->desc, &r->w, d, &s, r->in.a[F_X].data, r->out_width, r->out, core,
                                   sizeof core);
