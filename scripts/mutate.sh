@@ -79,7 +79,12 @@ rm -rf "$scratch/src"
 mkdir -p "$scratch/src"
 # tracked files and new ones not ignored: what the next commit would hold
 (cd "$root" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$scratch/src/")
-cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# Ninja where it is installed (scripts/setup.sh installs it): a mutant's rebuild checks the whole tree's dependencies
+# in 0.03 s against make's 0.8-1.0 s, and recompiles one file in 0.8 s against 1.7 s. Measured on CI's 2-core
+# machine, 42 mutants with 2 workers: 94 s against 106 s with make (about 0.3 s of wall time per mutant)
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+cmake "${generator[@]}" -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 build() { cmake --build "${1:-$scratch/build}" -j "$jobs" >"${1:-$scratch/build}.log" 2>&1; }
 build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy does not build" >&2; exit 2; }
 
@@ -192,7 +197,7 @@ work() {
     local w=$1 src=$scratch/src bld=$scratch/build
     if [ "$w" -gt 0 ]; then
         src=$scratch/src.w$w bld=$scratch/build.w$w   # copied, unmutated, before any worker started
-        cmake -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release >/dev/null && build "$bld" ||
+        cmake "${generator[@]}" -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release >/dev/null && build "$bld" ||
             { echo "mutate.sh: worker $w's copy does not build (see $bld.log)" >&2; return 1; }
     fi
     for k in "${!ids[@]}"; do

@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # mesa-opencl-icd: a second OpenCL implementation (Mesa's rusticl on llvmpipe, with RUSTICL_ENABLE=llvmpipe), whose
-# driver defects CI checks clattn against (.ci/run; README, "Drivers with defects")
+# driver defects CI checks clattn against (.ci/run; README, "Drivers with defects"). ninja-build: the mutation
+# check's builds (scripts/mutate.sh; make is what ./build uses)
 packages=(cmake gcc make pkg-config ocl-icd-opencl-dev opencl-c-headers libclblast-dev libcriterion-dev
-          pocl-opencl-icd mesa-opencl-icd)
+          pocl-opencl-icd mesa-opencl-icd ninja-build)
 case ${1:-} in
   --python-tests) packages+=(python3-numpy python3-pytest python3-venv python3-torch libopenblas0-pthread) ;;
   '') ;;
