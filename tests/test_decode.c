@@ -1222,7 +1222,7 @@ static void packed(clattn_device *dev, int half, size_t splits, size_t page, int
                     cr_assert(isnan(back[i]), "step %d on buffers: out[%zu], outside the packed rows, was written", s, i);
             free(back);
         }
-        for (size_t b = 0; b < B; b++) {
+        for (size_t b = 0; rows && b < B; b++) { /* (a step without tokens: nothing to keep) */
             memcpy(seq + (b * cap + len[b]) * E, x + cu[b] * E, counts[s][b] * E * sizeof *seq);
             memcpy(got + (b * cap + len[b]) * Eo, out + cu[b] * Eo, counts[s][b] * Eo * sizeof *got);
             len[b] += counts[s][b];
