@@ -16,6 +16,7 @@
 # The tests field is a ctest regex, optionally followed by " % PATTERN": a Criterion filter (CRITERION_TEST_PATTERN,
 # "suite/name" globs) that the mutant's test binaries run instead of all their tests, as the test that catches it
 # (scripts/mutants-narrow.py writes them from a run's log). An entry that passes its own --filter keeps it.
+# "pytest:EXPR" does the same for the Python entries (pytest -k EXPR); one that selects no test is BROKEN.
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
 # Exit status: 0 when every bug was caught; 1 when any survived; 2 when the list is stale (a text
@@ -157,13 +158,20 @@ one() {
         return
     fi
     local log=$scratch/$id.log
-    # the first failing test is the verdict: ctest stops there, and so do Criterion and pytest (-x) within a binary
-    (cd "$bld" && if [ -n "${patterns[$k]}" ]; then export CRITERION_TEST_PATTERN="${patterns[$k]}"; fi &&
-        CRITERION_FAIL_FAST=1 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -x" CTEST_PARALLEL_LEVEL=$per_ctest \
+    # the first failing test is the verdict: ctest stops there, and so do Criterion and pytest (-x) within a binary.
+    # A pattern "pytest:EXPR" selects the pytest entries' tests (-k EXPR), any other the Criterion binaries'.
+    local pyk="" crit="${patterns[$k]}"
+    case $crit in pytest:*) pyk=" -k '${crit#pytest:}'" crit="" ;; esac
+    (cd "$bld" && if [ -n "$crit" ]; then export CRITERION_TEST_PATTERN="$crit"; fi &&
+        CRITERION_FAIL_FAST=1 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -x$pyk" CTEST_PARALLEL_LEVEL=$per_ctest \
         timeout -k 10 "$test_timeout" ctest -R "${regexes[$k]}" --stop-on-failure --output-on-failure) >"$log" 2>&1 ||
         rc=$?
     verdict=caught
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    if [ -n "$pyk" ] && grep -qE "^[= ]*[0-9]+ deselected in [0-9.]+s" "$log"; then   # -k selected no test (pytest
+        # exits 5, a failure to ctest): a stale pattern, not a catch
+        verdict=broken
+        line=$(printf '%-30s BROKEN    (its pattern %s selects no test)' "$id" "${patterns[$k]}")
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         pkill -KILL -f "$bld/" 2>/dev/null || true   # test binaries left behind by ctest
         line=$(printf '%-30s caught: its tests ran past %s s (a hang)' "$id" "$test_timeout")
     elif [ "$rc" -eq 0 ]; then
@@ -176,7 +184,8 @@ one() {
     else
         local caught fails nfail first
         caught=$(sed -n 's/^[[:space:]]*[0-9][0-9]* - \([^ ]*\) (.*/\1/p' "$log" | paste -sd, -)
-        fails=$(sed -n 's/^\[FAIL\] \([^:]*::[^:]*\):.*/\1/p' "$log")
+        fails=$(sed -n -e 's/^\[FAIL\] \([^:]*::[^:]*\):.*/\1/p' \
+                       -e 's/^FAILED [^ ]*::\(test_[A-Za-z0-9_]*\).*/pytest::\1/p' "$log")
         nfail=$(printf '%s\n' "$fails" | grep -c . || true)
         first=$(printf '%s\n' "$fails" | head -3 | paste -sd' ' - || true)
         [ -n "$first" ] || first=$(grep -m1 -iE "fail|error|crash|signal" "$log" | cut -c1-100 || true)
@@ -185,7 +194,7 @@ one() {
     cp "$scratch/orig.$w" "$f"
     case $verdict in
         survived) printf 'survived\t%s\n' "$id" >"$scratch/verdict.$k" ;;
-        broken) printf 'broken\t%s (kernel does not compile)\n' "$id" >"$scratch/verdict.$k" ;;
+        broken) local why=${line#*BROKEN    (}; printf 'broken\t%s (%s)\n' "$id" "${why%)}" >"$scratch/verdict.$k" ;;
         *) printf 'caught\t%s\n' "$id" >"$scratch/verdict.$k" ;;
     esac
     echo "$line ($(( $(date +%s) - t0 )) s)"
