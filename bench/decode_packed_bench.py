@@ -4,8 +4,8 @@ against the same steps padded to the longest sequence with valid counts, the way
 (issue 40).
 
 One Decoder (projections, GQA) per form on one device, the same weights. Two kinds of step, each timed alternating
-packed / padded, `--iters` rounds (`--step-iters` for the step) after a warm-up, the median and the spread reported, and the packed output checked
-against the padded one's real rows (allclose 1e-4):
+packed / padded, `--iters` rounds (`--step-iters` for the step) after a warm-up, the median and the spread reported,
+and the packed output checked against the padded one's real rows (allclose 1e-4):
   prefill   prompts of the --prompts lengths into empty caches (each round resets the caches first; not timed)
   step      after that prefill, one decode step in which only the sequences of --active bring a token (the others
             are waiting, as in continuous batching): padded, every sequence's row is projected and attended

@@ -6,8 +6,8 @@ caught by one Criterion binary's ctest entry, with at least one failing test nam
 " % suite/name" of its first failing test: mutate.sh then runs that test alone (CRITERION_TEST_PATTERN) instead of
 the whole binary up to it. A mutant caught by a Python entry with pytest's first failure named (mutate.sh's
 "pytest::test_name") gets " % pytest:test_name" (pytest -k). Mutants caught otherwise (scripts, a crash or a hang
-before a test is named) keep their regex alone. A narrowed mutant that a later change lets through shows as SURVIVED naming its pattern: run
-mutate.sh --only ID, and drop or change the pattern if another test now catches it.
+before a test is named) keep their regex alone. A narrowed mutant that a later change lets through shows as SURVIVED
+naming its pattern: run mutate.sh --only ID, and drop or change the pattern if another test now catches it.
 
   python3 scripts/mutants-narrow.py LOG [--list scripts/mutants.txt] [--dry-run]
 """

@@ -1654,7 +1654,8 @@ Test(cli, varlen_batch)
         char *err;
         cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
         if (k / 2 == 0)
-            cr_assert(strstr(err, "variable-length batch: 4 sequences of up to 19 rows (38 in all)"), "stderr: %s", err);
+            cr_assert(strstr(err, "variable-length batch: 4 sequences of up to 19 rows (38 in all)"), "stderr: %s",
+                      err);
         else
             cr_assert(strstr(err, k / 2 == 1 ? "then 14 decode steps" : "then 5 verify steps"), "stderr: %s", err);
         free(err);

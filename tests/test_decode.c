@@ -1219,7 +1219,8 @@ static void packed(clattn_device *dev, int half, size_t splits, size_t page, int
                              "%zu): the buffers' output differs from the host path's", s, half, splits, page);
             for (size_t i = 0; i < OO + B * P * Eo + TAIL; i++)
                 if (i < OO || i >= OO + rows * Eo)
-                    cr_assert(isnan(back[i]), "step %d on buffers: out[%zu], outside the packed rows, was written", s, i);
+                    cr_assert(isnan(back[i]), "step %d on buffers: out[%zu], outside the packed rows, was written", s,
+                              i);
             free(back);
         }
         for (size_t b = 0; rows && b < B; b++) { /* (a step without tokens: nothing to keep) */

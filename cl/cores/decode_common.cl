@@ -8,10 +8,11 @@
  * cl_khr_fp16), with KV_HALF 2 as bfloat16 (a ushort, widened by a shift; common/half.cl goes first), with KV_HALF 3
  * as int8 codes whose row (b, g, j) has the scale ks[DEC_BASE(b, g) + DEC_POS(b, g, j)] (vs likewise): the loads give the codes
  * as floats, and the kernels apply a key's scale to its score and a value's scale to its softmax weight (KSCALE
- * below reads either; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the step
- * brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended, output 0).
- * Sequence b's new token t is row first_rows[b] + t of q and out: b*n + t in a padded step; in a packed step (packed = 1,
- * clattn_decode_args.cu_new) only its valid[b] real rows exist, and the padding tokens are neither read nor written. New
+ * below reads either; 1 for the other types, folded away). lens[b] is sequence b's length before the step; the
+ * step brings n new tokens per sequence, of which the first valid[b] are real (the rest are padding: not appended,
+ * output 0). Sequence b's new token t is row first_rows[b] + t of q and out: b*n + t in a padded step; in a packed
+ * step (packed = 1, clattn_decode_args.cu_new) only its valid[b] real rows exist, and the padding tokens are neither
+ * read nor written. New
  * token t of sequence b sits at position p = lens[b] + t and sees the keys j <= p with p - j < WINDOW
  * (when WINDOW > 0), and in a verify step with a draft tree only its ancestors among the new tokens (dec_tree). The
  * decode plan appends the new tokens first (decode/kv_append.cl).

@@ -1,5 +1,6 @@
 /* decode_cl.c: a decode step on an OpenCL device:
- *   1. projections      x (rows, E) -> [Q | K | V] rows (rows: B*n, or a packed step's cu_new[B]), one GEMM (biases as prefilled rows), or for a
+ *   1. projections      x (rows, E) -> [Q | K | V] rows (rows: B*n, or a packed step's cu_new[B]), one GEMM
+ *                       (biases as prefilled rows), or for a
  *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
  *                       and V copied into those rows' columns (rectangular copies, no kernel)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
@@ -25,7 +26,7 @@ struct clattn_decode_cl {
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
-    cl_mem row0_buf;           /* (B) uint: each sequence's first row of x and out (b*n, or a packed step's cu_new[b]) */
+    cl_mem row0_buf;           /* (B) uint: each sequence's first row of x and out (b*n, or a packed step's cu_new) */
     cl_mem tree_buf;           /* a verify step's draft tree (B, n, n) bytes, made at the first such step, grown */
     size_t tree_bytes;
     cl_mem kv32, value32;      /* a half plan with separate_value, on buffers: the step's K and V widened */
@@ -320,9 +321,10 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     const clattn_plan *p = dp->base;
     const clattn_device *dev = p->device;
     const size_t B = p->d.batch;
-    decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset}, .out = {buffers->out.mem, buffers->out.offset},
-                         .io = step_io(dp, cache, step),
-                         .kv = {buffers->kv.mem, buffers->kv.offset}, .value = {buffers->value.mem, buffers->value.offset}};
+    decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset},
+                         .out = {buffers->out.mem, buffers->out.offset}, .io = step_io(dp, cache, step),
+                         .kv = {buffers->kv.mem, buffers->kv.offset},
+                         .value = {buffers->value.mem, buffers->value.offset}};
     TRY(check_parts(dp, &dpass.io));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
