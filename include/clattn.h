@@ -766,7 +766,8 @@ typedef struct clattn_decode_args {
      * H*dv): no padding row is computed or stored, and the element counts are those rows'. valid must then be NULL
      * (the offsets give each sequence's count; a sequence may bring none). new_tokens: the most new tokens any
      * sequence brings (each count at most new_tokens), or 0 for the longest of them; a step in which no sequence
-     * brings a token changes nothing. tree_mask keeps its (B, new_tokens, new_tokens) layout. */
+     * brings a token changes nothing. tree_mask keeps its (B, new_tokens, new_tokens) layout; its rows past a
+     * sequence's count are no token's, neither read nor checked. */
     const uint32_t *cu_new;
     size_t cu_new_count;
 } clattn_decode_args;

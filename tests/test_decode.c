@@ -647,6 +647,72 @@ static void verify_cases(clattn_device *dev)
     verify_case(dev, 2, 130, 3, 4, 2, 8, 8, 1, 2, 0, 1803);   /* half cache, a long context */
 }
 
+/* A packed verify step (cu_new with a draft tree): sequences bring 3, 0 and 2 drafts, the tree's rows past a
+ * sequence's count left zero (no token's: not checked); the same bits as the padded step (valid, the unused rows'
+ * diagonal set), outputs and caches, with the heads given (no projection, whose row count could round differently).
+ * A packed step's real row without its diagonal is still refused. */
+static void packed_tree(clattn_device *dev)
+{
+    enum { B = 3, H = 4, HK = 2, D = 8, T0 = 5, N = 3, CAP = 12 };
+    tu_rng r = {1810};
+    const clattn_attention_desc d = {.batch = B, .seq_q = 8, .embed = H * D, .heads = H, .kv_heads = HK,
+                                     .head_dim_v = D, .causal = 1, .separate_value = 1};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D};
+    clattn_kv_cache *cp = NULL, *cq = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cp), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cq), CLATTN_STATUS_SUCCESS);
+    float *q = tu_random(&r, B * T0 * H * D, -1, 1), *k = tu_random(&r, B * T0 * HK * D, -1, 1);
+    float *v = tu_random(&r, B * T0 * HK * D, -1, 1), *o = tu_poisoned(B * T0 * H * D);
+    const clattn_decode_args pre = {.x = q, .kv = k, .value = v, .new_tokens = T0, .out = o};
+    cr_assert_eq(tu_decode_execute(p, cp, &pre), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_decode_execute(p, cq, &pre), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    static const size_t count[B] = {3, 0, 2};
+    const uint32_t cu[B + 1] = {0, 3, 3, 5};
+    uint8_t tree[B * N * N] = {1, 0, 0, 1, 1, 0, 1, 0, 1, /* sequence 0: token 2 a sibling of token 1 */
+                               0, 0, 0, 0, 0, 0, 0, 0, 0, /* sequence 1: no token */
+                               1, 0, 0, 1, 1, 0, 0, 0, 0}; /* sequence 2: a chain of 2, row 2 unused */
+    uint8_t padded_tree[B * N * N];
+    memcpy(padded_tree, tree, sizeof tree);
+    for (size_t b = 0; b < B; b++)
+        for (size_t i = count[b]; i < N; i++) padded_tree[(b * N + i) * N + i] = 1; /* padding rows: their diagonal */
+    float *qs = tu_random(&r, 5 * H * D, -1, 1), *ks = tu_random(&r, 5 * HK * D, -1, 1);
+    float *vs = tu_random(&r, 5 * HK * D, -1, 1), *op = tu_poisoned(5 * H * D);
+    float *qp = calloc(B * N * H * D, 4), *kp = calloc(B * N * HK * D, 4), *vp = calloc(B * N * HK * D, 4);
+    float *oq = tu_poisoned(B * N * H * D);
+    for (size_t b = 0; b < B; b++) { /* the padded step's rows b*N + t hold the packed rows cu[b] + t */
+        memcpy(qp + b * N * H * D, qs + cu[b] * H * D, count[b] * H * D * 4);
+        memcpy(kp + b * N * HK * D, ks + cu[b] * HK * D, count[b] * HK * D * 4);
+        memcpy(vp + b * N * HK * D, vs + cu[b] * HK * D, count[b] * HK * D * 4);
+    }
+    tree[2 * N * N + N + 1] = 0; /* sequence 2's real row 1 without its diagonal: refused, nothing changed */
+    clattn_decode_args ap = {.x = qs, .kv = ks, .value = vs, .out = op, .cu_new = cu, .tree_mask = tree};
+    cr_assert_eq(tu_decode_execute(p, cp, &ap), CLATTN_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(clattn_last_error(), "tree_mask[2][1][1] is 0"), "%s", clattn_last_error());
+    tree[2 * N * N + N + 1] = 1;
+    cr_assert_eq(tu_decode_execute(p, cp, &ap), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_decode_args aq = {.x = qp, .kv = kp, .value = vp, .new_tokens = N, .valid = count, .out = oq,
+                                   .tree_mask = padded_tree};
+    cr_assert_eq(tu_decode_execute(p, cq, &aq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t b = 0; b < B; b++)
+        cr_assert_eq(memcmp(op + cu[b] * H * D, oq + b * N * H * D, count[b] * H * D * 4), 0,
+                     "sequence %zu: the packed verify step's outputs differ from the padded step's", b);
+    const size_t nk = B * HK * CAP * D;
+    float *k1 = tu_poisoned(nk), *v1 = tu_poisoned(nk), *k2 = tu_poisoned(nk), *v2 = tu_poisoned(nk);
+    cr_assert_eq(clattn_kv_cache_read(cp, k1, v1), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(clattn_kv_cache_read(cq, k2, v2), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(memcmp(k1, k2, nk * 4), 0, "the packed and padded verify steps' caches differ (keys)");
+    cr_assert_eq(memcmp(v1, v2, nk * 4), 0, "the packed and padded verify steps' caches differ (values)");
+    clattn_kv_cache_free(cp), clattn_kv_cache_free(cq);
+    clattn_decode_plan_free(p);
+    free(q), free(k), free(v), free(o), free(qs), free(ks), free(vs), free(op), free(qp), free(kp), free(vp), free(oq);
+    free(k1), free(v1), free(k2), free(v2);
+}
+
+Test(accept, packed_tree_ref) { clattn_device *d = tu_open_ref(); packed_tree(d); clattn_device_free(d); }
+Test(accept, packed_tree_opencl) { clattn_device *d = tu_open_opencl(); packed_tree(d); clattn_device_free(d); }
+
 Test(accept, verify_tree_ref)
 {
     clattn_device *dev = tu_open_ref();
@@ -2136,19 +2202,23 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
             memcpy(ks + b * n * HK * DK, k + (b * T + t0) * HK * DK, n * HK * DK * 4);
             memcpy(vs + b * n * HK * DV, v + (b * T + t0) * HK * DV, n * HK * DV * 4);
         }
-        const clattn_decode_args a32 = {.x = xs, .kv = separate ? ks : NULL, .value = separate ? vs : NULL,
-                                        .new_tokens = n, .out = o32};
-        cr_assert_eq(tu_decode_execute(p32, c32, &a32), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        void *xh = tu_typed(xs, B * n * ex, t), *kh = tu_typed(ks, B * n * HK * DK, t);
-        void *vh = tu_typed(vs, B * n * HK * DV, t), *oh = tu_poisoned_typed(B * n * ow, t);
-        /* every other decode step packed (cu_new; every sequence brings its one token, so the rows are the padded
-         * step's): the typed conversions of a packed step's rows, on host arrays and on buffers */
+        /* every other decode step packed (cu_new), the first sequence bringing no token: one row where the padded
+         * step has B (the typed conversions of a packed step's rows, on host arrays and on buffers), the fp32 plan's
+         * step packed the same way; its token is the first row of xs, ks, vs */
         const int pk = t0 % 2 == 1;
-        const uint32_t cu[B + 1] = {0, 1, 2};
+        const uint32_t cu[B + 1] = {0, 0, 1};
+        const size_t rows = pk ? 1 : B * n;
+        const clattn_decode_args a32 = {.x = xs, .kv = separate ? ks : NULL, .value = separate ? vs : NULL,
+                                        .new_tokens = pk ? 0 : n, .out = o32, .cu_new = pk ? cu : NULL};
+        cr_assert_eq(tu_decode_execute(p32, c32, &a32), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        void *xh = tu_typed(xs, rows * ex, t), *kh = tu_typed(ks, rows * HK * DK, t);
+        void *vh = tu_typed(vs, rows * HK * DV, t), *oh = tu_poisoned_typed(rows * ow + 1, t);
         const clattn_decode_args ah = {.x = xh, .kv = separate ? kh : NULL, .value = separate ? vh : NULL,
                                        .new_tokens = pk ? 0 : n, .out = oh, .cu_new = pk ? cu : NULL};
         cr_assert_eq(tu_decode_execute(ph, ch, &ah), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-        for (size_t i = 0; i < B * n * ow; i++)
+        cr_assert(isnan(tu_dtype_value(((const uint16_t *)oh)[rows * ow], t)), "dtype %d: out written past its %zu rows",
+                  (int)t, rows);
+        for (size_t i = 0; i < rows * ow; i++)
             cr_assert_eq(((const uint16_t *)oh)[i], tu_dtype_bits((float)tu_dtype_round(o32[i], t), t),
                          "dtype %d separate %d kv_half %d, tokens %zu+%zu, out[%zu]: %g, the fp32 step's %g", (int)t,
                          separate, kv_half, t0, n, i, (double)tu_dtype_value(((const uint16_t *)oh)[i], t),
@@ -2158,7 +2228,7 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
             cl_command_queue q = clattn_device_queue(dev);
             const void *src[3] = {xh, kh, vh};
             for (int i = 0; i < 4; i++) {
-                const size_t nb = (OFF + B * n * (i < 3 ? cols[i] : ow)) * 2;
+                const size_t nb = (OFF + rows * (i < 3 ? cols[i] : ow)) * 2;
                 cl_int e;
                 bufs[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, nb, NULL, &e);
                 cr_assert_eq(e, CL_SUCCESS);
@@ -2172,9 +2242,9 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
                             : clattn_decode_execute_buffers(pb, cb, &bb, n, NULL, 0, NULL, NULL),
                          CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
             uint16_t got[B * P * 16];
-            cr_assert_eq(clEnqueueReadBuffer(q, bufs[3], CL_TRUE, OFF * 2, B * n * ow * 2, got, 0, NULL, NULL),
+            cr_assert_eq(clEnqueueReadBuffer(q, bufs[3], CL_TRUE, OFF * 2, rows * ow * 2, got, 0, NULL, NULL),
                          CL_SUCCESS);
-            cr_assert(memcmp(got, oh, B * n * ow * 2) == 0, "dtype %d separate %d: buffers and host arrays differ",
+            cr_assert(memcmp(got, oh, rows * ow * 2) == 0, "dtype %d separate %d: buffers and host arrays differ",
                       (int)t, separate);
             for (int i = 0; i < 4; i++) clReleaseMemObject(bufs[i]);
         }

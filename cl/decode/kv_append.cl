@@ -80,7 +80,7 @@ __kernel void kv_append(__global const float *src, ulong src_off, uint src_ld, u
     const uint t = (uint)(x % n);
     const ulong b = x / n;
     if (t >= valid[b]) return;
-    __global const float *row = src + src_off + (first_rows[b] + t) * src_ld;
+    __global const float *row = src + src_off + (ulong)(first_rows[b] + t) * src_ld; /* (64-bit: rows x src_ld) */
 #if PAGE
     const uint j = lens[b] + t;
     const ulong pos = ((ulong)g * Tmax + pages[b * npage + j / PAGE]) * PAGE + j % PAGE; /* Tmax: the pool's pages */

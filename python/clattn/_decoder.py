@@ -136,7 +136,7 @@ class Decoder(_Shaped):
         cu_seqlens); x is then (cu_seqlens[B], E), sequence b's new tokens at rows cu_seqlens[b] ..
         cu_seqlens[b+1]-1 (none, or up to max_new_tokens of them), and the outputs come back the same way, (rows,
         out width): no padding is computed. Not with valid (the offsets give the counts); a tree_mask is then
-        (B, n, n) with n the longest sequence's count."""
+        (B, n, n) with n the longest sequence's count, its rows past a sequence's count unused."""
         if cu_seqlens is not None:
             return self._packed(x, cu_seqlens, valid, tree_mask)
         kind = _a.Kind(x)
@@ -186,9 +186,10 @@ class Decoder(_Shaped):
         if cu[0] != 0 or np.any(cu[1:] < cu[:-1]):
             _invalid(f"cu_seqlens: {cu_list}: offsets from 0 that never decrease")
         counts = [int(c) for c in np.diff(cu)]
-        if not cu[-1]:  # no sequence brings a token: nothing to append or compute
+        if not cu[-1]:  # no sequence brings a token: nothing to append or compute (the arguments still checked)
             if tuple(np.shape(x)) != (0, self.embed):
                 _shape(f"x: shape {tuple(np.shape(x))}, expected (cu_seqlens[-1], embed) = (0, {self.embed})")
+            _tree(tree_mask, B, 1)
             return kind.out(np.zeros((0, self.out_width), dtype=np.float32))
         xa = _a.floats("x", x, ndim=2)
         rows, E = xa.shape

@@ -261,8 +261,9 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t rows, const cl
 
 /* A verify step's draft tree (args.tree_mask, (B, n, n)): each new token sees itself (a nonzero diagonal) and only
  * tokens before it (zeros above the diagonal); not with a window, which counts cache positions that a draft tree's
- * branches do not have. */
-static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n)
+ * branches do not have. A packed step's rows past a sequence's count are no token's: not read, not checked (count:
+ * its counts, NULL for a padded step, whose every row is computed). */
+static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n, const size_t *count)
 {
     if (!tree) return CLATTN_STATUS_SUCCESS;
     if (d->window)
@@ -270,7 +271,7 @@ static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *t
                            "counts cache positions, and a draft tree's branches are not consecutive positions",
                            d->window);
     for (size_t b = 0; b < d->batch; b++)
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < (count ? count[b] : n); i++)
             for (size_t j = i; j < n; j++) {
                 const uint8_t m = tree[(b * n + i) * n + j];
                 if (j == i && !m)
@@ -381,7 +382,7 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * rows * HK * d->head_dim_v, how));
     snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
     TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
-    TRY(check_tree(d, args->tree_mask, n));
+    TRY(check_tree(d, args->tree_mask, n, step.packed ? step.valid : NULL));
     TRY(step_no_overlap(p, rows, args, NULL, NULL));
     step.tree = args->tree_mask;
     return run_step(plan, cache, &step, args, NULL, 0, NULL, NULL);
@@ -401,7 +402,7 @@ static clattn_status execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *
     const size_t B = p->d.batch;
     size_t *room = clattn_malloc(2 * B * sizeof *room);
     if (!room) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
-    clattn_decode_step step;
+    clattn_decode_step step = {0};
     clattn_status st = step_shape(p, new_tokens, valid, cu, cu_count, "buffers", room, &step);
     const size_t rows = step.rows, es = clattn_dtype_size(p->d.dtype), HK = p->d.kv_heads;
     /* (a packed step without a token: its buffers may be NULL) */
