@@ -298,12 +298,13 @@ typedef struct clattn_attention_desc {
     /* clattn 0.8: */
     size_t kv_page_size; /* decode plans: the page size of the caches they run on (clattn_kv_cache_desc.page_size;
                             0: contiguous caches). Prefill and training plans: 0 */
-    int varlen;          /* 1: variable-length batches (prefill plans for inference): each execution packs `batch`
+    int varlen;          /* 1: variable-length batches (prefill and training plans): each execution packs `batch`
                             sequences of their own lengths without padding, sequence b at rows cu_seqlens_q[b] ..
                             cu_seqlens_q[b+1]-1 of x and out (and cu_seqlens_kv's of kv and value), as FlashAttention's
                             varlen functions; seq_q and seq_kv are the longest a sequence may be (the plan's sizes are
-                            those of the padded batch, an upper bound). Causal and the window per sequence, top-left.
-                            Refused with training, dropout, key_padding_mask (the lengths say it), attn_mask and
+                            those of the padded batch, an upper bound). Causal and the window per sequence, top-left;
+                            dropout keys sequence b's weight (h, i, j) as the padded batch's entry b's. Training
+                            plans take it too. Refused with key_padding_mask (the lengths say it), attn_mask and
                             need_weights (README, "Variable-length batches") */
 } clattn_attention_desc;
 

@@ -195,8 +195,8 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
                 for (size_t j = 0; j < Tk; j++) {
                     p[j] = nan_row ? NAN : sum == 0.0 ? 0.0 : p[j] / sum; /* no visible key: 0 */
                     if (d->dropout > 0.0f) /* the documented mask, from the oracle's own Philox */
-                        p[j] = oracle_dropout_keep(d->seed, d->dropout, (uint32_t)b, (uint32_t)h, (uint32_t)i,
-                                                   (uint32_t)j)
+                        p[j] = oracle_dropout_keep(d->seed, d->dropout, (uint32_t)(oracle_batch0 + b), (uint32_t)h,
+                                                   (uint32_t)i, (uint32_t)j)
                                    ? p[j] / (1.0 - (double)d->dropout)
                                    : 0.0;
                     if (attn) attn[((b * H + h) * Tq + i) * Tk + j] = p[j];
@@ -312,6 +312,8 @@ uint32_t oracle_dropout_word(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, 
     return r[0];
 }
 
+size_t oracle_batch0 = 0;
+
 uint64_t oracle_dropout_threshold(float p)
 {
     return (uint64_t)floor((double)p * 4294967296.0);
@@ -404,8 +406,8 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
                 for (size_t i = 0; i < Tq; i++)
                     for (size_t j = 0; j < Tk; j++)
                         M[((b * H + h) * Tq + i) * Tk + j] =
-                            d->dropout > 0.0f ? (oracle_dropout_keep(d->seed, d->dropout, (uint32_t)b, (uint32_t)h,
-                                                                     (uint32_t)i, (uint32_t)j)
+                            d->dropout > 0.0f ? (oracle_dropout_keep(d->seed, d->dropout, (uint32_t)(oracle_batch0 + b),
+                                                                     (uint32_t)h, (uint32_t)i, (uint32_t)j)
                                                      ? 1.0 / (1.0 - (double)d->dropout)
                                                      : 0.0)
                                               : 1.0;

@@ -71,6 +71,9 @@ void oracle_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t
 uint32_t oracle_dropout_word(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, uint32_t j);
 uint64_t oracle_dropout_threshold(float p);  /* floor(p * 2^32), exact for every float p in [0, 1) */
 int oracle_dropout_keep(uint64_t seed, float p, uint32_t b, uint32_t h, uint32_t i, uint32_t j);
+/* The batch index of a problem's entry 0 in oracle_attention's and oracle_attention_backward's dropout keys: 0,
+ * or while a varlen sequence is computed alone, its index (b + oracle_batch0 keys entry b). */
+extern size_t oracle_batch0;
 
 /* Random123's published known-answer vectors for Philox4x32-10: counter[4], key[2], out[4]. */
 extern const uint32_t oracle_philox_kat[3][10];

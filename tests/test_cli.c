@@ -1669,6 +1669,32 @@ Test(cli, varlen_batch)
         clattn_npy_free(&out);
         remove(path_in(out_dir, "out.npy"));
     }
+    /* dropout: each sequence's weights kept as the padded batch's entry b's (the oracle keys sequence b by b) */
+    for (size_t b = 0, r0 = 0; b < 4; r0 += lens[b++]) {
+        if (!lens[b]) continue;
+        clattn_attention_desc d = {.batch = 1, .seq_q = lens[b], .embed = DE, .heads = DH, .kv_heads = DHK,
+                                   .head_dim_qk = DD, .head_dim_v = DD, .out_dim = DE, .causal = 1, .window = 5,
+                                   .dropout = 0.3f, .seed = 11};
+        clattn_attention_args a = {.x = x + r0 * DE};
+        oracle_batch0 = b;
+        cr_assert_eq(oracle_attention(&d, &w, &a, want + r0 * DE, NULL), 0);
+        oracle_batch0 = 0;
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
+                              "--kv-heads", "2", "--causal", "--window", "5", "--seqlens", "7,0,12,19", "--dropout",
+                              "0.3", "--seed", "11", NULL};
+        char *err;
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k], err);
+        free(err);
+        clattn_npy out;
+        load(path_in(out_dir, "out.npy"), &out);
+        char msg[256];
+        const size_t bad_n = oracle_compare(out.data, want, total * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad_n, 0, "%s --seqlens --dropout: %zu elements differ; first: %s", devs[k], bad_n, msg);
+        clattn_npy_free(&out);
+        remove(path_in(out_dir, "out.npy"));
+    }
     bad("seqlens not adding up", 1, "add up to 37 rows but x.npy has 38", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,11,19"));
     bad("seqlens malformed", 2, "--seqlens '7,,19'", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "7,,19"));
     bad("decode-from past the longest sequence", 2, "--decode-from 20: must be from 1 to T = 19 (the tokens of the "

@@ -157,7 +157,8 @@ Test(prefill, half_types)
 
 /* Variable-length batches (desc.varlen): sequences of their own lengths packed without padding, each against the oracle
  * run on it alone. Odd lengths past a tile, a sequence of one row, an empty one; cross-attention with its own key
- * lengths (fewer keys than queries, one sequence without keys); GQA and the window per sequence; a half plan; the buffer form at an offset. The
+ * lengths (fewer keys than queries, one sequence without keys); GQA and the window per sequence; dropout keyed by the
+ * sequence's index; a half plan; the buffer form at an offset. The
  * shapes are those of cases above (the same kernels: nothing new to compile). */
 Test(prefill, varlen)
 {
@@ -171,6 +172,10 @@ Test(prefill, varlen)
         {{.B = 3, .Tq = 33, .Tk = 40, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .causal = 1, .window = 5,
           .noproj = 1, .separate_value = 1}, {9, 1, 33}, {5, 0, 40}, 1}, /* 9 queries on 5 keys: the last see all */
         {{.B = 3, .Tq = 130, .E = 128, .H = 2, .noproj = 1}, {61, 130, 1}, {0}, 0},
+        /* dropout: sequence b's weights kept as the padded batch's entry b's (the oracle keys each sequence by its
+         * index; an empty one first, so that index and position differ) */
+        {{.B = 4, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 4, .window = 7, .causal = 1, .dropout = 0.3f},
+         {0, 9, 33, 1}, {0}, 1},
         {{.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16},
          {17, 3}, {0}, 1},
         /* a half plan without projections: a core with reads_dtypes (flash_rows) reads and writes the caller's halves

@@ -1234,7 +1234,8 @@ Test(train, sweep, .timeout = 1800)
 /* Variable-length batches (desc.varlen) in training: the forward's lse and context and every gradient against the
  * oracle run on each sequence alone (tu_varlen_train_check), on ref and the OpenCL device: GQA with a causal window
  * over sequences of 7, 0, 61 and 1 rows; cross-attention whose sequences have 7 queries on 61 keys, 3 on none, none
- * on 20, and a batch without a key at all; without projections (Q, K, V the rows of x). The shapes are backward_gqa_window_dropout's and backward_masks_cross's (their kernels). */
+ * on 20, and a batch without a key at all; without projections (Q, K, V the rows of x); dropout in both (keyed by the
+ * sequence's index). The shapes are backward_gqa_window_dropout's and backward_masks_cross's (their kernels). */
 Test(train, backward_varlen)
 {
     static const tu_attn_case self = {.B = 4, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .Eo = 16,
@@ -1242,6 +1243,11 @@ Test(train, backward_varlen)
     static const tu_attn_case cross = {.B = 3, .Tq = 7, .Tk = 61, .E = 8, .Ekv = 5, .H = 2, .dk = 3, .dv = 4,
                                        .Eo = 6, .biases = 1, .cross = 1};
     static const tu_attn_case heads = {.B = 3, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .causal = 1, .noproj = 1};
+    /* dropout: each sequence's weights kept as the padded batch's entry b's, in the forward and the backward */
+    static const tu_attn_case self_drop = {.B = 4, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .Eo = 16,
+                                           .causal = 1, .window = 5, .biases = 1, .dropout = 0.3f};
+    static const tu_attn_case cross_drop = {.B = 3, .Tq = 7, .Tk = 61, .E = 8, .Ekv = 5, .H = 2, .dk = 3, .dv = 4,
+                                            .Eo = 6, .biases = 1, .cross = 1, .dropout = 0.5f};
     const size_t sq[4] = {7, 0, 61, 1}, cq[3] = {7, 3, 0}, ck[3] = {61, 0, 20}, none[3] = {0, 0, 0}, hq[3] = {7, 2, 5};
     clattn_device *devs[2] = {ref_dev, cl_dev};
     for (int k = !!(tu_forced_core_of(CLATTN_CORE_PREFILL) || tu_forced_core_of(CLATTN_CORE_BACKWARD)); k < 2; k++) {
@@ -1249,5 +1255,7 @@ Test(train, backward_varlen)
         tu_varlen_train_check(devs[k], &cross, cq, ck, 1202);
         tu_varlen_train_check(devs[k], &cross, cq, none, 1203); /* no keys at all: out = b_out */
         tu_varlen_train_check(devs[k], &heads, hq, NULL, 1204); /* x is Q, K and V: rows of E, gradients of 3 blocks */
+        tu_varlen_train_check(devs[k], &self_drop, sq, NULL, 1205);
+        tu_varlen_train_check(devs[k], &cross_drop, cq, ck, 1206);
     }
 }

@@ -879,7 +879,9 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
         if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
         double *w1 = rounds ? malloc(c->H * nq * nk * sizeof *w1) : NULL;
         cr_assert(!rounds || w1);
+        oracle_batch0 = b; /* dropout keys the sequence as the padded batch's entry b */
         cr_assert_eq(oracle_attention(&d1, &p.w, &a1, o, w1), 0);
+        oracle_batch0 = 0;
         for (size_t i = 0; i < nq * ow; i++) nonzero |= o[i] != 0.0;
         if (rounds) { /* the sequence as a problem of its own (no projections: out is the heads' rows) */
             tu_problem sp = p;
@@ -1005,9 +1007,11 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
         clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
         if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
         if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
+        oracle_batch0 = b; /* dropout keys the sequence as the padded batch's entry b */
         cr_assert_eq(oracle_attention_stats(&d1, &p.w, &a1, o64 + q0 * ow, NULL, l64 + H * q0, c64 + q0 * C), 0);
         oracle_grads og = {one[0], one[1], one[2], one[3], one[4], one[5], one[6], one[7], one[8], one[9], one[10]};
         cr_assert_eq(oracle_attention_backward(&d1, &p.w, &a1, dout + q0 * ow, &og), 0);
+        oracle_batch0 = 0;
         memcpy(want[0] + q0 * E, one[0], nq * E * sizeof(double));
         if (want[1]) memcpy(want[1] + k0 * Ekv, one[1], nk * Ekv * sizeof(double));
         if (want[10]) memcpy(want[10] + k0 * Vw, one[10], nk * Vw * sizeof(double));

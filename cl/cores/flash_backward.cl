@@ -208,7 +208,7 @@ __kernel void bwd_dq(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
 #define DQ_DS(u, S, B) \
     s##u = bwd_scores(s##u, scale, i0, 1, j + u, 0, Tq, Tk, b, masked, kpm, mask); \
     ds##u = bwd_ds(lr == (rv_t)(-INFINITY) ? (rv_t)(0.0f) : exp(s##u - lr), \
-                   bwd_keep(seed_lo, seed_hi, (uint)b, h, i0, 1, j + u, 0, threshold, keep_scale), dp##u, dr);
+                   bwd_keep(seed_lo, seed_hi, (uint)b + drop_b0, h, i0, 1, j + u, 0, threshold, keep_scale), dp##u, dr);
         PARTS(DQ_DS, , )
         BWD_ACCUM(acc, DK, ds, kp)
     }
@@ -271,7 +271,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, _
     { \
         s##u = bwd_scores(s##u, scale, (uint)i##u, 0, j0, 1, Tq, Tk, b, masked, kpm, mh); \
         const rv_t p = l##u == -INFINITY ? (rv_t)(0.0f) : exp(s##u - l##u); \
-        const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b, h, (uint)i##u, 0, j0, 1, threshold, keep_scale); \
+        const rv_t m = bwd_keep(seed_lo, seed_hi, (uint)b + drop_b0, h, (uint)i##u, 0, j0, 1, threshold, keep_scale); \
         ds##u = bwd_ds(p, m, dp##u, (rv_t)(dd[bh * Tq + i##u])); \
         w##u = p == (rv_t)(0.0f) ? (rv_t)(0.0f) : p * m; \
     }

@@ -189,8 +189,9 @@ void bwd_dq_tiles(BWD_ARGS, __global float *dq, ulong dq_off, uint dq_ld)
                 float sc = s[r][n] * scale;
                 if (masked) sc = j < jend ? clattn_mask_score(sc, i, j, b, Tk, kpm, mask) : -INFINITY;
                 const float p = bwd_p(sc, l2[r]);
-                const float ds = p * (bwd_keep_of(seed_lo, seed_hi, (uint)b, h, i, j, threshold, keep_scale) * dp[r][n] -
-                                      dr[r]);
+                const float ds =
+                    p * (bwd_keep_of(seed_lo, seed_hi, (uint)b + drop_b0, h, i, j, threshold, keep_scale) * dp[r][n] -
+                         dr[r]);
                 dsme[r * BKP + tx + TC * n] = p == 0.0f ? 0.0f : ds; /* a hidden key passes nothing */
             }
         }
@@ -307,7 +308,7 @@ void bwd_dkdv_tiles(BWD_ARGS, __global float *dk, ulong dk_off, uint dk_ld, __gl
                     float sc = s[r][n] * scale;
                     if (masked) sc = j < Tk && i < iend ? clattn_mask_score(sc, i, j, b, Tk, kpm, mh) : -INFINITY;
                     const float p = bwd_p(sc, ls[y]);
-                    const float m = bwd_keep_of(seed_lo, seed_hi, (uint)b, h, i, j, threshold, keep_scale);
+                    const float m = bwd_keep_of(seed_lo, seed_hi, (uint)b + drop_b0, h, i, j, threshold, keep_scale);
                     wme[r * BQP + y] = p == 0.0f ? 0.0f : p * m;
                     dsme[r * BQP + y] = p == 0.0f ? 0.0f : p * (m * dp[r][n] - dds[y]);
                 }

@@ -10,13 +10,13 @@
  * and the output goes to the merged layout out[out_off + (b*Tq + i)*out_ld + h*DV + c].
  * Every member takes the same arguments (src/cores/flash.c lists them).
  *
- * Semantics (those of the reference, src/attention/ref.c): score = (q . k) * scale (+ float mask); hidden
- * keys (causal j > i, sliding window, key padding, bool mask) get weight 0; a row with no visible key (or
- * only -inf scores) gives output 0; a NaN score or a +inf score makes the row NaN; dropout keeps weight
- * (b, h, i, j) by clattn_dropout_keep (philox.cl) and scales it. The running max starts at -FLT_MAX, a
- * finite value, so a fully hidden block computes exp(-inf - m) = 0 and never inf - inf. With CAUSAL, key
- * blocks wholly after the block's last query are never visited, and with a sliding WINDOW those wholly
- * before the block's first query's window; only the blocks that cross an edge are masked.
+ * Semantics (those of the reference, src/attention/ref.c): score = (q . k) * scale (+ float mask); hidden keys (causal
+ * j > i, sliding window, key padding, bool mask) get weight 0; a row with no visible key (or only -inf scores) gives
+ * output 0; a NaN score or a +inf score makes the row NaN; dropout keeps weight (b + drop_b0, h, i, j) by
+ * clattn_dropout_keep (philox.cl) and scales it (drop_b0: a varlen sequence's index). The running max starts at
+ * -FLT_MAX, a finite value, so a fully hidden block computes exp(-inf - m) = 0 and never inf - inf. With CAUSAL, key
+ * blocks wholly after the block's last query are never visited, and with a sliding WINDOW those wholly before the
+ * block's first query's window; only the blocks that cross an edge are masked.
  *
  * Specialised by -D (philox.cl, half.cl, mask.cl and online.cl go first; defaults let each compile alone):
  *   DK, DV           head sizes of queries/keys and of values
@@ -57,16 +57,16 @@
 #define KVR(x) (x)
 #endif
 
-/* The family's kernel arguments, in flash.c's order. extent: the launch's first work-group (PER_GROUP
- * members) or the work-items in all (PER_ITEM); lse, lse_off: the rows' log-sum-exp (LSE). Q, K, V and the output
- * are io_t (common/dtype.cl): float, or with IO_DTYPE (a member with reads_dtypes, a half plan's own arrays) half
- * or bfloat16. */
+/* The family's kernel arguments, in flash.c's order. extent: the launch's first work-group (PER_GROUP members) or the
+ * work-items in all (PER_ITEM); drop_b0: the batch index dropout keys entry 0 by (a varlen batch's sequence, run as a
+ * batch of one: its index; else 0); lse, lse_off: the rows' log-sum-exp (LSE). Q, K, V and the output are io_t
+ * (common/dtype.cl): float, or with IO_DTYPE (a member with reads_dtypes, a half plan's own arrays) half or bfloat16. */
 #define FLASH_ARGS \
     __global const io_t *q, ulong q_off, uint q_ld, __global const io_t *k, ulong k_off, uint k_ld, \
     __global const io_t *v, ulong v_off, uint v_ld, __global io_t *out, ulong out_off, uint out_ld, \
     __global const uchar *kpm, ulong kpm_off, __global const mask_t *mask, ulong mask_off, uint Tq, uint Tk, \
     uint H, float scale, ulong extent, uint seed_lo, uint seed_hi, uint threshold, float keep_scale, \
-    __global float *lse, ulong lse_off
+    uint drop_b0, __global float *lse, ulong lse_off
 
 /* What one work-group of a PER_GROUP member with key parts (flash_gemm, flash_mma) computes: work-group id
  * g = ((b*H + h) * nblk + block')*SPLIT + part, block' counting from the last block under CAUSAL (the

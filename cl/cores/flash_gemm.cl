@@ -304,7 +304,8 @@ void flash_gemm(FLASH_ARGS)
                 const float p = clattn_exp2(s[r][n] - mb);
                 sum += p;
                 pme[r * PLD + tx + TC * n] =
-                    flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + ty * RM + r, j0 + tx + TC * n, threshold, keep_scale);
+                    flash_drop(p, seed_lo, seed_hi, (uint)b + drop_b0, h, i0 + ty * RM + r, j0 + tx + TC * n, threshold,
+                               keep_scale);
             }
             l[r] += sum;
         }

@@ -166,7 +166,8 @@ __kernel void flash_lanes(FLASH_ARGS)
             float pd[VW];
             LSTORE(p, 0, pd);
             for (uint r = 0; r < VW; r++)
-                pd[r] = flash_drop(pd[r], seed_lo, seed_hi, (uint)b, h, i0 + r, j0 + u, threshold, keep_scale);
+                pd[r] = flash_drop(pd[r], seed_lo, seed_hi, (uint)b + drop_b0, h, i0 + r, j0 + u, threshold,
+                                   keep_scale);
             s[u] = LLOAD(0, pd);
 #else
             s[u] = p;

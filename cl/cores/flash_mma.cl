@@ -889,8 +889,8 @@ void flash_mma(FLASH_ARGS)
             for (uint e = 0; e < 4; e++) {
                 const float p = clattn_exp2(s[n][e] - m[e >> 1]);
                 l[e >> 1] += p;
-                s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, e < 2 ? r0 : r1, j0 + 8 * n + 2 * t + (e & 1),
-                                     threshold, P_KEEP);
+                s[n][e] = flash_drop(p, seed_lo, seed_hi, (uint)b + drop_b0, h, e < 2 ? r0 : r1,
+                                     j0 + 8 * n + 2 * t + (e & 1), threshold, P_KEEP);
             }
         }
 

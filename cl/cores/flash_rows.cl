@@ -125,7 +125,8 @@ __kernel void flash_rows(FLASH_ARGS)
             for (uint jj = 0; jj < BK; jj++) {
                 const float p = exp(s[r][jj] - mb);
                 sum += p;
-                s[r][jj] = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i0 + r, j0 + jj, threshold, keep_scale);
+                s[r][jj] =
+                    flash_drop(p, seed_lo, seed_hi, (uint)b + drop_b0, h, i0 + r, j0 + jj, threshold, keep_scale);
             }
 #endif
             l[r] = l[r] * corr[r] + sum;

@@ -87,7 +87,7 @@ void flash_tiled(FLASH_ARGS)
         for (uint jj = 0; jj < BKT; jj++) {
             const float p = exp(ss[r][jj] - mb);
             sum += p;
-            const float pd = flash_drop(p, seed_lo, seed_hi, (uint)b, h, i, j0 + jj, threshold, keep_scale);
+            const float pd = flash_drop(p, seed_lo, seed_hi, (uint)b + drop_b0, h, i, j0 + jj, threshold, keep_scale);
             for (uint t = 0; t < DVS; t++) {
                 const uint c = sp + t * NS;
                 if (c < DV) acc[t] = fma(pd, kvs[jj][c], acc[t]);

@@ -52,7 +52,7 @@ void softmax_rows(__global float *s, ulong s_off,
                   __global const uchar *kpm, ulong kpm_off,
                   __global const mask_t *mask, ulong mask_off,
                   uint Tq, uint Tk, uint H, ulong row0,
-                  uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale,
+                  uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale, uint drop_b0,
                   __global float *lse, ulong lse_off)
 {
     /* s + s_off holds the rows row0, row0 + 1, ... of this launch (a chunk of (b, h) pairs) */
@@ -88,7 +88,7 @@ void softmax_rows(__global float *s, ulong s_off,
         float w = row_max == -INFINITY ? 0.0f : exp(v - row_max) * inv_sum;
 #if DROPOUT
         const uint h = (uint)(bh % H);
-        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b, h, i, j, drop_threshold) ? w * keep_scale : 0.0f;
+        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b + drop_b0, h, i, j, drop_threshold) ? keep_scale * w : 0.0f;
 #endif
         r[j] = w;
     }
@@ -109,7 +109,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
                                 __global const uchar *kpm, ulong kpm_off,
                                 __global const mask_t *mask, ulong mask_off,
                                 uint Tq, uint Tk, uint H, ulong row0, ulong nrows,
-                                uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale,
+                                uint seed_lo, uint seed_hi, uint drop_threshold, float keep_scale, uint drop_b0,
                                 __global float *lse, ulong lse_off)
 {
     const ulong g = get_global_id(0);
@@ -186,7 +186,7 @@ __kernel void softmax_rows_item(__global float *s, ulong s_off,
         float w = bad ? NAN : m == -INFINITY ? 0.0f : r[j] * inv;
 #if DROPOUT
         const uint h = (uint)(bh % H);
-        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b, h, i, j, drop_threshold) ? w * keep_scale : 0.0f;
+        w = clattn_dropout_keep(seed_lo, seed_hi, (uint)b + drop_b0, h, i, j, drop_threshold) ? w * keep_scale : 0.0f;
 #endif
         r[j] = w;
     }

@@ -335,12 +335,12 @@ def _offsets(name: str, cu: Any, rows: int) -> torch.Tensor:
 
 
 def _varlen_plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dtype, training) = key
+    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dropout, dtype, training) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
-                               scale=scale, dtype=dtype, varlen=1, training=int(training))
+                               scale=scale, dropout=dropout, dtype=dtype, varlen=1, training=int(training))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(),
                        "creating the varlen attention plan")
 
@@ -355,10 +355,12 @@ def _varlen_inputs(q, k, v, cq, ck) -> "_lib.AttentionArgs":
     return a
 
 
-def _varlen_impl(q, k, v, cq, ck, key: tuple, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def _varlen_impl(q, k, v, cq, ck, key: tuple, seed: int, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (total_q, H, dv) and, for a training plan (key[-1]), lse: each sequence's (H, L) rows one after another."""
     dev, cache = _device(device or None)
     plan = _varlen_plan(dev, cache, key)
+    if key[-3] > 0.0:  # dropout
+        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     H, dv, training = q.shape[1], v.shape[2], key[-1]
     out = torch.empty((q.shape[0], H, dv), dtype=q.dtype)
     lse = torch.empty((H * q.shape[0],) if training else (0,), dtype=torch.float32)
@@ -374,38 +376,43 @@ class _VarlenFunction(torch.autograd.Function):
     """varlen_attention's gradients through the plan's backward (the forward's lse and output passed back)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cq, ck, key, device):
-        out, lse = _varlen_impl(q, k, v, cq, ck, key, device)
+    def forward(ctx, q, k, v, cq, ck, key, seed, device):
+        out, lse = _varlen_impl(q, k, v, cq, ck, key, seed, device)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts = (cq, ck, key, device)
+        ctx.opts = (cq, ck, key, seed, device)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         _first_derivatives_only()
         q, k, v, out, lse = ctx.saved_tensors
-        cq, ck, key, device = ctx.opts
+        cq, ck, key, seed, device = ctx.opts
         dev, cache = _device(device or None)
         plan = _varlen_plan(dev, cache, key)
+        if key[-3] > 0.0:  # the forward's dropout mask (the plan may have run another call since)
+            _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         a = _varlen_inputs(q, k, v, cq, ck)
         g = _grads(grad_out, lse, out, dq, dk, dv)
         _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "varlen_attention backward")
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: Any,
                      cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
-                     window: int = 0, scale: Optional[float] = None, device: Optional[str] = None) -> torch.Tensor:
+                     window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
+                     device: Optional[str] = None) -> torch.Tensor:
     """Attention over a variable-length batch packed without padding, as flash_attn_varlen_func takes it (inference):
     query (total_q, H, E), key (total_k, Hk, E), value (total_k, Hk, Ev); sequence b is rows cu_seqlens_q[b] ..
     cu_seqlens_q[b+1]-1 of query and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of key and value (B+1 offsets each,
     integer tensors or lists), each at most max_seqlen_q (max_seqlen_k) long -> (total_q, H, Ev). causal and window
     per sequence, top-left aligned; a sequence without keys gives 0. Each sequence gets what attend() gives it
     alone, with no padding computed (clattn_attention_desc.varlen). The plan is made for the longest lengths rounded
-    up to a multiple of KEY_BUCKET (one plan for many batches). Differentiable (query, key and value) through
-    clattn's backward, computed in float32 (a torch.autograd.Function: torch.compile breaks the graph there)."""
+    up to a multiple of KEY_BUCKET (one plan for many batches). dropout_p: training-mode dropout on the weights, as
+    attend's (a seed drawn from torch's generator each call); sequence b's weights are kept or dropped as attend()
+    on the padded batch keeps its entry b's. Differentiable (query, key and value) through clattn's backward,
+    computed in float32 (a torch.autograd.Function: torch.compile breaks the graph there)."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.dim() != 3:
@@ -438,6 +445,10 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     scale = float(1.0 / math.sqrt(E) if scale is None else scale)
     if not math.isfinite(scale) or scale == 0.0:
         _invalid(f"scale={scale}: must be finite and nonzero")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        _invalid(f"dropout_p={dropout_p}: must be in [0, 1)")
+    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
     dtype = query.dtype
     if training or q.dtype != k.dtype or k.dtype != v.dtype:  # training plans compute from float32 copies
         q, k, v = q.float(), k.float(), v.float()
@@ -446,12 +457,12 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return torch.zeros((0, H, v.shape[2]), dtype=dtype)
     B = cq.numel() - 1
     bucket = lambda n: -(-n // KEY_BUCKET) * KEY_BUCKET  # noqa: E731
-    key = ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window, scale, _DTYPES[q.dtype],
-           training)
+    key = ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window, scale, dropout_p,
+           _DTYPES[q.dtype], training)
     if training:
-        out = _VarlenFunction.apply(q, k, v, cq, ck, key, device or "")
+        out = _VarlenFunction.apply(q, k, v, cq, ck, key, seed, device or "")
     else:
-        out = _varlen_impl(q.detach(), k.detach(), v.detach(), cq, ck, key, device or "")[0]
+        out = _varlen_impl(q.detach(), k.detach(), v.detach(), cq, ck, key, seed, device or "")[0]
     return out if out.dtype == dtype else out.to(dtype)
 
 

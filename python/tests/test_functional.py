@@ -320,6 +320,50 @@ def test_varlen_each_sequence_alone(device, causal, window):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_dropout_as_padded(device, causal):
+    """dropout: sequence b's weights kept or dropped as attend() on the padded batch keeps its entry b's (the same
+    draw from torch's generator), in the output and in query, key and value's gradients"""
+    lq, lk = [5, 0, 9, 3], [5, 0, 9, 3] if causal else [8, 2, 9, 0]
+    cq = [0] + torch.tensor(lq).cumsum(0).tolist()
+    ck = [0] + torch.tensor(lk).cumsum(0).tolist()
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(cq[-1], 4, 8, generator=g).requires_grad_(True)
+    k = torch.randn(ck[-1], 2, 8, generator=g).requires_grad_(True)
+    v = torch.randn(ck[-1], 2, 6, generator=g).requires_grad_(True)
+    torch.manual_seed(5)
+    out = CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=causal, dropout_p=0.4, device=device)
+    torch.manual_seed(6)  # another draw on the same plan between out's forward and its backward
+    other = CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=causal, dropout_p=0.4, device=device)
+    gout = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, (q, k, v), gout)
+
+    def padded(t, c, n):
+        p = torch.zeros((4, n) + tuple(t.shape[1:]))
+        for b in range(4):
+            p[b, :c[b + 1] - c[b]] = t[c[b]:c[b + 1]]
+        return p
+
+    def packed(p, c):
+        return torch.cat([p[b, :c[b + 1] - c[b]] for b in range(4)])
+
+    qp, kp, vp = (padded(t.detach(), c, 9).requires_grad_(True) for t, c in ((q, cq), (k, ck), (v, ck)))
+    keep = (torch.arange(9)[None, :] < torch.tensor(lk)[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    torch.manual_seed(5)
+    want = CF.attend(qp, kp, vp, keep, causal=causal, dropout_p=0.4, device=device)
+    torch.testing.assert_close(out, packed(want, cq), **FWD)
+    exp = torch.autograd.grad(want, (qp, kp, vp), padded(gout, cq, 9))
+    for name, a, b, c in zip("qkv", got, exp, (cq, ck, ck)):
+        torch.testing.assert_close(a, packed(b, c), **GRAD, msg=lambda m: f"grad {name}: {m}")
+    # the dropout is there: without it (or with another draw) the output differs
+    with torch.no_grad():
+        plain = CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=causal, device=device)
+    assert not torch.allclose(out, plain) and not torch.allclose(out, other)
+    with pytest.raises(clattn.InvalidArgumentError, match="dropout_p"):
+        CF.varlen_attention(q, k, v, cq, ck, 9, 9, dropout_p=1.0, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_varlen_half_and_refusals(device):
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(12, 2, 8, generator=g) for _ in range(3))

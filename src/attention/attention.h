@@ -58,6 +58,8 @@ struct clattn_plan {
     const char *gemm;            /* its GEMM core's name ("ref" on ref) */
     char gemm_params_text[128];  /* that core's parameters as text ("" on ref, or when it has none) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */
+    size_t drop_b0;              /* ref: the batch index dropout keys entry 0 by; a varlen sequence's sub-plan (ref.c,
+                                    backward_ref.c) sets its index (its (h, i, j) are the padded entry's), else 0 */
 };
 
 /* The seam between a plan and its device: one table per backend, chosen once at plan creation. */

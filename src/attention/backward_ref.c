@@ -120,8 +120,8 @@ static clattn_status ref_backward_f32(struct clattn_plan *plan, const clattn_att
                     P[j] = isnan(lse) ? NAN : lse == -INFINITY || P[j] == -INFINITY ? 0.0 : exp(P[j] - lse);
                     m[j] = 1.0;
                     if (d->dropout > 0.0f)
-                        m[j] = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)b, (uint32_t)h, (uint32_t)i,
-                                                   (uint32_t)j, threshold) ? keep_scale : 0.0;
+                        m[j] = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)(plan->drop_b0 + b), (uint32_t)h,
+                                                   (uint32_t)i, (uint32_t)j, threshold) ? keep_scale : 0.0;
                 }
                 /* 3c. the row's context: the forward's, or again (a dropped weight is 0 even in a NaN row) */
                 for (size_t c = 0; c < dv; c++) {
@@ -219,7 +219,7 @@ static clattn_status ref_backward_varlen(struct clattn_plan *plan, const clattn_
             continue;
         }
         struct clattn_plan sub = *plan; /* read by the reference only (its lock is never used) */
-        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq;
+        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq, sub.drop_b0 = b;
         clattn_attention_args sa = {.x = x + q0 * E};
         if (d->cross) sa.kv = kv + k0 * Ekv;
         if (Vw) sa.value = value + k0 * Vw;

@@ -120,10 +120,10 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
                            "cache's page_size), or 0 for contiguous caches", d->kv_page_size);
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if ((unsigned)d->varlen > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "varlen must be 0 or 1");
-    if (d->varlen && (d->dropout != 0.0f || d->key_padding_mask || d->attn_mask || d->need_weights))
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run without masks, "
-                           "dropout or the weights (the lengths say which keys a sequence has; README, "
-                           "\"Variable-length batches\")", d->dropout != 0.0f ? "dropout" :
+    if (d->varlen && (d->key_padding_mask || d->attn_mask || d->need_weights))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run without masks "
+                           "or the weights (the lengths say which keys a sequence has; README, "
+                           "\"Variable-length batches\")",
                            d->key_padding_mask ? "key_padding_mask" : d->attn_mask ? "attn_mask" : "need_weights");
     if (d->training && d->kv_half)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "training with kv_half: half keys and values are a KV cache's "

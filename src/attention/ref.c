@@ -68,10 +68,10 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                     lse[(b * H + h) * Tq + i] = any_nan ? NAN : max == -INFINITY ? -INFINITY : (float)(max + log(sum));
                 for (size_t j = 0; j < Tk; j++) {
                     float p = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(w[j] / sum);
-                    /* 2c. dropout, keyed by the logical position (b, h, i, j) */
+                    /* 2c. dropout, keyed by the logical position (b, h, i, j), b from a varlen sequence's index */
                     if (d->dropout > 0.0f)
-                        p = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)b, (uint32_t)h, (uint32_t)i,
-                                                (uint32_t)j, threshold) ? p * keep_scale : 0.0f;
+                        p = clattn_dropout_keep(seed_lo, seed_hi, (uint32_t)(plan->drop_b0 + b), (uint32_t)h,
+                                                (uint32_t)i, (uint32_t)j, threshold) ? p * keep_scale : 0.0f;
                     w[j] = p;
                     if (attn) attn[((b * H + h) * Tq + i) * Tk + j] = p;
                 }
@@ -164,7 +164,7 @@ static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_atte
         }
         /* the plan of this sequence alone: a copy read by the reference's functions only (its lock is never used) */
         struct clattn_plan sub = *p;
-        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq;
+        sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq, sub.drop_b0 = b;
         clattn_attention_args s = {
             .x = (const char *)a->x + q0 * d->embed * es, .x_count = nq * d->embed, .out = out, .out_count = nq * W};
         if (d->cross) s.kv = (const char *)a->kv + k0 * d->kv_embed * es, s.kv_count = nk * d->kv_embed;

@@ -174,7 +174,7 @@ static clattn_status bwd_core_varlen(struct clattn_plan *p, const bwd_io *io, co
             continue;
         }
         s.ctx.off += q0 * bio->ctx_ld, s.dctx.off += q0 * bio->dctx_ld, s.lse.off += H * q0;
-        s.seq_q = nq, s.seq_kv = nk;
+        s.seq_q = nq, s.seq_kv = nk, s.drop_b0 = b;
         TRY(t->core.core->run_backward(t->core.state, &s));
     }
     return CLATTN_STATUS_SUCCESS;

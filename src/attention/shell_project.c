@@ -31,7 +31,7 @@ clattn_status clattn_shell_core_varlen(struct clattn_plan *p, const clattn_rows 
             continue;
         }
         s.q.off += q0 * c->lay.q_ld, s.k.off += k0 * c->lay.k_ld, s.v.off += k0 * c->lay.v_ld;
-        s.seq_q = nq, s.seq_kv = nk;
+        s.seq_q = nq, s.seq_kv = nk, s.drop_b0 = b;
         TRY(c->core.core->run(c->core.state, &s));
     }
     return clattn_core_mark(cio, CLATTN_STAGE_ATTENTION);

@@ -80,8 +80,9 @@ static void usage_line(FILE *f)
                "  --seqlens L,L,...: a variable-length batch: x.npy (and out.npy) is (total, E), its sequences of\n"
                "               these lengths packed without padding, each attending to its own rows only (causal and\n"
                "               --window per sequence); with kv.npy, --kv-seqlens gives its sequences' lengths. Not\n"
-               "               with masks, --dropout, --need-weights, --backward or --lse (the C API trains on varlen\n"
-               "               batches; the CLI's are inference). With --decode-from, each sequence's first P tokens\n"
+               "               with masks, --need-weights, --backward or --lse (the C API trains on varlen batches;\n"
+               "               the CLI's are inference; --dropout keys sequence b as the padded batch's entry b).\n"
+               "               With --decode-from, each sequence's first P tokens\n"
                "               (or all it has) are the prefill and every decode or verify step brings each sequence's\n"
                "               next tokens, packed (none once a sequence is done)\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
@@ -395,10 +396,9 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         say("--kv-seqlens has %zu lengths, --seqlens %zu: one key sequence per query sequence", o->nseq_k, o->nseq);
         return EXIT_USAGE;
     }
-    if (o->seen_seqlens && (o->need_weights || o->backward || o->lse || o->dropout > 0.0f)) {
+    if (o->seen_seqlens && (o->need_weights || o->backward || o->lse)) {
         say("--seqlens with %s: a variable-length batch runs inference without weights (README, \"Variable-length "
-            "batches\")", o->need_weights ? "--need-weights" : o->backward ? "--backward" : o->lse ? "--lse" :
-            "--dropout");
+            "batches\")", o->need_weights ? "--need-weights" : o->backward ? "--backward" : "--lse");
         return EXIT_USAGE;
     }
     if (o->seen_decode && (o->backward || o->lse)) {

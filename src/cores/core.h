@@ -90,6 +90,8 @@ typedef struct clattn_core_io {
                                     description's at build */
     size_t seq_q, seq_kv;        /* a varlen batch's sequence (clattn 0.8): a batch of one, of these lengths (at most
                                     the plan's), from q, k, v and out as given; 0: the plan's batch and lengths */
+    size_t drop_b0;              /* the batch index dropout keys entry 0 by: a varlen sequence's index (its (h, i, j)
+                                    are the padded batch entry's), else 0 */
     /* profiling: a marker at the end of a stage (NULL: profiling off) */
     clattn_status (*mark)(void *ctx, clattn_stage stage);
     void *mark_ctx;
@@ -142,6 +144,7 @@ typedef struct clattn_backward_io {
     uint64_t seed;               /* the forward's dropout seed (the plan's now), as clattn_core_io's */
     size_t seq_q, seq_kv;        /* a varlen batch's sequence, as clattn_core_io's (0: the plan's shape); lse then
                                     holds the sequence's (H, seq_q) rows */
+    size_t drop_b0;              /* as clattn_core_io's */
 } clattn_backward_io;
 
 typedef struct clattn_core clattn_core;
@@ -289,9 +292,10 @@ clattn_status clattn_core_check_local(const clattn_core *core, const clattn_devi
 /* The mask arguments every attention kernel takes (common/mask.cl): key padding mask and offset,
  * attention mask and offset, then Tq, Tk and H. */
 void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, const clattn_attention_desc *d);
-/* The four dropout arguments every attention kernel ends with: seed (low, high word: the execution's, from its io),
- * the drop threshold and the keep scale (runtime/numeric.c). */
-void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed);
+/* The five dropout arguments every attention kernel ends with: seed (low, high word: the execution's, from its io),
+ * the drop threshold and the keep scale (runtime/numeric.c), and b0, the batch index that keys the execution's entry 0
+ * (its io's drop_b0). */
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed, size_t b0);
 /* A row-major tensor: (buffer, element offset, row stride), the kernels' (p, p_off, p_ld). */
 void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld);
 /* The arguments of a backward core's pass (cl/cores/backward_common.cl, BWD_ARGS): Q, K, V and dctx rows, lse, D

@@ -15,12 +15,13 @@ void clattn_core_arg_masks(clattn_args *a, clattn_view kpm, clattn_view mask, co
     clattn_arg_u32(a, (cl_uint)d->heads);
 }
 
-void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed)
+void clattn_core_arg_dropout(clattn_args *a, const clattn_attention_desc *d, uint64_t seed, size_t b0)
 {
     clattn_arg_u32(a, (cl_uint)seed);
     clattn_arg_u32(a, (cl_uint)(seed >> 32));
     clattn_arg_u32(a, clattn_dropout_threshold(d->dropout));
     clattn_arg_f32(a, clattn_dropout_keep_scale(d->dropout));
+    clattn_arg_u32(a, (cl_uint)b0);
 }
 
 void clattn_core_arg_rows(clattn_args *a, clattn_view t, size_t ld)
@@ -41,7 +42,7 @@ void clattn_core_arg_backward(clattn_args *a, const clattn_backward_io *io, cons
     clattn_core_arg_masks(a, io->kpm, io->mask, d);
     clattn_arg_f32(a, d->scale);
     clattn_arg_u64(a, extent);
-    clattn_core_arg_dropout(a, d, io->seed);
+    clattn_core_arg_dropout(a, d, io->seed, io->drop_b0);
     if (pass == 0) {
         clattn_core_arg_rows(a, io->dq, io->dq_ld);
     } else {

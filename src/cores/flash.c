@@ -7,7 +7,7 @@
  *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, out, out_off, out_ld   (rows: clattn_core_arg_rows)
  *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                (clattn_core_arg_masks)
  *   scale, extent                  (PER_ITEM: the work-items in all; PER_GROUP: the launch's first group)
- *   seed_lo, seed_hi, threshold, keep_scale                                (clattn_core_arg_dropout)
+ *   seed_lo, seed_hi, threshold, keep_scale, drop_b0                       (clattn_core_arg_dropout)
  *   lse, lse_off                   (training plans: each row's log-sum-exp; else NULL)
  * A member whose spec names a `split` parameter may split each block's keys into SPLIT parts (work-groups
  * of their own, for plans with too few blocks to fill the device): the kernel then writes, for each query
@@ -225,7 +225,7 @@ clattn_status clattn_flash_run(void *state, const clattn_core_io *io)
     clattn_core_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_f32(&a, d->scale);
     clattn_arg_u64(&a, s->spec->launch == CLATTN_FLASH_PER_ITEM ? blocks : 0);
-    clattn_core_arg_dropout(&a, d, io->seed);
+    clattn_core_arg_dropout(&a, d, io->seed, io->drop_b0);
     clattn_arg_view(&a, s->parts > 1 ? (clattn_view){NULL, 0} : io->lse); /* split: split_combine writes it */
     TRY(clattn_args_end(&a));
     char what[64];

@@ -9,7 +9,7 @@
  *   q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, dctx, dctx_off, dctx_ld     (clattn_core_arg_rows)
  *   lse, lse_off, D                                                              the rows' statistics
  *   kpm, kpm_off, mask, mask_off, Tq, Tk, H                                      (clattn_core_arg_masks)
- *   scale, extent, seed_lo, seed_hi, threshold, keep_scale                       (clattn_core_arg_dropout) */
+ *   scale, extent, seed_lo, seed_hi, threshold, keep_scale, drop_b0              (clattn_core_arg_dropout) */
 #include "core.h"
 
 #include <stdio.h>

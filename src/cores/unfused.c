@@ -284,7 +284,7 @@ static clattn_status softmax_launch(const unfused_state *s, view sc, size_t row0
     clattn_core_arg_masks(&a, io->kpm, io->mask, d);
     clattn_arg_u64(&a, row0);
     if (s->softmax_wg == 0) clattn_arg_u64(&a, rows);
-    clattn_core_arg_dropout(&a, d, io->seed);
+    clattn_core_arg_dropout(&a, d, io->seed, io->drop_b0);
     clattn_arg_view(&a, io->lse); /* each row's log-sum-exp (training plans), indexed by the global row */
     TRY(clattn_args_end(&a));
     size_t global = s->softmax_wg ? rows * s->softmax_wg : rows;
