@@ -15,7 +15,8 @@
 #
 # The tests field is a ctest regex, optionally followed by " % PATTERN": a Criterion filter (CRITERION_TEST_PATTERN,
 # "suite/name" globs) that the mutant's test binaries run instead of all their tests, as the test that catches it
-# (scripts/mutants-narrow.py writes them from a run's log). An entry that passes its own --filter keeps it.
+# (scripts/mutants-narrow.py writes them from a run's log). It replaces an entry's own --filter too: the filtered
+# entries pass the variable where it is set (CMakeLists.txt's clattn_add_filtered_test, cmake/core_tests.cmake.in).
 # "pytest:EXPR" does the same for the Python entries (pytest -k EXPR); one that selects no test is BROKEN.
 # A mutant's tests that run past MUTATE_TEST_TIMEOUT seconds (default 300, all of them together) are
 # killed, and a bug that makes a kernel loop forever counts as caught (a hang).
