@@ -1249,6 +1249,7 @@ Test(train, backward_varlen)
     static const tu_attn_case cross_drop = {.B = 3, .Tq = 7, .Tk = 61, .E = 8, .Ekv = 5, .H = 2, .dk = 3, .dv = 4,
                                             .Eo = 6, .biases = 1, .cross = 1, .dropout = 0.5f};
     const size_t sq[4] = {7, 0, 61, 1}, cq[3] = {7, 3, 0}, ck[3] = {61, 0, 20}, none[3] = {0, 0, 0}, hq[3] = {7, 2, 5};
+    const size_t dq[3] = {2, 7, 5}, dk[3] = {0, 40, 61}; /* the first without keys: the others' index is not their place */
     clattn_device *devs[2] = {ref_dev, cl_dev};
     for (int k = !!(tu_forced_core_of(CLATTN_CORE_PREFILL) || tu_forced_core_of(CLATTN_CORE_BACKWARD)); k < 2; k++) {
         tu_varlen_train_check(devs[k], &self, sq, NULL, 1201);
@@ -1256,6 +1257,6 @@ Test(train, backward_varlen)
         tu_varlen_train_check(devs[k], &cross, cq, none, 1203); /* no keys at all: out = b_out */
         tu_varlen_train_check(devs[k], &heads, hq, NULL, 1204); /* x is Q, K and V: rows of E, gradients of 3 blocks */
         tu_varlen_train_check(devs[k], &self_drop, sq, NULL, 1205);
-        tu_varlen_train_check(devs[k], &cross_drop, cq, ck, 1206);
+        tu_varlen_train_check(devs[k], &cross_drop, dq, dk, 1206);
     }
 }
