@@ -22,6 +22,8 @@ constraints=$(dirname "$venv")/constraints.txt
 # the training example: clattn's attention trained next to torch's, through clattn.autograd (a few steps)
 if "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "$venv/bin/python" examples/training/train_tiny.py --steps 3 | tail -1
+    # and with the sequence split over 2 processes (clattn.distributed's ring): fails if the curves part
+    "$venv/bin/python" examples/training/train_context_parallel.py --steps 3 | tail -1
 fi
 # clattn demo --plot: the tutorials' weights as heat maps through the package (and a clear failure without it)
 plots=$(mktemp -d)

@@ -4,6 +4,7 @@ parallelism), each process running clattn on its own OpenCL device (CLATTN_DEVIC
     ring_attention(q, k, v, group=None, causal=False, layout="contiguous")   K/V blocks passed around the ring
     ulysses_attention(q, k, v, group=None, causal=False)                     two all-to-alls: sequence <-> heads
     shard(x, group=None, layout="contiguous", dim=1) / unshard(...)          a rank's part of a sequence, and back
+    MultiheadAttention(E, H, method="ring", layout=...)                      torch's module, its core distributed
 
 Tensors are token-major heads as clattn.functional.attend takes them: q (B, L, H, E), k (B, S, Hk, E),
 v (B, S, Hk, Ev), Hk dividing H, float32; every rank holds its part of the sequence (L / N query and S / N key rows of
@@ -44,7 +45,7 @@ from ._errors import invalid as _invalid
 from ._errors import shape as _shape
 from .functional import _unsupported
 
-__all__ = ["ring_attention", "ulysses_attention", "shard", "unshard"]
+__all__ = ["ring_attention", "ulysses_attention", "shard", "unshard", "MultiheadAttention"]
 
 _LAYOUTS = ("contiguous", "zigzag")
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 11, 12, 13, 14
@@ -380,3 +381,48 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     v = _SeqToHeads.apply(value, group, world)
     o = _F.attend(q, k, v, causal=bool(causal), window=int(window), scale=sc, device=device)
     return _HeadsToSeq.apply(o, group, world)
+
+
+class MultiheadAttention(torch.nn.MultiheadAttention):
+    """torch.nn.MultiheadAttention (batch_first, self-attention) over a sequence split across the group: forward(x)
+    takes this rank's rows (B, L/N, E), as shard() cut them with `layout`, and returns their output (B, L/N, E) and
+    None. The projections run locally on the rank's rows (torch), the core through ring_attention (method="ring") or
+    ulysses_attention ("ulysses": H must divide by N; contiguous layout). Its parameters are torch's own
+    (load_state_dict from an nn.MultiheadAttention works); each rank's gradients are its rows' share, so sum them
+    over the group (torch.distributed.all_reduce, or DistributedDataParallel) before the optimizer steps. Not with
+    dropout, masks, kdim/vdim or add_bias_kv (refused)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, group=None, method: str = "ring",
+                 layout: str = "contiguous", merge_dtype: torch.dtype = torch.float32, device: Optional[str] = None):
+        super().__init__(embed_dim, num_heads, bias=bias, batch_first=True)
+        if method not in ("ring", "ulysses"):
+            _invalid(f"method={method!r}: 'ring' or 'ulysses'")
+        if method == "ulysses" and layout != "contiguous":
+            _invalid(f"layout={layout!r} with method='ulysses': contiguous only")
+        self.group, self.method, self.layout = group, method, layout
+        self.merge_dtype, self.clattn_device = merge_dtype, device
+
+    def forward(self, x: torch.Tensor, key=None, value=None, key_padding_mask=None, need_weights: bool = False,
+                attn_mask=None, is_causal: bool = False, average_attn_weights: bool = True):
+        for name, arg in (("key", key), ("value", value)):
+            if arg is not None and arg is not x:
+                _unsupported(f"clattn.distributed.MultiheadAttention: {name} other than the query: self-attention "
+                             "only")
+        if key_padding_mask is not None or attn_mask is not None or need_weights:
+            _unsupported("clattn.distributed.MultiheadAttention: masks and the weights are not taken (causal: "
+                         "is_causal=True)")
+        if self.dropout:
+            _unsupported("clattn.distributed.MultiheadAttention: dropout is not taken")
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[2] != self.embed_dim:
+            _shape(f"clattn.distributed.MultiheadAttention: x {tuple(getattr(x, 'shape', ()))}; (batch, rows, "
+                   f"{self.embed_dim})")
+        B, L, E = x.shape
+        H = self.num_heads
+        qkv = torch.nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3E)
+        q, k, v = (t.reshape(B, L, H, E // H) for t in qkv.chunk(3, dim=2))
+        if self.method == "ring":
+            o = ring_attention(q, k, v, self.group, causal=bool(is_causal), layout=self.layout,
+                               merge_dtype=self.merge_dtype, device=self.clattn_device)
+        else:
+            o = ulysses_attention(q, k, v, self.group, causal=bool(is_causal), device=self.clattn_device)
+        return self.out_proj(o.reshape(B, L, E)), None

@@ -67,6 +67,32 @@ def _one(rank, world, name, opts, H, Hk, device, seed):
     torch.testing.assert_close(CD.unshard(out.detach(), layout=layout), want.detach(), **FWD)
 
 
+def _module(rank, world, method, layout, device):
+    """clattn.distributed.MultiheadAttention against torch's module on the whole sequence: each rank's output rows,
+    its rows' input gradients, and the parameters' gradients summed over the group"""
+    torch.manual_seed(3)
+    E, H, L = 16, 4, 4 * world
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    mha = CD.MultiheadAttention(E, H, method=method, layout=layout, device=device)
+    mha.load_state_dict(ref.state_dict())
+    x = torch.randn(2, L, E, requires_grad=True)
+    gout = torch.randn(2, L, E)
+    want, _ = ref(x, x, x, attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1), need_weights=False)
+    want.backward(gout)
+    lx = CD.shard(x.detach(), layout=layout).requires_grad_(True)
+    out, none = mha(lx, is_causal=True)
+    assert none is None
+    out.backward(CD.shard(gout, layout=layout))
+    what = f"rank {rank} of {world}, MultiheadAttention {method}"
+    torch.testing.assert_close(out, CD.shard(want.detach(), layout=layout), **FWD, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(lx.grad, CD.shard(x.grad, layout=layout), **GRAD, msg=lambda m: f"{what} x: {m}")
+    for (n, p), (_, r) in zip(mha.named_parameters(), ref.named_parameters()):
+        dist.all_reduce(p.grad)
+        torch.testing.assert_close(p.grad, r.grad, **GRAD, msg=lambda m: f"{what} {n}: {m}")
+    with pytest.raises(clattn.UnsupportedError, match="self-attention only"):
+        mha(lx, lx.detach().clone())
+
+
 def _worker(rank, world, rdv, device):
     dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -100,6 +126,8 @@ def _worker(rank, world, rdv, device):
             CD.ring_attention(*(torch.randn(1, 8, 2, 8).double() for _ in range(3)), device=device)
         with pytest.raises(clattn.ShapeMismatchError, match="does not split"):
             CD.shard(torch.randn(1, 7, 2, 8), layout="zigzag")
+        for method, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
+            _module(rank, world, method, layout, device)
         if world == 4:  # a group of ranks 1 and 3 (group ranks 0 and 1): the ring's sends go to their global ranks
             sub = dist.new_group([1, 3])
             if rank in (1, 3):
