@@ -25,8 +25,8 @@ sequence. Both are differentiable in q, k and v (first derivatives).
 - Checked on every rank before any block moves, in one all_gather: the shapes, the options, the dtypes and whether
   gradients are wanted must agree across the group (else ShapeMismatchError on every rank, naming the first rank and
   field that differ), and a rank whose own arguments are refused raises its error while every other rank raises
-  InvalidArgumentError naming it: no rank is left waiting. Every collective and point-to-point wait runs under the group's timeout (init_process_group(timeout=...):
-  gloo's default is 30 minutes; set it lower to fail sooner).
+  InvalidArgumentError naming it: no rank is left waiting. Every collective and point-to-point wait runs under the
+  group's timeout (init_process_group(timeout=...): gloo's default is 30 minutes; set it lower to fail sooner).
 - Not taken: masks and key padding, dropout (its Philox counters would be a block's own positions, not the
   sequence's: the functions have no such arguments), and half types (refused: the ring merges float32 partials).
   Each rank brings equal parts (shard refuses a length that does not split evenly: pad, and mask at the caller).
@@ -345,26 +345,19 @@ def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(B, L // world, world * Hn, E)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """One of the two all-to-alls (to_heads: _seq_to_heads, else _heads_to_seq); its gradient goes back through the
+    other."""
+
     @staticmethod
-    def forward(ctx, x, group, world):
-        ctx.opts = (group, world)
-        return _seq_to_heads(x.contiguous(), group, world)
+    def forward(ctx, x, group, world, to_heads: bool):
+        ctx.opts = (group, world, to_heads)
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x.contiguous(), group, world)
 
     @staticmethod
     def backward(ctx, g):
-        return _heads_to_seq(g.contiguous(), *ctx.opts), None, None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, world):
-        ctx.opts = (group, world)
-        return _heads_to_seq(x.contiguous(), group, world)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_to_heads(g.contiguous(), *ctx.opts), None, None
+        group, world, to_heads = ctx.opts
+        return (_heads_to_seq if to_heads else _seq_to_heads)(g.contiguous(), group, world), None, None, None
 
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group=None, *,
@@ -376,11 +369,9 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     what = "ulysses_attention"
     rank, world, sc = _check(what, query, key, value, group, causal, int(window), scale, "contiguous",
                              heads_split=True)
-    q = _SeqToHeads.apply(query, group, world)
-    k = _SeqToHeads.apply(key, group, world)
-    v = _SeqToHeads.apply(value, group, world)
+    q, k, v = (_AllToAll.apply(t, group, world, True) for t in (query, key, value))
     o = _F.attend(q, k, v, causal=bool(causal), window=int(window), scale=sc, device=device)
-    return _HeadsToSeq.apply(o, group, world)
+    return _AllToAll.apply(o, group, world, False)
 
 
 class MultiheadAttention(torch.nn.MultiheadAttention):
