@@ -240,6 +240,38 @@ typedef enum clattn_algorithm {
     CLATTN_ALGORITHM_UNFUSED = 2
 } clattn_algorithm;
 
+/* Rotary position embeddings (RoFormer; clattn 0.8): desc.rope. Query and key heads are rotated, after the
+ * projections and their biases, by their token's position: the first `dims` (r) values of each head as r/2 pairs,
+ * pair i of a token at position p turned by the angle p * f_i (f_i = theta^(-2i/r), changed by `scaling`):
+ *   (a, b) -> (a cos - b sin, b cos + a sin)
+ * the rest of the head as it is. Positions count from 0 in each batch entry (each sequence of a varlen batch):
+ * query row i at position i, key row j at position j (cross-attention too). cos and sin are computed in double at
+ * plan creation and used as floats. Values are never rotated. */
+typedef enum clattn_rope_kind {
+    CLATTN_ROPE_NONE = 0,        /* off (default) */
+    CLATTN_ROPE_HALF = 1,        /* pair i = (i, i + r/2): GPT-NeoX, Llama, Mistral, Qwen as transformers writes them
+                                    (rotate_half) */
+    CLATTN_ROPE_INTERLEAVED = 2  /* pair i = (2i, 2i + 1): GPT-J, RoFormer, Meta's Llama reference code */
+} clattn_rope_kind;
+
+typedef enum clattn_rope_scaling {
+    CLATTN_ROPE_SCALING_NONE = 0,   /* f_i = theta^(-2i/r) */
+    CLATTN_ROPE_SCALING_LINEAR = 1, /* position interpolation: f_i / factor */
+    CLATTN_ROPE_SCALING_NTK = 2,    /* NTK-aware: theta * factor^(r/(r-2)) in place of theta (r > 2) */
+    CLATTN_ROPE_SCALING_YARN = 3    /* YaRN (transformers' "yarn", beta_fast 32, beta_slow 1): f_i between f_i and
+                                       f_i / factor by a ramp over the dimensions whose wavelength fits
+                                       original_max_position, cos and sin times 0.1 ln(factor) + 1 */
+} clattn_rope_scaling;
+
+typedef struct clattn_rope {
+    clattn_rope_kind kind;
+    size_t dims;                 /* r: rotated values per head, even, <= head_dim_qk; 0 = head_dim_qk (then even) */
+    double theta;                /* the base; 0 = 10000 */
+    clattn_rope_scaling scaling;
+    double factor;               /* LINEAR, NTK, YARN: > 1 stretches the positions (0 = 1; NONE takes 0 or 1 only) */
+    size_t original_max_position;/* YARN: the model's context length before scaling (required); else 0 */
+} clattn_rope;
+
 /* What the plan computes. Zero-initialise, then fill in. */
 typedef struct clattn_attention_desc {
     size_t batch;        /* B >= 1 */
@@ -306,6 +338,8 @@ typedef struct clattn_attention_desc {
                             dropout keys sequence b's weight (h, i, j) as the padded batch's entry b's. Training
                             plans take it too. Refused with key_padding_mask (the lengths say it), attn_mask and
                             need_weights (README, "Variable-length batches") */
+    clattn_rope rope;    /* rotary position embeddings on Q and K (above; kind NONE: off). Prefill and training
+                            plans; decode and encoder plans refuse it in this version */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the

@@ -59,6 +59,55 @@ static int dims_of(const clattn_attention_desc *d, const clattn_attention_weight
     return 0;
 }
 
+/* Rotary position embeddings, from the formulas (RoFormer section 3.4.2; the HALF layout as transformers'
+ * rotate_half; the scalings as transformers' _compute_linear_scaling_rope_parameters and _compute_yarn_parameters,
+ * NTK-aware as bloc97's base * factor^(r/(r-2))): head values (x_a, x_b) of pair i at position p become
+ * m (x_a cos t - x_b sin t, x_b cos t + x_a sin t), t = p * inv_freq_i. `transpose`: the gradient's map, the
+ * rotation's transpose. Rows `rows` of stride ld, row t at position t % period. Defaults resolved here. */
+static void rope_apply(const clattn_rope *r, size_t dk, double *a, size_t rows, size_t ld, size_t period,
+                       size_t heads, int transpose)
+{
+    if (r->kind == CLATTN_ROPE_NONE) return;
+    const size_t dim = r->dims ? r->dims : dk, half = dim / 2;
+    const double theta = r->theta != 0.0 ? r->theta : 10000.0, factor = r->factor != 0.0 ? r->factor : 1.0;
+    double *inv = malloc((half ? half : 1) * sizeof *inv), m = 1.0;
+    if (!inv) abort();
+    for (size_t i = 0; i < half; i++) {
+        const double expo = (double)(2 * i) / (double)dim; /* arange(0, dim, 2) / dim */
+        switch (r->scaling) {
+        case CLATTN_ROPE_SCALING_LINEAR: inv[i] = 1.0 / pow(theta, expo) / factor; break;
+        case CLATTN_ROPE_SCALING_NTK: inv[i] = 1.0 / pow(theta * pow(factor, (double)dim / ((double)dim - 2.0)), expo); break;
+        case CLATTN_ROPE_SCALING_YARN: {
+            const double pi = 3.14159265358979323846, omp = (double)r->original_max_position;
+            double low = floor((double)dim * log(omp / (32.0 * 2.0 * pi)) / (2.0 * log(theta)));
+            double high = ceil((double)dim * log(omp / (1.0 * 2.0 * pi)) / (2.0 * log(theta)));
+            low = fmax(low, 0.0), high = fmin(high, (double)dim - 1.0);
+            if (low == high) high += 0.001;
+            const double ramp = fmin(fmax(((double)i - low) / (high - low), 0.0), 1.0);
+            const double extrapolation_factor = 1.0 - ramp;
+            const double pos_freq = pow(theta, expo);
+            inv[i] = 1.0 / (factor * pos_freq) * (1.0 - extrapolation_factor) + 1.0 / pos_freq * extrapolation_factor;
+            m = factor <= 1.0 ? 1.0 : 0.1 * log(factor) + 1.0;
+            break;
+        }
+        default: inv[i] = 1.0 / pow(theta, expo);
+        }
+    }
+    for (size_t t = 0; t < rows; t++)
+        for (size_t h = 0; h < heads; h++)
+            for (size_t i = 0; i < half; i++) {
+                double *x = a + t * ld + h * dk;
+                const size_t ia = r->kind == CLATTN_ROPE_INTERLEAVED ? 2 * i : i;
+                const size_t ib = r->kind == CLATTN_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+                const double ang = (double)(t % period) * inv[i], c = m * cos(ang);
+                const double s = transpose ? -m * sin(ang) : m * sin(ang);
+                const double xa = x[ia], xb = x[ib];
+                x[ia] = xa * c - xb * s;
+                x[ib] = xb * c + xa * s;
+            }
+    free(inv);
+}
+
 static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
                         const clattn_attention_args *args, const odims *o, double *q, double *k, double *v)
 {
@@ -74,6 +123,8 @@ static void project_qkv(const clattn_attention_desc *d, const clattn_attention_w
         copy_to_double(src_kv, B * Tk * Ekv, k);
         copy_to_double(d->separate_value ? args->value : src_kv, B * Tk * HK * dv, v);
     }
+    rope_apply(&d->rope, dk, q, B * Tq, H * dk, Tq, H, 0);
+    rope_apply(&d->rope, dk, k, B * Tk, HK * dk, Tk, HK, 0);
 }
 
 double oracle_half(double x)
@@ -464,6 +515,9 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
                     }
                 }
             }
+    /* rotary embeddings: dQ and dK are the rotated Q's and K's gradients; the rotation's transpose takes them back */
+    rope_apply(&d->rope, dk, dq, B * Tq, H * dk, Tq, H, 1);
+    rope_apply(&d->rope, dk, dk_, B * Tk, HK * dk, Tk, HK, 1);
     /* the parameters: dW (out, in) = dY^T X, in the description's layout; db = sum of dY's rows */
 #define GRAD_W(dst, dy, xf, xd, rows, nout, nin)                                                                       \
     if (dst)                                                                                                           \

@@ -42,6 +42,8 @@ typedef struct oracle_grads {
 int oracle_attention_backward(const clattn_attention_desc *desc, const clattn_attention_weights *w,
                               const clattn_attention_args *args, const float *grad_out, oracle_grads *g);
 
+/* Rotary embeddings (desc.rope) rotate Q and K after the projections, from the papers' formulas in float64 (cos and
+ * sin of the angle in double), and their gradients back. */
 /* Grouped-query attention (desc.kv_heads: query head h reads key/value head h / (H/HK)), the sliding
  * window (desc.window: key j hidden from query i when i - j >= W) and desc.kv_half (K and V rounded to
  * the nearest half, ties to even, by oracle_half) are computed from their definitions too.

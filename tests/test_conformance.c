@@ -101,6 +101,40 @@ Test(prefill, training)
     CHECK_ALL(cases, 400);
 }
 
+/* rotary embeddings (desc.rope) on Q and K before the core: each layout, partial rotary dims, every scaling, with
+ * projections (rotated in place, biases before the rotation) and without (self: Q = K = x rotated, V not; cross: K
+ * of HK heads), GQA and the window, masks, dropout, the weights, training statistics, a half KV cache's rounding
+ * after the rotation and a half plan. The shapes are those of the cases above (no new core kernels). */
+#define ROPE_HALF CLATTN_ROPE_HALF
+#define ROPE_INTER CLATTN_ROPE_INTERLEAVED
+Test(prefill, rope)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .causal = 1, .biases = 1, .rope = {.kind = ROPE_HALF}},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1,
+         .rope = {.kind = ROPE_INTER, .dims = 2, .theta = 500.0}},
+        {.B = 1, .Tq = 61, .E = 64, .H = 1, .dk = 64, .dv = 64, .Eo = 32, .biases = 1,
+         .rope = {.kind = ROPE_HALF, .dims = 32, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 4.0}},
+        {.B = 1, .Tq = 33, .E = 128, .H = 1, .dk = 128, .dv = 128,
+         .rope = {.kind = ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 8.0,
+                  .original_max_position = 4096}},
+        {.B = 2, .Tq = 9, .E = 8, .H = 2, .noproj = 1, .need_weights = 1, .rope = {.kind = ROPE_INTER}},
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1, .rope = {.kind = ROPE_HALF, .theta = 1e6}},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .mask = CLATTN_MASK_FLOAT, .need_weights = 1, .rope = {.kind = ROPE_INTER}},
+        {.B = 1, .Tq = 130, .E = 64, .H = 2, .dk = 64, .dv = 64, .Eo = 32, .biases = 1, .training = 1,
+         .rope = {.kind = ROPE_HALF, .theta = 1e6, .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 2.0}},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .dropout = 0.2f, .need_weights = 1,
+         .rope = {.kind = ROPE_HALF}},
+        {.B = 2, .Tq = 19, .E = 16, .H = 2, .dk = 8, .dv = 8, .kv_half = 1, .causal = 1,
+         .rope = {.kind = ROPE_HALF, .dims = 4}},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16,
+         .rope = {.kind = ROPE_INTER}},
+    };
+    CHECK_ALL(cases, 1100);
+}
+
 /* half-precision plans (desc.dtype F16 and BF16): inputs, weights and outputs in the type, against the oracle on the
  * same rounded values with the type's bound (tu_dtype_tolerance): projected and not, every mask, GQA, the weights,
  * one row, odd lengths, kv_half */
@@ -186,6 +220,12 @@ Test(prefill, varlen)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         tu_varlen_check(dev, &cases[i].c, cases[i].q, cases[i].c.cross ? cases[i].k : NULL, 1000 + i,
                         cases[i].on_buffers);
+    /* rotary embeddings: each sequence's positions from 0, not its rows' places in the packed batch */
+    tu_attn_case self = cases[0].c, cross = cases[1].c;
+    self.rope = (clattn_rope){.kind = CLATTN_ROPE_HALF};
+    cross.rope = (clattn_rope){.kind = CLATTN_ROPE_INTERLEAVED, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 2.0};
+    tu_varlen_check(dev, &self, cases[0].q, NULL, 1010, 1);
+    tu_varlen_check(dev, &cross, cases[1].q, cases[1].k, 1011, 1);
 }
 
 /* A half plan on cl_mem buffers at element offsets (x, kv, value in the type, out and the weights written in it):

@@ -583,6 +583,41 @@ Test(train, backward_heads_and_batched_masks)
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_backward(&cfgs[i], 980 + i);
 }
 
+/* Rotary embeddings (desc.rope) in training: the forward's statistics (ref and OpenCL), then every gradient through
+ * the rotation (dQ and dK rotated back before the projections' gradients and the inputs'): each layout and scaling,
+ * partial rotary dims, with projections and biases, without (x is Q, K and V: Q and K rotated, V not), cross-attention
+ * (K's positions its own), GQA with the window, dropout, masks, a half plan. The shapes are the backward tests'. */
+#define ROPE_HALF CLATTN_ROPE_HALF
+#define ROPE_INTER CLATTN_ROPE_INTERLEAVED
+static const config rope_cfgs[] = {
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .rope = {.kind = ROPE_HALF}},
+    {.B = 1, .Tq = 130, .E = 16, .H = 2, .dk = 64, .dv = 64, .Eo = 16, .causal = 1, .biases = 1,
+     .rope = {.kind = ROPE_HALF, .dims = 32, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 4.0,
+              .original_max_position = 64}},
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .causal = 1, .noproj = 1, .rope = {.kind = ROPE_INTER}},
+    {.B = 2, .Tq = 5, .Tk = 9, .E = 8, .Ekv = 8, .H = 2, .dk = 4, .dv = 4, .cross = 1, .kpm = 1, .noproj = 1,
+     .rope = {.kind = ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 2.0}},
+    {.B = 1, .Tq = 61, .E = 16, .H = 4, .HK = 1, .dk = 4, .dv = 4, .window = 5, .causal = 1, .biases = 1,
+     .rope = {.kind = ROPE_INTER, .theta = 100.0}},
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f,
+     .rope = {.kind = ROPE_HALF, .dims = 2}},
+    {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 7, .cross = 1, .causal = 1,
+     .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL, .rope = {.kind = ROPE_INTER, .scaling = CLATTN_ROPE_SCALING_NTK,
+                                                               .factor = 3.0}},
+    {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+     .rope = {.kind = ROPE_HALF}},
+};
+
+Test(train, rope_statistics)
+{
+    for (size_t i = 0; i < sizeof rope_cfgs / sizeof rope_cfgs[0]; i++) check(&rope_cfgs[i], 1300 + i);
+}
+
+Test(train, rope_backward)
+{
+    for (size_t i = 0; i < sizeof rope_cfgs / sizeof rope_cfgs[0]; i++) check_backward(&rope_cfgs[i], 1320 + i);
+}
+
 /* Half-precision training plans (desc.dtype F16 and BF16): x, kv, value, out, grad_out, the weights and every gradient
  * in the type, lse and context fp32; against the float64 oracle on the same rounded values, the forward with the
  * type's bound (context and lse: fp32's), each gradient with the backward's bound plus one rounding to the type.
@@ -872,6 +907,11 @@ Test(train, oracle_backward_finite_differences)
     static const config cfgs[] = {
         {.B = 2, .Tq = 5, .E = 6, .H = 2, .dk = 3, .dv = 2, .Eo = 4, .causal = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_FLOAT, .dropout = 0.25f},
         {.B = 1, .Tq = 4, .Tk = 6, .E = 4, .Ekv = 5, .H = 2, .HK = 1, .dk = 3, .dv = 3, .Eo = 3, .cross = 1, .biases = 1, .mask = CLATTN_MASK_BOOL},
+        /* rotary embeddings: the rotation's transpose on dQ and dK (b_key's gradient passes through it) */
+        {.B = 2, .Tq = 5, .E = 6, .H = 2, .dk = 4, .dv = 2, .Eo = 4, .causal = 1, .biases = 1,
+         .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 4.0, .original_max_position = 8}},
+        {.B = 1, .Tq = 4, .Tk = 6, .E = 4, .Ekv = 5, .H = 2, .HK = 1, .dk = 4, .dv = 3, .Eo = 3, .cross = 1, .biases = 1,
+         .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 2, .theta = 10.0}},
     };
     for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
         problem p;
@@ -1258,5 +1298,11 @@ Test(train, backward_varlen)
         tu_varlen_train_check(devs[k], &heads, hq, NULL, 1204); /* x is Q, K and V: rows of E, gradients of 3 blocks */
         tu_varlen_train_check(devs[k], &self_drop, sq, NULL, 1205);
         tu_varlen_train_check(devs[k], &cross_drop, dq, dk, 1206);
+        /* rotary embeddings: each sequence's positions from 0 (their rows' places in the packed batch differ) */
+        tu_attn_case self_rope = self, heads_rope = heads;
+        self_rope.rope = (clattn_rope){.kind = CLATTN_ROPE_HALF, .dims = 2};
+        heads_rope.rope = (clattn_rope){.kind = CLATTN_ROPE_INTERLEAVED};
+        tu_varlen_train_check(devs[k], &self_rope, sq, NULL, 1207);
+        tu_varlen_train_check(devs[k], &heads_rope, hq, NULL, 1208);
     }
 }

@@ -595,6 +595,7 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
     d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
     d->scale = c->scale, d->dtype = c->dtype;
+    d->rope = c->rope;
     d->separate_value = c->separate_value, d->attn_mask_per_batch = c->mask_pb, d->attn_mask_per_head = c->mask_ph;
     const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? c->E / H : c->dk;
     const size_t dv = c->noproj ? (c->separate_value && c->dv ? c->dv : c->E / H) : c->dv;

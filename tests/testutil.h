@@ -95,6 +95,7 @@ typedef struct tu_attn_case {
                              torch's scaled_dot_product_attention takes them */
     int mask_pb, mask_ph; /* the attention mask per batch entry and/or per head: (B,) (H,) Tq, Tk */
     clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
+    clattn_rope rope;     /* rotary embeddings on Q and K (kind NONE: none) */
 } tu_attn_case;
 
 /* A random combination of the case's options (the sweeps of test_conformance and test_train): batch, lengths,

@@ -58,6 +58,8 @@ struct clattn_plan {
     const char *gemm;            /* its GEMM core's name ("ref" on ref) */
     char gemm_params_text[128];  /* that core's parameters as text ("" on ref, or when it has none) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */
+    float *rope_cs;              /* desc.rope: (cos, sin) of each position below max(Tq, Tk) and pair (rope.c); NULL
+                                    without rotary embeddings */
     size_t drop_b0;              /* ref: the batch index dropout keys entry 0 by; a varlen sequence's sub-plan (ref.c,
                                     backward_ref.c) sets its index (its (h, i, j) are the padded entry's), else 0 */
 };
@@ -168,6 +170,19 @@ clattn_status clattn_plan_check_buffers_declared(const struct clattn_plan *plan,
 /* New LINEAR [out, in] copy of a (rows_out, cols_in) weight given in `layout`; NULL if out of memory. */
 float *clattn_weight_copy(const float *src, size_t rows_out, size_t cols_in, clattn_layout layout);
 float *clattn_vector_copy(const float *src, size_t n);
+
+/* ---- rotary position embeddings (rope.c) */
+/* desc.rope checked and its defaults resolved (dims, theta, factor), for the resolved head_dim_qk. */
+clattn_status clattn_rope_resolve(clattn_attention_desc *d);
+/* The table of positions 0 .. positions-1: (positions, r/2, 2) floats, (cos, sin) of each pair's angle times YaRN's
+ * factor, computed in double; NULL when out of memory. */
+float *clattn_rope_table(const clattn_rope *r, size_t positions);
+/* Rotate `heads` heads of head_dim values (the first r) in each of `rows` rows of stride ld, row t at position
+ * t % period: the forward, in place (ref device); and the gradient's rotation back (the transpose) on doubles. */
+void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t rows, size_t ld, size_t period,
+                        size_t heads, size_t head_dim);
+void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
+                             size_t heads, size_t head_dim);
 
 /* ---- projections on the device (linear.c), for the attention, decode and encoder plans */
 typedef struct clattn_linear {

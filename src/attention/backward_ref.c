@@ -10,6 +10,7 @@
  *   dP_ij = m_ij dctx_i.v_j;  D_i = dctx_i.ctx_i (= sum_j P_ij dP_ij);  dS_ij = P_ij (dP_ij - D_i)
  *   dq_i = scale sum_j dS_ij k_j;  dk_j += scale dS_ij q_i;  dv_j += P_ij m_ij dctx_i   (summed over a group's heads)
  *   dWq = dQ^T x, dbq = sum_rows dQ (K and V from kv);  dx = dQ Wq (+ dK Wk + dV Wv for self-attention)
+ *   with rotary embeddings (q = R x Wq^T ...): dQ and dK rotated back by R^T first (rope.c)
  * Shapes as in ref.c: Q (B, Tq, H*dk), K (B, Tk, HK*dk), V (B, Tk, HK*dv), ctx (B, Tq, H*dv). */
 #include "attention.h"
 
@@ -158,6 +159,12 @@ static clattn_status ref_backward_f32(struct clattn_plan *plan, const clattn_att
                     }
                 }
             }
+
+    /* 3b. rotary embeddings: dQ and dK were the rotated Q's and K's, rotated back (the rotation's transpose) */
+    if (d->rope.kind != CLATTN_ROPE_NONE) {
+        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dQ, B * Tq, H * dk, Tq, H, dk);
+        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dK, B * Tk, HK * dk, Tk, HK, dk);
+    }
 
     /* 4. the weights' and biases' gradients */
     if (g->grad_w_out) grad_weight(dout, ctx, B * Tq, Eo, Hdv, d->layout, g->grad_w_out);

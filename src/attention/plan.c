@@ -198,6 +198,8 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (*has_out && d->out_dim == 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim must be >= 1 with w_out");
     if (!*has_out && d->out_dim != 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim given without w_out");
 
+    TRY(clattn_rope_resolve(d));
+
     if (isnan(d->scale) || isinf(d->scale))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "scale must be finite (0 = 1/sqrt(head_dim_qk))");
     if (d->scale == 0.0f) d->scale = (float)(1.0 / sqrt((double)d->head_dim_qk));
@@ -228,6 +230,7 @@ void clattn_plan_free(clattn_plan *plan)
     free(plan->w_query); free(plan->w_key); free(plan->w_value);
     free(plan->b_query); free(plan->b_key); free(plan->b_value);
     free(plan->w_out); free(plan->b_out);
+    free(plan->rope_cs);
     pthread_mutex_destroy(&plan->lock);
     free(plan);
 }
@@ -322,6 +325,11 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
     if (copy_weights(&d, weights ? weights : &none, slots) != CLATTN_STATUS_SUCCESS) {
         clattn_plan_free(p);
         return CLATTN_STATUS_OUT_OF_HOST_MEMORY;
+    }
+    if (d.rope.kind != CLATTN_ROPE_NONE &&
+        !(p->rope_cs = clattn_rope_table(&d.rope, d.seq_q > d.seq_kv ? d.seq_q : d.seq_kv))) {
+        clattn_plan_free(p);
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rotary embeddings' table of cos and sin");
     }
     *plan = p;
     return CLATTN_STATUS_SUCCESS;

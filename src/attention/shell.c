@@ -28,6 +28,8 @@ static size_t shell_floats(const struct clattn_plan *p)
     size_t total = B * Tq * E + (d->cross ? B * Tk * Ekv : 0) + clattn_plan_value_elems(d) + B * Tq * p->out_width;
     if (p->has_qkv) total += B * Tq * H * dk + B * Tk * HK * (dk + dv) + H * dk * E + HK * (dk + dv) * Ekv;
     if (p->has_out) total += B * Tq * H * dv + d->out_dim * H * dv;
+    if (d->rope.kind != CLATTN_ROPE_NONE) /* the table, and without projections Q and K rotated */
+        total += (Tq > Tk ? Tq : Tk) * d->rope.dims + (p->has_qkv ? 0 : B * Tq * E + (d->cross ? B * Tk * Ekv : 0));
     /* a half-precision plan: its inputs and output in fp32 beside them (half the floats again for the staging's
      * half arrays are counted as floats here: an upper bound) */
     if (d->dtype != CLATTN_DTYPE_F32)
@@ -35,10 +37,11 @@ static size_t shell_floats(const struct clattn_plan *p)
     return total;
 }
 
-/* Does the core add the Q/K/V biases? Not on a training plan, whose backward reads Q, K and V with them. */
+/* Does the core add the Q/K/V biases? Not on a training plan, whose backward reads Q, K and V with them, nor with
+ * rotary embeddings, which rotate Q and K with their biases. */
 static int adds_biases(const struct clattn_plan *p)
 {
-    return state(p)->core.core->adds_biases && !p->d.training;
+    return state(p)->core.core->adds_biases && !p->d.training && p->d.rope.kind == CLATTN_ROPE_NONE;
 }
 
 /* Where the core finds Q, K and V: the inputs themselves, or the projections' rows. */
@@ -46,7 +49,8 @@ static clattn_core_layout layout(const struct clattn_plan *p)
 {
     const clattn_attention_desc *d = &p->d;
     const size_t H = d->heads, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v;
-    const int biases = !d->training; /* a training plan's projections add them (adds_biases) */
+    const int biases = !d->training && d->rope.kind == CLATTN_ROPE_NONE; /* else the projections add them
+                                                                              (adds_biases) */
     clattn_core_layout l = {.out_ld = H * dv, .bias_q = biases && p->b_query, .bias_k = biases && p->b_key,
                             .bias_v = biases && p->b_value};
     if (!p->has_qkv) l.q_ld = d->embed, l.k_ld = d->kv_embed, l.v_ld = d->separate_value ? HK * dv : d->kv_embed;
@@ -54,8 +58,8 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     else l.q_ld = H * dk, l.k_ld = l.v_ld = HK * (dk + dv);
     /* without projections a half plan's own arrays are Q, K, V and the output: a core that reads the type takes them
      * as they are (select.c clears this for the others); not a training plan's, whose context (the output before
-     * it is rounded) and backward core are fp32 */
-    if (!p->has_qkv && !p->has_out && !d->training) l.io_dtype = d->dtype;
+     * it is rounded) and backward core are fp32; nor with rope, whose rotated Q and K are fp32 */
+    if (!p->has_qkv && !p->has_out && !d->training && d->rope.kind == CLATTN_ROPE_NONE) l.io_dtype = d->dtype;
     return l;
 }
 
@@ -191,6 +195,7 @@ static clattn_status shell_init(struct clattn_plan *p)
     TRY(upload_projections(p));
     TRY(upload_out_projection(p));
     TRY(typed_buffers(p));
+    TRY(clattn_shell_rope_init(p));
     /* a training plan's cores write the rows' log-sum-exp at every execution: here when the caller takes none */
     if (p->d.training) {
         TRY(clattn_buffer_new(p->device, p->d.batch * p->d.heads * p->d.seq_q, sizeof(float), NULL,
@@ -208,7 +213,7 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
      &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in,  \
-     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32}
+     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32, &c->rope_cs, &c->rope_q, &c->rope_k}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -231,6 +236,8 @@ static void shell_release(struct clattn_plan *p)
     clattn_core_destroy(&c->core);
     cl_mem *mems[] = SHELL_MEMS(c);
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
+    clattn_kernel_release(&c->rope);
+    clattn_program_release(&c->rope_prog);
     clattn_linear_release(&c->lin);
     free(c);
     p->backend_state = NULL;

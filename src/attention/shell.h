@@ -45,6 +45,11 @@ typedef struct shell {
                                      are kept in the type, and its projections read x and kv as they are */
     view out_f32;                 /* a half plan's fp32 output before narrowing: out32, or with typed_proj the
                                      Q|K|V projections' buffer, free again once the core has read it */
+    /* desc.rope (shell_project.c): cl/attention/rope.cl, the plan's table of cos and sin, and without projections Q
+     * and K rotated (self-attention: one buffer for both, as Q = K = x) */
+    cl_program rope_prog;
+    cl_kernel rope;
+    cl_mem rope_cs, rope_q, rope_k;
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;
@@ -68,8 +73,15 @@ clattn_status clattn_shell_widen_inputs(struct clattn_plan *p, const clattn_rows
  * One launch per sequence, with the kernels of the padded batch; profiling marks the core as one stage (attention). */
 clattn_status clattn_shell_core_varlen(struct clattn_plan *p, const clattn_rows *rows, const clattn_core_io *cio);
 
-/* The projections (or the inputs themselves), the views the core reads Q, K and V from (shell_project.c). */
+/* The projections (or the inputs themselves), the views the core reads Q, K and V from, Q and K rotated with
+ * desc.rope (shell_project.c). */
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio);
+/* desc.rope: the kernel, the table on the device and the rotated Q and K's buffers (plan creation; nothing without
+ * rope), and in the backward the gradients of the rotated Q and K (dq, dk: H and HK heads, row strides dq_ld and
+ * dk_ld) rotated back in place into those of the projections' Q and K. */
+clattn_status clattn_shell_rope_init(struct clattn_plan *p);
+clattn_status clattn_shell_rope_grad(struct clattn_plan *p, const clattn_rows *rows, view dq, size_t dq_ld, view dk,
+                                     size_t dk_ld);
 
 /* shell_backward.c: a training plan's backward core and buffers (plan creation), their release and bytes, and the
  * backend's backward entry points. */

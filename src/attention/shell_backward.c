@@ -233,6 +233,8 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
         TRY(bwd_core_varlen(p, io, &bio));
     else
         TRY(t->core.core->run_backward(t->core.state, &bio));
+    /* 4b. rotary embeddings: the rotated Q's and K's gradients rotated back (in place) */
+    TRY(clattn_shell_rope_grad(p, &io->rows, dq, nq, dK, nkv));
     /* 5. the projections' gradients and the inputs' */
     const view kvin = self ? io->x : io->kv;
     if (!p->has_qkv) {

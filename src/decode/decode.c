@@ -26,6 +26,10 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
     if (d->varlen)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen: a decode plan's sequences have lengths of their own "
                            "already (the cache's lengths, args.valid); desc.varlen is for prefill plans");
+    if (d->rope.kind != CLATTN_ROPE_NONE)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "rope: decode plans do not rotate yet (the cache's keys would have "
+                           "to be rotated at append); rotate the new tokens' Q and K before the step, or use a prefill "
+                           "plan (desc.rope.kind = CLATTN_ROPE_NONE here)");
     if (d->training)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
     if (d->need_weights)

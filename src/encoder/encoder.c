@@ -49,6 +49,9 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
     if (a->dtype != CLATTN_DTYPE_F32 && a->dtype != CLATTN_DTYPE_F16 && a->dtype != CLATTN_DTYPE_BF16)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.attn.dtype %d is not CLATTN_DTYPE_F32, _F16 or _BF16",
                            (int)a->dtype);
+    if (a->rope.kind != CLATTN_ROPE_NONE)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.rope: the encoder layer (torch's "
+                           "TransformerEncoderLayer) has no rotary embeddings (desc.attn.rope.kind must be NONE)");
     if (a->varlen)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.varlen is 1: the encoder layer runs padded batches "
                            "(key_padding_mask); variable-length batches are an attention plan's");
