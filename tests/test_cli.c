@@ -1337,7 +1337,7 @@ Test(cli, help_lists_every_option)
     static const struct { const char *cmd; const char *flags[24]; } subs[] = {
         {"run", {"--in", "--out", "--device", "--heads", "--scale", "--dropout", "--seed", "--algorithm", "--kv-heads",
                  "--window", "--decode-from", "--kv-half", "--kv-type", "--causal", "--need-weights", "--verbose",
-                 "--precision", "--page-size",
+                 "--precision", "--page-size", "--rope", "--rope-dims", "--rope-theta", "--rope-scaling",
                  NULL}},
         {"encoder", {"--in", "--out", "--device", "--heads", "--causal", "--norm-first", "--activation", "--eps",
                      "--algorithm", NULL}},
@@ -1707,4 +1707,69 @@ Test(cli, varlen_batch)
     const size_t x3[3] = {2, 19, 16};
     save_f32(path_in(in_dir, "x.npy"), x, 3, x3);
     bad("seqlens with 3-D x", 1, "x.npy is 3-D", FLAGS("--heads", "4", "--kv-heads", "2", "--seqlens", "19,19"));
+}
+
+/* --rope, --rope-dims, --rope-theta, --rope-scaling: a padded batch and a varlen one (each sequence's positions from
+ * 0) on both devices against the oracle; the flags' usage errors */
+Test(cli, rope)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_key = bk, .w_out = wo};
+    const clattn_rope rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 2, .theta = 500.0,
+                              .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 4.0, .original_max_position = 8};
+    const char *devs[2] = {cl_spec(), "ref"};
+    double want[DB * DT * DE];
+    for (int varlen = 0; varlen < 2; varlen++) {
+        const size_t lens[4] = {7, 0, 12, 19}, total = DB * DT, xs[2] = {total, DE};
+        if (varlen) {
+            save_f32(path_in(in_dir, "x.npy"), x, 2, xs);
+            for (size_t b = 0, r0 = 0; b < 4; r0 += lens[b++]) {
+                if (!lens[b]) continue;
+                clattn_attention_desc d = {.batch = 1, .seq_q = lens[b], .embed = DE, .heads = DH, .kv_heads = DHK,
+                                           .head_dim_qk = DD, .head_dim_v = DD, .out_dim = DE, .causal = 1,
+                                           .rope = rope};
+                clattn_attention_args a = {.x = x + r0 * DE};
+                cr_assert_eq(oracle_attention(&d, &w, &a, want + r0 * DE, NULL), 0);
+            }
+        } else {
+            clattn_attention_desc d = {.batch = DB, .seq_q = DT, .embed = DE, .heads = DH, .kv_heads = DHK,
+                                       .head_dim_qk = DD, .head_dim_v = DD, .out_dim = DE, .causal = 1, .rope = rope};
+            clattn_attention_args a = {.x = x};
+            cr_assert_eq(oracle_attention(&d, &w, &a, want, NULL), 0);
+        }
+        for (int k = 0; k < 2; k++) {
+            const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
+                                    "--kv-heads", "2", "--causal", "--rope", "interleaved", "--rope-dims", "2",
+                                    "--rope-theta", "500", "--rope-scaling", "yarn:4:8"};
+            if (varlen) args[20] = "--seqlens", args[21] = "7,0,12,19";
+            char *err;
+            cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k], err);
+            free(err);
+            clattn_npy out;
+            load(path_in(out_dir, "out.npy"), &out);
+            char msg[256];
+            const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+            cr_assert_eq(bad_n, 0, "%s --rope (varlen %d): %zu elements differ; first: %s", devs[k], varlen, bad_n,
+                         msg);
+            clattn_npy_free(&out);
+            remove(path_in(out_dir, "out.npy"));
+        }
+    }
+    bad("rope kind", 2, "--rope 'neox'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "neox"));
+    bad("rope dims odd", 2, "--rope-dims '3'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half",
+                                                     "--rope-dims", "3"));
+    bad("rope theta", 2, "--rope-theta '1'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half",
+                                                   "--rope-theta", "1"));
+    bad("rope scaling", 2, "--rope-scaling 'yarn:4'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half",
+                                                            "--rope-scaling", "yarn:4"));
+    bad("rope scaling kind", 2, "--rope-scaling 'dynamic:2'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope",
+                                                                    "half", "--rope-scaling", "dynamic:2"));
+    bad("rope dims without rope", 2, "--rope-dims without --rope", FLAGS("--heads", "4", "--kv-heads", "2",
+                                                                         "--rope-dims", "2"));
+    bad("rope with decode", 2, "--rope with --decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal",
+                                                                  "--rope", "half", "--decode-from", "3"));
+    /* the library's refusal, one line: rotary dims past the head size */
+    bad("rope dims past the head", 1, "rope.dims (8) exceeds head_dim_qk (4)",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half", "--rope-dims", "8"));
 }

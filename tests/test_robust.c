@@ -1757,6 +1757,79 @@ Test(misuse, dtype_refusals)
     clattn_device_free(devs[1]);
 }
 
+/* desc.rope (clattn 0.8): each bad field refused by name on both backends before anything is built (a kind or scaling
+ * out of range, odd or too many rotary dims, a base or factor out of range, a field set that its kind or scaling
+ * would ignore, YaRN without the original context length); decode and encoder plans refuse it; the edges accepted */
+Test(misuse, rope_refusals)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+#define D(...) {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .rope = {__VA_ARGS__}} /* head size 4 */
+    const struct { const char *needle; clattn_attention_desc d; } bad[] = {
+        {"rope.kind 3 is not", D(.kind = 3)},
+        {"rope.scaling 4 is not", D(.kind = CLATTN_ROPE_HALF, .scaling = 4)},
+        {"rope.dims (6) exceeds head_dim_qk (4)", D(.kind = CLATTN_ROPE_HALF, .dims = 6)},
+        {"rope.dims 3 is odd", D(.kind = CLATTN_ROPE_INTERLEAVED, .dims = 3)},
+        {"rope.theta 1: the base", D(.kind = CLATTN_ROPE_HALF, .theta = 1.0)},
+        {"rope.theta -5", D(.kind = CLATTN_ROPE_HALF, .theta = -5.0)},
+        {"rope.theta nan", D(.kind = CLATTN_ROPE_HALF, .theta = NAN)},
+        {"rope.factor 0.5", D(.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 0.5)},
+        {"rope.factor inf", D(.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = INFINITY)},
+        {"rope.factor 2 without rope.scaling", D(.kind = CLATTN_ROPE_HALF, .factor = 2.0)},
+        {"rope.scaling NTK with rope.dims 2", D(.kind = CLATTN_ROPE_HALF, .dims = 2,
+                                                .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 2.0)},
+        {"rope.scaling YARN needs rope.original_max_position", D(.kind = CLATTN_ROPE_HALF,
+                                                                 .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 2.0)},
+        {"rope.original_max_position (64) is YARN's", D(.kind = CLATTN_ROPE_HALF, .original_max_position = 64)},
+        {"rope.dims is set while rope.kind is CLATTN_ROPE_NONE", D(.dims = 4)},
+        {"rope.theta is set while rope.kind is CLATTN_ROPE_NONE", D(.theta = 500.0)},
+        {"rope.scaling is set while", D(.scaling = CLATTN_ROPE_SCALING_LINEAR)},
+        {"rope.factor is set while", D(.factor = 2.0)},
+        {"rope.original_max_position is set while", D(.original_max_position = 8)},
+        /* without projections the head size is embed / heads: 6 / 2 = 3, odd, so dims 0 cannot take it */
+        {"rope.dims 3 is odd: values rotate in pairs (rope.dims 0 takes head_dim_qk",
+         {.batch = 1, .seq_q = 3, .embed = 6, .heads = 2, .rope = {.kind = CLATTN_ROPE_HALF}}},
+    };
+    const clattn_attention_desc good[] = {
+        D(.kind = CLATTN_ROPE_HALF, .dims = 4, .theta = 1.5, .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 1.0),
+        D(.kind = CLATTN_ROPE_INTERLEAVED, .dims = 2, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 1.0,
+          .original_max_position = 1),
+        {.batch = 1, .seq_q = 3, .embed = 6, .heads = 2, .rope = {.kind = CLATTN_ROPE_HALF, .dims = 2}},
+    };
+#undef D
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            clattn_plan *plan = NULL;
+            cr_assert_neq(tu_plan_create(devs[k], &bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+            cr_assert_null(plan);
+        }
+        for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(devs[k], &good[i], NULL, &plan), CLATTN_STATUS_SUCCESS, "good %zu: %s", i,
+                         clattn_last_error());
+            clattn_attention_desc d;
+            cr_assert_eq(clattn_plan_desc(plan, &d), CLATTN_STATUS_SUCCESS);
+            cr_assert(d.rope.theta >= 1.5 && d.rope.factor == 1.0 && d.rope.dims == good[i].rope.dims);
+            clattn_plan_free(plan);
+        }
+        const clattn_attention_desc dd = {.batch = 1, .seq_q = 1, .embed = 8, .heads = 2, .causal = 1,
+                                          .rope = {.kind = CLATTN_ROPE_HALF}};
+        clattn_decode_plan *dp = NULL;
+        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "rope: decode plans do not rotate yet"), "%s", clattn_last_error());
+        cr_assert_null(dp);
+        const clattn_encoder_desc ed = {.attn = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .out_dim = 8,
+                                                 .rope = {.kind = CLATTN_ROPE_HALF}}, .ff_dim = 16};
+        clattn_encoder_plan *ep = NULL;
+        const clattn_encoder_weights ew = {0};
+        cr_assert_eq(clattn_encoder_plan_create(devs[k], &ed, &ew, &ep), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "desc.attn.rope"), "%s", clattn_last_error());
+        cr_assert_null(ep);
+    }
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
 /* An output that shares memory with an input (or with the other output) is refused on every algorithm
  * (the fused kernels read Q, K and V while they write the output); one that only shares the buffer, in
  * ranges apart, runs and computes the oracle's numbers. Sub-buffers are seen through. */

@@ -3,6 +3,7 @@
  *   clattn run --in DIR --out DIR [--heads H] [--kv-heads N] [--causal] [--window W] [--scale S]
  *              [--dropout P --seed N] [--need-weights] [--kv-half | --kv-type T]
  *              [--decode-from P [--page-size N] [--draft N [--reject K]]]
+ *              [--rope half|interleaved [--rope-dims R] [--rope-theta T] [--rope-scaling KIND:F[:N]]]
  *              [--device SPEC]
  *
  * Order of work: parse the flags (usage errors, exit 2), check the two
@@ -42,6 +43,7 @@ static void usage_line(FILE *f)
                "                  [--decode-from P [--page-size N] [--draft N [--reject K]]]\n"
                "                  [--algorithm auto|fused|unfused] [--precision fp32|tf32] [--backward] [--lse]\n"
                "                  [--dtype f32|f16|bf16] [--seqlens L,L,... [--kv-seqlens L,L,...]]\n"
+               "                  [--rope half|interleaved [--rope-dims R] [--rope-theta T] [--rope-scaling K:F[:N]]]\n"
                "                  [--device SPEC] [-v]\n"
                "  --in DIR: the inputs (below); --out DIR: the outputs (created when missing; written whole or not\n"
                "               at all: each to a temporary file, renamed into place when every output is written)\n"
@@ -85,6 +87,12 @@ static void usage_line(FILE *f)
                "               With --decode-from, each sequence's first P tokens\n"
                "               (or all it has) are the prefill and every decode or verify step brings each sequence's\n"
                "               next tokens, packed (none once a sequence is done)\n"
+               "  --rope half|interleaved: rotary position embeddings on Q and K (after their projections): pairs\n"
+               "               (i, i + R/2) as GPT-NeoX and Llama in transformers, or (2i, 2i + 1) as GPT-J; positions\n"
+               "               from 0 in each batch entry (each sequence with --seqlens). Not with --decode-from\n"
+               "  --rope-dims R: the values rotated per head (even; default the head size); --rope-theta T: the base\n"
+               "               (default 10000); --rope-scaling linear:F, ntk:F or yarn:F:N (N: the model's original\n"
+               "               context length): positions stretched by F (README, \"Attention variants\")\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
@@ -109,6 +117,8 @@ typedef struct run_opts {
     uint32_t *cu_q, *cu_k; /* --seqlens, --kv-seqlens: the offsets (nseq + 1 each; malloc'd) */
     size_t nseq, nseq_k;
     int seen_heads, seen_scale, seen_dropout, seen_seed, seen_alg, seen_kv_heads, seen_window, seen_decode;
+    clattn_rope rope;   /* --rope, --rope-dims, --rope-theta, --rope-scaling */
+    int seen_rope, seen_rope_dims, seen_rope_theta, seen_rope_scaling;
 } run_opts;
 
 static const char *kv_type_name(int t)
@@ -143,6 +153,30 @@ static int parse_float(const char *s, float *v)
     if (isinf(f)) return 0;
     *v = f;
     return 1;
+}
+
+/* --rope-scaling: "linear:F", "ntk:F" or "yarn:F:N" (F a finite number, N a whole number from 1). 0, or -1 (said). */
+static int parse_rope_scaling(const char *v, clattn_rope *r)
+{
+    static const char *const kinds[] = {"linear", "ntk", "yarn"}; /* CLATTN_ROPE_SCALING_LINEAR .. _YARN */
+    const size_t len = strcspn(v, ":");
+    int k = 0;
+    while (k < 3 && (strlen(kinds[k]) != len || strncmp(v, kinds[k], len))) k++;
+    char num[64];
+    const char *f = v[len] ? v + len + 1 : "";
+    const size_t flen = strcspn(f, ":");
+    float factor = 0.0f;
+    uint64_t orig = 0;
+    int ok = k < 3 && flen > 0 && flen < sizeof num;
+    if (ok) memcpy(num, f, flen), num[flen] = 0, ok = parse_float(num, &factor);
+    if (ok && k == 2) ok = f[flen] == ':' && parse_u64(f + flen + 1, &orig) && orig > 0;
+    else if (ok) ok = f[flen] == 0;
+    if (!ok) {
+        say("--rope-scaling '%s': linear:F, ntk:F or yarn:F:N (F the factor, N the original context length)", v);
+        return -1;
+    }
+    r->scaling = (clattn_rope_scaling)(k + 1), r->factor = factor, r->original_max_position = (size_t)orig;
+    return 0;
 }
 
 /* Returns -1 to go on, or an exit status. */
@@ -212,6 +246,10 @@ static int parse_flags(int argc, char **argv, run_opts *o)
         else if (strcmp(a, "--reject") == 0) seen = &o->seen_reject;
         else if (strcmp(a, "--seqlens") == 0) seen = &o->seen_seqlens;
         else if (strcmp(a, "--kv-seqlens") == 0) seen = &o->seen_kv_seqlens;
+        else if (strcmp(a, "--rope") == 0) seen = &o->seen_rope;
+        else if (strcmp(a, "--rope-dims") == 0) seen = &o->seen_rope_dims;
+        else if (strcmp(a, "--rope-theta") == 0) seen = &o->seen_rope_theta;
+        else if (strcmp(a, "--rope-scaling") == 0) seen = &o->seen_rope_scaling;
         else if (strcmp(a, "--kv-half") == 0) seen = &seen_half, takes_value = 0;
         else if (strcmp(a, "--kv-type") == 0) seen = &o->seen_kv_type;
         else if (strcmp(a, "--causal") == 0) seen = &seen_causal, takes_value = 0;
@@ -327,6 +365,30 @@ static int parse_flags(int argc, char **argv, run_opts *o)
             if (seen == &o->seen_seqlens ? parse_seqlens(a, v, &o->cu_q, &o->nseq)
                                          : parse_seqlens(a, v, &o->cu_k, &o->nseq_k))
                 return EXIT_USAGE;
+        } else if (seen == &o->seen_rope) {
+            if (strcmp(v, "half") == 0) o->rope.kind = CLATTN_ROPE_HALF;
+            else if (strcmp(v, "interleaved") == 0) o->rope.kind = CLATTN_ROPE_INTERLEAVED;
+            else {
+                say("--rope '%s': must be half (pairs i, i + R/2: GPT-NeoX, Llama) or interleaved (pairs 2i, 2i + 1: "
+                    "GPT-J)", v);
+                return EXIT_USAGE;
+            }
+        } else if (seen == &o->seen_rope_dims) {
+            uint64_t n;
+            if (!parse_u64(v, &n) || n == 0 || n % 2 || n > 0xFFFFFFFFu) {
+                say("--rope-dims '%s': must be an even whole number from 2", v);
+                return EXIT_USAGE;
+            }
+            o->rope.dims = (size_t)n;
+        } else if (seen == &o->seen_rope_theta) {
+            float t;
+            if (!parse_float(v, &t) || !(t > 1.0f)) {
+                say("--rope-theta '%s': must be a finite number above 1", v);
+                return EXIT_USAGE;
+            }
+            o->rope.theta = t;
+        } else if (seen == &o->seen_rope_scaling) {
+            if (parse_rope_scaling(v, &o->rope)) return EXIT_USAGE;
         } else if (seen == &o->seen_seed) {
             if (!parse_u64(v, &o->seed)) {
                 say("--seed '%s': must be a whole number from 0 to 18446744073709551615", v);
@@ -353,6 +415,15 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     }
     if (o->seen_window && !o->causal) {
         say("--window needs --causal (the sliding window limits how far back a query sees)");
+        return EXIT_USAGE;
+    }
+    if ((o->seen_rope_dims || o->seen_rope_theta || o->seen_rope_scaling) && !o->seen_rope) {
+        say("%s without --rope: say which pairs rotate (half or interleaved)", o->seen_rope_dims ? "--rope-dims" :
+            o->seen_rope_theta ? "--rope-theta" : "--rope-scaling");
+        return EXIT_USAGE;
+    }
+    if (o->seen_rope && o->seen_decode) {
+        say("--rope with --decode-from: decode plans do not rotate yet (clattn 0.8: prefill and training plans)");
         return EXIT_USAGE;
     }
     if (o->seen_page && !o->seen_decode) {
@@ -963,6 +1034,7 @@ static int describe(run_state *r)
     desc->key_padding_mask = in->has[F_KPM], desc->scale = o->scale, desc->dropout = o->dropout, desc->seed = o->seed;
     desc->layout = CLATTN_LAYOUT_LINEAR, desc->algorithm = o->algorithm, desc->precision = o->precision;
     desc->need_weights = o->need_weights, desc->kv_heads = o->kv_heads, desc->window = o->window;
+    desc->rope = o->rope;
     desc->kv_half = o->kv_half, desc->training = o->backward || o->lse, desc->dtype = o->dtype;
     if (o->seen_seqlens) { /* the packed rows (d: one batch of them, as out.npy is written) in sequences */
         size_t mq = 1, mk = 1;
