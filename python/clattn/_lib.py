@@ -57,6 +57,15 @@ CORE_GEMM = 2
 HEAD_CLASS_COUNT = 5
 
 
+class Rope(Structure):
+    _fields_ = [("kind", c_int), ("dims", c_size_t), ("theta", ctypes.c_double), ("scaling", c_int),
+                ("factor", ctypes.c_double), ("original_max_position", c_size_t)]
+
+
+ROPE_KINDS = {"half": 1, "interleaved": 2}
+ROPE_SCALINGS = {None: 0, "linear": 1, "ntk": 2, "yarn": 3}
+
+
 class AttentionDesc(Structure):
     _fields_ = [("batch", c_size_t), ("seq_q", c_size_t), ("seq_kv", c_size_t), ("embed", c_size_t),
                 ("kv_embed", c_size_t), ("heads", c_size_t), ("head_dim_qk", c_size_t),
@@ -66,7 +75,7 @@ class AttentionDesc(Structure):
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
                 ("precision", c_int), ("training", c_int), ("separate_value", c_int),
                 ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int),
-                ("kv_page_size", c_size_t), ("varlen", c_int)]
+                ("kv_page_size", c_size_t), ("varlen", c_int), ("rope", Rope)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")

@@ -22,7 +22,9 @@ Plans (one per shape and option set) are cached per device, device=None meaning 
 OpenCL device, else ref (clattn.devices()).
 """
 
+import ast
 import ctypes
+import dataclasses
 import math
 import threading
 from typing import Any, Dict, Optional, Tuple
@@ -36,7 +38,7 @@ from ._errors import invalid as _invalid
 from ._errors import shape as _shape
 from ._errors import UnsupportedError
 
-__all__ = ["scaled_dot_product_attention", "attend", "varlen_attention", "PLAN_CACHE_SIZE"]
+__all__ = ["scaled_dot_product_attention", "attend", "varlen_attention", "Rope", "PLAN_CACHE_SIZE"]
 
 PLAN_CACHE_SIZE = 64  # plans kept per device (least recently used out)
 # Inference calls of a few query rows (decode steps, whose key length grows by one each token) run on a plan for
@@ -54,6 +56,53 @@ _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op
 
 def _unsupported(message: str):
     raise UnsupportedError(-3008, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """Rotary position embeddings (RoFormer), applied by clattn to query and key inside the call
+    (clattn_attention_desc.rope): the first `dims` values of each head (0: all; even) as pairs, pair i of the token at
+    position p turned by the angle p * theta^(-2i/dims). kind "half": pairs (i, i + dims/2), transformers'
+    rotate_half (GPT-NeoX, Llama, Mistral, Qwen); "interleaved": pairs (2i, 2i + 1) (GPT-J, RoFormer). scaling None,
+    "linear" (positions / factor), "ntk" (theta * factor^(dims/(dims-2))) or "yarn" (transformers' "yarn" with
+    original_max_position, its beta_fast 32 and beta_slow 1, cos and sin times 0.1 ln(factor) + 1). Positions count
+    from 0 in each batch entry (each sequence of varlen_attention): query row i at i, key row j at j. cos and sin are
+    computed in float64 once per plan (transformers computes them in float32: at positions of thousands its angles
+    differ from these by more than float32 rounding)."""
+    kind: str = "half"
+    dims: int = 0
+    theta: float = 10000.0
+    scaling: Optional[str] = None
+    factor: float = 1.0
+    original_max_position: int = 0
+
+    def __post_init__(self):
+        if self.kind not in _lib.ROPE_KINDS:
+            _invalid(f"Rope(kind={self.kind!r}): the kinds are 'half' (pairs i, i + dims/2) and 'interleaved' "
+                     f"(pairs 2i, 2i + 1)")
+        if self.scaling not in _lib.ROPE_SCALINGS:
+            _invalid(f"Rope(scaling={self.scaling!r}): None, 'linear', 'ntk' or 'yarn'")
+        if int(self.dims) < 0 or int(self.original_max_position) < 0:
+            _invalid(f"Rope(dims={self.dims}, original_max_position={self.original_max_position}): must be >= 0")
+
+
+def _rope_spec(rope: Any) -> str:
+    """A Rope as the plans' key and the custom operator's argument: '' for none."""
+    if rope is None:
+        return ""
+    if not isinstance(rope, Rope):
+        _invalid(f"rope: a {type(rope).__name__}; pass clattn.functional.Rope(...) or None")
+    return repr((rope.kind, int(rope.dims), float(rope.theta), rope.scaling, float(rope.factor),
+                 int(rope.original_max_position)))
+
+
+def _rope_struct(spec: str) -> "_lib.Rope":
+    """The library's clattn_rope for a spec of _rope_spec (the library checks the numbers)."""
+    if not spec:
+        return _lib.Rope()
+    kind, dims, theta, scaling, factor, orig = ast.literal_eval(spec)
+    return _lib.Rope(kind=_lib.ROPE_KINDS[kind], dims=dims, theta=theta, scaling=_lib.ROPE_SCALINGS[scaling],
+                     factor=factor, original_max_position=orig)
 
 
 def _first_derivatives_only():
@@ -91,19 +140,20 @@ def _ptr(t: Optional[torch.Tensor], ctype=_lib.c_float_p):
 
 
 def _plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, dtype) = key
+    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, rope, dtype) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
-                               scale=scale, dropout=dropout, training=int(training), dtype=dtype)
+                               scale=scale, dropout=dropout, training=int(training), dtype=dtype,
+                               rope=_rope_struct(rope))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
 
     return cache.get(key, make)
 
 
-def _key(q, k, v, mask, causal, window, scale, dropout_p, training) -> tuple:
+def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope) -> tuple:
     B, Tq, H, dk = q.shape
     Tk, HK, dv = k.shape[1], k.shape[2], v.shape[3]
     kind, pb, ph = _lib.MASK_NONE, False, False
@@ -111,7 +161,7 @@ def _key(q, k, v, mask, causal, window, scale, dropout_p, training) -> tuple:
         kind = _lib.MASK_BOOL if mask.dtype == torch.uint8 else _lib.MASK_FLOAT
         pb, ph = mask.shape[0] > 1, mask.shape[1] > 1
     return (B, Tq, Tk, H, HK, dk, dv, kind, pb, ph, bool(causal), int(window), float(scale), float(dropout_p),
-            bool(training), _DTYPES[q.dtype])
+            bool(training), rope, _DTYPES[q.dtype])
 
 
 def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
@@ -124,14 +174,14 @@ def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
 
 
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
-                 training: bool, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                 training: bool, device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
     k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
     training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
-    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training))
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope))
     out = torch.empty((B, Tq, H, dv), dtype=q.dtype)
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
     if dropout_p > 0.0:
@@ -145,10 +195,10 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
 
 
 def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, window: int, scale: float,
-                          dropout_p: float, seed: int, device: str):
+                          dropout_p: float, seed: int, device: str, rope: str):
     """dq, dk, dv for the training call that gave out and lse (the same inputs and seed)."""
     dev, cache = _device(device or None)
-    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True))
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
@@ -162,11 +212,11 @@ if _HAS_CUSTOM_OP:
     @torch.library.custom_op("clattn::attend", mutates_args=())
     def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
                    window: int, scale: float, dropout_p: float, seed: int, training: bool,
-                   device: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+                   device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
 
     @_attend_op.register_fake
-    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
         B, Tq, H, _ = q.shape
         return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,),
                                                                   dtype=torch.float32))
@@ -175,43 +225,43 @@ if _HAS_CUSTOM_OP:
     def _attend_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                             out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor, causal: bool, window: int,
                             scale: float, dropout_p: float, seed: int,
-                            device: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _attend_backward_impl(q, k, v, mask, out, lse, grad_out.contiguous(), causal, window, scale,
-                                     dropout_p, seed, device)
+                                     dropout_p, seed, device, rope)
 
     @_attend_backward_op.register_fake
-    def _(q, k, v, mask, out, lse, grad_out, causal, window, scale, dropout_p, seed, device):
+    def _(q, k, v, mask, out, lse, grad_out, causal, window, scale, dropout_p, seed, device, rope):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device = inputs
+        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope = inputs
         out, lse = output
         if not training:
             return
         ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.opts = (causal, window, scale, dropout_p, seed, device)
+        ctx.opts = (causal, window, scale, dropout_p, seed, device, rope)
 
     def _backward(ctx, grad_out, grad_lse):
         q, k, v, mask, out, lse = ctx.saved_tensors
         _first_derivatives_only()
         dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
     _attend_op.register_autograd(_backward, setup_context=_setup_context)
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
         if training and not any(t.requires_grad for t in (q, k, v)):
             training = False
-        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)[0]
+        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)[0]
 else:
     class _AttendFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
-            out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
+            out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
             if training:
                 ctx.save_for_backward(q, k, v, out, lse)
                 ctx.mask = mask
-                ctx.opts = (causal, window, scale, dropout_p, seed, device)
+                ctx.opts = (causal, window, scale, dropout_p, seed, device, rope)
             return out
 
         @staticmethod
@@ -219,10 +269,10 @@ else:
             _first_derivatives_only()
             q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts)
-            return dq, dk, dv, None, None, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device):
-        return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device)
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
+        return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
 
 
 def _as_float(name: str, t: Any) -> torch.Tensor:
@@ -269,12 +319,13 @@ def _mask_for(name: str, m: torch.Tensor, B: int, H: int, Tq: int, Tk: int) -> t
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor] = None,
            *, causal: bool = False, window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
-           device: Optional[str] = None) -> torch.Tensor:
+           rope: Optional[Rope] = None, device: Optional[str] = None) -> torch.Tensor:
     """The core on token-major heads, the layout projections produce and clattn reads without a copy:
     query (B, L, H, E), key (B, S, Hk, E), value (B, S, Hk, Ev) with Hk dividing H (query head h reads key/value
     head h // (H // Hk)) -> (B, L, H, Ev). mask None, or broadcastable to (B, H, L, S): bool True = attend, or float
     added. causal: key j hidden from query i when j > i (top-left aligned); window W > 0 (with causal): also when
-    i - j >= W. The rest as scaled_dot_product_attention."""
+    i - j >= W. rope: a Rope, rotary position embeddings applied to query and key inside the call (query row i at
+    position i, key row j at j; their gradients rotated back). The rest as scaled_dot_product_attention."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.dim() != 4:
@@ -303,6 +354,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     if not 0.0 <= dropout_p < 1.0:
         _invalid(f"dropout_p={dropout_p}: must be in [0, 1)")
     m = None if mask is None else _mask_for("attn_mask", mask, B, H, L, S)
+    rope_spec = _rope_spec(rope)
     seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     dtype = query.dtype
@@ -313,7 +365,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
         q, k, v, m = _bucketed(q, k, v, m, Sb)
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
-               device or "")
+               device or "", rope_spec)
     return out if out.dtype == dtype else out.to(dtype)
 
 
@@ -335,12 +387,13 @@ def _offsets(name: str, cu: Any, rows: int) -> torch.Tensor:
 
 
 def _varlen_plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, scale, dropout, dtype, training) = key
+    (_, B, Tq, Tk, H, HK, dk, dv, causal, window, rope, scale, dropout, dtype, training) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
-                               scale=scale, dropout=dropout, dtype=dtype, varlen=1, training=int(training))
+                               scale=scale, dropout=dropout, dtype=dtype, varlen=1, training=int(training),
+                               rope=_rope_struct(rope))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(),
                        "creating the varlen attention plan")
 
@@ -402,7 +455,7 @@ class _VarlenFunction(torch.autograd.Function):
 def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: Any,
                      cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
-                     device: Optional[str] = None) -> torch.Tensor:
+                     rope: Optional[Rope] = None, device: Optional[str] = None) -> torch.Tensor:
     """Attention over a variable-length batch packed without padding, as flash_attn_varlen_func takes it (inference):
     query (total_q, H, E), key (total_k, Hk, E), value (total_k, Hk, Ev); sequence b is rows cu_seqlens_q[b] ..
     cu_seqlens_q[b+1]-1 of query and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of key and value (B+1 offsets each,
@@ -411,7 +464,7 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     alone, with no padding computed (clattn_attention_desc.varlen). The plan is made for the longest lengths rounded
     up to a multiple of KEY_BUCKET (one plan for many batches). dropout_p: training-mode dropout on the weights, as
     attend's (a seed drawn from torch's generator each call); sequence b's weights are kept or dropped as attend()
-    on the padded batch keeps its entry b's. Differentiable (query, key and value) through clattn's backward,
+    on the padded batch keeps its entry b's. rope: a Rope, each sequence's positions from 0. Differentiable (query, key and value) through clattn's backward,
     computed in float32 (a torch.autograd.Function: torch.compile breaks the graph there)."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -448,6 +501,7 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     dropout_p = float(dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         _invalid(f"dropout_p={dropout_p}: must be in [0, 1)")
+    rope_spec = _rope_spec(rope)
     seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
     dtype = query.dtype
     if training or q.dtype != k.dtype or k.dtype != v.dtype:  # training plans compute from float32 copies
@@ -457,8 +511,8 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return torch.zeros((0, H, v.shape[2]), dtype=dtype)
     B = cq.numel() - 1
     bucket = lambda n: -(-n // KEY_BUCKET) * KEY_BUCKET  # noqa: E731
-    key = ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window, scale, dropout_p,
-           _DTYPES[q.dtype], training)
+    key = ("varlen", B, bucket(max_q), bucket(max_k), H, Hk, E, v.shape[2], causal, window, rope_spec, scale,
+           dropout_p, _DTYPES[q.dtype], training)
     if training:
         out = _VarlenFunction.apply(q, k, v, cq, ck, key, seed, device or "")
     else:

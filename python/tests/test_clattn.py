@@ -98,7 +98,7 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
         pytest.skip("no C compiler to check the layouts against")
     src = tmp_path / "sizes.c"
     src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "clattn.h"\nint main(void) {\n'
-                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
+                   'printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(clattn_device_info), '
                    'sizeof(clattn_attention_desc), sizeof(clattn_attention_weights), sizeof(clattn_attention_args), '
                    'sizeof(clattn_encoder_desc), sizeof(clattn_encoder_weights), sizeof(clattn_encoder_args), '
                    'offsetof(clattn_attention_desc, seed), offsetof(clattn_encoder_desc, eps), '
@@ -106,7 +106,8 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
                    ' sizeof(clattn_core_info), offsetof(clattn_core_info, default_for),'
                    ' offsetof(clattn_attention_desc, precision), offsetof(clattn_core_info, emulated),'
                    ' offsetof(clattn_attention_desc, training), sizeof(clattn_attention_grads),'
-                   ' offsetof(clattn_attention_grads, grad_out_count));'
+                   ' offsetof(clattn_attention_grads, grad_out_count), offsetof(clattn_attention_desc, rope),'
+                   ' sizeof(clattn_rope));'
                    '\nreturn 0; }\n')
     exe = tmp_path / "sizes"
     r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", str(exe)],
@@ -120,7 +121,7 @@ def test_struct_layouts_match_the_c_compiler(tmp_path):
             ctypes.sizeof(_lib.KVCacheDesc), ctypes.sizeof(_lib.DecodeArgs), _lib.AttentionDesc.kv_half.offset,
             ctypes.sizeof(_lib.CoreInfo), _lib.CoreInfo.default_for.offset, _lib.AttentionDesc.precision.offset,
             _lib.CoreInfo.emulated.offset, _lib.AttentionDesc.training.offset, ctypes.sizeof(_lib.AttentionGrads),
-            _lib.AttentionGrads.grad_out_count.offset]
+            _lib.AttentionGrads.grad_out_count.offset, _lib.AttentionDesc.rope.offset, ctypes.sizeof(_lib.Rope)]
     assert got == want
 
 

@@ -401,3 +401,113 @@ def test_varlen_gradients(device, causal):
     exp = torch.autograd.grad(want, (q, k, v), gout.double())
     for name, a, b in zip("qkv", got, exp):
         torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
+
+
+# ---------------------------------------------------------------- rotary embeddings (clattn.functional.Rope)
+
+def rope_inv_freq(dim, theta, scaling, factor, orig):
+    """The rotary frequencies and the cos/sin factor as transformers writes them (modeling_rope_utils: default,
+    linear, yarn with beta_fast 32, beta_slow 1 and truncation; NTK-aware as bloc97's base * factor^(d/(d-2))),
+    here in float64."""
+    base = theta * factor ** (dim / (dim - 2)) if scaling == "ntk" else theta
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv = 1.0 / pos_freqs
+    if scaling == "linear":
+        return inv / factor, 1.0
+    if scaling != "yarn":
+        return inv, 1.0
+
+    def correction_dim(rot):
+        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(correction_dim(32)), 0), min(math.ceil(correction_dim(1)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv = inv / factor * (1 - extrapolation) + inv * extrapolation
+    return inv, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+
+def rope_reference(x, rope):
+    """x (B, L, H, E) rotated in float64 as transformers' apply_rotary_pos_emb (rotate_half: "half") or GPT-J's
+    rotate_every_two ("interleaved"), positions 0 .. L-1; the values past rope.dims as they are."""
+    x = x.double()
+    dim = rope.dims or x.shape[-1]
+    inv, m = rope_inv_freq(dim, rope.theta, rope.scaling, rope.factor, rope.original_max_position)
+    ang = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * inv[None, :]  # (L, dim/2)
+    cos, sin = (m * ang.cos())[None, :, None, :], (m * ang.sin())[None, :, None, :]
+    xr, rest = x[..., :dim], x[..., dim:]
+    if rope.kind == "half":
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        turned = torch.cat([-xr[..., dim // 2:], xr[..., :dim // 2]], -1)
+    else:
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        turned = torch.stack([-xr[..., 1::2], xr[..., ::2]], -1).flatten(-2)
+    return torch.cat([xr * cos + turned * sin, rest], -1)
+
+
+ROPES = {
+    "half": CF.Rope(),
+    "interleaved_partial": CF.Rope(kind="interleaved", dims=4, theta=500.0),
+    "linear": CF.Rope(scaling="linear", factor=4.0),
+    "ntk_partial": CF.Rope(dims=6, scaling="ntk", factor=2.0, theta=1e6),
+    "yarn": CF.Rope(kind="interleaved", scaling="yarn", factor=8.0, original_max_position=16),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(ROPES))
+def test_rope_matches_torch_reference(device, name):
+    """attend(rope=...) against the reference rotation then the float64 oracle (torch's layout (B, H, L, E)):
+    output and the gradients of query, key and value (through the rotation), GQA, causal with L != S"""
+    rope = ROPES[name]
+    q, k, v = inputs((2, 7, 4, 8), (2, 13, 2, 8), (2, 13, 2, 5), seed=5)
+    out = CF.attend(q, k, v, causal=True, rope=rope, device=device)
+    want = oracle(rope_reference(q, rope).transpose(1, 2), rope_reference(k, rope).transpose(1, 2),
+                  v.double().transpose(1, 2), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
+    got = torch.autograd.grad(out, (q, k, v), g)
+    exp = torch.autograd.grad(want, (q, k, v), g.double())
+    for n, a, b in zip("qkv", got, exp):
+        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {n}: {m}")
+    with torch.no_grad():  # inference (another plan), and without rope the same call differs
+        torch.testing.assert_close(CF.attend(q, k, v, causal=True, rope=rope, device=device).double(), want, **FWD)
+        assert not torch.allclose(CF.attend(q, k, v, causal=True, device=device).double(), want, **FWD)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_varlen_each_sequence_from_zero(device):
+    """varlen_attention(rope=...): each sequence rotated from position 0, as attend() on it alone; gradients too"""
+    rope = CF.Rope(kind="interleaved", scaling="linear", factor=2.0)
+    lq = [5, 0, 9, 3]
+    cq = [0] + torch.tensor(lq).cumsum(0).tolist()
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(cq[-1], 4, 8, generator=g).requires_grad_(True)
+    k = torch.randn(cq[-1], 2, 8, generator=g).requires_grad_(True)
+    v = torch.randn(cq[-1], 2, 6, generator=g).requires_grad_(True)
+    out = CF.varlen_attention(q, k, v, cq, cq, 9, 9, causal=True, rope=rope, device=device)
+    rq = torch.cat([rope_reference(q[cq[b]:cq[b + 1]][None], rope)[0] for b in range(4)])
+    rk = torch.cat([rope_reference(k[cq[b]:cq[b + 1]][None], rope)[0] for b in range(4)])
+    want = varlen_oracle(rq, rk, v.double(), cq, cq, causal=True)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    got = torch.autograd.grad(out, (q, k, v), gout)
+    exp = torch.autograd.grad(want, (q, k, v), gout.double())
+    for n, a, b in zip("qkv", got, exp):
+        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {n}: {m}")
+
+
+def test_rope_refusals():
+    q, k, v = inputs((1, 3, 2, 6), (1, 3, 2, 6), (1, 3, 2, 6))
+    with pytest.raises(clattn.InvalidArgumentError, match="the kinds are 'half'"):
+        CF.Rope(kind="neox")
+    with pytest.raises(clattn.InvalidArgumentError, match="'linear', 'ntk' or 'yarn'"):
+        CF.Rope(scaling="dynamic")
+    with pytest.raises(clattn.InvalidArgumentError, match="pass clattn.functional.Rope"):
+        CF.attend(q, k, v, rope={"kind": "half"}, device="ref")
+    with pytest.raises(clattn.ShapeMismatchError, match=r"rope.dims \(8\) exceeds head_dim_qk \(6\)"):
+        CF.attend(q, k, v, rope=CF.Rope(dims=8), device="ref")
+    with pytest.raises(clattn.InvalidArgumentError, match="YARN needs rope.original_max_position"):
+        CF.attend(q, k, v, rope=CF.Rope(scaling="yarn", factor=2.0), device="ref")
