@@ -245,8 +245,10 @@ typedef enum clattn_algorithm {
  * pair i of a token at position p turned by the angle p * f_i (f_i = theta^(-2i/r), changed by `scaling`):
  *   (a, b) -> (a cos - b sin, b cos + a sin)
  * the rest of the head as it is. Positions count from 0 in each batch entry (each sequence of a varlen batch):
- * query row i at position i, key row j at position j (cross-attention too). cos and sin are computed in double at
- * plan creation and used as floats. Values are never rotated. */
+ * query row i at position i, key row j at position j (cross-attention too); in a decode step (clattn 0.8) new token t
+ * of a sequence whose cache holds L positions is at L + t, its key rotated before it is cached (a verify step's
+ * draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan creation, and
+ * again for longer positions when a decode step reaches them) and used as floats. Values are never rotated. */
 typedef enum clattn_rope_kind {
     CLATTN_ROPE_NONE = 0,        /* off (default) */
     CLATTN_ROPE_HALF = 1,        /* pair i = (i, i + r/2): GPT-NeoX, Llama, Mistral, Qwen as transformers writes them
@@ -338,8 +340,8 @@ typedef struct clattn_attention_desc {
                             dropout keys sequence b's weight (h, i, j) as the padded batch's entry b's. Training
                             plans take it too. Refused with key_padding_mask (the lengths say it), attn_mask and
                             need_weights (README, "Variable-length batches") */
-    clattn_rope rope;    /* rotary position embeddings on Q and K (above; kind NONE: off). Prefill and training
-                            plans; decode and encoder plans refuse it in this version */
+    clattn_rope rope;    /* rotary position embeddings on Q and K (above; kind NONE: off). Prefill, training and
+                            decode plans; encoder plans refuse it */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the

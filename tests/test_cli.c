@@ -1710,7 +1710,7 @@ Test(cli, varlen_batch)
 }
 
 /* --rope, --rope-dims, --rope-theta, --rope-scaling: a padded batch and a varlen one (each sequence's positions from
- * 0) on both devices against the oracle; the flags' usage errors */
+ * 0) on both devices, as one plan and as a decode session, against the oracle; the flags' usage errors */
 Test(cli, rope)
 {
     float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
@@ -1738,20 +1738,22 @@ Test(cli, rope)
             clattn_attention_args a = {.x = x};
             cr_assert_eq(oracle_attention(&d, &w, &a, want, NULL), 0);
         }
-        for (int k = 0; k < 2; k++) {
-            const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
+        for (int k = 0; k < 4; k++) { /* each device, as one prefill plan and as a decode session (--decode-from 5) */
+            const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k % 2], "--heads", "4",
                                     "--kv-heads", "2", "--causal", "--rope", "interleaved", "--rope-dims", "2",
                                     "--rope-theta", "500", "--rope-scaling", "yarn:4:8"};
-            if (varlen) args[20] = "--seqlens", args[21] = "7,0,12,19";
+            size_t na = 20;
+            if (varlen) args[na++] = "--seqlens", args[na++] = "7,0,12,19";
+            if (k >= 2) args[na++] = "--decode-from", args[na++] = "5";
             char *err;
-            cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k], err);
+            cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
             free(err);
             clattn_npy out;
             load(path_in(out_dir, "out.npy"), &out);
             char msg[256];
             const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-            cr_assert_eq(bad_n, 0, "%s --rope (varlen %d): %zu elements differ; first: %s", devs[k], varlen, bad_n,
-                         msg);
+            cr_assert_eq(bad_n, 0, "%s --rope (varlen %d, decode %d): %zu elements differ; first: %s", devs[k % 2],
+                         varlen, k >= 2, bad_n, msg);
             clattn_npy_free(&out);
             remove(path_in(out_dir, "out.npy"));
         }
@@ -1767,8 +1769,6 @@ Test(cli, rope)
                                                                     "half", "--rope-scaling", "dynamic:2"));
     bad("rope dims without rope", 2, "--rope-dims without --rope", FLAGS("--heads", "4", "--kv-heads", "2",
                                                                          "--rope-dims", "2"));
-    bad("rope with decode", 2, "--rope with --decode-from", FLAGS("--heads", "4", "--kv-heads", "2", "--causal",
-                                                                  "--rope", "half", "--decode-from", "3"));
     /* the library's refusal, one line: rotary dims past the head size */
     bad("rope dims past the head", 1, "rope.dims (8) exceeds head_dim_qk (4)",
         FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half", "--rope-dims", "8"));

@@ -30,6 +30,7 @@
 typedef struct model {
     size_t E, H, HK, dk, dv, Eo;
     float scale; /* 0: 1/sqrt(dk) */
+    clattn_rope rope; /* rotary embeddings (kind NONE: none) */
     float *wq, *wk, *wv, *bq, *bk, *bv, *wo, *bo;
     clattn_attention_weights w;
 } model;
@@ -75,7 +76,7 @@ static clattn_attention_desc model_desc(const model *m, size_t B, size_t T, size
 {
     return (clattn_attention_desc){.batch = B, .seq_q = T, .embed = m->E, .heads = m->H, .kv_heads = m->HK,
                                    .head_dim_qk = m->dk, .head_dim_v = m->dv, .out_dim = m->Eo, .causal = 1,
-                                   .window = window, .kv_half = half, .scale = m->scale};
+                                   .window = window, .kv_half = half, .scale = m->scale, .rope = m->rope};
 }
 
 /* The oracle's causal run over x (B, T, E). */
@@ -167,6 +168,7 @@ typedef struct dcase {
     const size_t *chunks;   /* new tokens per call, until T; NULL = prefill P then one by one */
     size_t P;
     size_t page;            /* a paged cache's page size (the pages suite); 0: contiguous */
+    clattn_rope rope;       /* rotary embeddings: token t at position t, however the calls cut the tokens */
 } dcase;
 
 static clattn_kv_cache *make_paged(clattn_device *dev, const model *m, size_t B, size_t cap, int half, size_t page,
@@ -230,6 +232,7 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
     model m;
     const size_t E = c->E ? c->E : c->coarse ? 8 : c->half ? 16 : 24;
     model_make(&m, &r, E, c->H, c->HK, c->dk, c->dv, c->half || c->coarse);
+    m.rope = c->rope;
     float *x = NULL;
     if (c->coarse) {
         /* Scores in the thousands, which only a softmax that subtracts the true running maximum keeps
@@ -253,9 +256,9 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
     decode_all(dev, &m, c, x, out);
     double *want = expect(&m, c->B, c->T, c->window, c->half, x);
     char what[200];
-    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s",
+    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s%s",
              c->B, c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->page,
-             c->chunks ? " chunked" : "", c->coarse ? " coarse" : "");
+             c->chunks ? " chunked" : "", c->coarse ? " coarse" : "", c->rope.kind ? " rope" : "");
     check(out, want, c->B * c->T * m.Eo, what);
     free(x), free(out), free(want);
     model_free(&m);
@@ -296,6 +299,19 @@ static void decode_cases(clattn_device *dev)
         {.B = 1, .T = 41, .H = 4, .HK = 1, .dk = 8, .dv = 4, .window = 6, .half = 3, .P = 3},
         {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 3, .splits = 2, .P = 20},
         {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 3, .P = 7},
+        /* rotary embeddings (the prefill's, clattn_rope): token t of every call at position t, its key rotated before
+         * it is cached; the plan's table grown past its first length as the steps go (1 token, then 11 per plan row
+         * count... up to 130 positions); GQA, the window, a half cache (rounded after the rotation), split-K. Not an
+         * int8 cache here: its codes of a rotated (inexact) key may differ from the oracle's by one step */
+        {.B = 2, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .P = 11, .rope = {.kind = CLATTN_ROPE_HALF}},
+        {.B = 1, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 20, .chunks = uneven,
+         .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 4, .theta = 500.0}},
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 1, .P = 9,
+         .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 4.0,
+                  .original_max_position = 16}},
+        {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 1,
+         .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 2.0}},
+        {.B = 1, .T = 70, .H = 8, .HK = 2, .dk = 128, .dv = 128, .P = 37, .rope = {.kind = CLATTN_ROPE_HALF}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
@@ -319,14 +335,15 @@ Test(decode, equals_causal_run_opencl)
  * steps. Each sequence's outputs against the float64 oracle's causal attention over that sequence alone (a cross
  * plan with separate_value over its tokens: the two share no code); the rows past a sequence's tokens are 0. */
 static void heads_as_given(clattn_device *dev, size_t T, size_t P, size_t H, size_t HK, size_t dk, size_t dv,
-                           size_t window, size_t splits, uint64_t seed)
+                           size_t window, size_t splits, uint64_t seed, clattn_rope rope)
 {
     enum { B = 2 };
     tu_rng r = {seed};
     float *q = tu_random(&r, B * T * H * dk, -2, 2), *k = tu_random(&r, B * T * HK * dk, -2, 2);
     float *v = tu_random(&r, B * T * HK * dv, -2, 2), *out = tu_poisoned(B * T * H * dv);
     const clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = H * dk, .heads = H, .kv_heads = HK,
-                                     .head_dim_v = dv, .causal = 1, .window = window, .separate_value = 1};
+                                     .head_dim_v = dv, .causal = 1, .window = window, .separate_value = 1,
+                                     .rope = rope};
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
@@ -365,14 +382,14 @@ static void heads_as_given(clattn_device *dev, size_t T, size_t P, size_t H, siz
         const size_t Tb = lens[b];
         const clattn_attention_desc od = {.batch = 1, .seq_q = Tb, .seq_kv = Tb, .embed = H * dk, .heads = H,
                                           .kv_heads = HK, .head_dim_v = dv, .causal = 1, .window = window, .cross = 1,
-                                          .separate_value = 1};
+                                          .separate_value = 1, .rope = rope};
         const clattn_attention_args oa = {.x = q + b * T * H * dk, .kv = k + b * T * HK * dk,
                                           .value = v + b * T * HK * dv};
         double *want = malloc(Tb * H * dv * sizeof *want);
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
         char what[120];
         snprintf(what, sizeof what, "heads as given, sequence %zu: T=%zu P=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu "
-                 "splits=%zu", b, Tb, P, H, HK, dk, dv, window, splits);
+                 "splits=%zu rope=%d", b, Tb, P, H, HK, dk, dv, window, splits, (int)rope.kind);
         check(out + b * T * H * dv, want, Tb * H * dv, what);
         free(want);
     }
@@ -383,9 +400,61 @@ static void heads_as_given(clattn_device *dev, size_t T, size_t P, size_t H, siz
 
 static void heads_as_given_cases(clattn_device *dev)
 {
-    heads_as_given(dev, 40, 11, 4, 2, 8, 6, 0, 0, 1500);
-    heads_as_given(dev, 61, 20, 8, 1, 16, 16, 9, 0, 1501);
-    heads_as_given(dev, 70, 30, 4, 2, 64, 64, 0, 3, 1502);
+    const clattn_rope none = {0};
+    heads_as_given(dev, 40, 11, 4, 2, 8, 6, 0, 0, 1500, none);
+    heads_as_given(dev, 61, 20, 8, 1, 16, 16, 9, 0, 1501, none);
+    heads_as_given(dev, 70, 30, 4, 2, 64, 64, 0, 3, 1502, none);
+    /* rotary embeddings: sequence 1, 3 tokens behind, rotates its tokens at its own positions */
+    heads_as_given(dev, 40, 11, 4, 2, 8, 6, 0, 0, 1503, (clattn_rope){.kind = CLATTN_ROPE_INTERLEAVED});
+    heads_as_given(dev, 70, 30, 4, 2, 64, 64, 0, 3, 1504, (clattn_rope){.kind = CLATTN_ROPE_HALF, .dims = 32});
+}
+
+/* Rotary embeddings on a decode plan without weights or separate_value (x is Q, K and V): only Q and K rotate, V is
+ * x as it is; a prompt of 5 then one token per step against the oracle's causal run over every token. */
+static void rope_x_is_qkv(clattn_device *dev)
+{
+    enum { B = 2, T = 20, P = 5, E = 8, H = 2 };
+    tu_rng r = {1510};
+    float *x = tu_random(&r, B * T * E, -2, 2), *out = tu_poisoned(B * T * E), xs[B * P * E], os[B * P * E];
+    const clattn_attention_desc d = {.batch = B, .seq_q = P, .embed = E, .heads = H, .causal = 1,
+                                     .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_LINEAR,
+                                              .factor = 2.0}};
+    clattn_decode_plan *p = NULL;
+    cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = H, .head_dim_qk = E / H};
+    clattn_kv_cache *cache = NULL;
+    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    for (size_t t0 = 0; t0 < T;) {
+        const size_t n = t0 ? 1 : P;
+        for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0) * E, n * E * sizeof *xs);
+        const clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
+        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t b = 0; b < B; b++) memcpy(out + (b * T + t0) * E, os + b * n * E, n * E * sizeof *out);
+        t0 += n;
+    }
+    clattn_attention_desc od = d;
+    od.seq_q = T;
+    const clattn_attention_args oa = {.x = x};
+    double *want = malloc(B * T * E * sizeof *want);
+    cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
+    check(out, want, B * T * E, "rope, x as Q, K and V");
+    free(want), free(x), free(out);
+    clattn_kv_cache_free(cache);
+    clattn_decode_plan_free(p);
+}
+
+Test(decode, rope_x_is_qkv_ref)
+{
+    clattn_device *dev = tu_open_ref();
+    rope_x_is_qkv(dev);
+    clattn_device_free(dev);
+}
+
+Test(decode, rope_x_is_qkv_opencl)
+{
+    clattn_device *dev = tu_open_opencl();
+    rope_x_is_qkv(dev);
+    clattn_device_free(dev);
 }
 
 /* What a step with the heads as given cannot mean is refused, naming the input, with the cache unchanged. */

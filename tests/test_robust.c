@@ -1812,12 +1812,30 @@ Test(misuse, rope_refusals)
             cr_assert(d.rope.theta >= 1.5 && d.rope.factor == 1.0 && d.rope.dims == good[i].rope.dims);
             clattn_plan_free(plan);
         }
-        const clattn_attention_desc dd = {.batch = 1, .seq_q = 1, .embed = 8, .heads = 2, .causal = 1,
-                                          .rope = {.kind = CLATTN_ROPE_HALF}};
+        /* a decode plan checks its rope the same way; a verify step's draft tree is refused with rope */
+        clattn_attention_desc dd = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .causal = 1,
+                                    .rope = {.kind = CLATTN_ROPE_HALF, .dims = 3}};
         clattn_decode_plan *dp = NULL;
-        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_UNSUPPORTED);
-        cr_assert(strstr(clattn_last_error(), "rope: decode plans do not rotate yet"), "%s", clattn_last_error());
+        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_SHAPE_MISMATCH);
+        cr_assert(strstr(clattn_last_error(), "rope.dims 3 is odd"), "%s", clattn_last_error());
         cr_assert_null(dp);
+        dd.rope.dims = 0;
+        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        const clattn_kv_cache_desc cd = {.batch = 1, .capacity = 4, .kv_heads = 2, .head_dim_qk = 4};
+        clattn_kv_cache *cache = NULL;
+        cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &cache), CLATTN_STATUS_SUCCESS);
+        float x[16] = {0}, out[16];
+        const uint8_t tree[4] = {1, 0, 1, 1};
+        const clattn_decode_args a = {.x = x, .x_count = 16, .new_tokens = 2, .tree_mask = tree, .tree_mask_count = 4,
+                                      .out = out, .out_count = 16};
+        cr_assert_eq(clattn_decode_execute(dp, cache, &a), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "args.tree_mask with rope"), "%s", clattn_last_error());
+        size_t len = 9;
+        cr_assert_eq(clattn_kv_cache_lengths(cache, &len), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(len, 0, "the refused step changed the cache");
+        clattn_kv_cache_free(cache);
+        clattn_decode_plan_free(dp);
         const clattn_encoder_desc ed = {.attn = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .out_dim = 8,
                                                  .rope = {.kind = CLATTN_ROPE_HALF}}, .ff_dim = 16};
         clattn_encoder_plan *ep = NULL;

@@ -30,3 +30,27 @@ __kernel void rope_rows(__global const float *src, ulong src_off, uint src_ld, _
     d[ia] = a * co - b * si;
     d[ib] = b * co + a * si;
 }
+
+/* rope_step: a decode step's new Q and K rows (src/decode/decode_cl.c), in place in the projection rows (row stride
+ * ld; Q's q_heads heads from column 0, K's k_heads right after them): token t of sequence b, row row0[b] + t, at
+ * position lens[b] + t, for t < valid[b] (offset x_off floats). One work-item per (sequence, token, head, pair);
+ * n tokens per sequence. */
+__kernel void rope_step(__global float *x, ulong x_off, uint ld, uint q_heads, uint k_heads, uint head_dim, uint pairs,
+                        uint interleaved, __global const float *cs, __global const uint *lens,
+                        __global const uint *valid, __global const uint *row0, uint n, ulong total)
+{
+    const ulong g = get_global_id(0);
+    if (g >= total) return;
+    const uint per = (q_heads + k_heads) * pairs;
+    const ulong bt = g / per;
+    const uint in_row = (uint)(g - bt * per), b = (uint)(bt / n), t = (uint)(bt % n);
+    if (t >= valid[b]) return;
+    const uint head = in_row / pairs, e = in_row % pairs;
+    __global float *v = x + x_off + (ulong)(row0[b] + t) * ld + (ulong)head * head_dim; /* K's heads follow Q's */
+    const uint ia = interleaved ? 2 * e : e, ib = interleaved ? 2 * e + 1 : e + pairs;
+    const ulong at = 2 * ((ulong)(lens[b] + t) * pairs + e);
+    const float co = cs[at], si = cs[at + 1];
+    const float a = v[ia], bv = v[ib];
+    v[ia] = a * co - bv * si;
+    v[ib] = bv * co + a * si;
+}

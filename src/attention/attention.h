@@ -58,8 +58,9 @@ struct clattn_plan {
     const char *gemm;            /* its GEMM core's name ("ref" on ref) */
     char gemm_params_text[128];  /* that core's parameters as text ("" on ref, or when it has none) */
     void *backend_state;         /* the backend's own (shell.c), NULL on ref */
-    float *rope_cs;              /* desc.rope: (cos, sin) of each position below max(Tq, Tk) and pair (rope.c); NULL
-                                    without rotary embeddings */
+    float *rope_cs;              /* desc.rope: (cos, sin) of each position below rope_positions and pair (rope.c);
+                                    NULL without rotary embeddings */
+    size_t rope_positions;       /* max(Tq, Tk), or more once a decode step needed more (clattn_rope_reserve) */
     size_t drop_b0;              /* ref: the batch index dropout keys entry 0 by; a varlen sequence's sub-plan (ref.c,
                                     backward_ref.c) sets its index (its (h, i, j) are the padded entry's), else 0 */
 };
@@ -181,6 +182,12 @@ float *clattn_rope_table(const clattn_rope *r, size_t positions);
  * t % period: the forward, in place (ref device); and the gradient's rotation back (the transpose) on doubles. */
 void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t rows, size_t ld, size_t period,
                         size_t heads, size_t head_dim);
+/* One row (heads heads of head_dim values) at position pos. */
+void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, size_t pos, size_t heads,
+                            size_t head_dim);
+/* The plan's table grown to hold positions 0 .. positions-1 at least (to a power of two: a decode session's growing
+ * lengths); nothing when it does or without rope. */
+clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions);
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
                              size_t heads, size_t head_dim);
 

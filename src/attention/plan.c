@@ -326,8 +326,8 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
         clattn_plan_free(p);
         return CLATTN_STATUS_OUT_OF_HOST_MEMORY;
     }
-    if (d.rope.kind != CLATTN_ROPE_NONE &&
-        !(p->rope_cs = clattn_rope_table(&d.rope, d.seq_q > d.seq_kv ? d.seq_q : d.seq_kv))) {
+    p->rope_positions = d.seq_q > d.seq_kv ? d.seq_q : d.seq_kv;
+    if (d.rope.kind != CLATTN_ROPE_NONE && !(p->rope_cs = clattn_rope_table(&d.rope, p->rope_positions))) {
         clattn_plan_free(p);
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rotary embeddings' table of cos and sin");
     }

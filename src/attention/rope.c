@@ -117,6 +117,20 @@ float *clattn_rope_table(const clattn_rope *r, size_t positions)
     return cs;
 }
 
+clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions)
+{
+    if (p->d.rope.kind == CLATTN_ROPE_NONE || positions <= p->rope_positions) return CLATTN_STATUS_SUCCESS;
+    size_t n = 64; /* doubled: a decode session's growing lengths remake it a few times, not every step */
+    while (n < positions) n *= 2;
+    float *t = clattn_rope_table(&p->d.rope, n);
+    if (!t)
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rotary embeddings' table of cos and sin for %zu "
+                           "positions", n);
+    free(p->rope_cs);
+    p->rope_cs = t, p->rope_positions = n;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 /* The values of pair i of a head: (i, i + r/2) or (2i, 2i+1). */
 static void pair_of(const clattn_rope *r, size_t i, size_t *a, size_t *b)
 {
@@ -127,23 +141,27 @@ static void pair_of(const clattn_rope *r, size_t i, size_t *a, size_t *b)
         *a = i, *b = i + half;
 }
 
+void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, size_t pos, size_t heads,
+                            size_t head_dim)
+{
+    const size_t half = r->dims / 2;
+    const float *c = cs + 2 * pos * half;
+    for (size_t h = 0; h < heads; h++) {
+        float *v = x + h * head_dim;
+        for (size_t i = 0; i < half; i++) {
+            size_t ia, ib;
+            pair_of(r, i, &ia, &ib);
+            const double a = v[ia], b = v[ib], co = c[2 * i], si = c[2 * i + 1];
+            v[ia] = (float)(a * co - b * si);
+            v[ib] = (float)(b * co + a * si);
+        }
+    }
+}
+
 void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t rows, size_t ld, size_t period,
                         size_t heads, size_t head_dim)
 {
-    const size_t half = r->dims / 2;
-    for (size_t t = 0; t < rows; t++) {
-        const float *c = cs + 2 * (t % period) * half;
-        for (size_t h = 0; h < heads; h++) {
-            float *v = x + t * ld + h * head_dim;
-            for (size_t i = 0; i < half; i++) {
-                size_t ia, ib;
-                pair_of(r, i, &ia, &ib);
-                const double a = v[ia], b = v[ib], co = c[2 * i], si = c[2 * i + 1];
-                v[ia] = (float)(a * co - b * si);
-                v[ib] = (float)(b * co + a * si);
-            }
-        }
-    }
+    for (size_t t = 0; t < rows; t++) clattn_rope_rotate_row(r, cs, x + t * ld, t % period, heads, head_dim);
 }
 
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,

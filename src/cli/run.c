@@ -89,7 +89,8 @@ static void usage_line(FILE *f)
                "               next tokens, packed (none once a sequence is done)\n"
                "  --rope half|interleaved: rotary position embeddings on Q and K (after their projections): pairs\n"
                "               (i, i + R/2) as GPT-NeoX and Llama in transformers, or (2i, 2i + 1) as GPT-J; positions\n"
-               "               from 0 in each batch entry (each sequence with --seqlens). Not with --decode-from\n"
+               "               from 0 in each batch entry (each sequence with --seqlens); with --decode-from, keys\n"
+               "               rotated before they are cached\n"
                "  --rope-dims R: the values rotated per head (even; default the head size); --rope-theta T: the base\n"
                "               (default 10000); --rope-scaling linear:F, ntk:F or yarn:F:N (N: the model's original\n"
                "               context length): positions stretched by F (README, \"Attention variants\")\n"
@@ -420,10 +421,6 @@ static int parse_flags(int argc, char **argv, run_opts *o)
     if ((o->seen_rope_dims || o->seen_rope_theta || o->seen_rope_scaling) && !o->seen_rope) {
         say("%s without --rope: say which pairs rotate (half or interleaved)", o->seen_rope_dims ? "--rope-dims" :
             o->seen_rope_theta ? "--rope-theta" : "--rope-scaling");
-        return EXIT_USAGE;
-    }
-    if (o->seen_rope && o->seen_decode) {
-        say("--rope with --decode-from: decode plans do not rotate yet (clattn 0.8: prefill and training plans)");
         return EXIT_USAGE;
     }
     if (o->seen_page && !o->seen_decode) {

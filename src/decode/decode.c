@@ -26,10 +26,6 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
     if (d->varlen)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen: a decode plan's sequences have lengths of their own "
                            "already (the cache's lengths, args.valid); desc.varlen is for prefill plans");
-    if (d->rope.kind != CLATTN_ROPE_NONE)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "rope: decode plans do not rotate yet (the cache's keys would have "
-                           "to be rotated at append); rotate the new tokens' Q and K before the step, or use a prefill "
-                           "plan (desc.rope.kind = CLATTN_ROPE_NONE here)");
     if (d->training)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
     if (d->need_weights)
@@ -270,6 +266,10 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t rows, const cl
 static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n, const size_t *count)
 {
     if (!tree) return CLATTN_STATUS_SUCCESS;
+    if (d->rope.kind != CLATTN_ROPE_NONE)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with rope: a draft tree's tokens sit at their "
+                           "depths in the tree, not at consecutive positions, and decode steps rotate token t at "
+                           "length + t (a chain of drafts needs no tree_mask)");
     if (d->window)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with a window (desc.window = %zu): the window "
                            "counts cache positions, and a draft tree's branches are not consecutive positions",

@@ -3,6 +3,8 @@
  *                       (biases as prefilled rows), or for a
  *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
  *                       and V copied into those rows' columns (rectangular copies, no kernel)
+ *   1b. rope            with desc.rope, the new tokens' Q and K rotated in place at their positions (rope_step,
+ *                       cl/attention/rope.cl; without projections x is first copied into Q|K|V rows)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
  *                       lens[b] + t (float, half, bfloat16, or int8 codes and a scale per row)
  *   3. attend           the decode core select.c chose (src/cores/decode_attend.c)
@@ -23,6 +25,10 @@ struct clattn_decode_cl {
     clattn_core_layout lay;
     cl_program append_prog;
     cl_kernel k_append;
+    cl_program rope_prog;      /* desc.rope: rope_step, and the plan's table of cos and sin on the device */
+    cl_kernel k_rope;
+    cl_mem rope_cs;
+    size_t rope_positions;     /* the positions rope_cs holds */
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
     cl_mem w_proj, b_proj, w_out, b_out;
     cl_mem x_in, proj, merged, out_buf, lens_buf, valid_buf;
@@ -77,6 +83,46 @@ static clattn_status copy_columns(const clattn_device *dev, cl_mem proj, size_t 
     return CLATTN_STATUS_SUCCESS;
 }
 
+/* desc.rope: the step's new Q and K rows rotated in place at their positions (rope_step; the warm-up launches none). */
+static clattn_status rope_step(decode_pass *dpass, view rows)
+{
+    struct clattn_decode_cl *c = dpass->dp->cl;
+    const clattn_attention_desc *d = &dpass->dp->base->d;
+    const size_t pairs = d->rope.dims / 2, n = dpass->io.n;
+    const size_t total = dpass->warm ? 0 : d->batch * n * (d->heads + d->kv_heads) * pairs;
+    clattn_args a;
+    clattn_args_begin(&a, c->k_rope, "rope_step");
+    clattn_core_arg_rows(&a, rows, c->n_qkv);
+    clattn_arg_u32(&a, (cl_uint)d->heads);
+    clattn_arg_u32(&a, (cl_uint)d->kv_heads);
+    clattn_arg_u32(&a, (cl_uint)d->head_dim_qk);
+    clattn_arg_u32(&a, (cl_uint)pairs);
+    clattn_arg_u32(&a, d->rope.kind == CLATTN_ROPE_INTERLEAVED);
+    clattn_arg_mem(&a, c->rope_cs);
+    clattn_arg_mem(&a, c->lens_buf);
+    clattn_arg_mem(&a, c->valid_buf);
+    clattn_arg_mem(&a, c->row0_buf);
+    clattn_arg_u32(&a, (cl_uint)n);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(dpass->dp->base->device, c->k_rope, total, "enqueue rope_step");
+}
+
+/* desc.rope: the table on the device holding every position of the step (max_len), grown with the plan's. */
+static clattn_status rope_table(clattn_decode_plan *dp, size_t max_len)
+{
+    struct clattn_decode_cl *c = dp->cl;
+    clattn_plan *p = dp->base;
+    if (!c->k_rope || max_len <= c->rope_positions) return CLATTN_STATUS_SUCCESS;
+    TRY(clattn_rope_reserve(p, max_len));
+    cl_mem m = NULL;
+    TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
+                          "the rotary embeddings' cos and sin", &m));
+    clattn_mem_release(&c->rope_cs); /* (freed once the steps enqueued with it are done) */
+    c->rope_cs = m, c->rope_positions = p->rope_positions;
+    return CLATTN_STATUS_SUCCESS;
+}
+
 static clattn_status core_mark(void *ctx, clattn_decode_stage stage)
 {
     decode_pass *dpass = ctx;
@@ -111,7 +157,12 @@ static clattn_status pass_run(void *ctx)
             TRY(copy_columns(dev, c->proj, c->n_qkv, (H + HK) * dk, rows, HK * dv, dpass->hv, dpass->value, "V"));
         }
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
+    } else if (c->k_rope) { /* x is Q, K and V: copied into the rows, as only Q and K rotate */
+        for (int part = 0; part < 3 && !warm; part++)
+            TRY(copy_columns(p->device, c->proj, c->n_qkv, part * E, rows, E, NULL, dpass->x, "x"));
+        src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
+    if (c->k_rope) TRY(rope_step(dpass, src));
     if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
     /* 2. append */
     const size_t kvw = d->kv_half == CLATTN_KV_INT8 ? 1 : dk > dv ? dk : dv; /* INT8: a work-item per row */
@@ -177,8 +228,10 @@ static void cl_release(clattn_decode_plan *dp)
     clattn_marks_release(&c->marks);
     free(c->counts);
     clattn_program_release(&c->append_prog);
+    clattn_kernel_release(&c->k_rope);
+    clattn_program_release(&c->rope_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
-                      &c->lens_buf, &c->valid_buf, &c->row0_buf, &c->kv32, &c->value32, &c->tree_buf};
+                      &c->lens_buf, &c->valid_buf, &c->row0_buf, &c->kv32, &c->value32, &c->tree_buf, &c->rope_cs};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     free(c);
     dp->cl = NULL;
@@ -194,7 +247,9 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     struct clattn_decode_cl *c = clattn_calloc(1, sizeof *c);
     if (!c) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the decode plan's OpenCL state");
     dp->cl = c;
-    const int qkv_rows = p->has_qkv || d->separate_value; /* Q|K|V rows: projected, or copied from the inputs */
+    const int rope = d->rope.kind != CLATTN_ROPE_NONE;
+    /* Q|K|V rows: projected, or copied from the inputs (with rope also x as Q, K and V: only Q and K rotate) */
+    const int qkv_rows = p->has_qkv || d->separate_value || rope;
     c->n_qkv = qkv_rows ? H * dk + HK * (dk + dv) : 0;
     const size_t ld = qkv_rows ? c->n_qkv : E;
     c->lay = (clattn_core_layout){.q_ld = ld, .k_ld = ld, .v_ld = ld, .out_ld = H * dv};
@@ -213,9 +268,16 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     const char *src[] = {"common/half", "decode/kv_append"};
     TRY(clattn_program_build(dev, src, 2, opts, &c->append_prog));
     TRY(clattn_kernel_create(c->append_prog, "kv_append", &c->k_append));
+    if (rope) {
+        const char *rsrc[] = {"attention/rope"};
+        TRY(clattn_program_build(dev, rsrc, 1, "-cl-std=CL1.2", &c->rope_prog));
+        TRY(clattn_kernel_create(c->rope_prog, "rope_step", &c->k_rope));
+        TRY(rope_table(dp, p->rope_positions));
+    }
 
     /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */
-    if (d->separate_value) TRY(clattn_buffer_new(dev, B * Tn * c->n_qkv, 4, NULL, "the Q|K|V rows", &c->proj));
+    if (d->separate_value || (rope && !p->has_qkv))
+        TRY(clattn_buffer_new(dev, B * Tn * c->n_qkv, 4, NULL, "the Q|K|V rows", &c->proj));
     if (p->has_qkv) {
         const size_t rows[3] = {H * dk, HK * dk, HK * dv};
         const float *w[3] = {p->w_query, p->w_key, p->w_value}, *b[3] = {p->b_query, p->b_key, p->b_value};
@@ -296,6 +358,7 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0}, .io = step_io(dp, cache, step),
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
     TRY(check_parts(dp, &dpass.io));
+    TRY(rope_table(dp, step->max_len));
     cl_uint *counts = clattn_malloc(3 * B * sizeof *counts);
     if (!counts) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     step_counts(cache, step, B, counts);
@@ -326,6 +389,7 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
                          .kv = {buffers->kv.mem, buffers->kv.offset},
                          .value = {buffers->value.mem, buffers->value.offset}};
     TRY(check_parts(dp, &dpass.io));
+    TRY(rope_table(dp, step->max_len));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
         clReleaseEvent(c->counts_written);
