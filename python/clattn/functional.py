@@ -174,7 +174,7 @@ def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
 
 
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
-                 training: bool, device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                 training: bool, device: str, rope: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
     k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
     training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added)."""
@@ -195,7 +195,7 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
 
 
 def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, window: int, scale: float,
-                          dropout_p: float, seed: int, device: str, rope: str):
+                          dropout_p: float, seed: int, device: str, rope: str = ""):
     """dq, dk, dv for the training call that gave out and lse (the same inputs and seed)."""
     dev, cache = _device(device or None)
     plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope))
