@@ -118,7 +118,7 @@ Test(prefill, rope)
         {.B = 1, .Tq = 33, .E = 128, .H = 1, .dk = 128, .dv = 128,
          .rope = {.kind = ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 8.0,
                   .original_max_position = 4096}},
-        {.B = 2, .Tq = 9, .E = 8, .H = 2, .noproj = 1, .need_weights = 1, .rope = {.kind = ROPE_INTER}},
+        {.B = 2, .Tq = 9, .E = 8, .H = 2, .noproj = 1, .need_weights = 1, .rope = {.kind = ROPE_INTER, .dims = 2}},
         {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
          .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1, .rope = {.kind = ROPE_HALF, .theta = 1e6}},
         {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
