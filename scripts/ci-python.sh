@@ -24,6 +24,8 @@ if "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "$venv/bin/python" examples/training/train_tiny.py --steps 3 | tail -1
     # and with the sequence split over 2 processes (clattn.distributed's ring): fails if the curves part
     "$venv/bin/python" examples/training/train_context_parallel.py --steps 3 | tail -1
+    # a Llama-style block (GQA, rotary embeddings) from a NumPy checkpoint: exits 1 when clattn differs from torch
+    "$venv/bin/python" examples/models/llama_attention.py | tail -3
 fi
 # clattn demo --plot: the tutorials' weights as heat maps through the package (and a clear failure without it)
 plots=$(mktemp -d)

@@ -7,6 +7,7 @@
     out, avg = attn.forward(q, k, v)                   # nn.MultiheadAttention's call
     layer = clattn.EncoderLayer(heads=2, ...)          # torch.nn.TransformerEncoderLayer, eval mode
     clattn.from_torch(torch_module)                    # nn.MultiheadAttention / nn.TransformerEncoderLayer
+    attn = clattn.Attention(heads=32, kv_heads=8, ..., causal=True, rope=clattn.Rope(theta=500000.0))  # Llama
     dec = clattn.Decoder(heads=32, kv_heads=8, w_query=..., ..., batch=1, capacity=4096, max_new_tokens=512)
     out = dec(prompt)                                  # prefill (B, n, E); then dec(x_next) per token
 
@@ -31,19 +32,20 @@ from ._errors import (BuildFailureError, DeviceAllocationError, Error, InvalidAr
 __all__ = ["Error", "InvalidArgumentError", "ShapeMismatchError", "SizeOverflowError", "TooLargeForDeviceError",
            "OutOfHostMemoryError", "DeviceAllocationError", "BuildFailureError", "UnsupportedError", "NoDeviceError",
            "InvalidDeviceSpecError", "OpenCLError", "devices", "cores", "selftest", "version", "Attention", "Decoder",
-           "EncoderLayer", "from_torch", "plot_attention"]
+           "EncoderLayer", "Rope", "from_torch", "plot_attention"]
 __version__ = "0.7.0"
 
 logger = logging.getLogger("clattn")  # the library's notices (kernels compiled, the kernel cache unused, CLATTN_CORE)
 
 # the package's modules, by concern; the public names are these
 from ._device import cores, devices, selftest, version  # noqa: E402
+from ._rope import Rope  # noqa: E402
 from ._attention import Attention  # noqa: E402
 from ._decoder import Decoder  # noqa: E402
 from ._encoder import EncoderLayer  # noqa: E402
 from ._torch import from_torch  # noqa: E402
 from ._plot import plot_attention  # noqa: E402
 
-for _public in (Attention, Decoder, EncoderLayer, from_torch, plot_attention, devices, cores, version):
+for _public in (Attention, Decoder, EncoderLayer, Rope, from_torch, plot_attention, devices, cores, version):
     _public.__module__ = __name__  # where users import them from (repr, pickling, help)
 del _public

@@ -22,6 +22,7 @@ from ._errors import shape as _shape
 logger = logging.getLogger("clattn")
 from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
 from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
+from ._rope import _rope_spec, _rope_struct
 
 
 class Attention(_Shaped, _PlanCached):
@@ -42,6 +43,9 @@ class Attention(_Shaped, _PlanCached):
     back as the input came (a bfloat16 result for a NumPy input: widened to float32, NumPy has no bfloat16).
     forward_train and backward run on float32 plans (a float32 twin), on the rounded weights: a float32 module's
     numbers, in float32 (the C API's half training plans round the same numbers to the type once).
+    rope: a clattn.Rope (clattn 0.8): rotary position embeddings on the projected queries and keys (after their biases;
+    query row i at position i, key row j at j), in every call, forward_train and backward (Llama, Mistral, Qwen,
+    GPT-NeoX, GPT-J; README, "Attention variants").
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -55,7 +59,7 @@ class Attention(_Shaped, _PlanCached):
                  causal: bool = False, window: int = 0, scale: float = 0.0, dropout: float = 0.0, seed: int = 0,
                  kv_half: bool = False, layout: str = "linear", algorithm: str = "auto", batch_first: bool = True,
                  device: Optional[str] = None, plan_cache_size: int = 16, precision: str = "fp32",
-                 dtype: Any = "float32"):
+                 dtype: Any = "float32", rope: Any = None):
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
                             b_key, b_value, w_out, b_out)
         self.causal = _a.flag("causal", causal)
@@ -70,6 +74,8 @@ class Attention(_Shaped, _PlanCached):
         self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
         self.dtype = _a.dtype_name("dtype", dtype)
+        self.rope = rope
+        self._rope_spec = _rope_spec(rope)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
         self.device = self._device.name
@@ -102,7 +108,7 @@ class Attention(_Shaped, _PlanCached):
         opts = [self._wt.describe()]
         for name, default in (("causal", False), ("window", 0), ("scale", 0.0), ("dropout", 0.0), ("kv_half", False),
                               ("layout", "linear"), ("algorithm", "auto"), ("precision", "fp32"),
-                              ("batch_first", True), ("dtype", "float32")):
+                              ("batch_first", True), ("dtype", "float32"), ("rope", None)):
             v = getattr(self, name)
             if v != default:
                 opts.append(f"{name}={v!r}")
@@ -120,7 +126,8 @@ class Attention(_Shaped, _PlanCached):
                                    layout=_layout_code(wt.layout), algorithm=_lib.ALGORITHMS[self.algorithm],
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
                                    kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision],
-                                   training=int(training), dtype=_a.dtype_code(self.dtype))
+                                   training=int(training), dtype=_a.dtype_code(self.dtype),
+                                   rope=_rope_struct(self._rope_spec))
             plan = _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(self.dtype),
                            "creating the attention plan")
             plan.weights_version = self._wt_version
@@ -134,7 +141,7 @@ class Attention(_Shaped, _PlanCached):
 
         # the options a plan is made with are part of its key: one changed on the module gets a new plan (the
         # dropout seed is set on the plan at each call instead)
-        opts = (self.scale, self.dropout, self.window, self.kv_half, self.algorithm, self.precision)
+        opts = (self.scale, self.dropout, self.window, self.kv_half, self.algorithm, self.precision, self._rope_spec)
         return self._plans.get((B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, need_weights, causal, training, opts), make,
                                refresh)
 

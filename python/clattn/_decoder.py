@@ -21,6 +21,7 @@ from ._errors import shape as _shape
 logger = logging.getLogger("clattn")
 from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
 from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
+from ._rope import _rope_spec, _rope_struct
 
 
 # ---------------------------------------------------------------- decoding over a KV cache
@@ -54,6 +55,8 @@ class Decoder(_Shaped):
     positions (a power of two) from a pool of `pages` (0: enough for every sequence's capacity), taken as sequences
     grow and given back when they shrink; share() lets sequences share a prompt's pages (a shared page is copied
     before one of them writes into it). A step the pool cannot hold raises TooLargeForDeviceError, nothing changed.
+    rope: a clattn.Rope (clattn 0.8): each token's query and key rotated at its position in its sequence (the cache
+    length + its index in the call), keys before they are cached; share()d and accepted tokens keep theirs.
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
@@ -61,7 +64,7 @@ class Decoder(_Shaped):
                  b_out: Any = None, kv_heads: Optional[int] = None, head_dim_qk: Optional[int] = None,
                  head_dim_v: Optional[int] = None, window: int = 0, scale: float = 0.0, kv_half: bool = False,
                  layout: str = "linear", algorithm: str = "auto", device: Optional[str] = None,
-                 kv_dtype: Optional[str] = None, page_size: int = 0, pages: int = 0):
+                 kv_dtype: Optional[str] = None, page_size: int = 0, pages: int = 0, rope: Any = None):
         if w_query is None or w_key is None or w_value is None:
             _invalid("Decoder: w_query, w_key and w_value are required")
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
@@ -89,13 +92,15 @@ class Decoder(_Shaped):
         if self.pages and not self.page_size:
             _invalid(f"pages={self.pages} without page_size: a contiguous cache has no pages")
         self.algorithm = _a.choice("algorithm", algorithm, tuple(_lib.ALGORITHMS))
+        self.rope = rope
+        rope_struct = _rope_struct(_rope_spec(rope))
         self._device = _Device(device)
         self.device = self._device.name
         d = _lib.AttentionDesc(batch=self.batch, seq_q=self.max_new_tokens, embed=wt.embed, heads=wt.heads,
                                head_dim_qk=wt.head_dim_qk, head_dim_v=wt.head_dim_v, out_dim=wt.out_dim, causal=1,
                                scale=self.scale, layout=_layout_code(wt.layout),
                                algorithm=_lib.ALGORITHMS[self.algorithm], kv_heads=wt.kv_heads, window=self.window,
-                               kv_half=kv_type, kv_page_size=self.page_size)
+                               kv_half=kv_type, kv_page_size=self.page_size, rope=rope_struct)
         self._dplan = _create(self._device, _lib.decode_plan_create, _lib.decode_plan_free, d, wt.struct(),
                               "creating the decode plan")
         cd = _lib.KVCacheDesc(batch=self.batch, capacity=self.capacity, kv_heads=wt.kv_heads,

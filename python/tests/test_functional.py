@@ -6,6 +6,7 @@ choice); refusals; plans cached per shape; dropout repeatable under torch.manual
 custom operator under torch.compile. Runs on Debian's torch 1.13 and on PyPI's torch 2.x (scripts/ci-torch2.sh)."""
 import math
 
+import numpy as np
 import pytest
 
 import clattn
@@ -508,9 +509,54 @@ def test_rope_refusals():
         CF.Rope(kind="neox")
     with pytest.raises(clattn.InvalidArgumentError, match="'linear', 'ntk' or 'yarn'"):
         CF.Rope(scaling="dynamic")
-    with pytest.raises(clattn.InvalidArgumentError, match="pass clattn.functional.Rope"):
+    with pytest.raises(clattn.InvalidArgumentError, match=r"pass clattn.Rope\("):
         CF.attend(q, k, v, rope={"kind": "half"}, device="ref")
     with pytest.raises(clattn.ShapeMismatchError, match=r"rope.dims \(8\) exceeds head_dim_qk \(6\)"):
         CF.attend(q, k, v, rope=CF.Rope(dims=8), device="ref")
     with pytest.raises(clattn.InvalidArgumentError, match="YARN needs rope.original_max_position"):
         CF.attend(q, k, v, rope=CF.Rope(scaling="yarn", factor=2.0), device="ref")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_in_attention_module_and_decoder(device):
+    """clattn.Attention(rope=...) and clattn.Decoder(rope=...), a Llama-style block (GQA, biases on Q and K, partial
+    rotary dims, YaRN) against torch: the projections, the reference rotation and the oracle in float64; the
+    module's backward (every weight's gradient and x's) against autograd's through the same reference; the decoder's
+    prompt and steps equal to the one causal run"""
+    rope = clattn.Rope(kind="half", dims=4, scaling="yarn", factor=4.0, original_max_position=8)
+    g = torch.Generator().manual_seed(17)
+    E, Hq, Hk, D, T = 16, 4, 2, 6, 11
+    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
+         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
+         "b_query": torch.randn(Hq * D, generator=g) * 0.2, "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    x = torch.randn(2, T, E, generator=g)
+    w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
+    x64 = x.double().requires_grad_(True)
+
+    def reference(xx):
+        B, L, _ = xx.shape
+        q = (xx @ w64["w_query"].T + w64["b_query"]).view(B, L, Hq, D)
+        k = (xx @ w64["w_key"].T + w64["b_key"]).view(B, L, Hk, D)
+        v = (xx @ w64["w_value"].T).view(B, L, Hk, D)
+        o = oracle(rope_reference(q, rope).transpose(1, 2), rope_reference(k, rope).transpose(1, 2),
+                   v.transpose(1, 2), is_causal=True)
+        return o.transpose(1, 2).reshape(B, L, Hq * D) @ w64["w_out"].T
+
+    want = reference(x64)
+    npw = {k: v.numpy() for k, v in w.items()}
+    attn = clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, causal=True, rope=rope, device=device, **npw)
+    assert "rope=Rope(" in repr(attn)
+    out, _ = attn(x.numpy())
+    torch.testing.assert_close(torch.from_numpy(out).double(), want.detach(), **FWD)
+    dout = torch.randn(want.shape, generator=g)
+    grads = attn.backward(x.numpy(), dout.numpy())
+    exp = torch.autograd.grad(want, [x64] + list(w64.values()), dout.double())
+    for name, e in zip(["x"] + list(w64), exp):
+        torch.testing.assert_close(torch.from_numpy(grads[name]).double(), e, **GRAD, msg=lambda m: f"{name}: {m}")
+    dec = clattn.Decoder(Hq, kv_heads=Hk, head_dim_qk=D, batch=2, capacity=16, max_new_tokens=4, rope=rope,
+                         device=device, **npw)
+    xs = x.numpy()
+    steps = [dec(xs[:, :4])] + [dec(xs[:, t:t + 1]) for t in range(4, T)]
+    torch.testing.assert_close(torch.from_numpy(np.concatenate(steps, axis=1)).double(), want.detach(), **FWD)
+    with pytest.raises(clattn.InvalidArgumentError, match="pass clattn.Rope"):
+        clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, rope="half", **npw)
