@@ -1705,6 +1705,18 @@ Test(misuse, heads_as_given_refusals)
     clattn_device_free(devs[1]);
 }
 
+/* Each description refused on dev, with its needle in the error and no plan. */
+typedef struct refusal { const char *needle; clattn_attention_desc d; } refusal;
+static void refused_all(clattn_device *dev, const refusal *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        clattn_plan *plan = NULL;
+        cr_assert_neq(tu_plan_create(dev, &bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
+        cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
+        cr_assert_null(plan);
+    }
+}
+
 /* desc.dtype (clattn 0.7): a type that is none of the three (attention, decode and encoder plans), a half training
  * plan with kv_half (training never takes kv_half), and kv_half outside 0..3 or INT8 in a prefill plan, refused by name
  * on both backends; a half plan's output that
@@ -1712,7 +1724,7 @@ Test(misuse, heads_as_given_refusals)
 Test(misuse, dtype_refusals)
 {
     clattn_device *devs[2] = {tu_open_ref(), open_cl()};
-    const struct { const char *needle; clattn_attention_desc d; } bad[] = {
+    const refusal bad[] = {
         {"dtype 3 is not CLATTN_DTYPE_F32", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .dtype = 3}},
         {"training with kv_half", {.batch = 1, .seq_q = 3, .embed = 8, .heads = 4, .training = 1, .kv_half = 1,
                                    .dtype = CLATTN_DTYPE_BF16}},
@@ -1723,12 +1735,7 @@ Test(misuse, dtype_refusals)
                                                                              .heads = 4, .kv_half = 4}},
     };
     for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            clattn_plan *plan = NULL;
-            cr_assert_neq(tu_plan_create(devs[k], &bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
-            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
-            cr_assert_null(plan);
-        }
+        refused_all(devs[k], bad, sizeof bad / sizeof bad[0]);
         const clattn_attention_desc dd = {.batch = 1, .seq_q = 1, .embed = 8, .heads = 2, .causal = 1, .dtype = 5};
         clattn_decode_plan *dp = NULL;
         cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, NULL, &dp), CLATTN_STATUS_INVALID_ARGUMENT);
@@ -1764,7 +1771,7 @@ Test(misuse, rope_refusals)
 {
     clattn_device *devs[2] = {tu_open_ref(), open_cl()};
 #define D(...) {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .rope = {__VA_ARGS__}} /* head size 4 */
-    const struct { const char *needle; clattn_attention_desc d; } bad[] = {
+    const refusal bad[] = {
         {"rope.kind 3 is not", D(.kind = 3)},
         {"rope.scaling 4 is not", D(.kind = CLATTN_ROPE_HALF, .scaling = 4)},
         {"rope.dims (6) exceeds head_dim_qk (4)", D(.kind = CLATTN_ROPE_HALF, .dims = 6)},
@@ -1797,12 +1804,7 @@ Test(misuse, rope_refusals)
     };
 #undef D
     for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            clattn_plan *plan = NULL;
-            cr_assert_neq(tu_plan_create(devs[k], &bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s", bad[i].needle);
-            cr_assert(strstr(clattn_last_error(), bad[i].needle), "%s: %s", bad[i].needle, clattn_last_error());
-            cr_assert_null(plan);
-        }
+        refused_all(devs[k], bad, sizeof bad / sizeof bad[0]);
         for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
             clattn_plan *plan = NULL;
             cr_assert_eq(tu_plan_create(devs[k], &good[i], NULL, &plan), CLATTN_STATUS_SUCCESS, "good %zu: %s", i,

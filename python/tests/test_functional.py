@@ -65,6 +65,15 @@ def check(q, k, v, device, mask=None, grads=True, **kw):
             torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
 
 
+def same_grads(out, want, inputs, seed, names="qkv"):
+    """The gradients of out and of the float64 want through `inputs` from one random dOut (seed) agree (GRAD)."""
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    got = torch.autograd.grad(out, inputs, g)
+    exp = torch.autograd.grad(want, inputs, g.double())
+    for name, a, b in zip(names, got, exp):
+        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
+
+
 B, H, L, S, E = 2, 4, 7, 13, 8
 
 MASKS = {  # name: (shape, bool or float): every way a mask broadcasts to (B, H, L, S)
@@ -400,11 +409,7 @@ def test_varlen_gradients(device, causal):
     out = CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=causal, window=4 if causal else 0, device=device)
     want = varlen_oracle(q, k, v, cq, ck, causal, 4 if causal else 0)
     torch.testing.assert_close(out.double(), want.detach(), **FWD)
-    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad(out, (q, k, v), gout)
-    exp = torch.autograd.grad(want, (q, k, v), gout.double())
-    for name, a, b in zip("qkv", got, exp):
-        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {name}: {m}")
+    same_grads(out, want, (q, k, v), 2)
 
 
 # ---------------------------------------------------------------- rotary embeddings (clattn.functional.Rope)
@@ -471,11 +476,7 @@ def test_rope_matches_torch_reference(device, name):
     want = oracle(rope_reference(q, rope).transpose(1, 2), rope_reference(k, rope).transpose(1, 2),
                   v.double().transpose(1, 2), is_causal=True).transpose(1, 2)
     torch.testing.assert_close(out.double(), want.detach(), **FWD)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
-    got = torch.autograd.grad(out, (q, k, v), g)
-    exp = torch.autograd.grad(want, (q, k, v), g.double())
-    for n, a, b in zip("qkv", got, exp):
-        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {n}: {m}")
+    same_grads(out, want, (q, k, v), 8)
     with torch.no_grad():  # inference (another plan), and without rope the same call differs
         torch.testing.assert_close(CF.attend(q, k, v, causal=True, rope=rope, device=device).double(), want, **FWD)
         assert not torch.allclose(CF.attend(q, k, v, causal=True, device=device).double(), want, **FWD)
@@ -496,11 +497,7 @@ def test_rope_varlen_each_sequence_from_zero(device):
     rk = torch.cat([rope_reference(k[cq[b]:cq[b + 1]][None], rope)[0] for b in range(4)])
     want = varlen_oracle(rq, rk, v.double(), cq, cq, causal=True)
     torch.testing.assert_close(out.double(), want.detach(), **FWD)
-    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
-    got = torch.autograd.grad(out, (q, k, v), gout)
-    exp = torch.autograd.grad(want, (q, k, v), gout.double())
-    for n, a, b in zip("qkv", got, exp):
-        torch.testing.assert_close(a.double(), b.double(), **GRAD, msg=lambda m: f"grad {n}: {m}")
+    same_grads(out, want, (q, k, v), 4)
 
 
 def test_rope_refusals():
