@@ -734,7 +734,10 @@ CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, s
  * positions from[b] + 0 .. counts[b]-1, keys, values (and an INT8 cache's scales) alike; its length becomes
  * from[b] + counts[b]. Nothing before from[b] changes. counts[b] = 0 drops the whole step; for a chain (no tree),
  * clattn_kv_cache_truncate does the same as index 0 .. k-1. Refused with nothing changed: from[b] + index past the
- * current length, an index not ascending, counts[b] > stride. */
+ * current length, an index not ascending, counts[b] > stride. The cache does not know the plans that wrote it: with
+ * rotary embeddings (desc.rope) its keys were rotated for the positions they were written at, so a token moved to
+ * another position is wrong there; keep only prefixes (index 0 .. k-1) of such steps (clattn.Decoder refuses other
+ * branches; the same holds for keys given to clattn_kv_cache_write, which must be rotated for their positions). */
 CLATTN_API clattn_status clattn_kv_cache_accept(clattn_kv_cache *cache, const size_t *from, const size_t *counts,
                                                 const size_t *index, size_t stride);
 /* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL; the two may not

@@ -74,14 +74,24 @@ class Attention(_Shaped, _PlanCached):
         self.precision = _a.choice("precision", precision, tuple(_lib.PRECISIONS))
         self.batch_first = _a.flag("batch_first", batch_first)
         self.dtype = _a.dtype_name("dtype", dtype)
-        self.rope = rope
-        self._rope_spec = _rope_spec(rope)
+        self.rope = rope  # (a property: checked, and its spec kept for the plans' keys)
         self._plans = _PlanCache(_a.integer("plan_cache_size", plan_cache_size))
         self._device = _Device(device)
         self.device = self._device.name
         self._last = (None, None, None)  # (algorithm, core, GEMM core) of the last call
         self._last_backward = None  # (backward core, its parameters) of the last backward
         self._wt_version = 0  # set_weights counts up; each plan holds the weights of the version it has
+
+    @property
+    def rope(self) -> Any:
+        """The clattn.Rope the plans rotate queries and keys with (None: none). Setting it (checked) makes the next
+        calls use plans with the new one, as for every other option."""
+        return self._rope
+
+    @rope.setter
+    def rope(self, value: Any) -> None:
+        self._rope_spec = _rope_spec(value)
+        self._rope = value
 
     @property
     def algorithm_used(self) -> Optional[str]:
@@ -281,7 +291,8 @@ class Attention(_Shaped, _PlanCached):
             twin.dtype = "float32"
             twin._plans = _PlanCache(self._plans.size)
             self.__dict__["_twin"] = twin
-        for k in ("scale", "dropout", "seed", "window", "kv_half", "algorithm", "precision", "causal", "batch_first"):
+        for k in ("scale", "dropout", "seed", "window", "kv_half", "algorithm", "precision", "causal", "batch_first",
+                  "rope"):
             setattr(twin, k, getattr(self, k))
         return twin
 

@@ -56,7 +56,8 @@ class Decoder(_Shaped):
     grow and given back when they shrink; share() lets sequences share a prompt's pages (a shared page is copied
     before one of them writes into it). A step the pool cannot hold raises TooLargeForDeviceError, nothing changed.
     rope: a clattn.Rope (clattn 0.8): each token's query and key rotated at its position in its sequence (the cache
-    length + its index in the call), keys before they are cached; share()d and accepted tokens keep theirs.
+    length + its index in the call), keys before they are cached; share() keeps them (same positions), and accept()
+    refuses a branch that would move a token to another position (its key was rotated for the one it had).
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
@@ -251,6 +252,12 @@ class Decoder(_Shaped):
         br = [list(x) for x in branches]
         if len(st) != self.batch or len(br) != self.batch:
             _shape(f"start and branches: {len(st)} and {len(br)} entries, expected one per sequence ({self.batch})")
+        if self.rope is not None:  # a cached key is rotated for its position: it may stay, not move
+            for b, x in enumerate(br):
+                if list(x) != list(range(len(x))):
+                    _invalid(f"branches[{b}] = {list(x)} with rope: the keys were rotated for their positions in the "
+                             f"step and would move to others; with rope only a prefix of the step can be kept "
+                             f"([0, 1, ..., k-1]; trees are refused with rope)")
         stride = max([len(x) for x in br] + [1])
         idx = (ctypes.c_size_t * (self.batch * stride))()
         for b, x in enumerate(br):

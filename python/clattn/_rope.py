@@ -2,6 +2,7 @@
 and clattn.Decoder take one too, and clattn.functional re-exports it)."""
 import ast
 import dataclasses
+import math
 from typing import Any, Optional
 
 from . import _lib
@@ -32,6 +33,10 @@ class Rope:
                      f"(pairs 2i, 2i + 1)")
         if self.scaling not in _lib.ROPE_SCALINGS:
             _invalid(f"Rope(scaling={self.scaling!r}): None, 'linear', 'ntk' or 'yarn'")
+        for name in ("theta", "factor"):
+            v = float(getattr(self, name))
+            if not math.isfinite(v):
+                _invalid(f"Rope({name}={v}): must be finite")
         if int(self.dims) < 0 or int(self.original_max_position) < 0:
             _invalid(f"Rope(dims={self.dims}, original_max_position={self.original_max_position}): must be >= 0")
 

@@ -557,3 +557,32 @@ def test_rope_in_attention_module_and_decoder(device):
     torch.testing.assert_close(torch.from_numpy(np.concatenate(steps, axis=1)).double(), want.detach(), **FWD)
     with pytest.raises(clattn.InvalidArgumentError, match="pass clattn.Rope"):
         clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, rope="half", **npw)
+
+
+def test_rope_option_changes_and_branches():
+    """Attention.rope set after construction takes effect (a new plan), and a half module's float32 twin follows it;
+    Rope refuses non-finite numbers; a Decoder with rope keeps only prefixes of a step (accept)."""
+    g = torch.Generator().manual_seed(23)
+    E, Hq, D = 8, 2, 4
+    w = {k: (torch.randn(Hq * D, E, generator=g) * 0.4).numpy() for k in ("w_query", "w_key", "w_value")}
+    x = torch.randn(1, 6, E, generator=g).numpy()
+    plain = clattn.Attention(Hq, head_dim_qk=D, causal=True, device="ref", **w)
+    rotated = clattn.Attention(Hq, head_dim_qk=D, causal=True, device="ref", rope=clattn.Rope(), **w)
+    before = plain(x)[0]
+    plain.rope = clattn.Rope()
+    np.testing.assert_array_equal(plain(x)[0], rotated(x)[0])
+    assert not np.allclose(before, rotated(x)[0])
+    with pytest.raises(clattn.InvalidArgumentError, match="pass clattn.Rope"):
+        plain.rope = "half"
+    half = clattn.Attention(Hq, head_dim_qk=D, causal=True, device="ref", dtype="float16", **w)
+    half.rope = clattn.Rope()
+    assert half._trainer().rope == clattn.Rope()
+    for bad in (dict(theta=float("inf")), dict(factor=float("nan"), scaling="linear")):
+        with pytest.raises(clattn.InvalidArgumentError, match="must be finite"):
+            clattn.Rope(**bad)
+    dec = clattn.Decoder(Hq, head_dim_qk=D, capacity=8, max_new_tokens=3, rope=clattn.Rope(), device="ref", **w)
+    dec(x[:, :3])
+    with pytest.raises(clattn.InvalidArgumentError, match="only a prefix of the step"):
+        dec.accept([0], [[0, 2]])
+    dec.accept([0], [[0, 1]])
+    assert dec.lengths == [2]
