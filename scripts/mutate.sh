@@ -199,22 +199,40 @@ one() {
         broken) local why=${line#*BROKEN    (}; printf 'broken\t%s (%s)\n' "$id" "${why%)}" >"$scratch/verdict.$k" ;;
         *) printf 'caught\t%s\n' "$id" >"$scratch/verdict.$k" ;;
     esac
-    echo "$line ($(( $(date +%s) - t0 )) s)"
+    local took=$(( $(date +%s) - t0 ))
+    printf '%s\t%s\n' "$took" "$id" >"$scratch/time.$k"
+    echo "$line ($took s)"
 }
 
-# worker w takes mutants w, w + workers, ...; worker 0 the copy built above, the others a copy of their own, built
-# first (while worker 0 already runs)
+# the next mutant nobody has taken yet (a counter in $scratch/queue, under flock), or nothing when none is left.
+# Workers take mutants from this one queue rather than every workers-th of the list: a mutant takes 1 to 80 s here,
+# and a fixed share left one worker idle while the other still had minutes of slow ones to go.
+claim() {
+    local fd n
+    exec {fd}>>"$scratch/queue.lock"
+    flock "$fd"
+    n=$(cat "$scratch/queue")
+    echo $((n + 1)) >"$scratch/queue"
+    flock -u "$fd"
+    exec {fd}>&-
+    [ "$n" -lt "${#ids[@]}" ] && echo "$n"
+    return 0
+}
+
+# worker w: worker 0 in the copy built above, the others in a copy of their own, built first (while worker 0 already
+# runs); each takes mutants from the queue until it is empty
 work() {
-    local w=$1 src=$scratch/src bld=$scratch/build
+    local w=$1 src=$scratch/src bld=$scratch/build k
     if [ "$w" -gt 0 ]; then
         src=$scratch/src.w$w bld=$scratch/build.w$w   # copied, unmutated, before any worker started
         cmake "${generator[@]}" -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release >/dev/null && build "$bld" ||
             { echo "mutate.sh: worker $w's copy does not build (see $bld.log)" >&2; return 1; }
     fi
-    for k in "${!ids[@]}"; do
-        [ $((k % workers)) -eq "$w" ] && one "$k" "$src" "$bld" "$w"
+    while k=$(claim) && [ -n "$k" ]; do
+        one "$k" "$src" "$bld" "$w"
     done
-    build "$bld" || true   # leave the copy unmutated
+    # (no rebuild of the restored sources here: the copy's build is left as its last mutant built it, and a later
+    # run removes it; rebuilding every target took each worker 30 s to 2 minutes at the end of the stage)
 }
 
 if [ -z "$workers" ]; then
@@ -224,7 +242,8 @@ fi
 # side by side, each mutant's ctest runs its entries one at a time
 per_ctest=${CTEST_PARALLEL_LEVEL:-1}
 [ "$workers" -le 1 ] || per_ctest=1
-rm -f "$scratch"/verdict.*
+rm -f "$scratch"/verdict.* "$scratch"/time.*
+echo 0 >"$scratch/queue"
 # the other workers' copies of the unmutated tree, made before worker 0 plants its first bug
 for ((w = 1; w < workers; w++)); do
     rm -rf "$scratch/src.w$w" "$scratch/build.w$w"
@@ -250,6 +269,15 @@ for k in "${!ids[@]}"; do
     esac
 done
 
+# where the stage's time went: every mutant's seconds (build and tests) into $scratch/times.tsv, slowest first, and
+# the slowest listed here (what to narrow or split when the stage grows)
+if compgen -G "$scratch/time.*" >/dev/null; then
+    cat "$scratch"/time.* | sort -rn >"$scratch/times.tsv"
+    echo
+    echo "mutate.sh: $(awk -F'\t' '{s += $1} END {print s}' "$scratch/times.tsv") s of mutant time in $workers worker(s);" \
+         "the slowest (all in $scratch/times.tsv):"
+    head -15 "$scratch/times.tsv" | awk -F'\t' '{printf "  %5d s  %s\n", $1, $2}'
+fi
 
 echo
 echo "mutate.sh: ${#ids[@]} mutants, $(( ${#ids[@]} - ${#survived[@]} - ${#broken[@]} )) caught, ${#survived[@]} survived, ${#broken[@]} broken"
