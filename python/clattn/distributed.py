@@ -27,9 +27,13 @@ sequence. Both are differentiable in q, k and v (first derivatives).
   field that differ), and a rank whose own arguments are refused raises its error while every other rank raises
   InvalidArgumentError naming it: no rank is left waiting. Every collective and point-to-point wait runs under the
   group's timeout (init_process_group(timeout=...): gloo's default is 30 minutes; set it lower to fail sooner).
-- Not taken: masks and key padding, dropout (its Philox counters would be a block's own positions, not the
-  sequence's: the functions have no such arguments), and half types (refused: the ring merges float32 partials).
-  Each rank brings equal parts (shard refuses a length that does not split evenly: pad, and mask at the caller).
+- key_padding_mask: this rank's part (B, S/N) of a bool mask over the whole sequence's keys, True = padding (as
+  nn.MultiheadAttention's), cut as the keys were (shard(mask, layout=...)). The ring passes each block's part around
+  with the block (clattn's own key padding, no (L, S) mask is made); Ulysses gathers the whole mask on every rank.
+  A query row whose every key is hidden (padding, causal) gives zeros and zero gradients, as attend() does.
+- Not taken: other masks, dropout (its Philox counters would be a block's own positions, not the sequence's: the
+  functions have no such arguments), and half types (refused: the ring merges float32 partials). Each rank brings
+  equal parts (shard refuses a length that does not split evenly: pad, and mask the padding with key_padding_mask).
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ from .functional import _unsupported
 __all__ = ["ring_attention", "ulysses_attention", "shard", "unshard", "MultiheadAttention"]
 
 _LAYOUTS = ("contiguous", "zigzag")
-_TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 11, 12, 13, 14
+_TAG_K, _TAG_V, _TAG_DK, _TAG_DV, _TAG_P = 11, 12, 13, 14, 15
 
 
 def _world(group) -> Tuple[int, int]:
@@ -97,14 +101,15 @@ def unshard(x: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 
 _NAMES = ["batch", "query length", "heads", "head size", "key batch", "key length", "key heads", "key head size",
           "value batch", "value length", "value heads", "value head size", "query dtype", "key dtype",
           "value dtype", "causal", "window", "scale (low bits)", "scale (high bits)", "layout", "merge dtype",
-          "gradients wanted"]
+          "gradients wanted", "key padding mask"]
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
 
 
 def _local_meta(what: str, q, k, v, causal: bool, window: int, scale: Optional[float], layout: str,
-                merge_dtype) -> Tuple[List[float], float]:
+                merge_dtype, kpm) -> Tuple[List[float], float]:
     """What this rank was given, as numbers every rank compares (_NAMES), and the scale; raises for arguments no
-    rank could take (not tensors, not 4-D, an empty head, an unknown layout or merge dtype)."""
+    rank could take (not tensors, not 4-D, an empty head, an unknown layout or merge dtype, a key padding mask that
+    is not bool (batch, this rank's key rows))."""
     for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor):
             _invalid(f"{what}: {name} is a {type(t).__name__}; torch tensors only")
@@ -116,13 +121,20 @@ def _local_meta(what: str, q, k, v, causal: bool, window: int, scale: Optional[f
         _invalid(f"{what}: layout={layout!r}: 'contiguous' or 'zigzag'")
     if merge_dtype not in (torch.float32, torch.float64):
         _invalid(f"{what}: merge_dtype={merge_dtype}: torch.float32 or torch.float64")
+    if kpm is not None:
+        if not isinstance(kpm, torch.Tensor) or kpm.dtype != torch.bool:
+            _invalid(f"{what}: key_padding_mask is {getattr(kpm, 'dtype', type(kpm).__name__)}; a bool tensor "
+                     "(True = padding)")
+        if tuple(kpm.shape) != tuple(k.shape[:2]):
+            _shape(f"{what}: key_padding_mask {tuple(kpm.shape)}; (batch, this rank's key rows) = "
+                   f"{tuple(k.shape[:2])}")
     B, L, H, E = q.shape
     sc = 1.0 / math.sqrt(E) if scale is None else float(scale)
     lo, hi = struct.unpack("<II", struct.pack("<d", sc))  # the scale's bits, exact in float64 (NaN too)
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     meta = [B, L, H, E, *k.shape, *v.shape, _DTYPE_CODES.get(q.dtype, 9), _DTYPE_CODES.get(k.dtype, 9),
             _DTYPE_CODES.get(v.dtype, 9), int(bool(causal)), int(window), lo, hi, _LAYOUTS.index(layout),
-            int(merge_dtype == torch.float64), int(grads)]
+            int(merge_dtype == torch.float64), int(grads), int(kpm is not None)]
     return meta, sc
 
 
@@ -146,12 +158,12 @@ def _agree(what: str, meta: Optional[List[float]], mine: Optional[Exception], gr
 
 
 def _check(what: str, q, k, v, group, causal: bool, window: int, scale: Optional[float], layout: str,
-           heads_split: bool, merge_dtype=torch.float32) -> Tuple[int, int, float]:
+           heads_split: bool, merge_dtype=torch.float32, kpm=None) -> Tuple[int, int, float]:
     """The group's ranks agree on the call (_agree), then its refusals, from agreed values: the same on every rank."""
     rank, world = _world(group)
     meta, sc, mine = None, 0.0, None
     try:
-        meta, sc = _local_meta(what, q, k, v, causal, window, scale, layout, merge_dtype)
+        meta, sc = _local_meta(what, q, k, v, causal, window, scale, layout, merge_dtype, kpm)
     except Exception as e:  # noqa: BLE001 (raised again below, on this rank, after the others heard of it)
         mine = e
     _agree(what, meta, mine, group, world)
@@ -230,25 +242,37 @@ def _exchange(sends: List[torch.Tensor], recvs: List[torch.Tensor], tags: List[i
     return reqs
 
 
-def _ring_forward(q, k, v, group, rank, world, causal, scale, layout, device, merge_dtype):
+def _pass_on(block: List[torch.Tensor], rank: int, world: int, group):
+    """Send the K/V block (and its key padding mask) on to rank + 1 while the next comes from rank - 1: the next
+    block's tensors (to be waited for) and the requests."""
+    nxt = [torch.empty_like(t) for t in block]
+    return nxt, _exchange(block, nxt, [_TAG_K, _TAG_V, _TAG_P][:len(block)], rank, world, group)
+
+
+def _part(t: Optional[torch.Tensor], rows: slice) -> Optional[torch.Tensor]:
+    return None if t is None else t[:, rows].contiguous()
+
+
+def _ring_forward(q, k, v, kpm, group, rank, world, causal, scale, layout, device, merge_dtype):
+    """kpm: this rank's (B, S/N) uint8 key padding mask (nonzero = hidden), or None."""
     nq, nk = q.shape[1], k.shape[1]
     acc = {}
-    cur_k, cur_v = k.contiguous(), v.contiguous()
+    block = [k.contiguous(), v.contiguous()] + ([] if kpm is None else [kpm.contiguous()])
     for step in range(world):
         src = (rank - step) % world
         reqs, nxt = [], None
         if step < world - 1:  # the next block travels while this one is attended
-            nxt = (torch.empty_like(cur_k), torch.empty_like(cur_v))
-            reqs = _exchange([cur_k, cur_v], list(nxt), [_TAG_K, _TAG_V], rank, world, group)
+            nxt, reqs = _pass_on(block, rank, world, group)
+        cur_k, cur_v, cur_p = block[0], block[1], block[2] if len(block) > 2 else None
         for rq, rk, diag in _pairs(rank, world, layout, src, causal, nq, nk):
             o, l = _F._attend_impl(q[:, rq].contiguous(), cur_k[:, rk].contiguous(), cur_v[:, rk].contiguous(), None,
-                                   diag, 0, scale, 0.0, 0, True, device)
+                                   diag, 0, scale, 0.0, 0, True, device, kpm=_part(cur_p, rk))
             key = (rq.start, rq.stop)
             acc[key] = _merge(*acc.get(key, (None, None)), o, l, merge_dtype)
         for r in reqs:
             r.wait()
         if nxt is not None:
-            cur_k, cur_v = nxt
+            block = nxt
     B, H, Ev = q.shape[0], q.shape[2], v.shape[3]
     out = torch.empty((B, nq, H, Ev), dtype=torch.float32)
     lse = torch.empty((B, H, nq), dtype=torch.float32)
@@ -257,22 +281,22 @@ def _ring_forward(q, k, v, group, rank, world, causal, scale, layout, device, me
     return out, lse
 
 
-def _ring_backward(q, k, v, out, lse, grad_out, group, rank, world, causal, scale, layout, device):
+def _ring_backward(q, k, v, kpm, out, lse, grad_out, group, rank, world, causal, scale, layout, device):
     nq, nk = q.shape[1], k.shape[1]
     dq = torch.zeros_like(q)
-    cur_k, cur_v = k.contiguous(), v.contiguous()
+    block = [k.contiguous(), v.contiguous()] + ([] if kpm is None else [kpm.contiguous()])
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # the accumulators of the block this rank holds
     for step in range(world):
         src = (rank - step) % world
         reqs, nxt = [], None
         if step < world - 1:
-            nxt = (torch.empty_like(cur_k), torch.empty_like(cur_v))
-            reqs = _exchange([cur_k, cur_v], list(nxt), [_TAG_K, _TAG_V], rank, world, group)
+            nxt, reqs = _pass_on(block, rank, world, group)
+        cur_k, cur_v, cur_p = block[0], block[1], block[2] if len(block) > 2 else None
         for rq, rk, diag in _pairs(rank, world, layout, src, causal, nq, nk):
             gq, gk, gv = _F._attend_backward_impl(
                 q[:, rq].contiguous(), cur_k[:, rk].contiguous(), cur_v[:, rk].contiguous(), None,
                 out[:, rq].contiguous(), lse[:, :, rq].contiguous(), grad_out[:, rq].contiguous(), diag, 0, scale,
-                0.0, 0, device)
+                0.0, 0, device, kpm=_part(cur_p, rk))
             dq[:, rq] += gq
             dk[:, rk] += gk
             dv[:, rk] += gv
@@ -285,16 +309,17 @@ def _ring_backward(q, k, v, out, lse, grad_out, group, rank, world, causal, scal
                 r.wait()
             dk, dv = got
         if nxt is not None:
-            cur_k, cur_v = nxt
+            block = nxt
     return dq, dk, dv
 
 
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, rank, world, causal, scale, layout, device, merge_dtype):
+    def forward(ctx, q, k, v, kpm, group, rank, world, causal, scale, layout, device, merge_dtype):
         q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
-        out, lse = _ring_forward(q, k, v, group, rank, world, causal, scale, layout, device, merge_dtype)
+        out, lse = _ring_forward(q, k, v, kpm, group, rank, world, causal, scale, layout, device, merge_dtype)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kpm = kpm  # (not differentiable: uint8)
         ctx.opts = (group, rank, world, causal, scale, layout, device)
         return out
 
@@ -302,26 +327,30 @@ class _RingFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         _F._first_derivatives_only()
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(q, k, v, out, lse, grad_out.contiguous().float(), *ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        dq, dk, dv = _ring_backward(q, k, v, ctx.kpm, out, lse, grad_out.contiguous().float(), *ctx.opts)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group=None, *,
-                   causal: bool = False, scale: Optional[float] = None, layout: str = "contiguous",
+                   causal: bool = False, key_padding_mask: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None, layout: str = "contiguous",
                    merge_dtype: torch.dtype = torch.float32, device: Optional[str] = None) -> torch.Tensor:
     """Ring attention over the group: this rank's query rows (B, L/N, H, E) against the whole sequence's keys, whose
     blocks (B, S/N, Hk, E) and values pass around the ring -> (B, L/N, H, Ev), as attend() on the whole sequence
     gives these rows. causal: top-left over the whole sequence (each rank's rows as shard() cut them with `layout`:
-    "zigzag" balances the causal work). merge_dtype: float32 or float64, the partials' merge (fixed order: the same
-    bits on every rank and in every run). See the module's notes for what is refused."""
+    "zigzag" balances the causal work). key_padding_mask: (B, S/N) bool, True = padding, cut as the keys. merge_dtype:
+    float32 or float64, the partials' merge (fixed order: the same bits on every rank and in every run). See the
+    module's notes for what is refused."""
     what = "ring_attention"
-    rank, world, sc = _check(what, query, key, value, group, causal, 0, scale, layout, False, merge_dtype)
+    rank, world, sc = _check(what, query, key, value, group, causal, 0, scale, layout, False, merge_dtype,
+                             key_padding_mask)
+    kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if training:
-        return _RingFunction.apply(query, key, value, group, rank, world, bool(causal), sc, layout, device or "",
-                                   merge_dtype)
+        return _RingFunction.apply(query, key, value, kpm, group, rank, world, bool(causal), sc, layout,
+                                   device or "", merge_dtype)
     with torch.no_grad():
-        return _ring_forward(query.contiguous(), key.contiguous(), value.contiguous(), group, rank, world,
+        return _ring_forward(query.contiguous(), key.contiguous(), value.contiguous(), kpm, group, rank, world,
                              bool(causal), sc, layout, device or "", merge_dtype)[0]
 
 
@@ -361,16 +390,23 @@ class _AllToAll(torch.autograd.Function):
 
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group=None, *,
-                      causal: bool = False, window: int = 0, scale: Optional[float] = None,
-                      device: Optional[str] = None) -> torch.Tensor:
+                      causal: bool = False, window: int = 0, key_padding_mask: Optional[torch.Tensor] = None,
+                      scale: Optional[float] = None, device: Optional[str] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses attention over the group: this rank's rows (B, L/N, H, E), (B, S/N, Hk, E), (B, S/N, Hk, Ev)
     of a contiguously sharded sequence -> (B, L/N, H, Ev), as attend() on the whole sequence gives these rows. H and
-    Hk must divide by N. causal and window as attend's, over the whole sequence."""
+    Hk must divide by N. causal and window as attend's, over the whole sequence; key_padding_mask: (B, S/N) bool,
+    True = padding (gathered from every rank: each attends the whole sequence)."""
     what = "ulysses_attention"
     rank, world, sc = _check(what, query, key, value, group, causal, int(window), scale, "contiguous",
-                             heads_split=True)
+                             heads_split=True, kpm=key_padding_mask)
+    mask = None
+    if key_padding_mask is not None:
+        mine = key_padding_mask.to(torch.uint8).contiguous()  # (uint8: what every backend's all_gather moves)
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine, group=group)
+        mask = torch.cat(parts, dim=1)[:, None, None, :] == 0  # (B, 1, 1, S): True = attend, as attend() takes it
     q, k, v = (_AllToAll.apply(t, group, world, True) for t in (query, key, value))
-    o = _F.attend(q, k, v, causal=bool(causal), window=int(window), scale=sc, device=device)
+    o = _F.attend(q, k, v, mask, causal=bool(causal), window=int(window), scale=sc, device=device)
     return _AllToAll.apply(o, group, world, False)
 
 
@@ -380,8 +416,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     None. The projections run locally on the rank's rows (torch), the core through ring_attention (method="ring") or
     ulysses_attention ("ulysses": H must divide by N; contiguous layout). Its parameters are torch's own
     (load_state_dict from an nn.MultiheadAttention works); each rank's gradients are its rows' share, so sum them
-    over the group (torch.distributed.all_reduce, or DistributedDataParallel) before the optimizer steps. Not with
-    dropout, masks, kdim/vdim or add_bias_kv (refused)."""
+    over the group (torch.distributed.all_reduce, or DistributedDataParallel) before the optimizer steps.
+    key_padding_mask: this rank's part (B, L/N) of a bool mask, True = padding, cut as x. Not with dropout, attn_mask
+    (causal: is_causal=True), need_weights, kdim/vdim or add_bias_kv (refused)."""
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, group=None, method: str = "ring",
                  layout: str = "contiguous", merge_dtype: torch.dtype = torch.float32, device: Optional[str] = None):
@@ -399,9 +436,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             if arg is not None and arg is not x:
                 _unsupported(f"clattn.distributed.MultiheadAttention: {name} other than the query: self-attention "
                              "only")
-        if key_padding_mask is not None or attn_mask is not None or need_weights:
-            _unsupported("clattn.distributed.MultiheadAttention: masks and the weights are not taken (causal: "
-                         "is_causal=True)")
+        if attn_mask is not None or need_weights:
+            _unsupported("clattn.distributed.MultiheadAttention: attn_mask and the weights are not taken (causal: "
+                         "is_causal=True; padding: key_padding_mask)")
         if self.dropout:
             _unsupported("clattn.distributed.MultiheadAttention: dropout is not taken")
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[2] != self.embed_dim:
@@ -412,8 +449,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         qkv = torch.nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3E)
         q, k, v = (t.reshape(B, L, H, E // H) for t in qkv.chunk(3, dim=2))
         if self.method == "ring":
-            o = ring_attention(q, k, v, self.group, causal=bool(is_causal), layout=self.layout,
-                               merge_dtype=self.merge_dtype, device=self.clattn_device)
+            o = ring_attention(q, k, v, self.group, causal=bool(is_causal), key_padding_mask=key_padding_mask,
+                               layout=self.layout, merge_dtype=self.merge_dtype, device=self.clattn_device)
         else:
-            o = ulysses_attention(q, k, v, self.group, causal=bool(is_causal), device=self.clattn_device)
+            o = ulysses_attention(q, k, v, self.group, causal=bool(is_causal), key_padding_mask=key_padding_mask,
+                                  device=self.clattn_device)
         return self.out_proj(o.reshape(B, L, E)), None

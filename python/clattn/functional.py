@@ -92,20 +92,20 @@ def _ptr(t: Optional[torch.Tensor], ctype=_lib.c_float_p):
 
 
 def _plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, rope, dtype) = key
+    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, rope, dtype, kpm) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
-                               scale=scale, dropout=dropout, training=int(training), dtype=dtype,
+                               key_padding_mask=int(kpm), scale=scale, dropout=dropout, training=int(training), dtype=dtype,
                                rope=_rope_struct(rope))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
 
     return cache.get(key, make)
 
 
-def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope) -> tuple:
+def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm=None) -> tuple:
     B, Tq, H, dk = q.shape
     Tk, HK, dv = k.shape[1], k.shape[2], v.shape[3]
     kind, pb, ph = _lib.MASK_NONE, False, False
@@ -113,32 +113,36 @@ def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope) -> tup
         kind = _lib.MASK_BOOL if mask.dtype == torch.uint8 else _lib.MASK_FLOAT
         pb, ph = mask.shape[0] > 1, mask.shape[1] > 1
     return (B, Tq, Tk, H, HK, dk, dv, kind, pb, ph, bool(causal), int(window), float(scale), float(dropout_p),
-            bool(training), rope, _DTYPES[q.dtype])
+            bool(training), rope, _DTYPES[q.dtype], kpm is not None)
 
 
-def _inputs(q, k, v, mask) -> "_lib.AttentionArgs":
-    """The call's inputs as the library takes them: Q in x, K in kv, V in value, the mask (None: none)."""
+def _inputs(q, k, v, mask, kpm=None) -> "_lib.AttentionArgs":
+    """The call's inputs as the library takes them: Q in x, K in kv, V in value, the mask and the key padding mask
+    (None: none)."""
     a = _lib.AttentionArgs(x=_ptr(q), kv=_ptr(k), value=_ptr(v), x_count=q.numel(), kv_count=k.numel(),
                            value_count=v.numel())
+    if kpm is not None:
+        a.key_padding_mask, a.key_padding_mask_count = _ptr(kpm, _lib.c_uint8_p), kpm.numel()
     if mask is not None:
         a.attn_mask, a.attn_mask_count = ctypes.c_void_p(mask.data_ptr()), mask.numel()
     return a
 
 
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
-                 training: bool, device: str, rope: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
+                 training: bool, device: str, rope: str = "", kpm=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
     k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
-    training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added)."""
+    training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added); kpm None or
+    a contiguous (B, Tk) uint8 key padding mask (nonzero = hidden: the library's own, no (Tq, Tk) mask made)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
-    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope))
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm))
     out = torch.empty((B, Tq, H, dv), dtype=q.dtype)
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
-    a = _inputs(q, k, v, mask)
+    a = _inputs(q, k, v, mask, kpm)
     a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
@@ -147,14 +151,14 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
 
 
 def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, window: int, scale: float,
-                          dropout_p: float, seed: int, device: str, rope: str = ""):
-    """dq, dk, dv for the training call that gave out and lse (the same inputs and seed)."""
+                          dropout_p: float, seed: int, device: str, rope: str = "", kpm=None):
+    """dq, dk, dv for the training call that gave out and lse (the same inputs, key padding mask and seed)."""
     dev, cache = _device(device or None)
-    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope))
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope, kpm))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
-    a = _inputs(q, k, v, mask)
+    a = _inputs(q, k, v, mask, kpm)
     g = _grads(grad_out, lse, out, dq, dk, dv)
     _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "scaled_dot_product_attention backward")
     return dq, dk, dv

@@ -37,7 +37,27 @@ CASES = [
     ("ring", dict(causal=False, layout="zigzag"), 2, 2),
     ("ulysses", dict(causal=True, window=5), 4, 4),
     ("ulysses", dict(causal=False), 8, 4),
+    # key padding (see _padding): "tail" hides a few keys; "head" the first half of batch entry 0's keys (with causal,
+    # its first rows see no key: zeros, and -inf lse in the merge) and every key of entry 1
+    ("ring", dict(causal=False, kpm="tail"), 4, 2),
+    ("ring", dict(causal=True, layout="zigzag", kpm="head"), 4, 2),
+    ("ring", dict(causal=True, kpm="head"), 2, 1),
+    ("ulysses", dict(causal=True, window=5, kpm="tail"), 4, 4),
+    ("ulysses", dict(causal=False, kpm="head"), 4, 4),
 ]
+
+
+def _padding(kind: str, L: int, g) -> torch.Tensor:
+    """A (2, L) key padding mask, True = padding."""
+    kpm = torch.zeros(2, L, dtype=torch.bool)
+    if kind == "tail":
+        kpm[0, L - 3:] = True
+        kpm[1] = torch.rand(L, generator=g) < 0.3
+        kpm[1, 0] = False
+    else:
+        kpm[0, :L // 2] = True
+        kpm[1] = True
+    return kpm
 
 
 def _one(rank, world, name, opts, H, Hk, device, seed):
@@ -47,18 +67,24 @@ def _one(rank, world, name, opts, H, Hk, device, seed):
     k, v = torch.randn(2, L, Hk, 8, generator=g), torch.randn(2, L, Hk, 6, generator=g)
     gout = torch.randn(2, L, H, 6, generator=g)
     causal, window = opts.get("causal", False), opts.get("window", 0)
+    opts = dict(opts)
+    kind = opts.pop("kpm", None)
+    kpm = None if kind is None else _padding(kind, L, g)
     # one device, the whole sequence
     fq, fk, fv = (t.clone().requires_grad_(True) for t in (q, k, v))
-    want = CF.attend(fq, fk, fv, causal=causal, window=window, device=device)
+    want = CF.attend(fq, fk, fv, None if kpm is None else ~kpm[:, None, None, :], causal=causal, window=window,
+                     device=device)
     want.backward(gout)
     layout = opts.get("layout", "contiguous")
     lq, lk, lv = (CD.shard(t, layout=layout).requires_grad_(True) for t in (q, k, v))
+    if kpm is not None:
+        opts["key_padding_mask"] = CD.shard(kpm, layout=layout)
     if name == "ring":
         out = CD.ring_attention(lq, lk, lv, device=device, **opts)
     else:
         out = CD.ulysses_attention(lq, lk, lv, device=device, **opts)
     out.backward(CD.shard(gout, layout=layout))
-    what = f"rank {rank} of {world}, {name} {opts}"
+    what = f"rank {rank} of {world}, {name} {opts} padding {kind}"
     torch.testing.assert_close(out, CD.shard(want.detach(), layout=layout), **FWD, msg=lambda m: f"{what}: {m}")
     for n, got, full in (("q", lq, fq), ("k", lk, fk), ("v", lv, fv)):
         torch.testing.assert_close(got.grad, CD.shard(full.grad, layout=layout), **GRAD,
@@ -77,10 +103,13 @@ def _module(rank, world, method, layout, device):
     mha.load_state_dict(ref.state_dict())
     x = torch.randn(2, L, E, requires_grad=True)
     gout = torch.randn(2, L, E)
-    want, _ = ref(x, x, x, attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1), need_weights=False)
+    kpm = torch.zeros(2, L, dtype=torch.bool)
+    kpm[1, L - 3:] = True  # (no row without a key: torch's module gives NaN there, clattn zeros)
+    want, _ = ref(x, x, x, attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1), key_padding_mask=kpm,
+                  need_weights=False)
     want.backward(gout)
     lx = CD.shard(x.detach(), layout=layout).requires_grad_(True)
-    out, none = mha(lx, is_causal=True)
+    out, none = mha(lx, key_padding_mask=CD.shard(kpm, layout=layout), is_causal=True)
     assert none is None
     out.backward(CD.shard(gout, layout=layout))
     what = f"rank {rank} of {world}, MultiheadAttention {method}"
@@ -122,6 +151,15 @@ def _worker(rank, world, rdv, device):
             CD.ulysses_attention(y, y, y, device=device)
         with pytest.raises(clattn.ShapeMismatchError, match="must divide by the group's"):
             CD.ulysses_attention(*(torch.randn(1, 8, 3, 8) for _ in range(3)), device=device)
+        # a key padding mask on some ranks only, or not bool, or not the rank's keys' shape
+        z = torch.randn(1, 8, 2, 8)
+        with pytest.raises(clattn.ShapeMismatchError, match="rank 1 has key padding mask = 0, rank 0 1"):
+            CD.ring_attention(z, z, z, key_padding_mask=torch.zeros(1, 8, dtype=torch.bool) if rank == 0 else None,
+                              device=device)
+        for m, err, msg in ((torch.zeros(1, 8), clattn.InvalidArgumentError, "a bool tensor"),
+                            (torch.zeros(1, 7, dtype=torch.bool), clattn.ShapeMismatchError, "this rank's key rows")):
+            with pytest.raises(err, match=msg):
+                CD.ulysses_attention(z, z, z, key_padding_mask=m, device=device)
         with pytest.raises(clattn.UnsupportedError, match="float32 only"):
             CD.ring_attention(*(torch.randn(1, 8, 2, 8).double() for _ in range(3)), device=device)
         with pytest.raises(clattn.ShapeMismatchError, match="does not split"):
