@@ -48,6 +48,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -f "$list" ] || { echo "mutate.sh: no mutant list at $list" >&2; exit 2; }
+command -v flock >/dev/null || { echo "mutate.sh: needs flock (util-linux): the workers' queue" >&2; exit 2; }
 # The random-combination sweeps (prefill/sweep, train/sweep) run no cases here: every mutant names the families that
 # catch it, and the sweeps would add about 8 s to each of the 130 mutants that run test_train or test_conformance.
 export CLATTN_TEST_SWEEP=${CLATTN_TEST_SWEEP:-0}
@@ -156,6 +157,7 @@ one() {
     if ! build_for "$k" "$bld"; then
         cp "$scratch/orig.$w" "$f"
         printf 'broken\t%s (does not build)\n' "$id" >"$scratch/verdict.$k"
+        printf '%s\t%s\n' "$(( $(date +%s) - t0 ))" "$id" >"$scratch/time.$k"
         echo "$(printf '%-30s BROKEN    (does not build)' "$id")"
         return
     fi
@@ -274,8 +276,8 @@ done
 if compgen -G "$scratch/time.*" >/dev/null; then
     cat "$scratch"/time.* | sort -rn >"$scratch/times.tsv"
     echo
-    echo "mutate.sh: $(awk -F'\t' '{s += $1} END {print s}' "$scratch/times.tsv") s of mutant time in $workers worker(s);" \
-         "the slowest (all in $scratch/times.tsv):"
+    total=$(awk -F'\t' '{s += $1} END {print s}' "$scratch/times.tsv")
+    echo "mutate.sh: $total s of mutant time in $workers worker(s); the slowest (all in $scratch/times.tsv):"
     head -15 "$scratch/times.tsv" | awk -F'\t' '{printf "  %5d s  %s\n", $1, $2}'
 fi
 

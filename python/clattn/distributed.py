@@ -110,9 +110,16 @@ def _local_meta(what: str, q, k, v, causal: bool, window: int, scale: Optional[f
     """What this rank was given, as numbers every rank compares (_NAMES), and the scale; raises for arguments no
     rank could take (not tensors, not 4-D, an empty head, an unknown layout or merge dtype, a key padding mask that
     is not bool (batch, this rank's key rows))."""
-    for name, t in (("query", q), ("key", k), ("value", v)):
+    for name, t in (("query", q), ("key", k), ("value", v), ("key_padding_mask", kpm)):
+        if name == "key_padding_mask" and t is None:
+            continue
         if not isinstance(t, torch.Tensor):
             _invalid(f"{what}: {name} is a {type(t).__name__}; torch tensors only")
+        if t.device.type != "cpu":
+            _invalid(f"{what}: {name} is on {t.device}; CPU tensors only (clattn reads host memory, and runs on the "
+                     "OpenCL device of its own)")
+        if name == "key_padding_mask":
+            continue
         if t.dim() != 4:
             _shape(f"{what}: {name} {tuple(t.shape)}; (batch, length, heads, head size)")
         if min(t.shape[2], t.shape[3]) == 0:
@@ -122,9 +129,8 @@ def _local_meta(what: str, q, k, v, causal: bool, window: int, scale: Optional[f
     if merge_dtype not in (torch.float32, torch.float64):
         _invalid(f"{what}: merge_dtype={merge_dtype}: torch.float32 or torch.float64")
     if kpm is not None:
-        if not isinstance(kpm, torch.Tensor) or kpm.dtype != torch.bool:
-            _invalid(f"{what}: key_padding_mask is {getattr(kpm, 'dtype', type(kpm).__name__)}; a bool tensor "
-                     "(True = padding)")
+        if kpm.dtype != torch.bool:
+            _invalid(f"{what}: key_padding_mask is {kpm.dtype}; a bool tensor (True = padding)")
         if tuple(kpm.shape) != tuple(k.shape[:2]):
             _shape(f"{what}: key_padding_mask {tuple(kpm.shape)}; (batch, this rank's key rows) = "
                    f"{tuple(k.shape[:2])}")
@@ -374,6 +380,29 @@ def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(B, L // world, world * Hn, E)
 
 
+class _PaddedAttend(torch.autograd.Function):
+    """attend() on (B, L, H/N, E) head groups with clattn's own key padding mask kpm (B, S) uint8, nonzero = hidden:
+    no (L, S) mask is made (attend's mask argument would expand one)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kpm, causal, window, scale, device):
+        q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
+        training = any(ctx.needs_input_grad[:3])
+        out, lse = _F._attend_impl(q, k, v, None, causal, window, scale, 0.0, 0, training, device, kpm=kpm)
+        if training:
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.kpm, ctx.opts = kpm, (causal, window, scale, 0.0, 0, device)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        _F._first_derivatives_only()
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _F._attend_backward_impl(q, k, v, None, out, lse, grad_out.contiguous().float(), *ctx.opts,
+                                              kpm=ctx.kpm)
+        return dq, dk, dv, None, None, None, None, None
+
+
 class _AllToAll(torch.autograd.Function):
     """One of the two all-to-alls (to_heads: _seq_to_heads, else _heads_to_seq); its gradient goes back through the
     other."""
@@ -399,14 +428,15 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     what = "ulysses_attention"
     rank, world, sc = _check(what, query, key, value, group, causal, int(window), scale, "contiguous",
                              heads_split=True, kpm=key_padding_mask)
-    mask = None
-    if key_padding_mask is not None:
+    q, k, v = (_AllToAll.apply(t, group, world, True) for t in (query, key, value))
+    if key_padding_mask is None:
+        o = _F.attend(q, k, v, causal=bool(causal), window=int(window), scale=sc, device=device)
+    else:
         mine = key_padding_mask.to(torch.uint8).contiguous()  # (uint8: what every backend's all_gather moves)
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine, group=group)
-        mask = torch.cat(parts, dim=1)[:, None, None, :] == 0  # (B, 1, 1, S): True = attend, as attend() takes it
-    q, k, v = (_AllToAll.apply(t, group, world, True) for t in (query, key, value))
-    o = _F.attend(q, k, v, mask, causal=bool(causal), window=int(window), scale=sc, device=device)
+        kpm = torch.cat(parts, dim=1).contiguous()  # (B, S): the whole sequence's, in rank order
+        o = _PaddedAttend.apply(q, k, v, kpm, bool(causal), int(window), sc, device or "")
     return _AllToAll.apply(o, group, world, False)
 
 

@@ -98,8 +98,8 @@ def _plan(dev: _Device, cache: _PlanCache, key: tuple):
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
-                               key_padding_mask=int(kpm), scale=scale, dropout=dropout, training=int(training), dtype=dtype,
-                               rope=_rope_struct(rope))
+                               key_padding_mask=int(kpm), scale=scale, dropout=dropout, training=int(training),
+                               dtype=dtype, rope=_rope_struct(rope))
         return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
 
     return cache.get(key, make)

@@ -37,8 +37,8 @@ CASES = [
     ("ring", dict(causal=False, layout="zigzag"), 2, 2),
     ("ulysses", dict(causal=True, window=5), 4, 4),
     ("ulysses", dict(causal=False), 8, 4),
-    # key padding (see _padding): "tail" hides a few keys; "head" the first half of batch entry 0's keys (with causal,
-    # its first rows see no key: zeros, and -inf lse in the merge) and every key of entry 1
+    # key padding (see _padding): "tail" hides a few keys; "head" the first half and two more of batch entry 0's keys
+    # (with causal, its first rows see no key: zeros, and -inf lse in the merge) and every key of entry 1
     ("ring", dict(causal=False, kpm="tail"), 4, 2),
     ("ring", dict(causal=True, layout="zigzag", kpm="head"), 4, 2),
     ("ring", dict(causal=True, kpm="head"), 2, 1),
@@ -55,7 +55,7 @@ def _padding(kind: str, L: int, g) -> torch.Tensor:
         kpm[1] = torch.rand(L, generator=g) < 0.3
         kpm[1, 0] = False
     else:
-        kpm[0, :L // 2] = True
+        kpm[0, :L // 2 + 2] = True  # (uneven: no two ranks hold the same part, under either layout)
         kpm[1] = True
     return kpm
 
@@ -84,7 +84,7 @@ def _one(rank, world, name, opts, H, Hk, device, seed):
     else:
         out = CD.ulysses_attention(lq, lk, lv, device=device, **opts)
     out.backward(CD.shard(gout, layout=layout))
-    what = f"rank {rank} of {world}, {name} {opts} padding {kind}"
+    what = f"rank {rank} of {world}, {name} {opts.get('causal')} {layout} padding {kind}"
     torch.testing.assert_close(out, CD.shard(want.detach(), layout=layout), **FWD, msg=lambda m: f"{what}: {m}")
     for n, got, full in (("q", lq, fq), ("k", lk, fk), ("v", lv, fv)):
         torch.testing.assert_close(got.grad, CD.shard(full.grad, layout=layout), **GRAD,
@@ -157,6 +157,8 @@ def _worker(rank, world, rdv, device):
             CD.ring_attention(z, z, z, key_padding_mask=torch.zeros(1, 8, dtype=torch.bool) if rank == 0 else None,
                               device=device)
         for m, err, msg in ((torch.zeros(1, 8), clattn.InvalidArgumentError, "a bool tensor"),
+                            (torch.zeros(1, 8, dtype=torch.bool, device="meta"), clattn.InvalidArgumentError,
+                             "on meta; CPU tensors only"),
                             (torch.zeros(1, 7, dtype=torch.bool), clattn.ShapeMismatchError, "this rank's key rows")):
             with pytest.raises(err, match=msg):
                 CD.ulysses_attention(z, z, z, key_padding_mask=m, device=device)
