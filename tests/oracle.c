@@ -108,6 +108,11 @@ static void rope_apply(const clattn_rope *r, size_t dk, double *a, size_t rows, 
     free(inv);
 }
 
+void oracle_rope(const clattn_rope *rope, size_t dk, double *a, size_t rows, size_t ld, size_t heads)
+{
+    rope_apply(rope, dk, a, rows, ld, rows ? rows : 1, heads, 0);
+}
+
 static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
                         const clattn_attention_args *args, const odims *o, double *q, double *k, double *v)
 {

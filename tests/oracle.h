@@ -43,7 +43,9 @@ int oracle_attention_backward(const clattn_attention_desc *desc, const clattn_at
                               const clattn_attention_args *args, const float *grad_out, oracle_grads *g);
 
 /* Rotary embeddings (desc.rope) rotate Q and K after the projections, from the papers' formulas in float64 (cos and
- * sin of the angle in double), and their gradients back. */
+ * sin of the angle in double), and their gradients back. oracle_rope rotates `rows` rows of `heads` heads of dk
+ * values (row stride ld) in place, row t at position t: what oracle_attention does to Q and K. */
+void oracle_rope(const clattn_rope *rope, size_t dk, double *a, size_t rows, size_t ld, size_t heads);
 /* Grouped-query attention (desc.kv_heads: query head h reads key/value head h / (H/HK)), the sliding
  * window (desc.window: key j hidden from query i when i - j >= W) and desc.kv_half (K and V rounded to
  * the nearest half, ties to even, by oracle_half) are computed from their definitions too.

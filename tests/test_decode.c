@@ -301,8 +301,9 @@ static void decode_cases(clattn_device *dev)
         {.B = 2, .T = 30, .H = 4, .HK = 2, .dk = 5, .dv = 3, .E = 21, .half = 3, .P = 7},
         /* rotary embeddings (the prefill's, clattn_rope): token t of every call at position t, its key rotated before
          * it is cached; the plan's table grown past its first length as the steps go (1 token, then 11 per plan row
-         * count... up to 130 positions); GQA, the window, a half cache (rounded after the rotation), split-K. Not an
-         * int8 cache here: its codes of a rotated (inexact) key may differ from the oracle's by one step */
+         * count... up to 130 positions); GQA, the window, half and bfloat16 caches (rounded after the rotation),
+         * split-K. int8 caches with rope are int8_cases': their codes of a rotated (inexact) key may differ from the
+         * oracle's by one step, so those check the cache read back */
         {.B = 2, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .P = 11, .rope = {.kind = CLATTN_ROPE_HALF}},
         {.B = 1, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 20, .chunks = uneven,
          .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 4, .theta = 500.0}},
@@ -312,6 +313,8 @@ static void decode_cases(clattn_device *dev)
         {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .P = 1,
          .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 2.0}},
         {.B = 1, .T = 70, .H = 8, .HK = 2, .dk = 128, .dv = 128, .P = 37, .rope = {.kind = CLATTN_ROPE_HALF}},
+        {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 2, .P = 9, /* bfloat16: rounded after the rotation */
+         .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 2.0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }
@@ -868,9 +871,10 @@ Test(accept, refusals)
 /* An INT8 cache's rows against the values appended: x (B, T, HK*D) for the first T positions of each sequence, the
  * cache's dequantised rows xq (B, HK, cap, D). Each row's values are q_c * s with integer |q_c| <= 127 and
  * s = max_c |x_c| / 127, and each within half a step of its x_c (clattn.h, clattn_kv_type); a row of zeros stays 0;
- * positions past T read 0. */
+ * positions past T read 0. slack: what the values quantised may differ from x by before they are (a fraction of the
+ * row's largest |x_c|: the float32 rotation of a key under rope against x rotated in float64); 0 when x is exact. */
 static void check_int8_rows(const double *x, const float *xq, size_t B, size_t T, size_t HK, size_t D, size_t cap,
-                            const char *what)
+                            double slack, const char *what)
 {
     for (size_t b = 0; b < B; b++)
         for (size_t g = 0; g < HK; g++)
@@ -886,7 +890,7 @@ static void check_int8_rows(const double *x, const float *xq, size_t B, size_t T
                 const double s = amax / 127.0;
                 for (size_t c = 0; c < D; c++) {
                     const double got = row[c];
-                    cr_assert(fabs(got - xr[c]) <= 0.5 * s * (1.0 + 1e-5) + 1e-7 * amax, "%s: b %zu g %zu t %zu c %zu: "
+                    cr_assert(fabs(got - xr[c]) <= 0.5 * s * (1.0 + 1e-5) + (1e-7 + slack) * amax, "%s: b %zu g %zu t %zu c %zu: "
                               "%.9g for %.9g, more than half a step (%.9g) away", what, b, g, t, c, got, xr[c], s / 2);
                     if (s == 0.0) {
                         cr_assert(got == 0.0, "%s: a row of zeros reads %g", what, got);
@@ -903,11 +907,15 @@ typedef struct i8case {
     size_t B, T, P, H, HK, dk, dv, window, splits;
     const size_t *chunks; /* new tokens per call until T (NULL: P, then one by one) */
     int special;          /* rows of zeros, a row with one large element, and a sequence 3 tokens shorter */
+    clattn_rope rope;     /* rotary embeddings: each sequence's token t at position t, its key rotated, then quantised */
 } i8case;
 
 /* Decoding into an INT8 cache with the heads as given (Q, K, V random in [-2, 2]): the cache read back is a valid
  * quantisation of every appended K and V row (check_int8_rows), and the outputs are the float64 oracle's causal
- * attention over the dequantised K and V read back, at the ordinary tolerance. */
+ * attention over the dequantised K and V read back, at the ordinary tolerance. With rope, the keys checked are
+ * oracle_rope's rotation of K (within 2e-6 of the row's largest value before quantising: the kernel rotates in
+ * float32, so a value at a rounding boundary may take the neighbouring code), and the oracle attends Q rotated by
+ * oracle_rope (rounded to float: its input type) to the keys read back, which are rotated already. */
 static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
 {
     const size_t B = c->B, T = c->T, H = c->H, HK = c->HK, dk = c->dk, dv = c->dv, cap = T + 2;
@@ -925,7 +933,7 @@ static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
     for (size_t i = 0; c->chunks && i < 64 && c->chunks[i]; i++) maxn = c->chunks[i] > maxn ? c->chunks[i] : maxn;
     const clattn_attention_desc d = {.batch = B, .seq_q = maxn, .embed = H * dk, .heads = H, .kv_heads = HK,
                                      .head_dim_v = dv, .causal = 1, .window = c->window, .separate_value = 1,
-                                     .kv_half = CLATTN_KV_INT8};
+                                     .kv_half = CLATTN_KV_INT8, .rope = c->rope};
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
@@ -959,15 +967,22 @@ static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
     float *kq = malloc(B * HK * cap * dk * 4), *vq = malloc(B * HK * cap * dv * 4);
     cr_assert_eq(clattn_kv_cache_read(cache, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     char what[160];
-    snprintf(what, sizeof what, "int8 B=%zu T=%zu P=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu splits=%zu%s%s", B, T, c->P,
-             H, HK, dk, dv, c->window, c->splits, c->chunks ? " chunked" : "", c->special ? " special" : "");
+    snprintf(what, sizeof what, "int8 B=%zu T=%zu P=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu splits=%zu%s%s%s", B, T,
+             c->P, H, HK, dk, dv, c->window, c->splits, c->chunks ? " chunked" : "", c->special ? " special" : "",
+             c->rope.kind ? " rope" : "");
     for (size_t b = 0; b < B; b++) { /* each sequence alone: its own length (the rows past it read 0) */
         const size_t Tb = lens[b];
         double *xk = malloc(Tb * HK * dk * sizeof *xk), *xv = malloc(Tb * HK * dv * sizeof *xv);
         for (size_t i = 0; i < Tb * HK * dk; i++) xk[i] = k[b * T * HK * dk + i];
         for (size_t i = 0; i < Tb * HK * dv; i++) xv[i] = v[b * T * HK * dv + i];
-        check_int8_rows(xk, kq + b * HK * cap * dk, 1, Tb, HK, dk, cap, what);
-        check_int8_rows(xv, vq + b * HK * cap * dv, 1, Tb, HK, dv, cap, what);
+        oracle_rope(&c->rope, dk, xk, Tb, HK * dk, HK); /* sequence b's token t at position t */
+        check_int8_rows(xk, kq + b * HK * cap * dk, 1, Tb, HK, dk, cap, c->rope.kind ? 2e-6 : 0.0, what);
+        check_int8_rows(xv, vq + b * HK * cap * dv, 1, Tb, HK, dv, cap, 0.0, what);
+        float *qb = malloc(Tb * H * dk * 4); /* Q as the oracle takes it: rotated here under rope */
+        double *qr = malloc(Tb * H * dk * sizeof *qr);
+        for (size_t i = 0; i < Tb * H * dk; i++) qr[i] = q[b * T * H * dk + i];
+        oracle_rope(&c->rope, dk, qr, Tb, H * dk, H);
+        for (size_t i = 0; i < Tb * H * dk; i++) qb[i] = (float)qr[i];
         /* the dequantised K and V (B, HK, cap, D) as the oracle's (T, HK*D) rows */
         float *kb = malloc(Tb * HK * dk * 4), *vb = malloc(Tb * HK * dv * 4);
         for (size_t t = 0; t < Tb; t++)
@@ -978,13 +993,13 @@ static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
         const clattn_attention_desc od = {.batch = 1, .seq_q = Tb, .seq_kv = Tb, .embed = H * dk, .heads = H,
                                           .kv_heads = HK, .head_dim_v = dv, .causal = 1, .window = c->window,
                                           .cross = 1, .separate_value = 1};
-        const clattn_attention_args oa = {.x = q + b * T * H * dk, .kv = kb, .value = vb};
+        const clattn_attention_args oa = {.x = qb, .kv = kb, .value = vb};
         double *want = malloc(Tb * H * dv * sizeof *want);
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
         char wb[200];
         snprintf(wb, sizeof wb, "%s, sequence %zu", what, b);
         check(out + b * T * H * dv, want, Tb * H * dv, wb);
-        free(want), free(kb), free(vb), free(xk), free(xv);
+        free(want), free(kb), free(vb), free(xk), free(xv), free(qb), free(qr);
     }
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(p);
@@ -1000,6 +1015,13 @@ static void int8_cases(clattn_device *dev)
         {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .chunks = uneven},          /* appends in chunks */
         {.B = 2, .T = 70, .P = 30, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .special = 1}, /* split-K */
         {.B = 2, .T = 30, .P = 7, .H = 4, .HK = 2, .dk = 5, .dv = 3},                    /* odd widths: scalar loads */
+        /* rotary embeddings: keys rotated before they are quantised (the shorter sequence at its own positions) */
+        {.B = 2, .T = 40, .P = 11, .H = 4, .HK = 2, .dk = 8, .dv = 8, .special = 1, .rope = {.kind = CLATTN_ROPE_HALF}},
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 20, .chunks = uneven,
+         .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 4, .theta = 500.0}},
+        {.B = 2, .T = 70, .P = 30, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3,
+         .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_YARN, .factor = 4.0,
+                  .original_max_position = 16}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) int8_case(dev, &cases[i], 1700 + i);
 }
@@ -2020,7 +2042,7 @@ static void int8_rows(clattn_device *dev)
                 }
             char what[64];
             snprintf(what, sizeof what, "int8 %s, %s", path ? "append" : "write", w ? "values" : "keys");
-            check_int8_rows(x, fin, 1, T, HK, D, T, what);
+            check_int8_rows(x, fin, 1, T, HK, D, T, 0.0, what);
             free(fin);
         }
         free(x), free(kq), free(vq);
