@@ -441,6 +441,9 @@ static void rope_x_is_qkv(clattn_device *dev)
     double *want = malloc(B * T * E * sizeof *want);
     cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
     check(out, want, B * T * E, "rope, x as Q, K and V");
+    /* the plan's table of cos and sin grew with the steps to the cache's capacity (T), not to the next power of two */
+    cr_assert_eq(p->base->rope_positions, (size_t)T, "the rope table holds %zu positions for a cache of %d",
+                 p->base->rope_positions, T);
     free(want), free(x), free(out);
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(p);

@@ -186,8 +186,9 @@ void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t 
 void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, size_t pos, size_t heads,
                             size_t head_dim);
 /* The plan's table grown to hold positions 0 .. positions-1 at least (to a power of two: a decode session's growing
- * lengths); nothing when it does or without rope. */
-clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions);
+ * lengths, but no more than max(positions, limit) when limit is not 0: a cache's capacity); nothing when it holds
+ * them already or without rope. */
+clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions, size_t limit);
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
                              size_t heads, size_t head_dim);
 

@@ -117,11 +117,12 @@ float *clattn_rope_table(const clattn_rope *r, size_t positions)
     return cs;
 }
 
-clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions)
+clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions, size_t limit)
 {
     if (p->d.rope.kind == CLATTN_ROPE_NONE || positions <= p->rope_positions) return CLATTN_STATUS_SUCCESS;
     size_t n = 64; /* doubled: a decode session's growing lengths remake it a few times, not every step */
     while (n < positions) n *= 2;
+    if (limit && n > limit) n = positions > limit ? positions : limit; /* no position past the cache's capacity */
     float *t = clattn_rope_table(&p->d.rope, n);
     if (!t)
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rotary embeddings' table of cos and sin for %zu "

@@ -218,7 +218,7 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
                            "(desc.kv_page_size = %zu)", cd->page_size ? "pages of " : "", cd->page_size,
                            cd->page_size ? " positions" : " pages (contiguous)",
                            d->kv_page_size ? "paged caches" : "contiguous caches", d->kv_page_size);
-    s->max_len = 0;
+    s->max_len = 0, s->capacity = cd->capacity;
     for (size_t b = 0; b < B; b++) {
         if (cache->len[b] + s->valid[b] > cd->capacity)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "

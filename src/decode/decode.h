@@ -58,6 +58,7 @@ struct clattn_decode_plan {
  * or cu_new[B]). The longest sequence reaches max_len. tree: a verify step's draft tree (B, n, n), checked, or NULL. */
 typedef struct clattn_decode_step {
     size_t n, rows, max_len;
+    size_t capacity; /* the cache's: no position of a step reaches it (check_step), so the rope table stops there */
     const size_t *valid, *row0;
     int packed;
     const uint8_t *tree;

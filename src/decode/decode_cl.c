@@ -108,13 +108,14 @@ static clattn_status rope_step(decode_pass *dpass, view rows)
     return clattn_enqueue_1d(dpass->dp->base->device, c->k_rope, total, "enqueue rope_step");
 }
 
-/* desc.rope: the table on the device holding every position of the step (max_len), grown with the plan's. */
-static clattn_status rope_table(clattn_decode_plan *dp, size_t max_len)
+/* desc.rope: the table on the device holding every position of the step (max_len), grown with the plan's (up to
+ * the cache's capacity, `limit`; 0: no limit). */
+static clattn_status rope_table(clattn_decode_plan *dp, size_t max_len, size_t limit)
 {
     struct clattn_decode_cl *c = dp->cl;
     clattn_plan *p = dp->base;
     if (!c->k_rope || max_len <= c->rope_positions) return CLATTN_STATUS_SUCCESS;
-    TRY(clattn_rope_reserve(p, max_len));
+    TRY(clattn_rope_reserve(p, max_len, limit));
     cl_mem m = NULL;
     TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
                           "the rotary embeddings' cos and sin", &m));
@@ -272,7 +273,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
         const char *rsrc[] = {"attention/rope"};
         TRY(clattn_program_build(dev, rsrc, 1, "-cl-std=CL1.2", &c->rope_prog));
         TRY(clattn_kernel_create(c->rope_prog, "rope_step", &c->k_rope));
-        TRY(rope_table(dp, p->rope_positions));
+        TRY(rope_table(dp, p->rope_positions, 0));
     }
 
     /* weights: [Wq; Wk; Wv] and the biases as one row ([bq | bk | bv], zeros where absent) */
@@ -358,7 +359,7 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0}, .io = step_io(dp, cache, step),
                          .hq = sv ? x : NULL, .hk = kv, .hv = value};
     TRY(check_parts(dp, &dpass.io));
-    TRY(rope_table(dp, step->max_len));
+    TRY(rope_table(dp, step->max_len, step->capacity));
     cl_uint *counts = clattn_malloc(3 * B * sizeof *counts);
     if (!counts) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     step_counts(cache, step, B, counts);
@@ -389,7 +390,7 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
                          .kv = {buffers->kv.mem, buffers->kv.offset},
                          .value = {buffers->value.mem, buffers->value.offset}};
     TRY(check_parts(dp, &dpass.io));
-    TRY(rope_table(dp, step->max_len));
+    TRY(rope_table(dp, step->max_len, step->capacity));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
         clReleaseEvent(c->counts_written);

@@ -43,7 +43,7 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
     }
     /* rotary embeddings: token t of sequence b at position len + t, keys rotated before they are cached */
     if (d->rope.kind != CLATTN_ROPE_NONE) {
-        const clattn_status st = clattn_rope_reserve(dp->base, step->max_len);
+        const clattn_status st = clattn_rope_reserve(dp->base, step->max_len, step->capacity);
         if (st != CLATTN_STATUS_SUCCESS) {
             free(Q); free(K); free(V); free(ctx); free(w);
             return st;
