@@ -245,10 +245,12 @@ typedef enum clattn_algorithm {
  * pair i of a token at position p turned by the angle p * f_i (f_i = theta^(-2i/r), changed by `scaling`):
  *   (a, b) -> (a cos - b sin, b cos + a sin)
  * the rest of the head as it is. Positions count from 0 in each batch entry (each sequence of a varlen batch):
- * query row i at position i, key row j at position j (cross-attention too); in a decode step (clattn 0.8) new token t
- * of a sequence whose cache holds L positions is at L + t, its key rotated before it is cached (a verify step's
- * draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan creation, and
- * again for longer positions when a decode step reaches them) and used as floats. Values are never rotated. */
+ * query row i at position i, key row j at position j (cross-attention too), unless the execution gives each row's
+ * position (args.rope_positions, as transformers' position_ids: a left-padded batch); in a decode step (clattn 0.8)
+ * new token t of a sequence whose cache holds L positions is at L + t, its key rotated before it is cached (a verify
+ * step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
+ * creation, and again for longer positions when an execution or a decode step reaches them) and used as floats.
+ * Values are never rotated. */
 typedef enum clattn_rope_kind {
     CLATTN_ROPE_NONE = 0,        /* off (default) */
     CLATTN_ROPE_HALF = 1,        /* pair i = (i, i + r/2): GPT-NeoX, Llama, Mistral, Qwen as transformers writes them
@@ -430,7 +432,17 @@ typedef struct clattn_attention_args {
        (cross-attention) gives the output of a row with no visible key: its context 0 */
     const uint32_t *cu_seqlens_q, *cu_seqlens_kv;
     size_t cu_seqlens_q_count, cu_seqlens_kv_count;
+    /* clattn 0.8, desc.rope only, else refused; optional (NULL: row i of each sequence at position i): each query
+       row's position for the rotation, as transformers' position_ids, (B, Tq) or, varlen, (total_q); in
+       self-attention the keys' too (they are the queries' rows). rope_positions_kv: cross-attention's keys', (B, Tk)
+       or (total_kv), given with rope_positions or not at all. Each below CLATTN_ROPE_MAX_POSITION; the plan's table
+       of cos and sin grows to the largest (8 bytes per position and rotated pair) */
+    const uint32_t *rope_positions, *rope_positions_kv;
+    size_t rope_positions_count, rope_positions_kv_count;
 } clattn_attention_args;
+
+/* The largest position a row may be given (args.rope_positions): 2^22 - 1. */
+#define CLATTN_ROPE_MAX_POSITION 4194303u
 
 CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args *args);
 
@@ -454,6 +466,9 @@ typedef struct clattn_attention_buffers {
     /* clattn 0.8, desc.varlen only: as args' (host arrays, read during the call; the buffers hold the packed rows) */
     const uint32_t *cu_seqlens_q, *cu_seqlens_kv;
     size_t cu_seqlens_q_count, cu_seqlens_kv_count;
+    /* clattn 0.8, desc.rope only: as args' (host arrays, read during the call) */
+    const uint32_t *rope_positions, *rope_positions_kv;
+    size_t rope_positions_count, rope_positions_kv_count;
 } clattn_attention_buffers;
 
 CLATTN_API clattn_status clattn_plan_execute_buffers(clattn_plan *plan,

@@ -63,9 +63,10 @@ static int dims_of(const clattn_attention_desc *d, const clattn_attention_weight
  * rotate_half; the scalings as transformers' _compute_linear_scaling_rope_parameters and _compute_yarn_parameters,
  * NTK-aware as bloc97's base * factor^(r/(r-2))): head values (x_a, x_b) of pair i at position p become
  * m (x_a cos t - x_b sin t, x_b cos t + x_a sin t), t = p * inv_freq_i. `transpose`: the gradient's map, the
- * rotation's transpose. Rows `rows` of stride ld, row t at position t % period. Defaults resolved here. */
+ * rotation's transpose. Rows `rows` of stride ld, row t at position t % period, or pos[t] when given (the args'
+ * rope_positions). Defaults resolved here. */
 static void rope_apply(const clattn_rope *r, size_t dk, double *a, size_t rows, size_t ld, size_t period,
-                       size_t heads, int transpose)
+                       const uint32_t *pos, size_t heads, int transpose)
 {
     if (r->kind == CLATTN_ROPE_NONE) return;
     const size_t dim = r->dims ? r->dims : dk, half = dim / 2;
@@ -99,7 +100,7 @@ static void rope_apply(const clattn_rope *r, size_t dk, double *a, size_t rows, 
                 double *x = a + t * ld + h * dk;
                 const size_t ia = r->kind == CLATTN_ROPE_INTERLEAVED ? 2 * i : i;
                 const size_t ib = r->kind == CLATTN_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-                const double ang = (double)(t % period) * inv[i], c = m * cos(ang);
+                const double ang = (double)(pos ? pos[t] : t % period) * inv[i], c = m * cos(ang);
                 const double s = transpose ? -m * sin(ang) : m * sin(ang);
                 const double xa = x[ia], xb = x[ib];
                 x[ia] = xa * c - xb * s;
@@ -110,7 +111,7 @@ static void rope_apply(const clattn_rope *r, size_t dk, double *a, size_t rows, 
 
 void oracle_rope(const clattn_rope *rope, size_t dk, double *a, size_t rows, size_t ld, size_t heads)
 {
-    rope_apply(rope, dk, a, rows, ld, rows ? rows : 1, heads, 0);
+    rope_apply(rope, dk, a, rows, ld, rows ? rows : 1, NULL, heads, 0);
 }
 
 static void project_qkv(const clattn_attention_desc *d, const clattn_attention_weights *w,
@@ -128,8 +129,9 @@ static void project_qkv(const clattn_attention_desc *d, const clattn_attention_w
         copy_to_double(src_kv, B * Tk * Ekv, k);
         copy_to_double(d->separate_value ? args->value : src_kv, B * Tk * HK * dv, v);
     }
-    rope_apply(&d->rope, dk, q, B * Tq, H * dk, Tq, H, 0);
-    rope_apply(&d->rope, dk, k, B * Tk, HK * dk, Tk, HK, 0);
+    const uint32_t *kpos = d->cross ? args->rope_positions_kv : args->rope_positions; /* self: the queries' rows */
+    rope_apply(&d->rope, dk, q, B * Tq, H * dk, Tq, args->rope_positions, H, 0);
+    rope_apply(&d->rope, dk, k, B * Tk, HK * dk, Tk, kpos, HK, 0);
 }
 
 double oracle_half(double x)
@@ -521,8 +523,9 @@ int oracle_attention_backward(const clattn_attention_desc *d, const clattn_atten
                 }
             }
     /* rotary embeddings: dQ and dK are the rotated Q's and K's gradients; the rotation's transpose takes them back */
-    rope_apply(&d->rope, dk, dq, B * Tq, H * dk, Tq, H, 1);
-    rope_apply(&d->rope, dk, dk_, B * Tk, HK * dk, Tk, HK, 1);
+    rope_apply(&d->rope, dk, dq, B * Tq, H * dk, Tq, args->rope_positions, H, 1);
+    rope_apply(&d->rope, dk, dk_, B * Tk, HK * dk, Tk, d->cross ? args->rope_positions_kv : args->rope_positions, HK,
+               1);
     /* the parameters: dW (out, in) = dY^T X, in the description's layout; db = sum of dY's rows */
 #define GRAD_W(dst, dy, xf, xd, rows, nout, nin)                                                                       \
     if (dst)                                                                                                           \

@@ -131,6 +131,19 @@ Test(prefill, rope)
          .rope = {.kind = ROPE_HALF, .dims = 4}},
         {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16,
          .rope = {.kind = ROPE_INTER}},
+        /* each row's position given (args.rope_positions, tu_problem_make's: left padding, positions past the plan's
+         * first table): projected, the heads as given (self: K is Q), cross-attention's keys at their own */
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .causal = 1, .biases = 1, .rope = {.kind = ROPE_HALF},
+         .rope_pos = 1},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1,
+         .rope = {.kind = ROPE_INTER, .dims = 2, .theta = 500.0}, .rope_pos = 1},
+        {.B = 2, .Tq = 9, .E = 8, .H = 2, .noproj = 1, .need_weights = 1, .rope = {.kind = ROPE_INTER, .dims = 2},
+         .rope_pos = 1},
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1, .rope = {.kind = ROPE_HALF, .theta = 1e6},
+         .rope_pos = 1},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .mask = CLATTN_MASK_FLOAT, .need_weights = 1, .rope = {.kind = ROPE_INTER}, .rope_pos = 1},
     };
     CHECK_ALL(cases, 1100);
 }
@@ -226,6 +239,10 @@ Test(prefill, varlen)
     cross.rope = (clattn_rope){.kind = CLATTN_ROPE_INTERLEAVED, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 2.0};
     tu_varlen_check(dev, &self, cases[0].q, NULL, 1010, 1);
     tu_varlen_check(dev, &cross, cases[1].q, cases[1].k, 1011, 1);
+    /* and at the positions given (args.rope_positions, packed as the rows are) */
+    self.rope_pos = cross.rope_pos = 1;
+    tu_varlen_check(dev, &self, cases[0].q, NULL, 1012, 1);
+    tu_varlen_check(dev, &cross, cases[1].q, cases[1].k, 1013, 1);
 }
 
 /* A half plan on cl_mem buffers at element offsets (x, kv, value in the type, out and the weights written in it):

@@ -1850,6 +1850,93 @@ Test(misuse, rope_refusals)
     clattn_device_free(devs[1]);
 }
 
+/* args.rope_positions (and _kv) that the plan cannot take are refused, naming them, with out untouched: on a plan
+ * without rope (it would be ignored), _kv on self-attention, one of the two on cross-attention, the wrong count, a
+ * position past CLATTN_ROPE_MAX_POSITION; and the same on buffers. Positions that it can take run. */
+Test(misuse, rope_positions_refused)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+    const clattn_rope half = {.kind = CLATTN_ROPE_HALF};
+    const clattn_attention_desc plain = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2};
+    clattn_attention_desc self = plain, cross = plain;
+    self.rope = half;
+    cross.rope = half, cross.cross = 1, cross.seq_kv = 4;
+    const uint32_t pq[3] = {5, 6, 7}, pk[4] = {0, 1, 2, 3}, far[3] = {0, CLATTN_ROPE_MAX_POSITION + 1u, 2};
+    const struct {
+        const clattn_attention_desc *d;
+        const uint32_t *q, *k;
+        size_t nq, nk;
+        clattn_status st;
+        const char *needle;
+    } bad[] = {
+        {&plain, pq, NULL, 3, 0, CLATTN_STATUS_INVALID_ARGUMENT, "args.rope_positions is given, but the plan has no "
+                                                                 "rotary embeddings"},
+        {&self, pq, pk, 3, 4, CLATTN_STATUS_INVALID_ARGUMENT, "args.rope_positions_kv is given, but the plan is "
+                                                              "self-attention"},
+        {&cross, pq, NULL, 3, 0, CLATTN_STATUS_INVALID_ARGUMENT, "args.rope_positions_kv is NULL but "
+                                                                 "args.rope_positions is given"},
+        {&cross, NULL, pk, 0, 4, CLATTN_STATUS_INVALID_ARGUMENT, "args.rope_positions is NULL but args.rope_positions_kv "
+                                                                 "is given"},
+        {&self, pq, NULL, 2, 0, CLATTN_STATUS_SHAPE_MISMATCH, "args.rope_positions has 2 elements"},
+        {&cross, pq, pk, 3, 3, CLATTN_STATUS_SHAPE_MISMATCH, "args.rope_positions_kv has 3 elements"},
+        {&self, far, NULL, 3, 0, CLATTN_STATUS_INVALID_ARGUMENT, "args.rope_positions[1] is 4194304, past the largest"},
+    };
+    float x[3 * 8], kv[4 * 8], out[3 * 8];
+    for (size_t i = 0; i < 3 * 8; i++) x[i] = (float)i / 10.0f;
+    for (size_t i = 0; i < 4 * 8; i++) kv[i] = (float)i / 20.0f;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            clattn_plan *plan = NULL;
+            cr_assert_eq(tu_plan_create(devs[k], bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+            for (size_t j = 0; j < 3 * 8; j++) out[j] = -7.0f;
+            clattn_attention_args a = {.x = x, .x_count = 3 * 8, .out = out, .out_count = 3 * 8,
+                                       .rope_positions = bad[i].q, .rope_positions_count = bad[i].nq,
+                                       .rope_positions_kv = bad[i].k, .rope_positions_kv_count = bad[i].nk};
+            if (bad[i].d->cross) a.kv = kv, a.kv_count = 4 * 8;
+            cr_assert_eq(clattn_plan_execute(plan, &a), bad[i].st, "bad %zu: %s", i, clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "bad %zu: %s", i, clattn_last_error());
+            for (size_t j = 0; j < 3 * 8; j++) cr_assert_eq(out[j], -7.0f, "bad %zu wrote out", i);
+            if (k == 1) { /* the buffers' arrays, checked the same way before anything is enqueued */
+                cl_context cx = clattn_device_context(devs[k]);
+                cl_int e;
+                cl_mem bx = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof x, x, &e);
+                cl_mem bkv = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof kv, kv, &e);
+                cl_mem bo = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof out, out, &e);
+                clattn_attention_buffers b = {.x = {bx, 0}, .out = {bo, 0}, .rope_positions = bad[i].q,
+                                              .rope_positions_count = bad[i].nq, .rope_positions_kv = bad[i].k,
+                                              .rope_positions_kv_count = bad[i].nk};
+                if (bad[i].d->cross) b.kv = (clattn_buffer){bkv, 0};
+                cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 0, NULL, NULL), bad[i].st, "bad %zu on buffers: %s",
+                             i, clattn_last_error());
+                char want[160];
+                snprintf(want, sizeof want, "buffers.%s", strstr(bad[i].needle, "rope_positions"));
+                want[strcspn(want, " [")] = 0;
+                cr_assert(strstr(clattn_last_error(), want), "bad %zu on buffers: %s (wanted %s)", i,
+                          clattn_last_error(), want);
+                clReleaseMemObject(bx), clReleaseMemObject(bkv), clReleaseMemObject(bo);
+            }
+            clattn_plan_free(plan);
+        }
+    /* positions it can take: every row at 0 is the rotation by 0, the same output as a plan without rope */
+    const uint32_t zero[3] = {0, 0, 0};
+    for (int k = 0; k < 2; k++) {
+        float want[3 * 8];
+        clattn_plan *p0 = NULL, *p1 = NULL;
+        cr_assert_eq(tu_plan_create(devs[k], &plain, NULL, &p0), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_plan_create(devs[k], &self, NULL, &p1), CLATTN_STATUS_SUCCESS);
+        const clattn_attention_args a0 = {.x = x, .x_count = 24, .out = want, .out_count = 24};
+        cr_assert_eq(clattn_plan_execute(p0, &a0), CLATTN_STATUS_SUCCESS);
+        const clattn_attention_args a1 = {.x = x, .x_count = 24, .out = out, .out_count = 24, .rope_positions = zero,
+                                          .rope_positions_count = 3};
+        cr_assert_eq(clattn_plan_execute(p1, &a1), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t j = 0; j < 24; j++) cr_assert_float_eq(out[j], want[j], 1e-6f, "position 0: element %zu", j);
+        clattn_plan_free(p0), clattn_plan_free(p1);
+    }
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
 /* An output that shares memory with an input (or with the other output) is refused on every algorithm
  * (the fused kernels read Q, K and V while they write the output); one that only shares the buffer, in
  * ranges apart, runs and computes the oracle's numbers. Sub-buffers are seen through. */

@@ -607,6 +607,13 @@ static const config rope_cfgs[] = {
                                                                .factor = 3.0}},
     {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
      .rope = {.kind = ROPE_HALF}},
+    /* each row's position given (args.rope_positions; tu_problem_make's: left padding, positions past the table) */
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .rope = {.kind = ROPE_HALF},
+     .rope_pos = 1},
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .causal = 1, .noproj = 1,
+     .rope = {.kind = ROPE_INTER, .dims = 2}, .rope_pos = 1},
+    {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+     .rope = {.kind = ROPE_HALF}, .rope_pos = 1},
 };
 
 Test(train, rope_statistics)
@@ -1305,5 +1312,8 @@ Test(train, backward_varlen)
         heads_rope.rope = (clattn_rope){.kind = CLATTN_ROPE_INTERLEAVED};
         tu_varlen_train_check(devs[k], &self_rope, sq, NULL, 1207);
         tu_varlen_train_check(devs[k], &heads_rope, hq, NULL, 1208);
+        self_rope.rope_pos = heads_rope.rope_pos = 1; /* at the positions given, packed as the rows are */
+        tu_varlen_train_check(devs[k], &self_rope, sq, NULL, 1209);
+        tu_varlen_train_check(devs[k], &heads_rope, hq, NULL, 1210);
     }
 }

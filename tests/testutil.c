@@ -407,6 +407,10 @@ void tu_count_args(const clattn_plan *plan, clattn_attention_args *a)
     fill(&c.attn_count, c.attn, B * d.heads * Tq * Tk);
     fill(&c.lse_count, c.lse, B * d.heads * Tq);
     fill(&c.context_count, c.context, B * Tq * d.heads * d.head_dim_v);
+    if (!d.varlen) {
+        fill(&c.rope_positions_count, c.rope_positions, B * Tq);
+        fill(&c.rope_positions_kv_count, c.rope_positions_kv, B * Tk);
+    }
     *a = c;
 }
 
@@ -628,6 +632,23 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
         if (B > 1) memset(p->kpm + (B - 1) * Tk, 1, Tk); /* a fully masked batch entry: lse -inf, context 0 */
         p->a.key_padding_mask = p->kpm;
     }
+    if (c->rope_pos) {
+        p->pos_q = malloc(B * Tq * sizeof *p->pos_q);
+        cr_assert(p->pos_q);
+        for (size_t b = 0; b < B; b++) {
+            const size_t pad = 3 * b < Tq ? 3 * b : Tq - 1; /* left padding: its rows at 1, as transformers gives them */
+            for (size_t t = 0; t < Tq; t++)
+                p->pos_q[b * Tq + t] = t < pad ? 1u : (uint32_t)(t - pad + (b % 2 ? 517 : 0));
+        }
+        p->a.rope_positions = p->pos_q;
+        if (c->cross) {
+            p->pos_k = malloc(B * Tk * sizeof *p->pos_k);
+            cr_assert(p->pos_k);
+            for (size_t b = 0; b < B; b++)
+                for (size_t j = 0; j < Tk; j++) p->pos_k[b * Tk + j] = (uint32_t)((7 * j + 3 * b) % 900);
+            p->a.rope_positions_kv = p->pos_k;
+        }
+    }
     if (c->mask == CLATTN_MASK_BOOL) {
         p->bmask = calloc(nm, 1);
         for (size_t i = 0; i < nm; i++) p->bmask[i] = tu_next(&rng) % 3 == 0;
@@ -796,6 +817,7 @@ typedef struct varlen_batch {
     uint32_t cu_q[17], cu_k[17];
     size_t rq, rk, Ekv, Vw, dv; /* packed rows of x and of kv; kv's and value's widths; the value head size */
     float *x, *kv, *v;
+    uint32_t *pq, *pk; /* rope_pos: the rows' positions packed (pk: cross-attention's keys), else NULL */
 } varlen_batch;
 
 static void varlen_pack(const tu_problem *p, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
@@ -825,9 +847,32 @@ static void varlen_pack(const tu_problem *p, const tu_attn_case *c, const size_t
         if (Ekv) memcpy(vb->kv + vb->cu_k[b] * Ekv, (const float *)p->a.kv + b * Tk * Ekv, nk * Ekv * sizeof *vb->kv);
         if (Vw) memcpy(vb->v + vb->cu_k[b] * Vw, (const float *)p->a.value + b * Tk * Vw, nk * Vw * sizeof *vb->v);
     }
+    if (p->pos_q) {
+        cr_assert(vb->pq = malloc((vb->rq + 1) * sizeof *vb->pq));
+        for (size_t b = 0; b < B; b++) memcpy(vb->pq + vb->cu_q[b], p->pos_q + b * Tq, lens_q[b] * sizeof *vb->pq);
+    }
+    if (p->pos_k) {
+        cr_assert(vb->pk = malloc((vb->rk + 1) * sizeof *vb->pk));
+        for (size_t b = 0; b < B; b++)
+            memcpy(vb->pk + vb->cu_k[b], p->pos_k + b * Tk, (vb->cu_k[b + 1] - vb->cu_k[b]) * sizeof *vb->pk);
+    }
 }
 
-static void varlen_free(varlen_batch *vb) { free(vb->x), free(vb->kv), free(vb->v); }
+static void varlen_free(varlen_batch *vb) { free(vb->x), free(vb->kv), free(vb->v), free(vb->pq), free(vb->pk); }
+
+/* Sequence b's positions for the oracle's call on it alone (rope_pos), and the packed ones for the plan's. */
+static void varlen_positions(const tu_problem *p, const tu_attn_case *c, size_t b, clattn_attention_args *a1)
+{
+    const size_t Tk = c->cross ? c->Tk : c->Tq;
+    if (p->pos_q) a1->rope_positions = p->pos_q + b * c->Tq;
+    if (p->pos_k) a1->rope_positions_kv = p->pos_k + b * Tk;
+}
+static void varlen_positions_packed(const varlen_batch *vb, const uint32_t **pq, size_t *nq, const uint32_t **pk,
+                                    size_t *nk)
+{
+    if (vb->pq) *pq = vb->pq, *nq = vb->rq;
+    if (vb->pk) *pk = vb->pk, *nk = vb->rk;
+}
 
 void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *lens_q, const size_t *lens_k,
                      uint64_t seed, int on_buffers)
@@ -878,6 +923,7 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
         clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
         if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
         if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
+        varlen_positions(&p, c, b, &a1);
         double *w1 = rounds ? malloc(c->H * nq * nk * sizeof *w1) : NULL;
         cr_assert(!rounds || w1);
         oracle_batch0 = b; /* dropout keys the sequence as the padded batch's entry b */
@@ -901,6 +947,8 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
                                .cu_seqlens_q_count = B + 1};
     if (c->cross) a.kv = kvt, a.kv_count = rk * Ekv, a.cu_seqlens_kv = cu_k, a.cu_seqlens_kv_count = B + 1;
     if (Vw) a.value = vt, a.value_count = rk * Vw;
+    varlen_positions_packed(&vb, &a.rope_positions, &a.rope_positions_count, &a.rope_positions_kv,
+                            &a.rope_positions_kv_count);
     st = clattn_plan_execute(plan, &a);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu (%s): execute: %s: %s", (unsigned long long)seed,
                  clattn_plan_core(plan), clattn_status_string(st), clattn_last_error());
@@ -919,6 +967,8 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
         clattn_attention_buffers bb = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off}, .out = {bo, off},
                                        .cu_seqlens_q = cu_q, .cu_seqlens_q_count = B + 1};
         if (c->cross) bb.cu_seqlens_kv = cu_k, bb.cu_seqlens_kv_count = B + 1;
+        varlen_positions_packed(&vb, &bb.rope_positions, &bb.rope_positions_count, &bb.rope_positions_kv,
+                                &bb.rope_positions_kv_count);
         st = clattn_plan_execute_buffers(plan, &bb, 0, NULL, NULL);
         cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "varlen case %llu (%s): on buffers: %s", (unsigned long long)seed,
                      clattn_plan_core(plan), clattn_last_error());
@@ -1008,6 +1058,7 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
         clattn_attention_args a1 = {.x = (const float *)p.a.x + b * Tq * E};
         if (Ekv) a1.kv = (const float *)p.a.kv + b * Tk * Ekv;
         if (Vw) a1.value = (const float *)p.a.value + b * Tk * Vw;
+        varlen_positions(&p, c, b, &a1);
         oracle_batch0 = b; /* dropout keys the sequence as the padded batch's entry b */
         cr_assert_eq(oracle_attention_stats(&d1, &p.w, &a1, o64 + q0 * ow, NULL, l64 + H * q0, c64 + q0 * C), 0);
         oracle_grads og = {one[0], one[1], one[2], one[3], one[4], one[5], one[6], one[7], one[8], one[9], one[10]};
@@ -1026,6 +1077,8 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
                                .cu_seqlens_q_count = B + 1};
     if (c->cross) a.kv = kv, a.kv_count = rk * Ekv, a.cu_seqlens_kv = cu_k, a.cu_seqlens_kv_count = B + 1;
     if (Vw) a.value = v, a.value_count = rk * Vw;
+    varlen_positions_packed(&vb, &a.rope_positions, &a.rope_positions_count, &a.rope_positions_kv,
+                            &a.rope_positions_kv_count);
     st = clattn_plan_execute(plan, &a);
     cr_assert_eq(st, CLATTN_STATUS_SUCCESS, "%s (%s): forward: %s", what, clattn_plan_core(plan), clattn_last_error());
     char msg[256];
@@ -1071,6 +1124,8 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
             clattn_attention_buffers bb = {.x = {bx, off}, .kv = {bkv, off}, .value = {bv, off},
                                            .cu_seqlens_q = cu_q, .cu_seqlens_q_count = B + 1};
             if (c->cross) bb.cu_seqlens_kv = cu_k, bb.cu_seqlens_kv_count = B + 1;
+            varlen_positions_packed(&vb, &bb.rope_positions, &bb.rope_positions_count, &bb.rope_positions_kv,
+                                    &bb.rope_positions_kv_count);
             clattn_attention_grad_buffers gb = {.grad_out = {bg, off}};
             clattn_buffer *slot[NG] = {&gb.grad_x, &gb.grad_kv, &gb.grad_w_query, &gb.grad_w_key, &gb.grad_w_value,
                                        &gb.grad_b_query, &gb.grad_b_key, &gb.grad_b_value, &gb.grad_w_out,
@@ -1108,6 +1163,8 @@ void tu_problem_free(tu_problem *p)
     for (int i = 0; i < p->nb; i++) free(p->bufs[i]);
     free(p->kpm);
     free(p->bmask);
+    free(p->pos_q);
+    free(p->pos_k);
 }
 
 extern char **environ;

@@ -96,6 +96,9 @@ typedef struct tu_attn_case {
     int mask_pb, mask_ph; /* the attention mask per batch entry and/or per head: (B,) (H,) Tq, Tk */
     clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
     clattn_rope rope;     /* rotary embeddings on Q and K (kind NONE: none) */
+    int rope_pos;         /* with rope, args.rope_positions given (tu_problem_make's: each entry left-padded by 3b
+                             rows at position 1, as transformers' position_ids, the odd entries' real rows from 517, past
+                             the plan's first table; cross-attention's keys at (7j + 3b) % 900) */
 } tu_attn_case;
 
 /* A random combination of the case's options (the sweeps of test_conformance and test_train): batch, lengths,
@@ -119,6 +122,7 @@ typedef struct tu_problem {
     float *bufs[16];
     int nb;
     uint8_t *kpm, *bmask;
+    uint32_t *pos_q, *pos_k; /* rope_pos: the rows' positions */
     const clattn_attention_weights *first; /* plans are created with these, then given w (clattn_plan_set_weights);
                                               NULL: created with w */
 } tu_problem;

@@ -3,12 +3,15 @@
  *   rope_rows   one work-item per (row, head, pair) turns the pair by its position's angle: the forward (sign 1) or
  *               the gradient's rotation back (sign -1, the transpose); with rest > 0 the head's last `rest` values
  *               (past the rotated ones) are copied too, one work-item each, for a dst that is not src. Row t (of
- *               the launch) is at position t % period. Pairs (i, i + pairs), or (2i, 2i + 1) when interleaved.
+ *               the launch) is at position t % period, or pos[pos_off + t] with has_pos (the caller's positions, or
+ *               a varlen batch's rows from 0 in each sequence). Pairs (i, i + pairs), or (2i, 2i + 1) when
+ *               interleaved.
  * src and dst may be the same rows (in place: each work-item reads its pair before it writes it). Offsets and
  * row strides count floats; cs holds (cos, sin) of each (position, pair). */
 __kernel void rope_rows(__global const float *src, ulong src_off, uint src_ld, __global float *dst, ulong dst_off,
-                        uint dst_ld, __global const float *cs, uint period, uint heads, uint head_dim, uint pairs,
-                        uint interleaved, uint rest, float sign, ulong total)
+                        uint dst_ld, __global const float *cs, uint period, __global const uint *pos, ulong pos_off,
+                        uint has_pos, uint heads, uint head_dim, uint pairs, uint interleaved, uint rest, float sign,
+                        ulong total)
 {
     const ulong g = get_global_id(0);
     if (g >= total) return;
@@ -24,7 +27,7 @@ __kernel void rope_rows(__global const float *src, ulong src_off, uint src_ld, _
         return;
     }
     const uint ia = interleaved ? 2 * e : e, ib = interleaved ? 2 * e + 1 : e + pairs;
-    const ulong at = 2 * ((row % period) * pairs + e);
+    const ulong at = 2 * ((has_pos ? (ulong)pos[pos_off + row] : row % period) * pairs + e);
     const float co = cs[at], si = sign * cs[at + 1];
     const float a = s[ia], b = s[ib];
     d[ia] = a * co - b * si;

@@ -92,7 +92,9 @@ class AttentionArgs(Structure):
         ("lse", c_float_p), ("context", c_float_p), ("lse_count", c_size_t), ("context_count", c_size_t),
         ("value", c_float_p), ("value_count", c_size_t),
         ("cu_seqlens_q", ctypes.POINTER(ctypes.c_uint32)), ("cu_seqlens_kv", ctypes.POINTER(ctypes.c_uint32)),
-        ("cu_seqlens_q_count", c_size_t), ("cu_seqlens_kv_count", c_size_t)]
+        ("cu_seqlens_q_count", c_size_t), ("cu_seqlens_kv_count", c_size_t),
+        ("rope_positions", ctypes.POINTER(ctypes.c_uint32)), ("rope_positions_kv", ctypes.POINTER(ctypes.c_uint32)),
+        ("rope_positions_count", c_size_t), ("rope_positions_kv_count", c_size_t)]
 
 
 GRAD_NAMES = ("x", "kv") + WEIGHT_NAMES  # the differentiable inputs, in clattn_attention_grads' order

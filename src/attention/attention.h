@@ -141,6 +141,8 @@ static inline size_t clattn_plan_value_elems(const clattn_attention_desc *d)
 typedef struct clattn_rows {
     size_t q, k;
     const uint32_t *cu_q, *cu_k;
+    const uint32_t *pos_q, *pos_k; /* rope: each row's position given (args.rope_positions; the keys' are
+                                      rope_positions_kv, or in self-attention the queries'), or NULL */
 } clattn_rows;
 /* The rows of an execution with these offsets (args' or buffers', "owner" in messages), checked: given only with
  * desc.varlen and then required, B+1 of them, from 0, non-decreasing, no sequence past seq_q (seq_kv); self-attention
@@ -156,10 +158,25 @@ clattn_status clattn_offsets_check(const char *owner, const char *name, const ui
 static inline clattn_rows clattn_plan_rows_of(const struct clattn_plan *p, const uint32_t *cu_q, const uint32_t *cu_k)
 {
     const clattn_attention_desc *d = &p->d;
-    if (!d->varlen || !cu_q) return (clattn_rows){d->batch * d->seq_q, d->batch * d->seq_kv, NULL, NULL};
+    if (!d->varlen || !cu_q) return (clattn_rows){d->batch * d->seq_q, d->batch * d->seq_kv, NULL, NULL, NULL, NULL};
     if (!d->cross) cu_k = cu_q;
-    return (clattn_rows){cu_q[d->batch], cu_k ? cu_k[d->batch] : 0, cu_q, cu_k};
+    return (clattn_rows){cu_q[d->batch], cu_k ? cu_k[d->batch] : 0, cu_q, cu_k, NULL, NULL};
 }
+/* The same rows with the rope positions given (rope_positions and rope_positions_kv; checked). */
+static inline clattn_rows clattn_rows_positioned(clattn_rows r, const clattn_attention_desc *d, const uint32_t *pq,
+                                                 const uint32_t *pkv)
+{
+    r.pos_q = pq, r.pos_k = d->cross ? pkv : pq;
+    return r;
+}
+/* rope_positions and rope_positions_kv (owner's: "args" or "buffers") against the plan and the execution's rows r:
+ * given only with rope, _kv only with cross-attention and then with the queries', the counts, each position at most
+ * CLATTN_ROPE_MAX_POSITION. */
+clattn_status clattn_plan_positions_check(const struct clattn_plan *p, const uint32_t *pq, size_t nq,
+                                         const uint32_t *pk, size_t nk, const clattn_rows *r, const char *owner);
+/* The plan's table of cos and sin grown to the largest position given (checked), under the plan's lock. */
+clattn_status clattn_plan_positions_reserve(struct clattn_plan *p, const uint32_t *pq, const uint32_t *pk,
+                                            const clattn_rows *r);
 /* The value input's elements for these rows (0 without separate_value). */
 static inline size_t clattn_rows_value_elems(const clattn_attention_desc *d, const clattn_rows *r)
 {
@@ -179,9 +196,15 @@ clattn_status clattn_rope_resolve(clattn_attention_desc *d);
  * factor, computed in double; NULL when out of memory. */
 float *clattn_rope_table(const clattn_rope *r, size_t positions);
 /* Rotate `heads` heads of head_dim values (the first r) in each of `rows` rows of stride ld, row t at position
- * t % period: the forward, in place (ref device); and the gradient's rotation back (the transpose) on doubles. */
+ * t % period, or pos[t] when pos is given (args.rope_positions): the forward, in place (ref device); and the
+ * gradient's rotation back (the transpose) on doubles. */
 void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t rows, size_t ld, size_t period,
-                        size_t heads, size_t head_dim);
+                        const uint32_t *pos, size_t heads, size_t head_dim);
+/* The keys' positions given (args.rope_positions_kv, or in self-attention the queries' rope_positions), or NULL. */
+static inline const uint32_t *clattn_rope_key_positions(const clattn_attention_desc *d, const clattn_attention_args *a)
+{
+    return d->cross ? a->rope_positions_kv : a->rope_positions;
+}
 /* One row (heads heads of head_dim values) at position pos. */
 void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, size_t pos, size_t heads,
                             size_t head_dim);
@@ -190,7 +213,7 @@ void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, siz
  * them already or without rope. */
 clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions, size_t limit);
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
-                             size_t heads, size_t head_dim);
+                             const uint32_t *pos, size_t heads, size_t head_dim);
 
 /* ---- projections on the device (linear.c), for the attention, decode and encoder plans */
 typedef struct clattn_linear {

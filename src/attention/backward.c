@@ -181,7 +181,9 @@ clattn_status clattn_plan_backward(clattn_plan *plan, const clattn_attention_arg
     TRY(check_grads(plan, args, grads));
     TRY(backward_no_overlap(plan, args, grads, NULL, NULL));
     pthread_mutex_lock(&plan->lock);
-    const clattn_status st = plan->ops->backward_host(plan, args, grads);
+    const clattn_rows r = clattn_plan_rows_of(plan, args->cu_seqlens_q, args->cu_seqlens_kv);
+    clattn_status st = clattn_plan_positions_reserve(plan, args->rope_positions, args->rope_positions_kv, &r);
+    if (st == CLATTN_STATUS_SUCCESS) st = plan->ops->backward_host(plan, args, grads);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }
@@ -200,8 +202,10 @@ clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const clattn_atten
     TRY(check_grad_buffers(plan, buffers, grads));
     TRY(backward_no_overlap(plan, NULL, NULL, buffers, grads));
     pthread_mutex_lock(&plan->lock);
-    const clattn_status st = plan->ops->backward_buffers(plan, buffers, grads, num_events_in_wait_list,
-                                                         event_wait_list, event);
+    const clattn_rows r = clattn_plan_rows_of(plan, buffers->cu_seqlens_q, buffers->cu_seqlens_kv);
+    clattn_status st = clattn_plan_positions_reserve(plan, buffers->rope_positions, buffers->rope_positions_kv, &r);
+    if (st == CLATTN_STATUS_SUCCESS)
+        st = plan->ops->backward_buffers(plan, buffers, grads, num_events_in_wait_list, event_wait_list, event);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }

@@ -162,8 +162,9 @@ static clattn_status ref_backward_f32(struct clattn_plan *plan, const clattn_att
 
     /* 3b. rotary embeddings: dQ and dK were the rotated Q's and K's, rotated back (the rotation's transpose) */
     if (d->rope.kind != CLATTN_ROPE_NONE) {
-        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dQ, B * Tq, H * dk, Tq, H, dk);
-        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dK, B * Tk, HK * dk, Tk, HK, dk);
+        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dQ, B * Tq, H * dk, Tq, a->rope_positions, H, dk);
+        clattn_rope_rotate_grad(&d->rope, plan->rope_cs, dK, B * Tk, HK * dk, Tk, clattn_rope_key_positions(d, a), HK,
+                                dk);
     }
 
     /* 4. the weights' and biases' gradients */
@@ -229,6 +230,8 @@ static clattn_status ref_backward_varlen(struct clattn_plan *plan, const clattn_
         sub.d.varlen = 0, sub.d.batch = 1, sub.d.seq_q = nq, sub.d.seq_kv = d->cross ? nk : nq, sub.drop_b0 = b;
         clattn_attention_args sa = {.x = x + q0 * E};
         if (d->cross) sa.kv = kv + k0 * Ekv;
+        if (a->rope_positions) sa.rope_positions = a->rope_positions + q0;
+        if (a->rope_positions_kv) sa.rope_positions_kv = a->rope_positions_kv + k0;
         if (Vw) sa.value = value + k0 * Vw;
         clattn_attention_grads sg = {.grad_out = gout + q0 * W};
         if (g->lse) sg.lse = g->lse + H * q0, sg.context = g->context + q0 * C;

@@ -547,6 +547,49 @@ clattn_status clattn_plan_rows(const clattn_plan *p, const uint32_t *cu_q, size_
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_plan_positions_check(const clattn_plan *p, const uint32_t *pq, size_t nq, const uint32_t *pk,
+                                         size_t nk, const clattn_rows *r, const char *owner)
+{
+    const clattn_attention_desc *d = &p->d;
+    if ((pq || pk) && d->rope.kind == CLATTN_ROPE_NONE)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions%s is given, but the plan has no rotary "
+                           "embeddings (desc.rope.kind = CLATTN_ROPE_NONE): it would be ignored", owner,
+                           pq ? "" : "_kv");
+    if (pk && !d->cross)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions_kv is given, but the plan is "
+                           "self-attention: the keys are the queries' rows, at rope_positions; it would be ignored",
+                           owner);
+    if (d->cross && !pq != !pk)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions%s is NULL but %s.rope_positions%s is "
+                           "given: a cross-attention plan takes both (the queries' and the keys' positions) or neither",
+                           owner, pq ? "_kv" : "", owner, pq ? "" : "_kv");
+    char how[96];
+    if (d->varlen) snprintf(how, sizeof how, "cu_seqlens_q[batch] = %zu", r->q);
+    else snprintf(how, sizeof how, "batch x seq_q = %zu x %zu", d->batch, d->seq_q);
+    TRY(clattn_count_check(owner, "rope_positions", pq, nq, r->q, how));
+    if (d->varlen) snprintf(how, sizeof how, "cu_seqlens_kv[batch] = %zu", r->k);
+    else snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", d->batch, d->seq_kv);
+    TRY(clattn_count_check(owner, "rope_positions_kv", pk, nk, r->k, how));
+    for (int w = 0; w < 2; w++) {
+        const uint32_t *pos = w ? pk : pq;
+        for (size_t i = 0; pos && i < (w ? r->k : r->q); i++)
+            if (pos[i] > CLATTN_ROPE_MAX_POSITION)
+                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions%s[%zu] is %u, past the largest "
+                                   "position a row may be given (CLATTN_ROPE_MAX_POSITION = %u)", owner, w ? "_kv" : "",
+                                   i, (unsigned)pos[i], CLATTN_ROPE_MAX_POSITION);
+    }
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_plan_positions_reserve(clattn_plan *p, const uint32_t *pq, const uint32_t *pk,
+                                            const clattn_rows *r)
+{
+    size_t most = 0;
+    for (size_t i = 0; pq && i < r->q; i++) most = pq[i] >= most ? (size_t)pq[i] + 1 : most;
+    for (size_t i = 0; pk && i < r->k; i++) most = pk[i] >= most ? (size_t)pk[i] + 1 : most;
+    return clattn_rope_reserve(p, most, (size_t)CLATTN_ROPE_MAX_POSITION + 1);
+}
+
 clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_attention_args *a)
 {
     if (!a) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "args is NULL");
@@ -601,7 +644,9 @@ clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_att
     TRY(clattn_count_check("args", "attn_mask", a->attn_mask, a->attn_mask_count, clattn_plan_mask_elems(d), how));
     snprintf(how, sizeof how, "%s x kv_heads*head_dim_v = %zu x %zu*%zu", d->varlen ? "cu_seqlens_kv[batch]" :
              "batch x seq_kv", r.k, d->kv_heads, d->head_dim_v);
-    return clattn_count_check("args", "value", a->value, a->value_count, clattn_rows_value_elems(d, &r), how);
+    TRY(clattn_count_check("args", "value", a->value, a->value_count, clattn_rows_value_elems(d, &r), how));
+    return clattn_plan_positions_check(plan, a->rope_positions, a->rope_positions_count, a->rope_positions_kv,
+                                       a->rope_positions_kv_count, &r, "args");
 }
 
 void clattn_plan_input_ranges(const clattn_plan *p, const clattn_attention_args *a, const clattn_attention_buffers *b,
@@ -688,8 +733,11 @@ clattn_status clattn_plan_check_buffers_declared(const clattn_plan *plan, const 
     if (!plan->d.separate_value && b->value.mem)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "buffers.value is given, but the plan was created without "
                            "desc.separate_value = 1: it would be ignored");
+    clattn_rows r;
     TRY(clattn_plan_rows(plan, b->cu_seqlens_q, b->cu_seqlens_q_count, b->cu_seqlens_kv, b->cu_seqlens_kv_count,
-                         "buffers", NULL));
+                         "buffers", &r));
+    TRY(clattn_plan_positions_check(plan, b->rope_positions, b->rope_positions_count, b->rope_positions_kv,
+                                    b->rope_positions_kv_count, &r, "buffers"));
     return check_training_outputs(plan, b->lse.mem != NULL, b->context.mem != NULL, "buffers");
 }
 
@@ -701,7 +749,9 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_attention_args
     if (st != CLATTN_STATUS_SUCCESS) return st;
     if (args->attn) TRY(check_weights_wanted(plan));
     pthread_mutex_lock(&plan->lock); /* the staging buffers are the plan's: one pass at a time */
-    st = plan->ops->execute_host(plan, args);
+    const clattn_rows r = clattn_plan_rows_of(plan, args->cu_seqlens_q, args->cu_seqlens_kv);
+    st = clattn_plan_positions_reserve(plan, args->rope_positions, args->rope_positions_kv, &r);
+    if (st == CLATTN_STATUS_SUCCESS) st = plan->ops->execute_host(plan, args);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }
@@ -717,8 +767,10 @@ clattn_status clattn_plan_execute_buffers(clattn_plan *plan, const clattn_attent
     if (buffers->attn.mem) TRY(check_weights_wanted(plan));
     TRY(forward_no_overlap(plan, NULL, buffers));
     pthread_mutex_lock(&plan->lock);
-    const clattn_status st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list,
-                                                        event);
+    const clattn_rows r = clattn_plan_rows_of(plan, buffers->cu_seqlens_q, buffers->cu_seqlens_kv);
+    clattn_status st = clattn_plan_positions_reserve(plan, buffers->rope_positions, buffers->rope_positions_kv, &r);
+    if (st == CLATTN_STATUS_SUCCESS)
+        st = plan->ops->execute_buffers(plan, buffers, num_events_in_wait_list, event_wait_list, event);
     pthread_mutex_unlock(&plan->lock);
     return st;
 }

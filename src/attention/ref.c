@@ -169,6 +169,8 @@ static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_atte
             .x = (const char *)a->x + q0 * d->embed * es, .x_count = nq * d->embed, .out = out, .out_count = nq * W};
         if (d->cross) s.kv = (const char *)a->kv + k0 * d->kv_embed * es, s.kv_count = nk * d->kv_embed;
         if (d->separate_value) s.value = (const char *)a->value + k0 * v_row * es, s.value_count = nk * v_row;
+        if (a->rope_positions) s.rope_positions = a->rope_positions + q0, s.rope_positions_count = nq;
+        if (a->rope_positions_kv) s.rope_positions_kv = a->rope_positions_kv + k0, s.rope_positions_kv_count = nk;
         if (a->lse) s.lse = a->lse + H * q0, s.lse_count = H * nq;
         if (a->context) s.context = a->context + q0 * C, s.context_count = nq * C;
         TRY(ref_execute_host(&sub, &s));

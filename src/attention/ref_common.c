@@ -33,8 +33,8 @@ void clattn_ref_qkv(const struct clattn_plan *plan, const clattn_attention_args 
         memcpy(V, d->separate_value ? a->value : kv, B * Tk * HK * dv * sizeof *V);
     }
     if (d->rope.kind != CLATTN_ROPE_NONE) { /* rotary embeddings: Q and K by their rows' positions (rope.c) */
-        clattn_rope_rotate(&d->rope, plan->rope_cs, Q, B * Tq, H * dk, Tq, H, dk);
-        clattn_rope_rotate(&d->rope, plan->rope_cs, K, B * Tk, HK * dk, Tk, HK, dk);
+        clattn_rope_rotate(&d->rope, plan->rope_cs, Q, B * Tq, H * dk, Tq, a->rope_positions, H, dk);
+        clattn_rope_rotate(&d->rope, plan->rope_cs, K, B * Tk, HK * dk, Tk, clattn_rope_key_positions(d, a), HK, dk);
     }
     if (d->kv_half) { /* the values a half (or bfloat16) KV cache holds */
         for (size_t n = 0; n < B * Tk * HK * dk; n++) K[n] = clattn_round_kv(K[n], d->kv_half);

@@ -160,17 +160,18 @@ void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, siz
 }
 
 void clattn_rope_rotate(const clattn_rope *r, const float *cs, float *x, size_t rows, size_t ld, size_t period,
-                        size_t heads, size_t head_dim)
+                        const uint32_t *pos, size_t heads, size_t head_dim)
 {
-    for (size_t t = 0; t < rows; t++) clattn_rope_rotate_row(r, cs, x + t * ld, t % period, heads, head_dim);
+    for (size_t t = 0; t < rows; t++)
+        clattn_rope_rotate_row(r, cs, x + t * ld, pos ? pos[t] : t % period, heads, head_dim);
 }
 
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
-                             size_t heads, size_t head_dim)
+                             const uint32_t *pos, size_t heads, size_t head_dim)
 {
     const size_t half = r->dims / 2;
     for (size_t t = 0; t < rows; t++) {
-        const float *c = cs + 2 * (t % period) * half;
+        const float *c = cs + 2 * (pos ? pos[t] : t % period) * half;
         for (size_t h = 0; h < heads; h++) {
             double *v = g + t * ld + h * head_dim;
             for (size_t i = 0; i < half; i++) {

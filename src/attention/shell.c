@@ -213,7 +213,7 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
      &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in,  \
-     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32, &c->rope_cs, &c->rope_q, &c->rope_k}
+     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32, &c->rope_cs, &c->rope_q, &c->rope_k, &c->rope_pos}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -238,6 +238,7 @@ static void shell_release(struct clattn_plan *p)
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     clattn_kernel_release(&c->rope);
     clattn_program_release(&c->rope_prog);
+    free(c->rope_pos_host);
     clattn_linear_release(&c->lin);
     free(c);
     p->backend_state = NULL;
@@ -340,7 +341,8 @@ static clattn_status shell_execute_host(struct clattn_plan *p, const clattn_atte
     if (a->attn && !(attn_host = clattn_malloc(n_attn * sizeof *attn_host)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "staging the attention weights (%zu floats)", n_attn);
     const size_t es = clattn_dtype_size(d->dtype);
-    const clattn_rows rows = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
+    const clattn_rows rows = clattn_rows_positioned(clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv), d,
+                                                    a->rope_positions, a->rope_positions_kv);
     const clattn_transfer in[] = {
         {c->x_in, rows.q * d->embed * es, (void *)a->x, "x"},
         {d->cross ? c->kv_in : NULL, rows.k * d->kv_embed * es, (void *)a->kv, "kv"},
@@ -369,7 +371,8 @@ static clattn_status shell_execute_buffers(struct clattn_plan *p, const clattn_a
 {
     const clattn_attention_desc *d = &p->d;
     const size_t B = d->batch, Tq = d->seq_q, Tk = d->seq_kv, es = clattn_dtype_size(d->dtype);
-    const clattn_rows rows = clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
+    const clattn_rows rows = clattn_rows_positioned(clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv), d,
+                                                    b->rope_positions, b->rope_positions_kv);
     if (rows.q) TRY(clattn_buffer_check(b->x.mem, b->x.offset, rows.q * d->embed, es, "x")); /* none: varlen's empty */
     if (d->cross && rows.k) TRY(clattn_buffer_check(b->kv.mem, b->kv.offset, rows.k * d->kv_embed, es, "kv"));
     if (d->key_padding_mask)

@@ -50,6 +50,10 @@ typedef struct shell {
     cl_program rope_prog;
     cl_kernel rope;
     cl_mem rope_cs, rope_q, rope_k;
+    size_t rope_cs_positions;     /* the positions rope_cs holds (grown with the plan's table) */
+    cl_mem rope_pos;              /* each row's position, Q's rows then K's (B*(Tq+Tk) uint32, made at the first call
+                                     that gives positions or packs a varlen batch) */
+    uint32_t *rope_pos_host;      /* its host copy, filled by each such call */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;

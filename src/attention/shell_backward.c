@@ -311,7 +311,8 @@ clattn_status clattn_shell_backward_host(struct clattn_plan *p, const clattn_att
     const size_t B = d->batch, Tk = d->seq_kv, H = d->heads, dv = d->head_dim_v;
     if (!p->host_staging)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "this plan runs on device buffers only (no staging buffers)");
-    const clattn_rows rows = clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv); /* B*Tq, B*Tk or varlen's */
+    const clattn_rows rows = clattn_rows_positioned(clattn_plan_rows_of(p, a->cu_seqlens_q, a->cu_seqlens_kv), d,
+                                                    a->rope_positions, a->rope_positions_kv);
     const size_t rq = rows.q, rk = rows.k;
     const int saved = g->lse != NULL;
     const cl_mem ctx_buf = p->has_out ? c->merged : t->ctx;
@@ -359,7 +360,8 @@ clattn_status clattn_shell_backward_buffers(struct clattn_plan *p, const clattn_
                  .lse = {g->lse.mem, g->lse.offset}, .ctx = {g->context.mem, g->context.offset},
                  .gx = {g->grad_x.mem, g->grad_x.offset}, .gkv = {g->grad_kv.mem, g->grad_kv.offset},
                  .value = {b->value.mem, b->value.offset}, .gvalue = {g->grad_value.mem, g->grad_value.offset},
-                 .rows = clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv)};
+                 .rows = clattn_rows_positioned(clattn_plan_rows_of(p, b->cu_seqlens_q, b->cu_seqlens_kv), &p->d,
+                                                b->rope_positions, b->rope_positions_kv)};
     for (int i = 0; i < NGRAD; i++) io.gw[i] = (view){gws[i].mem, gws[i].offset};
     void *pc[2] = {p, &io};
     return clattn_exec_buffers(p->device, nwait, wait, bwd_pass, pc, event);

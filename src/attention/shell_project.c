@@ -51,6 +51,7 @@ clattn_status clattn_shell_rope_init(struct clattn_plan *p)
     const size_t positions = d->seq_q > d->seq_kv ? d->seq_q : d->seq_kv;
     TRY(clattn_buffer_new(dev, positions * d->rope.dims, sizeof(float), p->rope_cs,
                           "the rotary embeddings' cos and sin", &c->rope_cs));
+    c->rope_cs_positions = positions;
     if (p->has_qkv) return CLATTN_STATUS_SUCCESS; /* rotated in place, in the projections' rows */
     TRY(clattn_buffer_new(dev, d->batch * d->seq_q * d->embed, sizeof(float), NULL, "Q rotated", &c->rope_q));
     if (d->cross)
@@ -58,10 +59,55 @@ clattn_status clattn_shell_rope_init(struct clattn_plan *p)
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* One launch of rope_rows: `rows` rows of `heads` heads, row t at position t % period; the values past the rotated
- * ones copied too when dst is not src (copy_rest); sign -1 rotates back (a gradient). */
+/* The table on the device holding every position the plan's table holds (grown by clattn_plan_positions_reserve
+ * for the positions a call gives). */
+static clattn_status rope_table_sync(struct clattn_plan *p)
+{
+    shell *c = p->backend_state;
+    if (p->rope_positions <= c->rope_cs_positions) return CLATTN_STATUS_SUCCESS;
+    cl_mem m = NULL;
+    TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
+                          "the rotary embeddings' cos and sin", &m));
+    clattn_mem_release(&c->rope_cs); /* (freed once the work enqueued with it is done) */
+    c->rope_cs = m, c->rope_cs_positions = p->rope_positions;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* Each row's position into c->rope_pos, Q's r->q rows then K's r->k: the positions given (r->pos_q, r->pos_k), or a
+ * varlen batch's rows from 0 in each sequence. 0: neither (the launches take row % period); 1: written. */
+static clattn_status rope_positions_put(struct clattn_plan *p, const clattn_rows *r, int *written)
+{
+    shell *c = p->backend_state;
+    const clattn_attention_desc *d = &p->d;
+    *written = 0;
+    if (!r->pos_q && !r->pos_k && !r->cu_q) return CLATTN_STATUS_SUCCESS;
+    const size_t cap = d->batch * (d->seq_q + d->seq_kv); /* r->q + r->k never more */
+    if (!c->rope_pos_host && !(c->rope_pos_host = clattn_malloc(cap * sizeof *c->rope_pos_host)))
+        return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rows' rotary positions (%zu)", cap);
+    if (!c->rope_pos) TRY(clattn_buffer_new(p->device, cap, sizeof(uint32_t), NULL, "the rows' rotary positions",
+                                            &c->rope_pos));
+    uint32_t *pos = c->rope_pos_host;
+    for (int w = 0; w < 2; w++) {
+        const size_t n = w ? r->k : r->q, T = w ? d->seq_kv : d->seq_q;
+        const uint32_t *given = w ? r->pos_k : r->pos_q, *cu = w ? r->cu_k : r->cu_q;
+        for (size_t i = 0, b = 0; i < n; i++) {
+            while (cu && i >= cu[b + 1]) b++; /* the sequence of packed row i */
+            pos[i] = given ? given[i] : (uint32_t)(cu ? i - cu[b] : i % T);
+        }
+        pos += n;
+    }
+    TRY(clattn_buffer_put(p->device, r->q + r->k, sizeof(uint32_t), c->rope_pos_host, "the rows' rotary positions",
+                          &c->rope_pos));
+    *written = 1;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* One launch of rope_rows: `rows` rows of `heads` heads, row t at position t % period, or at rope_pos[pos_off + t]
+ * when `positioned`; the values past the rotated ones copied too when dst is not src (copy_rest); sign -1 rotates
+ * back (a gradient). */
 static clattn_status rope_launch(struct clattn_plan *p, view src, size_t src_ld, view dst, size_t dst_ld, size_t rows,
-                                 size_t period, size_t heads, int copy_rest, float sign)
+                                 size_t period, int positioned, size_t pos_off, size_t heads, int copy_rest,
+                                 float sign)
 {
     shell *c = p->backend_state;
     const clattn_rope *r = &p->d.rope;
@@ -75,6 +121,9 @@ static clattn_status rope_launch(struct clattn_plan *p, view src, size_t src_ld,
     clattn_arg_u32(&a, (cl_uint)dst_ld);
     clattn_arg_mem(&a, c->rope_cs);
     clattn_arg_u32(&a, (cl_uint)period);
+    clattn_arg_mem(&a, positioned ? c->rope_pos : c->rope_cs); /* (not read without positions) */
+    clattn_arg_u64(&a, positioned ? pos_off : 0);
+    clattn_arg_u32(&a, positioned != 0);
     clattn_arg_u32(&a, (cl_uint)heads);
     clattn_arg_u32(&a, (cl_uint)dk);
     clattn_arg_u32(&a, (cl_uint)half);
@@ -87,18 +136,20 @@ static clattn_status rope_launch(struct clattn_plan *p, view src, size_t src_ld,
     return clattn_enqueue_1d(p->device, c->rope, total, "enqueue rope_rows");
 }
 
-/* The rows of Q (or K): the padded batch's, each entry from position 0 (period = its length), or a varlen batch's
- * sequences (cu: B+1 offsets), each from position 0 too. */
-static clattn_status rope_rows(struct clattn_plan *p, const uint32_t *cu, size_t rows, size_t period, view src,
-                               size_t src_ld, view dst, size_t dst_ld, size_t heads, int copy_rest, float sign)
+/* Q and K rotated for the core (forward: sign 1; copy_rest for the rotated buffers without projections), or dQ and
+ * dK rotated back (sign -1): the padded batch's rows of each entry from position 0 (period = its length), a varlen
+ * batch's from 0 in each sequence, or at the positions given; one launch for Q's rows and one for K's. k_src NULL:
+ * self-attention without projections, where K is Q (rotated once). */
+static clattn_status rope_both(struct clattn_plan *p, const clattn_rows *r, view q_src, size_t qld, view q_dst,
+                               const view *k_src, size_t kld, view k_dst, int copy_rest, float sign)
 {
-    if (!cu) return rope_launch(p, src, src_ld, dst, dst_ld, rows, period, heads, copy_rest, sign);
-    for (size_t b = 0; b < p->d.batch; b++) {
-        const size_t n = cu[b + 1] - cu[b];
-        const view s = {src.mem, src.off + cu[b] * src_ld}, t = {dst.mem, dst.off + cu[b] * dst_ld};
-        TRY(rope_launch(p, s, src_ld, t, dst_ld, n, n, heads, copy_rest, sign));
-    }
-    return CLATTN_STATUS_SUCCESS;
+    const clattn_attention_desc *d = &p->d;
+    int positioned;
+    TRY(rope_table_sync(p));
+    TRY(rope_positions_put(p, r, &positioned));
+    TRY(rope_launch(p, q_src, qld, q_dst, qld, r->q, d->seq_q, positioned, 0, d->heads, copy_rest, sign));
+    if (!k_src) return CLATTN_STATUS_SUCCESS;
+    return rope_launch(p, *k_src, kld, k_dst, kld, r->k, d->seq_kv, positioned, r->q, d->kv_heads, copy_rest, sign);
 }
 
 /* Q and K rotated for the core: the projections' rows in place, or the inputs into the plan's buffers (cio moved
@@ -107,32 +158,21 @@ static clattn_status rope_forward(struct clattn_plan *p, const clattn_rows *r, c
 {
     shell *c = p->backend_state;
     const clattn_attention_desc *d = &p->d;
-    const size_t H = d->heads, HK = d->kv_heads, qld = c->lay.q_ld, kld = c->lay.k_ld;
+    const size_t qld = c->lay.q_ld, kld = c->lay.k_ld;
     if (d->rope.kind == CLATTN_ROPE_NONE) return CLATTN_STATUS_SUCCESS;
-    if (p->has_qkv) {
-        TRY(rope_rows(p, r->cu_q, r->q, d->seq_q, cio->q, qld, cio->q, qld, H, 0, 1.0f));
-        return rope_rows(p, r->cu_k, r->k, d->seq_kv, cio->k, kld, cio->k, kld, HK, 0, 1.0f);
-    }
-    const view q = {c->rope_q, 0};
-    TRY(rope_rows(p, r->cu_q, r->q, d->seq_q, cio->q, qld, q, qld, H, 1, 1.0f));
-    cio->q = q;
-    if (!d->cross) { /* K = Q = x: the same rows at the same positions */
-        cio->k = q;
-        return CLATTN_STATUS_SUCCESS;
-    }
-    const view k = {c->rope_k, 0};
-    TRY(rope_rows(p, r->cu_k, r->k, d->seq_kv, cio->k, kld, k, kld, HK, 1, 1.0f));
-    cio->k = k;
+    if (p->has_qkv) return rope_both(p, r, cio->q, qld, cio->q, &cio->k, kld, cio->k, 0, 1.0f);
+    const view q = {c->rope_q, 0}, k = {d->cross ? c->rope_k : c->rope_q, 0};
+    /* self-attention: K = Q = x, the same rows at the same positions, rotated once */
+    TRY(rope_both(p, r, cio->q, qld, q, d->cross ? &cio->k : NULL, kld, k, 1, 1.0f));
+    cio->q = q, cio->k = k;
     return CLATTN_STATUS_SUCCESS;
 }
 
 clattn_status clattn_shell_rope_grad(struct clattn_plan *p, const clattn_rows *r, view dq, size_t dq_ld, view dk,
                                      size_t dk_ld)
 {
-    const clattn_attention_desc *d = &p->d;
-    if (d->rope.kind == CLATTN_ROPE_NONE) return CLATTN_STATUS_SUCCESS;
-    TRY(rope_rows(p, r->cu_q, r->q, d->seq_q, dq, dq_ld, dq, dq_ld, d->heads, 0, -1.0f));
-    return rope_rows(p, r->cu_k, r->k, d->seq_kv, dk, dk_ld, dk, dk_ld, d->kv_heads, 0, -1.0f);
+    if (p->d.rope.kind == CLATTN_ROPE_NONE) return CLATTN_STATUS_SUCCESS;
+    return rope_both(p, r, dq, dq_ld, dq, &dk, dk_ld, dk, 0, -1.0f);
 }
 
 clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clattn_core_io *cio)
