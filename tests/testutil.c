@@ -636,9 +636,11 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
         p->pos_q = malloc(B * Tq * sizeof *p->pos_q);
         cr_assert(p->pos_q);
         for (size_t b = 0; b < B; b++) {
-            const size_t pad = 3 * b < Tq ? 3 * b : Tq - 1; /* left padding: its rows at 1, as transformers gives them */
+            /* left padding (its rows at 1, as transformers gives them), then documents of 11 rows packed, each from
+             * position 0 (RoPE depends on the difference of positions: a shift alone would change nothing) */
+            const size_t pad = 3 * b < Tq ? 3 * b : Tq - 1;
             for (size_t t = 0; t < Tq; t++)
-                p->pos_q[b * Tq + t] = t < pad ? 1u : (uint32_t)(t - pad + (b % 2 ? 517 : 0));
+                p->pos_q[b * Tq + t] = t < pad ? 1u : (uint32_t)((t - pad) % 11 + (b % 2 ? 517 : 0));
         }
         p->a.rope_positions = p->pos_q;
         if (c->cross) {

@@ -97,8 +97,9 @@ typedef struct tu_attn_case {
     clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
     clattn_rope rope;     /* rotary embeddings on Q and K (kind NONE: none) */
     int rope_pos;         /* with rope, args.rope_positions given (tu_problem_make's: each entry left-padded by 3b
-                             rows at position 1, as transformers' position_ids, the odd entries' real rows from 517, past
-                             the plan's first table; cross-attention's keys at (7j + 3b) % 900) */
+                             rows at position 1, as transformers' position_ids, then documents of 11 rows each from 0,
+                             the odd entries' from 517, past the plan's first table; cross-attention's keys at
+                             (7j + 3b) % 900) */
 } tu_attn_case;
 
 /* A random combination of the case's options (the sweeps of test_conformance and test_train): batch, lengths,

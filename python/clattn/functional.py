@@ -128,12 +128,24 @@ def _inputs(q, k, v, mask, kpm=None) -> "_lib.AttentionArgs":
     return a
 
 
+def _positioned(a: "_lib.AttentionArgs", pos, B: int, Tq: int, Tk: int) -> None:
+    """The rows' rotary positions into the args: pos None, or a contiguous int32 tensor of B*Tq queries' positions
+    then B*Tk keys' (rope_positions, rope_positions_kv: the library reads them as uint32, all in 0 .. 2^22-1)."""
+    if pos is None:
+        return
+    u32 = ctypes.POINTER(ctypes.c_uint32)
+    a.rope_positions, a.rope_positions_count = ctypes.cast(pos.data_ptr(), u32), B * Tq
+    a.rope_positions_kv, a.rope_positions_kv_count = ctypes.cast(pos.data_ptr() + 4 * B * Tq, u32), B * Tk
+
+
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
-                 training: bool, device: str, rope: str = "", kpm=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 training: bool, device: str, rope: str = "", kpm=None,
+                 pos=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
     k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
     training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added); kpm None or
-    a contiguous (B, Tk) uint8 key padding mask (nonzero = hidden: the library's own, no (Tq, Tk) mask made)."""
+    a contiguous (B, Tk) uint8 key padding mask (nonzero = hidden: the library's own, no (Tq, Tk) mask made); pos
+    None or the rows' rotary positions (_positioned)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
@@ -143,6 +155,7 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     a = _inputs(q, k, v, mask, kpm)
+    _positioned(a, pos, B, Tq, k.shape[1])
     a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
@@ -151,14 +164,16 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
 
 
 def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, window: int, scale: float,
-                          dropout_p: float, seed: int, device: str, rope: str = "", kpm=None):
-    """dq, dk, dv for the training call that gave out and lse (the same inputs, key padding mask and seed)."""
+                          dropout_p: float, seed: int, device: str, rope: str = "", kpm=None, pos=None):
+    """dq, dk, dv for the training call that gave out and lse (the same inputs, key padding mask, positions and
+    seed)."""
     dev, cache = _device(device or None)
     plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope, kpm))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dropout_p > 0.0:
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     a = _inputs(q, k, v, mask, kpm)
+    _positioned(a, pos, q.shape[0], q.shape[1], k.shape[1])
     g = _grads(grad_out, lse, out, dq, dk, dv)
     _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "scaled_dot_product_attention backward")
     return dq, dk, dv
@@ -168,11 +183,11 @@ if _HAS_CUSTOM_OP:
     @torch.library.custom_op("clattn::attend", mutates_args=())
     def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
                    window: int, scale: float, dropout_p: float, seed: int, training: bool,
-                   device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
+                   device: str, rope: str, pos: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=pos)
 
     @_attend_op.register_fake
-    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
+    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos):
         B, Tq, H, _ = q.shape
         return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,),
                                                                   dtype=torch.float32))
@@ -180,43 +195,44 @@ if _HAS_CUSTOM_OP:
     @torch.library.custom_op("clattn::attend_backward", mutates_args=())
     def _attend_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                             out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor, causal: bool, window: int,
-                            scale: float, dropout_p: float, seed: int,
-                            device: str, rope: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            scale: float, dropout_p: float, seed: int, device: str, rope: str,
+                            pos: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _attend_backward_impl(q, k, v, mask, out, lse, grad_out.contiguous(), causal, window, scale,
-                                     dropout_p, seed, device, rope)
+                                     dropout_p, seed, device, rope, pos=pos)
 
     @_attend_backward_op.register_fake
-    def _(q, k, v, mask, out, lse, grad_out, causal, window, scale, dropout_p, seed, device, rope):
+    def _(q, k, v, mask, out, lse, grad_out, causal, window, scale, dropout_p, seed, device, rope, pos):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope = inputs
+        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos = inputs
         out, lse = output
         if not training:
             return
-        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.save_for_backward(q, k, v, mask, out, lse, pos)
         ctx.opts = (causal, window, scale, dropout_p, seed, device, rope)
 
     def _backward(ctx, grad_out, grad_lse):
-        q, k, v, mask, out, lse = ctx.saved_tensors
+        q, k, v, mask, out, lse, pos = ctx.saved_tensors
         _first_derivatives_only()
-        dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts, pos)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
     _attend_op.register_autograd(_backward, setup_context=_setup_context)
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None):
         if training and not any(t.requires_grad for t in (q, k, v)):
             training = False
-        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)[0]
+        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos)[0]
 else:
     class _AttendFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
-            out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
+        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos):
+            out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope,
+                                    pos=pos)
             if training:
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.mask = mask
+                ctx.mask, ctx.pos = mask, pos
                 ctx.opts = (causal, window, scale, dropout_p, seed, device, rope)
             return out
 
@@ -224,11 +240,13 @@ else:
         def backward(ctx, grad_out):
             _first_derivatives_only()
             q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts)
-            return dq, dk, dv, None, None, None, None, None, None, None, None, None
+            dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts,
+                                               pos=ctx.pos)
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope):
-        return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope)
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None):
+        return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope,
+                                     pos)
 
 
 def _as_float(name: str, t: Any) -> torch.Tensor:
@@ -275,13 +293,17 @@ def _mask_for(name: str, m: torch.Tensor, B: int, H: int, Tq: int, Tk: int) -> t
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor] = None,
            *, causal: bool = False, window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
-           rope: Optional[Rope] = None, device: Optional[str] = None) -> torch.Tensor:
+           rope: Optional[Rope] = None, position_ids: Any = None, key_position_ids: Any = None,
+           device: Optional[str] = None) -> torch.Tensor:
     """The core on token-major heads, the layout projections produce and clattn reads without a copy:
     query (B, L, H, E), key (B, S, Hk, E), value (B, S, Hk, Ev) with Hk dividing H (query head h reads key/value
     head h // (H // Hk)) -> (B, L, H, Ev). mask None, or broadcastable to (B, H, L, S): bool True = attend, or float
     added. causal: key j hidden from query i when j > i (top-left aligned); window W > 0 (with causal): also when
     i - j >= W. rope: a Rope, rotary position embeddings applied to query and key inside the call (query row i at
-    position i, key row j at j; their gradients rotated back). The rest as scaled_dot_product_attention."""
+    position i, key row j at j; their gradients rotated back), or with position_ids (B, L) or (L,), integers in
+    0 .. 2^22-1 (transformers' position_ids: a left-padded batch), query row i of entry b at position_ids[b, i]; the
+    keys at key_position_ids (B, S) or (S,), which defaults to position_ids when S = L (self-attention).
+    The rest as scaled_dot_product_attention."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.dim() != 4:
@@ -311,6 +333,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
         _invalid(f"dropout_p={dropout_p}: must be in [0, 1)")
     m = None if mask is None else _mask_for("attn_mask", mask, B, H, L, S)
     rope_spec = _rope_spec(rope)
+    pq, pk = _position_ids(position_ids, key_position_ids, rope_spec, B, L, S)
     seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0.0 else 0
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     dtype = query.dtype
@@ -320,9 +343,49 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     Sb = -(-S // KEY_BUCKET) * KEY_BUCKET
     if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
         q, k, v, m = _bucketed(q, k, v, m, Sb)
+        if pk is not None and Sb != S:  # the padded keys (hidden) at position 0
+            pk = torch.cat((pk, pk.new_zeros((B, Sb - S))), dim=1)
+    pos = None if pq is None else torch.cat((pq.reshape(-1), pk.reshape(-1))).contiguous()
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
-               device or "", rope_spec)
+               device or "", rope_spec, pos)
     return out if out.dtype == dtype else out.to(dtype)
+
+
+_MAX_POSITION = 2 ** 22 - 1  # CLATTN_ROPE_MAX_POSITION
+
+
+def _positions_of(name: str, ids: Any, B: int, n: int) -> torch.Tensor:
+    """One position_ids argument as a (B, n) int32 tensor: (B, n) or (n,) (every batch entry), integers in
+    0 .. 2^22-1."""
+    if not isinstance(ids, torch.Tensor):
+        ids = torch.as_tensor(ids)
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
+        _invalid(f"{name}: dtype {ids.dtype}; positions are integers")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0).expand(B, -1)
+    if tuple(ids.shape) != (B, n):
+        _shape(f"{name}: {tuple(ids.shape)}; (batch, length) = ({B}, {n}), or ({n},) for every batch entry")
+    ids = ids.cpu().to(torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > _MAX_POSITION):
+        _invalid(f"{name}: positions from {int(ids.min())} to {int(ids.max())}; clattn takes 0 .. {_MAX_POSITION}")
+    return ids.to(torch.int32).contiguous()
+
+
+def _position_ids(position_ids: Any, key_position_ids: Any, rope_spec: str, B: int, L: int, S: int):
+    """attend's position_ids and key_position_ids as (B, L) and (B, S) int32 tensors, or (None, None)."""
+    if position_ids is None and key_position_ids is None:
+        return None, None
+    if not rope_spec:
+        _invalid("position_ids without rope: positions only place the rotary embeddings (pass rope=Rope(...))")
+    if position_ids is None:
+        _invalid("key_position_ids without position_ids: give the queries' positions too")
+    pq = _positions_of("position_ids", position_ids, B, L)
+    if key_position_ids is None:
+        if S != L:
+            _shape(f"key_position_ids is needed: the keys' length {S} is not the queries' {L}, so position_ids "
+                   f"cannot place them")
+        return pq, pq
+    return pq, _positions_of("key_position_ids", key_position_ids, B, S)
 
 
 def _offsets(name: str, cu: Any, rows: int) -> torch.Tensor:

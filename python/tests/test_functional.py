@@ -438,14 +438,17 @@ def rope_inv_freq(dim, theta, scaling, factor, orig):
     return inv, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
 
 
-def rope_reference(x, rope):
+def rope_reference(x, rope, positions=None):
     """x (B, L, H, E) rotated in float64 as transformers' apply_rotary_pos_emb (rotate_half: "half") or GPT-J's
-    rotate_every_two ("interleaved"), positions 0 .. L-1; the values past rope.dims as they are."""
+    rotate_every_two ("interleaved"), positions 0 .. L-1 or the (B, L) positions given (transformers'
+    position_ids); the values past rope.dims as they are."""
     x = x.double()
     dim = rope.dims or x.shape[-1]
     inv, m = rope_inv_freq(dim, rope.theta, rope.scaling, rope.factor, rope.original_max_position)
-    ang = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * inv[None, :]  # (L, dim/2)
-    cos, sin = (m * ang.cos())[None, :, None, :], (m * ang.sin())[None, :, None, :]
+    if positions is None:
+        positions = torch.arange(x.shape[1])[None, :].expand(x.shape[0], -1)
+    ang = positions.double()[:, :, None] * inv[None, None, :]  # (B, L, dim/2)
+    cos, sin = (m * ang.cos())[:, :, None, :], (m * ang.sin())[:, :, None, :]
     xr, rest = x[..., :dim], x[..., dim:]
     if rope.kind == "half":
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
@@ -498,6 +501,67 @@ def test_rope_varlen_each_sequence_from_zero(device):
     want = varlen_oracle(rq, rk, v.double(), cq, cq, causal=True)
     torch.testing.assert_close(out.double(), want.detach(), **FWD)
     same_grads(out, want, (q, k, v), 4)
+
+
+def left_padded_position_ids(attention_mask):
+    """transformers' position_ids for a left-padded batch (its generate()): each entry's real tokens from 0, the
+    padding at 1."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_at_position_ids(device):
+    """attend(rope=..., position_ids=...): each row rotated at the position given, against the reference rotation at
+    those positions then the float64 oracle: a left-padded entry (the padding hidden: positions shifted alike, which
+    RoPE does not see), one of two documents packed (positions from 0 again), one of positions in the thousands,
+    causal, GQA, with gradients, and the bucketed inference call; cross-attention's keys at key_position_ids (one
+    row of positions for every batch entry)"""
+    rope = CF.Rope(kind="half", scaling="yarn", factor=4.0, original_max_position=32)
+    q, k, v = inputs((3, 9, 4, 8), (3, 9, 2, 8), (3, 9, 2, 5), seed=31)
+    am = torch.ones(3, 9, dtype=torch.long)
+    am[0, :3] = 0
+    pos = left_padded_position_ids(am)
+    pos[1] = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4])  # two documents in one row, as packed training gives them
+    pos[2] = torch.arange(9) * 7 + 2500
+    visible = (am[:, None, None, :] == 1) & torch.ones(9, 9, dtype=torch.bool).tril()  # (B, 1, L, S)
+    out = CF.attend(q, k, v, visible, causal=True, rope=rope, position_ids=pos, device=device)
+    want = oracle(rope_reference(q, rope, pos).transpose(1, 2), rope_reference(k, rope, pos).transpose(1, 2),
+                  v.double().transpose(1, 2), mask=visible).transpose(1, 2)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    same_grads(out, want, (q, k, v), 9)
+    with torch.no_grad():
+        torch.testing.assert_close(CF.attend(q, k, v, visible, causal=True, rope=rope, position_ids=pos,
+                                             device=device).double(), want, **FWD)
+        # rows 0 .. L-1 (no position_ids) differ on the entries whose positions are not a shift of them
+        assert not torch.allclose(CF.attend(q, k, v, visible, causal=True, rope=rope, device=device).double(), want,
+                                  **FWD)
+    # cross-attention: 5 queries at 3000.., 13 keys at their own positions, every batch entry alike
+    q, k, v = inputs((2, 5, 4, 8), (2, 13, 2, 8), (2, 13, 2, 6), seed=32)
+    rope = CF.Rope(kind="interleaved", dims=6, theta=500.0)
+    pq, pk = torch.arange(3000, 3005), torch.tensor([7, 3, 2999, 0, 1, 5, 4100, 8, 9, 9, 10, 3004, 2])
+    out = CF.attend(q, k, v, rope=rope, position_ids=pq, key_position_ids=pk, device=device)
+    want = oracle(rope_reference(q, rope, pq.expand(2, -1)).transpose(1, 2),
+                  rope_reference(k, rope, pk.expand(2, -1)).transpose(1, 2), v.double().transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    same_grads(out, want, (q, k, v), 10)
+
+
+def test_position_ids_refusals():
+    q, k, v = inputs((2, 3, 2, 6), (2, 3, 2, 6), (2, 3, 2, 6))
+    rope, ok = CF.Rope(), torch.arange(3)
+    for kw, err, msg in (
+            (dict(position_ids=ok), clattn.InvalidArgumentError, "position_ids without rope"),
+            (dict(rope=rope, key_position_ids=ok), clattn.InvalidArgumentError, "without position_ids"),
+            (dict(rope=rope, position_ids=ok.float()), clattn.InvalidArgumentError, "positions are integers"),
+            (dict(rope=rope, position_ids=torch.arange(4)), clattn.ShapeMismatchError, r"\(batch, length\) = \(2, 3\)"),
+            (dict(rope=rope, position_ids=torch.tensor([0, -1, 2])), clattn.InvalidArgumentError, "0 .. 4194303"),
+            (dict(rope=rope, position_ids=torch.tensor([0, 2 ** 22, 2])), clattn.InvalidArgumentError,
+             "0 .. 4194303")):
+        with pytest.raises(err, match=msg):
+            CF.attend(q, k, v, device="ref", **kw)
+    with pytest.raises(clattn.ShapeMismatchError, match="key_position_ids is needed"):
+        CF.attend(q, k[:, :2], v[:, :2], rope=rope, position_ids=ok, device="ref")
 
 
 def test_rope_refusals():
