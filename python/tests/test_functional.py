@@ -262,10 +262,14 @@ def test_custom_op_under_torch_compile():
     torch.testing.assert_close(gx, ge, **GRAD)
     torch.library.opcheck(torch.ops.clattn.attend.default,
                           (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, False, 0,
-                           0.5, 0.0, 0, False, "", ""))
+                           0.5, 0.0, 0, False, "", "", None))
     torch.library.opcheck(torch.ops.clattn.attend.default,  # with rotary embeddings (a Rope's spec)
                           (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, True, 0,
-                           0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope(kind="interleaved"))))
+                           0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope(kind="interleaved")), None))
+    torch.library.opcheck(torch.ops.clattn.attend.default,  # and the rows' positions: 3 queries', then 5 keys'
+                          (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, False, 0,
+                           0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope()),
+                           torch.tensor([7, 8, 9, 0, 1, 2, 3, 900], dtype=torch.int32)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
