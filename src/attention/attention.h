@@ -212,6 +212,9 @@ void clattn_rope_rotate_row(const clattn_rope *r, const float *cs, float *x, siz
  * lengths, but no more than max(positions, limit) when limit is not 0: a cache's capacity); nothing when it holds
  * them already or without rope. */
 clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions, size_t limit);
+/* An OpenCL backend's copy of the plan's table (*cs, holding *held positions) made anew when the plan's holds more
+ * (the old one released: OpenCL frees it once the work enqueued with it is done). */
+clattn_status clattn_rope_device_table(const struct clattn_plan *p, cl_mem *cs, size_t *held);
 void clattn_rope_rotate_grad(const clattn_rope *r, const float *cs, double *g, size_t rows, size_t ld, size_t period,
                              const uint32_t *pos, size_t heads, size_t head_dim);
 

@@ -8,6 +8,7 @@
  *   pairs (i, i + r/2) (HALF) or (2i, 2i+1) (INTERLEAVED); m = 1 except YARN's 0.1 ln(factor) + 1
  */
 #include "attention.h"
+#include "runtime/runtime.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -129,6 +130,17 @@ clattn_status clattn_rope_reserve(struct clattn_plan *p, size_t positions, size_
                            "positions", n);
     free(p->rope_cs);
     p->rope_cs = t, p->rope_positions = n;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+clattn_status clattn_rope_device_table(const struct clattn_plan *p, cl_mem *cs, size_t *held)
+{
+    if (p->rope_positions <= *held) return CLATTN_STATUS_SUCCESS;
+    cl_mem m = NULL;
+    TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
+                          "the rotary embeddings' cos and sin", &m));
+    clattn_mem_release(cs);
+    *cs = m, *held = p->rope_positions;
     return CLATTN_STATUS_SUCCESS;
 }
 

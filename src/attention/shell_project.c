@@ -64,13 +64,7 @@ clattn_status clattn_shell_rope_init(struct clattn_plan *p)
 static clattn_status rope_table_sync(struct clattn_plan *p)
 {
     shell *c = p->backend_state;
-    if (p->rope_positions <= c->rope_cs_positions) return CLATTN_STATUS_SUCCESS;
-    cl_mem m = NULL;
-    TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
-                          "the rotary embeddings' cos and sin", &m));
-    clattn_mem_release(&c->rope_cs); /* (freed once the work enqueued with it is done) */
-    c->rope_cs = m, c->rope_cs_positions = p->rope_positions;
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_rope_device_table(p, &c->rope_cs, &c->rope_cs_positions);
 }
 
 /* Each row's position into c->rope_pos, Q's r->q rows then K's r->k: the positions given (r->pos_q, r->pos_k), or a

@@ -116,12 +116,7 @@ static clattn_status rope_table(clattn_decode_plan *dp, size_t max_len, size_t l
     clattn_plan *p = dp->base;
     if (!c->k_rope || max_len <= c->rope_positions) return CLATTN_STATUS_SUCCESS;
     TRY(clattn_rope_reserve(p, max_len, limit));
-    cl_mem m = NULL;
-    TRY(clattn_buffer_new(p->device, p->rope_positions * p->d.rope.dims, sizeof(float), p->rope_cs,
-                          "the rotary embeddings' cos and sin", &m));
-    clattn_mem_release(&c->rope_cs); /* (freed once the steps enqueued with it are done) */
-    c->rope_cs = m, c->rope_positions = p->rope_positions;
-    return CLATTN_STATUS_SUCCESS;
+    return clattn_rope_device_table(p, &c->rope_cs, &c->rope_positions);
 }
 
 static clattn_status core_mark(void *ctx, clattn_decode_stage stage)
