@@ -246,9 +246,9 @@ typedef enum clattn_algorithm {
  *   (a, b) -> (a cos - b sin, b cos + a sin)
  * the rest of the head as it is. Positions count from 0 in each batch entry (each sequence of a varlen batch):
  * query row i at position i, key row j at position j (cross-attention too), unless the execution gives each row's
- * position (args.rope_positions, as transformers' position_ids: a left-padded batch); in a decode step (clattn 0.8)
- * new token t of a sequence whose cache holds L positions is at L + t, its key rotated before it is cached (a verify
- * step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
+ * position (args.rope_positions, as transformers' position_ids: packed documents, a chunk after its context); in
+ * a decode step (clattn 0.8) new token t of a sequence whose cache holds L positions is at L + t, its key rotated
+ * before it is cached (a verify step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
  * creation, and again for longer positions when an execution or a decode step reaches them) and used as floats.
  * Values are never rotated. */
 typedef enum clattn_rope_kind {
@@ -435,8 +435,9 @@ typedef struct clattn_attention_args {
     /* clattn 0.8, desc.rope only, else refused; optional (NULL: row i of each sequence at position i): each query
        row's position for the rotation, as transformers' position_ids, (B, Tq) or, varlen, (total_q); in
        self-attention the keys' too (they are the queries' rows). rope_positions_kv: cross-attention's keys', (B, Tk)
-       or (total_kv), given with rope_positions or not at all. Each below CLATTN_ROPE_MAX_POSITION; the plan's table
-       of cos and sin grows to the largest (8 bytes per position and rotated pair) */
+       or (total_kv), given with rope_positions or not at all. Each at most CLATTN_ROPE_MAX_POSITION; the plan's
+       table of cos and sin grows to the largest, rounded up to a power of two (8 bytes per position and rotated
+       pair) */
     const uint32_t *rope_positions, *rope_positions_kv;
     size_t rope_positions_count, rope_positions_kv_count;
 } clattn_attention_args;

@@ -1918,6 +1918,34 @@ Test(misuse, rope_positions_refused)
             }
             clattn_plan_free(plan);
         }
+    /* on buffers behind a user event that completes after the call: the call returns (the positions' upload does
+     * not block on the queue), then computes what the host call does */
+    {
+        clattn_plan *plan = NULL;
+        cr_assert_eq(tu_plan_create(devs[1], &self, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        float host[24], got[24];
+        const clattn_attention_args ha = {.x = x, .x_count = 24, .out = host, .out_count = 24, .rope_positions = pq,
+                                          .rope_positions_count = 3};
+        cr_assert_eq(clattn_plan_execute(plan, &ha), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cl_context cx = clattn_device_context(devs[1]);
+        cl_int e;
+        cl_mem bx = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof x, x, &e);
+        cl_mem bo = clCreateBuffer(cx, CL_MEM_READ_WRITE, sizeof got, NULL, &e);
+        cl_event gate = clCreateUserEvent(cx, &e), done = NULL;
+        cr_assert_eq(e, CL_SUCCESS);
+        const clattn_attention_buffers b = {.x = {bx, 0}, .out = {bo, 0}, .rope_positions = pq,
+                                            .rope_positions_count = 3};
+        cr_assert_eq(clattn_plan_execute_buffers(plan, &b, 1, &gate, &done), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        clSetUserEventStatus(gate, CL_COMPLETE);
+        cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+        cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(devs[1]), bo, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL),
+                     CL_SUCCESS);
+        cr_assert(memcmp(got, host, sizeof got) == 0, "positions on buffers differ from the host call's");
+        clReleaseEvent(gate), clReleaseEvent(done);
+        clReleaseMemObject(bx), clReleaseMemObject(bo);
+        clattn_plan_free(plan);
+    }
     /* positions it can take: every row at 0 is the rotation by 0, the same output as a plan without rope */
     const uint32_t zero[3] = {0, 0, 0};
     for (int k = 0; k < 2; k++) {

@@ -133,6 +133,9 @@ def _positioned(a: "_lib.AttentionArgs", pos, B: int, Tq: int, Tk: int) -> None:
     then B*Tk keys' (rope_positions, rope_positions_kv: the library reads them as uint32, all in 0 .. 2^22-1)."""
     if pos is None:
         return
+    if pos.dtype != torch.int32 or pos.dim() != 1 or pos.numel() != B * (Tq + Tk) or not pos.is_contiguous():
+        _invalid(f"pos: a contiguous 1-D int32 tensor of {B} * ({Tq} + {Tk}) positions (attend's position_ids and "
+                 f"key_position_ids), not {pos.dtype} {tuple(pos.shape)}")
     u32 = ctypes.POINTER(ctypes.c_uint32)
     a.rope_positions, a.rope_positions_count = ctypes.cast(pos.data_ptr(), u32), B * Tq
     a.rope_positions_kv, a.rope_positions_kv_count = ctypes.cast(pos.data_ptr() + 4 * B * Tq, u32), B * Tk
@@ -301,8 +304,10 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     added. causal: key j hidden from query i when j > i (top-left aligned); window W > 0 (with causal): also when
     i - j >= W. rope: a Rope, rotary position embeddings applied to query and key inside the call (query row i at
     position i, key row j at j; their gradients rotated back), or with position_ids (B, L) or (L,), integers in
-    0 .. 2^22-1 (transformers' position_ids: a left-padded batch), query row i of entry b at position_ids[b, i]; the
-    keys at key_position_ids (B, S) or (S,), which defaults to position_ids when S = L (self-attention).
+    0 .. 2^22-1 (transformers' position_ids: packed documents, a chunk after its context; a left-padded batch needs
+    none, as a shift of every position changes nothing), query row i of entry b at position_ids[b, i]; (1, L)
+    serves every entry; the keys at key_position_ids (B, S), (1, S) or (S,), which defaults to position_ids when
+    S = L (self-attention).
     The rest as scaled_dot_product_attention."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -362,7 +367,9 @@ def _positions_of(name: str, ids: Any, B: int, n: int) -> torch.Tensor:
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
         _invalid(f"{name}: dtype {ids.dtype}; positions are integers")
     if ids.dim() == 1:
-        ids = ids.unsqueeze(0).expand(B, -1)
+        ids = ids.unsqueeze(0)
+    if ids.dim() == 2 and ids.shape[0] == 1:  # (1, n): every batch entry (transformers' cache_position[None])
+        ids = ids.expand(B, -1)
     if tuple(ids.shape) != (B, n):
         _shape(f"{name}: {tuple(ids.shape)}; (batch, length) = ({B}, {n}), or ({n},) for every batch entry")
     ids = ids.cpu().to(torch.int64)

@@ -564,6 +564,11 @@ def test_position_ids_refusals():
              "0 .. 4194303")):
         with pytest.raises(err, match=msg):
             CF.attend(q, k, v, device="ref", **kw)
+    torch.testing.assert_close(CF.attend(q, k, v, rope=rope, position_ids=ok[None] + 5, device="ref"),
+                               CF.attend(q, k, v, rope=rope, position_ids=(ok + 5).expand(2, -1), device="ref"))
+    with pytest.raises(clattn.InvalidArgumentError, match="contiguous 1-D int32"):  # the operator's own check
+        CF._attend_impl(q.detach(), k.detach(), v.detach(), None, False, 0, 0.5, 0.0, 0, False, "ref",
+                        CF._rope_spec(rope), pos=torch.zeros(5, dtype=torch.int64))
     with pytest.raises(clattn.ShapeMismatchError, match="key_position_ids is needed"):
         CF.attend(q, k[:, :2], v[:, :2], rope=rope, position_ids=ok, device="ref")
 

@@ -422,7 +422,12 @@ size_t clattn_plan_out_width(const clattn_plan *plan) { return plan ? plan->out_
 
 size_t clattn_plan_device_bytes(const clattn_plan *plan)
 {
-    return plan && plan->ops && plan->ops->device_bytes ? plan->ops->device_bytes(plan) : 0;
+    if (!plan || !plan->ops || !plan->ops->device_bytes) return 0;
+    clattn_plan *p = (clattn_plan *)plan; /* the lock is the plan's own state: a call may renew its buffers */
+    pthread_mutex_lock(&p->lock);
+    const size_t n = plan->ops->device_bytes(plan);
+    pthread_mutex_unlock(&p->lock);
+    return n;
 }
 
 clattn_algorithm clattn_plan_algorithm(const clattn_plan *plan)

@@ -238,6 +238,10 @@ static void shell_release(struct clattn_plan *p)
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     clattn_kernel_release(&c->rope);
     clattn_program_release(&c->rope_prog);
+    if (c->rope_pos_written) {
+        clWaitForEvents(1, &c->rope_pos_written);
+        clReleaseEvent(c->rope_pos_written);
+    }
     free(c->rope_pos_host);
     clattn_linear_release(&c->lin);
     free(c);

@@ -54,6 +54,8 @@ typedef struct shell {
     cl_mem rope_pos;              /* each row's position, Q's rows then K's (B*(Tq+Tk) uint32, made at the first call
                                      that gives positions or packs a varlen batch) */
     uint32_t *rope_pos_host;      /* its host copy, filled by each such call */
+    cl_event rope_pos_written;    /* the upload from it (not blocking; NULL: none pending): waited for before the
+                                     next call refills it, and before the plan frees it */
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;

@@ -60,10 +60,12 @@ clattn_status clattn_shell_rope_init(struct clattn_plan *p)
 }
 
 /* The table on the device holding every position the plan's table holds (grown by clattn_plan_positions_reserve
- * for the positions a call gives). */
-static clattn_status rope_table_sync(struct clattn_plan *p)
+ * for the positions a call gives), renewed only when this call's rows need more than it holds (`needed`): a call
+ * whose table the device could not take leaves later calls with smaller positions running. */
+static clattn_status rope_table_sync(struct clattn_plan *p, size_t needed)
 {
     shell *c = p->backend_state;
+    if (needed <= c->rope_cs_positions) return CLATTN_STATUS_SUCCESS;
     return clattn_rope_device_table(p, &c->rope_cs, &c->rope_cs_positions);
 }
 
@@ -80,6 +82,12 @@ static clattn_status rope_positions_put(struct clattn_plan *p, const clattn_rows
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "the rows' rotary positions (%zu)", cap);
     if (!c->rope_pos) TRY(clattn_buffer_new(p->device, cap, sizeof(uint32_t), NULL, "the rows' rotary positions",
                                             &c->rope_pos));
+    if (c->rope_pos_written) { /* the previous call's upload read the host copy: done before it is refilled */
+        const cl_int err = clWaitForEvents(1, &c->rope_pos_written);
+        clReleaseEvent(c->rope_pos_written);
+        c->rope_pos_written = NULL;
+        CL_CHECK(err, "waiting for the previous call's upload of the rows' rotary positions");
+    }
     uint32_t *pos = c->rope_pos_host;
     for (int w = 0; w < 2; w++) {
         const size_t n = w ? r->k : r->q, T = w ? d->seq_kv : d->seq_q;
@@ -90,8 +98,10 @@ static clattn_status rope_positions_put(struct clattn_plan *p, const clattn_rows
         }
         pos += n;
     }
-    TRY(clattn_buffer_put(p->device, r->q + r->k, sizeof(uint32_t), c->rope_pos_host, "the rows' rotary positions",
-                          &c->rope_pos));
+    /* not blocking: on the buffers path the queue may wait for the caller's events, completed after this call */
+    CL_CHECK(clEnqueueWriteBuffer(p->device->queue, c->rope_pos, CL_FALSE, 0, (r->q + r->k) * sizeof(uint32_t),
+                                  c->rope_pos_host, 0, NULL, &c->rope_pos_written),
+             "uploading the rows' rotary positions");
     *written = 1;
     return CLATTN_STATUS_SUCCESS;
 }
@@ -139,7 +149,10 @@ static clattn_status rope_both(struct clattn_plan *p, const clattn_rows *r, view
 {
     const clattn_attention_desc *d = &p->d;
     int positioned;
-    TRY(rope_table_sync(p));
+    size_t needed = 0; /* the largest position given + 1 (the rows' own positions are in the first table) */
+    for (size_t i = 0; r->pos_q && i < r->q; i++) needed = r->pos_q[i] >= needed ? (size_t)r->pos_q[i] + 1 : needed;
+    for (size_t i = 0; r->pos_k && i < r->k; i++) needed = r->pos_k[i] >= needed ? (size_t)r->pos_k[i] + 1 : needed;
+    TRY(rope_table_sync(p, needed));
     TRY(rope_positions_put(p, r, &positioned));
     TRY(rope_launch(p, q_src, qld, q_dst, qld, r->q, d->seq_q, positioned, 0, d->heads, copy_rest, sign));
     if (!k_src) return CLATTN_STATUS_SUCCESS;
