@@ -162,6 +162,14 @@ static inline clattn_rows clattn_plan_rows_of(const struct clattn_plan *p, const
     if (!d->cross) cu_k = cu_q;
     return (clattn_rows){cu_q[d->batch], cu_k ? cu_k[d->batch] : 0, cu_q, cu_k, NULL, NULL};
 }
+/* The largest position given + 1 (0: none given): what the table of cos and sin must hold for them. */
+static inline size_t clattn_positions_most(const uint32_t *pq, size_t nq, const uint32_t *pk, size_t nk)
+{
+    size_t most = 0;
+    for (size_t i = 0; pq && i < nq; i++) most = pq[i] >= most ? (size_t)pq[i] + 1 : most;
+    for (size_t i = 0; pk && i < nk; i++) most = pk[i] >= most ? (size_t)pk[i] + 1 : most;
+    return most;
+}
 /* The same rows with the rope positions given (rope_positions and rope_positions_kv; checked). */
 static inline clattn_rows clattn_rows_positioned(clattn_rows r, const clattn_attention_desc *d, const uint32_t *pq,
                                                  const uint32_t *pkv)

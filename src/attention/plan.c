@@ -589,10 +589,7 @@ clattn_status clattn_plan_positions_check(const clattn_plan *p, const uint32_t *
 clattn_status clattn_plan_positions_reserve(clattn_plan *p, const uint32_t *pq, const uint32_t *pk,
                                             const clattn_rows *r)
 {
-    size_t most = 0;
-    for (size_t i = 0; pq && i < r->q; i++) most = pq[i] >= most ? (size_t)pq[i] + 1 : most;
-    for (size_t i = 0; pk && i < r->k; i++) most = pk[i] >= most ? (size_t)pk[i] + 1 : most;
-    return clattn_rope_reserve(p, most, (size_t)CLATTN_ROPE_MAX_POSITION + 1);
+    return clattn_rope_reserve(p, clattn_positions_most(pq, r->q, pk, r->k), (size_t)CLATTN_ROPE_MAX_POSITION + 1);
 }
 
 clattn_status clattn_plan_check_inputs(const clattn_plan *plan, const clattn_attention_args *a)

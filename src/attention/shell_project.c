@@ -149,10 +149,8 @@ static clattn_status rope_both(struct clattn_plan *p, const clattn_rows *r, view
 {
     const clattn_attention_desc *d = &p->d;
     int positioned;
-    size_t needed = 0; /* the largest position given + 1 (the rows' own positions are in the first table) */
-    for (size_t i = 0; r->pos_q && i < r->q; i++) needed = r->pos_q[i] >= needed ? (size_t)r->pos_q[i] + 1 : needed;
-    for (size_t i = 0; r->pos_k && i < r->k; i++) needed = r->pos_k[i] >= needed ? (size_t)r->pos_k[i] + 1 : needed;
-    TRY(rope_table_sync(p, needed));
+    /* (without positions given, the rows' own are in the first table) */
+    TRY(rope_table_sync(p, clattn_positions_most(r->pos_q, r->q, r->pos_k, r->k)));
     TRY(rope_positions_put(p, r, &positioned));
     TRY(rope_launch(p, q_src, qld, q_dst, qld, r->q, d->seq_q, positioned, 0, d->heads, copy_rest, sign));
     if (!k_src) return CLATTN_STATUS_SUCCESS;
