@@ -298,7 +298,7 @@ static clattn_status build(const clattn_device *dev, const char *const *names, i
             return quiet ? CLATTN_STATUS_INVALID_ARGUMENT
                          : clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "no embedded kernel source '%s'", names[i]);
         texts[i] = (const char *)e->text;
-        lens[i] = e->len;
+        lens[i] = *e->len;
     }
     if (!quiet) TRY(emit_program(dev, names, texts, lens, count, options));
     char host_buf[600];
