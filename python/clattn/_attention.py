@@ -22,7 +22,7 @@ from ._errors import shape as _shape
 logger = logging.getLogger("clattn")
 from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
 from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
-from ._rope import _rope_spec, _rope_struct
+from ._rope import _positions_np, _rope_spec, _rope_struct
 
 
 class Attention(_Shaped, _PlanCached):
@@ -182,6 +182,28 @@ class Attention(_Shaped, _PlanCached):
             mask_kind = _lib.MASK_BOOL if am_kind == "bool" else _lib.MASK_FLOAT
         return kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv
 
+    def _positions(self, position_ids, key_position_ids, B, Tq, Tk, cross):
+        """The rows' rotary positions as the library reads them, {} without: rope_positions (B*Tq) and, for
+        cross-attention, rope_positions_kv (B*Tk), as contiguous uint32 arrays (_positions_np)."""
+        if position_ids is None and key_position_ids is None:
+            return {}
+        if not self._rope_spec:
+            _invalid("position_ids without rope: positions only place the rotary embeddings (set rope=clattn.Rope())")
+        if position_ids is None:
+            _invalid("key_position_ids without position_ids: give the queries' positions too")
+        pos = {"rope_positions": _positions_np("position_ids", position_ids, B, Tq)}
+        if not cross:
+            if key_position_ids is not None:
+                _invalid("key_position_ids: self-attention's keys are its queries, at position_ids")
+            return pos
+        if key_position_ids is None:
+            if Tk != Tq:
+                _shape(f"key_position_ids is needed: the keys' length {Tk} is not the queries' {Tq}, so "
+                       f"position_ids cannot place them")
+            key_position_ids = position_ids
+        pos["rope_positions_kv"] = _positions_np("key_position_ids", key_position_ids, B, Tk)
+        return pos
+
     def _training_plan(self, B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, causal, seed):
         """The training plan of these inputs (shared by forward_train and backward), with the dropout seed set."""
         plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, False, causal, training=True)
@@ -189,10 +211,12 @@ class Attention(_Shaped, _PlanCached):
         _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
         return plan
 
-    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names, stats=False, seed=None):
+    def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names, stats=False, seed=None,
+             positions=(None, None)):
         kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(x, kv, key_padding_mask,
                                                                                        attn_mask, names)
         cross = kv3 is not None
+        pos = self._positions(*positions, B, Tq, Tk, cross)
         need_weights = bool(need_weights)
         if stats:
             plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
@@ -214,7 +238,9 @@ class Attention(_Shaped, _PlanCached):
                                   attn_mask=None if mask is None else mask.ctypes.data_as(ctypes.c_void_p),
                                   out=_a.pointer(out), attn=_a.pointer(weights), lse=_a.pointer(lse),
                                   context=_a.pointer(context),
-                                  **{k + "_count": _a.count(v) for k, v in arrays.items()})
+                                  **{k + "_count": _a.count(v) for k, v in arrays.items()},
+                                  **{k: _a.pointer(v, ctypes.c_uint32) for k, v in pos.items()},
+                                  **{k + "_count": _a.count(v) for k, v in pos.items()})
         _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
         self._last = ({0: "reference", 1: "fused", 2: "unfused"}[_lib.plan_algorithm(plan.handle)],
                       _lib.plan_core(plan.handle).decode(), _lib.plan_gemm(plan.handle).decode())
@@ -230,18 +256,25 @@ class Attention(_Shaped, _PlanCached):
         return self.heads * self._wt.head_dim_v if self._wt.has_qkv else E
 
     def __call__(self, x: Any, kv: Any = None, value: Any = None, *, key_padding_mask: Any = None,
-                 attn_mask: Any = None, need_weights: bool = False) -> Tuple[Any, Any]:
+                 attn_mask: Any = None, need_weights: bool = False, position_ids: Any = None,
+                 key_position_ids: Any = None) -> Tuple[Any, Any]:
         """out (B, Tq, out_dim or heads*head_dim_v) and, with need_weights, the weights per head (B, heads, Tq, Tk)
         (else None). x (B, Tq, E), or (Tq, E) for one sequence (then out (Tq, ...), weights (heads, Tq, Tk)).
         kv (B, Tk, Ekv): cross-attention (keys and values from kv). value, when given, must be kv itself (as in
         attn(x, x, x)). key_padding_mask (B, Tk) bool, True = ignore that key; attn_mask (Tq, Tk) bool (True = not
-        allowed) or float (added to the scaled scores). A row that may see no key gives 0 (PyTorch: NaN)."""
+        allowed) or float (added to the scaled scores). A row that may see no key gives 0 (PyTorch: NaN).
+        position_ids (with rope; clattn 0.8): each query row's rotary position, (B, Tq) whatever batch_first, or
+        (1, Tq) or (Tq,) for every batch entry, integers in 0 .. 2^22-1 (transformers' position_ids: packed
+        documents from 0, a chunk after its context); default row i at position i. Self-attention's keys are its
+        queries; cross-attention's keys are at key_position_ids (B, Tk), which defaults to position_ids when
+        Tk = Tq."""
         if value is not None and not _same_input(kv, value):
             _invalid("value: clattn projects keys and values from one input, so value must be the key input "
                      "itself (or leave it out)")
         if kv is x:
             kv = None
-        out, weights, kind = self._run(x, kv, key_padding_mask, attn_mask, need_weights, self.causal, ("x", "kv"))
+        out, weights, kind = self._run(x, kv, key_padding_mask, attn_mask, need_weights, self.causal, ("x", "kv"),
+                                       positions=(position_ids, key_position_ids))
         return _a.typed_result(out, self.dtype, kind), _a.typed_result(weights, self.dtype, kind)
 
     def set_weights(self, **weights: Any) -> None:
@@ -297,31 +330,35 @@ class Attention(_Shaped, _PlanCached):
         return twin
 
     def forward_train(self, x: Any, kv: Any = None, *, key_padding_mask: Any = None, attn_mask: Any = None,
-                      is_causal: bool = False, seed: Optional[int] = None) -> Tuple[Any, Any, Any]:
+                      is_causal: bool = False, seed: Optional[int] = None, position_ids: Any = None,
+                      key_position_ids: Any = None) -> Tuple[Any, Any, Any]:
         """A training call: (out, lse, context). out as __call__'s; lse (B, heads, Tq), each query row's
         log-sum-exp of its scaled, masked scores (-inf for a row with no visible key); context the heads' output
         before the output projection, in out's layout with heads*head_dim_v columns. backward(..., lse=lse,
         context=context) takes them back and then does not compute them again. Runs the training plan backward
         uses (on the same inputs the same numbers as __call__). seed: the dropout seed of this call (default the
         module's), which backward must be given too. lse and context are float32 NumPy arrays whatever the input's
-        kind and dtype. is_causal as in forward(). A half module trains on float32 plans (its float32 twin, on its
-        weights as rounded to its type): results as a float32 module's."""
+        kind and dtype. is_causal as in forward(); position_ids and key_position_ids as in __call__ (backward must be
+        given the same). A half module trains on float32 plans (its float32 twin, on its weights as rounded to its
+        type): results as a float32 module's."""
         if self.dtype != "float32":
             t = self._trainer()
             got = t.forward_train(x, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal,
-                                  seed=seed)
+                                  seed=seed, position_ids=position_ids, key_position_ids=key_position_ids)
             self._last = t._last
             return got
         if kv is x:
             kv = None
         causal = self.causal or _a.flag("is_causal", is_causal)
         out, kind, batched, lse, context = self._run(x, kv, key_padding_mask, attn_mask, False, causal, ("x", "kv"),
-                                                     stats=True, seed=seed)
+                                                     stats=True, seed=seed,
+                                                     positions=(position_ids, key_position_ids))
         return kind.out(out), lse, context
 
     def backward(self, x: Any, grad_out: Any, kv: Any = None, *, key_padding_mask: Any = None,
                  attn_mask: Any = None, lse: Any = None, context: Any = None, is_causal: bool = False,
-                 seed: Optional[int] = None) -> Dict[str, Any]:
+                 seed: Optional[int] = None, position_ids: Any = None,
+                 key_position_ids: Any = None) -> Dict[str, Any]:
         """The gradients of a loss through attn(x, kv, ...) from grad_out = dLoss/dout (the shape of out), for the
         same inputs, weights and dropout seed (dropout keeps exactly the forward's weights): a dict with "x", "kv"
         (cross-attention), and each weight and bias the module has ("w_query", ..., "b_out", in its layout), as
@@ -329,12 +366,13 @@ class Attention(_Shaped, _PlanCached):
         them. lse and context: forward_train's for these inputs (both or
         neither); given, the forward's statistics are not computed again. Masks get no gradient; a row that sees no
         key contributes nothing. Computed by the device's backward pass (an OpenCL device's backward core, or
-        ref's); clattn.autograd wraps it for torch.autograd. A half module's runs on float32 plans, as
-        forward_train."""
+        ref's); clattn.autograd wraps it for torch.autograd. position_ids and key_position_ids: the forward's (as in
+        __call__). A half module's runs on float32 plans, as forward_train."""
         if self.dtype != "float32":
             t = self._trainer()
             grads = t.backward(x, grad_out, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, lse=lse,
-                               context=context, is_causal=is_causal, seed=seed)
+                               context=context, is_causal=is_causal, seed=seed, position_ids=position_ids,
+                               key_position_ids=key_position_ids)
             self._last_backward = t._last_backward
             return grads
         if kv is x:
@@ -343,6 +381,7 @@ class Attention(_Shaped, _PlanCached):
         kind, batched, x3, kv3, kpm, mask_kind, mask, B, Tq, E, Tk, Ekv = self._inputs(
             x, kv, key_padding_mask, attn_mask, ("x", "kv"))
         cross = kv3 is not None
+        pos = self._positions(position_ids, key_position_ids, B, Tq, Tk, cross)
         if (lse is None) != (context is None):
             _invalid("lse and context: give both (forward_train's) or neither")
         plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
@@ -371,7 +410,9 @@ class Attention(_Shaped, _PlanCached):
         arrays = dict(x=x3, kv=kv3, key_padding_mask=kpm, attn_mask=mask)
         args = _lib.AttentionArgs(x=_a.pointer(x3), kv=_a.pointer(kv3), key_padding_mask=_a.pointer(kpm, ctypes.c_uint8),
                                   attn_mask=None if mask is None else mask.ctypes.data_as(ctypes.c_void_p),
-                                  **{k + "_count": _a.count(v) for k, v in arrays.items()})
+                                  **{k + "_count": _a.count(v) for k, v in arrays.items()},
+                                  **{k: _a.pointer(v, ctypes.c_uint32) for k, v in pos.items()},
+                                  **{k + "_count": _a.count(v) for k, v in pos.items()})
         g = _lib.AttentionGrads(grad_out=_a.pointer(dout), grad_out_count=_a.count(dout),
                                 **{k: _a.pointer(v) for k, v in saved.items()},
                                 **{k + "_count": _a.count(v) for k, v in saved.items()},

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from . import _lib
 from ._errors import invalid as _invalid
+from ._errors import shape as _shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,3 +59,25 @@ def _rope_struct(spec: str) -> "_lib.Rope":
     kind, dims, theta, scaling, factor, orig = ast.literal_eval(spec)
     return _lib.Rope(kind=_lib.ROPE_KINDS[kind], dims=dims, theta=theta, scaling=_lib.ROPE_SCALINGS[scaling],
                      factor=factor, original_max_position=orig)
+
+
+MAX_POSITION = 2 ** 22 - 1  # CLATTN_ROPE_MAX_POSITION: the largest position a row may be given
+
+
+def _positions_np(name: str, ids: Any, B: int, n: int) -> "np.ndarray":
+    """One position_ids argument of clattn.Attention as the library reads it: a contiguous uint32 array of B*n
+    positions, from (B, n), or (1, n) or (n,) for every batch entry; integers in 0 .. MAX_POSITION."""
+    import numpy as np
+
+    a = np.asarray(ids)
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        _invalid(f"{name}: dtype {a.dtype}; positions are integers")
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = np.broadcast_to(a, (B, a.shape[1]))
+    if a.shape != (B, n):
+        _shape(f"{name}: {a.shape}; (batch, length) = ({B}, {n}), or ({n},) for every batch entry")
+    if a.size and (int(a.min()) < 0 or int(a.max()) > MAX_POSITION):
+        _invalid(f"{name}: positions from {int(a.min())} to {int(a.max())}; clattn takes 0 .. {MAX_POSITION}")
+    return np.ascontiguousarray(a, dtype=np.uint32).reshape(-1)

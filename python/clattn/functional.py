@@ -35,6 +35,7 @@ from ._errors import check as _check
 from ._errors import invalid as _invalid
 from ._errors import shape as _shape
 from ._errors import UnsupportedError
+from ._rope import MAX_POSITION as _MAX_POSITION
 from ._rope import Rope, _rope_spec, _rope_struct
 
 __all__ = ["scaled_dot_product_attention", "attend", "varlen_attention", "Rope", "PLAN_CACHE_SIZE"]
@@ -354,9 +355,6 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
                device or "", rope_spec, pos)
     return out if out.dtype == dtype else out.to(dtype)
-
-
-_MAX_POSITION = 2 ** 22 - 1  # CLATTN_ROPE_MAX_POSITION
 
 
 def _positions_of(name: str, ids: Any, B: int, n: int) -> torch.Tensor:

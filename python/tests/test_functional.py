@@ -632,6 +632,94 @@ def test_rope_in_attention_module_and_decoder(device):
         clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, rope="half", **npw)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_module_at_position_ids(device):
+    """clattn.Attention(rope=...) called with position_ids (clattn 0.8): self-attention with two documents packed in
+    one row and an entry at positions in the thousands, against the projections, the reference rotation at those
+    positions and the oracle in float64; forward_train and backward with the same positions (every gradient against
+    autograd's); the sequence-first layout and one sequence; cross-attention's keys at key_position_ids; the
+    refusals"""
+    rope = clattn.Rope(kind="interleaved", dims=4, theta=500.0)
+    g = torch.Generator().manual_seed(29)
+    E, Hq, Hk, D, T = 12, 4, 2, 6, 9
+    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
+         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
+         "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
+    pos = torch.stack((torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4]), torch.arange(T) * 5 + 3000))
+
+    def reference(xx, kvx=None, pq=pos, pk=pos, causal=True):
+        kvx = xx if kvx is None else kvx
+        B, L, S = xx.shape[0], xx.shape[1], kvx.shape[1]
+        q = (xx @ w64["w_query"].T).view(B, L, Hq, D)
+        k = (kvx @ w64["w_key"].T + w64["b_key"]).view(B, S, Hk, D)
+        v = (kvx @ w64["w_value"].T).view(B, S, Hk, D)
+        o = oracle(rope_reference(q, rope, pq).transpose(1, 2), rope_reference(k, rope, pk).transpose(1, 2),
+                   v.transpose(1, 2), is_causal=causal)
+        return o.transpose(1, 2).reshape(B, L, Hq * D) @ w64["w_out"].T
+
+    x = torch.randn(2, T, E, generator=g)
+    x64 = x.double().requires_grad_(True)
+    want = reference(x64)
+    npw = {k: v.numpy() for k, v in w.items()}
+    attn = clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, causal=True, rope=rope, device=device, **npw)
+    out, _ = attn(x.numpy(), position_ids=pos.numpy())
+    torch.testing.assert_close(torch.from_numpy(out).double(), want.detach(), **FWD)
+    # rows at 0 .. T-1 (no position_ids) differ: the positions are not a shift of them
+    assert not np.allclose(attn(x.numpy())[0], out, rtol=1e-4, atol=1e-5)
+    out_t, lse, ctx = attn.forward_train(x.numpy(), position_ids=pos)  # (a torch tensor of positions too)
+    torch.testing.assert_close(torch.from_numpy(np.asarray(out_t)).double(), want.detach(), **FWD)
+    dout = torch.randn(want.shape, generator=g)
+    exp = torch.autograd.grad(want, [x64] + list(w64.values()), dout.double())
+    for saved in ({}, {"lse": lse, "context": ctx}):
+        grads = attn.backward(x.numpy(), dout.numpy(), position_ids=pos.numpy(), **saved)
+        for name, e in zip(["x"] + list(w64), exp):
+            torch.testing.assert_close(torch.from_numpy(grads[name]).double(), e, **GRAD,
+                                       msg=lambda m: f"{name}: {m}")
+    # sequence first (positions stay (batch, length)), and one sequence with (T,) positions
+    seq = clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, causal=True, rope=rope, batch_first=False,
+                           device=device, **npw)
+    got, _ = seq(np.ascontiguousarray(x.numpy().transpose(1, 0, 2)), position_ids=pos.numpy())
+    torch.testing.assert_close(torch.from_numpy(got.transpose(1, 0, 2)).double(), want.detach(), **FWD)
+    one, _ = attn(x.numpy()[1], position_ids=pos.numpy()[1])
+    torch.testing.assert_close(torch.from_numpy(one).double(), want[1].detach(), **FWD)
+    # cross-attention: 9 queries, 7 keys at positions of their own, one row of positions for every batch entry
+    kvx = torch.randn(2, 7, E, generator=g)
+    pk = torch.tensor([7, 3, 2999, 0, 1, 4100, 8])
+    cross = clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, rope=rope, device=device, **npw)
+    got, _ = cross(x.numpy(), kvx.numpy(), position_ids=pos.numpy(), key_position_ids=pk.numpy())
+    torch.testing.assert_close(torch.from_numpy(got).double(),
+                               reference(x.double(), kvx.double(), pos, pk.expand(2, -1), causal=False), **FWD)
+    # keys as many as the queries: key_position_ids defaults to position_ids
+    kv9 = torch.randn(2, T, E, generator=g)
+    got, _ = cross(x.numpy(), kv9.numpy(), position_ids=pos.numpy())
+    torch.testing.assert_close(torch.from_numpy(got).double(), reference(x.double(), kv9.double(), causal=False),
+                               **FWD)
+    plain = clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, device=device, **npw)
+    for mod, kw, err, msg in (
+            (plain, dict(position_ids=pos.numpy()), clattn.InvalidArgumentError, "position_ids without rope"),
+            (attn, dict(key_position_ids=pos.numpy()), clattn.InvalidArgumentError, "without position_ids"),
+            (attn, dict(position_ids=pos.numpy(), key_position_ids=pos.numpy()), clattn.InvalidArgumentError,
+             "self-attention's keys"),
+            (attn, dict(position_ids=pos.numpy() * 1.0), clattn.InvalidArgumentError, "positions are integers"),
+            (attn, dict(position_ids=pos.numpy() > 0), clattn.InvalidArgumentError, "positions are integers"),
+            (attn, dict(position_ids=np.arange(T + 1)), clattn.ShapeMismatchError, r"\(batch, length\) = \(2, 9\)"),
+            (attn, dict(position_ids=np.stack((pos.numpy()[0],) * 3)), clattn.ShapeMismatchError, "= \\(2, 9\\)"),
+            (attn, dict(position_ids=np.arange(T) - 1), clattn.InvalidArgumentError, "0 .. 4194303"),
+            (attn, dict(position_ids=np.arange(T) + 2 ** 22 - 8), clattn.InvalidArgumentError, "0 .. 4194303")):
+        with pytest.raises(err, match=msg):
+            mod(x.numpy(), **kw)
+    with pytest.raises(clattn.ShapeMismatchError, match="key_position_ids is needed"):
+        cross(x.numpy(), kvx.numpy(), position_ids=pos.numpy())
+    with pytest.raises(clattn.InvalidArgumentError, match="without position_ids"):
+        attn.backward(x.numpy(), dout.numpy(), key_position_ids=pos.numpy())
+    # the largest position taken
+    top, _ = attn(x.numpy(), position_ids=np.arange(T) + 2 ** 22 - T)
+    torch.testing.assert_close(torch.from_numpy(top).double(),
+                               reference(x.double(), pq=(torch.arange(T) + 2 ** 22 - T).expand(2, -1),
+                                         pk=(torch.arange(T) + 2 ** 22 - T).expand(2, -1)), **FWD)
+
+
 def test_rope_option_changes_and_branches():
     """Attention.rope set after construction takes effect (a new plan), and a half module's float32 twin follows it;
     Rope refuses non-finite numbers; a Decoder with rope keeps only prefixes of a step (accept)."""
