@@ -36,14 +36,16 @@ static int all_zero(const void *p, size_t n)
 
 static size_t item_size(clattn_npy_dtype t)
 {
-    return t == CLATTN_NPY_F32 ? 4 : t == CLATTN_NPY_F16 || t == CLATTN_NPY_U16 ? 2 : 1;
+    return t == CLATTN_NPY_I64 ? 8 : t == CLATTN_NPY_F32 || t == CLATTN_NPY_I32 ? 4
+         : t == CLATTN_NPY_F16 || t == CLATTN_NPY_U16 ? 2 : 1;
 }
 
 /* Every property of a successful result; touches every data byte. */
 static void check_array(const clattn_npy *a)
 {
     CHECK(a->dtype == CLATTN_NPY_F32 || a->dtype == CLATTN_NPY_U8 || a->dtype == CLATTN_NPY_BOOL ||
-          a->dtype == CLATTN_NPY_F16 || a->dtype == CLATTN_NPY_U16);
+          a->dtype == CLATTN_NPY_F16 || a->dtype == CLATTN_NPY_U16 || a->dtype == CLATTN_NPY_I32 ||
+          a->dtype == CLATTN_NPY_I64);
     CHECK(a->ndim >= 0 && a->ndim <= CLATTN_NPY_MAX_DIMS);
     size_t count = 1;
     for (int i = 0; i < a->ndim; i++) count *= a->shape[i]; /* fits: the data is in memory */

@@ -1773,3 +1773,154 @@ Test(cli, rope)
     bad("rope dims past the head", 1, "rope.dims (8) exceeds head_dim_qk (4)",
         FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half", "--rope-dims", "8"));
 }
+
+/* position_ids.npy (clattn 0.8): each row at the position it gives, int64 (np.arange's) and int32, as a batch
+ * (B, T) and as a packed --seqlens batch (total,), forward and --backward, against the float64 oracle at the same
+ * positions (two documents packed in entry 0, entry 1 in the thousands up to the largest position); cross-attention's
+ * keys at key_position_ids.npy; each refusal, nothing written. */
+Test(cli, rope_positions)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_key = bk, .w_out = wo};
+    const clattn_rope rope = {.kind = CLATTN_ROPE_HALF, .dims = 4, .theta = 500.0};
+    uint32_t pos[DB * DT];
+    int64_t p64[DB * DT];
+    int32_t p32[DB * DT];
+    for (size_t t = 0; t < DT; t++) {
+        pos[t] = t < 8 ? (uint32_t)t : (uint32_t)(t - 8);          /* two documents, each from 0 */
+        pos[DT + t] = CLATTN_ROPE_MAX_POSITION - (uint32_t)(DT - 1 - t) * 517u; /* thousands, up to the largest */
+    }
+    for (size_t i = 0; i < DB * DT; i++) p64[i] = pos[i], p32[i] = (int32_t)pos[i];
+    const size_t xs[3] = {DB, DT, DE};
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    const struct { const char *name; const size_t *shape; size_t n; } wf[] = {
+        {"w_query.npy", (const size_t[]){DH * DD, DE}, 2}, {"w_key.npy", (const size_t[]){DHK * DD, DE}, 2},
+        {"w_value.npy", (const size_t[]){DHK * DD, DE}, 2}, {"b_key.npy", (const size_t[]){DHK * DD}, 1},
+        {"w_out.npy", (const size_t[]){DE, DH * DD}, 2}};
+    const float *wd[] = {wq, wk, wv, bk, wo};
+    for (int i = 0; i < 5; i++) save_f32(path_in(in_dir, wf[i].name), wd[i], (int)wf[i].n, wf[i].shape);
+    double want[DB * DT * DE];
+    clattn_attention_desc d = {.batch = DB, .seq_q = DT, .embed = DE, .heads = DH, .kv_heads = DHK,
+                               .head_dim_qk = DD, .head_dim_v = DD, .out_dim = DE, .causal = 1, .rope = rope};
+    clattn_attention_args a = {.x = x, .rope_positions = pos, .rope_positions_count = DB * DT};
+    cr_assert_eq(oracle_attention(&d, &w, &a, want, NULL), 0);
+    const char *devs[2] = {cl_spec(), "ref"};
+    char shape2[32], shape1[32];
+    snprintf(shape2, sizeof shape2, "(%d, %d)", DB, DT);
+    snprintf(shape1, sizeof shape1, "(%d,)", DB * DT);
+    for (int k = 0; k < 4; k++) { /* each device; int64 (B, T), then int32 as a packed batch of the two rows */
+        const int packed = k >= 2;
+        if (packed) {
+            const size_t xp[2] = {DB * DT, DE};
+            save_f32(path_in(in_dir, "x.npy"), x, 2, xp);
+            write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i4", "False", shape1, p32, sizeof p32);
+        } else {
+            write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+        }
+        char seqlens[32];
+        snprintf(seqlens, sizeof seqlens, "%d,%d", DT, DT);
+        const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k % 2], "--heads", "4",
+                                "--kv-heads", "2", "--causal", "--rope", "half", "--rope-dims", "4", "--rope-theta",
+                                "500"};
+        size_t na = 18;
+        if (packed) args[na++] = "--seqlens", args[na++] = seqlens;
+        char *err;
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
+        free(err);
+        clattn_npy out;
+        load(path_in(out_dir, "out.npy"), &out);
+        char msg[256];
+        const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad_n, 0, "%s position_ids.npy (packed %d): %zu elements differ; first: %s", devs[k % 2], packed,
+                     bad_n, msg);
+        clattn_npy_free(&out);
+        remove(path_in(out_dir, "out.npy"));
+    }
+    /* --backward at the positions: grad_x against the oracle's (the positions reach the backward too) */
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+    float gout[DB * DT * DE];
+    tu_rng r = {77};
+    for (size_t i = 0; i < DB * DT * DE; i++) gout[i] = tu_uniform(&r, -1, 1);
+    save_f32(path_in(in_dir, "grad_out.npy"), gout, 3, xs);
+    double *gx = calloc(DB * DT * DE, sizeof *gx);
+    oracle_grads og = {.x = gx};
+    cr_assert_eq(oracle_attention_backward(&d, &w, &a, gout, &og), 0);
+    {
+        const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", cl_spec(), "--heads", "4",
+                              "--kv-heads", "2", "--causal", "--rope", "half", "--rope-dims", "4", "--rope-theta",
+                              "500", "--backward", NULL};
+        char *err;
+        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "--backward: %s", err);
+        free(err);
+        clattn_npy g;
+        load(path_in(out_dir, "grad_x.npy"), &g);
+        char msg[256];
+        const size_t bad_n = oracle_compare(g.data, gx, DB * DT * DE, TU_ATOL, 1e-3, msg, sizeof msg);
+        cr_assert_eq(bad_n, 0, "--backward at position_ids.npy: %zu elements of grad_x differ; first: %s", bad_n, msg);
+        clattn_npy_free(&g);
+    }
+    free(gx);
+    remove(path_in(in_dir, "grad_out.npy"));
+    for (const char *const *o = (const char *const[]){"out.npy", "grad_x.npy", "grad_w_query.npy", "grad_w_key.npy",
+                                                      "grad_w_value.npy", "grad_b_key.npy", "grad_w_out.npy", NULL};
+         *o; o++)
+        remove(path_in(out_dir, *o));
+    rmdir(out_dir);
+    /* the refusals, nothing written */
+    const char *const *rp = FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--rope", "half");
+    bad("positions without rope", 2, "position_ids.npy is in --in, but --rope is not given",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal"));
+    bad("positions with decode", 2, "--decode-from with position_ids.npy",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--rope", "half", "--decode-from", "5"));
+    write_npy_raw(path_in(in_dir, "key_position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+    bad("key positions on self-attention", 2, "key_position_ids.npy without kv.npy", rp);
+    remove(path_in(in_dir, "position_ids.npy"));
+    bad("key positions alone", 2, "key_position_ids.npy without position_ids.npy", rp);
+    remove(path_in(in_dir, "key_position_ids.npy"));
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape1, p64, sizeof p64);
+    bad("positions shape", 1, "position_ids.npy: shape (38,) but expected (2, 19) (B, Tq)", rp);
+    p64[5] = -1;
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+    bad("negative position", 1, "position_ids.npy: position -1 at flat index 5; clattn takes 0 .. 4194303", rp);
+    p64[5] = (int64_t)CLATTN_ROPE_MAX_POSITION + 1;
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+    bad("position past the largest", 1, "position 4194304 at flat index 5", rp);
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<f4", "False", shape2, x, DB * DT * sizeof(float));
+    bad("float positions", 1, "position_ids.npy: dtype float32 but expected int32 or int64", rp);
+    write_npy_raw(path_in(in_dir, "key_padding_mask.npy"), "<i4", "False", shape2, p32, sizeof p32);
+    remove(path_in(in_dir, "position_ids.npy"));
+    bad("integer mask", 1, "key_padding_mask.npy: dtype int32 but expected bool or uint8", rp);
+    remove(path_in(in_dir, "key_padding_mask.npy"));
+    /* cross-attention: kv.npy's rows at key_position_ids.npy */
+    float kv[DB * 11 * DE];
+    for (size_t i = 0; i < DB * 11 * DE; i++) kv[i] = tu_uniform(&r, -1, 1);
+    const size_t kvs[3] = {DB, 11, DE};
+    save_f32(path_in(in_dir, "kv.npy"), kv, 3, kvs);
+    uint32_t kpos[DB * 11];
+    int64_t k64[DB * 11];
+    for (size_t i = 0; i < DB * 11; i++) kpos[i] = (uint32_t)(i * 389 % 5003), k64[i] = kpos[i];
+    for (size_t i = 0; i < DB * DT; i++) p64[i] = pos[i];
+    write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
+    bad("cross without key positions", 2, "position_ids.npy with kv.npy needs key_position_ids.npy", rp);
+    char kshape[32];
+    snprintf(kshape, sizeof kshape, "(%d, 11)", DB);
+    write_npy_raw(path_in(in_dir, "key_position_ids.npy"), "<i8", "False", kshape, k64, sizeof k64);
+    clattn_attention_desc dc = d;
+    dc.cross = 1, dc.seq_kv = 11, dc.kv_embed = DE, dc.causal = 0;
+    clattn_attention_args ac = {.x = x, .kv = kv, .rope_positions = pos, .rope_positions_count = DB * DT,
+                                .rope_positions_kv = kpos, .rope_positions_kv_count = DB * 11};
+    cr_assert_eq(oracle_attention(&dc, &w, &ac, want, NULL), 0);
+    const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", cl_spec(), "--heads", "4",
+                          "--kv-heads", "2", "--rope", "half", "--rope-dims", "4", "--rope-theta", "500", NULL};
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "cross: %s", err);
+    free(err);
+    clattn_npy out;
+    load(path_in(out_dir, "out.npy"), &out);
+    char msg[256];
+    const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad_n, 0, "cross at key_position_ids.npy: %zu elements differ; first: %s", bad_n, msg);
+    clattn_npy_free(&out);
+}

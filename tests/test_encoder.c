@@ -1046,6 +1046,14 @@ Test(encoder_cli, bad_inputs)
     const size_t m[2] = {2, 6};
     cr_assert_eq(clattn_npy_save_f32(path_in(in_dir, "key_padding_mask.npy"), z, 2, m, err, sizeof err), 0, "%s", err);
     bad("float32 key_padding_mask", 1, "key_padding_mask.npy", ARGS("--heads", "3"));
+    /* a 16-bit one (it was read as bytes before clattn 0.8) */
+    const uint16_t h12[12] = {0};
+    char tmp[600];
+    cr_assert_eq(clattn_npy_save_temp(path_in(in_dir, "key_padding_mask.npy"), CLATTN_NPY_F16, h12, 2, m, tmp,
+                                      sizeof tmp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rename(tmp, path_in(in_dir, "key_padding_mask.npy")), 0);
+    bad("float16 key_padding_mask", 1, "key_padding_mask.npy: dtype float16 but expected bool or uint8",
+        ARGS("--heads", "3"));
     unlink(path_in(in_dir, "key_padding_mask.npy"));
     /* unsupported extra inputs are named, not ignored */
     cr_assert_eq(clattn_npy_save_f32(path_in(in_dir, "attn_mask.npy"), z, 1, l36, err, sizeof err), 0, "%s", err);

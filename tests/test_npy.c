@@ -392,7 +392,7 @@ Test(npy_numpy, float64_rejected)
     cr_assert_neq(clattn_npy_load(fixture("f64_1d.npy"), &a, err, sizeof err), 0);
     cr_assert(is_zeroed(&a));
     cr_assert_str_eq(err, "dtype '<f8' not supported (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 "
-                          "'|u1' or bool '|b1'); save it with a.astype(np.float32)");
+                          "'|u1', bool '|b1', int32 '<i4' or int64 '<i8'); save it with a.astype(np.float32)");
 }
 
 Test(npy_numpy, fortran_order_rejected)
@@ -688,8 +688,12 @@ Test(npy_garbage, unsupported_dtypes)
 {
     expect_dict_fail("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", f3, 12,
                      "dtype '<f8' not supported");
-    expect_dict_fail("{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", f3, 12,
-                     "dtype '<i4' not supported");
+    expect_dict_fail("{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }", f3, 12,
+                     "dtype '<u4' not supported");
+    expect_dict_fail("{'descr': '|i4', 'fortran_order': False, 'shape': (3,), }", f3, 12,
+                     "dtype '|i4' not supported");
+    expect_dict_fail("{'descr': '<i1', 'fortran_order': False, 'shape': (3,), }", f3, 3,
+                     "dtype '<i1' not supported");
     expect_dict_fail("{'descr': '|f2', 'fortran_order': False, 'shape': (3,), }", f3, 6,
                      "dtype '|f2' not supported");
     expect_dict_fail("{'descr': '<i2', 'fortran_order': False, 'shape': (3,), }", f3, 6,
@@ -968,6 +972,37 @@ static int contains(const unsigned char *bytes, size_t n, const char *text)
     for (size_t i = 0; i + k <= n; i++)
         if (memcmp(bytes + i, text, k) == 0) return 1;
     return 0;
+}
+
+/* '<i4' and '<i8' (clattn 0.8: the CLI's positions) read as int32 and int64, '>' byte-swapped, '=' as the host's
+ * order; a truncated array refused */
+Test(npy_int, read_and_swap)
+{
+    const int32_t i4[3] = {7, -2, 4194303};
+    const int64_t i8[3] = {7, -2, (int64_t)1 << 40};
+    const unsigned char be4[12] = {0, 0, 0, 7, 0xFF, 0xFF, 0xFF, 0xFE, 0, 0x3F, 0xFF, 0xFF};
+    const unsigned char be8[24] = {0, 0, 0, 0, 0, 0, 0, 7, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFE,
+                                   0, 0, 0x01, 0, 0, 0, 0, 0};
+    const struct {
+        const char *descr;
+        const void *data;
+        size_t bytes;
+        clattn_npy_dtype type;
+        const void *want;
+    } cases[] = {{"<i4", i4, 12, CLATTN_NPY_I32, i4}, {"=i4", i4, 12, CLATTN_NPY_I32, i4},
+                 {">i4", be4, 12, CLATTN_NPY_I32, i4}, {"<i8", i8, 24, CLATTN_NPY_I64, i8},
+                 {"=i8", i8, 24, CLATTN_NPY_I64, i8}, {">i8", be8, 24, CLATTN_NPY_I64, i8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) { /* (the host is little-endian) */
+        char dict[96];
+        snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (3,), }", cases[i].descr);
+        clattn_npy a;
+        parse_dict_ok(dict, cases[i].data, cases[i].bytes, &a);
+        cr_assert_eq(a.dtype, cases[i].type, "%s", cases[i].descr);
+        cr_assert_eq(a.count, 3, "%s", cases[i].descr);
+        cr_assert(memcmp(a.data, cases[i].want, cases[i].bytes) == 0, "%s: values not as written", cases[i].descr);
+        clattn_npy_free(&a);
+        expect_dict_fail(dict, cases[i].data, cases[i].bytes - 1, "truncated");
+    }
 }
 
 /* '<f2' and '<u2' read as their 16 bits, '>f2' and '>u2' byte-swapped, '=' as the host's order; a truncated 16-bit

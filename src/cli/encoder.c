@@ -172,9 +172,8 @@ static int load_all(const char *dir, inputs *in)
         if (clattn_npy_load(path, &in->a[i], err, sizeof err) != 0) return fail(1, "%s: %s", file_names[i], err);
         in->has[i] = 1;
         const clattn_npy *a = &in->a[i];
-        if ((i == KPM) == (a->dtype == CLATTN_NPY_F32))
-            return fail(1, "%s: dtype %s but expected %s", file_names[i],
-                        a->dtype == CLATTN_NPY_F32 ? "float32" : a->dtype == CLATTN_NPY_U8 ? "uint8" : "bool",
+        if (i == KPM ? a->dtype != CLATTN_NPY_U8 && a->dtype != CLATTN_NPY_BOOL : a->dtype != CLATTN_NPY_F32)
+            return fail(1, "%s: dtype %s but expected %s", file_names[i], clattn_npy_dtype_name(a->dtype),
                         i == KPM ? "bool or uint8" : "float32");
         if (a->count == 0 || a->ndim == 0) {
             char s[128];

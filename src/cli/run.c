@@ -89,15 +89,16 @@ static void usage_line(FILE *f)
                "               next tokens, packed (none once a sequence is done)\n"
                "  --rope half|interleaved: rotary position embeddings on Q and K (after their projections): pairs\n"
                "               (i, i + R/2) as GPT-NeoX and Llama in transformers, or (2i, 2i + 1) as GPT-J; positions\n"
-               "               from 0 in each batch entry (each sequence with --seqlens); with --decode-from, keys\n"
-               "               rotated before they are cached\n"
+               "               from 0 in each batch entry (each sequence with --seqlens), or as position_ids.npy\n"
+               "               gives them; with --decode-from, keys rotated before they are cached\n"
                "  --rope-dims R: the values rotated per head (even; default the head size); --rope-theta T: the base\n"
                "               (default 10000); --rope-scaling linear:F, ntk:F or yarn:F:N (N: the model's original\n"
                "               context length): positions stretched by F (README, \"Attention variants\")\n"
                "  -v, --verbose: say on stderr what ran (device, shapes, heads, head sizes, algorithm, core, time)\n"
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
-               "  grad_out.npy (with --backward)\n"
+               "  grad_out.npy (with --backward), position_ids.npy (with --rope: each row's position, int32 or\n"
+               "  int64, (B, Tq) or (Tq,) like x's rows; with kv.npy also key_position_ids.npy, kv's rows')\n"
                "outputs in DIR: out.npy, attn.npy with --need-weights, lse.npy with --lse, grad_*.npy with --backward\n");
 }
 
@@ -483,11 +484,12 @@ static int parse_flags(int argc, char **argv, run_opts *o)
 
 /* ---------------------------------------------------------------- inputs */
 
-enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_GOUT, F_COUNT };
+enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_GOUT, F_POS, F_POS_KV, F_COUNT };
 
 static const char *const file_names[F_COUNT] = {
     "x.npy",     "kv.npy",    "w_query.npy", "w_key.npy", "w_value.npy",          "b_query.npy",
-    "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy", "grad_out.npy"};
+    "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy", "grad_out.npy",
+    "position_ids.npy", "key_position_ids.npy"};
 
 typedef struct inputs {
     clattn_npy a[F_COUNT];
@@ -497,12 +499,6 @@ typedef struct inputs {
 static void inputs_free(inputs *in)
 {
     for (int f = 0; f < F_COUNT; f++) clattn_npy_free(&in->a[f]);
-}
-
-static const char *dtype_name(clattn_npy_dtype t)
-{
-    return t == CLATTN_NPY_F32 ? "float32" : t == CLATTN_NPY_U8 ? "uint8" : t == CLATTN_NPY_BOOL ? "bool"
-         : t == CLATTN_NPY_F16 ? "float16" : t == CLATTN_NPY_U16 ? "uint16" : "?";
 }
 
 /* The .npy type that holds a plan type's elements as they are: '<f4', '<f2', '<u2' (bfloat16 bit patterns). */
@@ -547,15 +543,24 @@ static int load_inputs(const char *dir, clattn_dtype type, inputs *in)
         in->has[f] = 1;
         const clattn_npy *a = &in->a[f];
         int mask = f == F_KPM || f == F_MASK;
+        const int pos = f == F_POS || f == F_POS_KV; /* rotary positions: integers */
         const int half = a->dtype == CLATTN_NPY_F16 || a->dtype == CLATTN_NPY_U16;
-        int ok = half ? !mask && a->dtype == npy_type_of(type)
-                      : a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : mask;
+        const int bytes = a->dtype == CLATTN_NPY_U8 || a->dtype == CLATTN_NPY_BOOL;
+        const int ints = a->dtype == CLATTN_NPY_I32 || a->dtype == CLATTN_NPY_I64;
+        int ok = pos ? ints
+               : half ? !mask && a->dtype == npy_type_of(type)
+               : a->dtype == CLATTN_NPY_F32 ? (!mask || f == F_MASK) : bytes && mask;
+        if (!ok && pos) {
+            say("%s: dtype %s but expected int32 or int64 (each row's position)", file_names[f],
+                clattn_npy_dtype_name(a->dtype));
+            return -1;
+        }
         if (!ok) {
             char typed[64] = "";
             if (type != CLATTN_DTYPE_F32 && !mask)
-                snprintf(typed, sizeof typed, " or %s (--dtype %s)", dtype_name(npy_type_of(type)),
+                snprintf(typed, sizeof typed, " or %s (--dtype %s)", clattn_npy_dtype_name(npy_type_of(type)),
                          type == CLATTN_DTYPE_F16 ? "f16" : "bf16");
-            say("%s: dtype %s but expected %s%s%s", file_names[f], dtype_name(a->dtype),
+            say("%s: dtype %s but expected %s%s%s", file_names[f], clattn_npy_dtype_name(a->dtype),
                 f == F_KPM ? "bool or uint8" : f == F_MASK ? "bool, uint8 or float32" : "float32", typed,
                 half && type == CLATTN_DTYPE_F32 && !mask ? " (a 16-bit array needs --dtype f16 or bf16)" : "");
             return -1;
@@ -757,6 +762,15 @@ static int check_shapes(const inputs *in, size_t heads, size_t kv_heads, dims *d
         size_t want[2] = {d->Tq, d->Tk};
         if (expect(in, F_MASK, 2, want, "(Tq, Tk)")) return -1;
     }
+    /* the rows' rotary positions: (B, Tq) and kv's (B, Tk), or (Tq,) and (Tk,) for a 2-D x (--seqlens: every packed
+     * row's); key_position_ids.npy without kv.npy is refused by check_combination */
+    for (int f = F_POS; f <= F_POS_KV; f++) {
+        if (!in->has[f] || (f == F_POS_KV && !d->cross)) continue;
+        size_t want[2] = {d->B, f == F_POS ? d->Tq : d->Tk};
+        if (d->two_d ? expect(in, f, 1, want + 1, f == F_POS ? "(Tq)" : "(Tk)")
+                     : expect(in, f, 2, want, f == F_POS ? "(B, Tq)" : "(B, Tk)"))
+            return -1;
+    }
     return 0;
 }
 
@@ -946,10 +960,65 @@ typedef struct run_state {
     clattn_device *dev;
     clattn_plan *plan;
     float *out, *attn, *lse, *ctx, *grads[NGRADS];
+    uint32_t *pos[2];  /* position_ids.npy and key_position_ids.npy as the library reads them (check_positions) */
+    size_t n_pos[2];
     size_t out_width, n_out, n_attn, n_lse, n_ctx;
     double t_plan, t_exec, t_backward; /* ms */
     int code;                          /* the exit status when a step fails */
 } run_state;
+
+/* position_ids.npy and key_position_ids.npy: with --rope, the keys' with kv.npy only and then together with the
+ * queries', not with --decode-from; their values (int32 or int64) in 0 .. CLATTN_ROPE_MAX_POSITION, copied as the
+ * uint32 arrays the library reads (r->pos). */
+static int check_positions(run_state *r)
+{
+    const run_opts *o = &r->o;
+    const inputs *in = &r->in;
+    if (!in->has[F_POS] && !in->has[F_POS_KV]) return 0;
+    const char *given = in->has[F_POS] ? "position_ids.npy" : "key_position_ids.npy";
+    if (!o->seen_rope) {
+        say("%s is in --in, but --rope is not given: positions only place the rotary embeddings", given);
+        return r->code = EXIT_USAGE, -1;
+    }
+    if (!in->has[F_POS]) {
+        say("key_position_ids.npy without position_ids.npy: give the queries' positions too");
+        return r->code = EXIT_USAGE, -1;
+    }
+    if (in->has[F_POS_KV] && !r->d.cross) {
+        say("key_position_ids.npy without kv.npy: self-attention's keys are its queries, at position_ids.npy");
+        return r->code = EXIT_USAGE, -1;
+    }
+    if (r->d.cross && !in->has[F_POS_KV]) {
+        say("position_ids.npy with kv.npy needs key_position_ids.npy (the keys' positions)");
+        return r->code = EXIT_USAGE, -1;
+    }
+    if (o->seen_decode) {
+        say("--decode-from with position_ids.npy: a decode step places a sequence's new token t at its cache's length "
+            "+ t");
+        return r->code = EXIT_USAGE, -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        const int f = k ? F_POS_KV : F_POS;
+        if (!in->has[f]) continue;
+        const clattn_npy *a = &in->a[f];
+        if (!(r->pos[k] = malloc(a->count * sizeof *r->pos[k]))) {
+            say("out of memory copying %s", file_names[f]);
+            return -1;
+        }
+        for (size_t i = 0; i < a->count; i++) {
+            const long long v = a->dtype == CLATTN_NPY_I32 ? (long long)((const int32_t *)a->data)[i]
+                                                           : (long long)((const int64_t *)a->data)[i];
+            if (v < 0 || v > CLATTN_ROPE_MAX_POSITION) {
+                say("%s: position %lld at flat index %zu; clattn takes 0 .. %u", file_names[f], v, i,
+                    (unsigned)CLATTN_ROPE_MAX_POSITION);
+                return -1;
+            }
+            r->pos[k][i] = (uint32_t)v;
+        }
+        r->n_pos[k] = a->count;
+    }
+    return 0;
+}
 
 /* The flags that need self-attention, or a length, known only once the inputs are read. */
 static int check_combination(run_state *r)
@@ -1010,7 +1079,7 @@ static int check_combination(run_state *r)
         say("--decode-from with %s: decode steps take no masks", in->has[F_KPM] ? "key_padding_mask.npy" : "attn_mask.npy");
         return r->code = EXIT_USAGE, -1;
     }
-    return 0;
+    return check_positions(r);
 }
 
 /* The description and the weights from the flags and the files (every array with its count, as read), and the
@@ -1140,6 +1209,8 @@ static int run_forward(run_state *r)
     args->attn = r->attn, args->attn_count = r->attn ? r->n_attn : 0;
     if (r->o.seen_seqlens) args->cu_seqlens_q = r->o.cu_q, args->cu_seqlens_q_count = r->o.nseq + 1;
     if (r->o.seen_kv_seqlens) args->cu_seqlens_kv = r->o.cu_k, args->cu_seqlens_kv_count = r->o.nseq + 1;
+    args->rope_positions = r->pos[0], args->rope_positions_count = r->n_pos[0];
+    args->rope_positions_kv = r->pos[1], args->rope_positions_kv_count = r->n_pos[1];
     /* a training plan: the rows' log-sum-exp (and for the backward the context, so that it recomputes neither) */
     if (r->desc.training) {
         r->lse = malloc(r->n_lse * sizeof *r->lse);
@@ -1175,8 +1246,8 @@ static int run_backward(run_state *r)
     if (go->dtype != nt || (size_t)go->ndim != want_nd || go->count != r->n_out ||
         go->shape[go->ndim - 1] != r->out_width || go->shape[go->ndim - 2] != d->Tq) {
         char have[96];
-        say("grad_out.npy: %s %s, expected %s with out.npy's shape (%s%zu, %zu)", dtype_name(go->dtype),
-            shape_str(go, have, sizeof have), dtype_name(nt), d->two_d ? "" : "B, ", d->Tq, r->out_width);
+        say("grad_out.npy: %s %s, expected %s with out.npy's shape (%s%zu, %zu)", clattn_npy_dtype_name(go->dtype),
+            shape_str(go, have, sizeof have), clattn_npy_dtype_name(nt), d->two_d ? "" : "B, ", d->Tq, r->out_width);
         return -1;
     }
     clattn_attention_grads g = {.grad_out = go->data, .grad_out_count = go->count, .lse = r->lse,
@@ -1268,6 +1339,8 @@ static void run_state_free(run_state *r)
     free(r->lse);
     free(r->ctx);
     for (int i = 0; i < NGRADS; i++) free(r->grads[i]);
+    free(r->pos[0]);
+    free(r->pos[1]);
     clattn_plan_free(r->plan);
     clattn_device_free(r->dev);
     inputs_free(&r->in);

@@ -68,6 +68,30 @@ static void swap2_inplace(unsigned char *p, size_t count)
     }
 }
 
+const char *clattn_npy_dtype_name(clattn_npy_dtype t)
+{
+    switch (t) {
+    case CLATTN_NPY_F32: return "float32";
+    case CLATTN_NPY_U8: return "uint8";
+    case CLATTN_NPY_BOOL: return "bool";
+    case CLATTN_NPY_F16: return "float16";
+    case CLATTN_NPY_U16: return "uint16";
+    case CLATTN_NPY_I32: return "int32";
+    case CLATTN_NPY_I64: return "int64";
+    }
+    return "?";
+}
+
+static void swap8_inplace(unsigned char *p, size_t count)
+{
+    for (size_t i = 0; i < count; i++, p += 8)
+        for (int k = 0; k < 4; k++) {
+            const unsigned char t = p[k];
+            p[k] = p[7 - k];
+            p[7 - k] = t;
+        }
+}
+
 static void swap4_inplace(unsigned char *p, size_t count)
 {
     for (size_t i = 0; i < count; i++, p += 4) {
@@ -276,16 +300,17 @@ static int read_string(lexer *L, char *buf, size_t cap, size_t *len, const char 
     return 0;
 }
 
+/* the types the reader takes, as the messages list them */
+#define NPY_EXPECTED "float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1', bool '|b1', int32 '<i4' or int64 '<i8'"
+
 static int parse_descr(lexer *L, npy_header *h)
 {
     if (L->i >= L->n || (L->s[L->i] != '\'' && L->s[L->i] != '"')) {
         if (L->i < L->n && L->s[L->i] == '[')
             set_err(L->err, L->errlen,
-                    "descr is not a string (structured dtypes are not supported; expected "
-                    "float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')");
+                    "descr is not a string (structured dtypes are not supported; expected " NPY_EXPECTED ")");
         else
-            set_err(L->err, L->errlen,
-                    "descr is not a string (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')");
+            set_err(L->err, L->errlen, "descr is not a string (expected " NPY_EXPECTED ")");
         return -1;
     }
     size_t start = L->i + 1;
@@ -306,6 +331,12 @@ static int parse_descr(lexer *L, npy_header *h)
         h->itemsize = 2;
         h->swap = d[0] == '<' ? !le : d[0] == '>' ? le : 0;
         ok = 1;
+    } else if (len == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=') && d[1] == 'i' &&
+               (d[2] == '4' || d[2] == '8')) {
+        h->dtype = d[2] == '4' ? CLATTN_NPY_I32 : CLATTN_NPY_I64;
+        h->itemsize = d[2] == '4' ? 4 : 8;
+        h->swap = d[0] == '<' ? !le : d[0] == '>' ? le : 0;
+        ok = 1;
     } else if (len == 3 && (d[0] == '|' || d[0] == '<' || d[0] == '>' || d[0] == '=') &&
                (d[1] == 'u' || d[1] == 'b') && d[2] == '1') {
         h->dtype = d[1] == 'u' ? CLATTN_NPY_U8 : CLATTN_NPY_BOOL;
@@ -319,7 +350,7 @@ static int parse_descr(lexer *L, npy_header *h)
         /* a float64 array (numpy's default) is the usual mistake: say how to fix it */
         const int f64 = len == 3 && (memcmp(d, "<f8", 3) == 0 || memcmp(d, ">f8", 3) == 0);
         set_err(L->err, L->errlen,
-                "dtype '%s' not supported (expected float32 '<f4', float16 '<f2', uint16 '<u2', uint8 '|u1' or bool '|b1')%s", shown,
+                "dtype '%s' not supported (expected " NPY_EXPECTED ")%s", shown,
                 f64 ? "; save it with a.astype(np.float32)" : "");
         return -1;
     }
@@ -571,8 +602,10 @@ static int check_data_size(size_t avail, const npy_header *h, char *err, size_t 
 
 static void convert_data(unsigned char *data, const npy_header *h)
 {
-    if (h->dtype == CLATTN_NPY_F32 && h->swap)
+    if ((h->dtype == CLATTN_NPY_F32 || h->dtype == CLATTN_NPY_I32) && h->swap)
         swap4_inplace(data, h->count);
+    if (h->dtype == CLATTN_NPY_I64 && h->swap)
+        swap8_inplace(data, h->count);
     if ((h->dtype == CLATTN_NPY_F16 || h->dtype == CLATTN_NPY_U16) && h->swap)
         swap2_inplace(data, h->count);
     if (h->dtype == CLATTN_NPY_BOOL)

@@ -14,7 +14,9 @@
  *     data is byte-swapped), '=f4' (float32 in the host's byte order);
  *     '<f2', '>f2', '=f2' (float16, kept as its 16 bits) and '<u2', '>u2',
  *     '=u2' (uint16), byte-swapped likewise;
- *     '|u1', '<u1', '>u1', '=u1' (uint8); '|b1', '<b1', '>b1', '=b1' (bool).
+ *     '|u1', '<u1', '>u1', '=u1' (uint8); '|b1', '<b1', '>b1', '=b1' (bool);
+ *     '<i4', '>i4', '=i4' (int32) and '<i8', '>i8', '=i8' (int64), byte-swapped
+ *     likewise.
  *     Everything else (float64, structured dtypes, ...) is rejected with the
  *     dtype named in the message.
  *   - fortran_order must be False, except that True is accepted when the
@@ -64,7 +66,9 @@ typedef enum clattn_npy_dtype {
     CLATTN_NPY_U8 = 2,
     CLATTN_NPY_BOOL = 3,
     CLATTN_NPY_F16 = 4,  /* '<f2': IEEE half, its bits as uint16 (host order) */
-    CLATTN_NPY_U16 = 5   /* '<u2': uint16 (the CLI's bfloat16 bit patterns) */
+    CLATTN_NPY_U16 = 5,  /* '<u2': uint16 (the CLI's bfloat16 bit patterns) */
+    CLATTN_NPY_I32 = 6,  /* '<i4': int32 (host order; the CLI's positions) */
+    CLATTN_NPY_I64 = 7   /* '<i8': int64 (host order; NumPy's default integers) */
 } clattn_npy_dtype;
 
 #define CLATTN_NPY_MAX_DIMS 8
@@ -81,7 +85,8 @@ typedef struct clattn_npy {
     size_t shape[CLATTN_NPY_MAX_DIMS]; /* shape[ndim..7] are 0 */
     size_t count;                      /* product of shape (1 for 0-d, 0 if a dim is 0) */
     void *data;                        /* count elements, malloc'd; float for F32 (host order),
-                                          uint16_t for F16 and U16 (host order),
+                                          uint16_t for F16 and U16, int32_t for I32,
+                                          int64_t for I64 (host order),
                                           uint8 (0/1 for BOOL) for U8/BOOL. Never NULL on
                                           success: a 1-byte allocation when count == 0. */
 } clattn_npy;
@@ -91,6 +96,10 @@ typedef struct clattn_npy {
  * On failure returns nonzero, leaves *out zeroed and describes the problem
  * in err. */
 int clattn_npy_parse(const void *bytes, size_t size, clattn_npy *out, char *err, size_t errlen);
+
+/* The NumPy name of a type: "float32", "float16", "uint16", "uint8", "bool", "int32", "int64" ("?" for another
+ * value). */
+const char *clattn_npy_dtype_name(clattn_npy_dtype t);
 
 /* Read a .npy file. Same rules and results as clattn_npy_parse. */
 int clattn_npy_load(const char *path, clattn_npy *out, char *err, size_t errlen);
