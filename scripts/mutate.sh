@@ -104,10 +104,11 @@ build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy do
 targets=()
 (cd "$scratch/build" && ctest --show-only=json-v1) >"$scratch/tests.json"
 printf '%s\n' "${regexes[@]}" >"$scratch/regexes.txt"
-mapfile -t targets < <(python3 - "$scratch/tests.json" "$scratch/regexes.txt" "$scratch/build" <<'EOF'
+mapfile -t targets < <(python3 - "$scratch/tests.json" "$scratch/regexes.txt" "$scratch/build" "${generator[*]}" <<'EOF'
 import json, os, re, shlex, sys
 tests = json.load(open(sys.argv[1])).get("tests", [])
 build = os.path.realpath(sys.argv[3])
+ninja = "Ninja" in sys.argv[4]
 named = {"clattn": "clattn_cli", "clattn-bench": "clattn_bench"}   # output name -> target, where they differ
 def needs(t):  # the targets an entry's command needs, or None for the whole build
     out = set()
@@ -130,7 +131,9 @@ def needs(t):  # the targets an entry's command needs, or None for the whole bui
             if name.startswith("test_"):
                 out.add(name)
             elif name.startswith("libclattn.so"):
-                out.add("clattn")
+                # the shared library's target is `clattn`, which Ninja takes for the CLI's file of that name (the
+                # library was left stale): with Ninja its file is the target
+                out.add(name if ninja else "clattn")
             elif name in named:
                 out.add(named[name])
             else:
