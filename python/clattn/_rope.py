@@ -70,7 +70,7 @@ def _positions_np(name: str, ids: Any, B: int, n: int) -> "np.ndarray":
     import numpy as np
 
     a = np.asarray(ids)
-    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+    if not np.issubdtype(a.dtype, np.integer):  # (bool is not an integer type to NumPy)
         _invalid(f"{name}: dtype {a.dtype}; positions are integers")
     if a.ndim == 1:
         a = a[None]
