@@ -1711,6 +1711,21 @@ Test(cli, varlen_batch)
 
 /* --rope, --rope-dims, --rope-theta, --rope-scaling: a padded batch and a varlen one (each sequence's positions from
  * 0) on both devices, as one plan and as a decode session, against the oracle; the flags' usage errors */
+/* clattn run with `args` succeeds, and its out.npy (n values) matches the float64 `want`; out.npy removed after */
+static void run_matches(const char *const *args, const double *want, size_t n, const char *what)
+{
+    char *err;
+    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", what, err);
+    free(err);
+    clattn_npy out;
+    load(path_in(out_dir, "out.npy"), &out);
+    char msg[256];
+    const size_t bad_n = oracle_compare(out.data, want, n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+    cr_assert_eq(bad_n, 0, "%s: %zu elements differ; first: %s", what, bad_n, msg);
+    clattn_npy_free(&out);
+    remove(path_in(out_dir, "out.npy"));
+}
+
 Test(cli, rope)
 {
     float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
@@ -1745,17 +1760,9 @@ Test(cli, rope)
             size_t na = 20;
             if (varlen) args[na++] = "--seqlens", args[na++] = "7,0,12,19";
             if (k >= 2) args[na++] = "--decode-from", args[na++] = "5";
-            char *err;
-            cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
-            free(err);
-            clattn_npy out;
-            load(path_in(out_dir, "out.npy"), &out);
-            char msg[256];
-            const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-            cr_assert_eq(bad_n, 0, "%s --rope (varlen %d, decode %d): %zu elements differ; first: %s", devs[k % 2],
-                         varlen, k >= 2, bad_n, msg);
-            clattn_npy_free(&out);
-            remove(path_in(out_dir, "out.npy"));
+            char what[96];
+            snprintf(what, sizeof what, "%s --rope (varlen %d, decode %d)", devs[k % 2], varlen, k >= 2);
+            run_matches(args, want, DB * DT * DE, what);
         }
     }
     bad("rope kind", 2, "--rope 'neox'", FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "neox"));
@@ -1825,17 +1832,9 @@ Test(cli, rope_positions)
                                 "500"};
         size_t na = 18;
         if (packed) args[na++] = "--seqlens", args[na++] = seqlens;
-        char *err;
-        cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "%s: %s", devs[k % 2], err);
-        free(err);
-        clattn_npy out;
-        load(path_in(out_dir, "out.npy"), &out);
-        char msg[256];
-        const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-        cr_assert_eq(bad_n, 0, "%s position_ids.npy (packed %d): %zu elements differ; first: %s", devs[k % 2], packed,
-                     bad_n, msg);
-        clattn_npy_free(&out);
-        remove(path_in(out_dir, "out.npy"));
+        char what[96];
+        snprintf(what, sizeof what, "%s position_ids.npy (packed %d)", devs[k % 2], packed);
+        run_matches(args, want, DB * DT * DE, what);
     }
     /* --backward at the positions: grad_x against the oracle's (the positions reach the backward too) */
     save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
@@ -1914,13 +1913,5 @@ Test(cli, rope_positions)
     cr_assert_eq(oracle_attention(&dc, &w, &ac, want, NULL), 0);
     const char *args[] = {"run", "--in", in_dir, "--out", out_dir, "--device", cl_spec(), "--heads", "4",
                           "--kv-heads", "2", "--rope", "half", "--rope-dims", "4", "--rope-theta", "500", NULL};
-    char *err;
-    cr_assert_eq(run_cli(args, ENV_UNSET, &err), 0, "cross: %s", err);
-    free(err);
-    clattn_npy out;
-    load(path_in(out_dir, "out.npy"), &out);
-    char msg[256];
-    const size_t bad_n = oracle_compare(out.data, want, DB * DT * DE, TU_ATOL, TU_RTOL, msg, sizeof msg);
-    cr_assert_eq(bad_n, 0, "cross at key_position_ids.npy: %zu elements differ; first: %s", bad_n, msg);
-    clattn_npy_free(&out);
+    run_matches(args, want, DB * DT * DE, "cross at key_position_ids.npy");
 }
