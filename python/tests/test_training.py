@@ -273,3 +273,89 @@ def test_a_step_runs_the_forward_once_and_hands_its_statistics_to_the_backward(m
     _, lse, ctx = a.forward_train(xn)
     good, bad = a.backward(xn, dout, lse=lse, context=ctx), a.backward(xn, dout, lse=lse + 1.0, context=ctx)
     assert not np.allclose(good["x"], bad["x"]), "backward ignored the lse it was given"
+
+
+def rope_mha_reference(mod, x, kv, pq, pk, causal):
+    """mod's output in float64, written out: torch's projections (mod's parameters as float64 leaves in mod._ref64),
+    the rotation of queries and keys at pq and pk (test_functional's rope_reference), the oracle's attention, the
+    output projection. x (B, L, E), kv (B, S, E)."""
+    from test_functional import oracle, rope_reference
+    p = mod._ref64
+    H, (B, L, E), S = mod.num_heads, x.shape, kv.shape[1]
+    wq, wk, wv = p["in_proj_weight"].chunk(3)
+    bq, bk, bv = p["in_proj_bias"].chunk(3)
+    q = (x @ wq.T + bq).view(B, L, H, E // H)
+    k = (kv @ wk.T + bk).view(B, S, H, E // H)
+    v = (kv @ wv.T + bv).view(B, S, H, E // H)
+    o = oracle(rope_reference(q, mod.rope, pq).transpose(1, 2), rope_reference(k, mod.rope, pk).transpose(1, 2),
+               v.transpose(1, 2), is_causal=causal)
+    return o.transpose(1, 2).reshape(B, L, E) @ p["out_proj.weight"].T + p["out_proj.bias"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_at_position_ids(device):
+    """rope= and position_ids (clattn 0.8): the module's output and every gradient (input and parameters) against the
+    computation written out in float64 (rope_mha_reference), over two SGD steps whose positions differ (the plan
+    reused with new positions and weights); rows at 0 .. T-1 without position_ids; the positions the backward uses
+    are the forward's, even when the caller's tensor changes before it; the sequence-first layout; cross-attention's
+    keys at key_position_ids; the refusals."""
+    import clattn.functional as CF
+    B, T, E, H = 2, 7, 16, 2
+    torch.manual_seed(21)
+    mod = ca.MultiheadAttention(E, H, batch_first=True, device=device, rope=CF.Rope(kind="interleaved", dims=6))
+    x = torch.randn(B, T, E)
+    steps = (torch.stack((torch.tensor([0, 1, 2, 0, 1, 2, 3]), torch.arange(T) * 3 + 1500)),
+             torch.tensor([5, 6, 7, 8, 0, 1, 2]))
+    for pos in steps:
+        mod._ref64 = {n: p.detach().double().requires_grad_(True) for n, p in mod.named_parameters()}
+        want = rope_mha_reference(mod, x.double(), x.double(), pos.expand(B, -1), pos.expand(B, -1), True)
+        mod.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        held = pos.clone()
+        out, _ = mod(xi, xi, xi, is_causal=True, position_ids=held)
+        torch.testing.assert_close(out.double(), want.detach(), rtol=1e-4, atol=1e-5)
+        held[..., -1] += 100  # the backward runs at the forward's positions, not at what the tensor holds now
+        dout = torch.randn(out.shape)
+        out.backward(dout)
+        exp = torch.autograd.grad(want, [*mod._ref64.values()], dout.double(), retain_graph=True)
+        for (name, prm), e in zip(mod.named_parameters(), exp):
+            torch.testing.assert_close(prm.grad.double(), e, **GRAD, msg=lambda m: f"{name}: {m}")
+        x64 = x.double().requires_grad_(True)
+        want_x = rope_mha_reference(mod, x64, x64, pos.expand(B, -1), pos.expand(B, -1), True)
+        torch.testing.assert_close(xi.grad.double(), torch.autograd.grad(want_x, x64, dout.double())[0], **GRAD)
+        with torch.no_grad():
+            for prm in mod.parameters():
+                prm -= 0.1 * prm.grad
+    assert mod._attn.plans_cached == 1
+    ar = torch.arange(T).expand(B, -1)
+    mod._ref64 = {n: p.detach().double() for n, p in mod.named_parameters()}
+    torch.testing.assert_close(mod(x, x, x)[0].double(), rope_mha_reference(mod, x.double(), x.double(), ar, ar, False),
+                               rtol=1e-4, atol=1e-5)
+    # sequence first: the positions stay (batch, length)
+    seq = ca.MultiheadAttention(E, H, batch_first=False, device=device, rope=mod.rope)
+    seq.load_state_dict(mod.state_dict())
+    pos = steps[0]
+    xt = x.transpose(0, 1)
+    got, _ = seq(xt, xt, xt, position_ids=pos)
+    torch.testing.assert_close(got.transpose(0, 1).double(), rope_mha_reference(mod, x.double(), x.double(), pos, pos,
+                                                                                False), rtol=1e-4, atol=1e-5)
+    # cross-attention: 5 keys at positions of their own, one row for every batch entry
+    kv = torch.randn(B, 5, E)
+    pk = torch.tensor([9, 0, 2000, 3, 4])
+    got, _ = mod(x, kv, kv, position_ids=pos, key_position_ids=pk)
+    torch.testing.assert_close(got.double(), rope_mha_reference(mod, x.double(), kv.double(), pos, pk.expand(B, -1),
+                                                                False), rtol=1e-4, atol=1e-5)
+    # a rope set on the module after its first call is the one used
+    mod.rope = CF.Rope()
+    got, _ = mod(x, x, x)
+    torch.testing.assert_close(got.double(), rope_mha_reference(mod, x.double(), x.double(), ar, ar, False),
+                               rtol=1e-4, atol=1e-5)
+    plain = ca.MultiheadAttention(E, H, batch_first=True, device=device)
+    with pytest.raises(clattn.InvalidArgumentError, match="position_ids without rope"):
+        plain(x, x, x, position_ids=pos)
+    with pytest.raises(clattn.InvalidArgumentError, match="self-attention's keys"):
+        mod(x, x, x, position_ids=pos, key_position_ids=pos)
+    with pytest.raises(clattn.ShapeMismatchError, match="key_position_ids is needed"):
+        mod(x, kv, kv, position_ids=pos)
+    with pytest.raises(clattn.InvalidArgumentError, match="rope: a str"):
+        ca.MultiheadAttention(E, H, rope="half")
