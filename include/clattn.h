@@ -247,8 +247,9 @@ typedef enum clattn_algorithm {
  * the rest of the head as it is. Positions count from 0 in each batch entry (each sequence of a varlen batch):
  * query row i at position i, key row j at position j (cross-attention too), unless the execution gives each row's
  * position (args.rope_positions, as transformers' position_ids: packed documents, a chunk after its context); in
- * a decode step (clattn 0.8) new token t of a sequence whose cache holds L positions is at L + t, its key rotated
- * before it is cached (a verify step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
+ * a decode step (clattn 0.8) new token t of a sequence whose cache holds L positions is at L + t, unless the step
+ * gives each new token's position (clattn_decode_args.rope_positions), its key rotated before it is cached (a verify
+ * step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
  * creation, and again for longer positions when an execution or a decode step reaches them) and used as floats.
  * Values are never rotated. */
 typedef enum clattn_rope_kind {
@@ -826,6 +827,16 @@ typedef struct clattn_decode_args {
      * sequence's count are no token's, neither read nor checked. */
     const uint32_t *cu_new;
     size_t cu_new_count;
+    /* clattn 0.8, desc.rope only (else refused), optional: each new token's position for the rotation, one per row
+     * of x (B*n for a padded step, the padding rows' read but unused; cu_new[B] for a packed one), each at most
+     * CLATTN_ROPE_MAX_POSITION. NULL: token t of sequence b at len[b] + t, its cache slot. A key is rotated once, at
+     * its position, before it is cached, so a query sees each cached key at the position its step gave it: a cache
+     * whose sequence starts at position p0 (the rest of a conversation kept elsewhere, keys written by
+     * clattn_kv_cache_write rotated for their positions) gives p0 + len[b] + t at each of its steps; positions that
+     * are not the slots' (transformers' position_ids in generate) likewise. The plan's table of cos and sin grows to
+     * the largest position given, rounded up to a power of two */
+    const uint32_t *rope_positions;
+    size_t rope_positions_count;
 } clattn_decode_args;
 
 /* Appends and attends; on any error the cache and out are unchanged. A sequence whose length plus its
@@ -842,6 +853,9 @@ CLATTN_API clattn_status clattn_decode_execute(clattn_decode_plan *plan, clattn_
 typedef struct clattn_decode_buffers {
     clattn_buffer x, out;
     clattn_buffer kv, value;   /* clattn 0.6, desc.separate_value only: as args.kv and args.value */
+    /* clattn 0.8, desc.rope only: as args.rope_positions (a host array, read during the call) */
+    const uint32_t *rope_positions;
+    size_t rope_positions_count;
 } clattn_decode_buffers;
 CLATTN_API clattn_status clattn_decode_execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *cache,
                                                        const clattn_decode_buffers *buffers, size_t new_tokens,

@@ -79,14 +79,20 @@ static clattn_attention_desc model_desc(const model *m, size_t B, size_t T, size
                                    .window = window, .kv_half = half, .scale = m->scale, .rope = m->rope};
 }
 
-/* The oracle's causal run over x (B, T, E). */
-static double *expect(const model *m, size_t B, size_t T, size_t window, int half, const float *x)
+/* The oracle's causal run over x (B, T, E), under rope row t of entry b at pos[b*T + t] (pos NULL: at t). */
+static double *expect_at(const model *m, size_t B, size_t T, size_t window, int half, const float *x,
+                         const uint32_t *pos)
 {
     clattn_attention_desc d = model_desc(m, B, T, window, half);
     double *want = malloc(B * T * m->Eo * sizeof *want);
-    clattn_attention_args a = {.x = x};
+    clattn_attention_args a = {.x = x, .rope_positions = pos, .rope_positions_count = pos ? B * T : 0};
     cr_assert_eq(oracle_attention(&d, &m->w, &a, want, NULL), 0);
     return want;
+}
+
+static double *expect(const model *m, size_t B, size_t T, size_t window, int half, const float *x)
+{
+    return expect_at(m, B, T, window, half, x, NULL);
 }
 
 static void check(const float *got, const double *want, size_t n, const char *what)
@@ -169,7 +175,41 @@ typedef struct dcase {
     size_t P;
     size_t page;            /* a paged cache's page size (the pages suite); 0: contiguous */
     clattn_rope rope;       /* rotary embeddings: token t at position t, however the calls cut the tokens */
+    int positioned;         /* rope: token t of sequence b at position_of(b, t), given by each step (rope_positions) */
+    int buffers;            /* OpenCL: the steps on buffers (clattn_decode_execute_buffers) */
 } dcase;
+
+/* A dcase's positions when it gives them: not the cache slots, nor a shift of them (which would change no score):
+ * sequence 0 jumps by 1975 after its token 14, odd sequences step by 3. */
+static uint32_t position_of(size_t b, size_t t)
+{
+    return (uint32_t)(b % 2 ? 5 + 3 * t : t < 15 ? 1000 + t : 2990 + t);
+}
+
+/* One decode step on the device's buffers (OpenCL): x's rows written to a buffer, the step, out read back. The
+ * positions (a host array) are overwritten as soon as the call returns, before the step completes: the call must
+ * have taken them. */
+static void step_on_buffers(clattn_device *dev, clattn_decode_plan *p, clattn_kv_cache *cache, const float *x,
+                            size_t xn, float *out, size_t on, size_t n, uint32_t *pos, size_t npos)
+{
+    cl_context ctx = clattn_device_context(dev);
+    cl_command_queue q = clattn_device_queue(dev);
+    cl_int err;
+    cl_mem xb = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, xn * sizeof(float), (void *)x, &err);
+    cl_mem ob = clCreateBuffer(ctx, CL_MEM_READ_WRITE, on * sizeof(float), NULL, &err);
+    cr_assert_eq(err, CL_SUCCESS);
+    cl_event gate = clCreateUserEvent(ctx, &err), done = NULL;
+    const clattn_decode_buffers bufs = {.x = {xb, 0}, .out = {ob, 0}, .rope_positions = pos,
+                                        .rope_positions_count = npos};
+    cr_assert_eq(clattn_decode_execute_buffers(p, cache, &bufs, n, NULL, 1, &gate, &done), CLATTN_STATUS_SUCCESS,
+                 "on buffers: %s", clattn_last_error());
+    for (size_t i = 0; pos && i < npos; i++) pos[i] = 7u * (uint32_t)i; /* (the call is done with them) */
+    cr_assert_eq(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+    cr_assert_eq(clWaitForEvents(1, &done), CL_SUCCESS);
+    cr_assert_eq(clEnqueueReadBuffer(q, ob, CL_TRUE, 0, on * sizeof(float), out, 0, NULL, NULL), CL_SUCCESS);
+    clReleaseEvent(gate), clReleaseEvent(done);
+    clReleaseMemObject(xb), clReleaseMemObject(ob);
+}
 
 static clattn_kv_cache *make_paged(clattn_device *dev, const model *m, size_t B, size_t cap, int half, size_t page,
                                    size_t pages)
@@ -203,15 +243,21 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
     cr_assert_eq(clattn_decode_plan_set_splits(p, c->splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *cache = make_paged(dev, m, B, T + 3, c->half, c->page, 0);
     float *xs = malloc(B * maxn * E * sizeof *xs), *os = malloc(B * maxn * m->Eo * sizeof *os);
+    uint32_t *ps = c->positioned ? malloc(B * maxn * sizeof *ps) : NULL;
+    const int on_buffers = c->buffers && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL;
     size_t t0 = 0;
     for (size_t call = 0; t0 < T; call++) {
         size_t n = c->chunks ? c->chunks[call] : call == 0 ? c->P : 1;
         if (n > T - t0) n = T - t0;
         for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0) * E, n * E * sizeof *xs);
+        for (size_t i = 0; ps && i < B * n; i++) ps[i] = position_of(i / n, t0 + i % n);
         for (size_t i = 0; i < B * n * m->Eo; i++) os[i] = NAN;
-        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os};
-        cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call,
-                     clattn_last_error());
+        clattn_decode_args a = {.x = xs, .new_tokens = n, .out = os, .rope_positions = ps};
+        if (on_buffers)
+            step_on_buffers(dev, p, cache, xs, B * n * E, os, B * n * m->Eo, n, ps, ps ? B * n : 0);
+        else
+            cr_assert_eq(tu_decode_execute(p, cache, &a), CLATTN_STATUS_SUCCESS, "call %zu: %s", call,
+                         clattn_last_error());
         if (c->splits > 1 && clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL && n == 1)
             cr_assert_eq(clattn_decode_plan_last_splits(p), c->splits, "split-K did not run with %zu parts", c->splits);
         for (size_t b = 0; b < B; b++)
@@ -223,7 +269,7 @@ static void decode_all(clattn_device *dev, const model *m, const dcase *c, const
     for (size_t b = 0; b < B; b++) cr_assert_eq(lens[b], T);
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(p);
-    free(xs), free(os);
+    free(xs), free(os), free(ps);
 }
 
 static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
@@ -254,13 +300,16 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
     }
     float *out = tu_poisoned(c->B * c->T * m.Eo);
     decode_all(dev, &m, c, x, out);
-    double *want = expect(&m, c->B, c->T, c->window, c->half, x);
+    uint32_t *pos = c->positioned ? malloc(c->B * c->T * sizeof *pos) : NULL;
+    for (size_t i = 0; pos && i < c->B * c->T; i++) pos[i] = position_of(i / c->T, i % c->T);
+    double *want = expect_at(&m, c->B, c->T, c->window, c->half, x, pos);
     char what[200];
-    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s%s",
+    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s%s%s%s",
              c->B, c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->page,
-             c->chunks ? " chunked" : "", c->coarse ? " coarse" : "", c->rope.kind ? " rope" : "");
+             c->chunks ? " chunked" : "", c->coarse ? " coarse" : "", c->rope.kind ? " rope" : "",
+             c->positioned ? " positioned" : "", c->buffers ? " buffers" : "");
     check(out, want, c->B * c->T * m.Eo, what);
-    free(x), free(out), free(want);
+    free(x), free(out), free(want), free(pos);
     model_free(&m);
 }
 
@@ -315,6 +364,15 @@ static void decode_cases(clattn_device *dev)
         {.B = 1, .T = 70, .H = 8, .HK = 2, .dk = 128, .dv = 128, .P = 37, .rope = {.kind = CLATTN_ROPE_HALF}},
         {.B = 2, .T = 37, .H = 4, .HK = 2, .dk = 8, .dv = 8, .half = 2, .P = 9, /* bfloat16: rounded after the rotation */
          .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .scaling = CLATTN_ROPE_SCALING_LINEAR, .factor = 2.0}},
+        /* rope at the positions each step gives (args.rope_positions, clattn 0.8; position_of: a jump, steps of 3):
+         * a prompt and single steps, chunks with the window, split-K with a half cache, the steps on buffers (OpenCL;
+         * the positions overwritten as the call returns), past the plan's first table (up to position 3119) */
+        {.B = 2, .T = 40, .H = 4, .HK = 2, .dk = 8, .dv = 8, .P = 11, .rope = {.kind = CLATTN_ROPE_HALF},
+         .positioned = 1},
+        {.B = 2, .T = 130, .H = 4, .HK = 2, .dk = 8, .dv = 8, .window = 20, .chunks = uneven, .positioned = 1,
+         .buffers = 1, .rope = {.kind = CLATTN_ROPE_INTERLEAVED, .dims = 4, .theta = 500.0}},
+        {.B = 2, .T = 70, .H = 4, .HK = 2, .dk = 8, .dv = 8, .splits = 3, .half = 1, .P = 1, .positioned = 1,
+         .buffers = 1, .rope = {.kind = CLATTN_ROPE_HALF, .scaling = CLATTN_ROPE_SCALING_NTK, .factor = 2.0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 500 + i);
 }

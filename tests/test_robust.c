@@ -1965,6 +1965,102 @@ Test(misuse, rope_positions_refused)
     clattn_device_free(devs[1]);
 }
 
+/* A decode step's rope_positions (clattn 0.8) refused with the reason, the output and the cache's lengths untouched,
+ * on host arrays and on buffers: given to a plan without rope (it would be ignored), the wrong count (a padded step's
+ * B*n rows, a packed step's cu_new[B]), a position past CLATTN_ROPE_MAX_POSITION. The largest position is taken: a
+ * step at positions up to it computes what a prefill plan computes at the same positions. */
+Test(misuse, decode_positions_refused)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+    enum { B = 2, N = 2, E = 8 }; /* x is each token's Q, K and V: 2 heads of 4 */
+    const clattn_attention_desc plain = {.batch = B, .seq_q = N, .embed = E, .heads = 2, .causal = 1};
+    clattn_attention_desc roped = plain;
+    roped.rope = (clattn_rope){.kind = CLATTN_ROPE_HALF};
+    const clattn_kv_cache_desc cd = {.batch = B, .capacity = 8, .kv_heads = 2, .head_dim_qk = 4, .head_dim_v = 4};
+    const uint32_t four[4] = {1, 2, 3, 4}, far[4] = {1, 2, CLATTN_ROPE_MAX_POSITION + 1u, 4};
+    const uint32_t cu[B + 1] = {0, 1, 3};
+    const struct {
+        const clattn_attention_desc *d;
+        const uint32_t *pos, *cu;
+        size_t npos;
+        clattn_status st;
+        const char *needle;
+    } bad[] = {
+        {&plain, four, NULL, 4, CLATTN_STATUS_INVALID_ARGUMENT, "rope_positions is given, but the plan has no rotary"},
+        {&roped, four, NULL, 3, CLATTN_STATUS_SHAPE_MISMATCH, "rope_positions has 3 elements"},
+        {&roped, four, cu, 4, CLATTN_STATUS_SHAPE_MISMATCH, "rope_positions has 4 elements"},
+        {&roped, far, NULL, 4, CLATTN_STATUS_INVALID_ARGUMENT, "rope_positions[2] is 4194304, past the largest"},
+    };
+    float x[B * N * E], out[B * N * E];
+    for (size_t i = 0; i < B * N * E; i++) x[i] = (float)i / 10.0f - 1.0f;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            clattn_decode_plan *plan = NULL;
+            clattn_kv_cache *cache = NULL;
+            cr_assert_eq(tu_decode_plan_create(devs[k], bad[i].d, NULL, &plan), CLATTN_STATUS_SUCCESS, "%s",
+                         clattn_last_error());
+            cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &cache), CLATTN_STATUS_SUCCESS);
+            const size_t rows = bad[i].cu ? bad[i].cu[B] : B * N;
+            for (size_t j = 0; j < B * N * E; j++) out[j] = -7.0f;
+            clattn_decode_args a = {.x = x, .x_count = rows * E, .new_tokens = N, .out = out, .out_count = rows * E,
+                                    .cu_new = bad[i].cu, .cu_new_count = bad[i].cu ? B + 1 : 0,
+                                    .rope_positions = bad[i].pos, .rope_positions_count = bad[i].npos};
+            cr_assert_eq(clattn_decode_execute(plan, cache, &a), bad[i].st, "bad %zu: %s", i, clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), bad[i].needle), "bad %zu: %s", i, clattn_last_error());
+            cr_assert(strstr(clattn_last_error(), "args.rope_positions"), "bad %zu: %s", i, clattn_last_error());
+            for (size_t j = 0; j < B * N * E; j++) cr_assert_eq(out[j], -7.0f, "bad %zu wrote out", i);
+            if (k == 1) { /* on buffers, checked before anything is enqueued */
+                cl_context cx = clattn_device_context(devs[k]);
+                cl_int e;
+                cl_mem bx = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof x, x, &e);
+                cl_mem bo = clCreateBuffer(cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof out, out, &e);
+                const clattn_decode_buffers b = {.x = {bx, 0}, .out = {bo, 0}, .rope_positions = bad[i].pos,
+                                                 .rope_positions_count = bad[i].npos};
+                const clattn_status st = bad[i].cu ? clattn_decode_execute_buffers_varlen(plan, cache, &b, N, cu, B + 1,
+                                                                                         0, NULL, NULL)
+                                                   : clattn_decode_execute_buffers(plan, cache, &b, N, NULL, 0, NULL,
+                                                                                   NULL);
+                cr_assert_eq(st, bad[i].st, "bad %zu on buffers: %s", i, clattn_last_error());
+                cr_assert(strstr(clattn_last_error(), "buffers.rope_positions"), "bad %zu on buffers: %s", i,
+                          clattn_last_error());
+                float back[B * N * E];
+                cr_assert_eq(clEnqueueReadBuffer(clattn_device_queue(devs[k]), bo, CL_TRUE, 0, sizeof back, back, 0,
+                                                 NULL, NULL), CL_SUCCESS);
+                for (size_t j = 0; j < B * N * E; j++) cr_assert_eq(back[j], -7.0f, "bad %zu on buffers wrote out", i);
+                clReleaseMemObject(bx), clReleaseMemObject(bo);
+            }
+            size_t lens[B];
+            cr_assert_eq(clattn_kv_cache_lengths(cache, lens), CLATTN_STATUS_SUCCESS);
+            cr_assert(lens[0] == 0 && lens[1] == 0, "bad %zu changed the cache's lengths", i);
+            clattn_kv_cache_free(cache);
+            clattn_decode_plan_free(plan);
+        }
+    /* the largest position taken: the step equals a prefill plan's run at the same positions */
+    const uint32_t top[B * N] = {CLATTN_ROPE_MAX_POSITION - 1u, CLATTN_ROPE_MAX_POSITION, 3, 1};
+    for (int k = 0; k < 2; k++) {
+        clattn_decode_plan *plan = NULL;
+        clattn_kv_cache *cache = NULL;
+        clattn_plan *prefill = NULL;
+        cr_assert_eq(tu_decode_plan_create(devs[k], &roped, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &cache), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_plan_create(devs[k], &roped, NULL, &prefill), CLATTN_STATUS_SUCCESS);
+        float want[B * N * E];
+        const clattn_attention_args pa = {.x = x, .x_count = B * N * E, .out = want, .out_count = B * N * E,
+                                          .rope_positions = top, .rope_positions_count = B * N};
+        cr_assert_eq(clattn_plan_execute(prefill, &pa), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const clattn_decode_args a = {.x = x, .x_count = B * N * E, .new_tokens = N, .out = out,
+                                      .out_count = B * N * E, .rope_positions = top, .rope_positions_count = B * N};
+        cr_assert_eq(clattn_decode_execute(plan, cache, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t j = 0; j < B * N * E; j++)
+            cr_assert_float_eq(out[j], want[j], 1e-5f, "device %d: element %zu at the largest positions", k, j);
+        clattn_plan_free(prefill);
+        clattn_kv_cache_free(cache);
+        clattn_decode_plan_free(plan);
+    }
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
 /* An output that shares memory with an input (or with the other output) is refused on every algorithm
  * (the fused kernels read Q, K and V while they write the output); one that only shares the buffer, in
  * ranges apart, runs and computes the oracle's numbers. Sub-buffers are seen through. */

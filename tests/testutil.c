@@ -473,6 +473,7 @@ clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache
     fill(&c.kv_count, c.kv, rows * d->kv_heads * d->head_dim_qk);
     fill(&c.value_count, c.value, rows * d->kv_heads * d->head_dim_v);
     fill(&c.tree_mask_count, c.tree_mask, d->batch * n * n);
+    fill(&c.rope_positions_count, c.rope_positions, rows);
     return clattn_decode_execute(plan, cache, &c);
 }
 

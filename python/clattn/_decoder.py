@@ -21,7 +21,7 @@ from ._errors import shape as _shape
 logger = logging.getLogger("clattn")
 from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
 from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
-from ._rope import _rope_spec, _rope_struct
+from ._rope import _positions_np, _rope_spec, _rope_struct
 
 
 # ---------------------------------------------------------------- decoding over a KV cache
@@ -131,7 +131,7 @@ class Decoder(_Shaped):
                 + f", lengths={self.lengths}, device={self.device!r})")
 
     def __call__(self, x: Any, valid: Optional[Sequence[int]] = None, tree_mask: Any = None,
-                 cu_seqlens: Any = None) -> Any:
+                 cu_seqlens: Any = None, position_ids: Any = None) -> Any:
         """Append x's tokens to the cache and return their outputs (B, n, out width); see the class.
 
         tree_mask (clattn 0.8, a speculative decoding's verify step): bool or 0/1 (B, n, n), or (n, n) for every
@@ -142,9 +142,17 @@ class Decoder(_Shaped):
         cu_seqlens); x is then (cu_seqlens[B], E), sequence b's new tokens at rows cu_seqlens[b] ..
         cu_seqlens[b+1]-1 (none, or up to max_new_tokens of them), and the outputs come back the same way, (rows,
         out width): no padding is computed. Not with valid (the offsets give the counts); a tree_mask is then
-        (B, n, n) with n the longest sequence's count, its rows past a sequence's count unused."""
+        (B, n, n) with n the longest sequence's count, its rows past a sequence's count unused.
+
+        position_ids (clattn 0.8, with rope): each new token's rotary position, (B, n), or (n,) for every sequence
+        (packed: (cu_seqlens[B],), a position per row), integers in 0 .. 2^22-1; by default token t of sequence b at
+        lengths[b] + t, its cache slot. Its key is rotated there once, before it is cached, so give a sequence's
+        tokens their positions at every step (transformers' position_ids in generate; a sequence whose cache starts
+        at position p0: p0 + lengths[b] + t)."""
+        if position_ids is not None and not _rope_spec(self.rope):
+            _invalid("position_ids without rope: positions only place the rotary embeddings (Decoder(rope=...))")
         if cu_seqlens is not None:
-            return self._packed(x, cu_seqlens, valid, tree_mask)
+            return self._packed(x, cu_seqlens, valid, tree_mask, position_ids)
         kind = _a.Kind(x)
         xa = _a.floats("x", x, ndim=3)
         B, n, E = xa.shape
@@ -162,6 +170,7 @@ class Decoder(_Shaped):
                 _shape(f"valid: {len(items)} values, expected one per sequence ({B})")
             v = np.array([_a.integer(f"valid[{b}]", t, 0, n) for b, t in enumerate(items)], dtype=np.uintp)
         tree = _tree(tree_mask, B, n)
+        pos = None if position_ids is None else _positions_np("position_ids", position_ids, B, n)
         with self._lock:
             lengths = self.lengths
             for b in range(B):
@@ -171,11 +180,12 @@ class Decoder(_Shaped):
             out = np.full((B, n, self.out_width), np.nan, dtype=np.float32)
             args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, valid=_a.pointer(v, ctypes.c_size_t),
                                    out=_a.pointer(out), x_count=xa.size, valid_count=_a.count(v), out_count=out.size,
-                                   tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree))
+                                   tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree),
+                                   rope_positions=_a.pointer(pos, ctypes.c_uint32), rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
         return kind.out(out)
 
-    def _packed(self, x: Any, cu_seqlens: Any, valid: Any, tree_mask: Any) -> Any:
+    def _packed(self, x: Any, cu_seqlens: Any, valid: Any, tree_mask: Any, position_ids: Any) -> Any:
         """A step of packed new tokens (__call__'s cu_seqlens)."""
         if valid is not None:
             _invalid("valid with cu_seqlens: the offsets give each sequence's count of new tokens")
@@ -196,6 +206,8 @@ class Decoder(_Shaped):
             if tuple(np.shape(x)) != (0, self.embed):
                 _shape(f"x: shape {tuple(np.shape(x))}, expected (cu_seqlens[-1], embed) = (0, {self.embed})")
             _tree(tree_mask, B, 1)
+            if position_ids is not None:
+                _positions_np("position_ids", position_ids, 1, 0)
             return kind.out(np.zeros((0, self.out_width), dtype=np.float32))
         xa = _a.floats("x", x, ndim=2)
         rows, E = xa.shape
@@ -206,6 +218,7 @@ class Decoder(_Shaped):
                    f"Decoder takes at most max_new_tokens={self.max_new_tokens} per call")
         n = max(counts + [1])
         tree = _tree(tree_mask, B, n)
+        pos = None if position_ids is None else _positions_np("position_ids", position_ids, 1, rows)
         with self._lock:
             lengths = self.lengths
             for b in range(B):
@@ -216,7 +229,8 @@ class Decoder(_Shaped):
             args = _lib.DecodeArgs(x=_a.pointer(xa), new_tokens=n, out=_a.pointer(out), x_count=xa.size,
                                    out_count=out.size, tree_mask=_a.pointer(tree, ctypes.c_uint8),
                                    tree_mask_count=_a.count(tree), cu_new=_a.pointer(cu, ctypes.c_uint32),
-                                   cu_new_count=cu.size)
+                                   cu_new_count=cu.size, rope_positions=_a.pointer(pos, ctypes.c_uint32),
+                                   rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
         return kind.out(out)
 

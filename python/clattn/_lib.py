@@ -135,7 +135,8 @@ class DecodeArgs(Structure):
                 ("x_count", c_size_t), ("valid_count", c_size_t), ("out_count", c_size_t),
                 ("kv", c_float_p), ("value", c_float_p), ("kv_count", c_size_t), ("value_count", c_size_t),
                 ("tree_mask", POINTER(ctypes.c_uint8)), ("tree_mask_count", c_size_t),  # clattn 0.8
-                ("cu_new", POINTER(ctypes.c_uint32)), ("cu_new_count", c_size_t)]  # clattn 0.8
+                ("cu_new", POINTER(ctypes.c_uint32)), ("cu_new_count", c_size_t),  # clattn 0.8
+                ("rope_positions", POINTER(ctypes.c_uint32)), ("rope_positions_count", c_size_t)]  # clattn 0.8
 
 
 def _load():

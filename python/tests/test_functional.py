@@ -720,6 +720,68 @@ def test_rope_module_at_position_ids(device):
                                          pk=(torch.arange(T) + 2 ** 22 - T).expand(2, -1)), **FWD)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_at_position_ids(device):
+    """clattn.Decoder(rope=...) with position_ids (clattn 0.8): each step's tokens at the positions it gives, not at
+    their cache slots (packed documents' positions in one sequence, positions in the thousands in the other), a prompt
+    and single steps, then packed steps (cu_seqlens, one position per row), against the projections, the reference
+    rotation at those positions and the oracle's causal attention in float64; the refusals"""
+    rope = clattn.Rope(kind="half", dims=4, theta=500.0)
+    g = torch.Generator().manual_seed(31)
+    E, Hq, Hk, D, T = 12, 4, 2, 6, 9
+    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
+         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
+         "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    w64 = {k: v.double() for k, v in w.items()}
+    pos = torch.stack((torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4]), torch.arange(T) * 5 + 3000))
+    x = torch.randn(2, T, E, generator=g)
+    B, L = x.shape[:2]
+    q = (x.double() @ w64["w_query"].T).view(B, L, Hq, D)
+    k = (x.double() @ w64["w_key"].T + w64["b_key"]).view(B, L, Hk, D)
+    v = (x.double() @ w64["w_value"].T).view(B, L, Hk, D)
+    o = oracle(rope_reference(q, rope, pos).transpose(1, 2), rope_reference(k, rope, pos).transpose(1, 2),
+               v.transpose(1, 2), is_causal=True)
+    want = o.transpose(1, 2).reshape(B, L, Hq * D) @ w64["w_out"].T
+    npw = {k: v.numpy() for k, v in w.items()}
+    xs, ps = x.numpy(), pos.numpy()
+
+    def decoder():
+        return clattn.Decoder(Hq, kv_heads=Hk, head_dim_qk=D, batch=2, capacity=16, max_new_tokens=4, rope=rope,
+                              device=device, **npw)
+
+    dec = decoder()
+    steps = [dec(xs[:, :4], position_ids=ps[:, :4])] + [dec(xs[:, t:t + 1], position_ids=ps[:, t:t + 1])
+                                                         for t in range(4, T)]
+    torch.testing.assert_close(torch.from_numpy(np.concatenate(steps, axis=1)).double(), want, **FWD)
+    dflt = decoder()  # at the cache slots, the numbers differ: the positions are not a shift of the slots
+    slots = [dflt(xs[:, :4])] + [dflt(xs[:, t:t + 1]) for t in range(4, T)]
+    assert not np.allclose(np.concatenate(slots, axis=1), np.concatenate(steps, axis=1), rtol=1e-4, atol=1e-5)
+    # packed steps: sequence 0 brings 3, 4, then 2 tokens, sequence 1 brings 4, 1, then 4; one position per row
+    dec = decoder()
+    got = [[], []]
+    for cut in ((3, 4), (4, 1), (2, 4)):
+        done = [sum(a.shape[0] for a in got[b]) for b in range(2)]
+        rows = np.concatenate([xs[b, done[b]:done[b] + cut[b]] for b in range(2)])
+        rp = np.concatenate([ps[b, done[b]:done[b] + cut[b]] for b in range(2)])
+        cu = [0, cut[0], cut[0] + cut[1]]
+        out = dec(rows, cu_seqlens=cu, position_ids=rp)
+        got[0].append(out[:cut[0]]), got[1].append(out[cut[0]:])
+    for b in range(2):
+        torch.testing.assert_close(torch.from_numpy(np.concatenate(got[b])).double(), want[b], **FWD)
+    plain = clattn.Decoder(Hq, kv_heads=Hk, head_dim_qk=D, batch=2, capacity=16, max_new_tokens=4, device=device,
+                           **npw)
+    for mod, kw, err, msg in (
+            (plain, dict(position_ids=ps[:, :2]), clattn.InvalidArgumentError, "position_ids without rope"),
+            (dec, dict(position_ids=ps[:, :3]), clattn.ShapeMismatchError, r"\(batch, length\) = \(2, 2\)"),
+            (dec, dict(position_ids=ps[:, :2] * 1.0), clattn.InvalidArgumentError, "positions are integers"),
+            (dec, dict(position_ids=ps[:, :2] - 3000), clattn.InvalidArgumentError, "0 .. 4194303")):
+        with pytest.raises(err, match=msg):
+            mod(xs[:, :2], **kw)
+    with pytest.raises(clattn.ShapeMismatchError, match=r"\(batch, length\) = \(1, 3\)"):
+        dec(xs[0, :3], cu_seqlens=[0, 1, 3], position_ids=ps[0, :2])
+    assert dec.lengths == [9, 9]  # the refusals appended nothing
+
+
 def test_rope_option_changes_and_branches():
     """Attention.rope set after construction takes effect (a new plan), and a half module's float32 twin follows it;
     Rope refuses non-finite numbers; a Decoder with rope keeps only prefixes of a step (accept)."""

@@ -218,13 +218,37 @@ static clattn_status check_step(const clattn_decode_plan *plan, const clattn_kv_
                            "(desc.kv_page_size = %zu)", cd->page_size ? "pages of " : "", cd->page_size,
                            cd->page_size ? " positions" : " pages (contiguous)",
                            d->kv_page_size ? "paged caches" : "contiguous caches", d->kv_page_size);
-    s->max_len = 0, s->capacity = cd->capacity;
+    s->max_len = 0;
     for (size_t b = 0; b < B; b++) {
         if (cache->len[b] + s->valid[b] > cd->capacity)
             return clattn_fail(CLATTN_STATUS_SHAPE_MISMATCH, "sequence %zu: %zu cached + %zu new tokens exceed the "
                                "cache's capacity (%zu)", b, cache->len[b], s->valid[b], cd->capacity);
         if (cache->len[b] + s->n > s->max_len) s->max_len = cache->len[b] + s->n;
     }
+    if (s->pos)
+        s->rope_most = clattn_positions_most(s->pos, s->rows, NULL, 0), s->rope_limit = CLATTN_ROPE_MAX_POSITION + 1;
+    else
+        s->rope_most = s->max_len, s->rope_limit = cd->capacity;
+    return CLATTN_STATUS_SUCCESS;
+}
+
+/* A step's rope_positions (owner's: "args" or "buffers"): given only with rope, one per row of x, each at most
+ * CLATTN_ROPE_MAX_POSITION; into s->pos. */
+static clattn_status step_positions(const clattn_plan *p, const uint32_t *pos, size_t count, const char *owner,
+                                    const char *lead, clattn_decode_step *s)
+{
+    if (pos && p->d.rope.kind == CLATTN_ROPE_NONE)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions is given, but the plan has no rotary "
+                           "embeddings (desc.rope.kind = CLATTN_ROPE_NONE): it would be ignored", owner);
+    char how[96];
+    snprintf(how, sizeof how, "%s rows, one per new token", lead);
+    TRY(clattn_count_check(owner, "rope_positions", pos, count, s->rows, how));
+    for (size_t i = 0; pos && i < s->rows; i++)
+        if (pos[i] > CLATTN_ROPE_MAX_POSITION)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions[%zu] is %u, past the largest "
+                               "position a token may be given (CLATTN_ROPE_MAX_POSITION = %u)", owner, i,
+                               (unsigned)pos[i], CLATTN_ROPE_MAX_POSITION);
+    s->pos = pos;
     return CLATTN_STATUS_SUCCESS;
 }
 
@@ -254,9 +278,11 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t rows, const cl
                                     CLATTN_RANGE(o, a, b, kv, sv * rows * HK * p->d.head_dim_qk, es),
                                     CLATTN_RANGE(o, a, b, value, sv * rows * HK * p->d.head_dim_v, es),
                                     clattn_range(a ? "args" : "", "cu_new", a ? a->cu_new : NULL, NULL,
-                                                 a ? a->cu_new_count : 0, sizeof(uint32_t))};
+                                                 a ? a->cu_new_count : 0, sizeof(uint32_t)),
+                                    clattn_range(a ? "args" : "", "rope_positions", a ? a->rope_positions : NULL, NULL,
+                                                 a ? a->rope_positions_count : 0, sizeof(uint32_t))};
     const clattn_mem_range outs[] = {CLATTN_RANGE(o, a, b, out, rows * p->out_width, es)};
-    return clattn_check_no_overlap(outs, 1, ins, 5);
+    return clattn_check_no_overlap(outs, 1, ins, 6);
 }
 
 /* A verify step's draft tree (args.tree_mask, (B, n, n)): each new token sees itself (a nonzero diagonal) and only
@@ -387,6 +413,7 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
     TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
     TRY(check_tree(d, args->tree_mask, n, step.packed ? step.valid : NULL));
+    TRY(step_positions(p, args->rope_positions, args->rope_positions_count, "args", lead, &step));
     TRY(step_no_overlap(p, rows, args, NULL, NULL));
     step.tree = args->tree_mask;
     return run_step(plan, cache, &step, args, NULL, 0, NULL, NULL);
@@ -418,6 +445,11 @@ static clattn_status execute_buffers(clattn_decode_plan *plan, clattn_kv_cache *
         st = clattn_buffer_check(buffers->kv.mem, buffers->kv.offset, rows * HK * p->d.head_dim_qk, es, "kv");
     if (!st && rows && p->d.separate_value)
         st = clattn_buffer_check(buffers->value.mem, buffers->value.offset, rows * HK * p->d.head_dim_v, es, "value");
+    char lead[64];
+    if (step.packed) snprintf(lead, sizeof lead, "cu_new[batch] = %zu", rows);
+    else snprintf(lead, sizeof lead, "batch x new_tokens = %zu x %zu", B, step.n);
+    if (!st)
+        st = step_positions(p, buffers->rope_positions, buffers->rope_positions_count, "buffers", lead, &step);
     if (!st) st = step_no_overlap(p, rows, NULL, buffers, valid);
     if (!st) {
         pthread_mutex_lock(&plan->lock);

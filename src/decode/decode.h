@@ -58,7 +58,11 @@ struct clattn_decode_plan {
  * or cu_new[B]). The longest sequence reaches max_len. tree: a verify step's draft tree (B, n, n), checked, or NULL. */
 typedef struct clattn_decode_step {
     size_t n, rows, max_len;
-    size_t capacity; /* the cache's: no position of a step reaches it (check_step), so the rope table stops there */
+    /* desc.rope: the table of cos and sin must hold rope_most positions, and need not grow past rope_limit: max_len
+     * and the cache's capacity (no slot of a step reaches it: check_step), or with positions given the largest + 1
+     * and CLATTN_ROPE_MAX_POSITION + 1 */
+    size_t rope_most, rope_limit;
+    const uint32_t *pos; /* args.rope_positions (rows of them, checked), or NULL: token t of sequence b at len[b] + t */
     const size_t *valid, *row0;
     int packed;
     const uint8_t *tree;

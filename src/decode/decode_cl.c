@@ -4,7 +4,8 @@
  *                       step's few rows linear_small (attention/linear.c); with separate_value the given Q, K
  *                       and V copied into those rows' columns (rectangular copies, no kernel)
  *   1b. rope            with desc.rope, the new tokens' Q and K rotated in place at their positions (rope_step,
- *                       cl/attention/rope.cl; without projections x is first copied into Q|K|V rows)
+ *                       cl/attention/rope.cl; without projections x is first copied into Q|K|V rows), or at the
+ *                       step's rope_positions (rope_rows over the step's rows, each row's position uploaded)
  *   2. append           kv_append (cl/decode/kv_append.cl): each real token's K and V into the cache at
  *                       lens[b] + t (float, half, bfloat16, or int8 codes and a scale per row)
  *   3. attend           the decode core select.c chose (src/cores/decode_attend.c)
@@ -27,6 +28,8 @@ struct clattn_decode_cl {
     cl_kernel k_append;
     cl_program rope_prog;      /* desc.rope: rope_step, and the plan's table of cos and sin on the device */
     cl_kernel k_rope;
+    cl_kernel k_rope_rows;     /* desc.rope, a step with rope_positions: rope_rows at pos_buf's positions */
+    cl_mem pos_buf;            /* (B*seq_q) uint: such a step's positions, one per row */
     cl_mem rope_cs;
     size_t rope_positions;     /* the positions rope_cs holds */
     size_t n_qkv;              /* columns of the projection rows: H*dk + HK*(dk + dv) */
@@ -36,7 +39,8 @@ struct clattn_decode_cl {
     cl_mem tree_buf;           /* a verify step's draft tree (B, n, n) bytes, made at the first such step, grown */
     size_t tree_bytes;
     cl_mem kv32, value32;      /* a half plan with separate_value, on buffers: the step's K and V widened */
-    cl_uint *counts;           /* (3B) the lengths, token counts and first rows a step on buffers uploads from */
+    cl_uint *counts;           /* (3B, + B*seq_q with rope) the lengths, token counts, first rows (and rope_positions)
+                                  a step on buffers uploads from */
     cl_event counts_written;   /* that upload (NULL: none pending): the next step waits for it first */
     clattn_marks marks;        /* profiling markers of the last step */
 };
@@ -56,6 +60,7 @@ typedef struct decode_pass {
     const float *hq, *hk, *hv;
     clattn_view kv, value;
     int warm;
+    int positioned;            /* the step's rows rotated at pos_buf's positions (rope_positions given) */
     /* a half plan on the caller's buffers (desc.dtype F16, BF16): its x, kv, value and out, converted around the pass
      * from and to the fp32 views above */
     clattn_view tx, tkv, tvalue, tout;
@@ -108,8 +113,35 @@ static clattn_status rope_step(decode_pass *dpass, view rows)
     return clattn_enqueue_1d(dpass->dp->base->device, c->k_rope, total, "enqueue rope_step");
 }
 
-/* desc.rope: the table on the device holding every position of the step (max_len), grown with the plan's (up to
- * the cache's capacity, `limit`; 0: no limit). */
+/* desc.rope, a step with rope_positions: its rows' Q and K heads (contiguous: K's follow Q's) rotated in place, row r at
+ * pos_buf[r] (rope_rows). */
+static clattn_status rope_positioned(decode_pass *dpass, view rows)
+{
+    struct clattn_decode_cl *c = dpass->dp->cl;
+    const clattn_attention_desc *d = &dpass->dp->base->d;
+    const size_t pairs = d->rope.dims / 2, heads = d->heads + d->kv_heads, total = dpass->io.rows * heads * pairs;
+    clattn_args a;
+    clattn_args_begin(&a, c->k_rope_rows, "rope_rows");
+    clattn_core_arg_rows(&a, rows, c->n_qkv); /* src */
+    clattn_core_arg_rows(&a, rows, c->n_qkv); /* dst: the same rows */
+    clattn_arg_mem(&a, c->rope_cs);
+    clattn_arg_u32(&a, 1);                    /* period (not read: positions given) */
+    clattn_arg_mem(&a, c->pos_buf);
+    clattn_arg_u64(&a, 0);
+    clattn_arg_u32(&a, 1);                    /* has_pos */
+    clattn_arg_u32(&a, (cl_uint)heads);
+    clattn_arg_u32(&a, (cl_uint)d->head_dim_qk);
+    clattn_arg_u32(&a, (cl_uint)pairs);
+    clattn_arg_u32(&a, d->rope.kind == CLATTN_ROPE_INTERLEAVED);
+    clattn_arg_u32(&a, 0);                    /* rest: in place, nothing to copy */
+    clattn_arg_f32(&a, 1.0f);
+    clattn_arg_u64(&a, total);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(dpass->dp->base->device, c->k_rope_rows, total, "enqueue rope_rows");
+}
+
+/* desc.rope: the table on the device holding every position of the step (max_len, or the largest given), grown with
+ * the plan's (up to `limit`: the cache's capacity, or past the largest position a token may be given). */
 static clattn_status rope_table(clattn_decode_plan *dp, size_t max_len, size_t limit)
 {
     struct clattn_decode_cl *c = dp->cl;
@@ -158,7 +190,7 @@ static clattn_status pass_run(void *ctx)
             TRY(copy_columns(p->device, c->proj, c->n_qkv, part * E, rows, E, NULL, dpass->x, "x"));
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
-    if (c->k_rope) TRY(rope_step(dpass, src));
+    if (c->k_rope) TRY(dpass->positioned ? rope_positioned(dpass, src) : rope_step(dpass, src));
     if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
     /* 2. append */
     const size_t kvw = d->kv_half == CLATTN_KV_INT8 ? 1 : dk > dv ? dk : dv; /* INT8: a work-item per row */
@@ -225,9 +257,11 @@ static void cl_release(clattn_decode_plan *dp)
     free(c->counts);
     clattn_program_release(&c->append_prog);
     clattn_kernel_release(&c->k_rope);
+    clattn_kernel_release(&c->k_rope_rows);
     clattn_program_release(&c->rope_prog);
     cl_mem *mems[] = {&c->w_proj, &c->b_proj, &c->w_out, &c->b_out, &c->x_in, &c->proj, &c->merged, &c->out_buf,
-                      &c->lens_buf, &c->valid_buf, &c->row0_buf, &c->kv32, &c->value32, &c->tree_buf, &c->rope_cs};
+                      &c->lens_buf, &c->valid_buf, &c->row0_buf, &c->kv32, &c->value32, &c->tree_buf, &c->rope_cs,
+                      &c->pos_buf};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     free(c);
     dp->cl = NULL;
@@ -268,6 +302,8 @@ static clattn_status cl_init(clattn_decode_plan *dp)
         const char *rsrc[] = {"attention/rope"};
         TRY(clattn_program_build(dev, rsrc, 1, "-cl-std=CL1.2", &c->rope_prog));
         TRY(clattn_kernel_create(c->rope_prog, "rope_step", &c->k_rope));
+        TRY(clattn_kernel_create(c->rope_prog, "rope_rows", &c->k_rope_rows));
+        TRY(clattn_buffer_new(dev, B * Tn, 4, NULL, "the new tokens' rotary positions", &c->pos_buf));
         TRY(rope_table(dp, p->rope_positions, 0));
     }
 
@@ -295,7 +331,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the cache lengths", &c->lens_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the valid token counts", &c->valid_buf));
     TRY(clattn_buffer_new(dev, B, 4, NULL, "the sequences' first rows", &c->row0_buf));
-    if (!(c->counts = clattn_malloc(3 * B * sizeof *c->counts)))
+    if (!(c->counts = clattn_malloc((3 * B + (rope ? B * Tn : 0)) * sizeof *c->counts)))
         return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     /* every kernel launched once with no work: compiled now, not in the first decode step */
     decode_pass warm = {.dp = dp, .warm = 1, .x = {c->x_in, 0}, .out = {c->out_buf, 0},
@@ -352,9 +388,9 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
     }
     const int sv = p->d.separate_value;
     decode_pass dpass = {.dp = dp, .x = {c->x_in, 0}, .out = {c->out_buf, 0}, .io = step_io(dp, cache, step),
-                         .hq = sv ? x : NULL, .hk = kv, .hv = value};
+                         .hq = sv ? x : NULL, .hk = kv, .hv = value, .positioned = step->pos != NULL};
     TRY(check_parts(dp, &dpass.io));
-    TRY(rope_table(dp, step->max_len, step->capacity));
+    TRY(rope_table(dp, step->rope_most, step->rope_limit));
     cl_uint *counts = clattn_malloc(3 * B * sizeof *counts);
     if (!counts) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "allocating the token counts");
     step_counts(cache, step, B, counts);
@@ -362,9 +398,11 @@ static clattn_status cl_execute(clattn_decode_plan *dp, clattn_kv_cache *cache, 
                                   {c->lens_buf, B * sizeof(cl_uint), counts, "the cache lengths"},
                                   {c->valid_buf, B * sizeof(cl_uint), counts + B, "the token counts"},
                                   {c->row0_buf, B * sizeof(cl_uint), counts + 2 * B, "the first rows"},
-                                  {tree ? c->tree_buf : NULL, B * n * n, (void *)tree, "the draft tree"}};
+                                  {tree ? c->tree_buf : NULL, B * n * n, (void *)tree, "the draft tree"},
+                                  {step->pos ? c->pos_buf : NULL, rows * sizeof(cl_uint), (void *)step->pos,
+                                   "the rotary positions"}};
     const clattn_transfer o = {c->out_buf, rows * p->out_width * sizeof(float), out, "the output"};
-    const clattn_status st = clattn_exec_host(p->device, in, 5, pass_run, &dpass, &o, 1);
+    const clattn_status st = clattn_exec_host(p->device, in, 6, pass_run, &dpass, &o, 1);
     free(counts);
     if (st == CLATTN_STATUS_SUCCESS) dp->last_parts = dpass.io.parts;
     return st;
@@ -383,9 +421,9 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     decode_pass dpass = {.dp = dp, .x = {buffers->x.mem, buffers->x.offset},
                          .out = {buffers->out.mem, buffers->out.offset}, .io = step_io(dp, cache, step),
                          .kv = {buffers->kv.mem, buffers->kv.offset},
-                         .value = {buffers->value.mem, buffers->value.offset}};
+                         .value = {buffers->value.mem, buffers->value.offset}, .positioned = step->pos != NULL};
     TRY(check_parts(dp, &dpass.io));
-    TRY(rope_table(dp, step->max_len, step->capacity));
+    TRY(rope_table(dp, step->rope_most, step->rope_limit));
     if (c->counts_written) {
         const cl_int err = clWaitForEvents(1, &c->counts_written);
         clReleaseEvent(c->counts_written);
@@ -393,12 +431,17 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
         CL_CHECK(err, "waiting for the previous step's upload of the token counts");
     }
     step_counts(cache, step, B, c->counts);
+    const size_t npos = step->pos ? step->rows : 0; /* (rows <= B*seq_q: the room counts has past 3B) */
+    if (npos) memcpy(c->counts + 3 * B, step->pos, npos * sizeof(cl_uint));
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->lens_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts, 0, NULL, NULL),
              "uploading the cache lengths");
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
                                   NULL), "uploading the token counts");
     CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->row0_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + 2 * B, 0,
-                                  NULL, &c->counts_written), "uploading the first rows");
+                                  NULL, npos ? NULL : &c->counts_written), "uploading the first rows");
+    if (npos) /* (the last upload from counts: its event is the one the next step waits for) */
+        CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->pos_buf, CL_FALSE, 0, npos * sizeof(cl_uint), c->counts + 3 * B,
+                                      0, NULL, &c->counts_written), "uploading the rotary positions");
     const int typed = p->d.dtype != CLATTN_DTYPE_F32;
     if (typed) { /* the caller's arrays converted around the pass, through the plan's fp32 staging */
         dpass.tx = dpass.x, dpass.tout = dpass.out, dpass.tkv = dpass.kv, dpass.tvalue = dpass.value;

@@ -41,17 +41,19 @@ static clattn_status ref_execute(clattn_decode_plan *dp, clattn_kv_cache *c, con
         memcpy(K, x, rows * E * sizeof *K);
         memcpy(V, x, rows * E * sizeof *V);
     }
-    /* rotary embeddings: token t of sequence b at position len + t, keys rotated before they are cached */
+    /* rotary embeddings: token t of sequence b at position len + t, or at the step's rope_positions (x's rows), keys
+     * rotated before they are cached */
     if (d->rope.kind != CLATTN_ROPE_NONE) {
-        const clattn_status st = clattn_rope_reserve(dp->base, step->max_len, step->capacity);
+        const clattn_status st = clattn_rope_reserve(dp->base, step->rope_most, step->rope_limit);
         if (st != CLATTN_STATUS_SUCCESS) {
             free(Q); free(K); free(V); free(ctx); free(w);
             return st;
         }
         for (size_t b = 0; b < B; b++)
             for (size_t t = 0; t < valid[b]; t++) {
-                clattn_rope_rotate_row(&d->rope, p->rope_cs, Q + (row0[b] + t) * H * dk, c->len[b] + t, H, dk);
-                clattn_rope_rotate_row(&d->rope, p->rope_cs, K + (row0[b] + t) * HK * dk, c->len[b] + t, HK, dk);
+                const size_t row = row0[b] + t, at = step->pos ? step->pos[row] : c->len[b] + t;
+                clattn_rope_rotate_row(&d->rope, p->rope_cs, Q + row * H * dk, at, H, dk);
+                clattn_rope_rotate_row(&d->rope, p->rope_cs, K + row * HK * dk, at, HK, dk);
             }
     }
     clattn_kv_round_rows(K, rows * HK, dk, d->kv_half); /* (an INT8 cache's rows: one per token and KV head) */
