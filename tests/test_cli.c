@@ -1782,7 +1782,8 @@ Test(cli, rope)
 }
 
 /* position_ids.npy (clattn 0.8): each row at the position it gives, int64 (np.arange's) and int32, as a batch
- * (B, T) and as a packed --seqlens batch (total,), forward and --backward, against the float64 oracle at the same
+ * (B, T) and as a packed --seqlens batch (total,), forward (one plan, and a --decode-from session: single steps, and
+ * verify steps with rollbacks) and --backward, against the float64 oracle at the same
  * positions (two documents packed in entry 0, entry 1 in the thousands up to the largest position); cross-attention's
  * keys at key_position_ids.npy; each refusal, nothing written. */
 Test(cli, rope_positions)
@@ -1816,13 +1817,15 @@ Test(cli, rope_positions)
     char shape2[32], shape1[32];
     snprintf(shape2, sizeof shape2, "(%d, %d)", DB, DT);
     snprintf(shape1, sizeof shape1, "(%d,)", DB * DT);
-    for (int k = 0; k < 4; k++) { /* each device; int64 (B, T), then int32 as a packed batch of the two rows */
-        const int packed = k >= 2;
+    for (int k = 0; k < 8; k++) { /* each device; int64 (B, T), then int32 as a packed batch of the two rows; each as
+                                   * one plan, then as a decode session (verify steps with rollbacks when packed) */
+        const int packed = k / 2 % 2, decode = k >= 4;
         if (packed) {
             const size_t xp[2] = {DB * DT, DE};
             save_f32(path_in(in_dir, "x.npy"), x, 2, xp);
             write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i4", "False", shape1, p32, sizeof p32);
         } else {
+            save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
             write_npy_raw(path_in(in_dir, "position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
         }
         char seqlens[32];
@@ -1832,8 +1835,10 @@ Test(cli, rope_positions)
                                 "500"};
         size_t na = 18;
         if (packed) args[na++] = "--seqlens", args[na++] = seqlens;
+        if (decode) args[na++] = "--decode-from", args[na++] = "5";
+        if (decode && packed) args[na++] = "--draft", args[na++] = "3", args[na++] = "--reject", args[na++] = "1";
         char what[96];
-        snprintf(what, sizeof what, "%s position_ids.npy (packed %d)", devs[k % 2], packed);
+        snprintf(what, sizeof what, "%s position_ids.npy (packed %d, decode %d)", devs[k % 2], packed, decode);
         run_matches(args, want, DB * DT * DE, what);
     }
     /* --backward at the positions: grad_x against the oracle's (the positions reach the backward too) */
@@ -1871,8 +1876,6 @@ Test(cli, rope_positions)
     const char *const *rp = FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--rope", "half");
     bad("positions without rope", 2, "position_ids.npy is in --in, but --rope is not given",
         FLAGS("--heads", "4", "--kv-heads", "2", "--causal"));
-    bad("positions with decode", 2, "--decode-from with position_ids.npy",
-        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--rope", "half", "--decode-from", "5"));
     write_npy_raw(path_in(in_dir, "key_position_ids.npy"), "<i8", "False", shape2, p64, sizeof p64);
     bad("key positions on self-attention", 2, "key_position_ids.npy without kv.npy", rp);
     remove(path_in(in_dir, "position_ids.npy"));

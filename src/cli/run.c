@@ -871,6 +871,7 @@ typedef struct decode_session {
     size_t P, page, draft, reject;
     const uint32_t *cu;              /* --seqlens: nseq sequences packed in x (NULL: x's B sequences of T tokens) */
     size_t nseq;
+    const uint32_t *pos;             /* position_ids.npy: each row of x's position (NULL: each token at its slot) */
     size_t parts, pages_used, steps; /* out: the most split-K parts a step took, pages in use at the end, steps */
     double ms;
 } decode_session;
@@ -879,7 +880,8 @@ typedef struct decode_session {
  * x, b*T .. of x (B, T, E) or its --seqlens offsets of a packed x; the first min(P, len[b]) of each go as one prefill
  * into a KV cache of the longest sequence's positions, then each sequence's later tokens in steps of s->draft (a
  * sequence that is done brings none; the last s->reject of a step that does not reach its end are rolled back and run
- * again in the next); out, laid out as x, gathers every token's rows from the step that kept it. */
+ * again in the next), each at its row's position in s->pos when given; out, laid out as x, gathers every token's rows
+ * from the step that kept it. */
 static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, const clattn_attention_weights *w,
                                 const dims *d, decode_session *s, const float *x, size_t out_width, float *out,
                                 char *core, size_t core_len)
@@ -893,8 +895,9 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
     float *xs = malloc((B * nmax * E + 1) * sizeof *xs), *os = malloc((B * nmax * out_width + 1) * sizeof *os);
     size_t *len = malloc(4 * B * sizeof *len), *start = len + B, *at = len + 2 * B, *keep = len + 3 * B;
     uint32_t *cu = malloc((B + 1) * sizeof *cu), *cnt = malloc(B * sizeof *cnt);
+    uint32_t *ps = s->pos ? malloc(B * nmax * sizeof *ps) : NULL;
     clattn_status st = CLATTN_STATUS_OUT_OF_HOST_MEMORY;
-    if (!xs || !os || !len || !cu || !cnt) goto done;
+    if (!xs || !os || !len || !cu || !cnt || (s->pos && !ps)) goto done;
     size_t cap = 1, left = 0;
     for (size_t b = 0; b < B; b++) {
         len[b] = s->cu ? s->cu[b + 1] - s->cu[b] : d->Tq, start[b] = s->cu ? s->cu[b] : b * d->Tq, at[b] = 0;
@@ -915,9 +918,11 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
             const size_t n = first ? P : s->draft, rest = len[b] - at[b];
             cnt[b] = (uint32_t)(rest < n ? rest : n), cu[b + 1] = cu[b] + cnt[b];
             memcpy(xs + cu[b] * E, x + (start[b] + at[b]) * E, cnt[b] * E * sizeof *xs);
+            if (ps) memcpy(ps + cu[b], s->pos + start[b] + at[b], cnt[b] * sizeof *ps);
         }
         clattn_decode_args a = {.x = xs, .out = os, .x_count = cu[B] * E, .out_count = cu[B] * out_width,
-                                .cu_new = cu, .cu_new_count = B + 1};
+                                .cu_new = cu, .cu_new_count = B + 1, .rope_positions = ps,
+                                .rope_positions_count = ps ? cu[B] : 0};
         if ((st = clattn_decode_execute(plan, cache, &a)) != CLATTN_STATUS_SUCCESS) goto done;
         if (clattn_decode_plan_last_splits(plan) > s->parts) s->parts = clattn_decode_plan_last_splits(plan);
         s->steps += !first;
@@ -936,7 +941,7 @@ static clattn_status decode_run(clattn_device *dev, clattn_attention_desc desc, 
 done:
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(plan);
-    free(xs), free(os), free(len), free(cu), free(cnt);
+    free(xs), free(os), free(len), free(cu), free(cnt), free(ps);
     return st;
 }
 
@@ -968,7 +973,7 @@ typedef struct run_state {
 } run_state;
 
 /* position_ids.npy and key_position_ids.npy: with --rope, the keys' with kv.npy only and then together with the
- * queries', not with --decode-from; their values (int32 or int64) in 0 .. CLATTN_ROPE_MAX_POSITION, copied as the
+ * queries' (with --decode-from, each step gives its tokens theirs); their values (int32 or int64) in 0 .. CLATTN_ROPE_MAX_POSITION, copied as the
  * uint32 arrays the library reads (r->pos). */
 static int check_positions(run_state *r)
 {
@@ -990,11 +995,6 @@ static int check_positions(run_state *r)
     }
     if (r->d.cross && !in->has[F_POS_KV]) {
         say("position_ids.npy with kv.npy needs key_position_ids.npy (the keys' positions)");
-        return r->code = EXIT_USAGE, -1;
-    }
-    if (o->seen_decode) {
-        say("--decode-from with position_ids.npy: a decode step places a sequence's new token t at its cache's length "
-            "+ t");
         return r->code = EXIT_USAGE, -1;
     }
     for (int k = 0; k < 2; k++) {
@@ -1144,7 +1144,7 @@ static int run_decode_steps(run_state *r)
         return -1;
     }
     decode_session s = {.P = o->decode_from, .page = o->page_size, .draft = o->draft, .reject = o->reject, .parts = 1,
-                        .cu = o->seen_seqlens ? o->cu_q : NULL, .nseq = o->nseq};
+                        .cu = o->seen_seqlens ? o->cu_q : NULL, .nseq = o->nseq, .pos = r->pos[0]};
     char core[32] = "";
     clattn_status st = decode_run(r->dev, r->desc, &r->w, d, &s, r->in.a[F_X].data, r->out_width, r->out, core,
                                   sizeof core);
