@@ -249,7 +249,7 @@ typedef enum clattn_algorithm {
  * position (args.rope_positions, as transformers' position_ids: packed documents, a chunk after its context); in
  * a decode step (clattn 0.8) new token t of a sequence whose cache holds L positions is at L + t, unless the step
  * gives each new token's position (clattn_decode_args.rope_positions), its key rotated before it is cached (a verify
- * step's draft tree is refused: its tokens sit at their depths). cos and sin are computed in double (at plan
+ * step's draft tree needs them: its tokens sit at their depths). cos and sin are computed in double (at plan
  * creation, and again for longer positions when an execution or a decode step reaches them) and used as floats.
  * Values are never rotated. */
 typedef enum clattn_rope_kind {
@@ -752,9 +752,11 @@ CLATTN_API clattn_status clattn_kv_cache_lengths(const clattn_kv_cache *cache, s
  * from[b] + counts[b]. Nothing before from[b] changes. counts[b] = 0 drops the whole step; for a chain (no tree),
  * clattn_kv_cache_truncate does the same as index 0 .. k-1. Refused with nothing changed: from[b] + index past the
  * current length, an index not ascending, counts[b] > stride. The cache does not know the plans that wrote it: with
- * rotary embeddings (desc.rope) its keys were rotated for the positions they were written at, so a token moved to
- * another position is wrong there; keep only prefixes (index 0 .. k-1) of such steps (clattn.Decoder refuses other
- * branches; the same holds for keys given to clattn_kv_cache_write, which must be rotated for their positions). */
+ * rotary embeddings (desc.rope) its keys were rotated for the positions they were written at, so a token rotated at
+ * its slot and moved to another is wrong there: of a step at its slots keep only prefixes (index 0 .. k-1); a draft
+ * tree's tokens given the positions from[b] + depth (clattn_decode_args.rope_positions) may keep any branch
+ * (clattn.Decoder checks which; the same holds for keys given to clattn_kv_cache_write, which must be rotated for
+ * their positions). */
 CLATTN_API clattn_status clattn_kv_cache_accept(clattn_kv_cache *cache, const size_t *from, const size_t *counts,
                                                 const size_t *index, size_t stride);
 /* Read the cache back as float: k (B, HK, Tmax, dk) and v (B, HK, Tmax, dv) (either may be NULL; the two may not
@@ -815,7 +817,9 @@ typedef struct clattn_decode_args {
      * sequence b sees new token j only where tree_mask[(b*n + i)*n + j] is nonzero (its ancestors in the draft
      * tree, and itself: the diagonal must be nonzero, the entries above it 0); every cached position stays visible.
      * NULL: causal among the new tokens (a chain). Not with a window (refused). The tokens are appended at positions
-     * len + i as ever; clattn_kv_cache_accept keeps the accepted branch. */
+     * len + i as ever; clattn_kv_cache_accept keeps the accepted branch. With desc.rope, only with rope_positions
+     * (below): give draft token i the position len + its depth in the tree, so that an accepted branch's keys sit at
+     * the positions they were rotated for. */
     const uint8_t *tree_mask;
     size_t tree_mask_count;
     /* clattn 0.8, packed new tokens (optional): sequence b's new tokens are rows cu_new[b] .. cu_new[b+1]-1 of x (kv,

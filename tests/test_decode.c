@@ -304,8 +304,9 @@ static void decode_case(clattn_device *dev, const dcase *c, uint64_t seed)
     for (size_t i = 0; pos && i < c->B * c->T; i++) pos[i] = position_of(i / c->T, i % c->T);
     double *want = expect_at(&m, c->B, c->T, c->window, c->half, x, pos);
     char what[200];
-    snprintf(what, sizeof what, "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s%s%s%s",
-             c->B, c->T, c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->page,
+    snprintf(what, sizeof what,
+             "B=%zu T=%zu H=%zu HK=%zu dk=%zu dv=%zu W=%zu half=%d splits=%zu P=%zu page=%zu%s%s%s%s%s", c->B, c->T,
+             c->H, c->HK, c->dk, c->dv, c->window, c->half, c->splits, c->P, c->page,
              c->chunks ? " chunked" : "", c->coarse ? " coarse" : "", c->rope.kind ? " rope" : "",
              c->positioned ? " positioned" : "", c->buffers ? " buffers" : "");
     check(out, want, c->B * c->T * m.Eo, what);
@@ -641,9 +642,11 @@ Test(decode, heads_as_given_opencl)
  * each tree: the cache then holds the context and the branch's tokens in order, nothing else changed, and one more
  * step (the token after the branch) equals the oracle's causal attention over context + branch + that token. */
 static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_t H, size_t HK, size_t dk, size_t dv,
-                        int kv_type, size_t splits, size_t page, uint64_t seed)
+                        int kv_type, size_t splits, size_t page, uint64_t seed, int rope)
 {
     tu_rng r = {seed};
+    cr_assert(!rope || kv_type == 0, "rope cases check against the unrotated inputs: a float cache");
+    uint32_t *dpos = calloc(B * n, sizeof *dpos); /* rope: draft token i of sequence b at T0 + its depth */
     const size_t T = T0 + n + 1, cap = T0 + n + 2; /* the context, the drafts, the step after the branch */
     float *q = tu_random(&r, B * T * H * dk, -2, 2), *k = tu_random(&r, B * T * HK * dk, -2, 2);
     float *v = tu_random(&r, B * T * HK * dv, -2, 2);
@@ -657,6 +660,7 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
         for (size_t i = 0; i < n; i++) {
             parent[i] = i < 2 ? -1 : 1 + (long)(tu_next(&r) % (i - 1));
             for (long a = (long)i; a >= 0; a = parent[a]) tree[(b * n + i) * n + (size_t)a] = 1;
+            dpos[b * n + i] = parent[i] < 0 ? (uint32_t)T0 : dpos[b * n + (size_t)parent[i]] + 1;
         }
         /* the accepted branch: the ancestors of the last draft token, root first */
         size_t leaf = n - 1, path[16], len = 0;
@@ -668,7 +672,8 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     }
     const clattn_attention_desc d = {.batch = B, .seq_q = T0 > n ? T0 : n, .embed = H * dk, .heads = H,
                                      .kv_heads = HK, .head_dim_v = dv, .causal = 1, .separate_value = 1,
-                                     .kv_half = kv_type, .kv_page_size = page};
+                                     .kv_half = kv_type, .kv_page_size = page,
+                                     .rope = {.kind = rope ? CLATTN_ROPE_HALF : CLATTN_ROPE_NONE}};
     clattn_decode_plan *p = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
@@ -680,7 +685,7 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     const size_t most = T0 > n ? T0 : n;
     float *qs = malloc(B * most * H * dk * 4), *ks = malloc(B * most * HK * dk * 4), *vs = malloc(B * most * HK * dv * 4);
     float *os = tu_poisoned(B * most * H * dv);
-#define STEP(t0, m, mask)                                                                                              \
+#define STEP(t0, m, mask, pos)                                                                                         \
     do {                                                                                                             \
         for (size_t b_ = 0; b_ < B; b_++) {                                                                          \
             memcpy(qs + b_ * (m) * H * dk, q + (b_ * T + (t0)) * H * dk, (m) * H * dk * 4);                          \
@@ -688,33 +693,42 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
             memcpy(vs + b_ * (m) * HK * dv, v + (b_ * T + (t0)) * HK * dv, (m) * HK * dv * 4);                       \
         }                                                                                                            \
         const clattn_decode_args a_ = {.x = qs, .kv = ks, .value = vs, .new_tokens = (m), .out = os,                 \
-                                       .tree_mask = (mask)};                                                         \
+                                       .tree_mask = (mask), .rope_positions = (pos)};                                \
         cr_assert_eq(tu_decode_execute(p, cache, &a_), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());            \
     } while (0)
-    STEP(0, T0, NULL);
-    STEP(T0, n, tree);
+    STEP(0, T0, NULL, NULL);
+    STEP(T0, n, tree, rope ? dpos : NULL);
     char what[160];
-    snprintf(what, sizeof what, "verify B=%zu T0=%zu n=%zu H=%zu HK=%zu dk=%zu dv=%zu kv=%d splits=%zu page=%zu", B,
-             T0, n, H, HK, dk, dv, kv_type, splits, page);
+    snprintf(what, sizeof what,
+             "verify B=%zu T0=%zu n=%zu H=%zu HK=%zu dk=%zu dv=%zu kv=%d splits=%zu page=%zu rope=%d", B, T0, n, H,
+             HK, dk, dv, kv_type, splits, page, rope);
     float *kq = malloc(B * HK * cap * dk * 4), *vq = malloc(B * HK * cap * dv * 4);
     cr_assert_eq(clattn_kv_cache_read(cache, kq, vq), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    /* the oracle: sequence b's drafts over its cache rows 0 .. T0+n-1 as read back, masked by the tree */
+    /* the oracle: sequence b's drafts over its cache rows 0 .. T0+n-1 as read back, masked by the tree; with rope over
+     * the given (unrotated) keys, the context's at their slots and the drafts' at T0 + their depths, rotated by the
+     * oracle, the drafts' queries at the same */
     const size_t Tk = T0 + n;
-    float *kb = malloc(Tk * HK * dk * 4), *vb = malloc(Tk * HK * dv * 4);
+    float *kb = malloc((Tk + 1) * HK * dk * 4), *vb = malloc((Tk + 1) * HK * dv * 4);
     uint8_t *mask = malloc(n * Tk);
+    uint32_t *kpos = malloc((Tk + 1) * sizeof *kpos);
     double *want = malloc(n * H * dv * sizeof *want);
+    const clattn_rope half_rope = {.kind = rope ? CLATTN_ROPE_HALF : CLATTN_ROPE_NONE};
     for (size_t b = 0; b < B; b++) {
         for (size_t t = 0; t < Tk; t++)
             for (size_t g = 0; g < HK; g++) {
-                memcpy(kb + (t * HK + g) * dk, kq + ((b * HK + g) * cap + t) * dk, dk * 4);
+                const float *given = k + ((b * T + t) * HK + g) * dk, *cached = kq + ((b * HK + g) * cap + t) * dk;
+                memcpy(kb + (t * HK + g) * dk, rope ? given : cached, dk * 4);
                 memcpy(vb + (t * HK + g) * dv, vq + ((b * HK + g) * cap + t) * dv, dv * 4);
             }
+        for (size_t t = 0; t < Tk; t++) kpos[t] = t < T0 ? (uint32_t)t : dpos[b * n + t - T0];
         for (size_t i = 0; i < n; i++)
             for (size_t j = 0; j < Tk; j++) mask[i * Tk + j] = !(j < T0 || tree[(b * n + i) * n + (j - T0)]);
         const clattn_attention_desc od = {.batch = 1, .seq_q = n, .seq_kv = Tk, .embed = H * dk, .heads = H,
                                           .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1,
-                                          .attn_mask = CLATTN_MASK_BOOL};
-        const clattn_attention_args oa = {.x = qs + b * n * H * dk, .kv = kb, .value = vb, .attn_mask = mask};
+                                          .attn_mask = CLATTN_MASK_BOOL, .rope = half_rope};
+        const clattn_attention_args oa = {.x = qs + b * n * H * dk, .kv = kb, .value = vb, .attn_mask = mask,
+                                          .rope_positions = rope ? dpos + b * n : NULL, .rope_positions_count = n,
+                                          .rope_positions_kv = rope ? kpos : NULL, .rope_positions_kv_count = Tk};
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
         char wb[260];
         snprintf(wb, sizeof wb, "%s, sequence %zu's drafts", what, b);
@@ -751,14 +765,23 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     cr_assert_eq(clattn_kv_cache_read(cache, ka, va), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     for (size_t b = 0; b < B; b++) {
         const size_t L = T0 + counts[b] + 1;
-        for (size_t t = 0; t < L; t++)
+        for (size_t t = 0; t < L; t++) {
+            /* with rope the given keys: the context's, the branch's, the new token's (T - 1), each at its slot */
+            const size_t src = t < T0 ? t : t < L - 1 ? T0 + branch[b * n + t - T0] : T - 1;
             for (size_t g = 0; g < HK; g++) {
-                memcpy(kb + (t * HK + g) * dk, ka + ((b * HK + g) * cap + t) * dk, dk * 4);
+                const float *given = k + ((b * T + src) * HK + g) * dk, *cached = ka + ((b * HK + g) * cap + t) * dk;
+                memcpy(kb + (t * HK + g) * dk, rope ? given : cached, dk * 4);
                 memcpy(vb + (t * HK + g) * dv, va + ((b * HK + g) * cap + t) * dv, dv * 4);
             }
+            kpos[t] = (uint32_t)t;
+        }
         const clattn_attention_desc od = {.batch = 1, .seq_q = 1, .seq_kv = L, .embed = H * dk, .heads = H,
-                                          .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1};
-        const clattn_attention_args oa = {.x = qs + b * H * dk, .kv = kb, .value = vb};
+                                          .kv_heads = HK, .head_dim_v = dv, .cross = 1, .separate_value = 1,
+                                          .rope = half_rope};
+        const uint32_t qpos = (uint32_t)(L - 1);
+        const clattn_attention_args oa = {.x = qs + b * H * dk, .kv = kb, .value = vb,
+                                          .rope_positions = rope ? &qpos : NULL, .rope_positions_count = 1,
+                                          .rope_positions_kv = rope ? kpos : NULL, .rope_positions_kv_count = L};
         cr_assert_eq(oracle_attention(&od, NULL, &oa, want, NULL), 0);
         char wb[260];
         snprintf(wb, sizeof wb, "%s, sequence %zu's step after accepting %zu", what, b, counts[b]);
@@ -768,16 +791,20 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     clattn_kv_cache_free(cache);
     clattn_decode_plan_free(p);
     free(q), free(k), free(v), free(tree), free(branch), free(qs), free(ks), free(vs), free(os), free(kq), free(vq);
-    free(kb), free(vb), free(mask), free(want), free(ka), free(va);
+    free(kb), free(vb), free(mask), free(want), free(ka), free(va), free(dpos), free(kpos);
 }
 
 static void verify_cases(clattn_device *dev)
 {
     /* the head shapes of decode_cases and int8_cases: no kernel compiled for these alone (a slow driver's compiles) */
-    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 0, 1800);    /* GQA, 8 drafts */
-    verify_case(dev, 2, 20, 16, 6, 1, 8, 12, 0, 3, 0, 1801);  /* multi-query, 16 drafts (96 query rows), split-K */
-    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 0, 1802);    /* int8 cache */
-    verify_case(dev, 2, 130, 3, 4, 2, 8, 8, 1, 2, 0, 1803);   /* half cache, a long context */
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 0, 1800, 0);    /* GQA, 8 drafts */
+    verify_case(dev, 2, 20, 16, 6, 1, 8, 12, 0, 3, 0, 1801, 0);  /* multi-query, 16 drafts (96 query rows), split-K */
+    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 0, 1802, 0);    /* int8 cache */
+    verify_case(dev, 2, 130, 3, 4, 2, 8, 8, 1, 2, 0, 1803, 0);   /* half cache, a long context */
+    /* rope (clattn 0.8): the drafts at T0 + their depths (args.rope_positions), the accepted branch's keys then at the
+     * positions they were rotated for, the step after it at its slot */
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 0, 1804, 1);
+    verify_case(dev, 2, 20, 16, 6, 1, 8, 12, 0, 3, 0, 1805, 1);  /* split-K */
 }
 
 /* A packed verify step (cu_new with a draft tree): sequences bring 3, 0 and 2 drafts, the tree's rows past a
@@ -2461,8 +2488,8 @@ static void paged_cases(clattn_device *dev)
         {.B = 2, .T = 45, .H = 8, .HK = 2, .dk = 128, .dv = 64, .half = 3, .splits = 2, .P = 20, .page = 4}, /* int8 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_case(dev, &cases[i], 2100 + i);
-    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 4, 2200);  /* a tree across pages, accept moving rows between them */
-    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 4, 2201);  /* int8 */
+    verify_case(dev, 2, 37, 8, 4, 2, 8, 8, 0, 0, 4, 2200, 0);  /* a tree across pages, accept moving rows between them */
+    verify_case(dev, 3, 61, 5, 4, 2, 8, 8, 3, 0, 4, 2201, 0);  /* int8 */
 }
 
 Test(pages, equals_causal_run_ref)

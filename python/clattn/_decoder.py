@@ -56,8 +56,9 @@ class Decoder(_Shaped):
     grow and given back when they shrink; share() lets sequences share a prompt's pages (a shared page is copied
     before one of them writes into it). A step the pool cannot hold raises TooLargeForDeviceError, nothing changed.
     rope: a clattn.Rope (clattn 0.8): each token's query and key rotated at its position in its sequence (the cache
-    length + its index in the call), keys before they are cached; share() keeps them (same positions), and accept()
-    refuses a branch that would move a token to another position (its key was rotated for the one it had).
+    length + its index in the call, or the position_ids a call gives), keys before they are cached; share() keeps
+    them (same positions), and accept() refuses a branch that would move a token rotated at its slot to another (a
+    draft tree needs position_ids: the length + each token's depth).
     """
 
     def __init__(self, heads: int, *, w_query: Any, w_key: Any, w_value: Any, capacity: int, max_new_tokens: int,
@@ -183,6 +184,7 @@ class Decoder(_Shaped):
                                    tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree),
                                    rope_positions=_a.pointer(pos, ctypes.c_uint32), rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
+            self._positioned = pos is not None  # (accept: the step's keys at positions it gave them)
         return kind.out(out)
 
     def _packed(self, x: Any, cu_seqlens: Any, valid: Any, tree_mask: Any, position_ids: Any) -> Any:
@@ -232,6 +234,7 @@ class Decoder(_Shaped):
                                    cu_new_count=cu.size, rope_positions=_a.pointer(pos, ctypes.c_uint32),
                                    rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
+            self._positioned = pos is not None  # (as __call__'s)
         return kind.out(out)
 
     @property
@@ -261,17 +264,21 @@ class Decoder(_Shaped):
         """Keep the accepted branch of a verify step (clattn_kv_cache_accept): sequence b had start[b] tokens before
         the step; of the step's draft tokens it keeps branches[b] (their indices in the step, strictly ascending:
         the tree's root first), moved to positions start[b], start[b] + 1, ...; its length becomes start[b] +
-        len(branches[b]). An empty branch drops the whole step."""
+        len(branches[b]). An empty branch drops the whole step. With rope, a step at its slots (no position_ids) keeps
+        prefixes only (a key moved would sit at a position it was not rotated for); a step given position_ids keeps
+        any branch, whose keys keep the positions it gave them (a draft tree's at the length + their depths: then a
+        branch's keys sit at the positions their slots have)."""
         st = [_a.integer(f"start[{b}]", t, 0) for b, t in enumerate(list(start))]
         br = [list(x) for x in branches]
         if len(st) != self.batch or len(br) != self.batch:
             _shape(f"start and branches: {len(st)} and {len(br)} entries, expected one per sequence ({self.batch})")
-        if self.rope is not None:  # a cached key is rotated for its position: it may stay, not move
+        if self.rope is not None and not getattr(self, "_positioned", False):
+            # a cached key is rotated for its position, here its slot: it may stay, not move
             for b, x in enumerate(br):
                 if list(x) != list(range(len(x))):
-                    _invalid(f"branches[{b}] = {list(x)} with rope: the keys were rotated for their positions in the "
-                             f"step and would move to others; with rope only a prefix of the step can be kept "
-                             f"([0, 1, ..., k-1]; trees are refused with rope)")
+                    _invalid(f"branches[{b}] = {list(x)} with rope: the step's keys were rotated at their slots and "
+                             f"would move to others; keep a prefix of such a step ([0, 1, ..., k-1]), or give a "
+                             f"draft tree's tokens their positions (position_ids: the length + each one's depth)")
         stride = max([len(x) for x in br] + [1])
         idx = (ctypes.c_size_t * (self.batch * stride))()
         for b, x in enumerate(br):

@@ -782,6 +782,59 @@ def test_decoder_at_position_ids(device):
     assert dec.lengths == [9, 9]  # the refusals appended nothing
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoder_tree_with_rope(device):
+    """A verify step's draft tree with rope (clattn 0.8): the drafts at the length + their depths (position_ids); each
+    draft's output equals the last row of one causal run over the context and its path from the root; accept() keeps
+    a branch that is not a prefix of the step, and the step after it equals the causal run over the context, the
+    branch and the new token (the float64 reference); without positions the tree is refused"""
+    rope = clattn.Rope(kind="interleaved", theta=500.0)
+    g = torch.Generator().manual_seed(37)
+    E, Hq, Hk, D = 12, 4, 2, 6
+    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
+         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    w64 = {k: v.double() for k, v in w.items()}
+
+    def last_row(rows):  # the causal run over rows (L, E), its last row
+        L = rows.shape[0]
+        q = (rows.double() @ w64["w_query"].T).view(1, L, Hq, D)
+        k = (rows.double() @ w64["w_key"].T + w64["b_key"]).view(1, L, Hk, D)
+        v = (rows.double() @ w64["w_value"].T).view(1, L, Hk, D)
+        o = oracle(rope_reference(q, rope).transpose(1, 2), rope_reference(k, rope).transpose(1, 2),
+                   v.transpose(1, 2), is_causal=True)
+        return o.transpose(1, 2).reshape(L, Hq * D)[-1]
+
+    ctx, drafts, nxt = (torch.randn(n, E, generator=g) for n in (4, 5, 1))
+    parent = [-1, 0, 0, 1, 3]
+    paths, depth = [], []
+    for i in range(5):
+        path, a = [], i
+        while a >= 0:
+            path.insert(0, a)
+            a = parent[a]
+        paths.append(path), depth.append(len(path) - 1)
+    tree = np.zeros((5, 5), bool)
+    for i, path in enumerate(paths):
+        tree[i, path] = True
+    dec = clattn.Decoder(Hq, kv_heads=Hk, head_dim_qk=D, capacity=16, max_new_tokens=5, rope=rope, device=device,
+                         **{k: v.numpy() for k, v in w.items()})
+    dec(ctx.numpy()[None])
+    with pytest.raises(clattn.UnsupportedError, match="tree_mask with rope and no"):
+        dec(drafts.numpy()[None], tree_mask=tree)
+    out = dec(drafts.numpy()[None], tree_mask=tree, position_ids=4 + np.array(depth))
+    for i, path in enumerate(paths):
+        torch.testing.assert_close(torch.from_numpy(out[0, i]).double(), last_row(torch.cat((ctx, drafts[path]))),
+                                   **FWD, msg=lambda m: f"draft {i}: {m}")
+    dec.accept([4], [[0, 1, 3]])  # not a prefix of the step: draft 2 dropped
+    assert dec.lengths == [7]
+    got = dec(nxt.numpy()[None])
+    torch.testing.assert_close(torch.from_numpy(got[0, 0]).double(),
+                               last_row(torch.cat((ctx, drafts[[0, 1, 3]], nxt))), **FWD)
+    dec(drafts.numpy()[:2], cu_seqlens=[0, 2])  # a packed step at its slots: a prefix only
+    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of such a step"):
+        dec.accept([8], [[1]])
+
+
 def test_rope_option_changes_and_branches():
     """Attention.rope set after construction takes effect (a new plan), and a half module's float32 twin follows it;
     Rope refuses non-finite numbers; a Decoder with rope keeps only prefixes of a step (accept)."""
@@ -805,7 +858,7 @@ def test_rope_option_changes_and_branches():
             clattn.Rope(**bad)
     dec = clattn.Decoder(Hq, head_dim_qk=D, capacity=8, max_new_tokens=3, rope=clattn.Rope(), device="ref", **w)
     dec(x[:, :3])
-    with pytest.raises(clattn.InvalidArgumentError, match="only a prefix of the step"):
+    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of such a step"):
         dec.accept([0], [[0, 2]])
     dec.accept([0], [[0, 1]])
     assert dec.lengths == [2]

@@ -287,15 +287,18 @@ static clattn_status step_no_overlap(const clattn_plan *p, size_t rows, const cl
 
 /* A verify step's draft tree (args.tree_mask, (B, n, n)): each new token sees itself (a nonzero diagonal) and only
  * tokens before it (zeros above the diagonal); not with a window, which counts cache positions that a draft tree's
- * branches do not have. A packed step's rows past a sequence's count are no token's: not read, not checked (count:
- * its counts, NULL for a padded step, whose every row is computed). */
-static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n, const size_t *count)
+ * branches do not have; with rope only when the step gives its tokens' positions (positioned). A packed step's rows
+ * past a sequence's count are no token's: not read, not checked (count: its counts, NULL for a padded step, whose
+ * every row is computed). */
+static clattn_status check_tree(const clattn_attention_desc *d, const uint8_t *tree, size_t n, const size_t *count,
+                                int positioned)
 {
     if (!tree) return CLATTN_STATUS_SUCCESS;
-    if (d->rope.kind != CLATTN_ROPE_NONE)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with rope: a draft tree's tokens sit at their "
-                           "depths in the tree, not at consecutive positions, and decode steps rotate token t at "
-                           "length + t (a chain of drafts needs no tree_mask)");
+    if (d->rope.kind != CLATTN_ROPE_NONE && !positioned)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with rope and no args.rope_positions: a draft "
+                           "tree's tokens sit at their depths in the tree, not at their slots length + t where a step "
+                           "rotates them by default; give each draft token its position (the length + its depth) in "
+                           "args.rope_positions (a chain of drafts needs no tree_mask)");
     if (d->window)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "args.tree_mask with a window (desc.window = %zu): the window "
                            "counts cache positions, and a draft tree's branches are not consecutive positions",
@@ -412,8 +415,8 @@ static clattn_status execute_locked(clattn_decode_plan *plan, clattn_kv_cache *c
     TRY(clattn_count_check("args", "value", args->value, args->value_count, sv * rows * HK * d->head_dim_v, how));
     snprintf(how, sizeof how, "batch x new_tokens x new_tokens = %zu x %zu x %zu", B, n, n);
     TRY(clattn_count_check("args", "tree_mask", args->tree_mask, args->tree_mask_count, B * n * n, how));
-    TRY(check_tree(d, args->tree_mask, n, step.packed ? step.valid : NULL));
     TRY(step_positions(p, args->rope_positions, args->rope_positions_count, "args", lead, &step));
+    TRY(check_tree(d, args->tree_mask, n, step.packed ? step.valid : NULL, step.pos != NULL));
     TRY(step_no_overlap(p, rows, args, NULL, NULL));
     step.tree = args->tree_mask;
     return run_step(plan, cache, &step, args, NULL, 0, NULL, NULL);

@@ -113,8 +113,8 @@ static clattn_status rope_step(decode_pass *dpass, view rows)
     return clattn_enqueue_1d(dpass->dp->base->device, c->k_rope, total, "enqueue rope_step");
 }
 
-/* desc.rope, a step with rope_positions: its rows' Q and K heads (contiguous: K's follow Q's) rotated in place, row r at
- * pos_buf[r] (rope_rows). */
+/* desc.rope, a step with rope_positions: its rows' Q and K heads (contiguous: K's follow Q's) rotated in place, row r
+ * at pos_buf[r] (rope_rows). */
 static clattn_status rope_positioned(decode_pass *dpass, view rows)
 {
     struct clattn_decode_cl *c = dpass->dp->cl;
