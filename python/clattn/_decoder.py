@@ -38,6 +38,13 @@ def _tree(tree_mask: Any, B: int, n: int) -> Optional[np.ndarray]:
     return np.ascontiguousarray(t != 0, dtype=np.uint8)
 
 
+def _step_positions(lengths: List[int], counts: List[int], row0: List[int], pos: Optional[np.ndarray]):
+    """What accept() needs of a step: the lengths before it, and each sequence's tokens' rotary positions (from pos,
+    x's rows; else their slots, length + t)."""
+    return (list(lengths), [[int(p) for p in pos[row0[b]:row0[b] + c]] if pos is not None else
+                            list(range(lengths[b], lengths[b] + c)) for b, c in enumerate(counts)])
+
+
 class Decoder(_Shaped):
     """Causal self-attention over a KV cache on the device (clattn_decode_plan + clattn_kv_cache).
 
@@ -184,7 +191,8 @@ class Decoder(_Shaped):
                                    tree_mask=_a.pointer(tree, ctypes.c_uint8), tree_mask_count=_a.count(tree),
                                    rope_positions=_a.pointer(pos, ctypes.c_uint32), rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
-            self._positioned = pos is not None  # (accept: the step's keys at positions it gave them)
+            counts = [n if v is None else int(v[b]) for b in range(B)]
+            self._last_step = _step_positions(lengths, counts, [b * n for b in range(B)], pos)
         return kind.out(out)
 
     def _packed(self, x: Any, cu_seqlens: Any, valid: Any, tree_mask: Any, position_ids: Any) -> Any:
@@ -234,7 +242,7 @@ class Decoder(_Shaped):
                                    cu_new_count=cu.size, rope_positions=_a.pointer(pos, ctypes.c_uint32),
                                    rope_positions_count=_a.count(pos))
             _check(_lib.decode_execute(self._dplan.handle, self._cache.handle, ctypes.byref(args)), "decoding")
-            self._positioned = pos is not None  # (as __call__'s)
+            self._last_step = _step_positions(lengths, counts, [int(c) for c in cu[:-1]], pos)
         return kind.out(out)
 
     @property
@@ -272,13 +280,8 @@ class Decoder(_Shaped):
         br = [list(x) for x in branches]
         if len(st) != self.batch or len(br) != self.batch:
             _shape(f"start and branches: {len(st)} and {len(br)} entries, expected one per sequence ({self.batch})")
-        if self.rope is not None and not getattr(self, "_positioned", False):
-            # a cached key is rotated for its position, here its slot: it may stay, not move
-            for b, x in enumerate(br):
-                if list(x) != list(range(len(x))):
-                    _invalid(f"branches[{b}] = {list(x)} with rope: the step's keys were rotated at their slots and "
-                             f"would move to others; keep a prefix of such a step ([0, 1, ..., k-1]), or give a "
-                             f"draft tree's tokens their positions (position_ids: the length + each one's depth)")
+        if self.rope is not None:
+            self._check_moves(st, br)
         stride = max([len(x) for x in br] + [1])
         idx = (ctypes.c_size_t * (self.batch * stride))()
         for b, x in enumerate(br):
@@ -287,6 +290,27 @@ class Decoder(_Shaped):
         n = ctypes.c_size_t * self.batch
         _check(_lib.kv_cache_accept(self._cache.handle, n(*st), n(*[len(x) for x in br]), idx, stride),
                "accepting a branch")
+
+    def _check_moves(self, start: List[int], branches: List[List[int]]) -> None:
+        """With rope, a branch whose tokens move (not a prefix of the step) must leave every kept key at the position
+        it was rotated for: the last step's tokens of sequence b were given positions pos (their slots by default);
+        kept token k (branches[b][k]) must have been at m + k, m the least of them (a draft tree at the length + its
+        depths: any branch from a root; a chain at its slots: a prefix only)."""
+        last = getattr(self, "_last_step", None)
+        for b, x in enumerate(branches):
+            if list(x) == list(range(len(x))):  # a prefix: nothing moves
+                continue
+            if last is None or start[b] != last[0][b]:
+                _invalid(f"branches[{b}] = {list(x)} with rope moves tokens, but start[{b}] = {start[b]} is not the "
+                         f"length before the last step ({None if last is None else last[0][b]}): only that step's "
+                         f"positions are known here; keep a prefix, or accept right after the step")
+            pos = last[1][b]
+            m = min(pos) if len(pos) else 0
+            for k, t in enumerate(x):
+                if 0 <= t < len(pos) and pos[t] != m + k:
+                    _invalid(f"branches[{b}] = {list(x)} with rope: draft {t} was rotated at position {pos[t]} and "
+                             f"would sit where position {m + k} belongs; keep a prefix of a step at its slots, or "
+                             f"give a draft tree's tokens the length + their depths (position_ids)")
 
     def share(self, dst: int, src: int, length: Optional[int] = None) -> None:
         """Sequence dst's cache becomes sequence src's first `length` tokens (default: all of them), its own dropped

@@ -768,6 +768,20 @@ def test_decoder_at_position_ids(device):
         got[0].append(out[:cut[0]]), got[1].append(out[cut[0]:])
     for b in range(2):
         torch.testing.assert_close(torch.from_numpy(np.concatenate(got[b])).double(), want[b], **FWD)
+    # padded steps with valid: sequence 0 brings 2, 4, then 3 tokens, sequence 1 brings 4, 4, then 1 (its padding
+    # rows given position 0: read, unused)
+    dec = decoder()
+    got = [[], []]
+    for cut in ((2, 4), (4, 4), (3, 1)):
+        done = [sum(a.shape[0] for a in got[b]) for b in range(2)]
+        n = max(cut)
+        xb, pb = np.zeros((2, n, E), np.float32), np.zeros((2, n), np.int64)
+        for b in range(2):
+            xb[b, :cut[b]], pb[b, :cut[b]] = xs[b, done[b]:done[b] + cut[b]], ps[b, done[b]:done[b] + cut[b]]
+        out = dec(xb, valid=list(cut), position_ids=pb)
+        got[0].append(out[0, :cut[0]]), got[1].append(out[1, :cut[1]])
+    for b in range(2):
+        torch.testing.assert_close(torch.from_numpy(np.concatenate(got[b])).double(), want[b], **FWD)
     plain = clattn.Decoder(Hq, kv_heads=Hk, head_dim_qk=D, batch=2, capacity=16, max_new_tokens=4, device=device,
                            **npw)
     for mod, kw, err, msg in (
@@ -831,8 +845,18 @@ def test_decoder_tree_with_rope(device):
     torch.testing.assert_close(torch.from_numpy(got[0, 0]).double(),
                                last_row(torch.cat((ctx, drafts[[0, 1, 3]], nxt))), **FWD)
     dec(drafts.numpy()[:2], cu_seqlens=[0, 2])  # a packed step at its slots: a prefix only
-    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of such a step"):
+    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of a step at its slots"):
         dec.accept([8], [[1]])
+    # a chain given positions (an offset p0 = 100, as transformers' position_ids): moving a token is refused too
+    dec.accept([8], [[]])
+    dec(drafts.numpy()[None, :3], position_ids=100 + 8 + np.arange(3))
+    with pytest.raises(clattn.InvalidArgumentError, match="draft 2 was rotated at position 110 and would sit where "
+                                                          "position 109 belongs"):
+        dec.accept([8], [[0, 2]])
+    with pytest.raises(clattn.InvalidArgumentError, match="is not the length before the last step"):
+        dec.accept([7], [[0, 2]])
+    dec.accept([8], [[0, 1]])  # a prefix: nothing moves
+    assert dec.lengths == [10]
 
 
 def test_rope_option_changes_and_branches():
@@ -858,7 +882,7 @@ def test_rope_option_changes_and_branches():
             clattn.Rope(**bad)
     dec = clattn.Decoder(Hq, head_dim_qk=D, capacity=8, max_new_tokens=3, rope=clattn.Rope(), device="ref", **w)
     dec(x[:, :3])
-    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of such a step"):
+    with pytest.raises(clattn.InvalidArgumentError, match="keep a prefix of a step at its slots"):
         dec.accept([0], [[0, 2]])
     dec.accept([0], [[0, 1]])
     assert dec.lengths == [2]

@@ -119,7 +119,8 @@ static clattn_status rope_positioned(decode_pass *dpass, view rows)
 {
     struct clattn_decode_cl *c = dpass->dp->cl;
     const clattn_attention_desc *d = &dpass->dp->base->d;
-    const size_t pairs = d->rope.dims / 2, heads = d->heads + d->kv_heads, total = dpass->io.rows * heads * pairs;
+    const size_t pairs = d->rope.dims / 2, heads = d->heads + d->kv_heads;
+    const size_t total = dpass->warm ? 0 : dpass->io.rows * heads * pairs; /* (the warm-up launches none) */
     clattn_args a;
     clattn_args_begin(&a, c->k_rope_rows, "rope_rows");
     clattn_core_arg_rows(&a, rows, c->n_qkv); /* src */
@@ -190,7 +191,8 @@ static clattn_status pass_run(void *ctx)
             TRY(copy_columns(p->device, c->proj, c->n_qkv, part * E, rows, E, NULL, dpass->x, "x"));
         src = (view){c->proj, 0}, k_col = H * dk, v_col = (H + HK) * dk;
     }
-    if (c->k_rope) TRY(dpass->positioned ? rope_positioned(dpass, src) : rope_step(dpass, src));
+    if (c->k_rope && (dpass->warm || !dpass->positioned)) TRY(rope_step(dpass, src));
+    if (c->k_rope && (dpass->warm || dpass->positioned)) TRY(rope_positioned(dpass, src));
     if (prof) TRY(mark(c, p->device, CLATTN_DECODE_STAGE_PROJECTION));
     /* 2. append */
     const size_t kvw = d->kv_half == CLATTN_KV_INT8 ? 1 : dk > dv ? dk : dv; /* INT8: a work-item per row */
@@ -284,7 +286,7 @@ static clattn_status cl_init(clattn_decode_plan *dp)
     const size_t ld = qkv_rows ? c->n_qkv : E;
     c->lay = (clattn_core_layout){.q_ld = ld, .k_ld = ld, .v_ld = ld, .out_ld = H * dv};
     const size_t own = c->n_qkv * (E + 1 + B * Tn) + (p->has_out ? d->out_dim * (H * dv + 1) + B * Tn * H * dv : 0) +
-                       B * Tn * (E + p->out_width) + 3 * B;
+                       B * Tn * (E + p->out_width) + 3 * B + (rope ? B * Tn : 0);
     TRY(clattn_core_create(dev, CLATTN_CORE_DECODE, &p->d, &c->lay, own, &c->core));
     p->core = c->core.core;
     p->core_params = c->core.params;
@@ -433,15 +435,22 @@ static clattn_status cl_execute_buffers(clattn_decode_plan *dp, clattn_kv_cache 
     step_counts(cache, step, B, c->counts);
     const size_t npos = step->pos ? step->rows : 0; /* (rows <= B*seq_q: the room counts has past 3B) */
     if (npos) memcpy(c->counts + 3 * B, step->pos, npos * sizeof(cl_uint));
-    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->lens_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts, 0, NULL, NULL),
-             "uploading the cache lengths");
-    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
-                                  NULL), "uploading the token counts");
-    CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->row0_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + 2 * B, 0,
-                                  NULL, npos ? NULL : &c->counts_written), "uploading the first rows");
-    if (npos) /* (the last upload from counts: its event is the one the next step waits for) */
-        CL_CHECK(clEnqueueWriteBuffer(dev->queue, c->pos_buf, CL_FALSE, 0, npos * sizeof(cl_uint), c->counts + 3 * B,
-                                      0, NULL, &c->counts_written), "uploading the rotary positions");
+    /* (the last upload from counts gives the event the next step waits for; when one fails, the queue is drained
+     * before the error returns, so that no upload still reads counts when the next step rewrites it) */
+    cl_int err = clEnqueueWriteBuffer(dev->queue, c->lens_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts, 0, NULL,
+                                      NULL);
+    const char *what = "uploading the cache lengths";
+    if (err == CL_SUCCESS)
+        err = clEnqueueWriteBuffer(dev->queue, c->valid_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + B, 0, NULL,
+                                   NULL), what = "uploading the token counts";
+    if (err == CL_SUCCESS)
+        err = clEnqueueWriteBuffer(dev->queue, c->row0_buf, CL_FALSE, 0, B * sizeof(cl_uint), c->counts + 2 * B, 0,
+                                   NULL, npos ? NULL : &c->counts_written), what = "uploading the first rows";
+    if (err == CL_SUCCESS && npos)
+        err = clEnqueueWriteBuffer(dev->queue, c->pos_buf, CL_FALSE, 0, npos * sizeof(cl_uint), c->counts + 3 * B, 0,
+                                   NULL, &c->counts_written), what = "uploading the rotary positions";
+    if (err != CL_SUCCESS) clFinish(dev->queue);
+    CL_CHECK(err, what);
     const int typed = p->d.dtype != CLATTN_DTYPE_F32;
     if (typed) { /* the caller's arrays converted around the pass, through the plan's fp32 staging */
         dpass.tx = dpass.x, dpass.tout = dpass.out, dpass.tkv = dpass.kv, dpass.tvalue = dpass.value;
