@@ -632,6 +632,13 @@ def test_rope_in_attention_module_and_decoder(device):
         clattn.Attention(Hq, kv_heads=Hk, head_dim_qk=D, rope="half", **npw)
 
 
+def gqa_weights(g, E, Hq, Hk, D):
+    """A GQA block's weights (float32 torch tensors): Q, K and V projections, the output projection, a key bias."""
+    return {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
+            "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
+            "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rope_module_at_position_ids(device):
     """clattn.Attention(rope=...) called with position_ids (clattn 0.8): self-attention with two documents packed in
@@ -642,9 +649,7 @@ def test_rope_module_at_position_ids(device):
     rope = clattn.Rope(kind="interleaved", dims=4, theta=500.0)
     g = torch.Generator().manual_seed(29)
     E, Hq, Hk, D, T = 12, 4, 2, 6, 9
-    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
-         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
-         "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    w = gqa_weights(g, E, Hq, Hk, D)
     w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
     pos = torch.stack((torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4]), torch.arange(T) * 5 + 3000))
 
@@ -729,9 +734,7 @@ def test_decoder_at_position_ids(device):
     rope = clattn.Rope(kind="half", dims=4, theta=500.0)
     g = torch.Generator().manual_seed(31)
     E, Hq, Hk, D, T = 12, 4, 2, 6, 9
-    w = {"w_query": torch.randn(Hq * D, E, generator=g) * 0.4, "w_key": torch.randn(Hk * D, E, generator=g) * 0.4,
-         "w_value": torch.randn(Hk * D, E, generator=g) * 0.4, "w_out": torch.randn(E, Hq * D, generator=g) * 0.3,
-         "b_key": torch.randn(Hk * D, generator=g) * 0.2}
+    w = gqa_weights(g, E, Hq, Hk, D)
     w64 = {k: v.double() for k, v in w.items()}
     pos = torch.stack((torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4]), torch.arange(T) * 5 + 3000))
     x = torch.randn(2, T, E, generator=g)
