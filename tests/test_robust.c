@@ -2035,6 +2035,27 @@ Test(misuse, decode_positions_refused)
             clattn_kv_cache_free(cache);
             clattn_decode_plan_free(plan);
         }
+    /* positions inside out (the step would overwrite them as it writes out): refused, nothing written */
+    for (int k = 0; k < 2; k++) {
+        clattn_decode_plan *plan = NULL;
+        clattn_kv_cache *cache = NULL;
+        cr_assert_eq(tu_decode_plan_create(devs[k], &roped, NULL, &plan), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &cache), CLATTN_STATUS_SUCCESS);
+        /* (allocated memory: out's floats and, at byte 32, the positions, each stored as its own type) */
+        unsigned char *mem = malloc(B * N * E * sizeof(float)), before[B * N * E * sizeof(float)];
+        for (size_t j = 0; j < B * N * E; j++) memcpy(mem + j * sizeof(float), &(float){-7.0f}, sizeof(float));
+        memcpy(mem + 8 * sizeof(float), four, sizeof four); /* valid positions, in out's memory */
+        memcpy(before, mem, sizeof before);
+        const clattn_decode_args a = {.x = x, .x_count = B * N * E, .new_tokens = N, .out = mem,
+                                      .out_count = B * N * E, .rope_positions = (const uint32_t *)(mem + 32),
+                                      .rope_positions_count = B * N};
+        cr_assert_eq(clattn_decode_execute(plan, cache, &a), CLATTN_STATUS_INVALID_ARGUMENT, "%s", clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), "args.out overlaps args.rope_positions"), "%s", clattn_last_error());
+        cr_assert_eq(memcmp(before, mem, sizeof before), 0, "the refused step wrote out");
+        free(mem);
+        clattn_kv_cache_free(cache);
+        clattn_decode_plan_free(plan);
+    }
     /* the largest position taken: the step equals a prefill plan's run at the same positions */
     const uint32_t top[B * N] = {CLATTN_ROPE_MAX_POSITION - 1u, CLATTN_ROPE_MAX_POSITION, 3, 1};
     for (int k = 0; k < 2; k++) {
