@@ -272,10 +272,10 @@ class Decoder(_Shaped):
         """Keep the accepted branch of a verify step (clattn_kv_cache_accept): sequence b had start[b] tokens before
         the step; of the step's draft tokens it keeps branches[b] (their indices in the step, strictly ascending:
         the tree's root first), moved to positions start[b], start[b] + 1, ...; its length becomes start[b] +
-        len(branches[b]). An empty branch drops the whole step. With rope, a step at its slots (no position_ids) keeps
-        prefixes only (a key moved would sit at a position it was not rotated for); a step given position_ids keeps
-        any branch, whose keys keep the positions it gave them (a draft tree's at the length + their depths: then a
-        branch's keys sit at the positions their slots have)."""
+        len(branches[b]). An empty branch drops the whole step. With rope, a branch that moves tokens (not a prefix)
+        must be of the last step, right after it, and keep kept token k at the least of the positions that step gave
+        its tokens + k (_check_moves): a draft tree given the length + its depths keeps any branch; a step at its
+        slots (no position_ids) keeps prefixes only."""
         st = [_a.integer(f"start[{b}]", t, 0) for b, t in enumerate(list(start))]
         br = [list(x) for x in branches]
         if len(st) != self.batch or len(br) != self.batch:

@@ -973,8 +973,8 @@ typedef struct run_state {
 } run_state;
 
 /* position_ids.npy and key_position_ids.npy: with --rope, the keys' with kv.npy only and then together with the
- * queries' (with --decode-from, each step gives its tokens theirs); their values (int32 or int64) in 0 .. CLATTN_ROPE_MAX_POSITION, copied as the
- * uint32 arrays the library reads (r->pos). */
+ * queries' (with --decode-from, each step gives its tokens theirs); their values (int32 or int64) in
+ * 0 .. CLATTN_ROPE_MAX_POSITION, copied as the uint32 arrays the library reads (r->pos). */
 static int check_positions(run_state *r)
 {
     const run_opts *o = &r->o;
