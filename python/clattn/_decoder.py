@@ -120,6 +120,15 @@ class Decoder(_Shaped):
         self._cache = _Handle(ch, _lib.kv_cache_free, self._device)
         self.out_width = wt.out_dim or wt.heads * wt.head_dim_v
         self._lock = threading.Lock()
+        self._fixed = True  # from here on the options are the plan's and the cache's (__setattr__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """The options (batch, capacity, window, scale, rope, ...) are fixed once the decoder is made: its plan and
+        cache were built for them, so a new value would be ignored. Setting one raises AttributeError."""
+        if not name.startswith("_") and self.__dict__.get("_fixed"):
+            raise AttributeError(f"Decoder.{name} is fixed when the decoder is made (its plan and KV cache were built "
+                                 f"for it, so a new value would be ignored): make a new Decoder")
+        object.__setattr__(self, name, value)
 
     @property
     def core_used(self) -> str:

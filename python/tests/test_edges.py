@@ -178,6 +178,12 @@ def test_decoder_errors_speak_python():
     with pytest.raises(clattn.ShapeMismatchError, match="x: shape \\(2, 1, 8\\), expected"):
         dec(rnd(rng, 2, 1, 8))
     assert dec.lengths == [4]
+    # the options are the plan's: a new value would be ignored, so setting one is refused and changes nothing
+    for name, value in (("window", 2), ("scale", 0.5), ("rope", clattn.Rope(dims=4)), ("batch", 2), ("capacity", 9)):
+        before = getattr(dec, name)
+        with pytest.raises(AttributeError, match=f"Decoder.{name} is fixed when the decoder is made"):
+            setattr(dec, name, value)
+        assert getattr(dec, name) == before
 
 
 # ---------------------------------------------------------------- exceptions
