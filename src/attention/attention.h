@@ -177,6 +177,10 @@ static inline clattn_rows clattn_rows_positioned(clattn_rows r, const clattn_att
     r.pos_q = pq, r.pos_k = d->cross ? pkv : pq;
     return r;
 }
+/* Each of pos[0 .. n-1] (pos NULL: none) at most CLATTN_ROPE_MAX_POSITION, else INVALID_ARGUMENT naming owner.name[i]
+ * and `what` may be given it ("a row", "a token"). */
+clattn_status clattn_positions_max_check(const uint32_t *pos, size_t n, const char *owner, const char *name,
+                                        const char *what);
 /* rope_positions and rope_positions_kv (owner's: "args" or "buffers") against the plan and the execution's rows r:
  * given only with rope, _kv only with cross-attention and then with the queries', the counts, each position at most
  * CLATTN_ROPE_MAX_POSITION. */

@@ -552,6 +552,17 @@ clattn_status clattn_plan_rows(const clattn_plan *p, const uint32_t *cu_q, size_
     return CLATTN_STATUS_SUCCESS;
 }
 
+clattn_status clattn_positions_max_check(const uint32_t *pos, size_t n, const char *owner, const char *name,
+                                        const char *what)
+{
+    for (size_t i = 0; pos && i < n; i++)
+        if (pos[i] > CLATTN_ROPE_MAX_POSITION)
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.%s[%zu] is %u, past the largest position %s may be "
+                               "given (CLATTN_ROPE_MAX_POSITION = %u)", owner, name, i, (unsigned)pos[i], what,
+                               CLATTN_ROPE_MAX_POSITION);
+    return CLATTN_STATUS_SUCCESS;
+}
+
 clattn_status clattn_plan_positions_check(const clattn_plan *p, const uint32_t *pq, size_t nq, const uint32_t *pk,
                                          size_t nk, const clattn_rows *r, const char *owner)
 {
@@ -575,14 +586,8 @@ clattn_status clattn_plan_positions_check(const clattn_plan *p, const uint32_t *
     if (d->varlen) snprintf(how, sizeof how, "cu_seqlens_kv[batch] = %zu", r->k);
     else snprintf(how, sizeof how, "batch x seq_kv = %zu x %zu", d->batch, d->seq_kv);
     TRY(clattn_count_check(owner, "rope_positions_kv", pk, nk, r->k, how));
-    for (int w = 0; w < 2; w++) {
-        const uint32_t *pos = w ? pk : pq;
-        for (size_t i = 0; pos && i < (w ? r->k : r->q); i++)
-            if (pos[i] > CLATTN_ROPE_MAX_POSITION)
-                return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions%s[%zu] is %u, past the largest "
-                                   "position a row may be given (CLATTN_ROPE_MAX_POSITION = %u)", owner, w ? "_kv" : "",
-                                   i, (unsigned)pos[i], CLATTN_ROPE_MAX_POSITION);
-    }
+    TRY(clattn_positions_max_check(pq, r->q, owner, "rope_positions", "a row"));
+    TRY(clattn_positions_max_check(pk, r->k, owner, "rope_positions_kv", "a row"));
     return CLATTN_STATUS_SUCCESS;
 }
 

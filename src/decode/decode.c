@@ -243,11 +243,7 @@ static clattn_status step_positions(const clattn_plan *p, const uint32_t *pos, s
     char how[96];
     snprintf(how, sizeof how, "%s rows, one per new token", lead);
     TRY(clattn_count_check(owner, "rope_positions", pos, count, s->rows, how));
-    for (size_t i = 0; pos && i < s->rows; i++)
-        if (pos[i] > CLATTN_ROPE_MAX_POSITION)
-            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "%s.rope_positions[%zu] is %u, past the largest "
-                               "position a token may be given (CLATTN_ROPE_MAX_POSITION = %u)", owner, i,
-                               (unsigned)pos[i], CLATTN_ROPE_MAX_POSITION);
+    TRY(clattn_positions_max_check(pos, s->rows, owner, "rope_positions", "a token"));
     s->pos = pos;
     return CLATTN_STATUS_SUCCESS;
 }
