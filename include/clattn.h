@@ -345,6 +345,11 @@ typedef struct clattn_attention_desc {
                             need_weights (README, "Variable-length batches") */
     clattn_rope rope;    /* rotary position embeddings on Q and K (above; kind NONE: off). Prefill, training and
                             decode plans; encoder plans refuse it */
+    int sinks;           /* 1: attention sinks (gpt-oss): query head h has a logit sink_h (weights.sinks) in its
+                            softmax's denominator and no value, so row i's weights are exp(s_ij) / (exp(sink_h) +
+                            sum_j exp(s_ij)) and sum to less than 1; a row with no visible key still gives 0. -inf:
+                            no sink for that head. Prefill plans (inference) in 0.8: training, decode and need_weights
+                            refuse it (README, "Attention variants") */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the
@@ -366,6 +371,9 @@ typedef struct clattn_attention_weights {
     size_t w_query_count, w_key_count, w_value_count;
     size_t b_query_count, b_key_count, b_value_count;
     size_t w_out_count, b_out_count;
+    /* clattn 0.8, desc.sinks only (else refused): each query head's sink logit (H), finite or -inf */
+    const void *sinks;
+    size_t sinks_count;
 } clattn_attention_weights;
 
 typedef struct clattn_plan clattn_plan;

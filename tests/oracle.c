@@ -243,12 +243,17 @@ int oracle_attention_stats(const clattn_attention_desc *d, const clattn_attentio
                     if (isnan(s)) nan_row = 1;
                     if (s > mx) mx = s;
                 }
-                double sum = 0.0;
+                /* attention sinks (desc.sinks, gpt-oss): the head's sink is one more column of the row's logits,
+                 * whose weight is dropped after the softmax (it has no value); -inf without sinks */
+                const double sink = d->sinks && w && w->sinks ? (double)((const float *)w->sinks)[h] : -INFINITY;
+                const double top = sink > mx ? sink : mx;
+                double sum = top == -INFINITY ? 0.0 : exp(sink - top);
                 for (size_t j = 0; j < Tk; j++) {
-                    p[j] = (mx == -INFINITY || p[j] == -INFINITY) ? 0.0 : exp(p[j] - mx);
+                    p[j] = (top == -INFINITY || p[j] == -INFINITY) ? 0.0 : exp(p[j] - top);
                     sum += p[j];
                 }
-                if (lse) /* log of the sum of exp over the visible scores, before dropout */
+                mx = top;
+                if (lse) /* log of the sum of exp over the visible scores (and the sink), before dropout */
                     lse[(b * H + h) * Tq + i] = nan_row ? NAN : sum == 0.0 ? -INFINITY : mx + log(sum);
                 for (size_t j = 0; j < Tk; j++) {
                     p[j] = nan_row ? NAN : sum == 0.0 ? 0.0 : p[j] / sum; /* no visible key: 0 */

@@ -15,7 +15,8 @@
  * resolved here independently of clattn_plan_desc: Tk = Tq unless cross, Ekv = E (without weights in
  * cross-attention HK*dk), dk = E/H without weights, dv = dk, scale = 1/sqrt(dk)). desc.separate_value: V is
  * args.value; desc.attn_mask_per_batch / _per_head: the mask is (B,) (H,) Tq, Tk. A fully masked row has weights 0 (clattn's
- * documented choice; PyTorch gives NaN). With desc.dropout = p, weight (b, h, i, j) is kept
+ * documented choice; PyTorch gives NaN). desc.sinks: weights.sinks (H floats) is one more logit in each row of head h,
+ * with no value (gpt-oss). With desc.dropout = p, weight (b, h, i, j) is kept
  * as w / (1 - p) or dropped to 0 as oracle_dropout_keep(desc.seed, p, b, h, i, j) says; a dropped
  * weight is 0 even in a NaN row (clattn's choice, which this oracle encodes rather than derives:
  * torch's NaN * 0 would stay NaN). A description the library refuses (dk = 0 with weights,

@@ -148,6 +148,31 @@ Test(prefill, rope)
     CHECK_ALL(cases, 1100);
 }
 
+/* attention sinks (desc.sinks, gpt-oss): a logit per head in the softmax's denominator, head 0 without one
+ * (tu_problem_make). Projected and not (a separate value), GQA with the window and rotary embeddings, cross-attention
+ * with padding and a float mask (rows with no visible key: 0), dropout, a half KV cache, half plans (a core that reads
+ * the type gets fp32 rows with sinks), one row. The shapes are those of the cases above. */
+Test(prefill, sinks)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 61, .E = 16, .H = 4, .dk = 4, .dv = 4, .causal = 1, .biases = 1, .sinks = 1},
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1, .sinks = 1,
+         .rope = {.kind = ROPE_HALF}},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .mask = CLATTN_MASK_FLOAT, .biases = 1, .sinks = 1},
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .mask = CLATTN_MASK_FLOAT, .mask_pb = 1, .mask_ph = 1, .sinks = 1},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .dropout = 0.2f, .sinks = 1},
+        {.B = 1, .Tq = 130, .E = 64, .H = 2, .dk = 64, .dv = 64, .Eo = 32, .biases = 1, .sinks = 1},
+        {.B = 2, .Tq = 19, .E = 16, .H = 2, .dk = 8, .dv = 8, .kv_half = 1, .causal = 1, .sinks = 1},
+        {.B = 1, .Tq = 1, .E = 8, .H = 2, .dk = 4, .dv = 4, .sinks = 1},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .dtype = CLATTN_DTYPE_F16,
+         .sinks = 1},
+        {.B = 1, .Tq = 67, .E = 256, .H = 2, .noproj = 1, .causal = 1, .dtype = CLATTN_DTYPE_BF16, .sinks = 1},
+    };
+    CHECK_ALL(cases, 1200);
+}
+
 /* half-precision plans (desc.dtype F16 and BF16): inputs, weights and outputs in the type, against the oracle on the
  * same rounded values with the type's bound (tu_dtype_tolerance): projected and not, every mask, GQA, the weights,
  * one row, odd lengths, kv_half */
@@ -243,6 +268,10 @@ Test(prefill, varlen)
     self.rope_pos = cross.rope_pos = 1;
     tu_varlen_check(dev, &self, cases[0].q, NULL, 1012, 1);
     tu_varlen_check(dev, &cross, cases[1].q, cases[1].k, 1013, 1);
+    /* attention sinks: each sequence's rows scaled from its own rows' statistics */
+    self.rope_pos = cross.rope_pos = 0, self.sinks = cross.sinks = 1;
+    tu_varlen_check(dev, &self, cases[0].q, NULL, 1014, 1);
+    tu_varlen_check(dev, &cross, cases[1].q, cases[1].k, 1015, 1);
 }
 
 /* A half plan on cl_mem buffers at element offsets (x, kv, value in the type, out and the weights written in it):

@@ -368,6 +368,26 @@ Test(half, types_ref)
     clattn_device_free(dev);
 }
 
+/* attention sinks (desc.sinks) on the ref device against the oracle (which adds each head's sink as one more logit of
+ * the row, gpt-oss's way): GQA with the window and rope, cross-attention with rows without a visible key, dropout, one
+ * row, a bfloat16 plan; the OpenCL cores run test_conformance's prefill/sinks */
+Test(sinks, ref)
+{
+    static const tu_attn_case cases[] = {
+        {.B = 2, .Tq = 33, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .window = 5, .causal = 1, .sinks = 1,
+         .rope = {.kind = CLATTN_ROPE_HALF}},
+        {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 8, .cross = 1, .causal = 1,
+         .kpm = 1, .mask = CLATTN_MASK_FLOAT, .biases = 1, .sinks = 1},
+        {.B = 2, .Tq = 17, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .dropout = 0.2f, .sinks = 1},
+        {.B = 1, .Tq = 1, .E = 8, .H = 2, .dk = 4, .dv = 4, .sinks = 1},
+        {.B = 2, .Tq = 7, .Tk = 61, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+         .dtype = CLATTN_DTYPE_BF16, .sinks = 1},
+    };
+    clattn_device *dev = tu_open_ref();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) tu_attention_check(dev, &cases[i], 720 + i);
+    clattn_device_free(dev);
+}
+
 /* clattn_dtype_convert (the plans' rounding, public for callers): known values at the edges (ties to even, half's
  * overflow to inf and its subnormals, NaN kept, -0), a million random floats against the tests' own rounding
  * (tu_dtype_round, frexp and nearbyint), widening exact, half to bfloat16, and the refusals */

@@ -1850,6 +1850,105 @@ Test(misuse, rope_refusals)
     clattn_device_free(devs[1]);
 }
 
+/* attention sinks (desc.sinks): what clattn 0.8 cannot compute with them refused by name (training, the weights out,
+ * decode and encoder plans), weights.sinks only with desc.sinks and with one finite (or -inf) logit per head, and
+ * clattn_plan_set_weights replacing them (refused without them, and a NaN keeps the old ones): the new sinks' output
+ * against the oracle's, on both backends */
+Test(misuse, sinks_refused)
+{
+    clattn_device *devs[2] = {tu_open_ref(), open_cl()};
+#define D(...) {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, __VA_ARGS__}
+    const refusal bad[] = {
+        {"sinks must be 0 or 1", D(.sinks = 2)},
+        {"sinks with training: clattn 0.8 runs attention sinks in inference plans", D(.sinks = 1, .training = 1)},
+        {"sinks with need_weights", D(.sinks = 1, .need_weights = 1)},
+        {"desc.sinks = 1 needs weights.sinks: one logit per query head (2)", D(.sinks = 1)},
+    };
+#undef D
+    const clattn_attention_desc d = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, .sinks = 1};
+    const clattn_attention_desc plain = {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2};
+    float sinks[3] = {-INFINITY, 0.5f, 9.0f};
+    for (int k = 0; k < 2; k++) {
+        refused_all(devs[k], bad, sizeof bad / sizeof bad[0]);
+        clattn_plan *plan = NULL;
+        clattn_attention_weights w = {.sinks = sinks, .sinks_count = 2};
+        cr_assert_eq(clattn_plan_create(devs[k], &plain, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "weights.sinks is given, but desc.sinks = 0: they would be ignored"), "%s",
+                  clattn_last_error());
+        w.sinks_count = 3;
+        cr_assert_eq(clattn_plan_create(devs[k], &d, &w, &plan), CLATTN_STATUS_SHAPE_MISMATCH);
+        cr_assert(strstr(clattn_last_error(), "weights.sinks has 3 elements"), "%s", clattn_last_error());
+        w.sinks_count = 2;
+        const float nonfinite[2] = {NAN, INFINITY};
+        for (int n = 0; n < 2; n++) {
+            const float s2[2] = {0.0f, nonfinite[n]};
+            const clattn_attention_weights wn = {.sinks = s2, .sinks_count = 2};
+            cr_assert_eq(clattn_plan_create(devs[k], &d, &wn, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
+            cr_assert(strstr(clattn_last_error(), n ? "weights.sinks[1] is inf" : "weights.sinks[1] is nan"), "%s",
+                      clattn_last_error());
+            cr_assert_null(plan);
+        }
+        /* decode and encoder plans have no sinks */
+        const clattn_attention_desc dd = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .causal = 1, .sinks = 1};
+        clattn_decode_plan *dp = NULL;
+        cr_assert_eq(clattn_decode_plan_create(devs[k], &dd, &w, &dp), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "a decode plan has no attention sinks"), "%s", clattn_last_error());
+        cr_assert_null(dp);
+        const clattn_encoder_desc ed = {.attn = {.batch = 1, .seq_q = 2, .embed = 8, .heads = 2, .out_dim = 8,
+                                                 .sinks = 1}, .ff_dim = 16};
+        clattn_encoder_plan *ep = NULL;
+        const clattn_encoder_weights ew = {0};
+        cr_assert_eq(clattn_encoder_plan_create(devs[k], &ed, &ew, &ep), CLATTN_STATUS_UNSUPPORTED);
+        cr_assert(strstr(clattn_last_error(), "desc.attn.sinks"), "%s", clattn_last_error());
+        cr_assert_null(ep);
+        /* set_weights: the sinks are the plan's arrays like the others */
+        clattn_plan *without = NULL;
+        cr_assert_eq(clattn_plan_create(devs[k], &plain, NULL, &without), CLATTN_STATUS_SUCCESS, "%s",
+                     clattn_last_error());
+        cr_assert_eq(clattn_plan_set_weights(without, &w), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "weights.sinks is given, but the plan was created without them"), "%s",
+                  clattn_last_error());
+        clattn_plan_free(without);
+        /* a plan of a problem created with other sinks, given the problem's: its output is the oracle's with these */
+        const tu_attn_case c = {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .causal = 1, .sinks = 1};
+        tu_problem p;
+        tu_problem_make(&p, &c, 77);
+        clattn_attention_weights first = p.w;
+        const float other[3] = {3.0f, -INFINITY, -1.0f};
+        first.sinks = other;
+        cr_assert_eq(tu_plan_create(devs[k], &p.d, &first, &plan), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        clattn_attention_weights none = {0};
+        cr_assert_eq(clattn_plan_set_weights(plan, &none), CLATTN_STATUS_INVALID_ARGUMENT);
+        clattn_attention_weights given = p.w;
+        tu_count_weights(&given, &p.d);
+        given.sinks = NULL, given.sinks_count = 0;
+        cr_assert_eq(clattn_plan_set_weights(plan, &given), CLATTN_STATUS_INVALID_ARGUMENT);
+        cr_assert(strstr(clattn_last_error(), "weights.sinks is NULL, but the plan was created with them"), "%s",
+                  clattn_last_error());
+        given.sinks = p.w.sinks, given.sinks_count = 3;
+        cr_assert_eq(clattn_plan_set_weights(plan, &given), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        const float bad_sinks[3] = {0.0f, 0.0f, NAN};
+        clattn_attention_weights nan_given = given;
+        nan_given.sinks = bad_sinks;
+        cr_assert_eq(clattn_plan_set_weights(plan, &nan_given), CLATTN_STATUS_INVALID_ARGUMENT); /* the last kept */
+        const size_t n = 2 * 7 * 12;
+        float *out = tu_poisoned(n);
+        double *want = malloc(n * sizeof *want);
+        cr_assert_eq(oracle_attention(&p.d, &p.w, &p.a, want, NULL), 0);
+        clattn_attention_args a = p.a;
+        a.out = out;
+        cr_assert_eq(tu_plan_execute(plan, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        char msg[256];
+        const size_t bad_n = oracle_compare(out, want, n, TU_ATOL, TU_RTOL, msg, sizeof msg);
+        cr_assert_eq(bad_n, 0, "device %d: the sinks set: %zu of %zu differ; %s", k, bad_n, n, msg);
+        free(out), free(want);
+        clattn_plan_free(plan);
+        tu_problem_free(&p);
+    }
+    clattn_device_free(devs[0]);
+    clattn_device_free(devs[1]);
+}
+
 /* args.rope_positions (and _kv) that the plan cannot take are refused, naming them, with out untouched: on a plan
  * without rope (it would be ignored), _kv on self-attention, one of the two on cross-attention, the wrong count, a
  * position past CLATTN_ROPE_MAX_POSITION; and the same on buffers. Positions that it can take run. */

@@ -44,7 +44,7 @@ static clattn_plan *plan_of(const problem *p, clattn_device *dev, const clattn_a
     if (d->dropout > 0.0f) made.seed = ~d->seed; /* made with another seed and given this one (clattn_plan_set_seed) */
     /* a half plan's weights in its type (p's floats hold the rounded values the oracle reads) */
     clattn_attention_weights w0 = p->first ? *p->first : p->w, w1 = p->w;
-    void *typed[16] = {0};
+    void *typed[18] = {0};
     int nt = tu_weights_typed(&w0, d, d->dtype, typed);
     nt += tu_weights_typed(&w1, d, d->dtype, typed + nt);
     clattn_status st = tu_plan_create(dev, &made, &w0, &plan);

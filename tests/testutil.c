@@ -372,6 +372,7 @@ void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *
     fill(&w->b_value_count, w->b_value, HK * dv);
     fill(&w->w_out_count, w->w_out, d->out_dim * H * dv);
     fill(&w->b_out_count, w->b_out, d->out_dim);
+    fill(&w->sinks_count, w->sinks, H);
 }
 
 clattn_status tu_plan_create(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *w,
@@ -567,16 +568,16 @@ void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol)
     tu_dtype_tolerance_of(t, TU_ATOL, TU_RTOL, atol, rtol);
 }
 
-int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[8])
+int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[9])
 {
     int nt = 0;
     if (t == CLATTN_DTYPE_F32) return 0;
     tu_count_weights(w, d);
-    const void **ws[8] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
-                          &w->b_out};
-    const size_t *ns[8] = {&w->w_query_count, &w->w_key_count, &w->w_value_count, &w->b_query_count,
-                           &w->b_key_count, &w->b_value_count, &w->w_out_count, &w->b_out_count};
-    for (int k = 0; k < 8; k++)
+    const void **ws[9] = {&w->w_query, &w->w_key, &w->w_value, &w->b_query, &w->b_key, &w->b_value, &w->w_out,
+                          &w->b_out, &w->sinks};
+    const size_t *ns[9] = {&w->w_query_count, &w->w_key_count, &w->w_value_count, &w->b_query_count,
+                           &w->b_key_count, &w->b_value_count, &w->w_out_count, &w->b_out_count, &w->sinks_count};
+    for (int k = 0; k < 9; k++)
         if (*ws[k]) *ws[k] = typed[nt++] = tu_typed(*ws[k], *ns[k], t);
     return nt;
 }
@@ -600,7 +601,7 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
     d->key_padding_mask = c->kpm, d->attn_mask = c->mask, d->dropout = c->dropout, d->seed = seed * 31 + 7;
     d->training = c->training, d->layout = c->layout, d->kv_half = c->kv_half, d->need_weights = c->need_weights;
     d->scale = c->scale, d->dtype = c->dtype;
-    d->rope = c->rope;
+    d->rope = c->rope, d->sinks = c->sinks;
     d->separate_value = c->separate_value, d->attn_mask_per_batch = c->mask_pb, d->attn_mask_per_head = c->mask_ph;
     const size_t H = c->H, HK = c->HK ? c->HK : c->H, dk = c->noproj ? c->E / H : c->dk;
     const size_t dv = c->noproj ? (c->separate_value && c->dv ? c->dv : c->E / H) : c->dv;
@@ -632,6 +633,14 @@ void tu_problem_make(tu_problem *p, const tu_attn_case *c, uint64_t seed)
         for (size_t i = 0; i < B * Tk; i++) p->kpm[i] = tu_next(&rng) % 4 == 0;
         if (B > 1) memset(p->kpm + (B - 1) * Tk, 1, Tk); /* a fully masked batch entry: lse -inf, context 0 */
         p->a.key_padding_mask = p->kpm;
+    }
+    if (c->sinks) { /* from an rng of their own (the other arrays as without them): head 0 without a sink (-inf) when
+                     * there are others, the rest about the rows' log-sum-exp (a few units), so that each row keeps
+                     * from a tenth to nearly all of its weight */
+        tu_rng srng = {seed ^ 0x5157u};
+        float *s = p->bufs[p->nb++] = typed_random(&srng, c->dtype, H, -2.0f, 4.0f);
+        if (H > 1) s[0] = -INFINITY;
+        p->w.sinks = s;
     }
     if (c->rope_pos) {
         p->pos_q = malloc(B * Tq * sizeof *p->pos_q);
@@ -704,7 +713,7 @@ static double *p_rounding_bound(const tu_problem *p, const tu_attn_case *c, cons
  * forced core where one is; NULL (the copies freed) when the device refuses it for a limit of its own
  * (tu_refused_by_device), else asserted made. `what` names the case. */
 static clattn_plan *typed_plan(clattn_device *dev, const clattn_attention_desc *d, const clattn_attention_weights *pw,
-                               clattn_dtype t, const clattn_core_info *forced, void *typed[11], int *nt,
+                               clattn_dtype t, const clattn_core_info *forced, void *typed[12], int *nt,
                                const char *what)
 {
     clattn_attention_weights w = *pw;
@@ -735,7 +744,7 @@ void tu_attention_check(clattn_device *dev, const tu_attn_case *c, uint64_t seed
     /* the plan's arrays in its type (the oracle reads p's floats, the same values) */
     const size_t B = d.batch, Tq = d.seq_q, Tk = d.cross ? d.seq_kv : Tq, H = d.heads;
     const size_t HK = d.kv_heads ? d.kv_heads : H;
-    void *typed[11] = {0};
+    void *typed[12] = {0};
     int nt;
     char what[48];
     snprintf(what, sizeof what, "case %llu", (unsigned long long)seed);
@@ -894,7 +903,7 @@ void tu_varlen_check(clattn_device *dev, const tu_attn_case *c, const size_t *le
     clattn_attention_desc d = p.d;
     d.algorithm = forced ? forced->algorithm : CLATTN_ALGORITHM_AUTO;
     d.varlen = 1;
-    void *typed[11] = {0};
+    void *typed[12] = {0};
     int nt;
     char what[48];
     snprintf(what, sizeof what, "varlen case %llu", (unsigned long long)seed);

@@ -96,6 +96,7 @@ typedef struct tu_attn_case {
     int mask_pb, mask_ph; /* the attention mask per batch entry and/or per head: (B,) (H,) Tq, Tk */
     clattn_dtype dtype;   /* the plan's type: inputs and weights rounded to it (the oracle reads them in float) */
     clattn_rope rope;     /* rotary embeddings on Q and K (kind NONE: none) */
+    int sinks;            /* attention sinks (desc.sinks): tu_problem_make's weights.sinks, head 0's -inf (none) */
     int rope_pos;         /* with rope, args.rope_positions given (tu_problem_make's: each entry left-padded by 3b
                              rows at position 1, as transformers' position_ids, then documents of 11 rows each from 0,
                              the odd entries' from 517, past the plan's first table; cross-attention's keys at
@@ -143,7 +144,7 @@ void tu_dtype_tolerance(clattn_dtype t, double *atol, double *rtol);
 void tu_dtype_tolerance_of(clattn_dtype t, double atol32, double rtol32, double *atol, double *rtol);
 /* w's arrays replaced by copies in type t (F32: none), counts filled in; the copies go to typed[] (the caller frees
  * them): returns how many */
-int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[8]);
+int tu_weights_typed(clattn_attention_weights *w, const clattn_attention_desc *d, clattn_dtype t, void *typed[9]);
 /* The attention case on dev against the float64 oracle, every output element checked after poisoning: out, the
  * weights when asked for (and, with a prefill core forced, when it returns them), a training case's lse and context.
  * A half-precision case (c->dtype) gives the plan its arrays in the type and compares with that type's bound. */

@@ -45,6 +45,7 @@ struct clattn_plan {
     int host_staging;            /* OpenCL: staging buffers for execution from host arrays */
     /* host copies, normalised to LINEAR layout [out, in]; NULL when absent */
     float *w_query, *w_key, *w_value, *b_query, *b_key, *b_value, *w_out, *b_out;
+    float *sinks;                /* desc.sinks: each query head's sink logit (H), widened to float; else NULL */
     int profiling;
     int tuned;                   /* it uses entries of the device's tuning file */
     double stage_ms[CLATTN_NSTAGES];

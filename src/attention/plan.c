@@ -84,7 +84,30 @@ static clattn_status check_weight_counts(const clattn_attention_desc *d, const c
                                    w->b_out};
     const size_t counts[8] = {w->w_query_count, w->w_key_count, w->w_value_count, w->b_query_count, w->b_key_count,
                               w->b_value_count, w->w_out_count, w->b_out_count};
-    return clattn_weight_counts_check(d, "weights", "", arrays, counts);
+    TRY(clattn_weight_counts_check(d, "weights", "", arrays, counts));
+    char how[48];
+    snprintf(how, sizeof how, "heads = %zu", d->heads);
+    return clattn_count_check("weights", "sinks", w->sinks, w->sinks_count, d->heads, how);
+}
+
+/* A new float copy of weights.sinks (checked: finite or -inf) into *out (NULL when not given). */
+static clattn_status copy_sinks(const clattn_attention_desc *d, const clattn_attention_weights *w, float **out)
+{
+    *out = NULL;
+    if (!w->sinks) return CLATTN_STATUS_SUCCESS;
+    float *s = clattn_malloc(d->heads * sizeof *s);
+    if (!s) return clattn_fail(CLATTN_STATUS_OUT_OF_HOST_MEMORY, "copying the sinks");
+    if (d->dtype != CLATTN_DTYPE_F32) clattn_dtype_widen(w->sinks, d->heads, d->dtype, s);
+    else memcpy(s, w->sinks, d->heads * sizeof *s);
+    for (size_t h = 0; h < d->heads; h++)
+        if (isnan(s[h]) || s[h] == INFINITY) {
+            const double v = s[h];
+            free(s);
+            return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.sinks[%zu] is %g: a sink is a finite logit, or "
+                               "-inf for a head without one", h, v);
+        }
+    *out = s;
+    return CLATTN_STATUS_SUCCESS;
 }
 
 /* Resolve defaults and check every field, in a fixed order, before any allocation. */
@@ -120,6 +143,12 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
                            "cache's page_size), or 0 for contiguous caches", d->kv_page_size);
     if ((unsigned)d->training > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "training must be 0 or 1");
     if ((unsigned)d->varlen > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "varlen must be 0 or 1");
+    if ((unsigned)d->sinks > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "sinks must be 0 or 1");
+    if (d->sinks && (d->training || d->need_weights))
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "sinks with %s: clattn 0.8 runs attention sinks in inference "
+                           "plans without the weights out (%s)", d->training ? "training" : "need_weights",
+                           d->training ? "the sinks' gradient is not computed yet" :
+                           "the weights a sink leaves are not returned yet");
     if (d->varlen && (d->key_padding_mask || d->attn_mask || d->need_weights))
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run without masks "
                            "or the weights (the lengths say which keys a sequence has; README, "
@@ -199,6 +228,12 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if (!*has_out && d->out_dim != 0) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "out_dim given without w_out");
 
     TRY(clattn_rope_resolve(d));
+    if (!d->sinks && w->sinks)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.sinks is given, but desc.sinks = 0: they would be "
+                           "ignored");
+    if (d->sinks && !w->sinks)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "desc.sinks = 1 needs weights.sinks: one logit per query "
+                           "head (%zu)", d->heads);
 
     if (isnan(d->scale) || isinf(d->scale))
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "scale must be finite (0 = 1/sqrt(head_dim_qk))");
@@ -230,6 +265,7 @@ void clattn_plan_free(clattn_plan *plan)
     free(plan->w_query); free(plan->w_key); free(plan->w_value);
     free(plan->b_query); free(plan->b_key); free(plan->b_value);
     free(plan->w_out); free(plan->b_out);
+    free(plan->sinks);
     free(plan->rope_cs);
     pthread_mutex_destroy(&plan->lock);
     free(plan);
@@ -256,9 +292,10 @@ clattn_status clattn_buffers_call_check(const void *plan, const void *buffers, i
     return CLATTN_STATUS_SUCCESS;
 }
 
-/* The plan's host copies of its weights, in clattn_attention_weights' order. */
-#define WEIGHT_SLOTS(p) \
-    {&(p)->w_query, &(p)->w_key, &(p)->w_value, &(p)->b_query, &(p)->b_key, &(p)->b_value, &(p)->w_out, &(p)->b_out}
+/* The plan's host copies of its weights, in clattn_attention_weights' order (the sinks last). */
+#define WEIGHT_SLOTS(p)                                                                                               \
+    {&(p)->w_query, &(p)->w_key, &(p)->w_value, &(p)->b_query, &(p)->b_key, &(p)->b_value, &(p)->w_out, &(p)->b_out, \
+     &(p)->sinks}
 
 /* New copies of the given weights (validated against the resolved d), normalised to LINEAR, into *out[i] (NULL for an
  * array not given); on failure nothing is kept. */
@@ -320,11 +357,15 @@ clattn_status clattn_plan_prepare(clattn_device *device, const clattn_attention_
     p->has_out = has_out;
     p->out_width = has_out ? d.out_dim : d.heads * d.head_dim_v;
     p->host_staging = host_staging;
-    float **slots[8] = WEIGHT_SLOTS(p);
+    float **slots[9] = WEIGHT_SLOTS(p);
     const clattn_attention_weights none = {0};
     if (copy_weights(&d, weights ? weights : &none, slots) != CLATTN_STATUS_SUCCESS) {
         clattn_plan_free(p);
         return CLATTN_STATUS_OUT_OF_HOST_MEMORY;
+    }
+    if ((st = copy_sinks(&d, weights ? weights : &none, &p->sinks)) != CLATTN_STATUS_SUCCESS) {
+        clattn_plan_free(p);
+        return st;
     }
     p->rope_positions = d.seq_q > d.seq_kv ? d.seq_q : d.seq_kv;
     if (d.rope.kind != CLATTN_ROPE_NONE && !(p->rope_cs = clattn_rope_table(&d.rope, p->rope_positions))) {
@@ -393,20 +434,29 @@ clattn_status clattn_plan_set_weights(clattn_plan *plan, const clattn_attention_
             return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.%s is %s, but the plan was created %s it: "
                                "clattn_plan_set_weights replaces the arrays the plan has, all of them and no other",
                                names[i], given[i] ? "given" : "NULL", has[i] ? "with" : "without");
+    if (!weights->sinks != !plan->sinks)
+        return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "weights.sinks is %s, but the plan was created %s them: "
+                           "clattn_plan_set_weights replaces the arrays the plan has, all of them and no other",
+                           weights->sinks ? "given" : "NULL", plan->sinks ? "with" : "without");
     TRY(check_weight_counts(&plan->d, weights));
-    float *fresh[8], **fslots[8];
+    float *fresh[9], **fslots[8];
     for (int i = 0; i < 8; i++) fslots[i] = &fresh[i];
-    TRY(copy_weights(&plan->d, weights, fslots));
+    TRY(copy_sinks(&plan->d, weights, &fresh[8]));
+    clattn_status st = copy_weights(&plan->d, weights, fslots);
+    if (st != CLATTN_STATUS_SUCCESS) {
+        free(fresh[8]);
+        return st;
+    }
     pthread_mutex_lock(&plan->lock);
-    float **slots[8] = WEIGHT_SLOTS(plan), *old[8];
-    for (int i = 0; i < 8; i++) old[i] = *slots[i], *slots[i] = fresh[i];
-    clattn_status st = plan->ops->set_weights ? plan->ops->set_weights(plan) : CLATTN_STATUS_SUCCESS;
+    float **slots[9] = WEIGHT_SLOTS(plan), *old[9];
+    for (int i = 0; i < 9; i++) old[i] = *slots[i], *slots[i] = fresh[i];
+    st = plan->ops->set_weights ? plan->ops->set_weights(plan) : CLATTN_STATUS_SUCCESS;
     if (st != CLATTN_STATUS_SUCCESS) { /* a device error: the old weights back, on the host and (if it can) the device */
-        for (int i = 0; i < 8; i++) *slots[i] = old[i], old[i] = fresh[i];
+        for (int i = 0; i < 9; i++) *slots[i] = old[i], old[i] = fresh[i];
         (void)plan->ops->set_weights(plan);
     }
     pthread_mutex_unlock(&plan->lock);
-    for (int i = 0; i < 8; i++) free(old[i]);
+    for (int i = 0; i < 9; i++) free(old[i]);
     return st;
 }
 

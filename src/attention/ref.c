@@ -57,12 +57,14 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                 /* 2a. scaled scores, masked entries -inf */
                 int any_nan;
                 const double max = clattn_ref_scores(plan, a, Q, K, b, h, i, w, &any_nan);
-                /* 2b. softmax; a row with no visible key gets weights 0, a NaN score makes the row NaN */
+                /* 2b. softmax; a row with no visible key gets weights 0, a NaN score makes the row NaN. With
+                 * desc.sinks the head's sink logit joins the denominator (exp(sink - max)), valueless */
                 double sum = 0.0;
                 for (size_t j = 0; j < Tk; j++) {
                     w[j] = max == -INFINITY ? 0.0 : exp(w[j] - max);
                     sum += w[j];
                 }
+                if (plan->sinks && max != -INFINITY) sum += exp((double)plan->sinks[h] - max);
                 /* the row's log-sum-exp (training plans): -inf with no visible key */
                 if (lse)
                     lse[(b * H + h) * Tq + i] = any_nan ? NAN : max == -INFINITY ? -INFINITY : (float)(max + log(sum));

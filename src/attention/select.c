@@ -125,7 +125,7 @@ static int eligible(const clattn_core *c, clattn_core_kind kind, const clattn_at
     if (kind == CLATTN_CORE_GEMM) return 1;
     if (kind == CLATTN_CORE_BACKWARD) return d->training;
     return (d->algorithm == CLATTN_ALGORITHM_AUTO || c->algorithm == d->algorithm) &&
-           (!d->need_weights || c->produces_weights) && (!d->training || c->saves_row_stats);
+           (!d->need_weights || c->produces_weights) && (!(d->training || d->sinks) || c->saves_row_stats);
 }
 
 /* The layout as this core sees it: the biases stay the shell's unless the core adds them (a GEMM core gets

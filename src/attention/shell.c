@@ -59,7 +59,8 @@ static clattn_core_layout layout(const struct clattn_plan *p)
     /* without projections a half plan's own arrays are Q, K, V and the output: a core that reads the type takes them
      * as they are (select.c clears this for the others); not a training plan's, whose context (the output before
      * it is rounded) and backward core are fp32; nor with rope, whose rotated Q and K are fp32 */
-    if (!p->has_qkv && !p->has_out && !d->training && d->rope.kind == CLATTN_ROPE_NONE) l.io_dtype = d->dtype;
+    if (!p->has_qkv && !p->has_out && !d->training && d->rope.kind == CLATTN_ROPE_NONE && !d->sinks)
+        l.io_dtype = d->dtype; /* (nor with sinks, which scale the fp32 rows: shell_sinks.c) */
     return l;
 }
 
@@ -115,6 +116,7 @@ static clattn_status upload_out_projection(struct clattn_plan *p)
 static clattn_status shell_set_weights(struct clattn_plan *p)
 {
     TRY(upload_projections(p));
+    TRY(clattn_shell_sinks_upload(p));
     return upload_out_projection(p);
 }
 
@@ -196,12 +198,13 @@ static clattn_status shell_init(struct clattn_plan *p)
     TRY(upload_out_projection(p));
     TRY(typed_buffers(p));
     TRY(clattn_shell_rope_init(p));
-    /* a training plan's cores write the rows' log-sum-exp at every execution: here when the caller takes none */
-    if (p->d.training) {
+    TRY(clattn_shell_sinks_init(p));
+    /* a training plan's cores (and those of a plan with sinks) write the rows' log-sum-exp at every execution: here
+     * when the caller takes none */
+    if (p->d.training || p->d.sinks)
         TRY(clattn_buffer_new(p->device, p->d.batch * p->d.heads * p->d.seq_q, sizeof(float), NULL,
                               "the rows' log-sum-exp", &c->lse_buf));
-        TRY(clattn_shell_train_init(p));
-    }
+    if (p->d.training) TRY(clattn_shell_train_init(p));
     return p->host_staging ? staging_buffers(p) : CLATTN_STATUS_SUCCESS;
 }
 
@@ -213,7 +216,8 @@ const clattn_linear *clattn_plan_linear(const struct clattn_plan *p)
 #define SHELL_MEMS(c)                                                                                         \
     {&c->w_proj, &c->w_kv, &c->b_proj, &c->b_proj_kv, &c->b_q, &c->b_k, &c->b_v, &c->w_out, &c->b_out, &c->proj, \
      &c->proj_kv, &c->merged, &c->x_in, &c->kv_in, &c->kpm_in, &c->mask_in, &c->out_buf, &c->lse_buf, &c->value_in,  \
-     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32, &c->rope_cs, &c->rope_q, &c->rope_k, &c->rope_pos}
+     &c->x32, &c->kv32, &c->value32, &c->out32, &c->attn32, &c->rope_cs, &c->rope_q, &c->rope_k, &c->rope_pos,   \
+     &c->sinks_buf}
 
 static size_t shell_device_bytes(const struct clattn_plan *p)
 {
@@ -238,6 +242,8 @@ static void shell_release(struct clattn_plan *p)
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) clattn_mem_release(mems[i]);
     clattn_kernel_release(&c->rope);
     clattn_program_release(&c->rope_prog);
+    clattn_kernel_release(&c->sinks_k);
+    clattn_program_release(&c->sinks_prog);
     if (c->rope_pos_written) {
         clWaitForEvents(1, &c->rope_pos_written);
         clReleaseEvent(c->rope_pos_written);
@@ -281,6 +287,7 @@ static clattn_status run(struct clattn_plan *p, const run_io *io)
         TRY(clattn_shell_core_varlen(p, &io->rows, &cio));
     else
         TRY(c->core.core->run(c->core.state, &cio));
+    TRY(clattn_shell_sinks(p, &io->rows, cio.out, cio.lse)); /* desc.sinks: the rows scaled (else nothing) */
     if (!p->has_out && io->context.mem) /* no output projection: the context is the output */
         CL_CHECK(clEnqueueCopyBuffer(p->device->queue, io->out.mem, io->context.mem, io->out.off * sizeof(float),
                                      io->context.off * sizeof(float), rq * H * dv * sizeof(float), 0, NULL, NULL),

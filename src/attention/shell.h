@@ -56,6 +56,10 @@ typedef struct shell {
     uint32_t *rope_pos_host;      /* its host copy, filled by each such call */
     cl_event rope_pos_written;    /* the upload from it (not blocking; NULL: none pending): waited for before the
                                      next call refills it, and before the plan frees it */
+    /* desc.sinks (shell_sinks.c): cl/attention/sinks.cl and the heads' sink logits */
+    cl_program sinks_prog;
+    cl_kernel sinks_k;
+    cl_mem sinks_buf;
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
 } shell;
@@ -88,6 +92,13 @@ clattn_status clattn_shell_project(struct clattn_plan *p, const run_io *io, clat
 clattn_status clattn_shell_rope_init(struct clattn_plan *p);
 clattn_status clattn_shell_rope_grad(struct clattn_plan *p, const clattn_rows *rows, view dq, size_t dq_ld, view dk,
                                      size_t dk_ld);
+
+/* desc.sinks (shell_sinks.c): the kernel and the sinks on the device (plan creation; nothing without sinks), the
+ * sinks written again (clattn_plan_set_weights), and the core's output rows `out` (row stride: the layout's out_ld)
+ * scaled from their log-sum-exp `lse` (B*Tq rows of H, or a varlen batch's) into those of attention with the sinks. */
+clattn_status clattn_shell_sinks_init(struct clattn_plan *p);
+clattn_status clattn_shell_sinks_upload(struct clattn_plan *p);
+clattn_status clattn_shell_sinks(struct clattn_plan *p, const clattn_rows *rows, view out, view lse);
 
 /* shell_backward.c: a training plan's backward core and buffers (plan creation), their release and bytes, and the
  * backend's backward entry points. */

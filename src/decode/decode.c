@@ -30,6 +30,9 @@ static clattn_status validate_decode(const clattn_attention_desc *d)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not train (desc.training must be 0)");
     if (d->need_weights)
         return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "a decode plan does not return the attention weights");
+    if (d->sinks)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "sinks: a decode plan has no attention sinks in clattn 0.8 (its "
+                           "split-K combine does not add them yet); prefill plans take them");
     if (d->seq_q && d->batch > UINT32_MAX / d->seq_q)
         return clattn_fail(CLATTN_STATUS_SIZE_OVERFLOW, "batch x seq_q = %zu x %zu rows: a decode step's rows are "
                            "32-bit in its kernels (at most %u)", d->batch, d->seq_q, (unsigned)UINT32_MAX);

@@ -52,6 +52,9 @@ static clattn_status validate(const clattn_encoder_desc *in, const clattn_encode
     if (a->rope.kind != CLATTN_ROPE_NONE)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.rope: the encoder layer (torch's "
                            "TransformerEncoderLayer) has no rotary embeddings (desc.attn.rope.kind must be NONE)");
+    if (a->sinks)
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.sinks: the encoder layer (torch's "
+                           "TransformerEncoderLayer) has no attention sinks (desc.attn.sinks must be 0)");
     if (a->varlen)
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "desc.attn.varlen is 1: the encoder layer runs padded batches "
                            "(key_padding_mask); variable-length batches are an attention plan's");
