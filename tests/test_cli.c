@@ -1781,6 +1781,49 @@ Test(cli, rope)
         FLAGS("--heads", "4", "--kv-heads", "2", "--rope", "half", "--rope-dims", "8"));
 }
 
+/* sinks.npy (clattn 0.8): attention sinks, one logit per query head (one head without: -inf), against the float64
+ * oracle on both devices, as a batch and packed (--seqlens); a sinks.npy of the wrong shape refused; a decode session
+ * refused by the library, one line. */
+Test(cli, sinks)
+{
+    float x[DB * DT * DE], wq[DH * DD * DE], wk[DHK * DD * DE], wv[DHK * DD * DE], bk[DHK * DD], wo[DE * DH * DD];
+    decode_inputs(x, wq, wk, wv, bk, wo);
+    const float sinks[DH] = {-INFINITY, 0.5f, 2.5f, -1.0f};
+    const size_t hs[1] = {DH}, three[1] = {3};
+    save_f32(path_in(in_dir, "sinks.npy"), sinks, 1, hs);
+    clattn_attention_weights w = {.w_query = wq, .w_key = wk, .w_value = wv, .b_key = bk, .w_out = wo, .sinks = sinks};
+    const char *devs[2] = {cl_spec(), "ref"};
+    double want[DB * DT * DE];
+    for (int varlen = 0; varlen < 2; varlen++) {
+        const size_t lens[4] = {7, 0, 12, 19}, xs[3] = {DB, DT, DE}, packed[2] = {DB * DT, DE};
+        save_f32(path_in(in_dir, "x.npy"), x, varlen ? 2 : 3, varlen ? packed : xs);
+        for (size_t b = 0, r0 = 0; b < (varlen ? 4u : 1u); r0 += varlen ? lens[b] : 0, b++) {
+            if (varlen && !lens[b]) continue;
+            clattn_attention_desc d = {.batch = varlen ? 1 : DB, .seq_q = varlen ? lens[b] : DT, .embed = DE,
+                                       .heads = DH, .kv_heads = DHK, .head_dim_qk = DD, .head_dim_v = DD,
+                                       .out_dim = DE, .causal = 1, .sinks = 1};
+            clattn_attention_args a = {.x = x + r0 * DE};
+            cr_assert_eq(oracle_attention(&d, &w, &a, want + r0 * DE, NULL), 0);
+        }
+        for (int k = 0; k < 2; k++) {
+            const char *args[32] = {"run", "--in", in_dir, "--out", out_dir, "--device", devs[k], "--heads", "4",
+                                    "--kv-heads", "2", "--causal"};
+            size_t na = 12;
+            if (varlen) args[na++] = "--seqlens", args[na++] = "7,0,12,19";
+            char what[64];
+            snprintf(what, sizeof what, "%s sinks.npy (varlen %d)", devs[k], varlen);
+            run_matches(args, want, DB * DT * DE, what);
+        }
+    }
+    const size_t xs[3] = {DB, DT, DE};
+    save_f32(path_in(in_dir, "x.npy"), x, 3, xs);
+    bad("sinks decode", 1, "a decode plan has no attention sinks",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal", "--decode-from", "5"));
+    save_f32(path_in(in_dir, "sinks.npy"), sinks, 1, three);
+    bad("sinks shape", 1, "sinks.npy: shape (3,) but expected (4,) (H), one sink logit per query head",
+        FLAGS("--heads", "4", "--kv-heads", "2", "--causal"));
+}
+
 /* position_ids.npy (clattn 0.8): each row at the position it gives, int64 (np.arange's) and int32, as a batch
  * (B, T) and as a packed --seqlens batch (total,), forward (one plan, and a --decode-from session: single steps, and
  * verify steps with rollbacks) and --backward, against the float64 oracle at the same

@@ -46,6 +46,9 @@ class Attention(_Shaped, _PlanCached):
     rope: a clattn.Rope (clattn 0.8): rotary position embeddings on the projected queries and keys (after their biases;
     query row i at position i, key row j at j), in every call, forward_train and backward (Llama, Mistral, Qwen,
     GPT-NeoX, GPT-J; README, "Attention variants").
+    sinks: attention sinks (clattn 0.8, gpt-oss's `sinks`): one logit per query head (heads values, finite or -inf for
+    none) in each row's softmax denominator, with no value: weights exp(s_ij) / (exp(sinks[h]) + sum_j exp(s_ij)). In
+    calls (inference); forward_train, backward and need_weights=True refuse them (UnsupportedError).
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 
@@ -59,9 +62,9 @@ class Attention(_Shaped, _PlanCached):
                  causal: bool = False, window: int = 0, scale: float = 0.0, dropout: float = 0.0, seed: int = 0,
                  kv_half: bool = False, layout: str = "linear", algorithm: str = "auto", batch_first: bool = True,
                  device: Optional[str] = None, plan_cache_size: int = 16, precision: str = "fp32",
-                 dtype: Any = "float32", rope: Any = None):
+                 dtype: Any = "float32", rope: Any = None, sinks: Any = None):
         self._wt = _Weights(heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query,
-                            b_key, b_value, w_out, b_out)
+                            b_key, b_value, w_out, b_out, sinks)
         self.causal = _a.flag("causal", causal)
         self.window = _a.integer("window", window)
         if self.window and not self.causal:
@@ -137,7 +140,7 @@ class Attention(_Shaped, _PlanCached):
                                    need_weights=int(need_weights), kv_heads=wt.kv_heads, window=self.window,
                                    kv_half=int(self.kv_half), precision=_lib.PRECISIONS[self.precision],
                                    training=int(training), dtype=_a.dtype_code(self.dtype),
-                                   rope=_rope_struct(self._rope_spec))
+                                   rope=_rope_struct(self._rope_spec), sinks=int(wt.sinks is not None))
             plan = _create(self._device, _lib.plan_create, _lib.plan_free, d, wt.struct(self.dtype),
                            "creating the attention plan")
             plan.weights_version = self._wt_version
@@ -279,22 +282,23 @@ class Attention(_Shaped, _PlanCached):
 
     def set_weights(self, **weights: Any) -> None:
         """Replace the module's weights with new values of the same shapes (a training step's parameters): every
-        weight and bias the module has (w_query, ..., b_out, as the constructor takes them), and no other. The plans
+        weight and bias the module has (w_query, ..., b_out and sinks, as the constructor takes them), and no other. The plans
         already made keep their compiled kernels and take the new values at their next call
         (clattn_plan_set_weights): far cheaper than a new module. Not while calls on this module run in other
         threads."""
         old = self._wt
-        unknown = sorted(set(weights) - set(_lib.WEIGHT_NAMES))
+        names = _lib.WEIGHT_NAMES + ("sinks",)
+        unknown = sorted(set(weights) - set(names))
         if unknown:
-            _invalid(f"set_weights: no weight named {', '.join(unknown)} (the names: {', '.join(_lib.WEIGHT_NAMES)})")
-        given = {k: weights.get(k) for k in _lib.WEIGHT_NAMES}
-        have = {**old.w, **old.b}
-        for k in _lib.WEIGHT_NAMES:
+            _invalid(f"set_weights: no weight named {', '.join(unknown)} (the names: {', '.join(names)})")
+        given = {k: weights.get(k) for k in names}
+        have = {**old.w, **old.b, "sinks": old.sinks}
+        for k in names:
             if (given[k] is None) != (have[k] is None):
                 _invalid(f"set_weights: {k} is {'given' if given[k] is not None else 'missing'}, but the module "
                          f"{'has no' if have[k] is None else 'has a'} {k}: give every weight it has, and no other")
         new = _Weights(old.heads, old.kv_heads, old.layout, None, None, **given)
-        for k, v in {**new.w, **new.b}.items():
+        for k, v in {**new.w, **new.b, "sinks": new.sinks}.items():
             if v is not None and v.shape != have[k].shape:
                 _shape(f"set_weights: {k} has shape {v.shape}, the module's is {have[k].shape}")
         self._wt = new

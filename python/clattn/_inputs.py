@@ -35,7 +35,7 @@ class _Weights:
     and the head sizes follow from the input's width at the call)."""
 
     def __init__(self, heads, kv_heads, layout, head_dim_qk, head_dim_v, w_query, w_key, w_value, b_query, b_key,
-                 b_value, w_out, b_out):
+                 b_value, w_out, b_out, sinks=None):
         self.heads = _a.integer("heads", heads, 1)
         self.kv_heads = self.heads if kv_heads is None else _a.integer("kv_heads", kv_heads, 1)
         if self.heads % self.kv_heads:
@@ -46,6 +46,10 @@ class _Weights:
         self.b = {k: _a.floats(k, v, ndim=1) for k, v in
                   dict(b_query=b_query, b_key=b_key, b_value=b_value, b_out=b_out).items()}
         lin = self.layout == "linear"
+        # attention sinks (gpt-oss): one logit per query head, finite or -inf (the library checks the values)
+        self.sinks = _a.floats("sinks", sinks, ndim=1)
+        if self.sinks is not None and self.sinks.shape != (self.heads,):
+            _shape(f"sinks: {self.sinks.shape[0]} values, expected one per query head (heads={self.heads})")
 
         def out_in(name):  # (output features, input width) whatever the layout
             a = self.w[name]
@@ -132,7 +136,7 @@ class _Weights:
     def struct(self, dtype: str = "float32") -> "_lib.AttentionWeights":
         """The weights as the library takes them, in dtype (half copies made once per dtype and kept: the struct
         points at them)."""
-        arrays = {**self.w, **self.b}
+        arrays = {**self.w, **self.b, "sinks": self.sinks}
         if dtype != "float32":
             cache = self.__dict__.setdefault("_typed", {})
             if dtype not in cache:
@@ -152,6 +156,8 @@ class _Weights:
             s += f", head_dim_qk={self.head_dim_qk}, head_dim_v={self.head_dim_v}"
         if self.out_dim:
             s += f", out_dim={self.out_dim}"
+        if self.sinks is not None:
+            s += ", sinks"
         return s
 
 

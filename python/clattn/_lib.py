@@ -75,14 +75,15 @@ class AttentionDesc(Structure):
                 ("kv_heads", c_size_t), ("window", c_size_t), ("kv_half", c_int),
                 ("precision", c_int), ("training", c_int), ("separate_value", c_int),
                 ("attn_mask_per_batch", c_int), ("attn_mask_per_head", c_int), ("dtype", c_int),
-                ("kv_page_size", c_size_t), ("varlen", c_int), ("rope", Rope)]
+                ("kv_page_size", c_size_t), ("varlen", c_int), ("rope", Rope), ("sinks", c_int)]
 
 
 WEIGHT_NAMES = ("w_query", "w_key", "w_value", "b_query", "b_key", "b_value", "w_out", "b_out")
 
 
 class AttentionWeights(Structure):
-    _fields_ = [(n, c_float_p) for n in WEIGHT_NAMES] + [(n + "_count", c_size_t) for n in WEIGHT_NAMES]
+    _fields_ = [(n, c_float_p) for n in WEIGHT_NAMES] + [(n + "_count", c_size_t) for n in WEIGHT_NAMES] + [
+        ("sinks", c_float_p), ("sinks_count", c_size_t)]
 
 
 class AttentionArgs(Structure):

@@ -49,8 +49,10 @@ from .functional import _DTYPES as _DTYPE_CODES
 __all__ = ["register", "attention_forward", "REFUSED_KEYWORDS", "DeviceCache", "cache_argument"]
 
 REFUSED_KEYWORDS = {
-    "s_aux": "attention sinks (gpt-oss's s_aux): clattn has no sink logits yet",
-    "sinks": "attention sinks: clattn has no sink logits yet",
+    "s_aux": "attention sinks (gpt-oss's s_aux): clattn.functional.attend has no sinks yet (clattn.Attention(sinks=...) "
+             "runs them, in inference)",
+    "sinks": "attention sinks: clattn.functional.attend has no sinks yet (clattn.Attention(sinks=...) runs them, in "
+             "inference)",
     "softcap": "logit soft-capping (Gemma 2's softcap): clattn's scores are not capped",
 }
 

@@ -889,3 +889,75 @@ def test_rope_option_changes_and_branches():
         dec.accept([0], [[0, 2]])
     dec.accept([0], [[0, 1]])
     assert dec.lengths == [2]
+
+
+def sinks_reference(x, w, heads, kv_heads, sinks, causal=False, window=0, kpm=None):
+    """gpt-oss's eager attention in float64 torch: Q, K, V from nn.Linear weights (w: w_query, w_key, w_value, w_out,
+    b_out), each head's sink logit concatenated to its rows' scaled, masked scores as one more column, the softmax over
+    them, the sink's column dropped (it has no value), then the output projection."""
+    x = torch.as_tensor(x).double()
+    B, T, _ = x.shape
+    d = w["w_query"].shape[0] // heads
+    q = (x @ torch.as_tensor(w["w_query"]).double().T).view(B, T, heads, d).transpose(1, 2)
+    k = (x @ torch.as_tensor(w["w_key"]).double().T).view(B, T, kv_heads, d).transpose(1, 2)
+    v = (x @ torch.as_tensor(w["w_value"]).double().T).view(B, T, kv_heads, -1).transpose(1, 2)
+    k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = torch.zeros(T, T, dtype=torch.bool)
+    if causal:
+        hidden |= j > i
+    if window:
+        hidden |= i - j >= window
+    s = s.masked_fill(hidden, -math.inf)
+    if kpm is not None:
+        s = s.masked_fill(torch.as_tensor(kpm)[:, None, None, :], -math.inf)
+    col = torch.as_tensor(sinks).double().view(1, heads, 1, 1).expand(B, heads, T, 1)
+    p = torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
+    p = torch.nan_to_num(p, nan=0.0)  # a row with no visible key and no sink: clattn's 0 where torch gives NaN
+    out = (p @ v).transpose(1, 2).reshape(B, T, -1)
+    return out @ torch.as_tensor(w["w_out"]).double().T + torch.as_tensor(w["b_out"]).double()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_sinks_match_gpt_oss(device):
+    """clattn.Attention(sinks=...) against gpt-oss's formula written above: GQA, causal with a sliding window, a padded
+    batch entry, a head without a sink (-inf) and one whose sink outweighs its keys; a bfloat16 module on the same
+    (rounded) numbers; set_weights with new sinks; what 0.8 does not compute with sinks refused by name"""
+    g = torch.Generator().manual_seed(43)
+    B, T, E, H, HK, d = 2, 11, 16, 4, 2, 4
+    w = dict(w_query=torch.randn(H * d, E, generator=g) * 0.4, w_key=torch.randn(HK * d, E, generator=g) * 0.4,
+             w_value=torch.randn(HK * d, E, generator=g) * 0.4, w_out=torch.randn(E, H * d, generator=g) * 0.4,
+             b_out=torch.randn(E, generator=g) * 0.1)
+    sinks = torch.tensor([-math.inf, 0.5, 3.0, -1.0])
+    x = torch.randn(B, T, E, generator=g)
+    kpm = torch.zeros(B, T, dtype=torch.bool)
+    kpm[1, :3] = True
+    a = clattn.Attention(H, kv_heads=HK, causal=True, window=5, sinks=sinks, device=device, **w)
+    out, _ = a(x, key_padding_mask=kpm)
+    want = sinks_reference(x, w, H, HK, sinks, causal=True, window=5, kpm=kpm)
+    torch.testing.assert_close(out.double(), want, **FWD)
+    plain, _ = clattn.Attention(H, kv_heads=HK, causal=True, window=5, device=device, **w)(x, key_padding_mask=kpm)
+    assert not torch.allclose(plain.double(), want, **FWD)  # the sinks change every head but the first
+    # a bfloat16 module: its weights, sinks and input rounded once, its output once (README, "Data types")
+    rw = {k: v.bfloat16().float() for k, v in w.items()}
+    half = clattn.Attention(H, kv_heads=HK, causal=True, sinks=sinks.bfloat16(), dtype="bfloat16", device=device, **w)
+    got = half(x.bfloat16())[0]
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), sinks_reference(x.bfloat16().float(), rw, H, HK, sinks, causal=True),
+                               rtol=2 ** -7, atol=1e-3)
+    # new sinks through set_weights (every weight the module has, sinks among them)
+    other = torch.tensor([1.0, -math.inf, -2.0, 6.0])
+    with pytest.raises(clattn.InvalidArgumentError, match="sinks is missing"):
+        a.set_weights(**w)
+    a.set_weights(**w, sinks=other)
+    torch.testing.assert_close(a(x, key_padding_mask=kpm)[0].double(),
+                               sinks_reference(x, w, H, HK, other, causal=True, window=5, kpm=kpm), **FWD)
+    with pytest.raises(clattn.ShapeMismatchError, match="sinks: 3 values, expected one per query head"):
+        clattn.Attention(H, kv_heads=HK, sinks=torch.zeros(3), device=device, **w)
+    with pytest.raises(clattn.InvalidArgumentError, match=r"weights.sinks\[1\] is nan"):
+        clattn.Attention(H, kv_heads=HK, sinks=torch.tensor([0.0, math.nan, 0.0, 0.0]), device=device, **w)(x)
+    with pytest.raises(clattn.UnsupportedError, match="sinks with training"):
+        a.forward_train(x)
+    with pytest.raises(clattn.UnsupportedError, match="sinks with need_weights"):
+        a(x, need_weights=True)

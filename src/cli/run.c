@@ -98,7 +98,8 @@ static void usage_line(FILE *f)
                "inputs in DIR: x.npy, optional kv.npy, w_query.npy/w_key.npy/w_value.npy (all or none),\n"
                "  b_query.npy, b_key.npy, b_value.npy, w_out.npy, b_out.npy, key_padding_mask.npy, attn_mask.npy\n"
                "  grad_out.npy (with --backward), position_ids.npy (with --rope: each row's position, int32 or\n"
-               "  int64, (B, Tq) or (Tq,) like x's rows; with kv.npy also key_position_ids.npy, kv's rows')\n"
+               "  int64, (B, Tq) or (Tq,) like x's rows; with kv.npy also key_position_ids.npy, kv's rows'),\n"
+               "  sinks.npy (H): attention sinks, one logit per query head in each row's softmax denominator\n"
                "outputs in DIR: out.npy, attn.npy with --need-weights, lse.npy with --lse, grad_*.npy with --backward\n");
 }
 
@@ -484,12 +485,14 @@ static int parse_flags(int argc, char **argv, run_opts *o)
 
 /* ---------------------------------------------------------------- inputs */
 
-enum { F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_GOUT, F_POS, F_POS_KV, F_COUNT };
+enum {
+    F_X, F_KV, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_BO, F_KPM, F_MASK, F_GOUT, F_POS, F_POS_KV, F_SINKS, F_COUNT
+};
 
 static const char *const file_names[F_COUNT] = {
     "x.npy",     "kv.npy",    "w_query.npy", "w_key.npy", "w_value.npy",          "b_query.npy",
     "b_key.npy", "b_value.npy", "w_out.npy", "b_out.npy", "key_padding_mask.npy", "attn_mask.npy", "grad_out.npy",
-    "position_ids.npy", "key_position_ids.npy"};
+    "position_ids.npy", "key_position_ids.npy", "sinks.npy"};
 
 typedef struct inputs {
     clattn_npy a[F_COUNT];
@@ -747,6 +750,8 @@ static int check_shapes(const inputs *in, size_t heads, size_t kv_heads, dims *d
         say("b_out.npy: given without w_out.npy");
         return -1;
     }
+    size_t nh[1] = {d->H};
+    if (in->has[F_SINKS] && expect(in, F_SINKS, 1, nh, "(H), one sink logit per query head")) return -1;
 
     if (in->has[F_KPM]) {
         const clattn_npy *k = &in->a[F_KPM];
@@ -1100,7 +1105,7 @@ static int describe(run_state *r)
     desc->key_padding_mask = in->has[F_KPM], desc->scale = o->scale, desc->dropout = o->dropout, desc->seed = o->seed;
     desc->layout = CLATTN_LAYOUT_LINEAR, desc->algorithm = o->algorithm, desc->precision = o->precision;
     desc->need_weights = o->need_weights, desc->kv_heads = o->kv_heads, desc->window = o->window;
-    desc->rope = o->rope;
+    desc->rope = o->rope, desc->sinks = in->has[F_SINKS];
     desc->kv_half = o->kv_half, desc->training = o->backward || o->lse, desc->dtype = o->dtype;
     if (o->seen_seqlens) { /* the packed rows (d: one batch of them, as out.npy is written) in sequences */
         size_t mq = 1, mk = 1;
@@ -1120,6 +1125,7 @@ static int describe(run_state *r)
                         &w->b_value_count, &w->w_out_count, &w->b_out_count};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         if (in->has[files[i]]) *data[i] = in->a[files[i]].data, *counts[i] = in->a[files[i]].count;
+    if (in->has[F_SINKS]) w->sinks = in->a[F_SINKS].data, w->sinks_count = in->a[F_SINKS].count;
 
     r->out_width = d->out_proj ? d->Eo : d->H * d->dv;
     size_t t;
