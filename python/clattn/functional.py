@@ -49,8 +49,12 @@ BUCKET_ROWS = 16  # query rows up to which a call is bucketed
 
 _devices: Dict[Optional[str], Tuple[_Device, _PlanCache]] = {}
 _devices_lock = threading.Lock()
+# held from setting a plan's sinks (its weights) to the end of the call that reads them: plans are shared, and another
+# thread's sinks must not reach this call
+_sinks_lock = threading.Lock()
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
+_TORCH_OF = {code: t for t, code in _DTYPES.items()}
 _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")  # torch >= 2.4
 
 
@@ -93,20 +97,24 @@ def _ptr(t: Optional[torch.Tensor], ctype=_lib.c_float_p):
 
 
 def _plan(dev: _Device, cache: _PlanCache, key: tuple):
-    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, rope, kpm, dtype) = key
+    (B, Tq, Tk, H, HK, dk, dv, mask_kind, pb, ph, causal, window, scale, dropout, training, rope, kpm, sinks,
+     dtype) = key
 
     def make():
         d = _lib.AttentionDesc(batch=B, seq_q=Tq, seq_kv=Tk, embed=H * dk, heads=H, kv_heads=HK, head_dim_qk=dk,
                                head_dim_v=dv, cross=1, separate_value=1, causal=int(causal), window=window,
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
                                key_padding_mask=int(kpm), scale=scale, dropout=dropout, training=int(training),
-                               dtype=dtype, rope=_rope_struct(rope))
-        return _create(dev, _lib.plan_create, _lib.plan_free, d, _lib.AttentionWeights(), "creating the attention plan")
+                               dtype=dtype, rope=_rope_struct(rope), sinks=int(sinks))
+        # a plan with sinks is made with zeros, and given the call's before each execution (_sinks_set)
+        zeros = torch.zeros(H if sinks else 0, dtype=_TORCH_OF[dtype])
+        w = _lib.AttentionWeights(sinks=_ptr(zeros) if sinks else None, sinks_count=H if sinks else 0)
+        return _create(dev, _lib.plan_create, _lib.plan_free, d, w, "creating the attention plan")
 
     return cache.get(key, make)
 
 
-def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm=None) -> tuple:
+def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm=None, sinks=None) -> tuple:
     B, Tq, H, dk = q.shape
     Tk, HK, dv = k.shape[1], k.shape[2], v.shape[3]
     kind, pb, ph = _lib.MASK_NONE, False, False
@@ -114,7 +122,8 @@ def _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm=No
         kind = _lib.MASK_BOOL if mask.dtype == torch.uint8 else _lib.MASK_FLOAT
         pb, ph = mask.shape[0] > 1, mask.shape[1] > 1
     return (B, Tq, Tk, H, HK, dk, dv, kind, pb, ph, bool(causal), int(window), float(scale), float(dropout_p),
-            bool(training), rope, kpm is not None, _DTYPES[q.dtype])  # (the type last: test_functional reads it)
+            bool(training), rope, kpm is not None, sinks is not None,
+            _DTYPES[q.dtype])  # (the type last: test_functional reads it)
 
 
 def _inputs(q, k, v, mask, kpm=None) -> "_lib.AttentionArgs":
@@ -142,18 +151,26 @@ def _positioned(a: "_lib.AttentionArgs", pos, B: int, Tq: int, Tk: int) -> None:
     a.rope_positions_kv, a.rope_positions_kv_count = ctypes.cast(pos.data_ptr() + 4 * B * Tq, u32), B * Tk
 
 
+def _sinks_set(plan, sinks: torch.Tensor) -> None:
+    """The call's sinks (H values of the plan's type) as the plan's weights (clattn_plan_set_weights), under
+    _sinks_lock."""
+    w = _lib.AttentionWeights(sinks=_ptr(sinks), sinks_count=sinks.numel())
+    _check(_lib.plan_set_weights(plan.handle, ctypes.byref(w)), "setting the sinks")
+
+
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
                  training: bool, device: str, rope: str = "", kpm=None,
-                 pos=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 pos=None, sinks=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out (B, Tq, H, dv) and, for a training call, lse (B, H, Tq) (else an empty tensor): q (B, Tq, H, dk),
     k (B, Tk, HK, dk), v (B, Tk, HK, dv) contiguous CPU tensors of one type (float32, or float16 or bfloat16 when not
     training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added); kpm None or
     a contiguous (B, Tk) uint8 key padding mask (nonzero = hidden: the library's own, no (Tq, Tk) mask made); pos
-    None or the rows' rotary positions (_positioned)."""
+    None or the rows' rotary positions (_positioned); sinks None or each head's sink logit, a contiguous (H,) tensor
+    of q's type (inference only)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
-    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm))
+    plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm, sinks))
     out = torch.empty((B, Tq, H, dv), dtype=q.dtype)
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
     if dropout_p > 0.0:
@@ -163,7 +180,12 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
     a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
-    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
+    if sinks is None:
+        _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
+        return out, lse
+    with _sinks_lock:
+        _sinks_set(plan, sinks)
+        _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
     return out, lse
 
 
@@ -187,11 +209,13 @@ if _HAS_CUSTOM_OP:
     @torch.library.custom_op("clattn::attend", mutates_args=())
     def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
                    window: int, scale: float, dropout_p: float, seed: int, training: bool,
-                   device: str, rope: str, pos: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=pos)
+                   device: str, rope: str, pos: Optional[torch.Tensor],
+                   sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=pos,
+                            sinks=sinks)
 
     @_attend_op.register_fake
-    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos):
+    def _(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos, sinks):
         B, Tq, H, _ = q.shape
         return (q.new_empty((B, Tq, H, v.shape[3])), q.new_empty((B, H, Tq) if training else (0,),
                                                                   dtype=torch.float32))
@@ -209,7 +233,7 @@ if _HAS_CUSTOM_OP:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos = inputs
+        q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos, sinks = inputs
         out, lse = output
         if not training:
             return
@@ -220,20 +244,21 @@ if _HAS_CUSTOM_OP:
         q, k, v, mask, out, lse, pos = ctx.saved_tensors
         _first_derivatives_only()
         dq, dk, dv = _attend_backward_op(q, k, v, mask, out, lse, grad_out, *ctx.opts, pos)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
     _attend_op.register_autograd(_backward, setup_context=_setup_context)
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None):
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None, sinks=None):
         if training and not any(t.requires_grad for t in (q, k, v)):
             training = False
-        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos)[0]
+        return _attend_op(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos,
+                          sinks)[0]
 else:
     class _AttendFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos):
+        def forward(ctx, q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos, sinks):
             out, lse = _attend_impl(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope,
-                                    pos=pos)
+                                    pos=pos, sinks=sinks)
             if training:
                 ctx.save_for_backward(q, k, v, out, lse)
                 ctx.mask, ctx.pos = mask, pos
@@ -246,11 +271,11 @@ else:
             q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = _attend_backward_impl(q, k, v, ctx.mask, out, lse, grad_out.contiguous(), *ctx.opts,
                                                pos=ctx.pos)
-            return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
-    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None):
+    def _run(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope, pos=None, sinks=None):
         return _AttendFunction.apply(q, k, v, mask, causal, window, scale, dropout_p, seed, training, device, rope,
-                                     pos)
+                                     pos, sinks)
 
 
 def _as_float(name: str, t: Any) -> torch.Tensor:
@@ -298,7 +323,7 @@ def _mask_for(name: str, m: torch.Tensor, B: int, H: int, Tq: int, Tk: int) -> t
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor] = None,
            *, causal: bool = False, window: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
            rope: Optional[Rope] = None, position_ids: Any = None, key_position_ids: Any = None,
-           device: Optional[str] = None) -> torch.Tensor:
+           sinks: Any = None, device: Optional[str] = None) -> torch.Tensor:
     """The core on token-major heads, the layout projections produce and clattn reads without a copy:
     query (B, L, H, E), key (B, S, Hk, E), value (B, S, Hk, Ev) with Hk dividing H (query head h reads key/value
     head h // (H // Hk)) -> (B, L, H, Ev). mask None, or broadcastable to (B, H, L, S): bool True = attend, or float
@@ -308,7 +333,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     0 .. 2^22-1 (transformers' position_ids: packed documents, a chunk after its context; a left-padded batch needs
     none, as a shift of every position changes nothing), query row i of entry b at position_ids[b, i]; (1, L)
     serves every entry; the keys at key_position_ids (B, S), (1, S) or (S,), which defaults to position_ids when
-    S = L (self-attention).
+    S = L (self-attention). sinks (clattn 0.8): attention sinks, gpt-oss's (its s_aux): a tensor of H logits, one per
+    query head in each of its rows' softmax denominators with no value (-inf: none for that head); in inference only
+    (a call that computes gradients refuses them), in the call's type (rounded to it, with half inputs).
     The rest as scaled_dot_product_attention."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -346,6 +373,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     # half inputs of one type run natively for inference; training plans, and mixed types, compute from float32
     if training or not q.dtype == k.dtype == v.dtype:
         q, k, v = q.float(), k.float(), v.float()
+    sk = _sinks_of(sinks, H, training, q.dtype)
     Sb = -(-S // KEY_BUCKET) * KEY_BUCKET
     if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
         q, k, v, m = _bucketed(q, k, v, m, Sb)
@@ -353,8 +381,21 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
             pk = torch.cat((pk, pk.new_zeros((B, Sb - S))), dim=1)
     pos = None if pq is None else torch.cat((pq.reshape(-1), pk.reshape(-1))).contiguous()
     out = _run(q.contiguous(), k.contiguous(), v.contiguous(), m, causal, window, scale, dropout_p, seed, training,
-               device or "", rope_spec, pos)
+               device or "", rope_spec, pos, sk)
     return out if out.dtype == dtype else out.to(dtype)
+
+
+def _sinks_of(sinks: Any, H: int, training: bool, dtype) -> Optional[torch.Tensor]:
+    """attend's sinks checked: None, or H logits as a contiguous tensor of the plan's type."""
+    if sinks is None:
+        return None
+    if training:
+        _unsupported("sinks with gradients: clattn 0.8 runs attention sinks in inference only (the sinks' gradient is "
+                     "not computed yet); call under torch.no_grad(), or without sinks")
+    s = _as_float("sinks", sinks).detach()
+    if tuple(s.shape) != (H,):
+        _shape(f"sinks: {tuple(s.shape)}, expected one logit per query head ({H},)")
+    return s.to(dtype).contiguous()
 
 
 def _positions_of(name: str, ids: Any, B: int, n: int) -> torch.Tensor:

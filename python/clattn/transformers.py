@@ -13,8 +13,9 @@ attention without repeating K and V, the causal flag from the module (or the cal
 sliding windows, packed sequences: whatever transformers put in it), `scaling`, and dropout in training. It computes
 what transformers' "sdpa" implementation computes, but a query row that sees no key gives 0, not NaN.
 
-Refused, with the keyword named (never silently ignored): `s_aux` / `sinks` (attention sinks, gpt-oss), `softcap`
-(Gemma 2), `output_attentions=True` (clattn's core returns no weights here). `position_bias` (T5-style relative
+`s_aux` / `sinks` (gpt-oss's attention sinks) run as attend's sinks, in inference (a call with gradients refuses them,
+as does the DeviceCache's decode). Refused, with the keyword named (never silently ignored): `softcap` (Gemma 2),
+`output_attentions=True` (clattn's core returns no weights here). `position_bias` (T5-style relative
 biases) goes in as a float mask.
 
     cache = clattn.transformers.DeviceCache(model.config, max_cache_len=2048)
@@ -49,10 +50,6 @@ from .functional import _DTYPES as _DTYPE_CODES
 __all__ = ["register", "attention_forward", "REFUSED_KEYWORDS", "DeviceCache", "cache_argument"]
 
 REFUSED_KEYWORDS = {
-    "s_aux": "attention sinks (gpt-oss's s_aux): clattn.functional.attend has no sinks yet (clattn.Attention(sinks=...) "
-             "runs them, in inference)",
-    "sinks": "attention sinks: clattn.functional.attend has no sinks yet (clattn.Attention(sinks=...) runs them, in "
-             "inference)",
     "softcap": "logit soft-capping (Gemma 2's softcap): clattn's scores are not capped",
 }
 
@@ -72,8 +69,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if kwargs.get("output_attentions"):
         _refuse("output_attentions=True: clattn's core returns no attention weights on this path; use "
                 "attn_implementation=\"eager\" to get them")
+    # attention sinks (gpt-oss passes its module's sinks as s_aux): in inference, attend's sinks
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     layer = getattr(key, "_clattn_layer", None)
     if layer is not None:  # the keys and values are in a DeviceCache: attend there
+        if sinks is not None:
+            _refuse("s_aux= (attention sinks) with clattn's DeviceCache: its decode plans have no sinks yet; use the "
+                    "default cache")
         if kwargs.get("position_bias") is not None:
             _refuse("position_bias= with clattn's DeviceCache: its decode steps take no float mask; use the default "
                     "cache")
@@ -106,7 +108,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if causal and sw:  # without a mask: the window, which the mask would hold otherwise
         window = int(sw)
     out = attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mask, causal=causal,
-                 window=window, scale=scaling, dropout_p=float(dropout or 0.0), device=clattn_device)
+                 window=window, scale=scaling, dropout_p=float(dropout or 0.0), sinks=sinks, device=clattn_device)
     return out, None
 
 

@@ -5,6 +5,7 @@ dimensions, value heads of another size, the gradients of query, key and value; 
 choice); refusals; plans cached per shape; dropout repeatable under torch.manual_seed; and, with torch >= 2.4, the
 custom operator under torch.compile. Runs on Debian's torch 1.13 and on PyPI's torch 2.x (scripts/ci-torch2.sh)."""
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -262,14 +263,17 @@ def test_custom_op_under_torch_compile():
     torch.testing.assert_close(gx, ge, **GRAD)
     torch.library.opcheck(torch.ops.clattn.attend.default,
                           (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, False, 0,
-                           0.5, 0.0, 0, False, "", "", None))
+                           0.5, 0.0, 0, False, "", "", None, None))
     torch.library.opcheck(torch.ops.clattn.attend.default,  # with rotary embeddings (a Rope's spec)
                           (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, True, 0,
-                           0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope(kind="interleaved")), None))
+                           0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope(kind="interleaved")), None, None))
     torch.library.opcheck(torch.ops.clattn.attend.default,  # and the rows' positions: 3 queries', then 5 keys'
                           (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, False, 0,
                            0.5, 0.0, 0, False, "", CF._rope_spec(CF.Rope()),
-                           torch.tensor([7, 8, 9, 0, 1, 2, 3, 900], dtype=torch.int32)))
+                           torch.tensor([7, 8, 9, 0, 1, 2, 3, 900], dtype=torch.int32), None))
+    torch.library.opcheck(torch.ops.clattn.attend.default,  # attention sinks (inference): one per query head
+                          (torch.randn(1, 3, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), None, True, 0,
+                           0.5, 0.0, 0, False, "", "", None, torch.tensor([0.5, -1.0])))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -961,3 +965,68 @@ def test_attention_sinks_match_gpt_oss(device):
         a.forward_train(x)
     with pytest.raises(clattn.UnsupportedError, match="sinks with need_weights"):
         a(x, need_weights=True)
+
+
+def sdpa_sinks_reference(q, k, v, sinks, mask=None, is_causal=False):
+    """(B, H, L, E) heads: gpt-oss's eager attention in float64 (the sink a column of the logits, dropped after the
+    softmax); a row with no visible key and no sink gives 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    L, S = s.shape[-2:]
+    if is_causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    col = torch.as_tensor(sinks).double().view(1, -1, 1, 1).expand(s.shape[0], -1, L, 1)
+    return torch.softmax(torch.cat([s, col], -1), -1)[..., :-1].nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attend_sinks(device):
+    """attend(sinks=...) in inference against gpt-oss's formula: causal GQA, a decode-like call (one query, keys
+    bucketed: the padded keys hidden), a bool mask with a row that sees no key, half inputs (the sinks rounded to
+    their type), two threads giving one shared plan their own sinks; refused with gradients and in the wrong shape"""
+    q, k, v = inputs((2, 9, 4, 8), (2, 9, 2, 8), (2, 9, 2, 5), seed=47)
+    sinks = torch.tensor([-math.inf, 0.25, 2.0, -1.5])
+    with torch.no_grad():
+        out = CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
+        want = sdpa_sinks_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks,
+                                    is_causal=True).transpose(1, 2)
+        torch.testing.assert_close(out.double(), want, **FWD)
+        one = CF.attend(q[:, 8:], k, v, sinks=sinks, device=device)  # one query: the bucketed plan
+        torch.testing.assert_close(one.double(), want[:, 8:], **FWD)
+        mask = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+        mask[1, :, 2] = False  # entry 1's row 2 sees no key
+        got = CF.attend(q, k, v, mask, sinks=sinks, device=device)
+        ref = sdpa_sinks_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks, mask=mask)
+        torch.testing.assert_close(got.double(), ref.transpose(1, 2), **FWD)
+        assert torch.all(got[1, 2] == 0)
+        hq, hk, hv, hs = q.bfloat16(), k.bfloat16(), v.bfloat16(), sinks.bfloat16()
+        half = CF.attend(hq, hk, hv, causal=True, sinks=sinks, device=device)
+        assert half.dtype == torch.bfloat16
+        ref = sdpa_sinks_reference(hq.transpose(1, 2), hk.transpose(1, 2), hv.transpose(1, 2), hs.float(),
+                                   is_causal=True).transpose(1, 2)
+        torch.testing.assert_close(half.double(), ref, rtol=2 ** -7, atol=1e-3)
+        results, wants = {}, {}
+
+        def worker(t):
+            s = sinks + t  # each thread's own sinks on the same shape's plan
+            with torch.no_grad():  # (grad mode is the thread's own)
+                wants[t] = sdpa_sinks_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s,
+                                                is_causal=True).transpose(1, 2)
+                results[t] = [CF.attend(q, k, v, causal=True, sinks=s, device=device) for _ in range(12)]
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for t in range(2):
+            for r in results[t]:
+                torch.testing.assert_close(r.double(), wants[t], **FWD)
+    with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):
+        CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
+    with torch.no_grad(), pytest.raises(clattn.ShapeMismatchError, match=r"sinks: \(3,\), expected one logit"):
+        CF.attend(q, k, v, sinks=sinks[:3], device=device)

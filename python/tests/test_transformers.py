@@ -4,6 +4,8 @@ built offline from configs (hidden 64, 4 heads, 2 key/value heads where the fami
 Mistral with a sliding window shorter than the inputs, Qwen2, GPT-2 and BERT. Logits (BERT: hidden states) with
 left and right padding, greedy generate() for 16 tokens, one training step's gradients; the keywords clattn cannot
 compute refused by name. Needs transformers (scripts/ci-torch2.sh makes a venv with it); skipped without."""
+import math
+
 import pytest
 
 import clattn
@@ -145,15 +147,36 @@ class _Module(torch.nn.Module):
     is_causal = True
 
 
-@pytest.mark.parametrize("kw", ["s_aux", "sinks", "softcap"])
+@pytest.mark.parametrize("kw", ["softcap"])
 def test_keywords_refused_by_name(kw):
     q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
     with pytest.raises(clattn.UnsupportedError, match=kw):
-        CT.attention_forward(_Module(), q, k, k, None, **{kw: torch.zeros(4) if kw != "softcap" else 30.0})
+        CT.attention_forward(_Module(), q, k, k, None, **{kw: 30.0})
     out, w = CT.attention_forward(_Module(), q, k, k, None, **{kw: None})  # None: the model does not use it
     assert w is None and out.shape == (1, 3, 4, 8)
     with pytest.raises(clattn.UnsupportedError, match="output_attentions"):
         CT.attention_forward(_Module(), q, k, k, None, output_attentions=True)
+
+
+@pytest.mark.parametrize("kw", ["s_aux", "sinks"])
+def test_sinks_as_gpt_oss_passes_them(kw):
+    """gpt-oss's s_aux (its module's sinks parameter): attend's sinks in inference, against the eager formula (the
+    sink a column of the logits, dropped after the softmax), the causal mask as transformers gives it; refused by
+    name in a call that computes gradients"""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 4, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8,
+                                                                                                       generator=g)
+    s_aux = torch.nn.Parameter(torch.tensor([0.5, -math.inf, 2.0, -1.0]))
+    with torch.no_grad():
+        out, w = CT.attention_forward(_Module(), q, k, v, None, scaling=0.3, **{kw: s_aux})
+        kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+        s = (q.double() @ kk.transpose(-1, -2) * 0.3).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -math.inf)
+        s = torch.cat([s, s_aux.double().view(1, 4, 1, 1).expand(2, 4, 6, 1)], -1)
+        want = (torch.softmax(s, -1)[..., :-1] @ vv).transpose(1, 2)
+    assert w is None
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):
+        CT.attention_forward(_Module(), q.requires_grad_(), k, v, None, **{kw: s_aux})
 
 
 def test_sliding_window_and_position_bias():
