@@ -24,7 +24,7 @@ clattn_status clattn_shell_sinks_upload(struct clattn_plan *p)
 static clattn_status sinks_launch(struct clattn_plan *p, view out, size_t ld, view lse, size_t batch, size_t T)
 {
     shell *c = p->backend_state;
-    const size_t H = p->d.heads, total = batch * H * T;
+    const size_t H = p->d.heads, total = batch * T * H * p->d.head_dim_v;
     clattn_args a;
     clattn_args_begin(&a, c->sinks_k, "sink_rows");
     clattn_arg_view(&a, out);
