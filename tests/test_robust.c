@@ -1873,8 +1873,8 @@ Test(misuse, sinks_refused)
         clattn_plan *plan = NULL;
         clattn_attention_weights w = {.sinks = sinks, .sinks_count = 2};
         cr_assert_eq(clattn_plan_create(devs[k], &plain, &w, &plan), CLATTN_STATUS_INVALID_ARGUMENT);
-        cr_assert(strstr(clattn_last_error(), "weights.sinks is given, but desc.sinks = 0: they would be ignored"), "%s",
-                  clattn_last_error());
+        cr_assert(strstr(clattn_last_error(), "weights.sinks is given, but desc.sinks = 0: they would be ignored"),
+                  "%s", clattn_last_error());
         w.sinks_count = 3;
         cr_assert_eq(clattn_plan_create(devs[k], &d, &w, &plan), CLATTN_STATUS_SHAPE_MISMATCH);
         cr_assert(strstr(clattn_last_error(), "weights.sinks has 3 elements"), "%s", clattn_last_error());

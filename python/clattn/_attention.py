@@ -282,8 +282,8 @@ class Attention(_Shaped, _PlanCached):
 
     def set_weights(self, **weights: Any) -> None:
         """Replace the module's weights with new values of the same shapes (a training step's parameters): every
-        weight and bias the module has (w_query, ..., b_out and sinks, as the constructor takes them), and no other. The plans
-        already made keep their compiled kernels and take the new values at their next call
+        weight and bias the module has (w_query, ..., b_out and sinks, as the constructor takes them), and no other.
+        The plans already made keep their compiled kernels and take the new values at their next call
         (clattn_plan_set_weights): far cheaper than a new module. Not while calls on this module run in other
         threads."""
         old = self._wt

@@ -389,10 +389,11 @@ def _sinks_of(sinks: Any, H: int, training: bool, dtype) -> Optional[torch.Tenso
     """attend's sinks checked: None, or H logits as a contiguous tensor of the plan's type."""
     if sinks is None:
         return None
-    if training:
+    s = _as_float("sinks", sinks)
+    if training or (torch.is_grad_enabled() and s.requires_grad):  # (a learned sink would get no gradient)
         _unsupported("sinks with gradients: clattn 0.8 runs attention sinks in inference only (the sinks' gradient is "
                      "not computed yet); call under torch.no_grad(), or without sinks")
-    s = _as_float("sinks", sinks).detach()
+    s = s.detach()
     if tuple(s.shape) != (H,):
         _shape(f"sinks: {tuple(s.shape)}, expected one logit per query head ({H},)")
     return s.to(dtype).contiguous()

@@ -70,11 +70,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         _refuse("output_attentions=True: clattn's core returns no attention weights on this path; use "
                 "attn_implementation=\"eager\" to get them")
     # attention sinks (gpt-oss passes its module's sinks as s_aux): in inference, attend's sinks
-    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    kw = "s_aux" if kwargs.get("s_aux") is not None else "sinks"
+    sinks = kwargs.get(kw)
+    if sinks is not None and torch.is_grad_enabled() and any(
+            getattr(t, "requires_grad", False) for t in (query, key, value, sinks)):
+        _refuse(f"{kw}= (attention sinks) in a call with gradients: clattn runs them in inference only (their "
+                f"gradient is not computed yet). Use attn_implementation=\"eager\" to train this model")
     layer = getattr(key, "_clattn_layer", None)
     if layer is not None:  # the keys and values are in a DeviceCache: attend there
         if sinks is not None:
-            _refuse("s_aux= (attention sinks) with clattn's DeviceCache: its decode plans have no sinks yet; use the "
+            _refuse(f"{kw}= (attention sinks) with clattn's DeviceCache: its decode plans have no sinks yet; use the "
                     "default cache")
         if kwargs.get("position_bias") is not None:
             _refuse("position_bias= with clattn's DeviceCache: its decode steps take no float mask; use the default "

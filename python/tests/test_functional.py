@@ -1028,5 +1028,7 @@ def test_attend_sinks(device):
                 torch.testing.assert_close(r.double(), wants[t], **FWD)
     with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):
         CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
+    with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):  # a learned sink alone: no gradient
+        CF.attend(q.detach(), k.detach(), v.detach(), sinks=sinks.clone().requires_grad_(), device=device)
     with torch.no_grad(), pytest.raises(clattn.ShapeMismatchError, match=r"sinks: \(3,\), expected one logit"):
         CF.attend(q, k, v, sinks=sinks[:3], device=device)

@@ -86,7 +86,8 @@ int clattn_core_attention_defines(const clattn_attention_desc *d, unsigned what,
         PUT(" -DCAUSAL=%d -DKPM=%d -DMASK_KIND=%d", d->causal, d->key_padding_mask, (int)d->attn_mask);
     if ((what & CLATTN_DEFINES_MASKS) && (d->attn_mask_per_batch || d->attn_mask_per_head)) /* else 0 (mask.cl) */
         PUT(" -DMASK_PB=%d -DMASK_PH=%d", d->attn_mask_per_batch, d->attn_mask_per_head);
-    if (what & CLATTN_DEFINES_TRAIN) PUT(" -DDROPOUT=%d -DLSE=%d", d->dropout > 0.0f, d->training || d->sinks); /* sinks: shell_sinks.c reads it */
+    if (what & CLATTN_DEFINES_TRAIN) /* LSE with sinks too: shell_sinks.c reads it */
+        PUT(" -DDROPOUT=%d -DLSE=%d", d->dropout > 0.0f, d->training || d->sinks);
     if (what & CLATTN_DEFINES_TF32) PUT(" -DTF32=%d", d->precision == CLATTN_PRECISION_TF32);
 #undef PUT
     return n > INT_MAX ? INT_MAX : (int)n;
