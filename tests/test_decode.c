@@ -222,6 +222,19 @@ static clattn_kv_cache *make_paged(clattn_device *dev, const model *m, size_t B,
     return c;
 }
 
+/* Every slot of the cache NaN (written at full length, then truncated to empty): a kernel that reads a slot past a
+ * sequence's length gives NaN, whatever memory the cache happened to get. */
+static void cache_poison(clattn_kv_cache *c, const model *m, size_t B, size_t cap)
+{
+    float *k = tu_poisoned(B * m->HK * cap * m->dk), *v = tu_poisoned(B * m->HK * cap * m->dv);
+    size_t full[8], none[8] = {0};
+    cr_assert(B <= 8);
+    for (size_t b = 0; b < B; b++) full[b] = cap;
+    cr_assert_eq(clattn_kv_cache_write(c, k, v, full), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_truncate(c, none), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    free(k), free(v);
+}
+
 static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B, size_t cap, int half)
 {
     clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = m->HK, .head_dim_qk = m->dk,
@@ -1181,6 +1194,7 @@ static void ragged(clattn_device *dev, int half, size_t splits)
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *cache = make_cache(dev, &m, B, cap, half);
+    cache_poison(cache, &m, B, cap);
 
     /* seq[b]: the tokens sequence b has seen, in order; got[b]: the outputs for them */
     float *seq = calloc(B * cap * E, sizeof *seq), *got = calloc(B * cap * Eo, sizeof *got);
@@ -1272,9 +1286,10 @@ Test(decode, ragged_truncate_read_opencl)
 /* ---------------------------------------------------------------- caller's buffers */
 
 /* Steps on cl_mem buffers (at offsets, with a user event in the wait list and a completion event) equal the
- * same steps from host arrays on a second cache, bit for bit (the host path is the oracle-checked one), the
- * cache read back included; a prefill with valid counts, then steps; refused calls (sizes, overlap, capacity,
- * wait list, the ref device) leave the lengths, the cache and the output buffer unchanged. */
+ * same steps from host arrays on a second cache, bit for bit, the cache read back included, and the host path's
+ * outputs equal the oracle's run over each sequence's tokens (padding rows: the output bias); a prefill with valid
+ * counts, then steps; refused calls (sizes, overlap, capacity, wait list, the ref device) leave the lengths, the
+ * cache and the output buffer unchanged. */
 static void buffers_case(clattn_device *dev, int half, size_t splits, size_t page)
 {
     enum { B = 3, P = 9, STEPS = 5, OX = 7, OO = 5 };
@@ -1290,6 +1305,7 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *ch = make_paged(dev, &m, B, cap, half, page, 0), *cb = make_paged(dev, &m, B, cap, half, page, 0);
+    cache_poison(ch, &m, B, cap), cache_poison(cb, &m, B, cap);
     cl_context ctx = clattn_device_context(dev);
     cl_command_queue q = clattn_device_queue(dev);
     cl_int err;
@@ -1297,11 +1313,24 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
     cl_mem ob = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OO + B * P * Eo) * sizeof(float), NULL, &err);
     cr_assert_eq(err, CL_SUCCESS);
     float *x = vals(&r, B * P * E, half, 6, 1.0f), *oh = tu_poisoned(B * P * Eo), *ob_host = tu_poisoned(OO + B * P * Eo);
+    /* seq[b]: sequence b's tokens, got[b]: the host path's outputs for them (checked against the oracle below) */
+    float *seq = calloc(B * cap * E, sizeof *seq), *seen = calloc(B * cap * Eo, sizeof *seen);
+    size_t len[B] = {0};
     for (int step = 0; step <= STEPS; step++) {
         const size_t n = step == 0 ? P : 1;
         if (step) for (size_t i = 0; i < B * E; i++) x[i] = val(&r, half, 6, 1.0f);
+        for (size_t i = 0; i < B * n * Eo; i++) oh[i] = NAN;
         clattn_decode_args a = {.x = x, .new_tokens = n, .valid = step == 0 ? valid : NULL, .out = oh};
         cr_assert_eq(tu_decode_execute(p, ch, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        for (size_t b = 0; b < B; b++) {
+            const size_t nb = step == 0 ? valid[b] : 1;
+            memcpy(seq + (b * cap + len[b]) * E, x + b * n * E, nb * E * sizeof *seq);
+            memcpy(seen + (b * cap + len[b]) * Eo, oh + b * n * Eo, nb * Eo * sizeof *seen);
+            len[b] += nb;
+            for (size_t t = nb; t < n; t++) /* padding rows: the output projection of a zero context */
+                for (size_t o = 0; o < Eo; o++)
+                    cr_assert_float_eq(oh[(b * n + t) * Eo + o], m.bo[o], 1e-6, "padding row b=%zu t=%zu", b, t);
+        }
         cr_assert_eq(clEnqueueWriteBuffer(q, xb, CL_TRUE, OX * sizeof(float), B * n * E * sizeof(float), x, 0, NULL, NULL),
                      CL_SUCCESS);
         cr_assert_eq(clEnqueueWriteBuffer(q, ob, CL_TRUE, 0, (OO + B * P * Eo) * sizeof(float), ob_host, 0, NULL, NULL),
@@ -1321,6 +1350,15 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
                      "buffers' output differs from the host path's", step, n, half, splits);
         free(got);
     }
+    for (size_t b = 0; b < B; b++) {
+        double *want = expect(&m, 1, len[b], 0, half, seq + b * cap * E);
+        char what[100];
+        snprintf(what, sizeof what, "sequence %zu (%zu tokens, half=%d, splits=%zu, page %zu)", b, len[b], half,
+                 splits, page);
+        check(seen + b * cap * Eo, want, len[b] * Eo, what);
+        free(want);
+    }
+    free(seq), free(seen);
     size_t lh[B], lb[B];
     clattn_kv_cache_lengths(ch, lh), clattn_kv_cache_lengths(cb, lb);
     for (size_t b = 0; b < B; b++) cr_assert_eq(lb[b], lh[b], "length of %zu", b);
