@@ -404,7 +404,8 @@ CLATTN_API size_t clattn_plan_device_bytes(const clattn_plan *plan);
 /* Width of each output row: Eo with an output projection, else H*dv. */
 CLATTN_API size_t clattn_plan_out_width(const clattn_plan *plan);
 
-/* Change the dropout seed for the next executions. */
+/* Change the dropout seed for the next executions. Setting it and executing are two calls: threads that share a
+ * plan and give it their own seeds (or weights, clattn_plan_set_weights) hold a lock of their own over both. */
 CLATTN_API clattn_status clattn_plan_set_seed(clattn_plan *plan, uint64_t seed);
 
 /* Execution from host arrays. An array the description does not declare (kv for self-attention, a mask

@@ -20,7 +20,7 @@ from ._errors import invalid as _invalid
 from ._errors import shape as _shape
 
 logger = logging.getLogger("clattn")
-from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice
+from ._device import _create, _Device, _Handle, _PlanCache, _PlanCached, _Shaped, _cache_notice, _plan_state
 from ._inputs import _batched, _layout_code, _same_input, _unbatched, _Weights
 from ._rope import _positions_np, _rope_spec, _rope_struct
 
@@ -208,11 +208,11 @@ class Attention(_Shaped, _PlanCached):
         return pos
 
     def _training_plan(self, B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, causal, seed):
-        """The training plan of these inputs (shared by forward_train and backward), with the dropout seed set."""
+        """The training plan of these inputs (shared by forward_train and backward) and the call's dropout seed (None
+        without dropout), set on the plan by _plan_state around the call (another thread's call may pass another)."""
         plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm, False, causal, training=True)
         seed = self.seed if seed is None else _a.integer("seed", seed, 0, _a.U64_MAX)
-        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
-        return plan
+        return plan, (seed if self.dropout else None)
 
     def _run(self, x, kv, key_padding_mask, attn_mask, need_weights, causal, names, stats=False, seed=None,
              positions=(None, None)):
@@ -222,12 +222,10 @@ class Attention(_Shaped, _PlanCached):
         pos = self._positions(*positions, B, Tq, Tk, cross)
         need_weights = bool(need_weights)
         if stats:
-            plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
+            plan, seed = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
         else:
             plan = self._plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, need_weights, causal)
-            if self.dropout:
-                _check(_lib.plan_set_seed(plan.handle, _a.integer("seed", self.seed, 0, _a.U64_MAX)),
-                       "setting the dropout seed")
+            seed = _a.integer("seed", self.seed, 0, _a.U64_MAX) if self.dropout else None
         width = _lib.plan_out_width(plan.handle)
         st = x3.dtype  # the plan's type's storage (float32, float16, uint16 for bfloat16), poisoned with NaN
         nan = np.nan if st == np.float32 else np.array(0x7FFF if st == np.uint16 else np.nan, dtype=st)
@@ -244,7 +242,8 @@ class Attention(_Shaped, _PlanCached):
                                   **{k + "_count": _a.count(v) for k, v in arrays.items()},
                                   **{k: _a.pointer(v, ctypes.c_uint32) for k, v in pos.items()},
                                   **{k + "_count": _a.count(v) for k, v in pos.items()})
-        _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
+        with _plan_state(plan, seed):
+            _check(_lib.plan_execute(plan.handle, ctypes.byref(args)), "running attention")
         self._last = ({0: "reference", 1: "fused", 2: "unfused"}[_lib.plan_algorithm(plan.handle)],
                       _lib.plan_core(plan.handle).decode(), _lib.plan_gemm(plan.handle).decode())
         out = _unbatched(out, batched, self.batch_first)
@@ -388,7 +387,7 @@ class Attention(_Shaped, _PlanCached):
         pos = self._positions(position_ids, key_position_ids, B, Tq, Tk, cross)
         if (lse is None) != (context is None):
             _invalid("lse and context: give both (forward_train's) or neither")
-        plan = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
+        plan, seed = self._training_plan(B, Tq, E, cross, Tk, Ekv, mask_kind, kpm is not None, causal, seed)
         width = _lib.plan_out_width(plan.handle)
         dout = _a.floats("grad_out", grad_out, ndim=(2, 3))
         if dout is None:
@@ -422,7 +421,8 @@ class Attention(_Shaped, _PlanCached):
                                 **{k + "_count": _a.count(v) for k, v in saved.items()},
                                 **{"grad_" + k: _a.pointer(v) for k, v in grads.items()},
                                 **{"grad_" + k + "_count": _a.count(v) for k, v in grads.items()})
-        _check(_lib.plan_backward(plan.handle, ctypes.byref(args), ctypes.byref(g)), "running the backward pass")
+        with _plan_state(plan, seed):  # the forward's dropout mask
+            _check(_lib.plan_backward(plan.handle, ctypes.byref(args), ctypes.byref(g)), "running the backward pass")
         core, params = _lib.plan_backward_core(plan.handle).decode(), _lib.plan_backward_core_params(plan.handle).decode()
         self._last_backward = core + (":" + params if params else "")
         for k in ("x", "kv"):

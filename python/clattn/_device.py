@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
 import threading
@@ -138,15 +139,35 @@ class _Device:
 
 
 class _Handle:
-    """A library object (plan, decode plan, KV cache), freed when the last reference goes."""
+    """A library object (plan, decode plan, KV cache), freed when the last reference goes. lock: held by a call that
+    sets the plan's per-call state (_plan_state) until it has run."""
 
     def __init__(self, handle, free, device):
         self.handle, self._free, self._device = handle, free, device  # the device outlives its plans
+        self.lock = threading.Lock()
 
     def __del__(self):
         if getattr(self, "handle", None):
             self._free(self.handle)
             self.handle = None
+
+
+@contextlib.contextmanager
+def _plan_state(plan: "_Handle", seed: Optional[int] = None, weights: Optional["_lib.AttentionWeights"] = None):
+    """The plan's state for one call, set on entry: the dropout seed (clattn_plan_set_seed), weights (the sinks of
+    a functional call: clattn_plan_set_weights); None: leave it. The library takes one call on a plan at a time, but
+    setting the state and running are two calls, and the plans of a shape are shared between threads: the plan's
+    lock is held from the first to the end of the with block, so that another thread's seed or sinks never reach
+    this call. Nothing to set: no lock (the library's own does)."""
+    if seed is None and weights is None:
+        yield plan
+        return
+    with plan.lock:
+        if seed is not None:
+            _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
+        if weights is not None:
+            _check(_lib.plan_set_weights(plan.handle, ctypes.byref(weights)), "setting the sinks")
+        yield plan
 
 
 def _create(device: "_Device", create, free, desc, weights, what: str) -> "_Handle":

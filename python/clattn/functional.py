@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from . import _lib
-from ._device import _create, _Device, _PlanCache
+from ._device import _create, _Device, _PlanCache, _plan_state
 from ._errors import check as _check
 from ._errors import invalid as _invalid
 from ._errors import shape as _shape
@@ -49,9 +49,6 @@ BUCKET_ROWS = 16  # query rows up to which a call is bucketed
 
 _devices: Dict[Optional[str], Tuple[_Device, _PlanCache]] = {}
 _devices_lock = threading.Lock()
-# held from setting a plan's sinks (its weights) to the end of the call that reads them: plans are shared, and another
-# thread's sinks must not reach this call
-_sinks_lock = threading.Lock()
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
 _TORCH_OF = {code: t for t, code in _DTYPES.items()}
@@ -106,7 +103,7 @@ def _plan(dev: _Device, cache: _PlanCache, key: tuple):
                                attn_mask=mask_kind, attn_mask_per_batch=int(pb), attn_mask_per_head=int(ph),
                                key_padding_mask=int(kpm), scale=scale, dropout=dropout, training=int(training),
                                dtype=dtype, rope=_rope_struct(rope), sinks=int(sinks))
-        # a plan with sinks is made with zeros, and given the call's before each execution (_sinks_set)
+        # a plan with sinks is made with zeros, and given the call's before each execution (_attend_impl)
         zeros = torch.zeros(H if sinks else 0, dtype=_TORCH_OF[dtype])
         w = _lib.AttentionWeights(sinks=_ptr(zeros) if sinks else None, sinks_count=H if sinks else 0)
         return _create(dev, _lib.plan_create, _lib.plan_free, d, w, "creating the attention plan")
@@ -151,13 +148,6 @@ def _positioned(a: "_lib.AttentionArgs", pos, B: int, Tq: int, Tk: int) -> None:
     a.rope_positions_kv, a.rope_positions_kv_count = ctypes.cast(pos.data_ptr() + 4 * B * Tq, u32), B * Tk
 
 
-def _sinks_set(plan, sinks: torch.Tensor) -> None:
-    """The call's sinks (H values of the plan's type) as the plan's weights (clattn_plan_set_weights), under
-    _sinks_lock."""
-    w = _lib.AttentionWeights(sinks=_ptr(sinks), sinks_count=sinks.numel())
-    _check(_lib.plan_set_weights(plan.handle, ctypes.byref(w)), "setting the sinks")
-
-
 def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout_p: float, seed: int,
                  training: bool, device: str, rope: str = "", kpm=None,
                  pos=None, sinks=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -173,18 +163,14 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
     plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, training, rope, kpm, sinks))
     out = torch.empty((B, Tq, H, dv), dtype=q.dtype)
     lse = torch.empty((B, H, Tq) if training else (0,), dtype=torch.float32)
-    if dropout_p > 0.0:
-        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     a = _inputs(q, k, v, mask, kpm)
     _positioned(a, pos, B, Tq, k.shape[1])
     a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
-    if sinks is None:
-        _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
-        return out, lse
-    with _sinks_lock:
-        _sinks_set(plan, sinks)
+    # the plan is made with zero sinks (_plan): the call's are its weights (H values of its type) while it runs
+    w = None if sinks is None else _lib.AttentionWeights(sinks=_ptr(sinks), sinks_count=sinks.numel())
+    with _plan_state(plan, seed if dropout_p > 0.0 else None, w):
         _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "scaled_dot_product_attention")
     return out, lse
 
@@ -196,12 +182,12 @@ def _attend_backward_impl(q, k, v, mask, out, lse, grad_out, causal: bool, windo
     dev, cache = _device(device or None)
     plan = _plan(dev, cache, _key(q, k, v, mask, causal, window, scale, dropout_p, True, rope, kpm))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if dropout_p > 0.0:
-        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     a = _inputs(q, k, v, mask, kpm)
     _positioned(a, pos, q.shape[0], q.shape[1], k.shape[1])
     g = _grads(grad_out, lse, out, dq, dk, dv)
-    _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "scaled_dot_product_attention backward")
+    with _plan_state(plan, seed if dropout_p > 0.0 else None):  # the forward's dropout mask
+        _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)),
+               "scaled_dot_product_attention backward")
     return dq, dk, dv
 
 
@@ -478,8 +464,6 @@ def _varlen_impl(q, k, v, cq, ck, key: tuple, seed: int, device: str) -> Tuple[t
     """out (total_q, H, dv) and, for a training plan (key[-1]), lse: each sequence's (H, L) rows one after another."""
     dev, cache = _device(device or None)
     plan = _varlen_plan(dev, cache, key)
-    if key[-3] > 0.0:  # dropout
-        _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
     H, dv, training = q.shape[1], v.shape[2], key[-1]
     out = torch.empty((q.shape[0], H, dv), dtype=q.dtype)
     lse = torch.empty((H * q.shape[0],) if training else (0,), dtype=torch.float32)
@@ -487,7 +471,8 @@ def _varlen_impl(q, k, v, cq, ck, key: tuple, seed: int, device: str) -> Tuple[t
     a.out, a.out_count = _ptr(out), out.numel()
     if training:
         a.lse, a.lse_count = _ptr(lse), lse.numel()
-    _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "varlen_attention")
+    with _plan_state(plan, seed if key[-3] > 0.0 else None):  # (key[-3]: dropout)
+        _check(_lib.plan_execute(plan.handle, ctypes.byref(a)), "varlen_attention")
     return out, lse
 
 
@@ -508,13 +493,12 @@ class _VarlenFunction(torch.autograd.Function):
         cq, ck, key, seed, device = ctx.opts
         dev, cache = _device(device or None)
         plan = _varlen_plan(dev, cache, key)
-        if key[-3] > 0.0:  # the forward's dropout mask (the plan may have run another call since)
-            _check(_lib.plan_set_seed(plan.handle, seed), "setting the dropout seed")
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         a = _varlen_inputs(q, k, v, cq, ck)
         g = _grads(grad_out, lse, out, dq, dk, dv)
-        _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "varlen_attention backward")
+        with _plan_state(plan, seed if key[-3] > 0.0 else None):  # the forward's dropout mask
+            _check(_lib.plan_backward(plan.handle, ctypes.byref(a), ctypes.byref(g)), "varlen_attention backward")
         return dq, dk, dv, None, None, None, None, None
 
 

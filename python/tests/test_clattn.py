@@ -267,6 +267,10 @@ def test_dropout_is_deterministic_and_scaled(device):
     _, w1 = a(x, need_weights=True)
     _, w2 = a(x, need_weights=True)
     np.testing.assert_array_equal(w1, w2)
+    a.seed = 8  # a new seed on the same plan: other weights dropped, and the first seed's back after
+    assert not np.array_equal(a(x, need_weights=True)[1], w1)
+    a.seed = 7
+    np.testing.assert_array_equal(a(x, need_weights=True)[1], w1)
     _, w_eval = clattn.Attention(2, device=device)(x, need_weights=True)
     kept = w1 != 0
     assert 0.3 < kept.mean() < 0.7

@@ -222,7 +222,9 @@ def test_dropout_repeatable_and_scaled(device):
     torch.manual_seed(3)
     b = CF.scaled_dot_product_attention(q, k, v, dropout_p=0.5, device=device)
     c = CF.scaled_dot_product_attention(q, k, v, device=device)
-    assert torch.equal(a, b) and not torch.allclose(a, c)
+    torch.manual_seed(5)  # another draw: other weights dropped
+    d = CF.scaled_dot_product_attention(q, k, v, dropout_p=0.5, device=device)
+    assert torch.equal(a, b) and not torch.allclose(a, c) and not torch.allclose(a, d)
     # out is linear in V: with V = ones, each row is the sum of its kept weights / (1 - p), 1 in expectation
     ones = torch.ones(1, 2, 64, E)
     torch.manual_seed(4)
@@ -987,7 +989,7 @@ def sdpa_sinks_reference(q, k, v, sinks, mask=None, is_causal=False):
 def test_attend_sinks(device):
     """attend(sinks=...) in inference against gpt-oss's formula: causal GQA, a decode-like call (one query, keys
     bucketed: the padded keys hidden), a bool mask with a row that sees no key, half inputs (the sinks rounded to
-    their type), two threads giving one shared plan their own sinks; refused with gradients and in the wrong shape"""
+    their type); refused with gradients and in the wrong shape (threads: test_plan_state_is_each_calls_own)"""
     q, k, v = inputs((2, 9, 4, 8), (2, 9, 2, 8), (2, 9, 2, 5), seed=47)
     sinks = torch.tensor([-math.inf, 0.25, 2.0, -1.5])
     with torch.no_grad():
@@ -1009,26 +1011,112 @@ def test_attend_sinks(device):
         ref = sdpa_sinks_reference(hq.transpose(1, 2), hk.transpose(1, 2), hv.transpose(1, 2), hs.float(),
                                    is_causal=True).transpose(1, 2)
         torch.testing.assert_close(half.double(), ref, rtol=2 ** -7, atol=1e-3)
-        results, wants = {}, {}
-
-        def worker(t):
-            s = sinks + t  # each thread's own sinks on the same shape's plan
-            with torch.no_grad():  # (grad mode is the thread's own)
-                wants[t] = sdpa_sinks_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s,
-                                                is_causal=True).transpose(1, 2)
-                results[t] = [CF.attend(q, k, v, causal=True, sinks=s, device=device) for _ in range(12)]
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        for t in range(2):
-            for r in results[t]:
-                torch.testing.assert_close(r.double(), wants[t], **FWD)
     with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):
         CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
     with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):  # a learned sink alone: no gradient
         CF.attend(q.detach(), k.detach(), v.detach(), sinks=sinks.clone().requires_grad_(), device=device)
     with torch.no_grad(), pytest.raises(clattn.ShapeMismatchError, match=r"sinks: \(3,\), expected one logit"):
         CF.attend(q, k, v, sinks=sinks[:3], device=device)
+
+
+class RaceForcer:
+    """Makes the race between setting a plan's per-call state (its dropout seed, its sinks) and running the plan
+    happen whenever the code leaves room for it: each run (the library's plan_execute and plan_backward) first waits,
+    up to `wait` seconds, until another thread has set a plan's state since this thread last did. Without a lock over
+    set-and-run, the other thread's state then reaches this call; with one, the other thread waits on that lock, and
+    the wait times out."""
+
+    def __init__(self, monkeypatch, wait=0.4):
+        from clattn import _lib
+        self.cond, self.last, self.wait = threading.Condition(), None, wait
+        for name in ("plan_set_seed", "plan_set_weights"):
+            monkeypatch.setattr(_lib, name, self._setter(getattr(_lib, name)))
+        for name in ("plan_execute", "plan_backward"):
+            monkeypatch.setattr(_lib, name, self._runner(getattr(_lib, name)))
+
+    def _setter(self, real):
+        def setter(*a):
+            got = real(*a)
+            with self.cond:
+                self.last = threading.get_ident()
+                self.cond.notify_all()
+            return got
+        return setter
+
+    def _runner(self, real):
+        def runner(*a):
+            me = threading.get_ident()
+            with self.cond:
+                self.cond.wait_for(lambda: self.last not in (None, me), timeout=self.wait)
+            return real(*a)
+        return runner
+
+
+def test_plan_state_is_each_calls_own(monkeypatch):
+    """Two threads on one shared plan, each call with its own dropout seed (attend and varlen_attention, forward and
+    backward; the Attention module's forward_train and backward with seed=) or its own sinks (attend): each call
+    gives exactly what it gives alone. The race is forced (RaceForcer): without the plan's lock held from setting its
+    state to the end of the run (_plan_state), every call here would run with the other thread's seed or sinks."""
+    device = DEVICES[-1]
+    mine = threading.local()  # each thread's dropout seed, as torch's generator would draw it
+    real_randint = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **kw: torch.tensor([mine.seed]) if getattr(mine, "seed", None)
+                        else real_randint(*a, **kw))
+    q0, k0, v0 = inputs((2, 9, 4, 8), (2, 9, 2, 8), (2, 9, 2, 5), seed=48)
+    sinks = torch.tensor([-math.inf, 0.25, 2.0, -1.5])
+    cq, ck = [0, 5, 14], [0, 7, 16]
+    g = torch.Generator().manual_seed(3)
+    qv, kv_, vv = (torch.randn(n, h, d, generator=g) for n, h, d in ((14, 4, 8), (16, 2, 8), (16, 2, 6)))
+    E, H = 12, 3
+    w = {"w_query": torch.randn(E, E, generator=g), "w_key": torch.randn(E, E, generator=g),
+         "w_value": torch.randn(E, E, generator=g), "w_out": torch.randn(E, E, generator=g)}
+    module = clattn.Attention(H, dropout=0.3, device=device, **{k: t.numpy() for k, t in w.items()})
+    x = torch.randn(2, 7, E, generator=g).numpy()
+
+    def grads(out, ins):
+        return [out.detach()] + list(torch.autograd.grad(out, ins, torch.ones_like(out)))
+
+    def sinks_call(t):
+        with torch.no_grad():
+            return [CF.attend(q0, k0, v0, causal=True, sinks=sinks + t, device=device)]
+
+    def dropout_call(t):
+        mine.seed = 1000 + t
+        q, k, v = (a.detach().requires_grad_(True) for a in (q0, k0, v0))
+        return grads(CF.attend(q, k, v, causal=True, dropout_p=0.3, device=device), (q, k, v))
+
+    def varlen_call(t):
+        mine.seed = 2000 + t
+        q, k, v = (a.clone().requires_grad_(True) for a in (qv, kv_, vv))
+        return grads(CF.varlen_attention(q, k, v, cq, ck, 9, 9, causal=True, dropout_p=0.3, device=device),
+                     (q, k, v))
+
+    def module_call(t):
+        out, lse, ctx = module.forward_train(x, seed=3000 + t)
+        got = module.backward(x, np.ones_like(out), lse=lse, context=ctx, seed=3000 + t)
+        return [torch.from_numpy(out)] + [torch.from_numpy(got[k]) for k in sorted(got)]
+
+    for call in (sinks_call, dropout_call, varlen_call, module_call):
+        wants = [call(t) for t in range(2)]
+        assert not torch.equal(wants[0][0], wants[1][0])  # the two threads' calls differ
+        with monkeypatch.context() as m:
+            RaceForcer(m)
+            results, errors = {}, []
+            start = threading.Barrier(2)
+
+            def worker(t):
+                try:
+                    start.wait()
+                    results[t] = call(t)
+                except Exception as e:  # reported below, with the thread
+                    errors.append((t, e))
+
+            threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        assert not errors, errors
+        for t in range(2):
+            for i, (got, want) in enumerate(zip(results[t], wants[t])):
+                assert torch.equal(got, want), f"{call.__name__}, thread {t}, result {i}: not the call's own"
