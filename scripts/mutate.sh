@@ -82,6 +82,7 @@ done < "$list"
 [ "${#ids[@]}" -gt 0 ] || { echo "mutate.sh: no mutant selected" >&2; exit 2; }
 
 # ---- a scratch copy of the tracked files, built once
+t_start=$(date +%s)
 echo "mutate.sh: ${#ids[@]} mutants; scratch copy in $scratch"
 rm -rf "$scratch/src"
 mkdir -p "$scratch/src"
@@ -171,6 +172,7 @@ build_for() { # k build-dir: the targets of mutant k, or the whole build
         build "$2"
     fi
 }
+echo "mutate.sh: the copy built and its tests listed in $(( $(date +%s) - t_start )) s"
 # the union of the lists' regexes, alternatives of the form ^name$ listed once
 union=$(printf '%s\n' "${regexes[@]}" | sed 's/\$|\^/$\n^/g' | sort -u | paste -sd'|')
 if [ "$baseline" -eq 0 ]; then
@@ -313,6 +315,7 @@ for ((w = 0; w < workers; w++)); do
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || true; done
+echo "mutate.sh: the workers ended $(( $(date +%s) - t_start )) s after the start"
 
 survived=(); broken=()
 for k in "${!ids[@]}"; do
