@@ -218,21 +218,8 @@ static clattn_kv_cache *make_paged(clattn_device *dev, const model *m, size_t B,
                                .head_dim_v = m->dv, .type = (clattn_kv_type)half, /* half: the cache's type */
                                .page_size = page, .pages = pages};
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     return c;
-}
-
-/* Every slot of the cache NaN (written at full length, then truncated to empty): a kernel that reads a slot past a
- * sequence's length gives NaN, whatever memory the cache happened to get. */
-static void cache_poison(clattn_kv_cache *c, const model *m, size_t B, size_t cap)
-{
-    float *k = tu_poisoned(B * m->HK * cap * m->dk), *v = tu_poisoned(B * m->HK * cap * m->dv);
-    size_t full[8], none[8] = {0};
-    cr_assert(B <= 8);
-    for (size_t b = 0; b < B; b++) full[b] = cap;
-    cr_assert_eq(clattn_kv_cache_write(c, k, v, full), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_kv_cache_truncate(c, none), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    free(k), free(v);
 }
 
 static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B, size_t cap, int half)
@@ -240,7 +227,7 @@ static clattn_kv_cache *make_cache(clattn_device *dev, const model *m, size_t B,
     clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = m->HK, .head_dim_qk = m->dk,
                                .head_dim_v = m->dv, .type = (clattn_kv_type)half}; /* half: the cache's type */
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     return c;
 }
 
@@ -424,7 +411,7 @@ static void heads_as_given(clattn_device *dev, size_t T, size_t P, size_t H, siz
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv};
     clattn_kv_cache *cache = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
     const size_t lens[B] = {T, T - 3};
     float *qs = malloc(B * P * H * dk * 4), *ks = malloc(B * P * HK * dk * 4), *vs = malloc(B * P * HK * dv * 4);
     float *os = malloc(B * P * H * dv * 4);
@@ -498,7 +485,7 @@ static void rope_x_is_qkv(clattn_device *dev)
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = H, .head_dim_qk = E / H};
     clattn_kv_cache *cache = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
     for (size_t t0 = 0; t0 < T;) {
         const size_t n = t0 ? 1 : P;
         for (size_t b = 0; b < B; b++) memcpy(xs + b * n * E, x + (b * T + t0) * E, n * E * sizeof *xs);
@@ -552,7 +539,7 @@ Test(decode, heads_as_given_refusals)
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = 1, .capacity = 4, .kv_heads = 1, .head_dim_qk = 4};
     clattn_kv_cache *cache = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS);
     const struct { const char *needle; clattn_decode_args a; } bad[] = {
         {"args.kv is NULL", {.x = buf, .value = buf, .new_tokens = 1, .out = out}},
         {"args.value is NULL", {.x = buf, .kv = buf, .new_tokens = 1, .out = out}},
@@ -573,7 +560,7 @@ Test(decode, heads_as_given_refusals)
     plain.separate_value = 0, plain.kv_heads = 0;
     cr_assert_eq(tu_decode_plan_create(dev, &plain, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd2 = {.batch = 1, .capacity = 4, .kv_heads = 2, .head_dim_qk = 4};
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd2, &cache), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd2, &cache), CLATTN_STATUS_SUCCESS);
     const clattn_decode_args a = {.x = buf, .kv = buf, .new_tokens = 1, .out = out, .x_count = 8, .out_count = 8};
     cr_assert_eq(clattn_decode_execute(p, cache, &a), CLATTN_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(clattn_last_error(), "args.kv is given") && strstr(clattn_last_error(), "ignored"), "%s",
@@ -597,8 +584,8 @@ Test(decode, heads_as_given_buffers_opencl)
     clattn_decode_plan *p = NULL;
     clattn_kv_cache *c1 = NULL, *c2 = NULL;
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c1), CLATTN_STATUS_SUCCESS);
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c2), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c1), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c2), CLATTN_STATUS_SUCCESS);
     cl_context ctx = clattn_device_context(dev);
     cl_command_queue queue = clattn_device_queue(dev);
     cl_int e;
@@ -693,7 +680,7 @@ static void verify_case(clattn_device *dev, size_t B, size_t T0, size_t n, size_
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv,
                                      .type = (clattn_kv_type)kv_type, .page_size = page};
     clattn_kv_cache *cache = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     /* a step of m tokens per sequence from token t0 of each */
     const size_t most = T0 > n ? T0 : n;
     float *qs = malloc(B * most * H * dk * 4), *ks = malloc(B * most * HK * dk * 4), *vs = malloc(B * most * HK * dv * 4);
@@ -834,8 +821,8 @@ static void packed_tree(clattn_device *dev)
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .head_dim_v = D};
     clattn_kv_cache *cp = NULL, *cq = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cp), CLATTN_STATUS_SUCCESS);
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cq), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cp), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cq), CLATTN_STATUS_SUCCESS);
     float *q = tu_random(&r, B * T0 * H * D, -1, 1), *k = tu_random(&r, B * T0 * HK * D, -1, 1);
     float *v = tu_random(&r, B * T0 * HK * D, -1, 1), *o = tu_poisoned(B * T0 * H * D);
     const clattn_decode_args pre = {.x = q, .kv = k, .value = v, .new_tokens = T0, .out = o};
@@ -912,7 +899,7 @@ Test(accept, refusals)
         cr_assert_eq(tu_decode_plan_create(devs[k], &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         const clattn_kv_cache_desc cd = {.batch = 1, .capacity = 8, .kv_heads = 2, .head_dim_qk = 4};
         clattn_kv_cache *c = NULL;
-        cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS);
         float x[24] = {0}, out[24];
         const uint8_t no_diag[9] = {1, 0, 0, 1, 0, 0, 0, 1, 1}, later[9] = {1, 0, 0, 1, 1, 1, 0, 0, 1};
         const struct { const char *needle; const uint8_t *tree; size_t count; } bad[] = {
@@ -1041,7 +1028,7 @@ static void int8_case(clattn_device *dev, const i8case *c, uint64_t seed)
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = cap, .kv_heads = HK, .head_dim_qk = dk, .head_dim_v = dv,
                                      .type = CLATTN_KV_INT8};
     clattn_kv_cache *cache = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &cache), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *qs = malloc(B * maxn * H * dk * 4), *ks = malloc(B * maxn * HK * dk * 4);
     float *vs = malloc(B * maxn * HK * dv * 4), *os = malloc(B * maxn * H * dv * 4);
     size_t done[2] = {0, 0};
@@ -1194,7 +1181,6 @@ static void ragged(clattn_device *dev, int half, size_t splits)
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *cache = make_cache(dev, &m, B, cap, half);
-    cache_poison(cache, &m, B, cap);
 
     /* seq[b]: the tokens sequence b has seen, in order; got[b]: the outputs for them */
     float *seq = calloc(B * cap * E, sizeof *seq), *got = calloc(B * cap * Eo, sizeof *got);
@@ -1305,7 +1291,6 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
     cr_assert_eq(tu_decode_plan_create(dev, &d, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, splits), CLATTN_STATUS_SUCCESS);
     clattn_kv_cache *ch = make_paged(dev, &m, B, cap, half, page, 0), *cb = make_paged(dev, &m, B, cap, half, page, 0);
-    cache_poison(ch, &m, B, cap), cache_poison(cb, &m, B, cap);
     cl_context ctx = clattn_device_context(dev);
     cl_command_queue q = clattn_device_queue(dev);
     cl_int err;
@@ -1760,7 +1745,7 @@ static void errors(clattn_device *dev)
     cbad = cd, cbad.capacity = (size_t)1 << 40;
     cr_assert_eq(clattn_kv_cache_create(dev, &cbad, &c), CLATTN_STATUS_SIZE_OVERFLOW);
     cr_assert_null(c);
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
     cr_assert_eq(tu_decode_plan_create(dev, &good, &m.w, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_decode_plan_set_splits(p, 65), CLATTN_STATUS_INVALID_ARGUMENT);
 
@@ -1803,7 +1788,7 @@ static void errors(clattn_device *dev)
     };
     for (size_t i = 0; i < sizeof mism / sizeof mism[0]; i++) {
         clattn_kv_cache *c2 = NULL;
-        cr_assert_eq(clattn_kv_cache_create(dev, &mism[i], &c2), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_kv_cache_create(dev, &mism[i], &c2), CLATTN_STATUS_SUCCESS);
         clattn_status st = tu_decode_execute(p, c2, &a);
         cr_assert(st == CLATTN_STATUS_SHAPE_MISMATCH || st == CLATTN_STATUS_INVALID_ARGUMENT, "mismatch %zu: %d", i, st);
         cr_assert(strstr(clattn_last_error(), i == 4 ? "kv_half" : "does not match"), "%s", clattn_last_error());
@@ -2090,7 +2075,7 @@ static void write_rounds(clattn_device *dev)
         clattn_kv_cache_desc cd = {.batch = 1, .capacity = NV, .kv_heads = 1, .head_dim_qk = 1, .head_dim_v = 1,
                                    .type = (clattn_kv_type)half};
         clattn_kv_cache *c = NULL;
-        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
+        cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS);
         float k[NV], v[NV], k2[NV], v2[NV];
         for (int i = 0; i < NV; i++) k[i] = vals4[i], v[i] = -vals4[i];
         const size_t len[1] = {NV};
@@ -2124,7 +2109,7 @@ static void int8_rows(clattn_device *dev)
     const clattn_kv_cache_desc cd = {.batch = 1, .capacity = T, .kv_heads = HK, .head_dim_qk = D, .type = CLATTN_KV_INT8};
     for (int path = 0; path < 2; path++) {
         clattn_kv_cache *c = NULL;
-        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         if (path == 0) { /* written: (B, HK, Tmax, D) */
             float *kw = malloc(sizeof(float) * T * HK * D), *vw = malloc(sizeof(float) * T * HK * D);
             for (size_t t = 0; t < T; t++)
@@ -2193,7 +2178,7 @@ static void int8_rounding(clattn_device *dev)
     const clattn_kv_cache_desc cd = {.batch = 1, .capacity = T, .kv_heads = 1, .head_dim_qk = D, .type = CLATTN_KV_INT8};
     for (int path = 0; path < 2; path++) {
         clattn_kv_cache *c = NULL;
-        cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+        cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
         if (path == 0) {
             const size_t len[1] = {T};
             cr_assert_eq(clattn_kv_cache_write(c, &x[0][0], &x[0][0], len), CLATTN_STATUS_SUCCESS, "%s",
@@ -2346,7 +2331,7 @@ Test(edges, cache_bytes_of_every_type)
                                            .head_dim_qk = shapes[i].dk, .head_dim_v = shapes[i].dv,
                                            .type = (clattn_kv_type)type};
                 clattn_kv_cache *c = NULL;
-                cr_assert_eq(clattn_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+                cr_assert_eq(tu_kv_cache_create(devs[k], &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
                 const size_t rows = shapes[i].B * shapes[i].HK * shapes[i].cap;
                 const size_t want = k == 0 ? 0 : rows * (shapes[i].dk + shapes[i].dv) * elem[type] +
                                                      (type == CLATTN_KV_INT8 ? rows * 2 * sizeof(float) : 0);
@@ -2405,10 +2390,10 @@ static void half_decode(clattn_device *dev, clattn_dtype t, int separate, int kv
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = T, .kv_heads = HK, .head_dim_qk = DK, .head_dim_v = DV,
                                      .type = kv_half ? CLATTN_KV_HALF : CLATTN_KV_FLOAT};
     clattn_kv_cache *c32 = NULL, *ch = NULL, *cb = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c32), CLATTN_STATUS_SUCCESS);
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &ch), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c32), CLATTN_STATUS_SUCCESS);
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &ch), CLATTN_STATUS_SUCCESS);
     const int cl = clattn_device_backend(dev) == CLATTN_BACKEND_OPENCL;
-    if (cl) cr_assert_eq(clattn_kv_cache_create(dev, &cd, &cb), CLATTN_STATUS_SUCCESS);
+    if (cl) cr_assert_eq(tu_kv_cache_create(dev, &cd, &cb), CLATTN_STATUS_SUCCESS);
     cl_mem bufs[4] = {NULL};
     const size_t cols[3] = {ex, HK * DK, HK * DV};
     for (size_t t0 = 0; t0 < T;) {
@@ -2564,7 +2549,7 @@ static void shared_run(clattn_device *dev, size_t page, int kv_type, const float
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = SH_CAP, .kv_heads = HK, .head_dim_qk = D,
                                      .type = (clattn_kv_type)kv_type, .page_size = page};
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *qs = malloc(B * L * H * D * 4), *ks = malloc(B * L * HK * D * 4), *vs = malloc(B * L * HK * D * 4);
     float *os = tu_poisoned(B * L * H * D);
     /* the prompt: sequence 0's tokens 0 .. L-1 (the others take none) */
@@ -2698,9 +2683,9 @@ static void pool_limits(clattn_device *dev)
     clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE,
                                .pages = 6};
     clattn_kv_cache *c = NULL, *f = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cd.page_size = 0, cd.pages = 0;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &f), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &f), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *out = tu_poisoned(B * L * H * D), *outf = tu_poisoned(B * L * H * D);
     const size_t v0[B] = {L, 0};
     clattn_decode_args a = {.x = q, .kv = k, .value = v, .new_tokens = L, .valid = v0, .out = out};
@@ -2768,7 +2753,7 @@ static void pool_limits(clattn_device *dev)
     clattn_kv_cache_free(c);
     /* a pool of 7: both holders of the prompt's last page write into it, and one copy (one free page) suffices */
     cd.page_size = PAGE, cd.pages = 7;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     a.out = out;
     cr_assert_eq(tu_decode_execute(pp, c, &a), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     cr_assert_eq(clattn_kv_cache_share(c, 1, 0, L), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
@@ -2799,7 +2784,7 @@ static void accept_after_share(clattn_device *dev)
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE};
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     /* (the rows of sequence 1, which takes no token, are sequence 0's: never read) */
     float *qs = malloc(B * T0 * H * D * 4), *ks = malloc(B * T0 * HK * D * 4), *vs = malloc(B * T0 * HK * D * 4);
     for (size_t b = 0; b < B; b++) {
@@ -2862,7 +2847,7 @@ static void change_hands_run(clattn_device *dev, size_t page, const float *q, co
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = page};
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float *os = tu_poisoned(B * L * H * D);
     const size_t prompt[B] = {L, 4}, keep[B] = {4, 4};
     /* both prompts from the same rows of q, k, v (their first 6 and 4) */
@@ -2923,7 +2908,7 @@ static void pages_come_back(clattn_device *dev)
     cr_assert_eq(tu_decode_plan_create(dev, &d, NULL, &p), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     const clattn_kv_cache_desc cd = {.batch = B, .capacity = CAP, .kv_heads = HK, .head_dim_qk = D, .page_size = PAGE};
     clattn_kv_cache *c = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &cd, &c), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     tu_rng r = {2700};
     float *q = tu_random(&r, B * 8 * H * D, -2, 2), *k = tu_random(&r, B * 8 * HK * D, -2, 2);
     float *v = tu_random(&r, B * 8 * HK * D, -2, 2), *out = tu_poisoned(B * 8 * H * D);
@@ -2985,10 +2970,10 @@ static void paged_refusals(clattn_device *dev)
     cr_assert_eq(clattn_plan_create(dev, &pre, NULL, &pl), CLATTN_STATUS_UNSUPPORTED);
     cr_assert(strstr(clattn_last_error(), "kv_page_size = 4 is for decode plans"), "%s", clattn_last_error());
     clattn_kv_cache *paged = NULL, *flat = NULL;
-    cr_assert_eq(clattn_kv_cache_create(dev, &ok, &paged), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &ok, &paged), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     clattn_kv_cache_desc fd = ok;
     fd.page_size = 0;
-    cr_assert_eq(clattn_kv_cache_create(dev, &fd, &flat), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    cr_assert_eq(tu_kv_cache_create(dev, &fd, &flat), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
     float x[2 * 2 * 32] = {0}, out[2 * 2 * 32];
     const clattn_decode_args a = {.x = x, .kv = x, .value = x, .new_tokens = 2, .out = out};
     for (size_t pd = 0; pd <= 4; pd += 4) { /* plans of pages of 4 and of contiguous caches, on the others */

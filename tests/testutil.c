@@ -455,6 +455,27 @@ clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_d
     return st;
 }
 
+clattn_status tu_kv_cache_create(clattn_device *dev, const clattn_kv_cache_desc *d, clattn_kv_cache **cache)
+{
+    const clattn_status st = clattn_kv_cache_create(dev, d, cache);
+    if (st != CLATTN_STATUS_SUCCESS || d->type == CLATTN_KV_INT8) return st;
+    const size_t B = d->batch, T = d->capacity, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v ? d->head_dim_v : dk;
+    const size_t P = d->page_size;
+    size_t left = P ? (d->pages ? d->pages : B * ((T + P - 1) / P)) : 0; /* the pool's pages, laid out in order */
+    float *k = tu_poisoned(B * HK * T * dk), *v = tu_poisoned(B * HK * T * dv);
+    size_t *full = calloc(B, sizeof *full), *none = calloc(B, sizeof *none);
+    cr_assert(k && v && full && none);
+    for (size_t b = 0; b < B; b++) {
+        full[b] = P ? (left * P < T ? left * P : T) : T;
+        if (P) left -= (full[b] + P - 1) / P;
+    }
+    cr_assert_eq(clattn_kv_cache_write(*cache, k, v, full), CLATTN_STATUS_SUCCESS, "poisoning the cache: %s",
+                 clattn_last_error());
+    cr_assert_eq(clattn_kv_cache_truncate(*cache, none), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    free(k), free(v), free(full), free(none);
+    return st;
+}
+
 clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *a)
 {
     if (!plan || !a) return clattn_decode_execute(plan, cache, a);
