@@ -1343,6 +1343,9 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
         check(seen + b * cap * Eo, want, len[b] * Eo, what);
         free(want);
     }
+    /* both caches read back: the projected keys and values of each sequence's tokens, 0 past its length */
+    expect_cache(ch, &m, B, cap, seq, len, half, "buffers: the host path's cache");
+    expect_cache(cb, &m, B, cap, seq, len, half, "buffers: the buffers' cache");
     free(seq), free(seen);
     size_t lh[B], lb[B];
     clattn_kv_cache_lengths(ch, lh), clattn_kv_cache_lengths(cb, lb);
