@@ -551,7 +551,8 @@ CLATTN_API clattn_status clattn_plan_backward_buffers(clattn_plan *plan, const c
  * NULL) may not overlap the inputs or each other; an lse of +inf (a sum that overflowed float) is refused, naming its
  * part and row, before anything is written. The shards' plans must see the keys as one call would: a causal or windowed
  * pattern across shards is an attn_mask of each shard's keys (their causal flag counts keys from 0), and dropout
- * does not split exactly (a weight's keep decision depends on the key's index within its shard). */
+ * does not split exactly (a weight's keep decision depends on the key's index within its shard). Attention sinks
+ * (desc.sinks) across shards: shards without sinks, and one more part with out 0 and lse s_h on every row of head h. */
 CLATTN_API clattn_status clattn_attention_merge(size_t parts, const float *const *outs, const float *const *lses,
                                                 size_t batch, size_t seq_q, size_t heads, size_t head_dim_v,
                                                 float *out, float *lse);

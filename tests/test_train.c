@@ -242,6 +242,44 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
             out[r * Eo + e] = (float)s;
         }
     cr_assert_eq(tu_compare(out, out1, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: out: %s", parts, msg);
+    /* attention sinks (gpt-oss) across shards: one more part, output 0 and each row's lse its head's sink, merges
+     * into attention with the sinks (README, "Attention sinks"): against the oracle's, and the projection of the
+     * merged context against an inference plan with desc.sinks over all the keys; head 0 without a sink (-inf) */
+    const float sinks[3] = {-INFINITY, 0.75f, -1.25f};
+    float *none = calloc(n_ctx, sizeof *none), *sl = malloc(n_lse * sizeof *sl);
+    cr_assert(none && sl && H == 3);
+    for (size_t r = 0; r < n_lse; r++) sl[r] = sinks[r / Tq % H];
+    ctxs[parts] = none, lses[parts] = sl;
+    for (size_t i = 0; i < n_ctx; i++) ctx[i] = NAN;
+    cr_assert_eq(clattn_attention_merge(parts + 1, (const float *const *)ctxs, (const float *const *)lses, B, Tq, H,
+                                        dv, ctx, lse),
+                 CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    clattn_attention_desc ds = p.d;
+    clattn_attention_weights ws = p.w;
+    ds.sinks = 1, ws.sinks = sinks, ws.sinks_count = H;
+    cr_assert_eq(oracle_attention_stats(&ds, &ws, &p.a, NULL, NULL, l64, c64), 0);
+    cr_assert_eq(oracle_compare(ctx, c64, n_ctx, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards and the sinks: "
+                 "context: %s", parts, msg);
+    cr_assert_eq(oracle_compare_nonfinite(lse, l64, n_lse, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards and the "
+                 "sinks: lse: %s", parts, msg);
+    ds.training = 0;
+    clattn_plan *with_sinks = NULL;
+    cr_assert_eq(tu_plan_create(dev, &ds, &ws, &with_sinks), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    float *out_s = tu_poisoned(n_out);
+    clattn_attention_args as = p.a;
+    as.out = out_s;
+    cr_assert_eq(tu_plan_execute(with_sinks, &as), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
+    for (size_t r = 0; r < B * Tq; r++)
+        for (size_t e = 0; e < Eo; e++) {
+            double s = ((const float *)p.w.b_out)[e];
+            for (size_t k = 0; k < H * dv; k++)
+                s += (double)ctx[r * H * dv + k] * ((const float *)p.w.w_out)[e * H * dv + k];
+            out[r * Eo + e] = (float)s;
+        }
+    cr_assert_eq(tu_compare(out, out_s, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards and the sinks: out "
+                 "against a plan with desc.sinks: %s", parts, msg);
+    clattn_plan_free(with_sinks);
+    free(out_s), free(none), free(sl);
     for (size_t s = 0; s < parts; s++) free(ctxs[s]), free(lses[s]);
     free(out); free(ctx); free(lse); free(l64); free(c64); free(out1); free(lse1); free(ctx1);
     clattn_plan_free(full);
