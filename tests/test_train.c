@@ -176,6 +176,19 @@ Test(train, lse_split_keys)
 /* Cross-attention over kv split into `parts` shards of the given lengths: each shard on its own training plan
  * (kv, key padding mask and attention mask cut to its keys), merged with clattn_attention_merge, equals one call
  * over all keys: the context and lse, and the output projected from the merged context. */
+/* out (rows, Eo) = ctx (rows, width) w_out^T + b_out, in double: a merged context's output projection */
+static void project_out(const clattn_attention_weights *w, const float *ctx, size_t rows, size_t width, size_t Eo,
+                        float *out)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t e = 0; e < Eo; e++) {
+            double s = ((const float *)w->b_out)[e];
+            for (size_t k = 0; k < width; k++)
+                s += (double)ctx[r * width + k] * ((const float *)w->w_out)[e * width + k];
+            out[r * Eo + e] = (float)s;
+        }
+}
+
 static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, uint64_t seed)
 {
     const size_t B = 2, Tq = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 5, Eo = 7;
@@ -234,13 +247,7 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
     cr_assert(isinf(lse[n_lse - 1]) && lse[n_lse - 1] < 0, "a fully masked row's lse is -inf, got %g", lse[n_lse - 1]);
     /* the output projection of the merged context: the full call's out */
     float *out = malloc(n_out * sizeof *out);
-    for (size_t r = 0; r < B * Tq; r++)
-        for (size_t e = 0; e < Eo; e++) {
-            double s = ((const float *)p.w.b_out)[e];
-            for (size_t k = 0; k < H * dv; k++)
-                s += (double)ctx[r * H * dv + k] * ((const float *)p.w.w_out)[e * H * dv + k];
-            out[r * Eo + e] = (float)s;
-        }
+    project_out(&p.w, ctx, B * Tq, H * dv, Eo, out);
     cr_assert_eq(tu_compare(out, out1, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards: out: %s", parts, msg);
     /* attention sinks (gpt-oss) across shards: one more part, output 0 and each row's lse its head's sink, merges
      * into attention with the sinks (README, "Attention sinks"): against the oracle's, and the projection of the
@@ -269,13 +276,7 @@ static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, u
     clattn_attention_args as = p.a;
     as.out = out_s;
     cr_assert_eq(tu_plan_execute(with_sinks, &as), CLATTN_STATUS_SUCCESS, "%s", clattn_last_error());
-    for (size_t r = 0; r < B * Tq; r++)
-        for (size_t e = 0; e < Eo; e++) {
-            double s = ((const float *)p.w.b_out)[e];
-            for (size_t k = 0; k < H * dv; k++)
-                s += (double)ctx[r * H * dv + k] * ((const float *)p.w.w_out)[e * H * dv + k];
-            out[r * Eo + e] = (float)s;
-        }
+    project_out(&p.w, ctx, B * Tq, H * dv, Eo, out);
     cr_assert_eq(tu_compare(out, out_s, n_out, TU_ATOL, TU_RTOL, msg, sizeof msg), 0, "%zu shards and the sinks: out "
                  "against a plan with desc.sinks: %s", parts, msg);
     clattn_plan_free(with_sinks);
