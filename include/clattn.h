@@ -348,8 +348,10 @@ typedef struct clattn_attention_desc {
     int sinks;           /* 1: attention sinks (gpt-oss): query head h has a logit sink_h (weights.sinks) in its
                             softmax's denominator and no value, so row i's weights are exp(s_ij) / (exp(sink_h) +
                             sum_j exp(s_ij)) and sum to less than 1; a row with no visible key still gives 0. -inf:
-                            no sink for that head. Prefill plans (inference) in 0.8: training, decode and need_weights
-                            refuse it (README, "Attention variants") */
+                            no sink for that head. Prefill and training plans in 0.8 (a training plan's lse is that
+                            of the weights with the sink, log(exp(sink_h) + sum_j exp(s_ij)), sink_h in a row with no
+                            visible key; the backward's gradients take the sinks as constants and give none for
+                            them); decode and need_weights refuse it (README, "Attention variants") */
 } clattn_attention_desc;
 
 /* Weights, copied at plan creation. With w_query = w_key = w_value = NULL the

@@ -1850,8 +1850,8 @@ Test(misuse, rope_refusals)
     clattn_device_free(devs[1]);
 }
 
-/* attention sinks (desc.sinks): what clattn 0.8 cannot compute with them refused by name (training, the weights out,
- * decode and encoder plans), weights.sinks only with desc.sinks and with one finite (or -inf) logit per head, and
+/* attention sinks (desc.sinks): what clattn 0.8 cannot compute with them refused by name (the weights out, decode and
+ * encoder plans; training plans take them, as constants: test_train's sinks_*), weights.sinks only with desc.sinks and with one finite (or -inf) logit per head, and
  * clattn_plan_set_weights replacing them (refused without them, and a NaN keeps the old ones): the new sinks' output
  * against the oracle's, on both backends */
 Test(misuse, sinks_refused)
@@ -1860,7 +1860,6 @@ Test(misuse, sinks_refused)
 #define D(...) {.batch = 1, .seq_q = 3, .embed = 8, .heads = 2, __VA_ARGS__}
     const refusal bad[] = {
         {"sinks must be 0 or 1", D(.sinks = 2)},
-        {"sinks with training: clattn 0.8 runs attention sinks in inference plans", D(.sinks = 1, .training = 1)},
         {"sinks with need_weights", D(.sinks = 1, .need_weights = 1)},
         {"desc.sinks = 1 needs weights.sinks: one logit per query head (2)", D(.sinks = 1)},
     };

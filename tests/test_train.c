@@ -665,6 +665,35 @@ Test(train, rope_backward)
     for (size_t i = 0; i < sizeof rope_cfgs / sizeof rope_cfgs[0]; i++) check_backward(&rope_cfgs[i], 1320 + i);
 }
 
+/* Attention sinks (desc.sinks, gpt-oss) in training: lse is that of the weights with the sink (the sink alone in a row
+ * with no visible key: tu_problem_make's key padding mask hides the last batch entry whole), the context the scaled
+ * rows; the backward takes them as any training plan's statistics (given, or computed again with the sinks), the
+ * sinks constants (no gradient of their own). Head 0 without a sink (-inf). */
+static const config sinks_cfgs[] = {
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .sinks = 1},
+    {.B = 1, .Tq = 1, .E = 4, .H = 2, .dk = 1, .dv = 1, .Eo = 4, .biases = 1, .sinks = 1},
+    {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .sinks = 1},
+    {.B = 2, .Tq = 61, .E = 16, .H = 4, .HK = 2, .dk = 4, .dv = 6, .Eo = 16, .window = 5, .causal = 1, .biases = 1,
+     .sinks = 1},
+    {.B = 1, .Tq = 130, .E = 16, .H = 2, .dk = 64, .dv = 64, .Eo = 16, .causal = 1, .biases = 1, .sinks = 1},
+    {.B = 2, .Tq = 7, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dropout = 0.3f,
+     .sinks = 1},
+    {.B = 2, .Tq = 5, .Tk = 13, .E = 8, .Ekv = 6, .H = 2, .dk = 4, .dv = 3, .Eo = 7, .cross = 1, .causal = 1,
+     .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL, .sinks = 1},
+    {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+     .sinks = 1},
+};
+
+Test(train, sinks_statistics)
+{
+    for (size_t i = 0; i < sizeof sinks_cfgs / sizeof sinks_cfgs[0]; i++) check(&sinks_cfgs[i], 1400 + i);
+}
+
+Test(train, sinks_backward)
+{
+    for (size_t i = 0; i < sizeof sinks_cfgs / sizeof sinks_cfgs[0]; i++) check_backward(&sinks_cfgs[i], 1420 + i);
+}
+
 /* Half-precision training plans (desc.dtype F16 and BF16): x, kv, value, out, grad_out, the weights and every gradient
  * in the type, lse and context fp32; against the float64 oracle on the same rounded values, the forward with the
  * type's bound (context and lse: fp32's), each gradient with the backward's bound plus one rounding to the type.
@@ -688,6 +717,10 @@ static const config half_cfgs[] = {
      .kpm = 1, .dtype = BF16},
     /* without Q/K/V weights but with an output projection */
     {.B = 2, .Tq = 13, .E = 16, .H = 4, .Eo = 8, .biases = 1, .noproj = 1, .causal = 1, .dtype = BF16},
+    /* attention sinks (in the type: rounded as the other arrays) */
+    {.B = 3, .Tq = 8, .E = 12, .H = 3, .dk = 4, .dv = 4, .Eo = 12, .biases = 1, .kpm = 1, .dtype = F16, .sinks = 1},
+    {.B = 2, .Tq = 7, .Tk = 13, .E = 16, .H = 4, .HK = 2, .dv = 6, .cross = 1, .noproj = 1, .separate_value = 1,
+     .causal = 1, .dtype = BF16, .sinks = 1},
 };
 
 Test(train, half_statistics)
@@ -1354,5 +1387,10 @@ Test(train, backward_varlen)
         self_rope.rope_pos = heads_rope.rope_pos = 1; /* at the positions given, packed as the rows are */
         tu_varlen_train_check(devs[k], &self_rope, sq, NULL, 1209);
         tu_varlen_train_check(devs[k], &heads_rope, hq, NULL, 1210);
+        /* attention sinks: each sequence's lse with its heads' sinks, one launch per sequence (an empty one too) */
+        tu_attn_case self_sinks = self, cross_sinks = cross;
+        self_sinks.sinks = cross_sinks.sinks = 1;
+        tu_varlen_train_check(devs[k], &self_sinks, sq, NULL, 1211);
+        tu_varlen_train_check(devs[k], &cross_sinks, cq, ck, 1212);
     }
 }

@@ -1077,12 +1077,14 @@ void tu_varlen_train_check(clattn_device *dev, const tu_attn_case *c, const size
     for (size_t b = 0; b < B; b++) {
         const size_t q0 = cu_q[b], nq = lens_q[b], k0 = cu_k[b], nk = cu_k[b + 1] - k0;
         if (nq == 0) continue; /* its keys' gradients stay 0 */
-        if (nk == 0) { /* out = b_out, lse -inf, context 0; b_out's gradient takes grad_out's rows */
+        if (nk == 0) { /* out = b_out, lse -inf (the sink's, s_h, with sinks), context 0; b_out's gradient takes
+                        * grad_out's rows */
             for (size_t i = 0; i < nq * ow; i++) {
                 o64[q0 * ow + i] = p.w.b_out ? ((const float *)p.w.b_out)[i % ow] : 0.0;
                 if (want[9]) want[9][i % ow] += dout[q0 * ow + i];
             }
-            for (size_t i = 0; i < H * nq; i++) l64[H * q0 + i] = -INFINITY;
+            for (size_t i = 0; i < H * nq; i++) /* (the sequence's lse: H rows of nq) */
+                l64[H * q0 + i] = p.w.sinks ? ((const float *)p.w.sinks)[i / nq] : -INFINITY;
             continue;
         }
         clattn_attention_desc d1 = p.d;

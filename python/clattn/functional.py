@@ -320,8 +320,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     none, as a shift of every position changes nothing), query row i of entry b at position_ids[b, i]; (1, L)
     serves every entry; the keys at key_position_ids (B, S), (1, S) or (S,), which defaults to position_ids when
     S = L (self-attention). sinks (clattn 0.8): attention sinks, gpt-oss's (its s_aux): a tensor of H logits, one per
-    query head in each of its rows' softmax denominators with no value (-inf: none for that head); in inference only
-    (a call that computes gradients refuses them), in the call's type (rounded to it, with half inputs).
+    query head in each of its rows' softmax denominators with no value (-inf: none for that head), in the call's type
+    (rounded to it, with half inputs); in training held fixed (query, key and value get their gradients; a sink that
+    requires grad is refused: its own gradient is not computed yet).
     The rest as scaled_dot_product_attention."""
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -376,9 +377,10 @@ def _sinks_of(sinks: Any, H: int, training: bool, dtype) -> Optional[torch.Tenso
     if sinks is None:
         return None
     s = _as_float("sinks", sinks)
-    if training or (torch.is_grad_enabled() and s.requires_grad):  # (a learned sink would get no gradient)
-        _unsupported("sinks with gradients: clattn 0.8 runs attention sinks in inference only (the sinks' gradient is "
-                     "not computed yet); call under torch.no_grad(), or without sinks")
+    if torch.is_grad_enabled() and s.requires_grad:  # (a learned sink would get no gradient)
+        _unsupported("sinks that require grad: clattn 0.8 trains with attention sinks held fixed (query, key and "
+                     "value get their gradients; the sinks' own is not computed yet): pass sinks.detach(), or call "
+                     "under torch.no_grad()")
     s = s.detach()
     if tuple(s.shape) != (H,):
         _shape(f"sinks: {tuple(s.shape)}, expected one logit per query head ({H},)")

@@ -13,8 +13,9 @@ attention without repeating K and V, the causal flag from the module (or the cal
 sliding windows, packed sequences: whatever transformers put in it), `scaling`, and dropout in training. It computes
 what transformers' "sdpa" implementation computes, but a query row that sees no key gives 0, not NaN.
 
-`s_aux` / `sinks` (gpt-oss's attention sinks) run as attend's sinks, in inference (a call with gradients refuses them,
-as does the DeviceCache's decode). Refused, with the keyword named (never silently ignored): `softcap` (Gemma 2),
+`s_aux` / `sinks` (gpt-oss's attention sinks) run as attend's sinks, in inference and in training with the sinks
+frozen (a call in which they require grad refuses them: their gradient is not computed yet; so does the DeviceCache's
+decode). Refused, with the keyword named (never silently ignored): `softcap` (Gemma 2),
 `output_attentions=True` (clattn's core returns no weights here). `position_bias` (T5-style relative
 biases) goes in as a float mask.
 
@@ -72,10 +73,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # attention sinks (gpt-oss passes its module's sinks as s_aux): in inference, attend's sinks
     kw = "s_aux" if kwargs.get("s_aux") is not None else "sinks"
     sinks = kwargs.get(kw)
-    if sinks is not None and torch.is_grad_enabled() and any(
-            getattr(t, "requires_grad", False) for t in (query, key, value, sinks)):
-        _refuse(f"{kw}= (attention sinks) in a call with gradients: clattn runs them in inference only (their "
-                f"gradient is not computed yet). Use attn_implementation=\"eager\" to train this model")
+    if sinks is not None and torch.is_grad_enabled() and getattr(sinks, "requires_grad", False):
+        _refuse(f"{kw}= (attention sinks) that require grad: clattn trains with them frozen (their gradient is not "
+                f"computed yet). Freeze them (requires_grad_(False)) or use attn_implementation=\"eager\"")
     layer = getattr(key, "_clattn_layer", None)
     if layer is not None:  # the keys and values are in a DeviceCache: attend there
         if sinks is not None:

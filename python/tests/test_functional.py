@@ -929,7 +929,8 @@ def sinks_reference(x, w, heads, kv_heads, sinks, causal=False, window=0, kpm=No
 def test_attention_sinks_match_gpt_oss(device):
     """clattn.Attention(sinks=...) against gpt-oss's formula written above: GQA, causal with a sliding window, a padded
     batch entry, a head without a sink (-inf) and one whose sink outweighs its keys; a bfloat16 module on the same
-    (rounded) numbers; set_weights with new sinks; what 0.8 does not compute with sinks refused by name"""
+    (rounded) numbers; set_weights with new sinks; training with them fixed (forward_train, backward: the gradients of
+    x and every weight); what 0.8 does not compute with sinks refused by name"""
     g = torch.Generator().manual_seed(43)
     B, T, E, H, HK, d = 2, 11, 16, 4, 2, 4
     w = dict(w_query=torch.randn(H * d, E, generator=g) * 0.4, w_key=torch.randn(HK * d, E, generator=g) * 0.4,
@@ -963,8 +964,19 @@ def test_attention_sinks_match_gpt_oss(device):
         clattn.Attention(H, kv_heads=HK, sinks=torch.zeros(3), device=device, **w)
     with pytest.raises(clattn.InvalidArgumentError, match=r"weights.sinks\[1\] is nan"):
         clattn.Attention(H, kv_heads=HK, sinks=torch.tensor([0.0, math.nan, 0.0, 0.0]), device=device, **w)(x)
-    with pytest.raises(clattn.UnsupportedError, match="sinks with training"):
-        a.forward_train(x)
+    # training with the sinks fixed: forward_train's output, backward's gradients of x and of every weight
+    x64 = x.double().requires_grad_(True)
+    w64 = {k: t.double().requires_grad_(True) for k, t in w.items()}
+    want = sinks_reference(x64, w64, H, HK, other, causal=True, window=5)
+    out_t, lse, ctx = a.forward_train(x)
+    torch.testing.assert_close(torch.as_tensor(out_t).double(), want.detach(), **FWD)
+    dout = torch.randn(want.shape, generator=g)
+    for given in (dict(lse=lse, context=ctx), {}):  # the forward's statistics, or computed again with the sinks
+        grads = a.backward(x, dout, **given)
+        exp = torch.autograd.grad(want, [x64] + list(w64.values()), dout.double(), retain_graph=True)
+        for name, e in zip(["x"] + list(w64), exp):
+            torch.testing.assert_close(torch.as_tensor(grads[name]).double(), e, **GRAD,
+                                       msg=lambda m: f"grad {name} ({'given' if given else 'again'}): {m}")
     with pytest.raises(clattn.UnsupportedError, match="sinks with need_weights"):
         a(x, need_weights=True)
 
@@ -989,7 +1001,8 @@ def sdpa_sinks_reference(q, k, v, sinks, mask=None, is_causal=False):
 def test_attend_sinks(device):
     """attend(sinks=...) in inference against gpt-oss's formula: causal GQA, a decode-like call (one query, keys
     bucketed: the padded keys hidden), a bool mask with a row that sees no key, half inputs (the sinks rounded to
-    their type); refused with gradients and in the wrong shape (threads: test_plan_state_is_each_calls_own)"""
+    their type); training with the sinks fixed (query, key and value's gradients); a sink that requires grad and the
+    wrong shape refused (threads: test_plan_state_is_each_calls_own)"""
     q, k, v = inputs((2, 9, 4, 8), (2, 9, 2, 8), (2, 9, 2, 5), seed=47)
     sinks = torch.tensor([-math.inf, 0.25, 2.0, -1.5])
     with torch.no_grad():
@@ -1011,9 +1024,18 @@ def test_attend_sinks(device):
         ref = sdpa_sinks_reference(hq.transpose(1, 2), hk.transpose(1, 2), hv.transpose(1, 2), hs.float(),
                                    is_causal=True).transpose(1, 2)
         torch.testing.assert_close(half.double(), ref, rtol=2 ** -7, atol=1e-3)
-    with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):
-        CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
-    with pytest.raises(clattn.UnsupportedError, match="sinks with gradients"):  # a learned sink alone: no gradient
+    # training with the sinks held fixed: the output and query, key and value's gradients against the formula's
+    out = CF.attend(q, k, v, causal=True, sinks=sinks, device=device)
+    want = sdpa_sinks_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks,
+                                is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out.double(), want.detach(), **FWD)
+    same_grads(out, want, (q, k, v), 31)
+    sq = q.detach()[:, :, :2].clone().requires_grad_(True)  # two heads of a GQA pair, cross lengths, dropout off
+    out = CF.attend(sq, k[:, :5, :1], v[:, :5, :1], sinks=sinks[2:], device=device)
+    want = sdpa_sinks_reference(sq.transpose(1, 2), k[:, :5, :1].transpose(1, 2), v[:, :5, :1].transpose(1, 2),
+                                sinks[2:]).transpose(1, 2)
+    same_grads(out, want, (sq,), 32, names="q")
+    with pytest.raises(clattn.UnsupportedError, match="sinks that require grad"):  # learned: no gradient of its own
         CF.attend(q.detach(), k.detach(), v.detach(), sinks=sinks.clone().requires_grad_(), device=device)
     with torch.no_grad(), pytest.raises(clattn.ShapeMismatchError, match=r"sinks: \(3,\), expected one logit"):
         CF.attend(q, k, v, sinks=sinks[:3], device=device)

@@ -162,7 +162,7 @@ def test_keywords_refused_by_name(kw):
 def test_sinks_as_gpt_oss_passes_them(kw):
     """gpt-oss's s_aux (its module's sinks parameter): attend's sinks in inference, against the eager formula (the
     sink a column of the logits, dropped after the softmax), the causal mask as transformers gives it; refused by
-    name in a call that computes gradients"""
+    name when they require grad; frozen, the gradients of query, key and value"""
     g = torch.Generator().manual_seed(5)
     q, k, v = torch.randn(2, 4, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8,
                                                                                                        generator=g)
@@ -175,8 +175,19 @@ def test_sinks_as_gpt_oss_passes_them(kw):
         want = (torch.softmax(s, -1)[..., :-1] @ vv).transpose(1, 2)
     assert w is None
     torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
-    with pytest.raises(clattn.UnsupportedError, match=f"{kw}= \\(attention sinks\\) in a call with gradients"):
+    with pytest.raises(clattn.UnsupportedError, match=f"{kw}= \\(attention sinks\\) that require grad"):
         CT.attention_forward(_Module(), q, k, v, None, **{kw: s_aux})  # (s_aux a parameter: it requires grad)
+    # frozen (a fine-tuning's): query, key and value's gradients through the sinks' softmax
+    s_aux.requires_grad_(False)
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, _ = CT.attention_forward(_Module(), q, k, v, None, scaling=0.3, **{kw: s_aux})
+    kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    s = (q.double() @ kk.transpose(-1, -2) * 0.3).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -math.inf)
+    s = torch.cat([s, s_aux.double().view(1, 4, 1, 1).expand(2, 4, 6, 1)], -1)
+    want = (torch.softmax(s, -1)[..., :-1] @ vv).transpose(1, 2)
+    gout = torch.randn(out.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), gout), torch.autograd.grad(want, (q, k, v), gout.double())):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-3, atol=1e-5)
 
 
 def test_sliding_window_and_position_bias():

@@ -113,6 +113,8 @@ static clattn_status ref_backward_f32(struct clattn_plan *plan, const clattn_att
                 } else {
                     double sum = 0.0;
                     for (size_t j = 0; j < Tk; j++) sum += max == -INFINITY ? 0.0 : exp(P[j] - max);
+                    /* with desc.sinks, the sink joins the sum (the forward's lse: ref.c) */
+                    if (plan->sinks && max != -INFINITY) sum += exp((double)plan->sinks[h] - max);
                     lse = any_nan ? NAN : max == -INFINITY ? -INFINITY : max + log(sum);
                 }
                 /* 3b. P = exp(s - lse): 0 for a hidden key and in a row with none visible, NaN in a NaN row;

@@ -65,9 +65,13 @@ clattn_status clattn_ref_execute(struct clattn_plan *plan, const clattn_attentio
                     sum += w[j];
                 }
                 if (plan->sinks && max != -INFINITY) sum += exp((double)plan->sinks[h] - max);
-                /* the row's log-sum-exp (training plans): -inf with no visible key */
-                if (lse)
-                    lse[(b * H + h) * Tq + i] = any_nan ? NAN : max == -INFINITY ? -INFINITY : (float)(max + log(sum));
+                /* the row's log-sum-exp (training plans): -inf with no visible key; with a sink, that of the
+                 * weights with it (the sink alone, s_h, in a row with no visible key) */
+                if (lse) {
+                    double l = max == -INFINITY ? -INFINITY : max + log(sum);
+                    if (plan->sinks && max == -INFINITY) l = plan->sinks[h];
+                    lse[(b * H + h) * Tq + i] = any_nan ? NAN : (float)l;
+                }
                 for (size_t j = 0; j < Tk; j++) {
                     float p = any_nan ? NAN : max == -INFINITY ? 0.0f : (float)(w[j] / sum);
                     /* 2c. dropout, keyed by the logical position (b, h, i, j), b from a varlen sequence's index */
@@ -160,7 +164,8 @@ static clattn_status ref_execute_varlen(struct clattn_plan *p, const clattn_atte
             if (p->has_out && p->b_out) memcpy(row, p->b_out, W * sizeof *row);
             for (size_t i = 0; i < nq; i++) clattn_dtype_narrow(row, W, d->dtype, out + i * W * es);
             free(row);
-            for (size_t i = 0; a->lse && i < H * nq; i++) a->lse[H * q0 + i] = -INFINITY;
+            for (size_t i = 0; a->lse && i < H * nq; i++) /* (its H rows of nq: the sink alone, or none) */
+                a->lse[H * q0 + i] = p->sinks ? p->sinks[i / nq] : -INFINITY;
             if (a->context) memset(a->context + q0 * C, 0, nq * C * sizeof *a->context);
             continue;
         }

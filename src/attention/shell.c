@@ -243,6 +243,7 @@ static void shell_release(struct clattn_plan *p)
     clattn_kernel_release(&c->rope);
     clattn_program_release(&c->rope_prog);
     clattn_kernel_release(&c->sinks_k);
+    clattn_kernel_release(&c->sinks_lse_k);
     clattn_program_release(&c->sinks_prog);
     if (c->rope_pos_written) {
         clWaitForEvents(1, &c->rope_pos_written);

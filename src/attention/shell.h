@@ -58,7 +58,7 @@ typedef struct shell {
                                      next call refills it, and before the plan frees it */
     /* desc.sinks (shell_sinks.c): cl/attention/sinks.cl and the heads' sink logits */
     cl_program sinks_prog;
-    cl_kernel sinks_k;
+    cl_kernel sinks_k, sinks_lse_k; /* sink_rows, and sink_lse (training plans) */
     cl_mem sinks_buf;
     shell_train train;            /* training plans: the backward pass (shell_backward.c) */
     clattn_marks marks; /* profiling markers of the last pass */
@@ -95,7 +95,8 @@ clattn_status clattn_shell_rope_grad(struct clattn_plan *p, const clattn_rows *r
 
 /* desc.sinks (shell_sinks.c): the kernel and the sinks on the device (plan creation; nothing without sinks), the
  * sinks written again (clattn_plan_set_weights), and the core's output rows `out` (row stride: the layout's out_ld)
- * scaled from their log-sum-exp `lse` (B*Tq rows of H, or a varlen batch's) into those of attention with the sinks. */
+ * scaled from their log-sum-exp `lse` (B*Tq rows of H, or a varlen batch's) into those of attention with the sinks;
+ * a training plan's lse then becomes that of the weights with the sinks (sink_lse), the statistics its backward takes. */
 clattn_status clattn_shell_sinks_init(struct clattn_plan *p);
 clattn_status clattn_shell_sinks_upload(struct clattn_plan *p);
 clattn_status clattn_shell_sinks(struct clattn_plan *p, const clattn_rows *rows, view out, view lse);

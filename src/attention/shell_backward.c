@@ -208,6 +208,7 @@ static clattn_status bwd_run(struct clattn_plan *p, const bwd_io *io)
             TRY(clattn_shell_core_varlen(p, &io->rows, &cio));
         else
             TRY(c->core.core->run(c->core.state, &cio));
+        TRY(clattn_shell_sinks(p, &io->rows, ctx, lse)); /* desc.sinks: the forward's rows and lse (else nothing) */
     }
     /* 3. the output projection's gradients, and the context's */
     view dctx = io->gout;

@@ -1,6 +1,7 @@
 /* shell_sinks.c: attention sinks (desc.sinks) on OpenCL: the core's output rows scaled by the share the sink leaves
- * them, from the rows' log-sum-exp the core writes (cl/attention/sinks.cl has the math). The plan's cores save their
- * rows' statistics (select.c), and its core writes fp32 rows (shell.c's layout). */
+ * them, from the rows' log-sum-exp the core writes, and a training plan's lse made that of the weights with the sink
+ * (cl/attention/sinks.cl has the math). The plan's cores save their rows' statistics (select.c), and its core writes
+ * fp32 rows (shell.c's layout). */
 #include "shell.h"
 
 clattn_status clattn_shell_sinks_init(struct clattn_plan *p)
@@ -10,6 +11,7 @@ clattn_status clattn_shell_sinks_init(struct clattn_plan *p)
     const char *src[] = {"attention/sinks"};
     TRY(clattn_program_build(p->device, src, 1, "-cl-std=CL1.2", &c->sinks_prog));
     TRY(clattn_kernel_create(c->sinks_prog, "sink_rows", &c->sinks_k));
+    if (p->d.training) TRY(clattn_kernel_create(c->sinks_prog, "sink_lse", &c->sinks_lse_k));
     return clattn_shell_sinks_upload(p);
 }
 
@@ -36,7 +38,18 @@ static clattn_status sinks_launch(struct clattn_plan *p, view out, size_t ld, vi
     clattn_arg_u32(&a, (cl_uint)T);
     clattn_arg_u64(&a, total);
     TRY(clattn_args_end(&a));
-    return clattn_enqueue_1d(p->device, c->sinks_k, total, "enqueue sink_rows");
+    TRY(clattn_enqueue_1d(p->device, c->sinks_k, total, "enqueue sink_rows"));
+    if (!p->d.training) return CLATTN_STATUS_SUCCESS;
+    /* then (in order, after every value of a row read its L) the rows' lse with the sinks */
+    const size_t rows = batch * H * T;
+    clattn_args_begin(&a, c->sinks_lse_k, "sink_lse");
+    clattn_arg_view(&a, lse);
+    clattn_arg_mem(&a, c->sinks_buf);
+    clattn_arg_u32(&a, (cl_uint)H);
+    clattn_arg_u32(&a, (cl_uint)T);
+    clattn_arg_u64(&a, rows);
+    TRY(clattn_args_end(&a));
+    return clattn_enqueue_1d(p->device, c->sinks_lse_k, rows, "enqueue sink_lse");
 }
 
 clattn_status clattn_shell_sinks(struct clattn_plan *p, const clattn_rows *r, view out, view lse)
