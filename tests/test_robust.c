@@ -1851,9 +1851,9 @@ Test(misuse, rope_refusals)
 }
 
 /* attention sinks (desc.sinks): what clattn 0.8 cannot compute with them refused by name (the weights out, decode and
- * encoder plans; training plans take them, as constants: test_train's sinks_*), weights.sinks only with desc.sinks and with one finite (or -inf) logit per head, and
- * clattn_plan_set_weights replacing them (refused without them, and a NaN keeps the old ones): the new sinks' output
- * against the oracle's, on both backends */
+ * encoder plans; training plans take them, as constants: test_train's sinks_*), weights.sinks only with desc.sinks
+ * and with one finite (or -inf) logit per head, and clattn_plan_set_weights replacing them (refused without them,
+ * and a NaN keeps the old ones): the new sinks' output against the oracle's, on both backends */
 Test(misuse, sinks_refused)
 {
     clattn_device *devs[2] = {tu_open_ref(), open_cl()};

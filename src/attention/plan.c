@@ -145,8 +145,8 @@ static clattn_status validate(const clattn_attention_desc *in, const clattn_atte
     if ((unsigned)d->varlen > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "varlen must be 0 or 1");
     if ((unsigned)d->sinks > 1) return clattn_fail(CLATTN_STATUS_INVALID_ARGUMENT, "sinks must be 0 or 1");
     if (d->sinks && d->need_weights)
-        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "sinks with need_weights: clattn 0.8 runs attention sinks without "
-                           "the weights out (the weights a sink leaves are not returned yet)");
+        return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "sinks with need_weights: clattn 0.8 runs attention sinks "
+                           "without the weights out (the weights a sink leaves are not returned yet)");
     if (d->varlen && (d->key_padding_mask || d->attn_mask || d->need_weights))
         return clattn_fail(CLATTN_STATUS_UNSUPPORTED, "varlen with %s: variable-length batches run without masks "
                            "or the weights (the lengths say which keys a sequence has; README, "

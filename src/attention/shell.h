@@ -96,7 +96,8 @@ clattn_status clattn_shell_rope_grad(struct clattn_plan *p, const clattn_rows *r
 /* desc.sinks (shell_sinks.c): the kernel and the sinks on the device (plan creation; nothing without sinks), the
  * sinks written again (clattn_plan_set_weights), and the core's output rows `out` (row stride: the layout's out_ld)
  * scaled from their log-sum-exp `lse` (B*Tq rows of H, or a varlen batch's) into those of attention with the sinks;
- * a training plan's lse then becomes that of the weights with the sinks (sink_lse), the statistics its backward takes. */
+ * a training plan's lse then becomes that of the weights with the sinks (sink_lse), the statistics its backward
+ * takes. */
 clattn_status clattn_shell_sinks_init(struct clattn_plan *p);
 clattn_status clattn_shell_sinks_upload(struct clattn_plan *p);
 clattn_status clattn_shell_sinks(struct clattn_plan *p, const clattn_rows *rows, view out, view lse);
