@@ -82,30 +82,36 @@ rc=0
 # Nor test_fused's long sequences (long/*, 47 s here against 35 s for its fused/* suite, 2026-11-29): their host code,
 # the score matrix in blocks of rows and the GEMMs within the BLAS index range, is what test_limits' lowered limits
 # run (limits/row_blocks_*, limits/blas_index_*), here too; the plain entry runs them on the Release build.
-# shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -LE '^(matrix|config)$' -E '_core_flash_mma|^test_fused$' ${CTEST_ARGS:-} ||
-  rc=$?
-cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/LastTest-first.log" 2>/dev/null || true
+tmp=$build/Testing/Temporary
+rm -f "$tmp"/LastTest-*.log   # (a run before this one's logs are not this run's)
 # LeakSanitizer's exit-time tracer itself sometimes crashes under PoCL ("Tracer caught signal 11", no report about
-# any code; seen in test_tune's search once in three CI runs, passing when run again). Then, and only when no log
-# holds a sanitizer report, the failed entries run once more; anything that fails again fails the stage.
-shopt -s nullglob
-tracer_logs=$(grep -l 'Tracer caught signal' "$logs"/* 2>/dev/null || true)
-if [ "$rc" -ne 0 ] && [ -n "$tracer_logs" ] &&
-   ! grep -q -E 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' "$logs"/* 2>/dev/null; then
-  echo "sanitize: LeakSanitizer's tracer crashed in $(echo "$tracer_logs" | wc -l) process(es) (no report): the failed entries once more"
-  mkdir -p "$logs-tracer-crash"
-  for f in $tracer_logs; do mv "$f" "$logs-tracer-crash/"; done
-  rc=0
-  ctest --test-dir "$build" --output-on-failure --rerun-failed || rc=$?
-  cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/LastTest-rerun.log" 2>/dev/null || true
-fi
-# test_fused without its long sequences (above)
+# any code; seen in test_tune's search once in three CI runs, passing when run again). So each pass: when it fails,
+# a tracer crashed and no log holds a sanitizer report, its failed entries run once more; anything that fails again
+# fails the stage. Its ctest logs are kept as LastTest-NAME*.log for the UBSan scan below.
+run_pass() { # NAME ctest-arguments...
+  local name=$1 r=0 tracer_logs
+  shift
+  ctest --test-dir "$build" --output-on-failure "$@" || r=$?
+  cp "$tmp/LastTest.log" "$tmp/LastTest-$name.log" 2>/dev/null || true
+  tracer_logs=$(grep -l 'Tracer caught signal' "$logs"/* 2>/dev/null || true)
+  if [ "$r" -ne 0 ] && [ -n "$tracer_logs" ] &&
+     ! grep -q -E 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' "$logs"/* 2>/dev/null; then
+    echo "sanitize: LeakSanitizer's tracer crashed in $(echo "$tracer_logs" | wc -l) process(es) (no report): the" \
+         "failed entries of the $name pass once more"
+    mkdir -p "$logs-tracer-crash"
+    for f in $tracer_logs; do mv "$f" "$logs-tracer-crash/"; done
+    r=0
+    ctest --test-dir "$build" --output-on-failure --rerun-failed || r=$?
+    cp "$tmp/LastTest.log" "$tmp/LastTest-$name-rerun.log" 2>/dev/null || true
+  fi
+  return "$r"
+}
 # shellcheck disable=SC2086
-CRITERION_TEST_PATTERN='fused/*' ctest --test-dir "$build" --output-on-failure -R '^test_fused$' ${CTEST_ARGS:-} || rc=$?
-cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/LastTest-fused.log" 2>/dev/null || true
+run_pass first -LE '^(matrix|config)$' -E '_core_flash_mma|^test_fused$' ${CTEST_ARGS:-} || rc=$?
+# test_fused without its long sequences (above); CTEST_ARGS is the other passes' (its -R would replace this one's)
+CRITERION_TEST_PATTERN='fused/*' run_pass fused -R '^test_fused$' || rc=$?
 # shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -R '^test_limits_core_gemm_' ${CTEST_ARGS:-} || rc=$?
+run_pass gemm-limits -R '^test_limits_core_gemm_' ${CTEST_ARGS:-} || rc=$?
 
 reports=0
 shopt -s nullglob
@@ -120,8 +126,7 @@ done
 used=""
 ((${#logfiles[@]})) && used=$(cat "${logfiles[@]}" | awk '/Suppressions used:/ {on = 1; next} on && NF == 3 && $1 ~ /^[0-9]+$/ {n[$3] += $1; b[$3] += $2} /^-+$/ {on = 0} END {for (k in n) printf "%s: %d allocations, %d bytes; ", k, n[k], b[k]}')
 if [ -n "$used" ]; then echo "sanitize: suppressed at exit (tests/lsan.supp): $used"; fi
-for ctest_log in "$root/$build/Testing/Temporary/LastTest-first.log" "$root/$build/Testing/Temporary/LastTest-rerun.log" \
-                 "$root/$build/Testing/Temporary/LastTest-fused.log" "$root/$build/Testing/Temporary/LastTest.log"; do
+for ctest_log in "$tmp"/LastTest-*.log; do
   if [ -f "$ctest_log" ] && grep -q 'runtime error:' "$ctest_log"; then
     reports=$((reports + 1))
     echo "sanitize: ---- UndefinedBehaviorSanitizer in $ctest_log:"

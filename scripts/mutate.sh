@@ -38,8 +38,13 @@ baseline=1
 test_timeout=${MUTATE_TEST_TIMEOUT:-300}
 # The scratch builds' optimisation level. -O1: a mutant's recompile and relink are most of its time; 30 C mutants
 # (a random sample of src/) took 114 s at -O3, 84 s at -O1 and 70 s at -O0 with 2 workers, setup included, but at -O0
-# the float64 oracles and the ref device ran slower (one mutant's tests 25 s against 13; PoCL, 2026-11-29).
+# the float64 oracles and the ref device ran slower (one mutant's tests 25 s against 13; PoCL, 2026-11-29). The
+# numbers are -O3's: ISO C11 (CMAKE_C_EXTENSIONS OFF) keeps GCC's -ffp-contract=off, and without -march x86-64 has
+# no FMA to contract into, so only undefined behaviour (the sanitizer stage's to find) could differ; --no-baseline
+# (CI) relies on that.
 opt=${MUTATE_OPT:--O1}
+# (the cache variable's value: the optimisation level, and NDEBUG as CMake's Release has it)
+release_flags="-DCMAKE_C_FLAGS_RELEASE=$opt -DNDEBUG"
 while [ $# -gt 0 ]; do
     case $1 in
         --list) list=$2; shift 2 ;;
@@ -94,7 +99,8 @@ mkdir -p "$scratch/src"
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 rm -rf "$scratch/build"   # (a --scratch DIR used before may hold another generator's build)
-cmake "${generator[@]}" -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_C_FLAGS_RELEASE=$opt -DNDEBUG" >/dev/null
+cmake "${generator[@]}" -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release "$release_flags" \
+    >/dev/null
 build() { cmake --build "${1:-$scratch/build}" -j "$jobs" >"${1:-$scratch/build}.log" 2>&1; }
 build || { tail -30 "$scratch/build.log"; echo "mutate.sh: the unmutated copy does not build" >&2; exit 2; }
 
@@ -285,7 +291,8 @@ work() {
     local w=$1 src=$scratch/src bld=$scratch/build k
     if [ "$w" -gt 0 ]; then
         src=$scratch/src.w$w bld=$scratch/build.w$w   # copied, unmutated, before any worker started
-        cmake "${generator[@]}" -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_C_FLAGS_RELEASE=$opt -DNDEBUG" >/dev/null && build "$bld" ||
+        cmake "${generator[@]}" -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=Release "$release_flags" >/dev/null &&
+            build "$bld" ||
             { echo "mutate.sh: worker $w's copy does not build (see $bld.log)" >&2; return 1; }
     fi
     while k=$(claim) && [ -n "$k" ]; do

@@ -1298,7 +1298,7 @@ static void buffers_case(clattn_device *dev, int half, size_t splits, size_t pag
     cl_mem ob = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (OO + B * P * Eo) * sizeof(float), NULL, &err);
     cr_assert_eq(err, CL_SUCCESS);
     float *x = vals(&r, B * P * E, half, 6, 1.0f), *oh = tu_poisoned(B * P * Eo), *ob_host = tu_poisoned(OO + B * P * Eo);
-    /* seq[b]: sequence b's tokens, got[b]: the host path's outputs for them (checked against the oracle below) */
+    /* seq[b]: sequence b's tokens, seen[b]: the host path's outputs for them (checked against the oracle below) */
     float *seq = calloc(B * cap * E, sizeof *seq), *seen = calloc(B * cap * Eo, sizeof *seen);
     size_t len[B] = {0};
     for (int step = 0; step <= STEPS; step++) {

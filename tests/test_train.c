@@ -173,9 +173,6 @@ Test(train, lse_split_keys)
 
 /* ---- partial attention over key shards */
 
-/* Cross-attention over kv split into `parts` shards of the given lengths: each shard on its own training plan
- * (kv, key padding mask and attention mask cut to its keys), merged with clattn_attention_merge, equals one call
- * over all keys: the context and lse, and the output projected from the merged context. */
 /* out (rows, Eo) = ctx (rows, width) w_out^T + b_out, in double: a merged context's output projection */
 static void project_out(const clattn_attention_weights *w, const float *ctx, size_t rows, size_t width, size_t Eo,
                         float *out)
@@ -189,10 +186,14 @@ static void project_out(const clattn_attention_weights *w, const float *ctx, siz
         }
 }
 
+/* Cross-attention over kv split into `parts` shards of the given lengths: each shard on its own training plan
+ * (kv, key padding mask and attention mask cut to its keys), merged with clattn_attention_merge, equals one call
+ * over all keys: the context and lse, and the output projected from the merged context. Then with attention sinks (one more part). */
 static void check_shards(clattn_device *dev, size_t parts, const size_t *lens, uint64_t seed)
 {
     const size_t B = 2, Tq = 9, E = 12, Ekv = 10, H = 3, dk = 4, dv = 5, Eo = 7;
     size_t Tk = 0;
+    cr_assert(parts < 8, "at most 7 shards (and the sinks' part)");
     for (size_t s = 0; s < parts; s++) Tk += lens[s];
     const config c = {.B = B, .Tq = Tq, .Tk = Tk, .E = E, .Ekv = Ekv, .H = H, .dk = dk, .dv = dv, .Eo = Eo, .cross = 1, .biases = 1, .kpm = 1, .mask = CLATTN_MASK_BOOL};
     problem p;

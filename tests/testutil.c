@@ -459,7 +459,8 @@ clattn_status tu_kv_cache_create(clattn_device *dev, const clattn_kv_cache_desc 
 {
     const clattn_status st = clattn_kv_cache_create(dev, d, cache);
     if (st != CLATTN_STATUS_SUCCESS || d->type == CLATTN_KV_INT8) return st;
-    const size_t B = d->batch, T = d->capacity, HK = d->kv_heads, dk = d->head_dim_qk, dv = d->head_dim_v ? d->head_dim_v : dk;
+    const size_t B = d->batch, T = d->capacity, HK = d->kv_heads, dk = d->head_dim_qk;
+    const size_t dv = d->head_dim_v ? d->head_dim_v : dk;
     const size_t P = d->page_size;
     size_t left = P ? (d->pages ? d->pages : B * ((T + P - 1) / P)) : 0; /* the pool's pages, laid out in order */
     float *k = tu_poisoned(B * HK * T * dk), *v = tu_poisoned(B * HK * T * dv);

@@ -61,10 +61,12 @@ clattn_status tu_encoder_plan_execute(clattn_encoder_plan *plan, const clattn_en
 clattn_status tu_decode_plan_create(clattn_device *dev, const clattn_attention_desc *d,
                                     const clattn_attention_weights *w, clattn_decode_plan **plan);
 clattn_status tu_decode_execute(clattn_decode_plan *plan, clattn_kv_cache *cache, const clattn_decode_args *a);
-/* clattn_kv_cache_create, then every slot the cache's memory holds NaN (a float, half or bfloat16 cache: written at
- * full length, then truncated to empty; an int8 cache as created), so that a kernel reading a slot past a sequence's
- * length gives NaN whatever memory the cache happened to get (a fresh buffer is often zeros, and zeros pass unseen
- * where a slot's weight is small). A paged cache's pages go back to its pool in another order than a fresh one's. */
+/* clattn_kv_cache_create, then the cache's slots NaN (a float, half or bfloat16 cache: written at full length, then
+ * truncated to empty; an int8 cache as created): every position of a contiguous cache and of the pages its sequences
+ * can hold at once (a paged cache's pages past them, and a last page's slots past the capacity, as the library
+ * leaves them), so that a kernel reading a slot past a sequence's length gives NaN whatever memory the cache happened
+ * to get (a fresh buffer is often zeros, and zeros pass unseen where a slot's weight is small). A paged cache's pages
+ * go back to its pool in another order than a fresh one's. */
 clattn_status tu_kv_cache_create(clattn_device *dev, const clattn_kv_cache_desc *d, clattn_kv_cache **cache);
 /* The counts alone, into *w (for the description d, unresolved as a caller writes it). */
 void tu_count_weights(clattn_attention_weights *w, const clattn_attention_desc *d);

@@ -48,7 +48,8 @@ class Attention(_Shaped, _PlanCached):
     GPT-NeoX, GPT-J; README, "Attention variants").
     sinks: attention sinks (clattn 0.8, gpt-oss's `sinks`): one logit per query head (heads values, finite or -inf for
     none) in each row's softmax denominator, with no value: weights exp(s_ij) / (exp(sinks[h]) + sum_j exp(s_ij)). In
-    calls (inference); forward_train, backward and need_weights=True refuse them (UnsupportedError).
+    calls, and in forward_train and backward held fixed (lse is then that of the weights with the sink; backward gives
+    no gradient for the sinks); need_weights=True refuses them (UnsupportedError).
     device: a spec as clattn.devices() lists them (None: $CLATTN_DEVICE, else the first OpenCL device, else ref).
     plan_cache_size: how many input shapes keep their plan (least recently used out; 0 = none kept).
 

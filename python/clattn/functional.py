@@ -156,7 +156,7 @@ def _attend_impl(q, k, v, mask, causal: bool, window: int, scale: float, dropout
     training; out in it), mask None or (1|B, 1|H, Tq, Tk) uint8 (nonzero = hidden) or float32 (added); kpm None or
     a contiguous (B, Tk) uint8 key padding mask (nonzero = hidden: the library's own, no (Tq, Tk) mask made); pos
     None or the rows' rotary positions (_positioned); sinks None or each head's sink logit, a contiguous (H,) tensor
-    of q's type (inference only)."""
+    of q's type (constants: a training call's lse is that of the weights with them, which its backward takes)."""
     dev, cache = _device(device or None)
     B, Tq, H, _ = q.shape
     dv = v.shape[3]
@@ -360,7 +360,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     # half inputs of one type run natively for inference; training plans, and mixed types, compute from float32
     if training or not q.dtype == k.dtype == v.dtype:
         q, k, v = q.float(), k.float(), v.float()
-    sk = _sinks_of(sinks, H, training, q.dtype)
+    sk = _sinks_of(sinks, H, q.dtype)
     Sb = -(-S // KEY_BUCKET) * KEY_BUCKET
     if not training and L <= BUCKET_ROWS:  # (with a mask even when Sb = S: the bucket's one plan)
         q, k, v, m = _bucketed(q, k, v, m, Sb)
@@ -372,7 +372,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Op
     return out if out.dtype == dtype else out.to(dtype)
 
 
-def _sinks_of(sinks: Any, H: int, training: bool, dtype) -> Optional[torch.Tensor]:
+def _sinks_of(sinks: Any, H: int, dtype) -> Optional[torch.Tensor]:
     """attend's sinks checked: None, or H logits as a contiguous tensor of the plan's type."""
     if sinks is None:
         return None

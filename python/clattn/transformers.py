@@ -70,7 +70,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if kwargs.get("output_attentions"):
         _refuse("output_attentions=True: clattn's core returns no attention weights on this path; use "
                 "attn_implementation=\"eager\" to get them")
-    # attention sinks (gpt-oss passes its module's sinks as s_aux): in inference, attend's sinks
+    # attention sinks (gpt-oss passes its module's sinks as s_aux): attend's sinks, in training only frozen
     kw = "s_aux" if kwargs.get("s_aux") is not None else "sinks"
     sinks = kwargs.get(kw)
     if sinks is not None and torch.is_grad_enabled() and getattr(sinks, "requires_grad", False):

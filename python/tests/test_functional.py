@@ -1078,7 +1078,8 @@ def test_plan_state_is_each_calls_own(monkeypatch):
     """Two threads on one shared plan, each call with its own dropout seed (attend and varlen_attention, forward and
     backward; the Attention module's forward_train and backward with seed=) or its own sinks (attend): each call
     gives exactly what it gives alone. The race is forced (RaceForcer): without the plan's lock held from setting its
-    state to the end of the run (_plan_state), every call here would run with the other thread's seed or sinks."""
+    state to the end of the run (_plan_state), a call of each pair would run with the other thread's seed or
+    sinks."""
     device = DEVICES[-1]
     mine = threading.local()  # each thread's dropout seed, as torch's generator would draw it
     real_randint = torch.randint
